@@ -1,0 +1,47 @@
+# ddl: `make demo` and `make test` work on a fresh Debian 12 machine as root.
+# Everything builds in release (libtorch's C++ wrapper is compiled once and shared by both).
+
+SHELL := /bin/bash
+CARGO ?= cargo
+VENV ?= $(CURDIR)/.venv
+
+# libtorch: the virtualenv's PyTorch 2.11.0 unless the user points LIBTORCH at their own.
+ifeq ($(LIBTORCH),)
+export VIRTUAL_ENV := $(VENV)
+export PATH := $(VENV)/bin:$(PATH)
+export LIBTORCH_USE_PYTORCH := 1
+endif
+# Open MPI refuses root without these; CI and the reference machines run as root.
+export OMPI_ALLOW_RUN_AS_ROOT := 1
+export OMPI_ALLOW_RUN_AS_ROOT_CONFIRM := 1
+# One MPI process per node may use the node's cores; keep OpenMP from oversubscribing them.
+export OMP_NUM_THREADS ?= 1
+
+.PHONY: all setup build demo test lint bench clean
+
+all: build
+
+setup:
+	@scripts/setup.sh
+
+build: setup
+	$(CARGO) build --release --workspace
+
+demo: build
+	@scripts/demo.sh
+
+lint: setup
+	$(CARGO) fmt --all -- --check
+	$(CARGO) clippy --release --workspace --all-targets -- -D warnings
+
+test: setup
+	$(CARGO) build --release --workspace
+	$(CARGO) test --release --workspace
+
+bench: build
+	$(CARGO) build --release --workspace --examples
+	@scripts/bench.sh
+
+clean:
+	$(CARGO) clean
+	rm -rf demo-out bench-out

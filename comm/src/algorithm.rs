@@ -1,0 +1,126 @@
+//! Allreduce algorithm names and parameters.
+
+use std::fmt;
+use std::str::FromStr;
+
+use crate::error::CommError;
+
+/// Default number of colors of the multi-color allreduce.
+pub const DEFAULT_COLORS: usize = 4;
+/// Default pipeline chunk of the multi-color allreduce, in bytes.
+pub const DEFAULT_CHUNK_BYTES: usize = 256 * 1024;
+
+/// An allreduce algorithm.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Algorithm {
+    /// Ring: reduce-scatter then allgather, `2(p-1)` steps of `n/p`.
+    Ring,
+    /// Rabenseifner recursive halving (reduce-scatter) and doubling (allgather); ranks beyond
+    /// the largest power of two are folded in first and out last.
+    Rhd,
+    /// `colors` trees with distinct roots and interior nodes, run concurrently, each
+    /// pipelined in chunks of `chunk_bytes`.
+    Multicolor {
+        /// Number of colors (buffer parts / trees).
+        colors: usize,
+        /// Pipeline chunk in bytes.
+        chunk_bytes: usize,
+    },
+    /// Multi-dimensional ring over `dims` (fastest tier first); empty = from the topology.
+    Multiring {
+        /// Ring dimensions; their product must equal the number of ranks.
+        dims: Vec<usize>,
+    },
+    /// The transport's MPI_Allreduce (MPI transport only).
+    Mpi,
+    /// Chosen per call by the cost model from the buffer size and topology.
+    Auto,
+}
+
+impl Algorithm {
+    /// Names accepted by `FromStr`.
+    pub const NAMES: [&'static str; 6] = ["ring", "rhd", "multicolor", "multiring", "mpi", "auto"];
+
+    /// The short name (`ring`, `rhd`, `multicolor`, `multiring`, `mpi`, `auto`).
+    pub fn name(&self) -> &'static str {
+        match self {
+            Algorithm::Ring => "ring",
+            Algorithm::Rhd => "rhd",
+            Algorithm::Multicolor { .. } => "multicolor",
+            Algorithm::Multiring { .. } => "multiring",
+            Algorithm::Mpi => "mpi",
+            Algorithm::Auto => "auto",
+        }
+    }
+}
+
+impl fmt::Display for Algorithm {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Algorithm::Multicolor {
+                colors,
+                chunk_bytes,
+            } => write!(f, "multicolor:{colors}:{chunk_bytes}"),
+            Algorithm::Multiring { dims } if !dims.is_empty() => {
+                let d: Vec<String> = dims.iter().map(|d| d.to_string()).collect();
+                write!(f, "multiring:{}", d.join("x"))
+            }
+            other => f.write_str(other.name()),
+        }
+    }
+}
+
+fn parse_usize(s: &str, what: &str) -> Result<usize, CommError> {
+    s.parse::<usize>().ok().filter(|&v| v > 0).ok_or_else(|| {
+        CommError::InvalidArgument(format!("{what} {s:?} is not a positive integer"))
+    })
+}
+
+impl FromStr for Algorithm {
+    type Err = CommError;
+
+    /// Parses `ring`, `rhd`, `mpi`, `auto`, `multicolor[:COLORS[:CHUNK_BYTES]]` and
+    /// `multiring[:D1xD2x...]` (e.g. `multiring:4x8x8`).
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        let mut parts = s.trim().splitn(2, ':');
+        let name = parts.next().unwrap_or("").to_ascii_lowercase();
+        let rest = parts.next();
+        match (name.as_str(), rest) {
+            ("ring", None) => Ok(Algorithm::Ring),
+            ("rhd", None) => Ok(Algorithm::Rhd),
+            ("mpi", None) => Ok(Algorithm::Mpi),
+            ("auto", None) => Ok(Algorithm::Auto),
+            ("multicolor", rest) => {
+                let mut colors = DEFAULT_COLORS;
+                let mut chunk_bytes = DEFAULT_CHUNK_BYTES;
+                if let Some(rest) = rest {
+                    let mut it = rest.split(':');
+                    if let Some(c) = it.next() {
+                        colors = parse_usize(c, "color count")?;
+                    }
+                    if let Some(c) = it.next() {
+                        chunk_bytes = parse_usize(c, "chunk bytes")?;
+                    }
+                }
+                Ok(Algorithm::Multicolor {
+                    colors,
+                    chunk_bytes,
+                })
+            }
+            ("multiring", rest) => {
+                let dims = match rest {
+                    None => Vec::new(),
+                    Some(d) => d
+                        .split('x')
+                        .map(|v| parse_usize(v, "ring dimension"))
+                        .collect::<Result<Vec<_>, _>>()?,
+                };
+                Ok(Algorithm::Multiring { dims })
+            }
+            _ => Err(CommError::InvalidArgument(format!(
+                "unknown allreduce algorithm {s:?} (expected one of {})",
+                Algorithm::NAMES.join(", ")
+            ))),
+        }
+    }
+}

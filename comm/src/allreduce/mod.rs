@@ -1,0 +1,286 @@
+//! Allreduce algorithms over any [`Transport`] and the [`Allreducer`] entry point.
+
+pub(crate) mod multicolor;
+mod rhd;
+mod ring;
+mod util;
+
+use std::ops::Range;
+use std::sync::{Arc, Mutex};
+
+use half::{bf16, f16};
+
+use crate::algorithm::Algorithm;
+use crate::cost::CostModel;
+use crate::error::{CommError, Result};
+use crate::topology::Topology;
+use crate::transport::Transport;
+use multicolor::MulticolorPlan;
+
+mod sealed {
+    pub trait Sealed {}
+    impl Sealed for f32 {}
+    impl Sealed for half::f16 {}
+    impl Sealed for half::bf16 {}
+}
+
+/// An element type the allreduce accepts: f32, and f16 / bf16 which are widened to f32,
+/// reduced in f32 and rounded back once (so the result is the correctly rounded f32 sum).
+pub trait Element: sealed::Sealed + Copy + Send + Sync + 'static {
+    /// Widens to f32.
+    fn to_f32(self) -> f32;
+    /// Rounds from f32 (round to nearest even).
+    fn from_f32(v: f32) -> Self;
+    /// The slice itself when the type is f32 (no conversion needed).
+    fn as_f32_mut(buf: &mut [Self]) -> Option<&mut [f32]>;
+}
+
+impl Element for f32 {
+    fn to_f32(self) -> f32 {
+        self
+    }
+    fn from_f32(v: f32) -> Self {
+        v
+    }
+    fn as_f32_mut(buf: &mut [Self]) -> Option<&mut [f32]> {
+        Some(buf)
+    }
+}
+
+impl Element for f16 {
+    fn to_f32(self) -> f32 {
+        f16::to_f32(self)
+    }
+    fn from_f32(v: f32) -> Self {
+        f16::from_f32(v)
+    }
+    fn as_f32_mut(_: &mut [Self]) -> Option<&mut [f32]> {
+        None
+    }
+}
+
+impl Element for bf16 {
+    fn to_f32(self) -> f32 {
+        bf16::to_f32(self)
+    }
+    fn from_f32(v: f32) -> Self {
+        bf16::from_f32(v)
+    }
+    fn as_f32_mut(_: &mut [Self]) -> Option<&mut [f32]> {
+        None
+    }
+}
+
+/// Reusable buffers: grown on first use, never shrunk, so steady-state calls allocate
+/// nothing.
+#[derive(Default)]
+struct Scratch {
+    recv: Vec<f32>,
+    widened: Vec<f32>,
+    regions: Vec<Range<usize>>,
+}
+
+/// Allreduce entry point: one per transport, shared by reference; calls are serialised.
+///
+/// Construction is local (no communication), but every rank must build its `Allreducer`
+/// with the same algorithm, topology and cost model, and call `allreduce*` in the same
+/// order with the same lengths. Results are bitwise identical on all ranks for every
+/// algorithm: each element's sum is computed by one rank in a fixed order and copied.
+pub struct Allreducer {
+    transport: Arc<dyn Transport>,
+    algorithm: Algorithm,
+    topology: Topology,
+    model: CostModel,
+    dims: Vec<usize>,
+    multicolor: Option<MulticolorPlan>,
+    scratch: Mutex<Scratch>,
+}
+
+impl std::fmt::Debug for Allreducer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Allreducer")
+            .field("rank", &self.transport.rank())
+            .field("size", &self.transport.size())
+            .field("algorithm", &self.algorithm)
+            .field("topology", &self.topology)
+            .finish()
+    }
+}
+
+impl Allreducer {
+    /// An allreducer over `transport` with the default cost model (used by `auto`).
+    ///
+    /// `topology` describes how the transport's ranks sit on nodes (use
+    /// [`Topology::flat`] when unknown, [`crate::mpi::World::topology`] under MPI). Fails if
+    /// the algorithm cannot run here: `mpi` on a non-MPI transport, multiring dimensions
+    /// whose product is not the rank count, or a topology of another size.
+    pub fn new(
+        transport: Arc<dyn Transport>,
+        algorithm: Algorithm,
+        topology: Topology,
+    ) -> Result<Allreducer> {
+        Allreducer::with_model(transport, algorithm, topology, CostModel::default())
+    }
+
+    /// As [`Allreducer::new`] with an explicit cost model (for `auto`).
+    pub fn with_model(
+        transport: Arc<dyn Transport>,
+        algorithm: Algorithm,
+        topology: Topology,
+        model: CostModel,
+    ) -> Result<Allreducer> {
+        let p = transport.size();
+        if topology.ranks() != p {
+            return Err(CommError::InvalidArgument(format!(
+                "topology {}x{} has {} ranks but the transport has {p}",
+                topology.nodes,
+                topology.ranks_per_node,
+                topology.ranks()
+            )));
+        }
+        let dims = match &algorithm {
+            Algorithm::Multiring { dims } if !dims.is_empty() => dims.clone(),
+            _ => topology.dims(),
+        };
+        if dims.iter().product::<usize>() != p || dims.len() > ring::MAX_DIMS {
+            return Err(CommError::InvalidArgument(format!(
+                "multiring dimensions {dims:?} do not multiply to {p} ranks (at most {} dimensions)",
+                ring::MAX_DIMS
+            )));
+        }
+        let multicolor = match &algorithm {
+            Algorithm::Multicolor {
+                colors,
+                chunk_bytes,
+            } => {
+                if *colors == 0 || *colors > 1024 || *chunk_bytes < 4 {
+                    return Err(CommError::InvalidArgument(format!(
+                        "multicolor needs 1..=1024 colors and chunks of at least 4 bytes, got {colors} colors, {chunk_bytes} bytes"
+                    )));
+                }
+                Some(MulticolorPlan::new(
+                    topology,
+                    transport.rank(),
+                    *colors,
+                    *chunk_bytes,
+                ))
+            }
+            Algorithm::Auto => Some(MulticolorPlan::new(
+                topology,
+                transport.rank(),
+                crate::algorithm::DEFAULT_COLORS,
+                crate::algorithm::DEFAULT_CHUNK_BYTES,
+            )),
+            _ => None,
+        };
+        if algorithm == Algorithm::Mpi && !transport.has_native_allreduce() {
+            return Err(CommError::Unsupported(
+                "the mpi algorithm needs the MPI transport".into(),
+            ));
+        }
+        Ok(Allreducer {
+            transport,
+            algorithm,
+            topology,
+            model,
+            dims,
+            multicolor,
+            scratch: Mutex::new(Scratch::default()),
+        })
+    }
+
+    /// The configured algorithm.
+    pub fn algorithm(&self) -> &Algorithm {
+        &self.algorithm
+    }
+
+    /// The transport.
+    pub fn transport(&self) -> &Arc<dyn Transport> {
+        &self.transport
+    }
+
+    /// The topology.
+    pub fn topology(&self) -> Topology {
+        self.topology
+    }
+
+    /// The algorithm a call with `bytes` of f32 data runs (resolves `auto`).
+    pub fn resolve(&self, bytes: usize) -> Algorithm {
+        match &self.algorithm {
+            Algorithm::Auto => self.model.choose(bytes, self.topology),
+            other => other.clone(),
+        }
+    }
+
+    /// Sums `buf` over all ranks in place; with `average`, divides by the rank count.
+    pub fn allreduce_f32(&self, buf: &mut [f32], average: bool) -> Result<()> {
+        let mut guard = self.scratch.lock().unwrap_or_else(|e| e.into_inner());
+        let scratch = &mut *guard;
+        self.run(buf, &mut scratch.recv, &mut scratch.regions)?;
+        if average {
+            let p = self.transport.size() as f32;
+            for v in buf.iter_mut() {
+                *v /= p;
+            }
+        }
+        Ok(())
+    }
+
+    /// Sums a buffer of f32, f16 or bf16 over all ranks in place (f16/bf16 are reduced in
+    /// f32 and rounded once); with `average`, divides by the rank count before rounding.
+    pub fn allreduce<T: Element>(&self, buf: &mut [T], average: bool) -> Result<()> {
+        if let Some(f) = T::as_f32_mut(buf) {
+            return self.allreduce_f32(f, average);
+        }
+        let mut guard = self.scratch.lock().unwrap_or_else(|e| e.into_inner());
+        let Scratch {
+            recv,
+            widened,
+            regions,
+        } = &mut *guard;
+        widened.clear();
+        widened.extend(buf.iter().map(|v| v.to_f32()));
+        self.run(widened, recv, regions)?;
+        let p = self.transport.size() as f32;
+        for (d, s) in buf.iter_mut().zip(widened.iter()) {
+            *d = T::from_f32(if average { *s / p } else { *s });
+        }
+        Ok(())
+    }
+
+    /// Sums an f16 buffer (reduced in f32); see [`Allreducer::allreduce`].
+    pub fn allreduce_f16(&self, buf: &mut [f16], average: bool) -> Result<()> {
+        self.allreduce(buf, average)
+    }
+
+    /// Sums a bf16 buffer (reduced in f32); see [`Allreducer::allreduce`].
+    pub fn allreduce_bf16(&self, buf: &mut [bf16], average: bool) -> Result<()> {
+        self.allreduce(buf, average)
+    }
+
+    fn run(
+        &self,
+        buf: &mut [f32],
+        recv: &mut Vec<f32>,
+        regions: &mut Vec<Range<usize>>,
+    ) -> Result<()> {
+        let t = &*self.transport;
+        if t.size() == 1 || buf.is_empty() {
+            return Ok(());
+        }
+        match self.resolve(std::mem::size_of_val(buf)) {
+            Algorithm::Ring => ring::multiring(t, &[t.size()], buf, recv, regions),
+            Algorithm::Multiring { .. } => ring::multiring(t, &self.dims, buf, recv, regions),
+            Algorithm::Rhd => rhd::allreduce(t, buf, recv),
+            Algorithm::Multicolor { .. } => {
+                let plan = self
+                    .multicolor
+                    .as_ref()
+                    .expect("multicolor plan is built for multicolor and auto");
+                multicolor::allreduce(t, plan, buf, recv)
+            }
+            Algorithm::Mpi => t.native_allreduce_f32(buf),
+            Algorithm::Auto => unreachable!("resolve never returns auto"),
+        }
+    }
+}

@@ -1,0 +1,319 @@
+//! Multi-color allreduce (Kumar et al. 2017): the buffer is cut into k colors; color c is
+//! reduced to the root of its own tree and broadcast back down it. The trees differ in root
+//! and rank order so that each rank is interior in exactly one color and a leaf in the
+//! others, which spreads the fan-in work evenly. All colors progress together in one
+//! exchange batch per step, and each color is pipelined in chunks.
+
+use std::ops::Range;
+
+use super::util::{add_into, ensure_len, part, RawBuf};
+use crate::error::Result;
+use crate::topology::Topology;
+use crate::transport::{Op, Transport};
+
+/// This rank's place in the tree of one color.
+#[derive(Clone, Debug)]
+struct ColorNode {
+    /// Parent rank (None at the root).
+    parent: Option<usize>,
+    /// Children as (rank, height of the child's subtree), in rank order.
+    children: Vec<(usize, usize)>,
+    /// Height of this rank's subtree (leaves 0).
+    height: usize,
+    /// Distance from the root.
+    depth: usize,
+    /// Height of the whole tree.
+    root_height: usize,
+    /// Offset of this color's child slots in the scratch buffer, in chunks.
+    slot_base: usize,
+}
+
+/// Tree parent of `r` in color `c` of `colors` over `p` ranks. Interior ranks of color c are
+/// `c, c+k, c+2k, ...` arranged as a binary heap (root c); a leaf `r` hangs under the interior
+/// rank of its block of k consecutive ranks.
+fn parent_of(p: usize, k: usize, c: usize, r: usize) -> Option<usize> {
+    let interior = (p - c).div_ceil(k);
+    if r % k == c {
+        let j = r / k;
+        (j > 0).then(|| c + (j - 1) / 2 * k)
+    } else {
+        Some(c + (r / k).min(interior - 1) * k)
+    }
+}
+
+/// Tree parents of all ranks in color `c` of `k` colors over `topo` (`k <= topo.ranks()`).
+///
+/// One node (or one rank per node): the rank-level layout of [`parent_of`]. Several nodes of
+/// several ranks: a two-level layout that crosses the node links as little as possible.
+/// Inside each node, the other ranks hang under one leader; the leaders form the rank-level
+/// layout over nodes (node-level color `c mod min(k, nodes)`, so the colors are rooted on
+/// different nodes). The leader's local rank, `(c + c / min(k, nodes)) mod ranks_per_node`,
+/// rotates with the color, so all ranks of a node drive its link. A node then sends one chunk
+/// per color up (or, at a root, one down per child node): with k = nodes colors each node
+/// link carries 2(nodes-1)/nodes of the buffer each way, the bandwidth lower bound.
+pub(crate) fn parents(topo: Topology, k: usize, c: usize) -> Vec<Option<usize>> {
+    let p = topo.ranks();
+    let (nodes, g) = (topo.nodes, topo.ranks_per_node);
+    if nodes == 1 || g == 1 {
+        return (0..p).map(|r| parent_of(p, k, c, r)).collect();
+    }
+    let kn = k.min(nodes);
+    let cn = c % kn;
+    let leader = (c + c / kn) % g;
+    (0..p)
+        .map(|r| {
+            let (node, local) = (r / g, r % g);
+            if local != leader {
+                Some(node * g + leader)
+            } else {
+                parent_of(nodes, kn, cn, node).map(|q| q * g + leader)
+            }
+        })
+        .collect()
+}
+
+/// Precomputed trees of all colors for one rank.
+#[derive(Clone, Debug)]
+pub(crate) struct MulticolorPlan {
+    colors: usize,
+    chunk_elems: usize,
+    nodes: Vec<ColorNode>,
+    slots: usize,
+}
+
+impl MulticolorPlan {
+    /// Builds the trees for `colors` colors (at most the rank count) over the ranks of
+    /// `topo` (see [`parents`]), seen from `rank`.
+    pub(crate) fn new(
+        topo: Topology,
+        rank: usize,
+        colors: usize,
+        chunk_bytes: usize,
+    ) -> MulticolorPlan {
+        let p = topo.ranks();
+        let k = colors.clamp(1, p.max(1));
+        let mut nodes = Vec::with_capacity(k);
+        let mut slots = 0;
+        for c in 0..k {
+            let parent = parents(topo, k, c);
+            let root = (0..p)
+                .find(|&r| parent[r].is_none())
+                .expect("every color tree has a root");
+            let mut children: Vec<Vec<usize>> = vec![Vec::new(); p];
+            for (r, q) in parent.iter().enumerate() {
+                if let Some(q) = *q {
+                    children[q].push(r);
+                }
+            }
+            // Parents of interior ranks have smaller indices in the heap; compute depth by
+            // walking up and height bottom-up over ranks sorted by decreasing depth.
+            let depth: Vec<usize> = (0..p)
+                .map(|r| {
+                    let mut d = 0;
+                    let mut x = r;
+                    while let Some(q) = parent[x] {
+                        d += 1;
+                        x = q;
+                    }
+                    d
+                })
+                .collect();
+            let mut order: Vec<usize> = (0..p).collect();
+            order.sort_by_key(|&r| std::cmp::Reverse(depth[r]));
+            let mut height = vec![0usize; p];
+            for &r in &order {
+                if let Some(q) = parent[r] {
+                    height[q] = height[q].max(height[r] + 1);
+                }
+            }
+            let node = ColorNode {
+                parent: parent[rank],
+                children: children[rank].iter().map(|&ch| (ch, height[ch])).collect(),
+                height: height[rank],
+                depth: depth[rank],
+                root_height: height[root],
+                slot_base: slots,
+            };
+            slots += node.children.len();
+            nodes.push(node);
+        }
+        MulticolorPlan {
+            colors: k,
+            chunk_elems: (chunk_bytes / 4).max(1),
+            nodes,
+            slots,
+        }
+    }
+
+    /// Height of the tallest color tree (for the cost model).
+    pub(crate) fn max_height(&self) -> usize {
+        self.nodes.iter().map(|n| n.root_height).max().unwrap_or(0)
+    }
+}
+
+/// Steady-state load of one pipeline step of the multi-color allreduce over `topo`, in chunks:
+/// (most chunks one rank sends to ranks of its own node, most chunks one node sends to other
+/// nodes, height of the tallest tree). Every tree edge carries one chunk up (reduce) and one
+/// chunk down (broadcast) per step.
+pub(crate) fn step_load(topo: Topology, colors: usize) -> (usize, usize, usize) {
+    let p = topo.ranks();
+    let k = colors.clamp(1, p.max(1));
+    let mut intra = vec![0usize; p];
+    let mut inter = vec![0usize; topo.nodes];
+    for c in 0..k {
+        for (r, q) in parents(topo, k, c).into_iter().enumerate() {
+            if let Some(q) = q {
+                let (nr, nq) = (topo.node_of(r), topo.node_of(q));
+                if nr == nq {
+                    intra[r] += 1;
+                    intra[q] += 1;
+                } else {
+                    inter[nr] += 1;
+                    inter[nq] += 1;
+                }
+            }
+        }
+    }
+    let height = MulticolorPlan::new(topo, 0, k, 4).max_height();
+    (
+        intra.into_iter().max().unwrap_or(0),
+        inter.into_iter().max().unwrap_or(0),
+        height,
+    )
+}
+
+fn tag_reduce(c: usize) -> u32 {
+    200 + 2 * c as u32
+}
+
+fn tag_bcast(c: usize) -> u32 {
+    201 + 2 * c as u32
+}
+
+/// Step at which chunk `j` is handled when the handling of chunk 0 happens at step `offset`.
+fn chunk_at(step: usize, offset: usize, chunks: usize) -> Option<usize> {
+    step.checked_sub(offset).filter(|&j| j < chunks)
+}
+
+/// Sums `buf` over all ranks of `t` along the plan's trees.
+///
+/// Schedule of color c with J chunks and tree height H: a rank of height h sends chunk j to
+/// its parent at step j + h (after its children's chunk j arrived at steps <= j + h - 1); the
+/// root holds the sum of chunk j after step j + H - 1; a rank at depth d sends the final
+/// chunk j to its children at step j + H + d. Each element is summed only by its color's
+/// root and then copied, so all ranks end bitwise identical.
+pub(crate) fn allreduce(
+    t: &dyn Transport,
+    plan: &MulticolorPlan,
+    buf: &mut [f32],
+    scratch: &mut Vec<f32>,
+) -> Result<()> {
+    if t.size() == 1 || buf.is_empty() {
+        return Ok(());
+    }
+    let n = buf.len();
+    let ce = plan.chunk_elems;
+    let whole = 0..n;
+    let colors: Vec<(Range<usize>, usize)> = (0..plan.colors)
+        .map(|c| {
+            let r = part(&whole, plan.colors, c);
+            let chunks = r.len().div_ceil(ce);
+            (r, chunks)
+        })
+        .collect();
+    let steps = colors
+        .iter()
+        .zip(&plan.nodes)
+        .map(|((_, j), node)| if *j == 0 { 0 } else { j + 2 * node.root_height })
+        .max()
+        .unwrap_or(0);
+    ensure_len(scratch, plan.slots * ce);
+    let chunk = |c: usize, j: usize| -> Range<usize> {
+        let r = &colors[c].0;
+        let s = r.start + j * ce;
+        s..(s + ce).min(r.end)
+    };
+    let raw = RawBuf::new(buf);
+    let slots = RawBuf::new(scratch);
+    let mut ops: Vec<Op<'_>> = Vec::with_capacity(plan.slots * 2 + 2 * plan.colors + 8);
+    // (slot element offset, chunk range) to add after the step's exchange.
+    let mut adds: Vec<(usize, Range<usize>)> = Vec::with_capacity(plan.slots);
+    for step in 0..steps {
+        ops.clear();
+        adds.clear();
+        for (c, node) in plan.nodes.iter().enumerate() {
+            let chunks = colors[c].1;
+            if chunks == 0 {
+                continue;
+            }
+            let h_root = node.root_height;
+            // Reduce: receive each child's partial sums.
+            for (i, &(child, hc)) in node.children.iter().enumerate() {
+                if let Some(j) = chunk_at(step, hc, chunks) {
+                    let range = chunk(c, j);
+                    let off = (node.slot_base + i) * ce;
+                    // SAFETY: each (color, child) slot is used by one receive per step.
+                    let dst = unsafe { slots.bytes_mut(off..off + range.len()) };
+                    ops.push(Op::Recv {
+                        from: child,
+                        tag: tag_reduce(c),
+                        buf: dst,
+                    });
+                    adds.push((off, range));
+                }
+            }
+            if let Some(parent) = node.parent {
+                // Reduce: send this subtree's sum of chunk j.
+                if let Some(j) = chunk_at(step, node.height, chunks) {
+                    // SAFETY: chunk j (sent up) differs from every chunk written this step: the
+                    // broadcast receive is chunk j + h + 1 - H - d <= j - 1 (h + d <= H), and
+                    // child sums land in scratch slots.
+                    let src = unsafe { raw.bytes(chunk(c, j)) };
+                    ops.push(Op::Send {
+                        to: parent,
+                        tag: tag_reduce(c),
+                        data: src,
+                    });
+                }
+                // Broadcast: receive the final chunk from the parent.
+                if let Some(j) = chunk_at(step, h_root + node.depth - 1, chunks) {
+                    // SAFETY: no other operation of this step touches this chunk: the chunk
+                    // forwarded to children is j - 1 and the chunk sent up is later.
+                    let dst = unsafe { raw.bytes_mut(chunk(c, j)) };
+                    ops.push(Op::Recv {
+                        from: parent,
+                        tag: tag_bcast(c),
+                        buf: dst,
+                    });
+                }
+            }
+            // Broadcast: forward the final chunk to the children.
+            if let Some(j) = chunk_at(step, h_root + node.depth, chunks) {
+                for &(child, _) in &node.children {
+                    // SAFETY: read-only view of a chunk no operation of this step writes.
+                    let src = unsafe { raw.bytes(chunk(c, j)) };
+                    ops.push(Op::Send {
+                        to: child,
+                        tag: tag_bcast(c),
+                        data: src,
+                    });
+                }
+            }
+        }
+        if ops.is_empty() {
+            continue;
+        }
+        t.exchange(&mut ops)?;
+        ops.clear();
+        for (off, range) in adds.drain(..) {
+            let len = range.len();
+            // SAFETY: the exchange is complete; no other view of these ranges is alive.
+            unsafe {
+                let dst = std::slice::from_raw_parts_mut(raw.ptr_at(range.start), len);
+                let src = std::slice::from_raw_parts(slots.ptr_at(off), len);
+                add_into(dst, src);
+            }
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,179 @@
+//! ddl-mpi-check: MPI self-check of ddl-comm (run under mpirun; driven by `comm/tests/mpi.rs`,
+//! also useful to validate a cluster's MPI set-up).
+//!
+//! `ddl-mpi-check allreduce`: every algorithm on awkward sizes (0, 1, < ranks, odd, 1 MiB + 3)
+//! compared bitwise with MPI_Allreduce, f16 included; node layout sanity; split, barrier.
+//! `ddl-mpi-check timeout`: rank 0 receives from rank 1, which never sends: the receive must
+//! fail within the timeout with an error naming `recv` and `peer 1`.
+//! `ddl-mpi-check abort`: rank 0 aborts the job with code 3.
+//!
+//! Prints `CHECK OK <mode>` on rank 0 when everything passed; exits non-zero otherwise.
+
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use ddl_comm::mpi::World;
+use ddl_comm::{f16, Algorithm, Allreducer, CommError, Transport};
+
+fn input(rank: usize, len: usize, salt: usize) -> Vec<f32> {
+    (0..len)
+        .map(|i| ((i * 7919 + rank * 104_729 + salt * 31) % 2001) as f32 - 1000.0)
+        .collect()
+}
+
+fn allreduce_checks(world: &World) -> Result<(), String> {
+    let t: Arc<dyn Transport> = world.transport();
+    let p = world.size();
+    if world.node_count() * world.local_size() != p && world.topology().nodes > 1 {
+        return Err("inconsistent node layout".into());
+    }
+    if world.node_index() >= world.node_count() || world.local_rank() >= world.local_size() {
+        return Err(format!("bad node layout {world:?}"));
+    }
+    let mut algos: Vec<Algorithm> = [
+        "ring",
+        "rhd",
+        "multicolor",
+        "multicolor:2:64",
+        "multiring",
+        "auto",
+        "mpi",
+    ]
+    .iter()
+    .map(|s| s.parse().expect("known algorithm"))
+    .collect();
+    if p == 4 {
+        algos.push(Algorithm::Multiring { dims: vec![2, 2] });
+    }
+    let sizes = [0, 1, p.saturating_sub(1), 2 * p + 1, 1001, (1 << 18) + 3];
+    let mpi =
+        Allreducer::new(t.clone(), Algorithm::Mpi, world.topology()).map_err(|e| e.to_string())?;
+    for algo in &algos {
+        let ar = Allreducer::new(t.clone(), algo.clone(), world.topology())
+            .map_err(|e| e.to_string())?;
+        for (salt, &len) in sizes.iter().enumerate() {
+            let mut expect = input(world.rank(), len, salt);
+            mpi.allreduce_f32(&mut expect, false)
+                .map_err(|e| e.to_string())?;
+            let mut got = input(world.rank(), len, salt);
+            ar.allreduce_f32(&mut got, false)
+                .map_err(|e| format!("{algo} len {len}: {e}"))?;
+            let bad = got
+                .iter()
+                .zip(&expect)
+                .filter(|(a, b)| a.to_bits() != b.to_bits())
+                .count();
+            if bad > 0 {
+                return Err(format!(
+                    "{algo} len {len}: {bad} elements differ from MPI_Allreduce on rank {}",
+                    world.rank()
+                ));
+            }
+            // Half precision: the f32 sum rounded once.
+            let mut h: Vec<f16> = input(world.rank(), len, salt)
+                .iter()
+                .map(|&v| f16::from_f32(v / 64.0))
+                .collect();
+            ar.allreduce_f16(&mut h, false)
+                .map_err(|e| format!("{algo} f16 len {len}: {e}"))?;
+            for (i, v) in h.iter().enumerate() {
+                if v.to_bits() != f16::from_f32(expect[i] / 64.0).to_bits() {
+                    return Err(format!(
+                        "{algo} f16 len {len}: element {i} is {v}, expected {}",
+                        expect[i] / 64.0
+                    ));
+                }
+            }
+        }
+    }
+    // Split into node-local groups and allreduce the world rank there.
+    let sub = t
+        .split(world.node_index(), world.local_rank())
+        .map_err(|e| e.to_string())?;
+    if sub.size() != world.local_size() || sub.rank() != world.local_rank() {
+        return Err(format!("split gave rank {} of {}", sub.rank(), sub.size()));
+    }
+    sub.barrier().map_err(|e| e.to_string())?;
+    t.barrier().map_err(|e| e.to_string())?;
+    Ok(())
+}
+
+fn timeout_check(world: &World) -> Result<(), String> {
+    let t = world.transport();
+    if world.size() < 2 {
+        return Err("the timeout check needs 2 ranks".into());
+    }
+    let timeout = Duration::from_millis(500);
+    t.set_timeout(timeout);
+    if world.rank() == 0 {
+        let start = Instant::now();
+        let mut buf = [0u8; 16];
+        let err = t
+            .recv(1, 7, &mut buf)
+            .err()
+            .ok_or("recv from a silent peer succeeded")?;
+        let elapsed = start.elapsed();
+        let msg = err.to_string();
+        println!("rank 0 got: {msg} after {elapsed:?}");
+        if !matches!(
+            err,
+            CommError::Timeout {
+                op: "recv",
+                peer: Some(1),
+                ..
+            }
+        ) || !msg.contains("peer 1")
+        {
+            return Err(format!("unexpected error: {msg}"));
+        }
+        if elapsed < timeout || elapsed > timeout * 20 {
+            return Err(format!(
+                "timed out after {elapsed:?}, configured {timeout:?}"
+            ));
+        }
+    }
+    t.set_timeout(Duration::from_secs(60));
+    t.barrier().map_err(|e| e.to_string())
+}
+
+fn main() -> ExitCode {
+    let mode = std::env::args()
+        .nth(1)
+        .unwrap_or_else(|| "allreduce".into());
+    let world = match World::init() {
+        Ok(w) => w,
+        Err(e) => {
+            eprintln!("MPI init failed: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let result = match mode.as_str() {
+        "allreduce" => allreduce_checks(&world),
+        "timeout" => timeout_check(&world),
+        "abort" => {
+            if world.rank() == 0 {
+                world.abort(3);
+            }
+            world.transport().barrier().map_err(|e| e.to_string())
+        }
+        other => Err(format!("unknown mode {other}")),
+    };
+    match result {
+        Ok(()) => {
+            if world.rank() == 0 {
+                println!(
+                    "CHECK OK {mode} ranks={} nodes={} local_size={}",
+                    world.size(),
+                    world.node_count(),
+                    world.local_size()
+                );
+            }
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("rank {}: CHECK FAILED {mode}: {e}", world.rank());
+            world.abort(1)
+        }
+    }
+}

@@ -1,0 +1,30 @@
+//! ddl-comm: the communication layer of ddl.
+//!
+//! - [`Transport`]: point-to-point byte messaging (blocking send/recv, a non-blocking batch
+//!   [`Transport::exchange`], split, barrier) with an operation timeout, implemented over
+//!   MPI ([`mpi::MpiTransport`], [`mpi::World`]) and in-process threads
+//!   ([`thread_group`]).
+//! - [`Allreducer`]: allreduce of f32 / f16 / bf16 with the [`Algorithm`]s ring, rhd,
+//!   multicolor, multiring, mpi and auto; results are bitwise identical on all ranks.
+//! - [`CostModel`]: alpha-beta-gamma per tier, predicting each algorithm's time.
+
+#![warn(missing_docs)]
+
+pub mod algorithm;
+pub mod allreduce;
+pub mod cost;
+pub mod error;
+pub mod mpi;
+pub mod thread;
+pub mod topology;
+pub mod transport;
+
+pub use algorithm::Algorithm;
+pub use allreduce::{Allreducer, Element};
+pub use cost::{CostModel, Tier};
+pub use error::{CommError, Result};
+/// Half-precision types accepted by [`Allreducer::allreduce`] (re-exported from `half`).
+pub use half::{bf16, f16};
+pub use thread::{thread_group, thread_group_with_timeout, ThreadTransport};
+pub use topology::Topology;
+pub use transport::{Op, Transport, DEFAULT_TIMEOUT};

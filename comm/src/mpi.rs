@@ -1,0 +1,571 @@
+//! MPI transport (rsmpi over the system's Open MPI / MPICH) and the world/node layout.
+//!
+//! Point-to-point operations are posted with `MPI_Isend` / `MPI_Irecv` and completed by
+//! polling `MPI_Test` until the operation timeout; a peer that never answers makes the call
+//! fail with [`CommError::Timeout`] instead of hanging. After such an error the job is in an
+//! undefined state (cancelled requests may still touch the buffers of the failed call): the
+//! caller must end it with [`World::abort`].
+
+use std::ffi::{c_int, c_void};
+use std::os::raw::c_char;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use mpi::environment::{Threading, Universe};
+use mpi::ffi;
+
+use crate::error::{CommError, Result};
+use crate::topology::Topology;
+use crate::transport::{check_peer, Op, Transport, DEFAULT_TIMEOUT, MAX_TAG};
+
+/// Keeps MPI initialised while any communicator built on it is alive; finalises on drop.
+struct Env {
+    _universe: Universe,
+    /// Held around every MPI call when the library lacks MPI_THREAD_MULTIPLE.
+    serial: Option<Mutex<()>>,
+    threading: Threading,
+}
+
+impl Env {
+    fn lock(&self) -> Option<MutexGuard<'_, ()>> {
+        self.serial
+            .as_ref()
+            .map(|m| m.lock().unwrap_or_else(|e| e.into_inner()))
+    }
+}
+
+fn check(op: &'static str, code: c_int) -> Result<()> {
+    if code == 0 {
+        return Ok(());
+    }
+    let mut buf = vec![0 as c_char; 1024];
+    let mut len: c_int = 0;
+    // SAFETY: MPI_Error_string writes at most MPI_MAX_ERROR_STRING (<= 1024) chars.
+    unsafe { ffi::MPI_Error_string(code, buf.as_mut_ptr(), &mut len) };
+    let bytes: Vec<u8> = buf[..len.max(0) as usize]
+        .iter()
+        .map(|&c| c as u8)
+        .collect();
+    Err(CommError::Mpi {
+        op,
+        code,
+        message: String::from_utf8_lossy(&bytes).into_owned(),
+    })
+}
+
+fn to_c_int(op: &'static str, what: &str, v: usize) -> Result<c_int> {
+    c_int::try_from(v).map_err(|_| {
+        CommError::InvalidArgument(format!("{op}: {what} {v} exceeds MPI's int range"))
+    })
+}
+
+/// An MPI communicator as a [`Transport`].
+pub struct MpiTransport {
+    comm: ffi::MPI_Comm,
+    /// Whether this handle was created by us (freed on drop) or is MPI_COMM_WORLD.
+    owned: bool,
+    rank: usize,
+    size: usize,
+    timeout_ns: AtomicU64,
+    requests: Mutex<Vec<ffi::MPI_Request>>,
+    /// Send-side copy for MPI_Allreduce (reused between calls).
+    allreduce_send: Mutex<Vec<f32>>,
+    env: Arc<Env>,
+}
+
+// SAFETY: MPI handles are plain identifiers; concurrent use is allowed by
+// MPI_THREAD_MULTIPLE, and otherwise every call is serialised by `Env::serial`.
+unsafe impl Send for MpiTransport {}
+// SAFETY: as above.
+unsafe impl Sync for MpiTransport {}
+
+impl std::fmt::Debug for MpiTransport {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("MpiTransport")
+            .field("rank", &self.rank)
+            .field("size", &self.size)
+            .field("timeout", &self.timeout())
+            .finish()
+    }
+}
+
+impl Drop for MpiTransport {
+    fn drop(&mut self) {
+        if self.owned {
+            let _g = self.env.lock();
+            // SAFETY: the communicator was created by MPI_Comm_split*, MPI is still
+            // initialised because `env` is alive.
+            unsafe { ffi::MPI_Comm_free(&mut self.comm) };
+        }
+    }
+}
+
+impl MpiTransport {
+    fn wrap(env: Arc<Env>, comm: ffi::MPI_Comm, owned: bool, timeout: Duration) -> Result<Self> {
+        let mut rank: c_int = 0;
+        let mut size: c_int = 0;
+        // SAFETY: valid communicator; errors are returned, not fatal.
+        unsafe {
+            check(
+                "MPI_Comm_set_errhandler",
+                ffi::MPI_Comm_set_errhandler(comm, ffi::RSMPI_ERRORS_RETURN),
+            )?;
+            check("MPI_Comm_rank", ffi::MPI_Comm_rank(comm, &mut rank))?;
+            check("MPI_Comm_size", ffi::MPI_Comm_size(comm, &mut size))?;
+        }
+        Ok(MpiTransport {
+            comm,
+            owned,
+            rank: rank as usize,
+            size: size as usize,
+            timeout_ns: AtomicU64::new(u64::try_from(timeout.as_nanos()).unwrap_or(u64::MAX)),
+            requests: Mutex::new(Vec::new()),
+            allreduce_send: Mutex::new(Vec::new()),
+            env,
+        })
+    }
+
+    fn split_raw(&self, color: c_int, key: c_int) -> Result<MpiTransport> {
+        // SAFETY: extern static of the MPI binding.
+        let mut newcomm = unsafe { ffi::RSMPI_COMM_NULL };
+        {
+            let _g = self.env.lock();
+            // SAFETY: collective over a valid communicator.
+            check("MPI_Comm_split", unsafe {
+                ffi::MPI_Comm_split(self.comm, color, key, &mut newcomm)
+            })?;
+        }
+        MpiTransport::wrap(self.env.clone(), newcomm, true, self.timeout())
+    }
+
+    /// Polls `reqs` (MPI_Test) until all complete or the deadline passes. `peers[i]` names
+    /// the peer of request i; `recv_len[i]` is Some(bytes) for receives (checked).
+    fn complete(
+        &self,
+        op: &'static str,
+        reqs: &mut [ffi::MPI_Request],
+        peers: &dyn Fn(usize) -> (Option<usize>, Option<usize>),
+    ) -> Result<()> {
+        let timeout = self.timeout();
+        let start = Instant::now();
+        let mut remaining = reqs.len();
+        let mut polls: u32 = 0;
+        // SAFETY (whole function): requests were posted on buffers that outlive this call.
+        let null = unsafe { ffi::RSMPI_REQUEST_NULL };
+        let mut first_err: Option<CommError> = None;
+        while remaining > 0 {
+            {
+                let _g = self.env.lock();
+                for (i, r) in reqs.iter_mut().enumerate() {
+                    if *r == null {
+                        continue;
+                    }
+                    let mut flag: c_int = 0;
+                    let mut status = std::mem::MaybeUninit::<ffi::MPI_Status>::uninit();
+                    let code = unsafe { ffi::MPI_Test(r, &mut flag, status.as_mut_ptr()) };
+                    if code != 0 {
+                        first_err.get_or_insert_with(|| check(op, code).unwrap_err());
+                        *r = null;
+                        remaining -= 1;
+                        continue;
+                    }
+                    if flag != 0 {
+                        remaining -= 1;
+                        *r = null;
+                        let (peer, expect) = peers(i);
+                        if let (Some(peer), Some(expected)) = (peer, expect) {
+                            let status = unsafe { status.assume_init() };
+                            let mut count: c_int = 0;
+                            unsafe { ffi::MPI_Get_count(&status, ffi::RSMPI_UINT8_T, &mut count) };
+                            if count as usize != expected && first_err.is_none() {
+                                first_err = Some(CommError::SizeMismatch {
+                                    op,
+                                    rank: self.rank,
+                                    peer,
+                                    expected,
+                                    got: count.max(0) as usize,
+                                });
+                            }
+                        }
+                    }
+                }
+            }
+            if remaining == 0 {
+                break;
+            }
+            // Let other ranks sharing this core progress (as Open MPI does when
+            // oversubscribed); check the deadline every few rounds.
+            std::thread::yield_now();
+            polls = polls.wrapping_add(1);
+            if polls % 16 == 0 && start.elapsed() > timeout {
+                let stuck = reqs.iter().position(|r| *r != null).unwrap_or(0);
+                self.cancel_all(reqs);
+                return Err(CommError::Timeout {
+                    op,
+                    rank: self.rank,
+                    peer: peers(stuck).0,
+                    timeout,
+                });
+            }
+        }
+        match first_err {
+            Some(e) => Err(e),
+            None => Ok(()),
+        }
+    }
+
+    /// Cancels and releases outstanding requests after a timeout (best effort).
+    fn cancel_all(&self, reqs: &mut [ffi::MPI_Request]) {
+        let _g = self.env.lock();
+        // SAFETY: requests are valid or null.
+        unsafe {
+            let null = ffi::RSMPI_REQUEST_NULL;
+            for r in reqs.iter_mut() {
+                if *r != null {
+                    ffi::MPI_Cancel(r);
+                    ffi::MPI_Request_free(r);
+                }
+            }
+        }
+    }
+}
+
+impl Transport for MpiTransport {
+    fn rank(&self) -> usize {
+        self.rank
+    }
+
+    fn size(&self) -> usize {
+        self.size
+    }
+
+    fn send(&self, to: usize, tag: u32, data: &[u8]) -> Result<()> {
+        self.exchange(&mut [Op::Send { to, tag, data }])
+    }
+
+    fn recv(&self, from: usize, tag: u32, buf: &mut [u8]) -> Result<()> {
+        self.exchange(&mut [Op::Recv { from, tag, buf }])
+    }
+
+    fn exchange(&self, ops: &mut [Op<'_>]) -> Result<()> {
+        let mut reqs = self.requests.lock().unwrap_or_else(|e| e.into_inner());
+        reqs.clear();
+        // SAFETY: extern static of the MPI binding.
+        let null = unsafe { ffi::RSMPI_REQUEST_NULL };
+        reqs.resize(ops.len(), null);
+        for op in ops.iter() {
+            check_peer("exchange", self.rank, op.peer(), self.size)?;
+            let tag = match op {
+                Op::Send { tag, .. } | Op::Recv { tag, .. } => *tag,
+            };
+            if tag > MAX_TAG {
+                return Err(CommError::InvalidArgument(format!(
+                    "exchange: tag {tag} exceeds {MAX_TAG}"
+                )));
+            }
+        }
+        let mut post_err = None;
+        {
+            let _g = self.env.lock();
+            for (op, r) in ops.iter_mut().zip(reqs.iter_mut()) {
+                let code = match op {
+                    Op::Send { to, tag, data } => {
+                        let n = to_c_int("exchange", "message bytes", data.len())?;
+                        // SAFETY: `data` outlives the request (completed or freed below).
+                        unsafe {
+                            ffi::MPI_Isend(
+                                data.as_ptr().cast::<c_void>(),
+                                n,
+                                ffi::RSMPI_UINT8_T,
+                                *to as c_int,
+                                *tag as c_int,
+                                self.comm,
+                                r,
+                            )
+                        }
+                    }
+                    Op::Recv { from, tag, buf } => {
+                        let n = to_c_int("exchange", "message bytes", buf.len())?;
+                        // SAFETY: `buf` outlives the request (completed or cancelled below).
+                        unsafe {
+                            ffi::MPI_Irecv(
+                                buf.as_mut_ptr().cast::<c_void>(),
+                                n,
+                                ffi::RSMPI_UINT8_T,
+                                *from as c_int,
+                                *tag as c_int,
+                                self.comm,
+                                r,
+                            )
+                        }
+                    }
+                };
+                if code != 0 {
+                    post_err = Some(check("MPI_Isend/MPI_Irecv", code).unwrap_err());
+                    break;
+                }
+            }
+        }
+        if let Some(e) = post_err {
+            self.cancel_all(&mut reqs);
+            return Err(e);
+        }
+        let peers = |i: usize| match &ops[i] {
+            Op::Send { to, .. } => (Some(*to), None),
+            Op::Recv { from, buf, .. } => (Some(*from), Some(buf.len())),
+        };
+        let op_name = match ops {
+            [Op::Send { .. }] => "send",
+            [Op::Recv { .. }] => "recv",
+            _ => "exchange",
+        };
+        self.complete(op_name, &mut reqs, &peers)
+    }
+
+    fn split(&self, color: usize, key: usize) -> Result<Box<dyn Transport>> {
+        let color = to_c_int("split", "color", color)?;
+        let key = to_c_int("split", "key", key)?;
+        Ok(Box::new(self.split_raw(color, key)?))
+    }
+
+    fn barrier(&self) -> Result<()> {
+        let mut req = [unsafe { ffi::RSMPI_REQUEST_NULL }];
+        {
+            let _g = self.env.lock();
+            // SAFETY: valid communicator; request completed below.
+            check("MPI_Ibarrier", unsafe {
+                ffi::MPI_Ibarrier(self.comm, &mut req[0])
+            })?;
+        }
+        self.complete("barrier", &mut req, &|_| (None, None))
+    }
+
+    fn timeout(&self) -> Duration {
+        Duration::from_nanos(self.timeout_ns.load(Ordering::Relaxed))
+    }
+
+    fn set_timeout(&self, timeout: Duration) {
+        self.timeout_ns.store(
+            u64::try_from(timeout.as_nanos()).unwrap_or(u64::MAX),
+            Ordering::Relaxed,
+        );
+    }
+
+    fn has_native_allreduce(&self) -> bool {
+        true
+    }
+
+    /// MPI_Allreduce (blocking: the operation timeout does not apply to it).
+    fn native_allreduce_f32(&self, buf: &mut [f32]) -> Result<()> {
+        if buf.is_empty() {
+            return Ok(());
+        }
+        let n = to_c_int("MPI_Allreduce", "element count", buf.len())?;
+        let mut send = self
+            .allreduce_send
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        send.clear();
+        send.extend_from_slice(buf);
+        let _g = self.env.lock();
+        // SAFETY: both buffers hold n floats.
+        check("MPI_Allreduce", unsafe {
+            ffi::MPI_Allreduce(
+                send.as_ptr().cast::<c_void>(),
+                buf.as_mut_ptr().cast::<c_void>(),
+                n,
+                ffi::RSMPI_FLOAT,
+                ffi::RSMPI_SUM,
+                self.comm,
+            )
+        })
+    }
+}
+
+/// The MPI job: initialises MPI, exposes the world transport and the node layout
+/// (`MPI_Comm_split_type(MPI_COMM_TYPE_SHARED)`). MPI is finalised when the `World` and
+/// every transport derived from it are dropped.
+pub struct World {
+    world: Arc<MpiTransport>,
+    node: MpiTransport,
+    node_index: usize,
+    node_count: usize,
+    uniform: bool,
+}
+
+impl std::fmt::Debug for World {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("World")
+            .field("rank", &self.world.rank)
+            .field("size", &self.world.size)
+            .field("node_index", &self.node_index)
+            .field("node_count", &self.node_count)
+            .field("local_rank", &self.node.rank)
+            .field("local_size", &self.node.size)
+            .finish()
+    }
+}
+
+impl World {
+    /// Initialises MPI (requesting MPI_THREAD_MULTIPLE) with the default 60 s timeout.
+    pub fn init() -> Result<World> {
+        World::init_with_timeout(DEFAULT_TIMEOUT)
+    }
+
+    /// Initialises MPI; blocking point-to-point operations fail after `timeout`.
+    pub fn init_with_timeout(timeout: Duration) -> Result<World> {
+        let (universe, threading) = mpi::initialize_with_threading(Threading::Multiple)
+            .ok_or_else(|| CommError::Unsupported("MPI is already initialised".into()))?;
+        let serial = (threading != Threading::Multiple).then(|| Mutex::new(()));
+        let env = Arc::new(Env {
+            _universe: universe,
+            serial,
+            threading,
+        });
+        // SAFETY: extern static of the MPI binding.
+        let world_comm = unsafe { ffi::RSMPI_COMM_WORLD };
+        let world = MpiTransport::wrap(env.clone(), world_comm, false, timeout)?;
+        // SAFETY: extern static of the MPI binding.
+        let mut node_comm = unsafe { ffi::RSMPI_COMM_NULL };
+        {
+            let _g = env.lock();
+            // SAFETY: collective over MPI_COMM_WORLD.
+            check("MPI_Comm_split_type", unsafe {
+                ffi::MPI_Comm_split_type(
+                    world_comm,
+                    ffi::RSMPI_COMM_TYPE_SHARED,
+                    world.rank as c_int,
+                    ffi::RSMPI_INFO_NULL,
+                    &mut node_comm,
+                )
+            })?;
+        }
+        let node = MpiTransport::wrap(env.clone(), node_comm, true, timeout)?;
+        // Leaders (local rank 0) number the nodes in world-rank order.
+        let leaders = world.split_raw(if node.rank == 0 { 0 } else { 1 }, world.rank as c_int)?;
+        let mut info = [0u64; 2];
+        if node.rank == 0 {
+            info = [leaders.rank as u64, leaders.size as u64];
+        }
+        // Broadcast (node index, node count) from the leader within the node.
+        if node.size > 1 {
+            let mut bytes = [0u8; 16];
+            if node.rank == 0 {
+                bytes[..8].copy_from_slice(&info[0].to_le_bytes());
+                bytes[8..].copy_from_slice(&info[1].to_le_bytes());
+                let mut ops: Vec<Op<'_>> = (1..node.size)
+                    .map(|r| Op::Send {
+                        to: r,
+                        tag: 1,
+                        data: &bytes[..],
+                    })
+                    .collect();
+                node.exchange(&mut ops)?;
+            } else {
+                node.recv(0, 1, &mut bytes)?;
+                info = [
+                    u64::from_le_bytes(bytes[..8].try_into().expect("8 bytes")),
+                    u64::from_le_bytes(bytes[8..].try_into().expect("8 bytes")),
+                ];
+            }
+        }
+        // Uniform layout: every node has the same number of ranks and ranks are node-contiguous.
+        let mine = [info[0], node.size as u64];
+        let mut all = vec![0u64; 2 * world.size];
+        {
+            let _g = env.lock();
+            // SAFETY: `mine` holds 2 and `all` 2 * size u64 values.
+            check("MPI_Allgather", unsafe {
+                ffi::MPI_Allgather(
+                    mine.as_ptr().cast::<c_void>(),
+                    2,
+                    ffi::RSMPI_UINT64_T,
+                    all.as_mut_ptr().cast::<c_void>(),
+                    2,
+                    ffi::RSMPI_UINT64_T,
+                    world_comm,
+                )
+            })?;
+        }
+        let local = node.size as u64;
+        let uniform = all
+            .chunks_exact(2)
+            .enumerate()
+            .all(|(r, v)| v[1] == local && v[0] == r as u64 / local);
+        Ok(World {
+            world: Arc::new(world),
+            node,
+            node_index: info[0] as usize,
+            node_count: info[1] as usize,
+            uniform,
+        })
+    }
+
+    /// The world communicator as a transport (share it with `Arc::clone`).
+    pub fn transport(&self) -> Arc<MpiTransport> {
+        self.world.clone()
+    }
+
+    /// The communicator of the ranks on this node.
+    pub fn node_transport(&self) -> &MpiTransport {
+        &self.node
+    }
+
+    /// This process's world rank.
+    pub fn rank(&self) -> usize {
+        self.world.rank
+    }
+
+    /// Number of processes in the job.
+    pub fn size(&self) -> usize {
+        self.world.size
+    }
+
+    /// Index of this node: rank of its leader (local rank 0) among all node leaders.
+    pub fn node_index(&self) -> usize {
+        self.node_index
+    }
+
+    /// Number of nodes.
+    pub fn node_count(&self) -> usize {
+        self.node_count
+    }
+
+    /// Rank of this process among the processes of its node.
+    pub fn local_rank(&self) -> usize {
+        self.node.rank
+    }
+
+    /// Number of processes on this node.
+    pub fn local_size(&self) -> usize {
+        self.node.size
+    }
+
+    /// The thread level MPI granted (`Multiple` unless the library lacks it).
+    pub fn threading(&self) -> Threading {
+        self.world.env.threading
+    }
+
+    /// The two-tier layout: `nodes x ranks_per_node` when every node has the same number of
+    /// node-contiguous ranks, otherwise flat (one tier of `size` ranks).
+    pub fn topology(&self) -> Topology {
+        if self.uniform {
+            Topology::new(self.node_count, self.node.size)
+        } else {
+            Topology::flat(self.world.size)
+        }
+    }
+
+    /// The name of this processor (host).
+    pub fn processor_name(&self) -> String {
+        mpi::environment::processor_name().unwrap_or_default()
+    }
+
+    /// Aborts every process of the job with exit code `code` (MPI_Abort on MPI_COMM_WORLD).
+    pub fn abort(&self, code: i32) -> ! {
+        // SAFETY: MPI is initialised.
+        unsafe { ffi::MPI_Abort(ffi::RSMPI_COMM_WORLD, code) };
+        std::process::exit(code)
+    }
+}

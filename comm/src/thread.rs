@@ -1,0 +1,309 @@
+//! In-process transport: one rank per thread, connected by crossbeam channels.
+//!
+//! Used for fast tests with many simulated ranks (1..64). Sends never block (unbounded
+//! channels); receives wait at most the operation timeout (`recv_timeout`).
+
+use std::collections::VecDeque;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use crossbeam_channel::{unbounded, Receiver, RecvTimeoutError, Sender};
+
+use crate::error::{CommError, Result};
+use crate::transport::{check_peer, Op, Transport, DEFAULT_TIMEOUT};
+
+/// Message class: user data and the transport's own control traffic never match each other.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Kind {
+    User,
+    SplitInfo,
+    SplitGroup,
+    Barrier,
+}
+
+enum Payload {
+    Bytes(Vec<u8>),
+    Group(Box<ThreadTransport>),
+}
+
+struct Msg {
+    kind: Kind,
+    tag: u32,
+    payload: Payload,
+}
+
+/// One rank's endpoint of an in-process group made by [`thread_group`].
+pub struct ThreadTransport {
+    rank: usize,
+    /// `to[d]` sends to rank d.
+    to: Vec<Sender<Msg>>,
+    /// `from[s]` receives from rank s.
+    from: Vec<Receiver<Msg>>,
+    /// Messages received from rank s that did not match the receive in progress.
+    stash: Vec<Mutex<VecDeque<Msg>>>,
+    timeout_ns: AtomicU64,
+}
+
+impl std::fmt::Debug for ThreadTransport {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ThreadTransport")
+            .field("rank", &self.rank)
+            .field("size", &self.to.len())
+            .field("timeout", &self.timeout())
+            .finish()
+    }
+}
+
+/// Creates `n` connected endpoints (rank i at index i) with the default timeout (60 s).
+/// Move each into its own thread.
+pub fn thread_group(n: usize) -> Vec<ThreadTransport> {
+    thread_group_with_timeout(n, DEFAULT_TIMEOUT)
+}
+
+/// Creates `n` connected endpoints whose blocking operations fail after `timeout`.
+pub fn thread_group_with_timeout(n: usize, timeout: Duration) -> Vec<ThreadTransport> {
+    // senders[s][d] sends from s to d; receivers[d][s] receives at d from s.
+    let mut senders: Vec<Vec<Sender<Msg>>> = (0..n).map(|_| Vec::with_capacity(n)).collect();
+    let mut receivers: Vec<Vec<Receiver<Msg>>> = (0..n).map(|_| Vec::with_capacity(n)).collect();
+    for row in senders.iter_mut() {
+        for inbox in receivers.iter_mut() {
+            let (tx, rx) = unbounded();
+            row.push(tx);
+            inbox.push(rx);
+        }
+    }
+    let timeout_ns = duration_ns(timeout);
+    senders
+        .into_iter()
+        .zip(receivers)
+        .enumerate()
+        .map(|(rank, (to, from))| ThreadTransport {
+            rank,
+            stash: (0..n).map(|_| Mutex::new(VecDeque::new())).collect(),
+            to,
+            from,
+            timeout_ns: AtomicU64::new(timeout_ns),
+        })
+        .collect()
+}
+
+fn duration_ns(d: Duration) -> u64 {
+    u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)
+}
+
+impl ThreadTransport {
+    fn post(
+        &self,
+        op: &'static str,
+        to: usize,
+        kind: Kind,
+        tag: u32,
+        payload: Payload,
+    ) -> Result<()> {
+        check_peer(op, self.rank, to, self.to.len())?;
+        self.to[to]
+            .send(Msg { kind, tag, payload })
+            .map_err(|_| CommError::Disconnected {
+                op,
+                rank: self.rank,
+                peer: to,
+            })
+    }
+
+    /// Receives the next message of (kind, tag) from `from`, stashing others.
+    fn take(
+        &self,
+        op: &'static str,
+        from: usize,
+        kind: Kind,
+        tag: u32,
+        deadline: Instant,
+    ) -> Result<Payload> {
+        check_peer(op, self.rank, from, self.from.len())?;
+        {
+            let mut stash = self.stash[from].lock().unwrap_or_else(|e| e.into_inner());
+            if let Some(i) = stash.iter().position(|m| m.kind == kind && m.tag == tag) {
+                if let Some(m) = stash.remove(i) {
+                    return Ok(m.payload);
+                }
+            }
+        }
+        loop {
+            match self.from[from].recv_deadline(deadline) {
+                Ok(m) if m.kind == kind && m.tag == tag => return Ok(m.payload),
+                Ok(m) => self.stash[from]
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .push_back(m),
+                Err(RecvTimeoutError::Timeout) => {
+                    return Err(CommError::Timeout {
+                        op,
+                        rank: self.rank,
+                        peer: Some(from),
+                        timeout: self.timeout(),
+                    })
+                }
+                Err(RecvTimeoutError::Disconnected) => {
+                    return Err(CommError::Disconnected {
+                        op,
+                        rank: self.rank,
+                        peer: from,
+                    })
+                }
+            }
+        }
+    }
+
+    fn take_bytes(
+        &self,
+        op: &'static str,
+        from: usize,
+        kind: Kind,
+        tag: u32,
+        buf: &mut [u8],
+        deadline: Instant,
+    ) -> Result<()> {
+        match self.take(op, from, kind, tag, deadline)? {
+            Payload::Bytes(b) if b.len() == buf.len() => {
+                buf.copy_from_slice(&b);
+                Ok(())
+            }
+            Payload::Bytes(b) => Err(CommError::SizeMismatch {
+                op,
+                rank: self.rank,
+                peer: from,
+                expected: buf.len(),
+                got: b.len(),
+            }),
+            Payload::Group(_) => Err(CommError::InvalidArgument(format!(
+                "{op} on rank {}: unexpected group message from peer {from}",
+                self.rank
+            ))),
+        }
+    }
+
+    fn deadline(&self) -> Instant {
+        let now = Instant::now();
+        now.checked_add(self.timeout())
+            .unwrap_or(now + Duration::from_secs(365 * 24 * 3600))
+    }
+}
+
+impl Transport for ThreadTransport {
+    fn rank(&self) -> usize {
+        self.rank
+    }
+
+    fn size(&self) -> usize {
+        self.to.len()
+    }
+
+    fn send(&self, to: usize, tag: u32, data: &[u8]) -> Result<()> {
+        self.post("send", to, Kind::User, tag, Payload::Bytes(data.to_vec()))
+    }
+
+    fn recv(&self, from: usize, tag: u32, buf: &mut [u8]) -> Result<()> {
+        let deadline = self.deadline();
+        self.take_bytes("recv", from, Kind::User, tag, buf, deadline)
+    }
+
+    fn exchange(&self, ops: &mut [Op<'_>]) -> Result<()> {
+        for op in ops.iter() {
+            if let Op::Send { to, tag, data } = op {
+                self.post(
+                    "exchange send",
+                    *to,
+                    Kind::User,
+                    *tag,
+                    Payload::Bytes(data.to_vec()),
+                )?;
+            }
+        }
+        let deadline = self.deadline();
+        for op in ops.iter_mut() {
+            if let Op::Recv { from, tag, buf } = op {
+                self.take_bytes("exchange recv", *from, Kind::User, *tag, buf, deadline)?;
+            }
+        }
+        Ok(())
+    }
+
+    fn split(&self, color: usize, key: usize) -> Result<Box<dyn Transport>> {
+        let n = self.size();
+        let mut info = Vec::with_capacity(16);
+        info.extend_from_slice(&(color as u64).to_le_bytes());
+        info.extend_from_slice(&(key as u64).to_le_bytes());
+        for d in 0..n {
+            self.post("split", d, Kind::SplitInfo, 0, Payload::Bytes(info.clone()))?;
+        }
+        let deadline = self.deadline();
+        let mut members = Vec::new();
+        let mut buf = [0u8; 16];
+        for s in 0..n {
+            self.take_bytes("split", s, Kind::SplitInfo, 0, &mut buf, deadline)?;
+            let (c, k) = buf.split_at(8);
+            let c = u64::from_le_bytes(c.try_into().expect("8 bytes"));
+            let k = u64::from_le_bytes(k.try_into().expect("8 bytes"));
+            if c == color as u64 {
+                members.push((k, s));
+            }
+        }
+        members.sort_unstable();
+        let leader = members[0].1;
+        if leader == self.rank {
+            let mut group = thread_group_with_timeout(members.len(), self.timeout()).into_iter();
+            let mine = group.next().expect("group has at least this rank");
+            for (&(_, member), endpoint) in members[1..].iter().zip(group) {
+                self.post(
+                    "split",
+                    member,
+                    Kind::SplitGroup,
+                    0,
+                    Payload::Group(Box::new(endpoint)),
+                )?;
+            }
+            Ok(Box::new(mine))
+        } else {
+            match self.take("split", leader, Kind::SplitGroup, 0, deadline)? {
+                Payload::Group(g) => Ok(g),
+                Payload::Bytes(_) => Err(CommError::InvalidArgument(format!(
+                    "split on rank {}: peer {leader} sent bytes instead of a group",
+                    self.rank
+                ))),
+            }
+        }
+    }
+
+    fn barrier(&self) -> Result<()> {
+        // Dissemination barrier: ceil(log2 n) rounds.
+        let n = self.size();
+        let deadline = self.deadline();
+        let mut dist = 1;
+        let mut round = 0;
+        while dist < n {
+            let to = (self.rank + dist) % n;
+            let from = (self.rank + n - dist) % n;
+            self.post(
+                "barrier",
+                to,
+                Kind::Barrier,
+                round,
+                Payload::Bytes(Vec::new()),
+            )?;
+            self.take_bytes("barrier", from, Kind::Barrier, round, &mut [], deadline)?;
+            dist *= 2;
+            round += 1;
+        }
+        Ok(())
+    }
+
+    fn timeout(&self) -> Duration {
+        Duration::from_nanos(self.timeout_ns.load(Ordering::Relaxed))
+    }
+
+    fn set_timeout(&self, timeout: Duration) {
+        self.timeout_ns
+            .store(duration_ns(timeout), Ordering::Relaxed);
+    }
+}

@@ -1,0 +1,168 @@
+//! The `Transport` trait: point-to-point byte messaging within a group of ranks.
+
+use std::time::Duration;
+
+use crate::error::Result;
+
+/// Default operation timeout: a blocked operation fails after this long.
+pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// Largest tag an application may use (MPI guarantees at least 32767).
+pub const MAX_TAG: u32 = 32767;
+
+/// One operation of a non-blocking batch ([`Transport::exchange`]).
+#[derive(Debug)]
+pub enum Op<'a> {
+    /// Send `data` to rank `to` with tag `tag`.
+    Send {
+        /// Destination rank.
+        to: usize,
+        /// Message tag (`<= MAX_TAG`).
+        tag: u32,
+        /// Bytes to send.
+        data: &'a [u8],
+    },
+    /// Receive exactly `buf.len()` bytes from rank `from` with tag `tag`.
+    Recv {
+        /// Source rank.
+        from: usize,
+        /// Message tag (`<= MAX_TAG`).
+        tag: u32,
+        /// Buffer to fill; the message must have exactly this length.
+        buf: &'a mut [u8],
+    },
+}
+
+impl Op<'_> {
+    /// The peer rank of this operation.
+    pub fn peer(&self) -> usize {
+        match self {
+            Op::Send { to, .. } => *to,
+            Op::Recv { from, .. } => *from,
+        }
+    }
+}
+
+/// Point-to-point messaging within a group of `size()` ranks.
+///
+/// Messages between a pair of ranks with the same tag are delivered in order (MPI's
+/// non-overtaking rule). Every blocking operation fails with
+/// [`CommError::Timeout`](crate::CommError::Timeout) naming the operation and peer after
+/// [`Transport::timeout`], so a dead rank never hangs the job forever.
+pub trait Transport: Send + Sync {
+    /// This rank, in `0..size()`.
+    fn rank(&self) -> usize;
+    /// Number of ranks in the group.
+    fn size(&self) -> usize;
+    /// Sends `data` to rank `to` (blocks until the buffer may be reused).
+    fn send(&self, to: usize, tag: u32, data: &[u8]) -> Result<()>;
+    /// Receives exactly `buf.len()` bytes from rank `from`.
+    fn recv(&self, from: usize, tag: u32, buf: &mut [u8]) -> Result<()>;
+    /// Posts all sends and receives of `ops` at once, then completes all of them. Ops to and
+    /// from any mix of peers never deadlock with the matching batches of those peers.
+    fn exchange(&self, ops: &mut [Op<'_>]) -> Result<()>;
+    /// Sends `data` to `to` while receiving `buf` from `from` (one exchange of two ops).
+    fn sendrecv(
+        &self,
+        to: usize,
+        send_tag: u32,
+        data: &[u8],
+        from: usize,
+        recv_tag: u32,
+        buf: &mut [u8],
+    ) -> Result<()> {
+        self.exchange(&mut [
+            Op::Send {
+                to,
+                tag: send_tag,
+                data,
+            },
+            Op::Recv {
+                from,
+                tag: recv_tag,
+                buf,
+            },
+        ])
+    }
+    /// Splits the group (collective over all ranks): ranks with equal `color` form a new group,
+    /// ordered by `(key, old rank)`.
+    fn split(&self, color: usize, key: usize) -> Result<Box<dyn Transport>>;
+    /// Blocks until every rank of the group has entered the barrier.
+    fn barrier(&self) -> Result<()>;
+    /// The operation timeout in force.
+    fn timeout(&self) -> Duration;
+    /// Changes the operation timeout of this rank's endpoint.
+    fn set_timeout(&self, timeout: Duration);
+    /// Whether [`Transport::native_allreduce_f32`] is available (MPI only).
+    fn has_native_allreduce(&self) -> bool {
+        false
+    }
+    /// Sums `buf` over all ranks with the transport's own collective (MPI_Allreduce).
+    fn native_allreduce_f32(&self, buf: &mut [f32]) -> Result<()> {
+        let _ = buf;
+        Err(crate::CommError::Unsupported(
+            "native allreduce (the `mpi` algorithm) needs the MPI transport".into(),
+        ))
+    }
+}
+
+impl<T: Transport + ?Sized> Transport for Box<T> {
+    fn rank(&self) -> usize {
+        (**self).rank()
+    }
+    fn size(&self) -> usize {
+        (**self).size()
+    }
+    fn send(&self, to: usize, tag: u32, data: &[u8]) -> Result<()> {
+        (**self).send(to, tag, data)
+    }
+    fn recv(&self, from: usize, tag: u32, buf: &mut [u8]) -> Result<()> {
+        (**self).recv(from, tag, buf)
+    }
+    fn exchange(&self, ops: &mut [Op<'_>]) -> Result<()> {
+        (**self).exchange(ops)
+    }
+    fn split(&self, color: usize, key: usize) -> Result<Box<dyn Transport>> {
+        (**self).split(color, key)
+    }
+    fn barrier(&self) -> Result<()> {
+        (**self).barrier()
+    }
+    fn timeout(&self) -> Duration {
+        (**self).timeout()
+    }
+    fn set_timeout(&self, timeout: Duration) {
+        (**self).set_timeout(timeout)
+    }
+    fn has_native_allreduce(&self) -> bool {
+        (**self).has_native_allreduce()
+    }
+    fn native_allreduce_f32(&self, buf: &mut [f32]) -> Result<()> {
+        (**self).native_allreduce_f32(buf)
+    }
+}
+
+/// Validates a peer rank against the group size.
+pub(crate) fn check_peer(op: &'static str, rank: usize, peer: usize, size: usize) -> Result<()> {
+    if peer >= size {
+        return Err(crate::CommError::InvalidPeer {
+            op,
+            rank,
+            peer,
+            size,
+        });
+    }
+    Ok(())
+}
+
+/// Reinterprets an f32 slice as bytes.
+pub fn f32_bytes(s: &[f32]) -> &[u8] {
+    // SAFETY: f32 has no padding and u8 has alignment 1; the length covers the same memory.
+    unsafe { std::slice::from_raw_parts(s.as_ptr().cast::<u8>(), std::mem::size_of_val(s)) }
+}
+
+/// Reinterprets a mutable f32 slice as bytes (every bit pattern is a valid f32).
+pub fn f32_bytes_mut(s: &mut [f32]) -> &mut [u8] {
+    // SAFETY: as above, and every byte pattern written is a valid f32.
+    unsafe { std::slice::from_raw_parts_mut(s.as_mut_ptr().cast::<u8>(), std::mem::size_of_val(s)) }
+}

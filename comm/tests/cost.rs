@@ -1,0 +1,112 @@
+//! Cost model: formulas, choice, presets and JSON round trip.
+
+use ddl_comm::{Algorithm, CostModel, Tier, Topology};
+
+fn tier(alpha: f64, beta: f64, gamma: f64) -> Tier {
+    Tier::new("t", alpha, beta, gamma)
+}
+
+#[test]
+fn beta_curve_interpolates_in_log_size_and_clamps() {
+    let mut t = tier(1e-6, 1e-9, 0.0);
+    assert_eq!(t.beta_at(123), 1e-9);
+    t.beta_curve = vec![(1 << 20, 1e-10), (4 << 20, 3e-10), (16 << 20, 1e-9)];
+    assert_eq!(t.beta_at(1 << 10), 1e-10);
+    assert_eq!(t.beta_at(1 << 20), 1e-10);
+    assert!((t.beta_at(2 << 20) - 2e-10).abs() < 1e-18);
+    assert!((t.beta_at(4 << 20) - 3e-10).abs() < 1e-18);
+    assert!((t.beta_at(8 << 20) - 6.5e-10).abs() < 1e-18);
+    assert_eq!(t.beta_at(1 << 30), 1e-9);
+    // The ring prediction uses the beta of its buffer size.
+    let m = CostModel {
+        intra: t.clone(),
+        inter: t,
+        source: "test".into(),
+    };
+    let n = 16 << 20;
+    let expect = 2.0 * 3.0 * (1e-6 + n as f64 / 4.0 * 1e-9);
+    let got = m.predict(&Algorithm::Ring, n, Topology::flat(4));
+    assert!((got - expect).abs() < 1e-12, "{got} vs {expect}");
+    // A curve survives the JSON round trip.
+    let text = serde_json::to_string(&m).expect("json");
+    assert_eq!(serde_json::from_str::<CostModel>(&text).expect("parse"), m);
+}
+
+#[test]
+fn ring_prediction_matches_the_alpha_beta_gamma_formula() {
+    let m = CostModel {
+        intra: tier(1e-6, 1e-9, 1e-10),
+        inter: tier(1e-5, 1e-8, 1e-10),
+        source: "test".into(),
+    };
+    let n = 1 << 20;
+    let p = 8.0;
+    let t = m.predict(&Algorithm::Ring, n, Topology::flat(8));
+    let expect = 2.0 * (p - 1.0) * (1e-6 + n as f64 / p * 1e-9) + (p - 1.0) * n as f64 / p * 1e-10;
+    assert!((t - expect).abs() < 1e-12, "{t} vs {expect}");
+    // Crossing nodes makes every step pay the slower tier.
+    assert!(m.predict(&Algorithm::Ring, n, Topology::new(2, 4)) > t);
+    // One rank or no data costs nothing.
+    assert_eq!(m.predict(&Algorithm::Rhd, n, Topology::flat(1)), 0.0);
+    assert_eq!(m.predict(&Algorithm::Ring, 0, Topology::flat(4)), 0.0);
+}
+
+#[test]
+fn predictions_grow_with_size_and_auto_picks_the_minimum() {
+    let m = CostModel::minsky();
+    let topo = Topology::new(64, 4);
+    let algos = [
+        Algorithm::Ring,
+        Algorithm::Rhd,
+        Algorithm::Multicolor {
+            colors: 4,
+            chunk_bytes: 1 << 18,
+        },
+        Algorithm::Multiring { dims: vec![] },
+    ];
+    for a in &algos {
+        let mut last = 0.0;
+        for bytes in [4 << 10, 1 << 20, 16 << 20, 100 << 20] {
+            let t = m.predict(a, bytes, topo);
+            assert!(t > last, "{a} {bytes}");
+            last = t;
+        }
+    }
+    for bytes in [4 << 10, 100 << 20] {
+        let best = m.choose(bytes, topo);
+        let tb = m.predict(&best, bytes, topo);
+        for a in &algos {
+            assert!(tb <= m.predict(a, bytes, topo) + 1e-15);
+        }
+        assert_eq!(m.predict(&Algorithm::Auto, bytes, topo), tb);
+    }
+    // Latency-bound small messages: recursive halving/doubling beats the 2(p-1)-step ring.
+    assert!(m.predict(&Algorithm::Rhd, 4 << 10, topo) < m.predict(&Algorithm::Ring, 4 << 10, topo));
+}
+
+#[test]
+fn model_json_round_trip_and_presets() {
+    let dir = std::env::temp_dir().join(format!("ddl-comm-cost-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("temp dir");
+    let path = dir.join("model.json");
+    let m = CostModel::minsky();
+    m.save(&path).expect("save");
+    assert_eq!(CostModel::load(&path).expect("load"), m);
+    std::fs::write(&path, "{not json").expect("write");
+    let err = CostModel::load(&path).expect_err("bad json");
+    assert!(err.to_string().contains("model.json"), "{err}");
+    std::fs::remove_dir_all(&dir).expect("cleanup");
+    assert_eq!(
+        CostModel::preset("minsky").expect("preset"),
+        CostModel::minsky()
+    );
+    assert!(CostModel::preset("dgx").is_err());
+}
+
+#[test]
+fn topology_dims_fastest_tier_first() {
+    assert_eq!(Topology::new(8, 4).dims(), vec![4, 8]);
+    assert_eq!(Topology::new(8, 1).dims(), vec![8]);
+    assert_eq!(Topology::flat(1).dims(), vec![1]);
+    assert_eq!(Topology::new(3, 2).node_of(5), 2);
+}

@@ -1,0 +1,432 @@
+//! Allreduce algorithms and the thread transport, checked against sequential sums.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use ddl_comm::{
+    thread_group, thread_group_with_timeout, Algorithm, Allreducer, CommError, Op, Topology,
+    Transport,
+};
+use half::{bf16, f16};
+use proptest::prelude::*;
+
+/// Runs `f(rank, transport)` on one thread per rank and returns the results in rank order.
+fn on_ranks<R: Send + 'static>(
+    n: usize,
+    f: impl Fn(usize, Arc<dyn Transport>) -> R + Send + Sync + 'static,
+) -> Vec<R> {
+    let f = Arc::new(f);
+    let handles: Vec<_> = thread_group(n)
+        .into_iter()
+        .enumerate()
+        .map(|(r, t)| {
+            let f = f.clone();
+            std::thread::spawn(move || f(r, Arc::new(t)))
+        })
+        .collect();
+    handles
+        .into_iter()
+        .map(|h| h.join().expect("rank thread panicked"))
+        .collect()
+}
+
+/// Deterministic per-rank input: small integers (exact sums) or fractional values.
+fn input(rank: usize, len: usize, seed: u64, integers: bool) -> Vec<f32> {
+    (0..len)
+        .map(|i| {
+            let mut x =
+                seed ^ ((rank as u64) << 32) ^ (i as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+            x ^= x >> 29;
+            x = x.wrapping_mul(0xBF58_476D_1CE4_E5B9);
+            x ^= x >> 32;
+            if integers {
+                (x % 2001) as f32 - 1000.0
+            } else {
+                ((x % 1_000_000) as f32 / 1_000_000.0 - 0.5) * 3.0
+            }
+        })
+        .collect()
+}
+
+fn algorithms(p: usize) -> Vec<Algorithm> {
+    let mut v = vec![
+        Algorithm::Ring,
+        Algorithm::Rhd,
+        Algorithm::Multicolor {
+            colors: 4,
+            chunk_bytes: 16,
+        },
+        Algorithm::Multicolor {
+            colors: 3,
+            chunk_bytes: 1 << 20,
+        },
+        Algorithm::Multiring { dims: vec![] },
+        Algorithm::Auto,
+    ];
+    // A genuinely multi-dimensional ring where p factors.
+    for a in 2..p {
+        if p % a == 0 {
+            v.push(Algorithm::Multiring {
+                dims: vec![a, p / a],
+            });
+            break;
+        }
+    }
+    v
+}
+
+/// Topology with 2 ranks per node where possible, so multiring has two dimensions.
+fn topology(p: usize) -> Topology {
+    if p % 2 == 0 && p > 2 {
+        Topology::new(p / 2, 2)
+    } else {
+        Topology::flat(p)
+    }
+}
+
+fn run_allreduce(
+    p: usize,
+    len: usize,
+    algo: Algorithm,
+    seed: u64,
+    integers: bool,
+    average: bool,
+) -> Vec<Vec<f32>> {
+    on_ranks(p, move |r, t| {
+        let ar = Allreducer::new(t, algo.clone(), topology(p)).expect("allreducer");
+        let mut buf = input(r, len, seed, integers);
+        ar.allreduce_f32(&mut buf, average).expect("allreduce");
+        // A second call on the same allreducer reuses its scratch buffers.
+        let mut again = input(r, len, seed, integers);
+        ar.allreduce_f32(&mut again, average)
+            .expect("second allreduce");
+        assert_eq!(bits(&buf), bits(&again), "rank {r}: repeated call differs");
+        buf
+    })
+}
+
+fn bits(v: &[f32]) -> Vec<u32> {
+    v.iter().map(|x| x.to_bits()).collect()
+}
+
+fn check_identical(results: &[Vec<f32>], what: &str) {
+    for (r, res) in results.iter().enumerate() {
+        assert_eq!(
+            bits(res),
+            bits(&results[0]),
+            "{what}: rank {r} differs from rank 0"
+        );
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 48, .. ProptestConfig::default() })]
+
+    /// Integer-valued inputs sum exactly in any order: every algorithm must equal the
+    /// sequential sum bitwise, on every rank.
+    #[test]
+    fn exact_sums_all_algorithms(p in 1usize..=33, len_kind in 0usize..6, seed in any::<u64>()) {
+        let len = match len_kind {
+            0 => 0,
+            1 => 1,
+            2 => p.saturating_sub(1),
+            3 => 2 * p + 1,
+            4 => 97,
+            _ => 1000 + (seed % 300) as usize,
+        };
+        let expected: Vec<f32> = (0..len)
+            .map(|i| (0..p).map(|r| input(r, len, seed, true)[i]).sum())
+            .collect();
+        for algo in algorithms(p) {
+            let res = run_allreduce(p, len, algo.clone(), seed, true, false);
+            check_identical(&res, &algo.to_string());
+            prop_assert_eq!(bits(&res[0]), bits(&expected), "{} p={} len={}", algo, p, len);
+        }
+    }
+
+    /// Real-valued inputs: all ranks bitwise identical, close to the f64 sum; ring equals the
+    /// sum in its documented order bitwise.
+    #[test]
+    fn real_sums_identical_and_close(p in 1usize..=33, len in 0usize..200, seed in any::<u64>(), average in any::<bool>()) {
+        let inputs: Vec<Vec<f32>> = (0..p).map(|r| input(r, len, seed, false)).collect();
+        for algo in algorithms(p) {
+            let res = run_allreduce(p, len, algo.clone(), seed, false, average);
+            check_identical(&res, &algo.to_string());
+            for i in 0..len {
+                let mut exact: f64 = inputs.iter().map(|v| v[i] as f64).sum();
+                if average {
+                    exact /= p as f64;
+                }
+                let tol = 1e-5 * (p as f64) * 2.0;
+                prop_assert!((res[0][i] as f64 - exact).abs() <= tol,
+                    "{} p={} i={}: {} vs {}", algo, p, i, res[0][i], exact);
+            }
+            if algo == Algorithm::Ring && !average {
+                // Part k of the ring is summed starting at rank k+1: x[k+1] + x[k+2] + ... + x[k].
+                for k in 0..p {
+                    let base = len / p;
+                    let extra = len % p;
+                    let start = k * base + k.min(extra);
+                    let end = start + base + usize::from(k < extra);
+                    for i in start..end {
+                        let mut acc = inputs[(k + 1) % p][i];
+                        for j in 2..=p {
+                            acc += inputs[(k + j) % p][i];
+                        }
+                        prop_assert_eq!(res[0][i].to_bits(), acc.to_bits(), "ring order p={} i={}", p, i);
+                    }
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn sixty_four_ranks_every_algorithm() {
+    let p = 64;
+    let len = 4099;
+    let expected: Vec<f32> = (0..len)
+        .map(|i| (0..p).map(|r| input(r, len, 7, true)[i]).sum())
+        .collect();
+    for algo in algorithms(p).into_iter().chain([Algorithm::Multiring {
+        dims: vec![4, 4, 4],
+    }]) {
+        let res = run_allreduce(p, len, algo.clone(), 7, true, false);
+        check_identical(&res, &algo.to_string());
+        assert_eq!(bits(&res[0]), bits(&expected), "{algo}");
+    }
+}
+
+#[test]
+fn half_precision_reduced_in_f32() {
+    let p = 5;
+    let len = 301;
+    let res = on_ranks(p, move |r, t| {
+        let ar = Allreducer::new(t, Algorithm::Rhd, Topology::flat(p)).expect("allreducer");
+        let src = input(r, len, 3, false);
+        let mut h: Vec<f16> = src.iter().map(|&v| f16::from_f32(v)).collect();
+        let mut b: Vec<bf16> = src.iter().map(|&v| bf16::from_f32(v)).collect();
+        ar.allreduce_f16(&mut h, true).expect("f16");
+        ar.allreduce_bf16(&mut b, false).expect("bf16");
+        (h, b)
+    });
+    for i in 0..len {
+        let hsum: f64 = (0..p)
+            .map(|r| f16::from_f32(input(r, len, 3, false)[i]).to_f64())
+            .sum::<f64>()
+            / p as f64;
+        let bsum: f64 = (0..p)
+            .map(|r| bf16::from_f32(input(r, len, 3, false)[i]).to_f64())
+            .sum();
+        // One rounding of the f32 result: within half an ulp of the target format (plus f32 noise).
+        assert!(
+            (res[0].0[i].to_f64() - hsum).abs() <= hsum.abs() * 1e-3 + 1e-4,
+            "f16 {i}"
+        );
+        assert!(
+            (res[0].1[i].to_f64() - bsum).abs() <= bsum.abs() * 8e-3 + 1e-3,
+            "bf16 {i}"
+        );
+        for (r, other) in res.iter().enumerate() {
+            assert_eq!(other.0[i].to_bits(), res[0].0[i].to_bits(), "f16 rank {r}");
+            assert_eq!(other.1[i].to_bits(), res[0].1[i].to_bits(), "bf16 rank {r}");
+        }
+    }
+}
+
+#[test]
+fn recv_times_out_naming_op_and_peer() {
+    let timeout = Duration::from_millis(300);
+    let mut group = thread_group_with_timeout(2, timeout);
+    let silent = group.pop().expect("rank 1");
+    let waiting = group.pop().expect("rank 0");
+    let start = Instant::now();
+    let mut buf = [0u8; 8];
+    let err = waiting.recv(1, 5, &mut buf).expect_err("nobody sends");
+    let elapsed = start.elapsed();
+    assert!(
+        elapsed >= timeout && elapsed < timeout * 10,
+        "took {elapsed:?}"
+    );
+    match &err {
+        CommError::Timeout { op, peer, rank, .. } => {
+            assert_eq!(*op, "recv");
+            assert_eq!(*peer, Some(1));
+            assert_eq!(*rank, 0);
+        }
+        other => panic!("expected a timeout, got {other:?}"),
+    }
+    let msg = err.to_string();
+    assert!(msg.contains("recv") && msg.contains("peer 1"), "{msg}");
+    drop(silent);
+}
+
+#[test]
+fn allreduce_with_a_dead_peer_fails_within_the_timeout() {
+    let timeout = Duration::from_millis(200);
+    let mut group = thread_group_with_timeout(3, timeout);
+    let _stuck = group.pop().expect("rank 2 never joins");
+    let handles: Vec<_> = group
+        .into_iter()
+        .map(|t| {
+            std::thread::spawn(move || {
+                let ar = Allreducer::new(Arc::new(t), Algorithm::Ring, Topology::flat(3))
+                    .expect("allreducer");
+                let mut buf = vec![1.0f32; 30];
+                let start = Instant::now();
+                let err = ar
+                    .allreduce_f32(&mut buf, false)
+                    .expect_err("rank 2 is silent");
+                (start.elapsed(), err)
+            })
+        })
+        .collect();
+    for (rank, h) in handles.into_iter().enumerate() {
+        let (elapsed, err) = h.join().expect("thread");
+        assert!(elapsed < timeout * 10, "took {elapsed:?}");
+        if rank == 0 {
+            // Rank 0 waits on its ring predecessor, the silent rank 2.
+            assert!(
+                matches!(err, CommError::Timeout { peer: Some(2), .. }),
+                "expected a timeout naming peer 2, got {err}"
+            );
+        } else {
+            // Rank 1 waits on rank 0, which either times out too or has already given up.
+            assert!(
+                matches!(
+                    err,
+                    CommError::Timeout { .. } | CommError::Disconnected { peer: 0, .. }
+                ),
+                "got {err}"
+            );
+        }
+        assert!(err.to_string().contains("peer"), "{err}");
+    }
+}
+
+#[test]
+fn disconnected_peer_is_reported() {
+    let mut group = thread_group(2);
+    drop(group.pop());
+    let t = group.pop().expect("rank 0");
+    let err = t.recv(1, 0, &mut [0u8; 4]).expect_err("peer dropped");
+    assert!(
+        matches!(err, CommError::Disconnected { peer: 1, .. }),
+        "{err}"
+    );
+}
+
+#[test]
+fn exchange_split_and_barrier() {
+    let p = 6;
+    let res = on_ranks(p, move |r, t| {
+        // Everyone sends its rank to everyone in one batch.
+        let out = [r as u8; 3];
+        let mut inbox = vec![[0u8; 3]; p];
+        {
+            let mut ops: Vec<Op<'_>> = (0..p)
+                .map(|d| Op::Send {
+                    to: d,
+                    tag: 9,
+                    data: &out[..],
+                })
+                .collect();
+            ops.extend(inbox.iter_mut().enumerate().map(|(s, b)| Op::Recv {
+                from: s,
+                tag: 9,
+                buf: &mut b[..],
+            }));
+            t.exchange(&mut ops).expect("exchange");
+        }
+        for (s, b) in inbox.iter().enumerate() {
+            assert_eq!(b, &[s as u8; 3]);
+        }
+        // Split by parity, ordered by descending rank.
+        let sub = t.split(r % 2, p - r).expect("split");
+        assert_eq!(sub.size(), 3);
+        sub.barrier().expect("sub barrier");
+        t.barrier().expect("barrier");
+        let ar = Allreducer::new(Arc::from(sub), Algorithm::Ring, Topology::flat(3)).expect("ar");
+        let mut v = vec![r as f32];
+        ar.allreduce_f32(&mut v, false).expect("sub allreduce");
+        (ar.transport().rank(), v[0])
+    });
+    for (r, (sub_rank, sum)) in res.iter().enumerate() {
+        // Ranks of one parity in descending order: the largest rank is 0.
+        let same: Vec<usize> = (0..p).filter(|x| x % 2 == r % 2).rev().collect();
+        assert_eq!(
+            *sub_rank,
+            same.iter().position(|&x| x == r).expect("member")
+        );
+        assert_eq!(*sum, same.iter().sum::<usize>() as f32);
+    }
+}
+
+#[test]
+fn sendrecv_and_size_mismatch() {
+    let res = on_ranks(2, |r, t| {
+        let mut got = [0u8; 4];
+        t.sendrecv(1 - r, 3, &[r as u8; 4], 1 - r, 3, &mut got)
+            .expect("sendrecv");
+        let short = t
+            .send(1 - r, 4, &[1, 2])
+            .and_then(|_| t.recv(1 - r, 4, &mut [0u8; 3]));
+        (got, short)
+    });
+    assert_eq!(res[0].0, [1; 4]);
+    assert_eq!(res[1].0, [0; 4]);
+    for (_, short) in &res {
+        assert!(matches!(
+            short,
+            Err(CommError::SizeMismatch {
+                expected: 3,
+                got: 2,
+                ..
+            })
+        ));
+    }
+}
+
+#[test]
+fn invalid_configurations_are_rejected() {
+    let t: Arc<dyn Transport> = Arc::new(thread_group(1).pop().expect("one"));
+    let err = Allreducer::new(t.clone(), Algorithm::Mpi, Topology::flat(1)).expect_err("no mpi");
+    assert!(matches!(err, CommError::Unsupported(_)));
+    let err = Allreducer::new(
+        t.clone(),
+        Algorithm::Multiring { dims: vec![2, 2] },
+        Topology::flat(1),
+    )
+    .expect_err("dims");
+    assert!(matches!(err, CommError::InvalidArgument(_)));
+    let err = Allreducer::new(t, Algorithm::Ring, Topology::new(2, 2)).expect_err("topology");
+    assert!(matches!(err, CommError::InvalidArgument(_)));
+}
+
+#[test]
+fn algorithm_names_parse_and_print() {
+    for name in Algorithm::NAMES {
+        let a: Algorithm = name.parse().expect("parses");
+        assert_eq!(a.name(), name);
+    }
+    assert_eq!(
+        "multiring:4x8x8".parse::<Algorithm>().expect("dims"),
+        Algorithm::Multiring {
+            dims: vec![4, 8, 8]
+        }
+    );
+    assert_eq!(
+        "multicolor:2:4096".parse::<Algorithm>().expect("colors"),
+        Algorithm::Multicolor {
+            colors: 2,
+            chunk_bytes: 4096
+        }
+    );
+    let a = Algorithm::Multicolor {
+        colors: 2,
+        chunk_bytes: 4096,
+    };
+    assert_eq!(a.to_string().parse::<Algorithm>().expect("round trip"), a);
+    assert!("tree".parse::<Algorithm>().is_err());
+    assert!("multiring:4x0".parse::<Algorithm>().is_err());
+}

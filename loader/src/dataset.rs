@@ -1,0 +1,308 @@
+//! Node residency: the shards of one split that this node holds in RAM.
+//!
+//! With `P` nodes, node `n` owns shard `s` of a split when `s % P == n` (the manifest's
+//! `ShardInfo::node` records this assignment for the pack-time node count; a reader given
+//! another `P` recomputes it). [`Dataset::open`] maps exactly those shards, optionally after
+//! copying them to node-local storage (`/dev/shm`), and optionally pre-faults and locks them so
+//! that no epoch ever waits on storage.
+
+use std::fs::File;
+use std::io::{Read, Write};
+use std::path::{Path, PathBuf};
+
+use crate::error::{LoaderError, Result};
+use crate::manifest::Manifest;
+use crate::shard::{sync_dir, tmp_path, IndexRow, Record, ShardReader};
+
+/// Which node this process runs on and how many nodes share the dataset.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Residency {
+    /// This node's index, `0..nodes`.
+    pub node: usize,
+    /// Number of nodes.
+    pub nodes: usize,
+}
+
+/// How to bring a node's shards into memory.
+#[derive(Clone, Debug, Default)]
+pub struct OpenOptions {
+    /// Pre-fault every page at open (`madvise(WILLNEED)` and a touch per page).
+    pub populate: bool,
+    /// `mlock` every shard (fails with a message naming `RLIMIT_MEMLOCK` when it is too low).
+    pub lock: bool,
+    /// Copy the node's shards into this node-local directory first (e.g. `/dev/shm/ddl`) and
+    /// map the copies. A file already there with the manifest's size and whole-file crc32c is
+    /// reused.
+    pub stage: Option<PathBuf>,
+}
+
+/// One shard this node owns.
+#[derive(Debug)]
+struct NodeShard {
+    reader: ShardReader,
+    /// Global id of the shard's first record: records of all earlier shards of the split.
+    global_base: u64,
+}
+
+/// The shards of one split that this node owns, memory-mapped. `Send + Sync`.
+///
+/// Records are addressed by a node-local index `0..len()` (shards in split order, records in
+/// shard order). Each record also has a global id, its position in the whole split
+/// (earlier shards' records first), which is the same on every node and for every node count.
+#[derive(Debug)]
+pub struct Dataset {
+    manifest: Manifest,
+    split: String,
+    residency: Residency,
+    shards: Vec<NodeShard>,
+    /// `starts[k]` is the node-local index of shard k's first record; one extra entry = len.
+    starts: Vec<usize>,
+}
+
+impl Dataset {
+    /// Opens the shards of `split` in `dir` that node `residency.node` owns.
+    ///
+    /// Every shard must exist, pass [`ShardReader::open`]'s checks and match the manifest's
+    /// record count and size; otherwise the error names the file. With `opts.stage` the shards
+    /// are first copied there (see [`OpenOptions::stage`]); `populate` and `lock` apply to the
+    /// mapped files.
+    pub fn open(
+        dir: &Path,
+        split: &str,
+        residency: Residency,
+        opts: &OpenOptions,
+    ) -> Result<Dataset> {
+        if residency.nodes == 0 || residency.node >= residency.nodes {
+            return Err(LoaderError::InvalidConfig(format!(
+                "node {} of {} nodes",
+                residency.node, residency.nodes
+            )));
+        }
+        let manifest = Manifest::load(dir)?;
+        let info = manifest.split(dir, split)?.clone();
+        if let Some(stage) = &opts.stage {
+            std::fs::create_dir_all(stage)
+                .map_err(|e| LoaderError::io("create directory", stage, e))?;
+        }
+        let mut shards = Vec::new();
+        let mut starts = vec![0usize];
+        let mut global_base = 0u64;
+        for (s, sh) in info.shards.iter().enumerate() {
+            let base = global_base;
+            global_base += sh.records;
+            if s % residency.nodes != residency.node {
+                continue;
+            }
+            let source = dir.join(&sh.file);
+            let path = match &opts.stage {
+                Some(stage) => {
+                    let dst = stage.join(&sh.file);
+                    stage_file(&source, &dst, sh.bytes, sh.crc32c)?;
+                    dst
+                }
+                None => source,
+            };
+            let reader = ShardReader::open(&path)?;
+            if reader.len() as u64 != sh.records || reader.file_bytes() != sh.bytes {
+                return Err(LoaderError::ShardMismatch {
+                    path,
+                    reason: format!(
+                        "{} records and {} bytes, the manifest says {} records and {} bytes",
+                        reader.len(),
+                        reader.file_bytes(),
+                        sh.records,
+                        sh.bytes
+                    ),
+                });
+            }
+            if opts.populate {
+                reader.populate()?;
+            }
+            if opts.lock {
+                reader.lock()?;
+            }
+            starts.push(starts[starts.len() - 1] + reader.len());
+            shards.push(NodeShard {
+                reader,
+                global_base: base,
+            });
+        }
+        if shards.is_empty() {
+            return Err(LoaderError::InvalidConfig(format!(
+                "{}: split {split:?} has {} shards, none of them for node {} of {} \
+                 (use at most as many nodes as shards)",
+                dir.display(),
+                info.shards.len(),
+                residency.node,
+                residency.nodes
+            )));
+        }
+        Ok(Dataset {
+            manifest,
+            split: split.to_string(),
+            residency,
+            shards,
+            starts,
+        })
+    }
+
+    /// The manifest of the packed dataset.
+    pub fn manifest(&self) -> &Manifest {
+        &self.manifest
+    }
+
+    /// The split this dataset holds.
+    pub fn split(&self) -> &str {
+        &self.split
+    }
+
+    /// This node's residency.
+    pub fn residency(&self) -> Residency {
+        self.residency
+    }
+
+    /// Number of records on this node.
+    pub fn len(&self) -> usize {
+        self.starts[self.starts.len() - 1]
+    }
+
+    /// True when this node holds no records (never, for an opened dataset).
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// The shard holding node-local record `i` and the record's index within it.
+    ///
+    /// # Panics
+    ///
+    /// When `i >= len()` (a caller bug).
+    pub fn locate(&self, i: usize) -> (&ShardReader, usize) {
+        assert!(
+            i < self.len(),
+            "record {i} out of range ({} records on this node)",
+            self.len()
+        );
+        let k = self.starts.partition_point(|&s| s <= i) - 1;
+        (&self.shards[k].reader, i - self.starts[k])
+    }
+
+    /// Node-local record `i`, with its checksum verified (errors name shard file and record).
+    ///
+    /// # Panics
+    ///
+    /// When `i >= len()` (a caller bug).
+    pub fn record(&self, i: usize) -> Result<Record<'_>> {
+        let (reader, r) = self.locate(i);
+        reader.record(r)
+    }
+
+    /// Index row of node-local record `i` (label and size without touching the data).
+    ///
+    /// # Panics
+    ///
+    /// When `i >= len()` (a caller bug).
+    pub fn row(&self, i: usize) -> IndexRow {
+        let (reader, r) = self.locate(i);
+        reader.row(r)
+    }
+
+    /// Global id of node-local record `i`: its position in the whole split.
+    ///
+    /// # Panics
+    ///
+    /// When `i >= len()` (a caller bug).
+    pub fn global_id(&self, i: usize) -> u64 {
+        assert!(
+            i < self.len(),
+            "record {i} out of range ({} records on this node)",
+            self.len()
+        );
+        let k = self.starts.partition_point(|&s| s <= i) - 1;
+        self.shards[k].global_base + (i - self.starts[k]) as u64
+    }
+
+    /// Records of `split` on each of `nodes` nodes (node `n` owns shards `s % nodes == n`);
+    /// all zeros when the split does not exist. The minimum is what every node's
+    /// [`crate::sampler::Sampler`] needs for equal step counts.
+    pub fn records_per_node(manifest: &Manifest, split: &str, nodes: usize) -> Vec<u64> {
+        let mut out = vec![0u64; nodes];
+        if nodes == 0 {
+            return out;
+        }
+        if let Some(info) = manifest.splits.get(split) {
+            for (s, sh) in info.shards.iter().enumerate() {
+                out[s % nodes] += sh.records;
+            }
+        }
+        out
+    }
+
+    /// Paths of the mapped shard files, in split order.
+    pub fn shard_paths(&self) -> Vec<&Path> {
+        self.shards.iter().map(|s| s.reader.path()).collect()
+    }
+
+    /// Bytes of this node's shards currently resident in RAM (`mincore`).
+    pub fn resident_bytes(&self) -> Result<u64> {
+        self.shards.iter().map(|s| s.reader.resident_bytes()).sum()
+    }
+
+    /// Total size of this node's shard files.
+    pub fn file_bytes(&self) -> u64 {
+        self.shards.iter().map(|s| s.reader.file_bytes()).sum()
+    }
+}
+
+/// crc32c and length of a whole file, read in 1 MiB pieces.
+fn file_crc32c(path: &Path) -> Result<(u64, u32)> {
+    let mut f = File::open(path).map_err(|e| LoaderError::io("open", path, e))?;
+    let mut buf = vec![0u8; 1 << 20];
+    let (mut len, mut crc) = (0u64, 0u32);
+    loop {
+        let n = f
+            .read(&mut buf)
+            .map_err(|e| LoaderError::io("read", path, e))?;
+        if n == 0 {
+            return Ok((len, crc));
+        }
+        crc = crc32c::crc32c_append(crc, &buf[..n]);
+        len += n as u64;
+    }
+}
+
+/// Copies `src` to `dst` unless `dst` already has the expected size and whole-file crc32c;
+/// the copy goes through `dst.tmp` and a rename, and is checked against the manifest.
+fn stage_file(src: &Path, dst: &Path, bytes: u64, crc: u32) -> Result<()> {
+    if let Ok(meta) = std::fs::metadata(dst) {
+        if meta.len() == bytes && file_crc32c(dst)?.1 == crc {
+            return Ok(());
+        }
+    }
+    let tmp = tmp_path(dst);
+    let copied = (|| -> Result<()> {
+        let mut input = File::open(src).map_err(|e| LoaderError::io("open", src, e))?;
+        let mut out = File::create(&tmp).map_err(|e| LoaderError::io("create", &tmp, e))?;
+        std::io::copy(&mut input, &mut out)
+            .map_err(|e| LoaderError::io("copy to stage", src, e))?;
+        out.flush().map_err(|e| LoaderError::io("write", &tmp, e))?;
+        let (len, actual) = file_crc32c(&tmp)?;
+        if len != bytes || actual != crc {
+            return Err(LoaderError::ShardMismatch {
+                path: src.to_path_buf(),
+                reason: format!(
+                    "{len} bytes with crc32c {actual:#010x}, the manifest says {bytes} bytes \
+                     with crc32c {crc:#010x}"
+                ),
+            });
+        }
+        std::fs::rename(&tmp, dst).map_err(|e| LoaderError::io("rename", &tmp, e))?;
+        if let Some(parent) = dst.parent() {
+            sync_dir(parent)?;
+        }
+        Ok(())
+    })();
+    if copied.is_err() {
+        let _ = std::fs::remove_file(&tmp);
+    }
+    copied
+}

@@ -1,0 +1,242 @@
+//! The error type of ddl-loader. Every variant names the file it concerns and, where a single
+//! record is at fault, the record's index within that file.
+
+use std::path::PathBuf;
+
+/// Everything that can go wrong while writing, opening, checking or reading shards and manifests,
+/// and while packing an input tree.
+#[derive(Debug, thiserror::Error)]
+pub enum LoaderError {
+    /// An operating-system call on a file failed.
+    #[error("{op} {path}: {source}", path = .path.display())]
+    Io {
+        /// What was being done ("open", "read", "mmap", "rename", ...).
+        op: &'static str,
+        /// The file or directory concerned.
+        path: PathBuf,
+        /// The underlying error.
+        #[source]
+        source: std::io::Error,
+    },
+
+    /// The file is shorter than its header says it must be.
+    #[error("{path}: truncated shard: file is {len} bytes but {needed} bytes are required ({what})", path = .path.display())]
+    Truncated {
+        /// The shard file.
+        path: PathBuf,
+        /// Actual file length in bytes.
+        len: u64,
+        /// The number of bytes the header requires.
+        needed: u64,
+        /// Which part of the file is missing.
+        what: &'static str,
+    },
+
+    /// The first eight bytes are not `DDLSHARD`.
+    #[error("{path}: not a ddl shard: bad magic {found:?} (expected \"DDLSHARD\")", path = .path.display())]
+    BadMagic {
+        /// The file.
+        path: PathBuf,
+        /// The eight bytes found, lossily decoded.
+        found: String,
+    },
+
+    /// The shard was written in a format version this build cannot read.
+    #[error("{path}: unsupported shard format version {found} (this build reads version {supported})", path = .path.display())]
+    BadVersion {
+        /// The shard file.
+        path: PathBuf,
+        /// Version stored in the header.
+        found: u32,
+        /// Version this build reads.
+        supported: u32,
+    },
+
+    /// A header field is inconsistent, or the header checksum does not match.
+    #[error("{path}: corrupt shard header: {reason}", path = .path.display())]
+    CorruptHeader {
+        /// The shard file.
+        path: PathBuf,
+        /// What is wrong.
+        reason: String,
+    },
+
+    /// The checksum over all index rows does not match the header.
+    #[error("{path}: corrupt shard index: crc32c {actual:#010x} over {records} rows, header says {expected:#010x}", path = .path.display())]
+    IndexChecksum {
+        /// The shard file.
+        path: PathBuf,
+        /// Number of index rows.
+        records: u64,
+        /// Checksum stored in the header.
+        expected: u32,
+        /// Checksum computed over the rows.
+        actual: u32,
+    },
+
+    /// One index row is invalid (out-of-bounds offset, misalignment, unknown kind, ...).
+    #[error("{path}: record {record}: corrupt index row: {reason}", path = .path.display())]
+    CorruptIndex {
+        /// The shard file.
+        path: PathBuf,
+        /// Index of the record within the shard.
+        record: usize,
+        /// What is wrong.
+        reason: String,
+    },
+
+    /// A record's bytes do not match the checksum in its index row.
+    #[error("{path}: record {record}: checksum mismatch: stored crc32c {expected:#010x}, data has {actual:#010x}", path = .path.display())]
+    RecordChecksum {
+        /// The shard file.
+        path: PathBuf,
+        /// Index of the record within the shard.
+        record: usize,
+        /// Checksum stored in the index row.
+        expected: u32,
+        /// Checksum computed over the record bytes.
+        actual: u32,
+    },
+
+    /// A record cannot be stored in the format (too large, zero-sized, bad dimensions).
+    #[error("{path}: record {record}: cannot be written: {reason}", path = .path.display())]
+    InvalidRecord {
+        /// The shard file being written.
+        path: PathBuf,
+        /// Index the record would have had.
+        record: usize,
+        /// What is wrong.
+        reason: String,
+    },
+
+    /// `mlock` failed because the locked-memory limit is too low.
+    #[error(
+        "{path}: mlock of {bytes} bytes failed ({source}): RLIMIT_MEMLOCK is too low \
+         (current soft limit {soft}, hard limit {hard}); raise it with `ulimit -l unlimited`, \
+         a memlock entry in /etc/security/limits.conf, LimitMEMLOCK= for systemd services, or \
+         run without locking",
+        path = .path.display()
+    )]
+    MemLock {
+        /// The shard file being locked.
+        path: PathBuf,
+        /// Bytes that were to be locked.
+        bytes: u64,
+        /// Current soft limit, human readable ("65536 bytes" or "unlimited").
+        soft: String,
+        /// Current hard limit, human readable.
+        hard: String,
+        /// The error `mlock` returned.
+        #[source]
+        source: std::io::Error,
+    },
+
+    /// `manifest.json` could not be parsed or serialised.
+    #[error("{path}: {source}", path = .path.display())]
+    Json {
+        /// The manifest (or other JSON) file.
+        path: PathBuf,
+        /// The parser's error, with line and column.
+        #[source]
+        source: serde_json::Error,
+    },
+
+    /// `manifest.json` parsed but its content is inconsistent.
+    #[error("{path}: invalid manifest: {reason}", path = .path.display())]
+    Manifest {
+        /// The manifest file.
+        path: PathBuf,
+        /// What is wrong.
+        reason: String,
+    },
+
+    /// A whole shard file does not match what the manifest records for it.
+    #[error("{path}: shard does not match manifest: {reason}", path = .path.display())]
+    ShardMismatch {
+        /// The shard file.
+        path: PathBuf,
+        /// What differs (record count, size or whole-file checksum).
+        reason: String,
+    },
+
+    /// Too many inputs were skipped; the report lists them.
+    #[error(
+        "{path}: skipped {skipped} of {inputs} inputs, more than --max-skip-fraction {max} allows; \
+         the report lists every skipped file. The shards are kept: rerun with a higher \
+         --max-skip-fraction to accept them and write manifest.json without redoing any work",
+        path = .path.display()
+    )]
+    SkipFraction {
+        /// The pack report.
+        path: PathBuf,
+        /// Inputs skipped.
+        skipped: u64,
+        /// Inputs found.
+        inputs: u64,
+        /// The limit.
+        max: f64,
+    },
+
+    /// The packer's input is unusable (unknown layout, missing labels, bad class list, ...).
+    #[error("{path}: {reason}", path = .path.display())]
+    Input {
+        /// The input file or directory at fault.
+        path: PathBuf,
+        /// What is wrong.
+        reason: String,
+    },
+
+    /// A record's bytes passed their checksum but cannot be decoded as an image.
+    #[error("{path}: record {record}: cannot decode: {reason}", path = .path.display())]
+    Decode {
+        /// The shard file.
+        path: PathBuf,
+        /// Index of the record within the shard.
+        record: usize,
+        /// The decoder's message.
+        reason: String,
+    },
+
+    /// A sampler, dataset or pipeline was configured with impossible values.
+    #[error("invalid configuration: {0}")]
+    InvalidConfig(String),
+
+    /// A batch could not be produced because every substitute for a bad record was bad too,
+    /// or the pipeline was configured to fail on bad records.
+    #[error("epoch {epoch} step {step} replica {replica}: {reason}")]
+    Batch {
+        /// Epoch of the batch.
+        epoch: u64,
+        /// Step of the batch.
+        step: usize,
+        /// Replica the batch was for.
+        replica: usize,
+        /// What went wrong, naming the shard file and record.
+        reason: String,
+    },
+
+    /// The pipeline's workers stopped before the epoch's last batch (pipeline dropped).
+    #[error("replica {replica}: pipeline stopped after {delivered} of {expected} batches")]
+    PipelineStopped {
+        /// Replica whose iterator was cut short.
+        replica: usize,
+        /// Batches delivered to this replica.
+        delivered: usize,
+        /// Batches the epoch should have had from the start step.
+        expected: usize,
+    },
+}
+
+impl LoaderError {
+    /// Wraps an I/O error with the operation and the path it concerned.
+    pub fn io(op: &'static str, path: impl Into<PathBuf>, source: std::io::Error) -> Self {
+        LoaderError::Io {
+            op,
+            path: path.into(),
+            source,
+        }
+    }
+}
+
+/// Result type of ddl-loader.
+pub type Result<T> = std::result::Result<T, LoaderError>;

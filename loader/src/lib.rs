@@ -1,0 +1,15 @@
+//! ddl-loader: the node-resident shard format (see `FORMAT.md`), ImageNet packing, the sampler
+//! and the decode/augment pipeline that feeds every local replica of a node from RAM.
+
+pub mod dataset;
+pub mod decode;
+pub mod error;
+pub mod format;
+pub mod manifest;
+pub mod pack;
+pub mod pipeline;
+pub mod sampler;
+pub mod shard;
+pub mod transform;
+
+pub use error::{LoaderError, Result};

@@ -1,0 +1,830 @@
+//! The decode/augment pipeline: node-resident records in, ready batches out, one queue per
+//! local replica.
+//!
+//! A dispatcher thread walks the epoch's `(step, replica)` jobs in order. For each one it takes
+//! a free batch buffer (all buffers are allocated at start and recycled: dropping a [`Batch`]
+//! returns its buffers), and spawns the job on a rayon pool of `workers` threads, where every
+//! image of the batch is decoded and transformed straight into its slot of the buffer by
+//! whichever worker picks it up, with that worker's own [`Transformer`] (decoder, resizer and
+//! scratch buffers reused for every image). A sequencer thread puts finished batches back in
+//! job order and sends each to its replica's bounded queue (depth `prefetch`).
+//!
+//! Everything a batch contains depends only on `(seed, epoch, step, replica)` and the data:
+//! the records come from the [`Sampler`], each image's crop and flip from a counter-based
+//! hash of `(seed, epoch, record global id)`, and bad records are handled by a rule that only
+//! looks at the records' bytes (see [`OnBadRecord`]). Thread timing never changes a batch.
+//!
+//! Memory: `replicas * (prefetch + 1) + min(workers, 2)` batch buffers (the queued ones, one
+//! held by each consumer, one or two being filled) plus one output image and one decoded
+//! region per worker, on top of the mapped shards. A consumer that keeps more than one batch
+//! of its replica alive eats into this budget and, past it, stalls the pipeline.
+//!
+//! Dropping the [`Pipeline`] stops it promptly: workers abandon the batch they are on after
+//! at most one image each, and the dispatcher and sequencer threads are joined.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+use std::time::Instant;
+
+use crossbeam_channel::{bounded, select, unbounded, Receiver, Sender};
+use rayon::prelude::*;
+
+use crate::dataset::Dataset;
+use crate::decode::DecodeError;
+pub use crate::decode::DecodeMode;
+use crate::error::{LoaderError, Result};
+use crate::sampler::Sampler;
+pub use crate::transform::{Augment, Output, IMAGENET_MEAN, IMAGENET_STD};
+use crate::transform::{Slot, TransformConfig, Transformer};
+
+/// How many later records of the epoch order [`OnBadRecord::Replace`] tries before giving up.
+pub const MAX_SUBSTITUTES: usize = 64;
+
+/// Most bad records kept in [`PipelineStats::bad_records`] (all are counted and logged).
+pub const MAX_BAD_RECORDS_KEPT: usize = 1024;
+
+/// What to do with a record whose checksum fails or whose bytes cannot be decoded.
+///
+/// Every bad record is logged (`tracing::warn!` with shard file, record and reason), kept in
+/// [`PipelineStats::bad_records`], and counted in [`Batch::skipped`]. Whether a record is bad
+/// depends only on its bytes, so all three rules are deterministic.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum OnBadRecord {
+    /// Leave the record out: the batch is shorter by one (labels and indices stay aligned).
+    Skip,
+    /// Fill the slot with the first good record that follows it in the epoch's order
+    /// (wrapping; at most [`MAX_SUBSTITUTES`] tries): fixed batch size, a few duplicates.
+    Replace,
+    /// Deliver an error for the whole batch instead.
+    Fail,
+}
+
+/// Settings of a [`Pipeline`].
+#[derive(Clone, Debug)]
+pub struct PipelineConfig {
+    /// Output side in pixels (224).
+    pub image_size: u32,
+    /// Output type and layout.
+    pub output: Output,
+    /// Train or eval transform.
+    pub augment: Augment,
+    /// Decode threads.
+    pub workers: usize,
+    /// Depth of each replica's queue of ready batches.
+    pub prefetch: usize,
+    /// Seed of the crops and flips.
+    pub seed: u64,
+    /// Handling of bad records.
+    pub on_bad_record: OnBadRecord,
+    /// Channel means (0-1 scale) for [`Output::F32Nchw`].
+    pub mean: [f32; 3],
+    /// Channel standard deviations (0-1 scale) for [`Output::F32Nchw`].
+    pub std: [f32; 3],
+}
+
+impl Default for PipelineConfig {
+    /// ImageNet training at 224 pixels, float32 NCHW, one worker per available core,
+    /// prefetch 2, seed 0, bad records replaced.
+    fn default() -> Self {
+        PipelineConfig {
+            image_size: 224,
+            output: Output::F32Nchw,
+            augment: Augment::Train,
+            workers: std::thread::available_parallelism().map_or(1, |n| n.get()),
+            prefetch: 2,
+            seed: 0,
+            on_bad_record: OnBadRecord::Replace,
+            mean: IMAGENET_MEAN,
+            std: IMAGENET_STD,
+        }
+    }
+}
+
+/// The pixels of a batch.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Images {
+    /// float32, `[batch, 3, size, size]`, normalized.
+    F32(Vec<f32>),
+    /// uint8, `[batch, size, size, 3]`.
+    U8(Vec<u8>),
+}
+
+impl Images {
+    /// Number of elements.
+    pub fn len(&self) -> usize {
+        match self {
+            Images::F32(v) => v.len(),
+            Images::U8(v) => v.len(),
+        }
+    }
+
+    /// True when there are no elements.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// The floats, for [`Output::F32Nchw`].
+    pub fn as_f32(&self) -> Option<&[f32]> {
+        match self {
+            Images::F32(v) => Some(v),
+            Images::U8(_) => None,
+        }
+    }
+
+    /// The bytes, for [`Output::U8Nhwc`].
+    pub fn as_u8(&self) -> Option<&[u8]> {
+        match self {
+            Images::U8(v) => Some(v),
+            Images::F32(_) => None,
+        }
+    }
+
+    fn truncate(&mut self, n: usize) {
+        match self {
+            Images::F32(v) => v.truncate(n),
+            Images::U8(v) => v.truncate(n),
+        }
+    }
+
+    fn resize(&mut self, n: usize) {
+        match self {
+            Images::F32(v) => v.resize(n, 0.0),
+            Images::U8(v) => v.resize(n, 0),
+        }
+    }
+}
+
+/// The reusable storage of one batch.
+#[derive(Debug)]
+struct Buffers {
+    images: Images,
+    labels: Vec<i64>,
+    indices: Vec<u64>,
+    /// Node-local record per slot, from the sampler.
+    records: Vec<usize>,
+    /// Per-slot outcome (see `SLOT_*`).
+    status: Vec<u8>,
+}
+
+const SLOT_OK: u8 = 0;
+const SLOT_REPLACED: u8 = 1;
+const SLOT_DROPPED: u8 = 2;
+const SLOT_FAILED: u8 = 3;
+
+/// One replica's batch for one step. Dropping it returns its buffers to the pipeline.
+#[derive(Debug)]
+pub struct Batch {
+    /// The images, `len()` of them.
+    pub images: Images,
+    /// Class label of each image.
+    pub labels: Vec<i64>,
+    /// Global id (position in the split, see [`Dataset::global_id`]) of each image's record.
+    pub indices: Vec<u64>,
+    /// Epoch of the batch.
+    pub epoch: u64,
+    /// Step within the epoch.
+    pub step: usize,
+    /// Replica the batch is for.
+    pub replica: usize,
+    /// Bad records met while filling this batch (skipped or replaced).
+    pub skipped: usize,
+    size: usize,
+    records: Vec<usize>,
+    status: Vec<u8>,
+    recycle: Option<Sender<Buffers>>,
+}
+
+impl Batch {
+    /// Number of images.
+    pub fn len(&self) -> usize {
+        self.labels.len()
+    }
+
+    /// True when the batch has no images (every record was bad under [`OnBadRecord::Skip`]).
+    pub fn is_empty(&self) -> bool {
+        self.labels.is_empty()
+    }
+
+    /// `[n, 3, size, size]` for float32 NCHW, `[n, size, size, 3]` for uint8 NHWC.
+    pub fn shape(&self) -> [usize; 4] {
+        let (n, s) = (self.len(), self.size);
+        match self.images {
+            Images::F32(_) => [n, 3, s, s],
+            Images::U8(_) => [n, s, s, 3],
+        }
+    }
+}
+
+impl Drop for Batch {
+    fn drop(&mut self) {
+        if let Some(tx) = self.recycle.take() {
+            let _ = tx.send(Buffers {
+                images: std::mem::replace(&mut self.images, Images::U8(Vec::new())),
+                labels: std::mem::take(&mut self.labels),
+                indices: std::mem::take(&mut self.indices),
+                records: std::mem::take(&mut self.records),
+                status: std::mem::take(&mut self.status),
+            });
+        }
+    }
+}
+
+/// A bad record met by the pipeline.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct BadRecord {
+    /// The shard file.
+    pub file: PathBuf,
+    /// The record's index within the shard.
+    pub record: usize,
+    /// Why it is bad (checksum mismatch, decoder message).
+    pub reason: String,
+}
+
+/// Counters of a running pipeline.
+#[derive(Clone, Debug, Default)]
+pub struct PipelineStats {
+    /// Batches delivered to the replica queues.
+    pub batches: u64,
+    /// Images decoded into batches.
+    pub images: u64,
+    /// Bad records met (each is skipped or replaced or fails its batch).
+    pub skipped: u64,
+    /// The first [`MAX_BAD_RECORDS_KEPT`] bad records.
+    pub bad_records: Vec<BadRecord>,
+    /// Seconds the workers spent on images, summed over workers.
+    pub busy_seconds: f64,
+    /// Pixels produced by the JPEG decoder (after DCT scaling and region cropping).
+    pub decoded_pixels: u64,
+}
+
+#[derive(Default)]
+struct Counters {
+    batches: AtomicU64,
+    images: AtomicU64,
+    skipped: AtomicU64,
+    busy_ns: AtomicU64,
+    decoded_pixels: AtomicU64,
+    bad: Mutex<Vec<BadRecord>>,
+}
+
+struct Shared {
+    dataset: Arc<Dataset>,
+    sampler: Sampler,
+    cfg: PipelineConfig,
+    epoch: u64,
+    image_len: usize,
+    stop: AtomicBool,
+    workers: Vec<Mutex<Transformer>>,
+    counters: Counters,
+}
+
+type Done = (usize, usize, Result<Batch>);
+
+/// A running epoch of the pipeline; see the module documentation.
+pub struct Pipeline {
+    shared: Arc<Shared>,
+    receivers: Vec<Receiver<Result<Batch>>>,
+    expected: usize,
+    stop_tx: Option<Sender<()>>,
+    threads: Vec<JoinHandle<()>>,
+    _pool: Arc<rayon::ThreadPool>,
+}
+
+impl std::fmt::Debug for Pipeline {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Pipeline")
+            .field("epoch", &self.shared.epoch)
+            .field("cfg", &self.shared.cfg)
+            .field("batches_per_replica", &self.expected)
+            .finish()
+    }
+}
+
+impl Pipeline {
+    /// Starts one epoch from `start_step` with the default (region) decoding.
+    pub fn start(
+        dataset: Arc<Dataset>,
+        sampler: Sampler,
+        cfg: PipelineConfig,
+        epoch: u64,
+        start_step: usize,
+    ) -> Result<Pipeline> {
+        Pipeline::start_with(dataset, sampler, cfg, epoch, start_step, DecodeMode::Region)
+    }
+
+    /// Starts one epoch from `start_step` decoding with `mode` (for measuring the decoders).
+    ///
+    /// Fails on an invalid configuration: zero workers, prefetch or image size, an eval resize
+    /// below the image size, a non-positive std, a sampler built for a different record count
+    /// than the dataset's, or `start_step` beyond the epoch.
+    pub fn start_with(
+        dataset: Arc<Dataset>,
+        sampler: Sampler,
+        cfg: PipelineConfig,
+        epoch: u64,
+        start_step: usize,
+        mode: DecodeMode,
+    ) -> Result<Pipeline> {
+        let invalid = |why: String| Err(LoaderError::InvalidConfig(format!("pipeline: {why}")));
+        if cfg.workers == 0 || cfg.prefetch == 0 {
+            return invalid(format!(
+                "workers ({}) and prefetch ({}) must be positive",
+                cfg.workers, cfg.prefetch
+            ));
+        }
+        if sampler.node_records() != dataset.len() {
+            return invalid(format!(
+                "sampler built for {} records, the dataset has {}",
+                sampler.node_records(),
+                dataset.len()
+            ));
+        }
+        let steps = sampler.steps_per_epoch();
+        if start_step > steps {
+            return invalid(format!(
+                "start step {start_step} beyond the epoch's {steps} steps"
+            ));
+        }
+        let tcfg = TransformConfig {
+            size: cfg.image_size,
+            augment: cfg.augment,
+            output: cfg.output,
+            mean: cfg.mean,
+            std: cfg.std,
+            seed: cfg.seed,
+            decode: mode,
+        };
+        let workers = (0..cfg.workers)
+            .map(|_| Transformer::new(tcfg).map(Mutex::new))
+            .collect::<std::result::Result<Vec<_>, DecodeError>>()
+            .map_err(|e| LoaderError::InvalidConfig(format!("pipeline: {e}")))?;
+        let image_len = workers[0]
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .image_len();
+        let pool = rayon::ThreadPoolBuilder::new()
+            .num_threads(cfg.workers)
+            .thread_name(|i| format!("ddl-decode-{i}"))
+            .build()
+            .map_err(|e| LoaderError::InvalidConfig(format!("pipeline: thread pool: {e}")))?;
+        let pool = Arc::new(pool);
+
+        let replicas = sampler.config().replicas;
+        let batch = sampler.config().batch_per_replica;
+        let (free_tx, free_rx) = unbounded::<Buffers>();
+        for _ in 0..replicas * (cfg.prefetch + 1) + cfg.workers.min(2) {
+            let _ = free_tx.send(Buffers {
+                images: match cfg.output {
+                    Output::F32Nchw => Images::F32(vec![0.0; batch * image_len]),
+                    Output::U8Nhwc => Images::U8(vec![0; batch * image_len]),
+                },
+                labels: vec![0; batch],
+                indices: vec![0; batch],
+                records: Vec::with_capacity(batch),
+                status: vec![SLOT_OK; batch],
+            });
+        }
+        let mut senders = Vec::with_capacity(replicas);
+        let mut receivers = Vec::with_capacity(replicas);
+        for _ in 0..replicas {
+            let (tx, rx) = bounded::<Result<Batch>>(cfg.prefetch);
+            senders.push(tx);
+            receivers.push(rx);
+        }
+        let (stop_tx, stop_rx) = bounded::<()>(0);
+        let (done_tx, done_rx) = unbounded::<Done>();
+        let shared = Arc::new(Shared {
+            dataset,
+            sampler,
+            cfg,
+            epoch,
+            image_len,
+            stop: AtomicBool::new(false),
+            workers,
+            counters: Counters::default(),
+        });
+
+        let dispatcher = {
+            let shared = Arc::clone(&shared);
+            let pool = Arc::clone(&pool);
+            let stop_rx = stop_rx.clone();
+            std::thread::Builder::new()
+                .name("ddl-dispatch".into())
+                .spawn(move || {
+                    dispatch(
+                        shared, pool, start_step, steps, free_rx, free_tx, done_tx, stop_rx,
+                    )
+                })
+                .map_err(|e| {
+                    LoaderError::InvalidConfig(format!("pipeline: spawn dispatcher: {e}"))
+                })?
+        };
+        let sequencer = {
+            let shared = Arc::clone(&shared);
+            std::thread::Builder::new()
+                .name("ddl-sequence".into())
+                .spawn(move || sequence(shared, done_rx, senders, stop_rx))
+                .map_err(|e| {
+                    LoaderError::InvalidConfig(format!("pipeline: spawn sequencer: {e}"))
+                })?
+        };
+        Ok(Pipeline {
+            shared,
+            receivers,
+            expected: steps - start_step,
+            stop_tx: Some(stop_tx),
+            threads: vec![dispatcher, sequencer],
+            _pool: pool,
+        })
+    }
+
+    /// Number of local replicas.
+    pub fn replicas(&self) -> usize {
+        self.receivers.len()
+    }
+
+    /// Batches each replica receives in this run (steps from the start step to the epoch end).
+    pub fn batches_per_replica(&self) -> usize {
+        self.expected
+    }
+
+    /// The batches of replica `r`, in step order. Call once per replica: iterators obtained
+    /// twice for the same replica share (split) its stream. Replicas must be consumed in
+    /// lockstep (as a data-parallel step does); a replica left unconsumed eventually stalls the
+    /// others once its queue is full.
+    ///
+    /// # Panics
+    ///
+    /// When `r >= replicas()` (a caller bug).
+    pub fn replica(&self, r: usize) -> ReplicaBatches {
+        ReplicaBatches {
+            rx: self.receivers[r].clone(),
+            replica: r,
+            delivered: 0,
+            expected: self.expected,
+            finished: false,
+        }
+    }
+
+    /// A snapshot of the counters.
+    pub fn stats(&self) -> PipelineStats {
+        let c = &self.shared.counters;
+        PipelineStats {
+            batches: c.batches.load(Ordering::Relaxed),
+            images: c.images.load(Ordering::Relaxed),
+            skipped: c.skipped.load(Ordering::Relaxed),
+            bad_records: c.bad.lock().unwrap_or_else(|p| p.into_inner()).clone(),
+            busy_seconds: c.busy_ns.load(Ordering::Relaxed) as f64 * 1e-9,
+            decoded_pixels: c.decoded_pixels.load(Ordering::Relaxed),
+        }
+    }
+}
+
+impl Drop for Pipeline {
+    fn drop(&mut self) {
+        self.shared.stop.store(true, Ordering::SeqCst);
+        drop(self.stop_tx.take());
+        for t in self.threads.drain(..) {
+            let _ = t.join();
+        }
+    }
+}
+
+/// Iterator over one replica's batches; yields `Err(PipelineStopped)` once if the pipeline
+/// stops before the epoch ends.
+#[derive(Debug)]
+pub struct ReplicaBatches {
+    rx: Receiver<Result<Batch>>,
+    replica: usize,
+    delivered: usize,
+    expected: usize,
+    finished: bool,
+}
+
+impl Iterator for ReplicaBatches {
+    type Item = Result<Batch>;
+
+    fn next(&mut self) -> Option<Result<Batch>> {
+        if self.finished || self.delivered >= self.expected {
+            return None;
+        }
+        match self.rx.recv() {
+            Ok(item) => {
+                self.delivered += 1;
+                Some(item)
+            }
+            Err(_) => {
+                self.finished = true;
+                Some(Err(LoaderError::PipelineStopped {
+                    replica: self.replica,
+                    delivered: self.delivered,
+                    expected: self.expected,
+                }))
+            }
+        }
+    }
+
+    fn size_hint(&self) -> (usize, Option<usize>) {
+        let left = self.expected - self.delivered.min(self.expected);
+        (0, Some(left + 1))
+    }
+}
+
+/// Dispatcher thread: one job per `(step, replica)`, each with a free buffer.
+#[allow(clippy::too_many_arguments)]
+fn dispatch(
+    shared: Arc<Shared>,
+    pool: Arc<rayon::ThreadPool>,
+    start_step: usize,
+    steps: usize,
+    free_rx: Receiver<Buffers>,
+    free_tx: Sender<Buffers>,
+    done_tx: Sender<Done>,
+    stop_rx: Receiver<()>,
+) {
+    let replicas = shared.sampler.config().replicas;
+    let mut seq = 0usize;
+    for step in start_step..steps {
+        for replica in 0..replicas {
+            let bufs = select! {
+                recv(free_rx) -> b => match b { Ok(b) => b, Err(_) => return },
+                recv(stop_rx) -> _ => return,
+            };
+            let (shared, done_tx, free_tx) =
+                (Arc::clone(&shared), done_tx.clone(), free_tx.clone());
+            let this = seq;
+            pool.spawn(move || {
+                let result = fill(&shared, step, replica, bufs, free_tx);
+                let _ = done_tx.send((this, replica, result));
+            });
+            seq += 1;
+        }
+    }
+}
+
+/// Sequencer thread: forwards finished batches to their replica queues in job order.
+fn sequence(
+    shared: Arc<Shared>,
+    done_rx: Receiver<Done>,
+    senders: Vec<Sender<Result<Batch>>>,
+    stop_rx: Receiver<()>,
+) {
+    let mut pending: BTreeMap<usize, (usize, Result<Batch>)> = BTreeMap::new();
+    let mut next = 0usize;
+    loop {
+        let msg = select! {
+            recv(done_rx) -> m => m,
+            recv(stop_rx) -> _ => return,
+        };
+        let Ok((seq, replica, result)) = msg else {
+            return; // dispatcher finished and every job reported
+        };
+        pending.insert(seq, (replica, result));
+        while let Some((replica, result)) = pending.remove(&next) {
+            next += 1;
+            if result.is_ok() {
+                shared.counters.batches.fetch_add(1, Ordering::Relaxed);
+            }
+            select! {
+                send(senders[replica], result) -> r => { let _ = r; }
+                recv(stop_rx) -> _ => return,
+            }
+        }
+    }
+}
+
+/// Outcome of filling one slot.
+enum SlotResult {
+    Ok { label: u32, id: u64 },
+    Replaced { label: u32, id: u64 },
+    Dropped,
+    Failed(String),
+}
+
+/// Fills one batch buffer in parallel on the current pool and wraps it as a [`Batch`].
+fn fill(
+    shared: &Shared,
+    step: usize,
+    replica: usize,
+    mut bufs: Buffers,
+    recycle: Sender<Buffers>,
+) -> Result<Batch> {
+    let batch = shared.sampler.config().batch_per_replica;
+    let n = shared.image_len;
+    shared
+        .sampler
+        .batch_into(shared.epoch, step, replica, &mut bufs.records);
+    bufs.images.resize(batch * n);
+    bufs.labels.resize(batch, 0);
+    bufs.indices.resize(batch, 0);
+    bufs.status.resize(batch, SLOT_OK);
+    let failure: Mutex<Option<String>> = Mutex::new(None);
+    {
+        let records = &bufs.records;
+        let meta = bufs
+            .labels
+            .par_iter_mut()
+            .zip(bufs.indices.par_iter_mut())
+            .zip(bufs.status.par_iter_mut());
+        let work = |j: usize,
+                    slot: Slot<'_>,
+                    ((label, index), status): ((&mut i64, &mut u64), &mut u8)| {
+            match fill_slot(shared, step, replica, j, records[j], slot) {
+                SlotResult::Ok { label: l, id } => {
+                    (*label, *index, *status) = (l as i64, id, SLOT_OK);
+                }
+                SlotResult::Replaced { label: l, id } => {
+                    (*label, *index, *status) = (l as i64, id, SLOT_REPLACED);
+                }
+                SlotResult::Dropped => *status = SLOT_DROPPED,
+                SlotResult::Failed(e) => {
+                    *status = SLOT_FAILED;
+                    let mut f = failure.lock().unwrap_or_else(|p| p.into_inner());
+                    f.get_or_insert(e);
+                }
+            }
+        };
+        match &mut bufs.images {
+            Images::F32(v) => v
+                .par_chunks_mut(n)
+                .zip(meta)
+                .enumerate()
+                .for_each(|(j, (px, m))| work(j, Slot::F32(px), m)),
+            Images::U8(v) => v
+                .par_chunks_mut(n)
+                .zip(meta)
+                .enumerate()
+                .for_each(|(j, (px, m))| work(j, Slot::U8(px), m)),
+        }
+    }
+    let epoch = shared.epoch;
+    let stopped = shared.stop.load(Ordering::Relaxed);
+    let failed = failure.into_inner().unwrap_or_else(|p| p.into_inner());
+    if stopped || failed.is_some() {
+        let _ = recycle.send(bufs);
+        return Err(match failed {
+            Some(reason) => LoaderError::Batch {
+                epoch,
+                step,
+                replica,
+                reason,
+            },
+            None => LoaderError::PipelineStopped {
+                replica,
+                delivered: 0,
+                expected: 0,
+            },
+        });
+    }
+    let skipped = bufs.status.iter().filter(|&&s| s != SLOT_OK).count();
+    if bufs.status.contains(&SLOT_DROPPED) {
+        compact(&mut bufs, n);
+    }
+    shared
+        .counters
+        .images
+        .fetch_add(bufs.labels.len() as u64, Ordering::Relaxed);
+    Ok(Batch {
+        images: std::mem::replace(&mut bufs.images, Images::U8(Vec::new())),
+        labels: std::mem::take(&mut bufs.labels),
+        indices: std::mem::take(&mut bufs.indices),
+        epoch,
+        step,
+        replica,
+        skipped,
+        size: shared.cfg.image_size as usize,
+        records: std::mem::take(&mut bufs.records),
+        status: std::mem::take(&mut bufs.status),
+        recycle: Some(recycle),
+    })
+}
+
+/// Moves the kept slots of a batch down over the dropped ones and shortens it.
+fn compact(bufs: &mut Buffers, n: usize) {
+    let mut kept = 0;
+    for j in 0..bufs.status.len() {
+        if bufs.status[j] == SLOT_DROPPED {
+            continue;
+        }
+        if kept != j {
+            bufs.labels[kept] = bufs.labels[j];
+            bufs.indices[kept] = bufs.indices[j];
+            match &mut bufs.images {
+                Images::F32(v) => v.copy_within(j * n..(j + 1) * n, kept * n),
+                Images::U8(v) => v.copy_within(j * n..(j + 1) * n, kept * n),
+            }
+        }
+        kept += 1;
+    }
+    bufs.labels.truncate(kept);
+    bufs.indices.truncate(kept);
+    bufs.images.truncate(kept * n);
+}
+
+/// Decodes node-local record `record` into `slot`, applying the bad-record rule.
+fn fill_slot(
+    shared: &Shared,
+    step: usize,
+    replica: usize,
+    j: usize,
+    record: usize,
+    mut slot: Slot<'_>,
+) -> SlotResult {
+    if shared.stop.load(Ordering::Relaxed) {
+        return SlotResult::Dropped;
+    }
+    let worker = rayon::current_thread_index().unwrap_or(0) % shared.workers.len();
+    let mut t = shared.workers[worker]
+        .lock()
+        .unwrap_or_else(|p| p.into_inner());
+    let started = Instant::now();
+    let mut candidate = record;
+    let mut attempt = 0usize;
+    let result = loop {
+        match decode_one(shared, &mut t, candidate, &mut slot) {
+            Ok(label) => {
+                let id = shared.dataset.global_id(candidate);
+                break if attempt == 0 {
+                    SlotResult::Ok { label, id }
+                } else {
+                    SlotResult::Replaced { label, id }
+                };
+            }
+            Err(e) => {
+                if attempt == 0 {
+                    shared.counters.skipped.fetch_add(1, Ordering::Relaxed);
+                }
+                report_bad(shared, &e);
+                match shared.cfg.on_bad_record {
+                    OnBadRecord::Skip => break SlotResult::Dropped,
+                    OnBadRecord::Fail => break SlotResult::Failed(e.to_string()),
+                    OnBadRecord::Replace => {
+                        attempt += 1;
+                        if attempt > MAX_SUBSTITUTES || shared.stop.load(Ordering::Relaxed) {
+                            break SlotResult::Failed(format!(
+                                "node-local record {record} and its substitutes are all bad; last: {e}"
+                            ));
+                        }
+                        candidate =
+                            shared
+                                .sampler
+                                .successor(shared.epoch, step, replica, j, attempt);
+                    }
+                }
+            }
+        }
+    };
+    shared
+        .counters
+        .busy_ns
+        .fetch_add(started.elapsed().as_nanos() as u64, Ordering::Relaxed);
+    result
+}
+
+/// Reads, checks and transforms one record; errors name the shard file and record.
+fn decode_one(shared: &Shared, t: &mut Transformer, i: usize, slot: &mut Slot<'_>) -> Result<u32> {
+    let (reader, r) = shared.dataset.locate(i);
+    let rec = reader.record(r)?;
+    let id = shared.dataset.global_id(i);
+    let slot = match slot {
+        Slot::F32(s) => Slot::F32(s),
+        Slot::U8(s) => Slot::U8(s),
+    };
+    let applied = t
+        .apply(rec.bytes, shared.epoch, id, slot)
+        .map_err(|e| LoaderError::Decode {
+            path: reader.path().to_path_buf(),
+            record: r,
+            reason: e.0,
+        })?;
+    shared
+        .counters
+        .decoded_pixels
+        .fetch_add(applied.decoded_pixels, Ordering::Relaxed);
+    Ok(rec.label)
+}
+
+/// Logs a bad record and keeps it in the statistics.
+fn report_bad(shared: &Shared, e: &LoaderError) {
+    tracing::warn!(error = %e, "bad record");
+    let (file, record) = match e {
+        LoaderError::RecordChecksum { path, record, .. }
+        | LoaderError::Decode { path, record, .. } => (path.clone(), *record),
+        _ => (PathBuf::new(), 0),
+    };
+    let mut bad = shared
+        .counters
+        .bad
+        .lock()
+        .unwrap_or_else(|p| p.into_inner());
+    if bad.len() < MAX_BAD_RECORDS_KEPT {
+        bad.push(BadRecord {
+            file,
+            record,
+            reason: e.to_string(),
+        });
+    }
+}

@@ -1,0 +1,458 @@
+//! Deterministic, resumable sampling of a node's records.
+//!
+//! Every node owns a subset of the split (see [`crate::dataset`]). Within a node there are
+//! `ranks_in_node` processes, each feeding `replicas` local model replicas, so the node's
+//! records are consumed by `S = ranks_in_node * replicas` *streams*. For every epoch the
+//! sampler draws a permutation of the node's records from `(seed, epoch)` alone (splitmix64
+//! seeding a xoshiro256** generator, unbiased bounded draws, Fisher-Yates), and lays it out
+//! step-major: position `p = (step * S + stream) * batch + j` of the permutation is item `j`
+//! of stream `stream`'s batch at `step`, where `stream = rank_in_node * replicas + replica`.
+//!
+//! Every node must take the same number of steps (the allreduce is synchronous), so the step
+//! count comes from the *smallest* node record count, not this node's own:
+//! [`Tail::Drop`] uses `floor(min / (S * batch))` steps, [`Tail::Pad`] uses
+//! `ceil(min / (S * batch))` and wraps positions past the end of this node's permutation back
+//! to its start. A node with more records than the minimum leaves the tail of its permutation
+//! unused for that epoch; since the permutation changes every epoch, a different tail is left
+//! out each time.
+//!
+//! Because [`Sampler::batch`] is a pure function of `(epoch, step, replica)`, resuming at any
+//! `(epoch, step)` reproduces exactly the batches an uninterrupted run would have produced.
+//!
+//! # Extension point: global reshuffle every K epochs
+//!
+//! Records never move between nodes here: each node permutes only its own shards. A global
+//! reshuffle every K epochs (re-deal whole shards to nodes from `(seed, epoch / K)` and
+//! re-stage them) would plug in at [`crate::dataset::Residency`]: compute the shard to node
+//! assignment from a seeded permutation of shard ids instead of `s % P`, re-open the
+//! [`crate::dataset::Dataset`] at epoch boundaries where `epoch % K == 0`, and keep this
+//! sampler unchanged (it only sees node-local indices and the minimum node record count).
+
+use std::sync::{Arc, Mutex};
+
+use crate::error::{LoaderError, Result};
+
+/// What to do with the records left over when the node's record count is not a multiple of
+/// `streams * batch`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Tail {
+    /// Drop the incomplete last step (training).
+    Drop,
+    /// Complete the last step by wrapping around to the start of the permutation (evaluation:
+    /// every record is seen; a few are seen twice, recognisable by their indices).
+    Pad,
+}
+
+/// Configuration of one process's [`Sampler`].
+#[derive(Clone, Debug)]
+pub struct SamplerConfig {
+    /// Seed of the permutation; every rank of every node must use the same one.
+    pub seed: u64,
+    /// Number of processes (ranks) on this node that share the node's records.
+    pub ranks_in_node: usize,
+    /// This process's rank among the node's processes, `0..ranks_in_node`.
+    pub rank_in_node: usize,
+    /// Number of model replicas this process feeds.
+    pub replicas: usize,
+    /// Records per batch of one replica.
+    pub batch_per_replica: usize,
+    /// Handling of the incomplete last step.
+    pub tail: Tail,
+    /// Permute the records (`false`: records in node-local order, e.g. for evaluation).
+    pub shuffle: bool,
+}
+
+/// Deterministic sampler of node-local record indices; see the module documentation.
+///
+/// `Sampler` is `Send + Sync`; it caches the permutation of the most recent epoch.
+pub struct Sampler {
+    node_records: usize,
+    steps: usize,
+    cfg: SamplerConfig,
+    cache: Mutex<Option<(u64, Arc<[u32]>)>>,
+}
+
+impl Clone for Sampler {
+    fn clone(&self) -> Self {
+        Sampler {
+            node_records: self.node_records,
+            steps: self.steps,
+            cfg: self.cfg.clone(),
+            cache: Mutex::new(None),
+        }
+    }
+}
+
+impl std::fmt::Debug for Sampler {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Sampler")
+            .field("node_records", &self.node_records)
+            .field("steps", &self.steps)
+            .field("cfg", &self.cfg)
+            .finish()
+    }
+}
+
+impl Sampler {
+    /// Creates the sampler of one process.
+    ///
+    /// `node_records` is the number of records on this node, `min_node_records` the smallest
+    /// record count over all nodes (see [`crate::dataset::Dataset::records_per_node`]).
+    ///
+    /// # Panics
+    ///
+    /// On an invalid configuration (see [`Sampler::try_new`] for the conditions); use
+    /// `try_new` to get an error instead.
+    pub fn new(node_records: usize, min_node_records: usize, cfg: SamplerConfig) -> Sampler {
+        match Sampler::try_new(node_records, min_node_records, cfg) {
+            Ok(s) => s,
+            Err(e) => panic!("{e}"),
+        }
+    }
+
+    /// Creates the sampler of one process, or fails when `ranks_in_node`, `replicas` or
+    /// `batch_per_replica` is zero, `rank_in_node >= ranks_in_node`, `min_node_records`
+    /// exceeds `node_records`, the node has no records, or `node_records >= 2^32`.
+    pub fn try_new(
+        node_records: usize,
+        min_node_records: usize,
+        cfg: SamplerConfig,
+    ) -> Result<Sampler> {
+        let invalid = |why: String| Err(LoaderError::InvalidConfig(format!("sampler: {why}")));
+        if cfg.ranks_in_node == 0 || cfg.replicas == 0 || cfg.batch_per_replica == 0 {
+            return invalid(format!(
+                "ranks_in_node ({}), replicas ({}) and batch_per_replica ({}) must be positive",
+                cfg.ranks_in_node, cfg.replicas, cfg.batch_per_replica
+            ));
+        }
+        if cfg.rank_in_node >= cfg.ranks_in_node {
+            return invalid(format!(
+                "rank_in_node {} is not below ranks_in_node {}",
+                cfg.rank_in_node, cfg.ranks_in_node
+            ));
+        }
+        if node_records == 0 || min_node_records == 0 {
+            return invalid("a node has no records".to_string());
+        }
+        if min_node_records > node_records {
+            return invalid(format!(
+                "min_node_records {min_node_records} exceeds this node's {node_records} records"
+            ));
+        }
+        if node_records > u32::MAX as usize {
+            return invalid(format!(
+                "{node_records} records on one node (limit 2^32 - 1)"
+            ));
+        }
+        let per_step = cfg.ranks_in_node * cfg.replicas * cfg.batch_per_replica;
+        let steps = match cfg.tail {
+            Tail::Drop => min_node_records / per_step,
+            Tail::Pad => min_node_records.div_ceil(per_step),
+        };
+        Ok(Sampler {
+            node_records,
+            steps,
+            cfg,
+            cache: Mutex::new(None),
+        })
+    }
+
+    /// Steps per epoch, identical on every rank of every node (may be 0 with [`Tail::Drop`]
+    /// when the smallest node has fewer records than one step consumes).
+    pub fn steps_per_epoch(&self) -> usize {
+        self.steps
+    }
+
+    /// Number of records on this node.
+    pub fn node_records(&self) -> usize {
+        self.node_records
+    }
+
+    /// The configuration this sampler was built with.
+    pub fn config(&self) -> &SamplerConfig {
+        &self.cfg
+    }
+
+    /// The node's record order for `epoch`: a permutation of `0..node_records` (identity when
+    /// `shuffle` is off), a pure function of `(seed, epoch)`.
+    pub fn order(&self, epoch: u64) -> Arc<[u32]> {
+        let mut cache = self.cache.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some((e, order)) = cache.as_ref() {
+            if *e == epoch {
+                return Arc::clone(order);
+            }
+        }
+        let mut order: Vec<u32> = (0..self.node_records as u32).collect();
+        if self.cfg.shuffle {
+            let mut rng = Xoshiro256::from_seed(mix64(self.cfg.seed ^ mix64(epoch ^ 0x5348_5546)));
+            for i in (1..order.len()).rev() {
+                let j = rng.below(i as u64 + 1) as usize;
+                order.swap(i, j);
+            }
+        }
+        let order: Arc<[u32]> = order.into();
+        *cache = Some((epoch, Arc::clone(&order)));
+        order
+    }
+
+    /// Permutation position of item `j` of `replica`'s batch at `step`, before wrapping.
+    fn position(&self, step: usize, replica: usize, j: usize) -> usize {
+        let streams = self.cfg.ranks_in_node * self.cfg.replicas;
+        let stream = self.cfg.rank_in_node * self.cfg.replicas + replica;
+        (step * streams + stream) * self.cfg.batch_per_replica + j
+    }
+
+    /// Node-local record indices of `replica`'s batch at `(epoch, step)`.
+    ///
+    /// # Panics
+    ///
+    /// When `step >= steps_per_epoch()` or `replica >= replicas` (caller bugs).
+    pub fn batch(&self, epoch: u64, step: usize, replica: usize) -> Vec<usize> {
+        let mut out = Vec::with_capacity(self.cfg.batch_per_replica);
+        self.batch_into(epoch, step, replica, &mut out);
+        out
+    }
+
+    /// Like [`Sampler::batch`], writing into `out` (cleared first) to avoid an allocation.
+    ///
+    /// # Panics
+    ///
+    /// When `step >= steps_per_epoch()` or `replica >= replicas` (caller bugs).
+    pub fn batch_into(&self, epoch: u64, step: usize, replica: usize, out: &mut Vec<usize>) {
+        assert!(
+            step < self.steps,
+            "step {step} out of range ({} steps per epoch)",
+            self.steps
+        );
+        assert!(
+            replica < self.cfg.replicas,
+            "replica {replica} out of range ({} replicas)",
+            self.cfg.replicas
+        );
+        let order = self.order(epoch);
+        out.clear();
+        for j in 0..self.cfg.batch_per_replica {
+            let p = self.position(step, replica, j) % self.node_records;
+            out.push(order[p] as usize);
+        }
+    }
+
+    /// Position of the record that follows `replica`'s item `j` at `step` in the epoch order,
+    /// `k` places further on (wrapping): used to pick deterministic substitutes for bad records.
+    pub fn successor(&self, epoch: u64, step: usize, replica: usize, j: usize, k: usize) -> usize {
+        let order = self.order(epoch);
+        let p = (self.position(step, replica, j) + k) % self.node_records;
+        order[p] as usize
+    }
+}
+
+/// The splitmix64 finaliser: a bijective 64-bit mix, used as a counter-based hash.
+pub fn mix64(mut z: u64) -> u64 {
+    z = z.wrapping_add(0x9E37_79B9_7F4A_7C15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    z ^ (z >> 31)
+}
+
+/// xoshiro256** (Blackman and Vigna), seeded through splitmix64.
+#[derive(Clone, Debug)]
+pub struct Xoshiro256 {
+    s: [u64; 4],
+}
+
+impl Xoshiro256 {
+    /// Seeds the generator from one 64-bit value (splitmix64 sequence, never all zero).
+    pub fn from_seed(seed: u64) -> Self {
+        let mut x = seed;
+        let mut s = [0u64; 4];
+        for v in &mut s {
+            *v = mix64(x);
+            x = x.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        }
+        if s == [0; 4] {
+            s[0] = 1;
+        }
+        Xoshiro256 { s }
+    }
+
+    /// Next 64 random bits.
+    pub fn next_u64(&mut self) -> u64 {
+        let result = self.s[1].wrapping_mul(5).rotate_left(7).wrapping_mul(9);
+        let t = self.s[1] << 17;
+        self.s[2] ^= self.s[0];
+        self.s[3] ^= self.s[1];
+        self.s[1] ^= self.s[2];
+        self.s[0] ^= self.s[3];
+        self.s[2] ^= t;
+        self.s[3] = self.s[3].rotate_left(45);
+        result
+    }
+
+    /// Uniform integer in `0..n` without modulo bias (Lemire's method); `n` must be positive.
+    pub fn below(&mut self, n: u64) -> u64 {
+        debug_assert!(n > 0);
+        let mut m = (self.next_u64() as u128) * (n as u128);
+        if (m as u64) < n {
+            let threshold = n.wrapping_neg() % n;
+            while (m as u64) < threshold {
+                m = (self.next_u64() as u128) * (n as u128);
+            }
+        }
+        (m >> 64) as u64
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::HashMap;
+
+    fn cfg(ranks: usize, rank: usize, replicas: usize, batch: usize, tail: Tail) -> SamplerConfig {
+        SamplerConfig {
+            seed: 42,
+            ranks_in_node: ranks,
+            rank_in_node: rank,
+            replicas,
+            batch_per_replica: batch,
+            tail,
+            shuffle: true,
+        }
+    }
+
+    /// Counts how often each record is drawn in one epoch over all ranks and replicas.
+    fn epoch_counts(
+        n: usize,
+        min: usize,
+        ranks: usize,
+        replicas: usize,
+        batch: usize,
+        tail: Tail,
+        epoch: u64,
+    ) -> (usize, HashMap<usize, usize>) {
+        let mut counts = HashMap::new();
+        let mut steps = None;
+        for rank in 0..ranks {
+            let s = Sampler::new(n, min, cfg(ranks, rank, replicas, batch, tail));
+            steps.get_or_insert(s.steps_per_epoch());
+            assert_eq!(steps, Some(s.steps_per_epoch()));
+            for step in 0..s.steps_per_epoch() {
+                for r in 0..replicas {
+                    let b = s.batch(epoch, step, r);
+                    assert_eq!(b.len(), batch);
+                    for i in b {
+                        assert!(i < n);
+                        *counts.entry(i).or_insert(0) += 1;
+                    }
+                }
+            }
+        }
+        (steps.unwrap_or(0), counts)
+    }
+
+    #[test]
+    fn drop_divisible_covers_each_record_exactly_once() {
+        // 2 ranks x 3 replicas x batch 5 = 30 per step; 120 records = 4 steps.
+        let (steps, counts) = epoch_counts(120, 120, 2, 3, 5, Tail::Drop, 7);
+        assert_eq!(steps, 4);
+        assert_eq!(counts.len(), 120);
+        assert!(counts.values().all(|&c| c == 1));
+    }
+
+    #[test]
+    fn drop_not_divisible_uses_distinct_records() {
+        let (steps, counts) = epoch_counts(131, 131, 2, 3, 5, Tail::Drop, 0);
+        assert_eq!(steps, 4);
+        assert_eq!(counts.len(), 120);
+        assert!(counts.values().all(|&c| c == 1));
+    }
+
+    #[test]
+    fn pad_covers_every_record() {
+        let (steps, counts) = epoch_counts(131, 131, 2, 3, 5, Tail::Pad, 3);
+        assert_eq!(steps, 5);
+        assert_eq!(counts.len(), 131);
+        assert_eq!(counts.values().sum::<usize>(), 150);
+        assert!(counts.values().all(|&c| c == 1 || c == 2));
+    }
+
+    #[test]
+    fn step_count_follows_smallest_node() {
+        let a = Sampler::new(1000, 700, cfg(1, 0, 2, 10, Tail::Drop));
+        let b = Sampler::new(700, 700, cfg(1, 0, 2, 10, Tail::Drop));
+        assert_eq!(a.steps_per_epoch(), 35);
+        assert_eq!(b.steps_per_epoch(), 35);
+        let p = Sampler::new(1000, 705, cfg(1, 0, 2, 10, Tail::Pad));
+        assert_eq!(p.steps_per_epoch(), 36);
+    }
+
+    #[test]
+    fn same_seed_same_order_epochs_differ() {
+        let a = Sampler::new(500, 500, cfg(1, 0, 1, 10, Tail::Drop));
+        let b = Sampler::new(500, 500, cfg(1, 0, 1, 10, Tail::Drop));
+        assert_eq!(a.order(5), b.order(5));
+        assert_ne!(a.order(5), a.order(6));
+        let mut other = cfg(1, 0, 1, 10, Tail::Drop);
+        other.seed = 43;
+        let c = Sampler::new(500, 500, other);
+        assert_ne!(a.order(5), c.order(5));
+        let mut sorted = a.order(9).to_vec();
+        sorted.sort_unstable();
+        assert_eq!(sorted, (0..500).collect::<Vec<u32>>());
+    }
+
+    #[test]
+    fn no_shuffle_is_identity() {
+        let mut c = cfg(1, 0, 1, 4, Tail::Pad);
+        c.shuffle = false;
+        let s = Sampler::new(10, 10, c);
+        assert_eq!(s.batch(0, 0, 0), vec![0, 1, 2, 3]);
+        assert_eq!(s.batch(1, 2, 0), vec![8, 9, 0, 1]);
+    }
+
+    #[test]
+    fn resume_equals_uninterrupted() {
+        let full = Sampler::new(300, 300, cfg(2, 1, 2, 7, Tail::Drop));
+        let mut uninterrupted = Vec::new();
+        for epoch in 0..3 {
+            for step in 0..full.steps_per_epoch() {
+                for r in 0..2 {
+                    uninterrupted.push(full.batch(epoch, step, r));
+                }
+            }
+        }
+        // A fresh sampler resuming at (epoch 1, step 5).
+        let resumed = Sampler::new(300, 300, cfg(2, 1, 2, 7, Tail::Drop));
+        let mut tail = Vec::new();
+        for epoch in 1..3 {
+            let first = if epoch == 1 { 5 } else { 0 };
+            for step in first..resumed.steps_per_epoch() {
+                for r in 0..2 {
+                    tail.push(resumed.batch(epoch, step, r));
+                }
+            }
+        }
+        let skip = (resumed.steps_per_epoch() + 5) * 2;
+        assert_eq!(&uninterrupted[skip..], &tail[..]);
+    }
+
+    #[test]
+    fn invalid_configs_are_errors() {
+        assert!(Sampler::try_new(10, 10, cfg(2, 2, 1, 1, Tail::Drop)).is_err());
+        assert!(Sampler::try_new(10, 11, cfg(1, 0, 1, 1, Tail::Drop)).is_err());
+        assert!(Sampler::try_new(10, 10, cfg(1, 0, 0, 1, Tail::Drop)).is_err());
+        assert!(Sampler::try_new(0, 0, cfg(1, 0, 1, 1, Tail::Drop)).is_err());
+    }
+
+    #[test]
+    fn bounded_draws_are_uniform() {
+        let mut rng = Xoshiro256::from_seed(1);
+        let mut hist = [0u32; 6];
+        for _ in 0..60_000 {
+            hist[rng.below(6) as usize] += 1;
+        }
+        assert!(
+            hist.iter().all(|&h| (9_400..10_600).contains(&h)),
+            "{hist:?}"
+        );
+    }
+}

@@ -1,0 +1,667 @@
+//! End-to-end tests of the packer on tiny generated inputs: every input layout, every kind of
+//! bad input, determinism across thread counts, resume after an interrupted run, and verify.
+
+use std::collections::BTreeMap;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+
+use ddl_loader::manifest::Manifest;
+use ddl_loader::pack::convert::ConvertOptions;
+use ddl_loader::pack::{self, NoProgress, PackOptions, PackReport, ShardCount};
+use ddl_loader::shard::ShardReader;
+use ddl_loader::LoaderError;
+use turbojpeg::{Colorspace, Image, PixelFormat, Subsamp};
+
+/// A fresh, empty directory under the system temp dir.
+fn tmpdir(name: &str) -> PathBuf {
+    let d = std::env::temp_dir().join(format!("ddl-pack-test-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&d);
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
+
+/// Deterministic smooth-plus-noise pixels.
+fn pixels(w: usize, h: usize, channels: usize, seed: u32) -> Vec<u8> {
+    let mut state = seed.wrapping_mul(2_654_435_761).wrapping_add(12345);
+    let mut v = Vec::with_capacity(w * h * channels);
+    for y in 0..h {
+        for x in 0..w {
+            for c in 0..channels {
+                state = state.wrapping_mul(1_103_515_245).wrapping_add(12345);
+                let noise = (state >> 27) as usize;
+                v.push(((x * 7 + y * 3 + c * 60 + seed as usize * 13 + noise) % 256) as u8);
+            }
+        }
+    }
+    v
+}
+
+fn jpeg_with(
+    w: usize,
+    h: usize,
+    seed: u32,
+    format: PixelFormat,
+    f: impl FnOnce(&mut turbojpeg::Compressor),
+) -> Vec<u8> {
+    let px = pixels(w, h, format.size(), seed);
+    let mut c = turbojpeg::Compressor::new().unwrap();
+    c.set_quality(90).unwrap();
+    c.set_subsamp(if format == PixelFormat::GRAY {
+        Subsamp::Gray
+    } else {
+        Subsamp::Sub2x2
+    })
+    .unwrap();
+    f(&mut c);
+    c.compress_to_vec(Image {
+        pixels: px.as_slice(),
+        width: w,
+        pitch: w * format.size(),
+        height: h,
+        format,
+    })
+    .unwrap()
+}
+
+/// A baseline 4:2:0 RGB JPEG.
+fn jpeg(w: usize, h: usize, seed: u32) -> Vec<u8> {
+    jpeg_with(w, h, seed, PixelFormat::RGB, |_| {})
+}
+
+fn png_rgba(w: u32, h: u32) -> Vec<u8> {
+    let px = pixels(w as usize, h as usize, 4, 99);
+    let img = image::RgbaImage::from_raw(w, h, px).unwrap();
+    let mut out = std::io::Cursor::new(Vec::new());
+    img.write_to(&mut out, image::ImageFormat::Png).unwrap();
+    out.into_inner()
+}
+
+fn write(path: &Path, bytes: &[u8]) {
+    std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+    std::fs::write(path, bytes).unwrap();
+}
+
+fn opts(input: &Path, output: &Path) -> PackOptions {
+    let mut o = PackOptions::new(input, output);
+    o.shards = ShardCount::Count(2);
+    o.threads = 2;
+    o.max_skip_fraction = 1.0;
+    o.convert = ConvertOptions {
+        max_short_side: 32,
+        quality: 90,
+        reencode: false,
+    };
+    o
+}
+
+fn run(o: &PackOptions) -> PackReport {
+    pack::pack(o, &NoProgress).unwrap()
+}
+
+/// Every (label, height, width) stored in a split, after checking each record decodes.
+fn records(out: &Path, split: &str) -> Vec<(u32, u16, u16)> {
+    let m = Manifest::load(out).unwrap();
+    let mut v = Vec::new();
+    for sh in &m.splits[split].shards {
+        let r = ShardReader::open(&out.join(&sh.file)).unwrap();
+        assert_eq!(r.len() as u64, sh.records);
+        assert_eq!(r.file_crc32c(), sh.crc32c);
+        for i in 0..r.len() {
+            let rec = r.record(i).unwrap();
+            let h = turbojpeg::read_header(rec.bytes).unwrap();
+            assert_eq!(
+                (h.width, h.height),
+                (rec.width as usize, rec.height as usize)
+            );
+            assert_ne!(h.colorspace, Colorspace::CMYK);
+            assert_ne!(h.colorspace, Colorspace::YCCK);
+            turbojpeg::decompress(rec.bytes, PixelFormat::RGB).unwrap();
+            v.push((rec.label, rec.height, rec.width));
+        }
+    }
+    v
+}
+
+fn all_files(dir: &Path) -> BTreeMap<String, Vec<u8>> {
+    std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap())
+        .filter(|e| {
+            let n = e.file_name().to_string_lossy().to_string();
+            n.ends_with(".ddl") || n == "manifest.json"
+        })
+        .map(|e| {
+            (
+                e.file_name().to_string_lossy().to_string(),
+                std::fs::read(e.path()).unwrap(),
+            )
+        })
+        .collect()
+}
+
+/// train/<3 classes>, val/<class folders>; a clean tree of small and large JPEGs.
+fn clean_tree(root: &Path) {
+    let classes = ["n02000002", "n01000001", "n03000003"];
+    for (c, wnid) in classes.iter().enumerate() {
+        for i in 0..5 {
+            let (w, h) = if i % 2 == 0 { (24, 20) } else { (80, 60) };
+            write(
+                &root
+                    .join("train")
+                    .join(wnid)
+                    .join(format!("{wnid}_{i}.JPEG")),
+                &jpeg(w, h, (c * 10 + i) as u32),
+            );
+        }
+        write(
+            &root.join("val").join(wnid).join(format!("v{c}.JPEG")),
+            &jpeg(40, 30, 77 + c as u32),
+        );
+    }
+}
+
+#[test]
+fn folder_tree_roundtrip_balance_and_copy() {
+    let root = tmpdir("tree");
+    let input = root.join("in");
+    clean_tree(&input);
+    let out = root.join("out");
+    let mut o = opts(&input, &out);
+    o.shards = ShardCount::Count(4);
+    o.nodes = 2;
+    let rep = run(&o);
+    let m = Manifest::load(&out).unwrap();
+    let wnids: Vec<_> = m.classes.iter().map(|c| c.wnid.as_str()).collect();
+    assert_eq!(wnids, ["n01000001", "n02000002", "n03000003"]);
+    assert_eq!(m.nodes, 2);
+    let train = &m.splits["train"];
+    assert_eq!(train.records, 15);
+    assert_eq!(train.shards.len(), 4);
+    let counts: Vec<u64> = train.shards.iter().map(|s| s.records).collect();
+    assert_eq!(counts, [4, 4, 4, 3]);
+    for (s, sh) in train.shards.iter().enumerate() {
+        assert_eq!(sh.file, format!("train-{s:05}.ddl"));
+        assert_eq!(sh.node, s % 2);
+    }
+    // Each shard holds several classes (record i -> shard i % 4).
+    let r0 = ShardReader::open(&out.join("train-00000.ddl")).unwrap();
+    let labels: Vec<u32> = (0..r0.len()).map(|i| r0.row(i).label).collect();
+    assert_eq!(labels, [0, 0, 1, 2]);
+    assert_eq!(m.splits["val"].records, 3);
+    assert_eq!(m.splits["val"].shards.len(), 3); // --shards 4 capped at 3 inputs
+
+    let recs = records(&out, "train");
+    let mut per_label = [0; 3];
+    for (label, h, w) in &recs {
+        per_label[*label as usize] += 1;
+        assert!((*h).min(*w) <= 32, "{h}x{w}");
+    }
+    assert_eq!(per_label, [5, 5, 5]);
+    // 24x20 baseline JPEGs fit and are copied byte for byte; 80x60 ones are resized to 43x32.
+    let t = &rep.splits["train"];
+    assert_eq!((t.copied, t.resized, t.reencoded, t.skipped), (9, 6, 0, 0));
+    assert!(recs.contains(&(0, 32, 43)));
+    let original = jpeg(24, 20, 10); // n01000001 is class index 1 in creation order -> seed 10
+    let found = (0..r0.len()).any(|i| r0.record(i).unwrap().bytes == original.as_slice());
+    assert!(
+        found,
+        "a fitting baseline JPEG was not copied byte for byte"
+    );
+    let v = pack::verify(&out).unwrap();
+    assert!(v.problems.is_empty(), "{:?}", v.problems);
+    assert_eq!(v.records, 18);
+    assert!(out.join("pack-report.json").exists());
+
+    // --reencode re-encodes everything.
+    let out2 = root.join("out2");
+    let mut o2 = opts(&input, &out2);
+    o2.convert.reencode = true;
+    let rep2 = run(&o2);
+    assert_eq!(rep2.splits["train"].copied, 0);
+    assert_eq!(rep2.splits["train"].reencoded, 9);
+}
+
+#[test]
+fn shard_size_is_estimated_from_converted_sample() {
+    let root = tmpdir("shardsize");
+    let input = root.join("in");
+    clean_tree(&input);
+    let one = root.join("one");
+    let mut o = opts(&input, &one);
+    o.shards = ShardCount::Count(1);
+    let bytes = run(&o).splits["train"].output_bytes;
+    for (parts, nodes) in [(3u64, 1usize), (3, 2)] {
+        let out = root.join(format!("size-{parts}-{nodes}"));
+        let mut o = opts(&input, &out);
+        o.shards = ShardCount::Size(bytes / parts);
+        o.nodes = nodes;
+        let rep = run(&o);
+        let s = rep.splits["train"].shards;
+        // The estimate (all 15 inputs sampled) is within a few hundred bytes of the real size.
+        assert!(
+            (3..=4).contains(&s) && s % nodes == 0,
+            "{s} shards for {parts} parts"
+        );
+    }
+}
+
+#[test]
+fn bad_inputs_are_skipped_and_odd_images_converted() {
+    let root = tmpdir("bad");
+    let input = root.join("in");
+    let a = input.join("train").join("n00000001");
+    let b = input.join("train").join("n00000002");
+    write(&a.join("good1.JPEG"), &jpeg(20, 20, 1));
+    write(&a.join("good2.JPEG"), &jpeg(64, 48, 2));
+    write(&a.join("zero.JPEG"), b"");
+    let big = jpeg(64, 64, 3);
+    write(&a.join("truncated.JPEG"), &big[..big.len() * 6 / 10]);
+    write(&a.join("text.JPEG"), b"this is a text file, not a JPEG\n");
+    write(&a.join("notes.txt"), b"ignored: not an image name");
+    write(&b.join("png.JPEG"), &png_rgba(40, 30));
+    write(
+        &b.join("cmyk.JPEG"),
+        &jpeg_with(40, 36, 4, PixelFormat::CMYK, |c| {
+            c.set_subsamp(Subsamp::None).unwrap();
+        }),
+    );
+    write(
+        &b.join("gray.JPEG"),
+        &jpeg_with(30, 20, 5, PixelFormat::GRAY, |_| {}),
+    );
+    write(
+        &b.join("progressive.JPEG"),
+        &jpeg_with(20, 16, 6, PixelFormat::RGB, |c| {
+            c.set_progressive(true).unwrap();
+        }),
+    );
+    let out = root.join("out");
+    let rep = run(&opts(&input, &out));
+    let skipped: BTreeMap<String, String> = rep
+        .skipped
+        .iter()
+        .map(|s| {
+            (
+                Path::new(&s.path)
+                    .file_name()
+                    .unwrap()
+                    .to_string_lossy()
+                    .to_string(),
+                s.reason.clone(),
+            )
+        })
+        .collect();
+    let want: BTreeMap<String, String> = [
+        ("truncated.JPEG", "truncated"),
+        ("text.JPEG", "not an image"),
+        ("zero.JPEG", "zero-byte"),
+    ]
+    .into_iter()
+    .map(|(a, b)| (a.to_string(), b.to_string()))
+    .collect();
+    assert_eq!(skipped, want);
+    assert!(rep
+        .skipped
+        .iter()
+        .all(|s| s.split == "train" && s.path.contains("n00000001")));
+    assert_eq!(rep.ignored_files.len(), 1);
+    assert!(rep.ignored_files[0].path.ends_with("notes.txt"));
+    let t = &rep.splits["train"];
+    assert_eq!((t.inputs, t.records, t.skipped), (9, 6, 3));
+    assert_eq!((t.classes[0].records, t.classes[0].skipped), (2, 3));
+    assert_eq!((t.classes[1].records, t.classes[1].skipped), (4, 0));
+    // good1 copied; PNG, gray and progressive re-encoded; good2 and the 40x36 CMYK resized.
+    assert_eq!((t.copied, t.reencoded, t.resized), (1, 3, 2));
+    let mut dims: Vec<_> = records(&out, "train");
+    dims.sort();
+    assert_eq!(
+        dims,
+        [
+            (0, 20, 20),
+            (0, 32, 43),
+            (1, 16, 20),
+            (1, 20, 30),
+            (1, 30, 40),
+            (1, 32, 36)
+        ]
+    );
+    let report_text = std::fs::read_to_string(out.join("pack-report.json")).unwrap();
+    assert!(report_text.contains("truncated.JPEG") && report_text.contains("zero-byte"));
+
+    // The default limit (0.001) fails after writing the report, without a manifest; a rerun
+    // with a higher limit keeps all shards and writes the manifest.
+    let out2 = root.join("out2");
+    let mut o = opts(&input, &out2);
+    o.max_skip_fraction = 0.001;
+    let e = pack::pack(&o, &NoProgress).unwrap_err();
+    assert!(
+        matches!(
+            e,
+            LoaderError::SkipFraction {
+                skipped: 3,
+                inputs: 9,
+                ..
+            }
+        ),
+        "{e}"
+    );
+    assert!(out2.join("pack-report.json").exists());
+    assert!(!out2.join("manifest.json").exists());
+    o.max_skip_fraction = 0.5;
+    let rep = run(&o);
+    assert_eq!(rep.splits["train"].shards_kept, 2);
+    assert_eq!(all_files(&out), all_files(&out2));
+}
+
+#[test]
+fn flat_val_with_loc_csv() {
+    // The Kaggle layout: images in ILSVRC/Data/CLS-LOC/{train,val}, the CSV three levels up.
+    let root = tmpdir("loccsv");
+    let kaggle = root.join("kaggle");
+    let input = kaggle.join("ILSVRC").join("Data").join("CLS-LOC");
+    clean_tree(&input);
+    std::fs::remove_dir_all(input.join("val")).unwrap();
+    let mut csv = String::from("ImageId,PredictionString\n");
+    for (k, wnid) in ["n03000003", "n01000001", "n01000001", "n02000002"]
+        .iter()
+        .enumerate()
+    {
+        let id = format!("ILSVRC2012_val_{:08}", k + 1);
+        write(
+            &input.join("val").join(format!("{id}.JPEG")),
+            &jpeg(20, 20, k as u32),
+        );
+        csv.push_str(&format!("{id},{wnid} 1 2 3 4 {wnid} 5 6 7 8\n"));
+    }
+    // An image without a label is ignored, not packed.
+    write(
+        &input.join("val").join("ILSVRC2012_val_00000099.JPEG"),
+        &jpeg(20, 20, 9),
+    );
+    write(&input.join("LOC_val_solution.csv"), csv.as_bytes());
+    let out = root.join("out");
+    let rep = run(&opts(&input, &out));
+    let mut labels: Vec<u32> = records(&out, "val").iter().map(|r| r.0).collect();
+    labels.sort();
+    assert_eq!(labels, [0, 0, 1, 2]);
+    let first = all_files(&out);
+    std::fs::rename(
+        input.join("LOC_val_solution.csv"),
+        kaggle.join("LOC_val_solution.csv"),
+    )
+    .unwrap();
+    let out2 = root.join("out2");
+    run(&opts(&input, &out2));
+    assert_eq!(all_files(&out2), first);
+    assert_eq!(rep.ignored_files.len(), 1);
+    assert!(rep.splits["val"].layout.contains("LOC_val_solution.csv"));
+}
+
+#[test]
+fn flat_val_with_devkit_and_synsets() {
+    let root = tmpdir("devkit");
+    let input = root.join("in");
+    clean_tree(&input);
+    std::fs::remove_dir_all(input.join("val")).unwrap();
+    // ILSVRC ids are not in sorted-wnid order: id 1 = n03000003, 2 = n01000001, 3 = n02000002.
+    let synsets = root.join("synsets.txt");
+    write(
+        &synsets,
+        b"n03000003 third\nn01000001 first\nn02000002 second\n",
+    );
+    let gt = [1, 2, 3, 2, 1];
+    for k in 0..gt.len() {
+        write(
+            &input
+                .join("val")
+                .join(format!("ILSVRC2012_val_{:08}.JPEG", k + 1)),
+            &jpeg(20, 20, k as u32),
+        );
+    }
+    let text: String = gt.iter().map(|g| format!("{g}\n")).collect();
+    write(
+        &input.join("ILSVRC2012_validation_ground_truth.txt"),
+        text.as_bytes(),
+    );
+    let out = root.join("out");
+    let e = pack::pack(&opts(&input, &out), &NoProgress)
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("--synsets"), "{e}");
+    let mut o = opts(&input, &out);
+    o.synsets = Some(synsets);
+    o.shards = ShardCount::Count(1);
+    run(&o);
+    let labels: Vec<u32> = records(&out, "val").iter().map(|r| r.0).collect();
+    // Sorted by (label, name): labels of images 2,4 (n01 -> 0), 3 (n02 -> 1), 1,5 (n03 -> 2).
+    assert_eq!(labels, [0, 0, 1, 2, 2]);
+}
+
+fn tar_of(entries: &[(String, Vec<u8>)]) -> Vec<u8> {
+    let mut b = tar::Builder::new(Vec::new());
+    for (name, data) in entries {
+        let mut h = tar::Header::new_gnu();
+        h.set_size(data.len() as u64);
+        h.set_mode(0o644);
+        h.set_cksum();
+        b.append_data(&mut h, name, data.as_slice()).unwrap();
+    }
+    b.into_inner().unwrap()
+}
+
+fn synset_tar(wnid: &str, n: usize, seed: u32) -> Vec<u8> {
+    let mut entries: Vec<(String, Vec<u8>)> = (0..n)
+        .map(|i| {
+            (
+                format!("{wnid}_{i}.JPEG"),
+                jpeg(20 + i * 20, 24, seed + i as u32),
+            )
+        })
+        .collect();
+    entries.push((format!("{wnid}_bad.JPEG"), Vec::new()));
+    tar_of(&entries)
+}
+
+#[test]
+fn imagenet22k_synset_tars_and_outer_tar_give_identical_shards() {
+    let root = tmpdir("tars");
+    let direct = root.join("direct");
+    let nested = root.join("nested");
+    let wnids = ["n09000009", "n01000001", "n05000005"];
+    let mut inner = Vec::new();
+    for (k, w) in wnids.iter().enumerate() {
+        let t = synset_tar(w, 3, 10 * k as u32);
+        write(&direct.join(format!("{w}.tar")), &t);
+        inner.push((format!("{w}.tar"), t));
+    }
+    write(&nested.join("fall11_whole.tar"), &tar_of(&inner));
+    let (out_a, out_b) = (root.join("out-a"), root.join("out-b"));
+    let rep_a = run(&opts(&direct, &out_a));
+    let rep_b = run(&opts(&nested, &out_b));
+    for rep in [&rep_a, &rep_b] {
+        let t = &rep.splits["train"];
+        assert_eq!((t.inputs, t.records, t.skipped), (12, 9, 3));
+        assert!(rep
+            .skipped
+            .iter()
+            .all(|s| s.reason == "zero-byte" && s.path.contains(".tar:")));
+    }
+    assert!(rep_b.skipped[0]
+        .path
+        .contains("fall11_whole.tar:n01000001.tar/n01000001_bad.JPEG"));
+    // Same records in the same order; only the manifests' plan fingerprints (which hash the
+    // member names) differ.
+    let shards = |d: &Path| {
+        let mut f = all_files(d);
+        f.remove("manifest.json");
+        f
+    };
+    assert_eq!(shards(&out_a), shards(&out_b));
+    let m = Manifest::load(&out_a).unwrap();
+    assert_eq!(m.classes[0].wnid, "n01000001");
+    let recs = records(&out_a, "train");
+    assert_eq!(recs.len(), 9);
+    // The 60x24 member fits (shorter side 24 <= 32) and is stored as is.
+    assert!(recs.iter().any(|r| (r.1, r.2) == (24, 60)));
+
+    // A gzip-compressed tar is refused with a clear message.
+    let gz = root.join("gz");
+    write(&gz.join("n01000001.tar"), &[0x1f, 0x8b, 8, 0, 0, 0, 0, 0]);
+    let e = pack::pack(&opts(&gz, &root.join("out-gz")), &NoProgress)
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("gzip") && e.contains("n01000001.tar"), "{e}");
+}
+
+#[test]
+fn classes_file_restricts_and_orders() {
+    let root = tmpdir("classes");
+    let input = root.join("in");
+    clean_tree(&input);
+    let classes = root.join("classes.txt");
+    write(
+        &classes,
+        b"# chosen classes\nn03000003 last-in-sorted-order\n\nn01000001\n",
+    );
+    let out = root.join("out");
+    let mut o = opts(&input, &out);
+    o.classes = Some(classes);
+    let rep = run(&o);
+    let m = Manifest::load(&out).unwrap();
+    let wnids: Vec<_> = m.classes.iter().map(|c| c.wnid.as_str()).collect();
+    assert_eq!(wnids, ["n03000003", "n01000001"]);
+    assert_eq!(rep.ignored_classes.get("n02000002"), Some(&6));
+    assert_eq!(m.splits["train"].records, 10);
+    assert_eq!(m.splits["val"].records, 2);
+}
+
+#[test]
+fn output_is_identical_for_any_thread_count() {
+    let root = tmpdir("determinism");
+    let input = root.join("in");
+    clean_tree(&input);
+    write(&input.join("train/n01000001/png.JPEG"), &png_rgba(50, 40));
+    let mut outs = Vec::new();
+    for threads in [1, 2, 3] {
+        let out = root.join(format!("out-{threads}"));
+        let mut o = opts(&input, &out);
+        o.threads = threads;
+        o.shards = ShardCount::Count(3);
+        run(&o);
+        outs.push(all_files(&out));
+    }
+    assert!(outs[0].len() >= 4);
+    assert_eq!(outs[0], outs[1]);
+    assert_eq!(outs[0], outs[2]);
+}
+
+#[test]
+fn resume_after_interruption_matches_clean_run() {
+    let root = tmpdir("resume");
+    let input = root.join("in");
+    clean_tree(&input);
+    let clean = root.join("clean");
+    let mut o = opts(&input, &clean);
+    o.shards = ShardCount::Count(5);
+    run(&o);
+    let want = all_files(&clean);
+
+    let out = root.join("out");
+    o.output = out.clone();
+    run(&o);
+    // Simulate a crash: one shard missing, one truncated, one damaged in place, a leftover
+    // temporary file of an unfinished shard, a stale shard from a plan with more shards, and no
+    // manifest.
+    std::fs::remove_file(out.join("train-00001.ddl")).unwrap();
+    let t2 = out.join("train-00002.ddl");
+    let len = std::fs::metadata(&t2).unwrap().len();
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(&t2)
+        .unwrap()
+        .set_len(len - 10)
+        .unwrap();
+    let t3 = out.join("train-00003.ddl");
+    let mut b = std::fs::read(&t3).unwrap();
+    let n = b.len();
+    b[n - 3] ^= 0xFF;
+    std::fs::write(&t3, &b).unwrap();
+    std::fs::File::create(out.join("train-00004.ddl.tmp"))
+        .unwrap()
+        .write_all(b"partial")
+        .unwrap();
+    std::fs::remove_file(out.join("train-00004.ddl")).unwrap();
+    std::fs::write(out.join("train-00009.ddl"), b"stale").unwrap();
+    std::fs::remove_file(out.join("manifest.json")).unwrap();
+
+    let rep = run(&o);
+    assert_eq!(rep.splits["train"].shards_kept, 1); // only train-00000 survived intact
+    assert_eq!(rep.splits["val"].shards_kept, 3);
+    assert_eq!(all_files(&out), want);
+    assert!(!out.join("train-00004.ddl.tmp").exists());
+    assert!(pack::verify(&out).unwrap().problems.is_empty());
+
+    // A rerun with different parameters redoes everything.
+    o.convert.quality = 80;
+    let rep = run(&o);
+    assert_eq!(rep.splits["train"].shards_kept, 0);
+}
+
+#[test]
+fn verify_names_shard_and_record_of_a_flipped_byte() {
+    let root = tmpdir("verify");
+    let input = root.join("in");
+    clean_tree(&input);
+    let out = root.join("out");
+    run(&opts(&input, &out));
+    assert!(pack::verify(&out).unwrap().problems.is_empty());
+    let path = out.join("train-00001.ddl");
+    let r = ShardReader::open(&path).unwrap();
+    let row = r.row(2);
+    let at = (r.header().data_offset + row.offset) as usize + row.length as usize / 2;
+    drop(r);
+    let mut b = std::fs::read(&path).unwrap();
+    b[at] ^= 0x01;
+    std::fs::write(&path, &b).unwrap();
+    let v = pack::verify(&out).unwrap();
+    let msgs: Vec<String> = v.problems.iter().map(|p| p.to_string()).collect();
+    assert_eq!(msgs.len(), 2, "{msgs:?}");
+    assert!(
+        msgs.iter()
+            .any(|m| m.contains("train-00001.ddl") && m.contains("record 2")),
+        "{msgs:?}"
+    );
+    assert!(
+        msgs.iter()
+            .any(|m| m.contains("train-00001.ddl") && m.contains("whole-file crc32c")),
+        "{msgs:?}"
+    );
+
+    // A damaged index is caught at open and named.
+    let mut b = std::fs::read(&path).unwrap();
+    b[64 + 5] ^= 0x10;
+    std::fs::write(&path, &b).unwrap();
+    let v = pack::verify(&out).unwrap();
+    assert_eq!(v.problems.len(), 1);
+    assert!(v.problems[0].to_string().contains("corrupt shard index"));
+}
+
+#[test]
+fn missing_labels_are_a_clear_error() {
+    let root = tmpdir("nolabels");
+    let input = root.join("in");
+    write(
+        &input.join("val").join("ILSVRC2012_val_00000001.JPEG"),
+        &jpeg(20, 20, 1),
+    );
+    let e = pack::pack(&opts(&input, &root.join("out")), &NoProgress)
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("LOC_val_solution.csv"), "{e}");
+    let empty = root.join("empty");
+    std::fs::create_dir_all(&empty).unwrap();
+    let e = pack::pack(&opts(&empty, &root.join("out")), &NoProgress)
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("no images found"), "{e}");
+}

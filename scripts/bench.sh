@@ -1,0 +1,88 @@
+#!/usr/bin/env bash
+# `make bench`: the long benchmarks behind BENCHMARKS.md, ddl and its peers side by side on the
+# same files and the same cores, several runs each; prints medians and leaves every raw JSON line
+# in bench-out/. Sections: pack, loader, allreduce (BENCH_SECTIONS="pack loader allreduce").
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bin=target/release
+out=${BENCH_OUT:-bench-out}
+runs=${BENCH_RUNS:-3}
+sections=${BENCH_SECTIONS:-pack loader allreduce}
+classes=${BENCH_CLASSES:-100}
+per_class=${BENCH_PER_CLASS:-50}
+mkdir -p "$out"
+
+# Peers live in their own virtualenvs (torchvision + Pillow + simplejpeg; FFCV with its pins).
+ensure_peers() {
+  if [ ! -x .venv-bench/bin/python ] || ! .venv-bench/bin/python -c "import torchvision, PIL, simplejpeg" 2>/dev/null; then
+    python3 -m venv .venv-bench
+    .venv-bench/bin/pip install -q torch==2.11.0 torchvision==0.26.0 pillow simplejpeg numpy
+  fi
+  if [ ! -x .venv-ffcv/bin/python ] || ! .venv-ffcv/bin/python -c "import ffcv" 2>/dev/null; then
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq libturbojpeg0-dev libopencv-dev pkg-config >/dev/null
+    python3 -m venv .venv-ffcv
+    .venv-ffcv/bin/pip install -q torch==2.11.0 torchvision==0.26.0 "numba==0.58.1" "numpy<1.27" \
+      "opencv-python-headless<4.11" ffcv || echo "bench: FFCV did not install; its rows are skipped" >&2
+  fi
+}
+have_ffcv() { .venv-ffcv/bin/python -c "import ffcv" 2>/dev/null; }
+
+median() { sort -g | awk '{a[NR]=$1} END {if (NR == 0) print "nan"; else if (NR % 2) print a[(NR+1)/2]; else print (a[NR/2]+a[NR/2+1])/2}'; }
+field() { python3 -c "import json,sys; [print(json.loads(l)['$1']) for l in sys.stdin if l.strip().startswith('{')]"; }
+
+tree=$out/imagenet
+if [ ! -f "$tree/LOC_val_solution.csv" ]; then
+  "$bin/ddl-synth" "$tree" --classes "$classes" --per-class "$per_class" --val-per-class 1 --seed 42
+fi
+ntrain=$(find "$tree/train" -name '*.JPEG' | wc -l)
+echo "bench: $ntrain training JPEGs in $tree ($(du -sh "$tree/train" | cut -f1)) on $(nproc) cores"
+ensure_peers
+
+if [[ " $sections " == *" pack "* ]]; then
+  echo "== pack: ddl-pack vs FFCV DatasetWriter vs Pillow loop (shorter side <= 256, q90, $runs runs)"
+  : > "$out/pack.jsonl"
+  for r in $(seq "$runs"); do
+    rm -rf "$out/shards-pack"
+    s=$(date +%s.%N)
+    "$bin/ddl-pack" "$tree" -o "$out/shards-pack" --shards 8 --max-short-side 256 --quality 90 2>/dev/null
+    e=$(date +%s.%N)
+    bytes=$(du -cb "$out"/shards-pack/train-*.ddl | tail -n 1 | cut -f1)
+    echo "{\"peer\": \"ddl-pack\", \"images\": $ntrain, \"seconds\": $(echo "$e - $s" | bc), \"images_per_s\": $(echo "$ntrain / ($e - $s)" | bc -l), \"bytes\": $bytes}" >> "$out/pack.jsonl"
+    .venv-bench/bin/python tools/bench/pillow_pack.py "$tree" --max-short-side 256 --workers "$(nproc)" >> "$out/pack.jsonl"
+    if have_ffcv; then
+      rm -f "$out/ffcv.beton"
+      .venv-ffcv/bin/python tools/bench/ffcv_write.py "$tree" "$out/ffcv.beton" --max-res 340 --workers "$(nproc)" >> "$out/pack.jsonl"
+    fi
+  done
+  for p in ddl-pack ffcv-writer pillow-pack; do
+    m=$(grep "\"$p\"" "$out/pack.jsonl" | field images_per_s | median)
+    b=$(grep "\"$p\"" "$out/pack.jsonl" | field bytes | median)
+    printf '%-14s median %8.1f images/s   output %6.1f MiB\n' "$p" "$m" "$(echo "$b / 1048576" | bc -l 2>/dev/null || echo 0)"
+  done
+fi
+
+if [[ " $sections " == *" loader "* ]]; then
+  echo "== loader: RandomResizedCrop 224 + flip + normalize, float32, batch 64, $(nproc) workers"
+  [ -f "$out/shards/manifest.json" ] || "$bin/ddl-pack" "$tree" -o "$out/shards" --shards 8 --max-short-side 256 2>/dev/null
+  if have_ffcv && [ ! -f "$out/ffcv.beton" ]; then
+    .venv-ffcv/bin/python tools/bench/ffcv_write.py "$tree" "$out/ffcv.beton" --max-res 340 --workers "$(nproc)" >/dev/null
+  fi
+  : > "$out/loader.jsonl"
+  for r in $(seq "$runs"); do
+    "$bin/examples/loader_bench" "$out/shards" --seconds 15 --workers "$(nproc)" --batch 64 --image-size 224 --json >> "$out/loader.jsonl"
+    .venv-bench/bin/python tools/bench/torchvision_loader.py "$tree" --workers "$(nproc)" --batch 64 --passes 1 >> "$out/loader.jsonl"
+    if have_ffcv; then
+      .venv-ffcv/bin/python tools/bench/ffcv_load.py "$out/ffcv.beton" --workers "$(nproc)" --batch 64 --passes 2 | grep '"warmup": false' >> "$out/loader.jsonl"
+    fi
+    .venv-bench/bin/python tools/bench/turbo_decode.py "$out/shards" --procs "$(nproc)" --passes 1 >> "$out/loader.jsonl"
+  done
+  for p in ddl-loader torchvision ffcv libjpeg-turbo-full-decode; do
+    printf '%-26s median %8.1f images/s\n' "$p" "$(grep "\"$p\"" "$out/loader.jsonl" | field images_per_s | median)"
+  done
+fi
+
+if [[ " $sections " == *" allreduce "* ]]; then
+  echo "== allreduce: every ddl algorithm vs MPI_Allreduce vs gloo, np 2 and 4"
+  tools/bench/allreduce.sh "$out"
+fi
+echo "bench: raw results in $out/"

@@ -1,0 +1,54 @@
+#!/usr/bin/env bash
+# Idempotent set-up for a Debian 12 machine as root: installs the system packages and the
+# project-local torch virtualenv only when they are missing. `make setup` runs this.
+#
+# Cluster users with their own stack skip parts of it:
+#   LIBTORCH=/path/to/libtorch   use that libtorch instead of the virtualenv's torch
+#   DDL_SKIP_APT=1               do not touch system packages (MPI, clang, cmake, nasm must exist)
+set -euo pipefail
+
+here=$(cd "$(dirname "$0")/.." && pwd)
+venv=${DDL_VENV:-$here/.venv}
+torch_version=2.11.0
+apt_packages=(libopenmpi-dev openmpi-bin libclang-dev clang cmake nasm pkg-config python3-venv)
+
+die() { echo "setup: $*" >&2; exit 1; }
+
+missing=()
+for p in "${apt_packages[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if [ ${#missing[@]} -gt 0 ]; then
+  if [ "${DDL_SKIP_APT:-0}" = 1 ]; then
+    echo "setup: DDL_SKIP_APT=1, not installing: ${missing[*]}" >&2
+  else
+    command -v apt-get >/dev/null || die "apt-get not found: install ${missing[*]} by hand (Debian 12 is the supported system) or set DDL_SKIP_APT=1"
+    [ "$(id -u)" = 0 ] || die "installing ${missing[*]} needs root (run as root, or install them and set DDL_SKIP_APT=1)"
+    echo "setup: installing ${missing[*]}" >&2
+    export DEBIAN_FRONTEND=noninteractive
+    apt-get update -qq || die "apt-get update failed"
+    apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null || die "apt-get install ${missing[*]} failed"
+  fi
+fi
+
+command -v mpirun >/dev/null || die "mpirun not found after installing openmpi-bin"
+command -v cargo >/dev/null || die "cargo not found: install a Rust toolchain (rustup) first"
+
+if [ -n "${LIBTORCH:-}" ]; then
+  [ -d "$LIBTORCH/lib" ] || die "LIBTORCH=$LIBTORCH has no lib/ directory"
+  echo "setup: using LIBTORCH=$LIBTORCH (no virtualenv)" >&2
+  exit 0
+fi
+
+have_torch() {
+  "$venv/bin/python" -c "import torch, sys; sys.exit(0 if torch.__version__.split('+')[0] == '$torch_version' else 1)" 2>/dev/null
+}
+if ! have_torch; then
+  python=${PYTHON:-python3}
+  command -v "$python" >/dev/null || die "python3 not found"
+  [ -x "$venv/bin/python" ] || "$python" -m venv "$venv" || die "could not create the virtualenv $venv (python3-venv missing?)"
+  echo "setup: installing torch==$torch_version into $venv (a few GB, once)" >&2
+  "$venv/bin/pip" install -q --disable-pip-version-check "torch==$torch_version" || die "pip install torch==$torch_version failed"
+  have_torch || die "torch $torch_version is not importable from $venv"
+fi
+echo "setup: ok (torch $torch_version in $venv, $(mpirun --version | head -n 1))" >&2

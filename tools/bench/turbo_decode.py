@@ -1,0 +1,67 @@
+"""Limit: libjpeg-turbo (simplejpeg) full decode to RGB of the JPEGs a shard directory holds,
+read into RAM first; no crop, no resize. --procs processes each decode a share of the files.
+Prints {"peer": "libjpeg-turbo-full-decode", "procs": P, "images": N, "seconds": S, "images_per_s": R}.
+Usage: python turbo_decode.py SHARD_DIR [--split train] [--procs 2] [--passes 3]
+The JPEGs are read straight out of ddl shards (loader/FORMAT.md), so the limit is measured on
+exactly the bytes ddl's loader decodes.
+"""
+import argparse
+import json
+import time
+from multiprocessing import Pool
+
+import simplejpeg
+import glob
+import os
+import struct
+
+BLOBS = []
+
+
+def shard_records(path):
+    """Every record's bytes of one shard, parsed from its header and index (FORMAT.md)."""
+    data = open(path, "rb").read()
+    assert data[:8] == b"DDLSHARD", f"{path}: not a ddl shard"
+    count, index_offset, data_offset = struct.unpack_from("<QQQ", data, 16)
+    out = []
+    for i in range(count):
+        offset, length = struct.unpack_from("<QI", data, index_offset + 32 * i)
+        out.append(data[data_offset + offset:data_offset + offset + length])
+    return out
+
+
+def load(blobs):
+    global BLOBS
+    BLOBS = blobs
+
+
+def decode_all(_):
+    for b in BLOBS:
+        simplejpeg.decode_jpeg(b, colorspace="RGB")
+    return len(BLOBS)
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("shard_dir")
+    ap.add_argument("--split", default="train")
+    ap.add_argument("--procs", type=int, default=2)
+    ap.add_argument("--passes", type=int, default=3)
+    args = ap.parse_args()
+    paths = sorted(glob.glob(os.path.join(args.shard_dir, f"{args.split}-*.ddl")))
+    blobs = [r for p in paths for r in shard_records(p)]
+    shares = [blobs[i::args.procs] for i in range(args.procs)]
+    pools = [Pool(1, initializer=load, initargs=(share,)) for share in shares]
+    for _ in range(args.passes):
+        start = time.perf_counter()
+        results = [p.apply_async(decode_all, (0,)) for p in pools]
+        n = sum(r.get() for r in results)
+        s = time.perf_counter() - start
+        print(json.dumps({"peer": "libjpeg-turbo-full-decode", "procs": args.procs, "images": n,
+                          "seconds": s, "images_per_s": n / s}), flush=True)
+    for p in pools:
+        p.close()
+
+
+if __name__ == "__main__":
+    main()

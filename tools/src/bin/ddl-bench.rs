@@ -1,0 +1,245 @@
+//! ddl-bench: allreduce bandwidth table (run under mpirun), cost-model calibration and
+//! large-scale simulation.
+
+use std::io::Write;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use anyhow::{bail, Context, Result};
+use clap::{Parser, Subcommand};
+use ddl_comm::mpi::World;
+use ddl_comm::{Algorithm, CostModel};
+use ddl_tools::bench;
+
+#[derive(Parser)]
+#[command(name = "ddl-bench", about = "ddl allreduce benchmarks and cost model")]
+struct Cli {
+    #[command(subcommand)]
+    cmd: Cmd,
+}
+
+#[derive(Subcommand)]
+enum Cmd {
+    /// Allreduce table per algorithm and size, nccl-tests style (run under mpirun).
+    Allreduce {
+        /// Comma-separated algorithms: ring, rhd, multicolor[:K[:CHUNK]], multiring[:AxB..], mpi, auto.
+        #[arg(long, default_value = "ring,rhd,multicolor,multiring,mpi")]
+        algos: String,
+        /// Smallest message (e.g. 4K, 4KiB, 4096).
+        #[arg(long, default_value = "4KiB")]
+        min_bytes: String,
+        /// Largest message.
+        #[arg(long, default_value = "256MiB")]
+        max_bytes: String,
+        /// Size multiplier between rows.
+        #[arg(long, default_value_t = 4)]
+        step_factor: usize,
+        /// Untimed calls per size.
+        #[arg(long, default_value_t = 5)]
+        warmup: usize,
+        /// Timed calls per size (median reported).
+        #[arg(long, default_value_t = 20)]
+        iters: usize,
+        /// One JSON object per row instead of the table.
+        #[arg(long)]
+        json: bool,
+        /// Cost model for `auto` (JSON from `calibrate`); also adds the predicted time and
+        /// measured / predicted to every row.
+        #[arg(long)]
+        model_file: Option<PathBuf>,
+        /// Operation timeout in seconds.
+        #[arg(long, default_value_t = 120)]
+        timeout_s: u64,
+    },
+    /// Measure alpha/beta per tier (ping-pong), gamma (f32 add) and a beta curve per tier
+    /// (ring allreduce times up to --max-bytes); write JSON. Run it under the same mpirun
+    /// layout as the benchmark it should predict.
+    Calibrate {
+        /// Output file.
+        #[arg(short, long, default_value = "model.json")]
+        output: PathBuf,
+        /// Largest ring allreduce timed for the beta curves.
+        #[arg(long, default_value = "64MiB")]
+        max_bytes: String,
+    },
+    /// Predict one allreduce's time from a cost model (JSON line: algo, bytes, ranks, time_us).
+    Predict {
+        /// Algorithm (as for `allreduce --algos`).
+        #[arg(long)]
+        algo: String,
+        /// Message size (e.g. 4MiB).
+        #[arg(long)]
+        bytes: String,
+        /// Nodes.
+        #[arg(long, default_value_t = 1)]
+        nodes: usize,
+        /// Ranks per node.
+        #[arg(long, default_value_t = 1)]
+        ranks_per_node: usize,
+        /// Cost-model preset (minsky, default).
+        #[arg(long, conflicts_with = "model_file")]
+        preset: Option<String>,
+        /// Cost model measured by `calibrate`.
+        #[arg(long)]
+        model_file: Option<PathBuf>,
+    },
+    /// Predict per-step allreduce time and scaling efficiency of each algorithm.
+    Sim {
+        /// Nodes.
+        #[arg(long, default_value_t = 64)]
+        nodes: usize,
+        /// GPUs (ranks) per node.
+        #[arg(long, default_value_t = 4)]
+        gpus_per_node: usize,
+        /// resnet18, resnet34, resnet50, resnet101, resnet152.
+        #[arg(long, default_value = "resnet50")]
+        model: String,
+        /// Compute time of one training step per GPU, ms.
+        #[arg(long)]
+        step_compute_ms: f64,
+        /// Cost-model preset (minsky, default).
+        #[arg(long, conflicts_with = "model_file")]
+        preset: Option<String>,
+        /// Cost model measured by `calibrate`.
+        #[arg(long)]
+        model_file: Option<PathBuf>,
+        /// Fraction of the allreduce hidden behind backward compute (0..1).
+        #[arg(long, default_value_t = 0.0)]
+        overlap: f64,
+        /// JSON lines instead of the table.
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+/// The cost model from a file, a preset, or the `minsky` preset by default.
+fn load_model(preset: Option<String>, model_file: Option<PathBuf>) -> Result<CostModel> {
+    Ok(match (preset, model_file) {
+        (_, Some(p)) => CostModel::load(&p)?,
+        (Some(name), None) => CostModel::preset(&name)?,
+        (None, None) => CostModel::minsky(),
+    })
+}
+
+fn main() -> Result<()> {
+    let cli = Cli::parse();
+    let stdout = std::io::stdout();
+    let mut out = stdout.lock();
+    match cli.cmd {
+        Cmd::Allreduce {
+            algos,
+            min_bytes,
+            max_bytes,
+            step_factor,
+            warmup,
+            iters,
+            json,
+            model_file,
+            timeout_s,
+        } => {
+            let algos = algos
+                .split(',')
+                .map(|a| a.parse::<Algorithm>())
+                .collect::<Result<Vec<_>, _>>()?;
+            let predict = model_file.is_some();
+            let model = match model_file {
+                Some(p) => CostModel::load(&p)?,
+                None => CostModel::default(),
+            };
+            let opts = bench::AllreduceOpts {
+                algos,
+                min_bytes: bench::parse_bytes(&min_bytes)?,
+                max_bytes: bench::parse_bytes(&max_bytes)?,
+                factor: step_factor,
+                warmup,
+                iters: iters.max(1),
+                model,
+                predict,
+            };
+            let world = World::init_with_timeout(Duration::from_secs(timeout_s))?;
+            if let Err(e) = bench::allreduce(&world, &opts, json, &mut out) {
+                eprintln!("rank {}: {e:#}", world.rank());
+                world.abort(1);
+            }
+        }
+        Cmd::Calibrate { output, max_bytes } => {
+            let max_bytes = bench::parse_bytes(&max_bytes)?;
+            let world = World::init_with_timeout(bench::DEFAULT_BENCH_TIMEOUT)?;
+            match bench::calibrate(&world, max_bytes) {
+                Ok(model) => {
+                    if world.rank() == 0 {
+                        model.save(&output)?;
+                        writeln!(out, "{}", serde_json::to_string_pretty(&model)?)?;
+                        writeln!(out, "# written to {}", output.display())?;
+                    }
+                }
+                Err(e) => {
+                    eprintln!("rank {}: {e:#}", world.rank());
+                    world.abort(1);
+                }
+            }
+        }
+        Cmd::Predict {
+            algo,
+            bytes,
+            nodes,
+            ranks_per_node,
+            preset,
+            model_file,
+        } => {
+            let cost = load_model(preset, model_file)?;
+            let algo: Algorithm = algo.parse()?;
+            let bytes = bench::parse_bytes(&bytes)?;
+            let topo = ddl_comm::Topology::new(nodes, ranks_per_node);
+            let t = cost.predict(&algo, bytes, topo);
+            let line = serde_json::json!({
+                "algo": algo.to_string(),
+                "bytes": bytes,
+                "ranks": topo.ranks(),
+                "time_us": t * 1e6,
+            });
+            writeln!(out, "{line}")?;
+        }
+        Cmd::Sim {
+            nodes,
+            gpus_per_node,
+            model,
+            step_compute_ms,
+            preset,
+            model_file,
+            overlap,
+            json,
+        } => {
+            let params = bench::model_params(&model)
+                .with_context(|| format!("unknown model {model:?} (resnet18/34/50/101/152)"))?;
+            if nodes == 0 || gpus_per_node == 0 || step_compute_ms <= 0.0 {
+                bail!("--nodes, --gpus-per-node and --step-compute-ms must be positive");
+            }
+            let cost = load_model(preset, model_file)?;
+            let rows = bench::simulate(
+                &cost,
+                nodes,
+                gpus_per_node,
+                params,
+                step_compute_ms,
+                overlap,
+            );
+            if json {
+                for r in &rows {
+                    writeln!(out, "{}", serde_json::to_string(r)?)?;
+                }
+            } else {
+                bench::print_sim(
+                    &mut out,
+                    &rows,
+                    nodes,
+                    gpus_per_node,
+                    &model,
+                    &cost,
+                    overlap,
+                )?;
+            }
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,248 @@
+//! `ddl-prof SHARDS_DIR [--split train] [--threads 1,2,4] [--batch 256] [--image-size 224]
+//! [--seconds 10] [--stage-seconds 2] [--eval] [--cold] [--json FILE] [--plot FILE.svg|.png]
+//! [--trace FILE.json] [--gpu-rate 1200] [--node N --nodes P]`: how fast can this node feed its
+//! GPUs? Measures every input stage alone and the whole pipeline for each thread count, then
+//! prints a verdict (see `ddl_tools::prof`).
+//!
+//! `ddl-prof plot METRICS.jsonl -o curves.svg`: training curves from ddl-train's metrics file.
+//!
+//! Under `mpirun` (detected from the launcher's environment) every rank profiles its own
+//! shards (node = rank, nodes = size) and rank 0 prints the per-node table and the slowest
+//! node; `--json` then holds `{"schema_version": 1, "nodes": [report, ...]}` and every rank
+//! other than 0 writes its trace to `FILE.rankN.json`.
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use anyhow::{bail, Context, Result};
+use clap::Parser;
+use ddl_comm::mpi::World;
+use ddl_comm::Transport;
+use ddl_loader::dataset::Residency;
+use ddl_tools::prof::{self, ProfConfig, Report};
+
+/// Measure how fast this node feeds its GPUs: every input stage alone and the whole pipeline.
+#[derive(Parser, Debug)]
+#[command(
+    name = "ddl-prof",
+    version,
+    after_help = "Also: ddl-prof plot METRICS.jsonl -o curves.svg"
+)]
+struct Args {
+    /// Directory with manifest.json and the shards (ddl-pack's output).
+    shards_dir: PathBuf,
+    /// Split to profile.
+    #[arg(long, default_value = "train")]
+    split: String,
+    /// Comma-separated thread counts (default: 1, 2, 4, ... up to the cores).
+    #[arg(long, value_delimiter = ',')]
+    threads: Option<Vec<usize>>,
+    /// Images per batch.
+    #[arg(long, default_value_t = 256)]
+    batch: usize,
+    /// Output side in pixels.
+    #[arg(long, default_value_t = 224)]
+    image_size: u32,
+    /// Seconds of each end-to-end measurement.
+    #[arg(long, default_value_t = 10.0)]
+    seconds: f64,
+    /// Seconds of each stage measurement (default: seconds / 5, at least 0.5).
+    #[arg(long)]
+    stage_seconds: Option<f64>,
+    /// Eval transform (resize + center crop) instead of random-resized crop + flip.
+    #[arg(long)]
+    eval: bool,
+    /// Drop this node's shards from the page cache (posix_fadvise DONTNEED) before the read
+    /// measurements and end-to-end runs, so they read from storage.
+    #[arg(long)]
+    cold: bool,
+    /// Write every figure, with units, as JSON.
+    #[arg(long)]
+    json: Option<PathBuf>,
+    /// Draw images/s against threads per stage (.svg or .png).
+    #[arg(long)]
+    plot: Option<PathBuf>,
+    /// Write a Chrome trace (Perfetto, chrome://tracing) of the run.
+    #[arg(long)]
+    trace: Option<PathBuf>,
+    /// Images/s one GPU consumes.
+    #[arg(long, default_value_t = 1200.0)]
+    gpu_rate: f64,
+    /// This node's index (ignored under mpirun: the rank).
+    #[arg(long, default_value_t = 0)]
+    node: usize,
+    /// Number of nodes the shards are spread over (ignored under mpirun: the size).
+    #[arg(long, default_value_t = 1)]
+    nodes: usize,
+    /// Seed of the record order, crops and flips.
+    #[arg(long, default_value_t = 0)]
+    seed: u64,
+    /// Queue depth of the pipeline.
+    #[arg(long, default_value_t = 2)]
+    prefetch: usize,
+    /// Records copied to RAM for the decode, resize and normalize stages.
+    #[arg(long, default_value_t = 2048)]
+    sample_records: usize,
+    /// Do not print per-measurement progress.
+    #[arg(long, short)]
+    quiet: bool,
+}
+
+/// `ddl-prof plot METRICS.jsonl -o curves.svg`.
+#[derive(Parser, Debug)]
+#[command(name = "ddl-prof plot")]
+struct PlotArgs {
+    /// ddl-train's metrics file (JSON lines).
+    metrics: PathBuf,
+    /// Output image (.svg or .png).
+    #[arg(short, long, default_value = "curves.svg")]
+    output: PathBuf,
+}
+
+fn main() -> Result<()> {
+    let argv: Vec<String> = std::env::args().collect();
+    if argv.get(1).map(String::as_str) == Some("plot") {
+        let args = PlotArgs::parse_from(argv.iter().skip(1));
+        let m = prof::plot_metrics(&args.metrics, &args.output)?;
+        eprintln!(
+            "ddl-prof plot: {} step and {} epoch points -> {}",
+            m.loss.len(),
+            m.epoch_loss.len(),
+            args.output.display()
+        );
+        return Ok(());
+    }
+    run(Args::parse())
+}
+
+/// True when started by an MPI launcher.
+fn under_mpi() -> bool {
+    [
+        "OMPI_COMM_WORLD_SIZE",
+        "PMI_SIZE",
+        "PMIX_RANK",
+        "MPI_LOCALNRANKS",
+    ]
+    .iter()
+    .any(|v| std::env::var_os(v).is_some())
+}
+
+/// `FILE.json` -> `FILE.rankN.json`.
+fn per_rank(path: &Path, rank: usize) -> PathBuf {
+    if rank == 0 {
+        return path.to_path_buf();
+    }
+    let stem = path.file_stem().and_then(|s| s.to_str()).unwrap_or("trace");
+    let ext = path.extension().and_then(|s| s.to_str()).unwrap_or("json");
+    path.with_file_name(format!("{stem}.rank{rank}.{ext}"))
+}
+
+fn run(args: Args) -> Result<()> {
+    let mut cfg = ProfConfig::new(&args.shards_dir);
+    cfg.split = args.split.clone();
+    if let Some(t) = &args.threads {
+        cfg.threads = t.clone();
+    }
+    cfg.batch = args.batch;
+    cfg.image_size = args.image_size;
+    cfg.seconds = args.seconds;
+    cfg.stage_seconds = args.stage_seconds.unwrap_or((args.seconds / 5.0).max(0.5));
+    cfg.eval = args.eval;
+    cfg.cold = args.cold;
+    cfg.gpu_rate = args.gpu_rate;
+    cfg.seed = args.seed;
+    cfg.prefetch = args.prefetch;
+    cfg.sample_records = args.sample_records;
+    cfg.residency = Residency {
+        node: args.node,
+        nodes: args.nodes,
+    };
+    if args.nodes == 0 || args.node >= args.nodes {
+        bail!("--node {} must be below --nodes {}", args.node, args.nodes);
+    }
+
+    let world = if under_mpi() {
+        // Rank 0 waits for the others' reports: allow for the whole profile.
+        let per_t = 8.0 * cfg.stage_seconds + cfg.seconds + 30.0;
+        let timeout = Duration::from_secs_f64(per_t * cfg.threads.len() as f64 * 3.0 + 600.0);
+        let w = World::init_with_timeout(timeout).context("MPI initialisation")?;
+        cfg.residency = Residency {
+            node: w.rank(),
+            nodes: w.size(),
+        };
+        Some(w)
+    } else {
+        None
+    };
+    let rank = world.as_ref().map_or(0, World::rank);
+
+    if args.trace.is_some() {
+        ddl_trace::set_pid(rank as u32);
+        ddl_trace::set_thread_name("main");
+        ddl_trace::enable();
+    }
+    let quiet = args.quiet || rank != 0;
+    let report = prof::profile(&cfg, |line| {
+        if !quiet {
+            eprintln!("{line}");
+        }
+    })?;
+    if let Some(path) = &args.trace {
+        let path = per_rank(path, rank);
+        let n = ddl_trace::write(&path)?;
+        if rank == 0 {
+            eprintln!("trace: {n} spans -> {}", path.display());
+        }
+    }
+
+    let reports = match &world {
+        Some(w) if w.size() > 1 => gather(w.transport().as_ref(), &report)?,
+        _ => vec![report],
+    };
+    if rank != 0 {
+        return Ok(());
+    }
+    let report = &reports[0];
+    print!("{}", prof::render_table(report));
+    if reports.len() > 1 {
+        println!();
+        print!("{}", prof::render_nodes(&reports));
+    }
+    if let Some(path) = &args.json {
+        let text = if reports.len() > 1 {
+            serde_json::to_string_pretty(&serde_json::json!({
+                "schema_version": prof::SCHEMA_VERSION,
+                "nodes": reports,
+            }))?
+        } else {
+            serde_json::to_string_pretty(report)?
+        };
+        std::fs::write(path, text + "\n").with_context(|| format!("write {}", path.display()))?;
+    }
+    if let Some(path) = &args.plot {
+        prof::plot_scaling(report, path)?;
+    }
+    Ok(())
+}
+
+/// Sends every rank's report to rank 0; rank 0 returns all of them in rank order, the other
+/// ranks only their own.
+fn gather(t: &impl Transport, mine: &Report) -> Result<Vec<Report>> {
+    const LEN: u32 = 7001;
+    const BODY: u32 = 7002;
+    if t.rank() != 0 {
+        let body = serde_json::to_vec(mine)?;
+        t.send(0, LEN, &(body.len() as u64).to_le_bytes())?;
+        t.send(0, BODY, &body)?;
+        return Ok(vec![mine.clone()]);
+    }
+    let mut all = vec![mine.clone()];
+    for from in 1..t.size() {
+        let mut len = [0u8; 8];
+        t.recv(from, LEN, &mut len)?;
+        let mut body = vec![0u8; u64::from_le_bytes(len) as usize];
+        t.recv(from, BODY, &mut body)?;
+        all.push(serde_json::from_slice(&body).with_context(|| format!("report of rank {from}"))?);
+    }
+    Ok(all)
+}

@@ -1,0 +1,7 @@
+//! ddl-tools: the libraries behind ddl's command-line tools (`ddl-pack`, `ddl-prof`,
+//! `ddl-bench`, `ddl-synth`); the binaries in `src/bin` only parse flags and call these.
+
+pub mod bench;
+pub mod pack_cli;
+pub mod prof;
+pub mod synth;

@@ -1,0 +1,252 @@
+//! `ddl-pack`: command-line flags, progress display and exit status around
+//! [`ddl_loader::pack`].
+
+use std::io::IsTerminal;
+use std::path::PathBuf;
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context, Result};
+use clap::Parser;
+use ddl_loader::pack::{self, convert::ConvertOptions, PackOptions, PackProgress, ShardCount};
+
+/// Packs an ImageNet-style tree (or ImageNet-22k tars) into ddl shards, or verifies a packed
+/// directory.
+#[derive(Debug, Parser)]
+#[command(name = "ddl-pack", version)]
+pub struct Args {
+    /// Input directory: train/<wnid>/*.JPEG and val/ (class folders, or flat with
+    /// LOC_val_solution.csv / the devkit ground truth), or <wnid>.tar files, or an outer tar
+    /// of <wnid>.tar files.
+    #[arg(required_unless_present = "verify")]
+    pub input: Option<PathBuf>,
+
+    /// Output directory for the shards, manifest.json and pack-report.json.
+    #[arg(short, long, required_unless_present = "verify")]
+    pub output: Option<PathBuf>,
+
+    /// Re-read every shard in DIR against its manifest and report any damage.
+    #[arg(long, value_name = "DIR", conflicts_with_all = ["input", "output"])]
+    pub verify: Option<PathBuf>,
+
+    /// Number of shards per split (capped at the split's input count).
+    #[arg(long, conflicts_with = "shard_size")]
+    pub shards: Option<usize>,
+
+    /// Target shard size (e.g. 1GiB, 512MiB), used when --shards is not given; the output
+    /// size is estimated by converting a sample of the inputs, and the shard count is rounded
+    /// up to a multiple of --nodes.
+    #[arg(long, value_parser = pack::parse_size, default_value = "1GiB")]
+    pub shard_size: u64,
+
+    /// Resize so the shorter side is at most this many pixels (0 keeps the original size).
+    #[arg(long, default_value_t = 256)]
+    pub max_short_side: u32,
+
+    /// JPEG quality for re-encoded images (4:2:0 subsampling).
+    #[arg(long, default_value_t = 90, value_parser = clap::value_parser!(u8).range(1..=100))]
+    pub quality: u8,
+
+    /// Re-encode every image, even baseline JPEGs that already fit.
+    #[arg(long)]
+    pub reencode: bool,
+
+    /// Class list (one wnid per line, first token): restricts and orders the classes.
+    #[arg(long, value_name = "FILE")]
+    pub classes: Option<PathBuf>,
+
+    /// ILSVRC synset list (one wnid per line in ILSVRC id order) for the devkit ground truth.
+    #[arg(long, value_name = "FILE")]
+    pub synsets: Option<PathBuf>,
+
+    /// Number of nodes recorded in the manifest (shard s belongs to node s % P).
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u64).range(1..))]
+    pub nodes: u64,
+
+    /// Worker threads (0 = one per core).
+    #[arg(long, default_value_t = 0)]
+    pub threads: usize,
+
+    /// Fail (after writing the report) when more than this fraction of inputs is skipped.
+    #[arg(long, default_value_t = 0.001)]
+    pub max_skip_fraction: f64,
+}
+
+/// Progress as an indicatif bar on a terminal, or a plain line every 10 s otherwise.
+struct Progress {
+    bar: Option<indicatif::ProgressBar>,
+    plain: Mutex<PlainState>,
+}
+
+struct PlainState {
+    total: u64,
+    done: u64,
+    kept: u64,
+    started: Instant,
+    last: Instant,
+}
+
+impl Progress {
+    fn new() -> Self {
+        let bar = std::io::stderr().is_terminal().then(|| {
+            let b = indicatif::ProgressBar::new(0);
+            b.set_style(
+                indicatif::ProgressStyle::with_template(
+                    "{bar:40} {pos}/{len} images  {rate} images/s  ETA {eta}  {msg}",
+                )
+                .expect("valid template")
+                .with_key(
+                    "rate",
+                    |state: &indicatif::ProgressState, w: &mut dyn std::fmt::Write| {
+                        let _ = write!(w, "{:.0}", state.per_sec());
+                    },
+                ),
+            );
+            b
+        });
+        let now = Instant::now();
+        Progress {
+            bar,
+            plain: Mutex::new(PlainState {
+                total: 0,
+                done: 0,
+                kept: 0,
+                started: now,
+                last: now,
+            }),
+        }
+    }
+}
+
+impl PackProgress for Progress {
+    fn start(&self, total: u64, done: u64) {
+        if let Some(b) = &self.bar {
+            b.set_length(total);
+            b.set_position(done);
+            b.reset_eta();
+            if done > 0 {
+                b.set_message(format!("({done} kept from an earlier run)"));
+            }
+        } else {
+            let mut p = self.plain.lock().expect("progress lock");
+            p.total = total;
+            p.done = done;
+            p.kept = done;
+            eprintln!("ddl-pack: {total} inputs, {done} already packed by an earlier run");
+        }
+    }
+
+    fn advance(&self, n: u64) {
+        if let Some(b) = &self.bar {
+            b.inc(n);
+            return;
+        }
+        let mut p = self.plain.lock().expect("progress lock");
+        p.done += n;
+        let now = Instant::now();
+        if now.duration_since(p.last) >= Duration::from_secs(10) {
+            p.last = now;
+            let secs = now.duration_since(p.started).as_secs_f64();
+            let rate = (p.done - p.kept) as f64 / secs.max(1e-9);
+            let eta = (p.total - p.done) as f64 / rate.max(1e-9);
+            eprintln!(
+                "ddl-pack: {}/{} images, {rate:.0} images/s, ETA {eta:.0} s",
+                p.done, p.total
+            );
+        }
+    }
+
+    fn finish(&self) {
+        if let Some(b) = &self.bar {
+            // The summary printed next repeats the totals and the rate.
+            b.finish_and_clear();
+        }
+    }
+}
+
+/// Runs `ddl-pack` with parsed arguments.
+pub fn run(args: Args) -> Result<()> {
+    if let Some(dir) = &args.verify {
+        let report = pack::verify(dir).with_context(|| format!("verifying {}", dir.display()))?;
+        for p in &report.problems {
+            eprintln!("DAMAGED: {p}");
+        }
+        if !report.problems.is_empty() {
+            bail!(
+                "{}: {} problem(s) in {} shards ({} records checked)",
+                dir.display(),
+                report.problems.len(),
+                report.shards,
+                report.records
+            );
+        }
+        println!(
+            "{}: OK, {} shards, {} records, {} bytes verified",
+            dir.display(),
+            report.shards,
+            report.records,
+            report.bytes
+        );
+        return Ok(());
+    }
+    let (Some(input), Some(output)) = (args.input, args.output) else {
+        bail!("INPUT_DIR and -o OUT are required (or --verify DIR)");
+    };
+    if !(0.0..=1.0).contains(&args.max_skip_fraction) {
+        bail!(
+            "--max-skip-fraction {} is outside 0..=1",
+            args.max_skip_fraction
+        );
+    }
+    let opts = PackOptions {
+        input,
+        output,
+        shards: match args.shards {
+            Some(0) => bail!("--shards must be at least 1"),
+            Some(n) => ShardCount::Count(n),
+            None => ShardCount::Size(args.shard_size),
+        },
+        convert: ConvertOptions {
+            max_short_side: args.max_short_side,
+            quality: args.quality,
+            reencode: args.reencode,
+        },
+        classes: args.classes,
+        synsets: args.synsets,
+        nodes: args.nodes as usize,
+        threads: args.threads,
+        max_skip_fraction: args.max_skip_fraction,
+    };
+    let progress = Progress::new();
+    let report = pack::pack(&opts, &progress)?;
+    for (name, s) in &report.splits {
+        println!(
+            "{name}: {} records in {} shards ({} kept), {} skipped, {} bytes \
+             (copied {}, re-encoded {}, resized {})",
+            s.records,
+            s.shards,
+            s.shards_kept,
+            s.skipped,
+            s.output_bytes,
+            s.copied,
+            s.reencoded,
+            s.resized
+        );
+    }
+    if !report.ignored_classes.is_empty() {
+        println!(
+            "ignored {} classes not in --classes ({} files)",
+            report.ignored_classes.len(),
+            report.ignored_classes.values().sum::<u64>()
+        );
+    }
+    println!(
+        "{} classes, {:.0} images/s on {} threads, {:.1} s; report: {}",
+        report.classes,
+        report.images_per_s,
+        report.threads,
+        report.elapsed_s,
+        opts.output.join(pack::REPORT_FILE).display()
+    );
+    Ok(())
+}

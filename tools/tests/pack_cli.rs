@@ -1,0 +1,136 @@
+//! Runs the `ddl-pack` binary: pack, verify, damage detection and exit statuses.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+fn tmpdir(name: &str) -> PathBuf {
+    let d = std::env::temp_dir().join(format!("ddl-pack-cli-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&d);
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
+
+fn jpeg(w: u32, h: u32, seed: u32) -> Vec<u8> {
+    let img = image::RgbImage::from_fn(w, h, |x, y| {
+        image::Rgb([(x * 5 + seed) as u8, (y * 7) as u8, (x ^ y ^ seed) as u8])
+    });
+    let mut out = Vec::new();
+    image::codecs::jpeg::JpegEncoder::new_with_quality(&mut out, 90)
+        .encode_image(&img)
+        .unwrap();
+    out
+}
+
+fn tree(root: &Path) {
+    for (c, wnid) in ["n01000001", "n02000002"].iter().enumerate() {
+        for i in 0..4u32 {
+            let dir = root.join("train").join(wnid);
+            std::fs::create_dir_all(&dir).unwrap();
+            std::fs::write(
+                dir.join(format!("{i}.JPEG")),
+                jpeg(40 + i * 30, 50, c as u32 * 10 + i),
+            )
+            .unwrap();
+        }
+        let dir = root.join("val").join(wnid);
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(dir.join("v.JPEG"), jpeg(60, 60, 99)).unwrap();
+    }
+}
+
+fn pack(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_ddl-pack"))
+        .args(args)
+        .output()
+        .unwrap()
+}
+
+fn text(o: &Output) -> String {
+    format!(
+        "{}{}",
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    )
+}
+
+#[test]
+fn pack_verify_and_detect_damage() {
+    let root = tmpdir("ok");
+    let input = root.join("in");
+    tree(&input);
+    let out = root.join("out");
+    let (i, o) = (input.to_str().unwrap(), out.to_str().unwrap());
+    let r = pack(&[
+        i,
+        "-o",
+        o,
+        "--shards",
+        "2",
+        "--nodes",
+        "2",
+        "--max-short-side",
+        "48",
+    ]);
+    assert!(r.status.success(), "{}", text(&r));
+    assert!(
+        text(&r).contains("train: 8 records in 2 shards"),
+        "{}",
+        text(&r)
+    );
+    let r = pack(&["--verify", o]);
+    assert!(r.status.success(), "{}", text(&r));
+    assert!(
+        text(&r).contains("OK, 4 shards, 10 records"),
+        "{}",
+        text(&r)
+    );
+
+    // Flip one byte near the end of a shard (inside its last record).
+    let shard = out.join("train-00001.ddl");
+    let mut b = std::fs::read(&shard).unwrap();
+    let n = b.len();
+    b[n - 20] ^= 0x55;
+    std::fs::write(&shard, &b).unwrap();
+    let r = pack(&["--verify", o]);
+    assert!(!r.status.success());
+    let t = text(&r);
+    assert!(
+        t.contains("train-00001.ddl") && t.contains("record 3"),
+        "{t}"
+    );
+}
+
+#[test]
+fn too_many_skips_fail_after_writing_the_report() {
+    let root = tmpdir("skips");
+    let input = root.join("in");
+    tree(&input);
+    std::fs::write(input.join("train/n01000001/empty.JPEG"), b"").unwrap();
+    let out = root.join("out");
+    let (i, o) = (input.to_str().unwrap(), out.to_str().unwrap());
+    let r = pack(&[i, "-o", o, "--shards", "1"]);
+    assert!(!r.status.success());
+    assert!(text(&r).contains("max-skip-fraction"), "{}", text(&r));
+    let report = std::fs::read_to_string(out.join("pack-report.json")).unwrap();
+    assert!(
+        report.contains("empty.JPEG") && report.contains("zero-byte"),
+        "{report}"
+    );
+    assert!(!out.join("manifest.json").exists());
+    let r = pack(&[i, "-o", o, "--shards", "1", "--max-skip-fraction", "0.5"]);
+    assert!(r.status.success(), "{}", text(&r));
+    assert!(text(&r).contains("(1 kept)"), "{}", text(&r));
+}
+
+#[test]
+fn bad_flags_are_refused() {
+    let r = pack(&["in", "-o", "out", "--shards", "2", "--shard-size", "1GiB"]);
+    assert_eq!(r.status.code(), Some(2), "{}", text(&r));
+    let r = pack(&["in", "-o", "out", "--shard-size", "12 parsecs"]);
+    assert_eq!(r.status.code(), Some(2), "{}", text(&r));
+    let r = pack(&["in", "-o", "out", "--quality", "101"]);
+    assert_eq!(r.status.code(), Some(2), "{}", text(&r));
+    let r = pack(&["--verify", "/nonexistent-ddl-dir"]);
+    assert!(!r.status.success());
+    assert!(text(&r).contains("manifest.json"), "{}", text(&r));
+}

@@ -1,0 +1,433 @@
+//! `ddl-prof` end to end on a small generated shard set: the JSON schema, the Chrome trace,
+//! the plots, `--cold`, and `ddl-prof plot` on a metrics file.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use ddl_loader::manifest::{ClassInfo, Manifest, ShardInfo, SplitInfo};
+use ddl_loader::shard::ShardWriter;
+use serde_json::Value;
+
+const PROF: &str = env!("CARGO_BIN_EXE_ddl-prof");
+
+/// A fresh scratch directory for one test.
+fn scratch(name: &str) -> PathBuf {
+    let d = std::env::temp_dir().join(format!("ddl-prof-test-{}-{name}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&d);
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
+
+/// A real JPEG of `w` x `h` pixels whose content depends on `seed`.
+fn jpeg(w: usize, h: usize, seed: usize) -> Vec<u8> {
+    let mut rgb = vec![0u8; w * h * 3];
+    for y in 0..h {
+        for x in 0..w {
+            let i = (y * w + x) * 3;
+            rgb[i] = ((x * 7 + seed * 31) % 256) as u8;
+            rgb[i + 1] = ((y * 5 + seed * 17) % 256) as u8;
+            rgb[i + 2] = (((x ^ y) + seed) % 256) as u8;
+        }
+    }
+    let img = turbojpeg::Image {
+        pixels: rgb.as_slice(),
+        width: w,
+        pitch: w * 3,
+        height: h,
+        format: turbojpeg::PixelFormat::RGB,
+    };
+    turbojpeg::compress(img, 85, turbojpeg::Subsamp::Sub2x2)
+        .unwrap()
+        .to_vec()
+}
+
+/// Packs `shards` train shards of `per_shard` JPEGs (4 classes) into `dir` with a manifest.
+fn make_shards(dir: &Path, shards: usize, per_shard: usize) {
+    let mut infos = Vec::new();
+    for s in 0..shards {
+        let file = format!("train-{s:05}.ddl");
+        let mut w = ShardWriter::create(&dir.join(&file)).unwrap();
+        for k in 0..per_shard {
+            let n = s * per_shard + k;
+            let (iw, ih) = (160 + (n * 37) % 200, 140 + (n * 53) % 180);
+            w.push(&jpeg(iw, ih, n), (n % 4) as u32, ih as u16, iw as u16)
+                .unwrap();
+        }
+        let sum = w.finish().unwrap();
+        infos.push(ShardInfo {
+            file,
+            records: sum.records,
+            bytes: sum.bytes,
+            crc32c: sum.crc32c,
+            node: s,
+        });
+    }
+    let mut splits = BTreeMap::new();
+    splits.insert(
+        "train".to_string(),
+        SplitInfo {
+            records: (shards * per_shard) as u64,
+            shards: infos,
+        },
+    );
+    let m = Manifest {
+        format_version: 1,
+        classes: (0..4)
+            .map(|c| ClassInfo {
+                wnid: format!("n{c:08}"),
+                label: c,
+            })
+            .collect(),
+        splits,
+        pack: serde_json::json!({"generator": "tools/tests/prof.rs"}),
+        nodes: shards,
+    };
+    m.save(dir).unwrap();
+}
+
+fn run(args: &[&str]) -> std::process::Output {
+    let out = Command::new(PROF).args(args).output().unwrap();
+    assert!(
+        out.status.success(),
+        "ddl-prof {args:?} failed: {}\n{}",
+        String::from_utf8_lossy(&out.stderr),
+        String::from_utf8_lossy(&out.stdout)
+    );
+    out
+}
+
+fn positive(v: &Value, key: &str) -> f64 {
+    let x = v[key]
+        .as_f64()
+        .unwrap_or_else(|| panic!("{key} missing in {v}"));
+    assert!(x > 0.0 && x.is_finite(), "{key} = {x} in {v}");
+    x
+}
+
+#[test]
+fn profile_json_trace_and_plots() {
+    let dir = scratch("main");
+    let shards = dir.join("shards");
+    std::fs::create_dir_all(&shards).unwrap();
+    make_shards(&shards, 2, 24);
+    let (json, svg, png, trace) = (
+        dir.join("prof.json"),
+        dir.join("prof.svg"),
+        dir.join("prof.png"),
+        dir.join("trace.json"),
+    );
+    let out = run(&[
+        shards.to_str().unwrap(),
+        "--threads",
+        "1,2",
+        "--batch",
+        "8",
+        "--image-size",
+        "64",
+        "--seconds",
+        "0.4",
+        "--stage-seconds",
+        "0.1",
+        "--json",
+        json.to_str().unwrap(),
+        "--plot",
+        svg.to_str().unwrap(),
+        "--trace",
+        trace.to_str().unwrap(),
+        "--gpu-rate",
+        "50",
+    ]);
+    let stdout = String::from_utf8(out.stdout).unwrap();
+    let verdict_line = stdout.lines().last().unwrap();
+    assert!(verdict_line.starts_with("verdict: "), "{stdout}");
+    assert!(
+        verdict_line.contains("bottleneck") && verdict_line.contains("GPU"),
+        "{verdict_line}"
+    );
+
+    // JSON schema: every stage at every thread count, units, positive figures.
+    let v: Value = serde_json::from_slice(&std::fs::read(&json).unwrap()).unwrap();
+    assert_eq!(v["schema_version"], 1);
+    for k in ["images_per_s", "bytes_per_s", "seconds", "file_bytes"] {
+        assert!(v["units"][k].is_string(), "unit of {k}");
+    }
+    assert_eq!(v["units"]["images_per_s"], "images/s");
+    assert_eq!(v["dataset"]["records"], 48);
+    assert_eq!(v["dataset"]["shards"], 2);
+    positive(&v["dataset"], "mean_record_bytes");
+    positive(&v["dataset"], "file_bytes");
+    assert_eq!(v["config"]["threads"], serde_json::json!([1, 2]));
+    let stages = v["stages"].as_array().unwrap();
+    let names = [
+        "read",
+        "check",
+        "decode_full",
+        "decode_scaled",
+        "decode_region",
+        "crop_resize",
+        "normalize",
+        "queue",
+    ];
+    assert_eq!(stages.len(), names.len() * 2);
+    for name in names {
+        for t in [1, 2] {
+            let r = stages
+                .iter()
+                .find(|r| r["stage"] == name && r["threads"] == t)
+                .unwrap_or_else(|| panic!("no {name} at {t} threads"));
+            positive(r, "images_per_s");
+            positive(r, "bytes_per_s");
+            positive(r, "seconds");
+            assert!(r["images"].as_u64().unwrap() > 0);
+            assert!(r["bytes_basis"].is_string() && r["method"].is_string());
+        }
+    }
+    let e2e = v["end_to_end"].as_array().unwrap();
+    assert_eq!(e2e.len(), 2);
+    for r in e2e {
+        let rate = positive(r, "images_per_s");
+        let (images, secs) = (r["images"].as_f64().unwrap(), positive(r, "seconds"));
+        assert!((rate - images / secs).abs() < 1e-6 * rate);
+        assert_eq!(
+            r["images"].as_u64().unwrap(),
+            8 * r["batches"].as_u64().unwrap()
+        );
+        positive(r, "speedup");
+        positive(r, "efficiency");
+        assert_eq!(r["skipped"], 0);
+    }
+    let verdict = &v["verdict"];
+    assert_eq!(verdict["threads"], 2);
+    assert_eq!(verdict["node_images_per_s"], e2e[1]["images_per_s"]);
+    assert!(names.contains(&verdict["bottleneck"].as_str().unwrap()));
+    positive(verdict, "bottleneck_images_per_s");
+    positive(verdict, "predicted_images_per_s");
+    let exact = positive(verdict, "gpus_fed_exact");
+    assert_eq!(verdict["gpus_fed"].as_f64().unwrap(), exact.floor());
+    let share: f64 = verdict["time_share"]
+        .as_object()
+        .unwrap()
+        .values()
+        .map(|x| x.as_f64().unwrap())
+        .sum();
+    assert!((share - 1.0).abs() < 1e-6);
+    assert_eq!(verdict["line"].as_str().unwrap(), verdict_line);
+    assert!(v["cold"].is_null());
+
+    // Chrome trace: valid JSON, required keys, decode spans from the profiler's workers.
+    let t: Value = serde_json::from_slice(&std::fs::read(&trace).unwrap()).unwrap();
+    let events = t["traceEvents"].as_array().unwrap();
+    let mut decode_tids = std::collections::BTreeSet::new();
+    for e in events {
+        for k in ["name", "ph", "pid", "tid"] {
+            assert!(e.get(k).is_some(), "{e} lacks {k}");
+        }
+        match e["ph"].as_str().unwrap() {
+            "X" => {
+                assert!(e["cat"].is_string());
+                assert!(e["ts"].as_f64().unwrap() >= 0.0);
+                assert!(e["dur"].as_f64().unwrap() >= 0.0);
+                if e["name"] == "decode_region" {
+                    decode_tids.insert(e["tid"].as_u64().unwrap());
+                }
+            }
+            "M" => assert!(e["args"]["name"].is_string()),
+            other => panic!("unexpected phase {other}"),
+        }
+    }
+    assert!(decode_tids.len() >= 2, "decode spans from {decode_tids:?}");
+    assert!(events
+        .iter()
+        .any(|e| e["name"] == "end_to_end" && e["args"]["threads"] == 2));
+    assert!(events
+        .iter()
+        .any(|e| e["name"] == "thread_name" && e["args"]["name"] == "main"));
+
+    // Plots.
+    let s = std::fs::read_to_string(&svg).unwrap();
+    assert!(s.contains("<svg") && s.contains("end_to_end") && s.contains("decode_region"));
+    run(&[
+        shards.to_str().unwrap(),
+        "--threads",
+        "1",
+        "--batch",
+        "8",
+        "--image-size",
+        "64",
+        "--seconds",
+        "0.2",
+        "--stage-seconds",
+        "0.05",
+        "--eval",
+        "--quiet",
+        "--plot",
+        png.to_str().unwrap(),
+    ]);
+    let p = std::fs::read(&png).unwrap();
+    assert!(p.len() > 1000 && p.starts_with(b"\x89PNG\r\n\x1a\n"));
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn cold_run_drops_pages_and_reads_once() {
+    let dir = scratch("cold");
+    make_shards(&dir, 1, 20);
+    let json = dir.join("cold.json");
+    run(&[
+        dir.to_str().unwrap(),
+        "--threads",
+        "1",
+        "--batch",
+        "4",
+        "--image-size",
+        "48",
+        "--seconds",
+        "0.2",
+        "--stage-seconds",
+        "0.5",
+        "--cold",
+        "--quiet",
+        "--json",
+        json.to_str().unwrap(),
+    ]);
+    let v: Value = serde_json::from_slice(&std::fs::read(&json).unwrap()).unwrap();
+    assert_eq!(v["config"]["cold"], true);
+    let cold = &v["cold"];
+    assert_eq!(cold["files"], 1);
+    assert!(cold["resident_bytes_after"].as_u64().unwrap() <= cold["file_bytes"].as_u64().unwrap());
+    let read = v["stages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|r| r["stage"] == "read")
+        .unwrap()
+        .clone();
+    // Each record read at most once: the 20 records, well before the 0.5 s limit.
+    assert_eq!(read["images"], 20);
+    assert!(read["seconds"].as_f64().unwrap() < 0.5);
+    assert!(read["method"].as_str().unwrap().contains("cold"));
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn plot_training_metrics() {
+    let dir = scratch("metrics");
+    let metrics = dir.join("metrics.jsonl");
+    let mut text = String::new();
+    for step in 1..=30u32 {
+        let epoch = (step - 1) / 10;
+        text.push_str(&format!(
+            "{{\"type\":\"step\",\"step\":{step},\"epoch\":{epoch},\"loss\":{},\"lr\":0.1,\"images_per_s\":{},\"data_wait_s\":0.01,\"compute_s\":0.2,\"allreduce_s\":0.04}}\n",
+            3.0 / step as f64,
+            900.0 + step as f64
+        ));
+        if step % 10 == 0 {
+            text.push_str(&format!(
+                "{{\"type\":\"epoch\",\"epoch\":{epoch},\"train_loss\":{},\"val_loss\":1.0,\"val_top1\":{},\"val_top5\":{},\"epoch_s\":3.0,\"images_per_s\":910.0,\"data_wait_frac\":0.04,\"allreduce_frac\":0.16,\"steps\":10}}\n",
+                2.0 / (epoch + 1) as f64,
+                0.2 * (epoch + 1) as f64,
+                0.3 * (epoch + 1) as f64
+            ));
+        }
+    }
+    std::fs::write(&metrics, text).unwrap();
+    let svg = dir.join("curves.svg");
+    let out = run(&[
+        "plot",
+        metrics.to_str().unwrap(),
+        "-o",
+        svg.to_str().unwrap(),
+    ]);
+    assert!(String::from_utf8_lossy(&out.stderr).contains("30 step and 3 epoch points"));
+    let s = std::fs::read_to_string(&svg).unwrap();
+    assert!(s.contains("<svg") && s.contains("validation accuracy") && s.contains("data wait"));
+    let png = dir.join("curves.png");
+    run(&[
+        "plot",
+        metrics.to_str().unwrap(),
+        "-o",
+        png.to_str().unwrap(),
+    ]);
+    assert!(std::fs::read(&png).unwrap().starts_with(b"\x89PNG"));
+
+    // A broken file is an error naming the line.
+    std::fs::write(
+        &metrics,
+        "{\"type\":\"step\",\"step\":1,\"loss\":1}\n{oops\n",
+    )
+    .unwrap();
+    let out = Command::new(PROF)
+        .args([
+            "plot",
+            metrics.to_str().unwrap(),
+            "-o",
+            svg.to_str().unwrap(),
+        ])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("line 2"));
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn missing_split_is_a_clear_error() {
+    let dir = scratch("nosplit");
+    make_shards(&dir, 1, 4);
+    let out = Command::new(PROF)
+        .args([dir.to_str().unwrap(), "--split", "val", "--seconds", "0.1"])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("no split \"val\"") && err.contains("train"),
+        "{err}"
+    );
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn mpirun_profiles_every_rank() {
+    let dir = scratch("mpi");
+    make_shards(&dir, 4, 8);
+    let json = dir.join("nodes.json");
+    let out = Command::new("mpirun")
+        .args(["--allow-run-as-root", "--oversubscribe", "-np", "2", PROF])
+        .args([
+            dir.to_str().unwrap(),
+            "--threads",
+            "1",
+            "--batch",
+            "4",
+            "--image-size",
+            "48",
+            "--seconds",
+            "0.2",
+            "--stage-seconds",
+            "0.05",
+            "--json",
+            json.to_str().unwrap(),
+        ])
+        .output()
+        .expect("mpirun (Open MPI) must be installed");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(stdout.contains("slowest node:"), "{stdout}");
+    let v: Value = serde_json::from_slice(&std::fs::read(&json).unwrap()).unwrap();
+    let nodes = v["nodes"].as_array().unwrap();
+    assert_eq!(nodes.len(), 2);
+    for (rank, n) in nodes.iter().enumerate() {
+        assert_eq!(n["dataset"]["node"], rank);
+        assert_eq!(n["dataset"]["nodes"], 2);
+        // Shards 0, 2 on rank 0 and 1, 3 on rank 1: 16 records each.
+        assert_eq!(n["dataset"]["records"], 16);
+        positive(&n["verdict"], "node_images_per_s");
+    }
+    std::fs::remove_dir_all(&dir).unwrap();
+}

@@ -1,0 +1,51 @@
+//! ddl-trainer: data-parallel training of image classifiers with tch (libtorch).
+//!
+//! - [`model`]: torchvision ResNet-18/34/50/101/152, a small ResNet and a BatchNorm-free net.
+//! - [`table`]: the data-parallel table (one thread and replica per local device, bucketed
+//!   tree sum inside the node, allreduce across ranks overlapped with it).
+//! - [`optim`], [`schedule`]: SGD with momentum / Nesterov and decoupled-from-BN weight decay;
+//!   linear scaling, warmup, step or cosine decay.
+//! - [`checkpoint`]: atomic, checksummed checkpoints that resume bit-exactly.
+//! - [`train`]: the per-rank driver used by `ddl-train` (and by tests over in-process ranks).
+//! - [`metrics`]: JSON-lines metrics.
+//!
+//! # Launching
+//!
+//! `ddl-train` is a plain MPI program: `mpirun -np R ddl-train ...` or `srun ddl-train ...`,
+//! or a single process without a launcher. The node index and the rank within the node come
+//! from MPI's shared-memory split (ddl-comm's `World`). With `--residency node` (default) the
+//! ranks of a node share that node's shards; `--residency rank` makes every rank its own node
+//! (to emulate a multi-node run on one machine). `--batch` is per replica: the global batch
+//! is batch x replicas per rank x ranks, and the peak learning rate is
+//! `--base-lr` x global batch / 256.
+//!
+//! # Checkpoints
+//!
+//! Rank 0 writes one file per checkpoint holding the weights, the momentum and the BatchNorm
+//! statistics of every replica of every rank (gathered over the transport); on `--resume`
+//! rank 0 picks the newest intact file and broadcasts it, so only rank 0 needs to see the
+//! checkpoint directory. See [`checkpoint`] for the format.
+//!
+//! # Determinism
+//!
+//! On CPU a run is a pure function of its flags and rank count: weights are drawn from
+//! `--seed` on the CPU and copied to every replica, the loader's batches depend only on
+//! (seed, epoch, step, replica), the intra-node sum follows a fixed tree and bucket order, the
+//! allreduce algorithms are deterministic, and every replica runs with one intra-op thread.
+//! That is what makes a resumed run bitwise identical to an uninterrupted one.
+
+#![warn(missing_docs)]
+
+pub mod checkpoint;
+pub mod collective;
+pub mod device;
+pub mod error;
+pub mod metrics;
+pub mod model;
+pub mod optim;
+pub mod schedule;
+pub mod table;
+pub mod train;
+
+pub use error::{Result, TrainError};
+pub use train::{train, RankInfo, TrainConfig, TrainSummary};

@@ -1,0 +1,225 @@
+//! `ddl-train`: data-parallel training of an image classifier on packed shards.
+//!
+//! Runs as one process per node (or per GPU) under `mpirun`/`srun`, or alone.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use anyhow::Context;
+use clap::Parser;
+use ddl_comm::mpi::World;
+use ddl_comm::Transport;
+use ddl_trainer::{RankInfo, TrainConfig};
+
+/// Train an image classifier data-parallel on ddl shards.
+#[derive(Parser, Debug)]
+#[command(name = "ddl-train", version, about)]
+struct Cli {
+    /// Directory with manifest.json and the shards written by ddl-pack.
+    #[arg(long)]
+    data: PathBuf,
+    /// resnet18|resnet34|resnet50|resnet101|resnet152|resnet_small|convnet_nobn.
+    #[arg(long, default_value = "resnet50")]
+    model: String,
+    /// Epochs to train.
+    #[arg(long, default_value_t = 90)]
+    epochs: u32,
+    /// Images per replica per step (global batch = this x replicas x ranks).
+    #[arg(long, default_value_t = 32)]
+    batch: usize,
+    /// auto | cpu | cpu:N | cuda | cuda:0,1,2,3.
+    #[arg(long, default_value = "auto")]
+    devices: String,
+    /// Input side in pixels.
+    #[arg(long, default_value_t = 224)]
+    image_size: u32,
+    /// Decode threads per rank.
+    #[arg(long, default_value_t = 2)]
+    workers: usize,
+    /// Ready batches queued per replica.
+    #[arg(long, default_value_t = 4)]
+    prefetch: usize,
+    /// Seed of weights, sampling and augmentation.
+    #[arg(long, default_value_t = 0)]
+    seed: u64,
+    /// Learning rate per 256 images (peak = base-lr x global batch / 256).
+    #[arg(long, default_value_t = 0.1)]
+    base_lr: f64,
+    /// Peak learning rate, overriding the linear scaling rule.
+    #[arg(long)]
+    lr: Option<f64>,
+    /// SGD momentum.
+    #[arg(long, default_value_t = 0.9)]
+    momentum: f64,
+    /// Nesterov momentum.
+    #[arg(long)]
+    nesterov: bool,
+    /// Weight decay (not applied to BatchNorm and bias parameters).
+    #[arg(long, default_value_t = 1e-4)]
+    weight_decay: f64,
+    /// Linear warmup length in epochs (fractions allowed).
+    #[arg(long, default_value_t = 5.0)]
+    warmup_epochs: f64,
+    /// step | cosine.
+    #[arg(long, default_value = "step")]
+    schedule: String,
+    /// Step-decay epochs, comma separated.
+    #[arg(long, value_delimiter = ',', default_value = "30,60,80")]
+    milestones: Vec<u32>,
+    /// Step-decay factor.
+    #[arg(long, default_value_t = 0.1)]
+    gamma: f64,
+    /// Label smoothing of the cross-entropy loss.
+    #[arg(long, default_value_t = 0.0)]
+    label_smoothing: f64,
+    /// fp32 | bf16 | fp16 (autocast on GPUs; gradients are reduced in f32).
+    #[arg(long, default_value = "fp32")]
+    precision: String,
+    /// Write one JSON line per step and per epoch here (rank 0).
+    #[arg(long)]
+    metrics: Option<PathBuf>,
+    /// Directory of checkpoints (written by rank 0).
+    #[arg(long)]
+    checkpoint_dir: Option<PathBuf>,
+    /// Also checkpoint every N global steps (0: only at epoch ends).
+    #[arg(long, default_value_t = 0)]
+    checkpoint_every: u64,
+    /// Checkpoints to keep.
+    #[arg(long, default_value_t = 3)]
+    keep_checkpoints: usize,
+    /// Continue from the newest valid checkpoint in --checkpoint-dir.
+    #[arg(long)]
+    resume: bool,
+    /// Stop after this many global steps.
+    #[arg(long)]
+    max_steps: Option<u64>,
+    /// multicolor | ring | rhd | multiring | mpi | auto.
+    #[arg(long, default_value = "auto")]
+    allreduce: String,
+    /// Write the final replica-0 weights as raw f32 LE to FILE (+ FILE.json index).
+    #[arg(long)]
+    dump_weights: Option<PathBuf>,
+    /// Compare replica parameter checksums (inside and across ranks) every epoch.
+    #[arg(long)]
+    check_replicas: bool,
+    /// node: a node's ranks share its shards; rank: every rank is its own node.
+    #[arg(long, default_value = "node")]
+    residency: String,
+    /// Overlap the bucketed intra-node sum and copy with the allreduce: on | off | auto
+    /// (auto: on for GPU replicas, off for CPU replicas).
+    #[arg(long, default_value = "auto", value_parser = ["auto", "on", "off"])]
+    overlap: String,
+    /// Gradient bucket size in MiB.
+    #[arg(long, default_value_t = 25.0)]
+    bucket_mb: f64,
+    /// Skip the per-epoch evaluation.
+    #[arg(long)]
+    no_eval: bool,
+    /// Shorter side before the eval center crop (0: image size x 8/7).
+    #[arg(long, default_value_t = 0)]
+    eval_resize: u32,
+    /// Pre-fault the node's shards at start.
+    #[arg(long)]
+    populate: bool,
+    /// mlock the node's shards.
+    #[arg(long)]
+    mlock: bool,
+    /// Copy the node's shards to this node-local directory first (e.g. /dev/shm/ddl).
+    #[arg(long)]
+    stage: Option<PathBuf>,
+    /// Seconds a communication operation may block before the job fails.
+    #[arg(long, default_value_t = 600)]
+    comm_timeout: u64,
+    /// Only errors on stdout/stderr.
+    #[arg(long)]
+    quiet: bool,
+}
+
+impl Cli {
+    fn config(self) -> TrainConfig {
+        TrainConfig {
+            data: self.data,
+            model: self.model,
+            epochs: self.epochs,
+            batch: self.batch,
+            devices: self.devices,
+            image_size: self.image_size,
+            workers: self.workers,
+            prefetch: self.prefetch,
+            seed: self.seed,
+            base_lr: self.base_lr,
+            lr: self.lr,
+            momentum: self.momentum,
+            nesterov: self.nesterov,
+            weight_decay: self.weight_decay,
+            warmup_epochs: self.warmup_epochs,
+            schedule: self.schedule,
+            milestones: self.milestones,
+            gamma: self.gamma,
+            label_smoothing: self.label_smoothing,
+            precision: self.precision,
+            metrics: self.metrics,
+            checkpoint_dir: self.checkpoint_dir,
+            checkpoint_every: self.checkpoint_every,
+            keep_checkpoints: self.keep_checkpoints,
+            resume: self.resume,
+            max_steps: self.max_steps,
+            allreduce: self.allreduce,
+            dump_weights: self.dump_weights,
+            check_replicas: self.check_replicas,
+            residency: self.residency,
+            overlap: match self.overlap.as_str() {
+                "on" => Some(true),
+                "off" => Some(false),
+                _ => None,
+            },
+            bucket_mb: self.bucket_mb,
+            eval: !self.no_eval,
+            eval_resize: self.eval_resize,
+            populate: self.populate,
+            lock: self.mlock,
+            stage: self.stage,
+            comm_timeout_s: self.comm_timeout,
+            verbose: !self.quiet,
+        }
+    }
+}
+
+fn main() -> anyhow::Result<()> {
+    tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
+        .with_writer(std::io::stderr)
+        .init();
+    let cli = Cli::parse();
+    let world = World::init().context("initialising MPI")?;
+    let info = RankInfo {
+        node: world.node_index(),
+        nodes: world.node_count(),
+        rank_in_node: world.local_rank(),
+        ranks_in_node: world.local_size(),
+    };
+    let transport: Arc<dyn Transport> = world.transport();
+    let topology = world.topology();
+    let rank = world.rank();
+    let size = world.size();
+    let cfg = cli.config();
+    match ddl_trainer::train(&cfg, transport, topology, info) {
+        Ok(summary) => {
+            if rank == 0 && cfg.verbose {
+                println!(
+                    "done: {} global steps ({} in this run), replica-0 parameter crc32c {:08x}",
+                    summary.global_steps, summary.steps_run, summary.param_checksum
+                );
+            }
+            Ok(())
+        }
+        Err(e) => {
+            eprintln!("ddl-train (rank {rank}): error: {e}");
+            if size > 1 {
+                // Other ranks may be blocked in a collective: take the whole job down.
+                world.abort(1);
+            }
+            std::process::exit(1);
+        }
+    }
+}

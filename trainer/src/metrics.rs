@@ -1,0 +1,95 @@
+//! Per-step and per-epoch metrics as JSON lines.
+
+use std::fs::{File, OpenOptions};
+use std::io::{BufWriter, Write};
+use std::path::{Path, PathBuf};
+
+use serde::Serialize;
+
+use crate::error::{Result, TrainError};
+
+/// One line per optimizer step (`"type": "step"`).
+#[derive(Clone, Debug, Serialize)]
+pub struct StepRecord {
+    /// Always `"step"`.
+    #[serde(rename = "type")]
+    pub kind: &'static str,
+    /// Global step (1-based: steps completed).
+    pub step: u64,
+    /// Epoch of the step.
+    pub epoch: u64,
+    /// Training loss of rank 0's replicas (mean).
+    pub loss: f64,
+    /// Learning rate used.
+    pub lr: f64,
+    /// Global images per second of this step.
+    pub images_per_s: f64,
+    /// Mean time rank 0's replicas waited on the loader.
+    pub data_wait_s: f64,
+    /// Mean forward + backward time of rank 0's replicas.
+    pub compute_s: f64,
+    /// Time rank 0 spent in allreduce calls.
+    pub allreduce_s: f64,
+}
+
+/// One line per epoch (`"type": "epoch"`).
+#[derive(Clone, Debug, Serialize)]
+pub struct EpochRecord {
+    /// Always `"epoch"`.
+    #[serde(rename = "type")]
+    pub kind: &'static str,
+    /// Epoch index (0-based).
+    pub epoch: u64,
+    /// Mean training loss over all ranks and steps of the epoch.
+    pub train_loss: f64,
+    /// Mean validation loss (null without a val split).
+    pub val_loss: Option<f64>,
+    /// Validation top-1 accuracy in [0, 1].
+    pub val_top1: Option<f64>,
+    /// Validation top-5 accuracy in [0, 1].
+    pub val_top5: Option<f64>,
+    /// Validation images evaluated over all ranks (every val record once).
+    pub val_images: Option<u64>,
+    /// Wall time of the training part of the epoch.
+    pub epoch_s: f64,
+    /// Global training images per second.
+    pub images_per_s: f64,
+    /// Fraction of step time replicas were blocked on the loader (mean over ranks).
+    pub data_wait_frac: f64,
+    /// Fraction of step time spent in allreduce calls (mean over ranks).
+    pub allreduce_frac: f64,
+    /// Optimizer steps in this epoch (this run).
+    pub steps: u64,
+}
+
+/// Appends JSON lines to a file, flushing after each.
+pub struct MetricsWriter {
+    path: PathBuf,
+    out: BufWriter<File>,
+}
+
+impl MetricsWriter {
+    /// Creates (or, with `append`, extends) the metrics file.
+    pub fn open(path: &Path, append: bool) -> Result<MetricsWriter> {
+        let file = OpenOptions::new()
+            .create(true)
+            .write(true)
+            .append(append)
+            .truncate(!append)
+            .open(path)
+            .map_err(|e| TrainError::io(path, e))?;
+        Ok(MetricsWriter {
+            path: path.to_path_buf(),
+            out: BufWriter::new(file),
+        })
+    }
+
+    /// Writes one record as a line.
+    pub fn write<T: Serialize>(&mut self, record: &T) -> Result<()> {
+        let line =
+            serde_json::to_string(record).map_err(|e| TrainError::io(&self.path, e.into()))?;
+        writeln!(self.out, "{line}")
+            .and_then(|_| self.out.flush())
+            .map_err(|e| TrainError::io(&self.path, e))
+    }
+}

@@ -1,0 +1,174 @@
+//! Shared helpers of the trainer's integration tests: a tiny generated dataset of real JPEGs
+//! packed into ddl shards, and weight-dump comparison.
+
+#![allow(dead_code)]
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use ddl_loader::manifest::{ClassInfo, Manifest, ShardInfo, SplitInfo};
+use ddl_loader::shard::ShardWriter;
+use ddl_trainer::TrainConfig;
+
+/// A JPEG of class `class`: a class-specific colour with a class-specific stripe direction,
+/// jittered per image, so that the classes are easy but not trivial.
+fn jpeg(class: usize, i: usize, size: u32) -> Vec<u8> {
+    let mut state = (class as u64 * 7919 + i as u64 * 104729) ^ 0x9E37_79B9_7F4A_7C15;
+    let mut rnd = move || {
+        state ^= state << 13;
+        state ^= state >> 7;
+        state ^= state << 17;
+        (state % 1000) as f32 / 1000.0
+    };
+    let hue = class as f32 / 10.0;
+    let tau = std::f32::consts::TAU;
+    let base = [
+        128.0 + 100.0 * (tau * hue).cos(),
+        128.0 + 100.0 * (tau * hue + tau / 3.0).cos(),
+        128.0 + 100.0 * (tau * hue + 2.0 * tau / 3.0).cos(),
+    ];
+    let jitter = 0.8 + 0.4 * rnd();
+    let period = 6.0 + (class % 5) as f32 * 3.0;
+    let vertical = class % 2 == 0;
+    let w = size + (rnd() * 16.0) as u32;
+    let h = size;
+    let img = image::RgbImage::from_fn(w, h, |x, y| {
+        let t = if vertical { x } else { y } as f32;
+        let stripe = if (t / period) as u32 % 2 == 0 {
+            1.0
+        } else {
+            0.6
+        };
+        let px = |c: usize| (base[c] * jitter * stripe).clamp(0.0, 255.0) as u8;
+        image::Rgb([px(0), px(1), px(2)])
+    });
+    let mut out = Vec::new();
+    image::codecs::jpeg::JpegEncoder::new_with_quality(&mut out, 90)
+        .encode_image(&img)
+        .expect("encode jpeg");
+    out
+}
+
+/// Writes `dir` with `train_per_class` train and `val_per_class` val images of each of
+/// `classes` classes, `train_shards` train and `val_shards` val shards, and a manifest.
+pub fn make_dataset(
+    dir: &Path,
+    classes: usize,
+    train_per_class: usize,
+    val_per_class: usize,
+    train_shards: usize,
+    val_shards: usize,
+    size: u32,
+) {
+    let _ = std::fs::remove_dir_all(dir);
+    std::fs::create_dir_all(dir).unwrap();
+    let mut splits = BTreeMap::new();
+    for (split, per_class, shards, offset) in [
+        ("train", train_per_class, train_shards, 0usize),
+        ("val", val_per_class, val_shards, 1_000_000),
+    ] {
+        if per_class == 0 {
+            continue;
+        }
+        // Interleave classes so every shard holds all of them.
+        let items: Vec<(usize, usize)> = (0..per_class)
+            .flat_map(|i| (0..classes).map(move |c| (c, i)))
+            .collect();
+        let mut infos = Vec::new();
+        for s in 0..shards {
+            let file = format!("{split}-{s:05}.ddl");
+            let mut w = ShardWriter::create(&dir.join(&file)).unwrap();
+            for (k, &(c, i)) in items.iter().enumerate() {
+                if k % shards == s {
+                    let bytes = jpeg(c, i + offset, size);
+                    let img = image::load_from_memory(&bytes).unwrap();
+                    w.push(&bytes, c as u32, img.height() as u16, img.width() as u16)
+                        .unwrap();
+                }
+            }
+            let sum = w.finish().unwrap();
+            infos.push(ShardInfo {
+                file,
+                records: sum.records,
+                bytes: sum.bytes,
+                crc32c: sum.crc32c,
+                node: 0,
+            });
+        }
+        let records = infos.iter().map(|i| i.records).sum();
+        splits.insert(
+            split.to_string(),
+            SplitInfo {
+                records,
+                shards: infos,
+            },
+        );
+    }
+    let manifest = Manifest {
+        format_version: 1,
+        classes: (0..classes)
+            .map(|c| ClassInfo {
+                wnid: format!("n{c:08}"),
+                label: c as u32,
+            })
+            .collect(),
+        splits,
+        pack: serde_json::json!({"generator": "ddl-trainer tests"}),
+        nodes: 1,
+    };
+    manifest.save(dir).unwrap();
+}
+
+/// A scratch directory unique to this test process and `name`.
+pub fn scratch(name: &str) -> PathBuf {
+    let d = std::env::temp_dir().join(format!("ddl-trainer-test-{}-{name}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&d);
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
+
+/// A quiet CPU configuration on `data` for tests.
+pub fn config(data: &Path, model: &str, batch: usize, devices: &str) -> TrainConfig {
+    TrainConfig {
+        data: data.to_path_buf(),
+        model: model.into(),
+        epochs: 1,
+        batch,
+        devices: devices.into(),
+        image_size: 32,
+        workers: 1,
+        prefetch: 2,
+        seed: 7,
+        warmup_epochs: 0.0,
+        base_lr: 0.4,
+        eval: false,
+        verbose: false,
+        comm_timeout_s: 120,
+        ..TrainConfig::default()
+    }
+}
+
+/// Reads a `--dump-weights` file as (name, values) in index order.
+pub fn read_dump(path: &Path) -> Vec<(String, Vec<f32>)> {
+    let raw = std::fs::read(path).unwrap();
+    let idx: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(format!("{}.json", path.display())).unwrap())
+            .unwrap();
+    let values: Vec<f32> = raw
+        .chunks_exact(4)
+        .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+        .collect();
+    let tensors = idx["tensors"].as_array().unwrap();
+    let mut out = Vec::new();
+    for (k, t) in tensors.iter().enumerate() {
+        let start = t["offset"].as_u64().unwrap() as usize;
+        let end = tensors
+            .get(k + 1)
+            .map_or(values.len(), |n| n["offset"].as_u64().unwrap() as usize);
+        out.push((
+            t["name"].as_str().unwrap().to_string(),
+            values[start..end].to_vec(),
+        ));
+    }
+    out
+}

@@ -1,0 +1,78 @@
+//! Configuration errors fail before training and name the flag.
+
+mod common;
+
+use std::sync::Arc;
+
+use ddl_comm::{thread_group, Topology, Transport};
+use ddl_trainer::{train, RankInfo, TrainConfig};
+
+fn err(cfg: &TrainConfig) -> String {
+    let t: Arc<dyn Transport> = Arc::new(thread_group(1).pop().unwrap());
+    train(cfg, t, Topology::new(1, 1), RankInfo::single())
+        .unwrap_err()
+        .to_string()
+}
+
+#[test]
+fn bad_flags_are_named() {
+    let dir = common::scratch("config");
+    let data = dir.join("data");
+    common::make_dataset(&data, 3, 4, 0, 2, 0, 24);
+    let ok = common::config(&data, "convnet_nobn", 2, "cpu:1");
+
+    let mut c = ok.clone();
+    c.data = dir.join("missing");
+    assert!(err(&c).contains("--data"));
+    let mut c = ok.clone();
+    c.data = dir.clone();
+    assert!(err(&c).contains("--data"), "a directory without manifest");
+    let mut c = ok.clone();
+    c.devices = "gpu:7".into();
+    assert!(err(&c).contains("--devices"));
+    let mut c = ok.clone();
+    c.model = "vgg".into();
+    assert!(err(&c).contains("--model"));
+    let mut c = ok.clone();
+    c.allreduce = "tree".into();
+    assert!(err(&c).contains("--allreduce"));
+    let mut c = ok.clone();
+    c.batch = 100;
+    assert!(
+        err(&c).contains("--batch"),
+        "12 records cannot fill a batch of 100"
+    );
+    let mut c = ok.clone();
+    c.resume = true;
+    assert!(err(&c).contains("--resume"));
+
+    // Three ranks, each its own node, but only two train shards.
+    let mut c = ok.clone();
+    c.residency = "rank".into();
+    let group = thread_group(3);
+    let errors: Vec<String> = std::thread::scope(|s| {
+        let hs: Vec<_> = group
+            .into_iter()
+            .map(|t| {
+                let c = c.clone();
+                s.spawn(move || {
+                    let t: Arc<dyn Transport> = Arc::new(t);
+                    let info = RankInfo {
+                        node: 0,
+                        nodes: 1,
+                        rank_in_node: 0,
+                        ranks_in_node: 1,
+                    };
+                    train(&c, t, Topology::new(1, 3), info)
+                        .unwrap_err()
+                        .to_string()
+                })
+            })
+            .collect();
+        hs.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    for e in errors {
+        assert!(e.contains("--residency"), "{e}");
+    }
+    std::fs::remove_dir_all(&dir).unwrap();
+}

@@ -1,0 +1,140 @@
+//! Models (torchvision names and sizes), weight-decay exclusion, and the SGD update.
+
+use ddl_trainer::model::{self, ModelKind};
+use ddl_trainer::optim::{Sgd, SgdConfig};
+use ddl_trainer::table::Layout;
+use tch::{nn, Device, Kind, Tensor};
+
+fn layout(kind: ModelKind, classes: i64, size: u32) -> Layout {
+    let vs = nn::VarStore::new(Device::Cpu);
+    let m = model::build(kind, &vs.root(), classes, size);
+    let x = Tensor::zeros(
+        [2, 3, i64::from(size), i64::from(size)],
+        (Kind::Float, Device::Cpu),
+    );
+    let y = tch::no_grad(|| m.forward_t(&x, false));
+    assert_eq!(y.size(), vec![2, classes]);
+    Layout::new(&vs, 25 << 20)
+}
+
+#[test]
+fn torchvision_parameter_counts_and_names() {
+    // Parameter counts of torchvision's models with 1000 classes.
+    for (kind, count) in [
+        (ModelKind::Resnet18, 11_689_512usize),
+        (ModelKind::Resnet50, 25_557_032),
+    ] {
+        let l = layout(kind, 1000, 64);
+        assert_eq!(l.total, count, "{kind}");
+        let names: Vec<&str> = l.params.iter().map(|p| p.name.as_str()).collect();
+        for n in [
+            "conv1.weight",
+            "bn1.weight",
+            "bn1.bias",
+            "layer1.0.conv1.weight",
+            "layer2.0.downsample.0.weight",
+            "layer2.0.downsample.1.weight",
+            "layer4.1.bn2.bias",
+            "fc.weight",
+            "fc.bias",
+        ] {
+            assert!(names.contains(&n), "{kind}: {n} missing");
+        }
+        assert_eq!(
+            names[0], "conv1.weight",
+            "{kind}: creation order starts at the stem"
+        );
+        assert!(l
+            .buffers
+            .iter()
+            .any(|(n, _)| n == "layer1.0.bn1.running_var"));
+        // Buckets cover the flat buffer in reverse parameter order: fc first.
+        assert_eq!(l.buckets[0].params[0], l.params.len() - 1);
+        assert_eq!(l.buckets.iter().map(|b| b.len).sum::<usize>(), l.total);
+        assert!(l.buckets.len() > 1);
+    }
+    for kind in [
+        ModelKind::Resnet34,
+        ModelKind::Resnet101,
+        ModelKind::Resnet152,
+    ] {
+        let l = layout(kind, 10, 64);
+        assert!(
+            l.params.iter().any(|p| p.name == "layer3.5.conv2.weight"),
+            "{kind}"
+        );
+    }
+}
+
+#[test]
+fn small_models_run_at_every_size() {
+    for size in [32, 64, 128, 224] {
+        layout(ModelKind::ResnetSmall, 10, size);
+    }
+    let l = layout(ModelKind::ConvnetNobn, 10, 64);
+    assert!(
+        l.buffers.is_empty(),
+        "convnet_nobn has no BatchNorm buffers"
+    );
+}
+
+#[test]
+fn weight_decay_skips_batchnorm_and_bias() {
+    let l = layout(ModelKind::ResnetSmall, 10, 64);
+    for p in &l.params {
+        let is_bn =
+            p.name.contains(".bn") || p.name.starts_with("bn") || p.name.contains("downsample.1");
+        let is_bias = p.name.ends_with(".bias");
+        assert_eq!(p.decay, !(is_bn || is_bias), "{}", p.name);
+    }
+    assert!(l.params.iter().any(|p| p.decay));
+    assert!(l.params.iter().any(|p| !p.decay));
+}
+
+#[test]
+fn sgd_matches_pytorch_semantics() {
+    let cfg = SgdConfig {
+        momentum: 0.9,
+        nesterov: false,
+        weight_decay: 0.1,
+    };
+    let shapes = vec![vec![2, 2], vec![2]];
+    let mut sgd = Sgd::new(cfg, &shapes, Device::Cpu).unwrap();
+    let mut w = Tensor::from_slice(&[1.0f32, 2.0, 3.0, 4.0]).view([2, 2]);
+    let mut b = Tensor::from_slice(&[1.0f32, -1.0]);
+    let mut gw = Tensor::zeros([2, 2], (Kind::Float, Device::Cpu));
+    let mut gb = Tensor::zeros([2], (Kind::Float, Device::Cpu));
+    // Zero gradient: the decayed weight shrinks by lr * wd, the bias does not move.
+    sgd.update(0, &mut w, &mut gw, 0.5).unwrap();
+    sgd.update(1, &mut b, &mut gb, 0.5).unwrap();
+    let w1: Vec<f32> = Vec::try_from(&w.view([-1])).unwrap();
+    let b1: Vec<f32> = Vec::try_from(&b).unwrap();
+    assert_eq!(b1, vec![1.0, -1.0]);
+    for (x, x0) in w1.iter().zip([1.0f32, 2.0, 3.0, 4.0]) {
+        assert!((x - x0 * 0.95).abs() < 1e-6);
+    }
+    // Momentum: second step with gradient g on the bias: buf = g, p -= lr * g; third:
+    // buf = 0.9 g + g.
+    sgd.update(1, &mut b, &mut Tensor::from_slice(&[1.0f32, 1.0]), 0.5)
+        .unwrap();
+    sgd.update(1, &mut b, &mut Tensor::from_slice(&[1.0f32, 1.0]), 0.5)
+        .unwrap();
+    let b3: Vec<f32> = Vec::try_from(&b).unwrap();
+    assert!((b3[0] - (1.0 - 0.5 - 0.5 * 1.9)).abs() < 1e-6, "{b3:?}");
+    // Nesterov: p -= lr * (g + 0.9 * buf).
+    let mut nest = Sgd::new(
+        SgdConfig {
+            momentum: 0.9,
+            nesterov: true,
+            weight_decay: 0.0,
+        },
+        &[vec![1]],
+        Device::Cpu,
+    )
+    .unwrap();
+    let mut p = Tensor::from_slice(&[0.0f32]);
+    nest.update(0, &mut p, &mut Tensor::from_slice(&[1.0f32]), 1.0)
+        .unwrap();
+    let v: Vec<f32> = Vec::try_from(&p).unwrap();
+    assert!((v[0] + 1.9).abs() < 1e-6, "{v:?}");
+}

@@ -1,0 +1,69 @@
+//! Multi-node emulation in one process: with `--residency rank` every rank is its own node
+//! holding only its shards (here unevenly: 2 shards vs 1), both take the same number of steps
+//! (the smallest node's), evaluation counts every val record exactly once across nodes, and
+//! the replicas of both ranks stay identical.
+
+mod common;
+
+use std::sync::Arc;
+
+use ddl_comm::{thread_group, Topology, Transport};
+use ddl_trainer::{train, RankInfo};
+
+#[test]
+fn ranks_as_nodes_with_uneven_shards() {
+    let dir = common::scratch("residency");
+    let data = dir.join("data");
+    // 3 train shards of 16 records: node 0 holds 32, node 1 holds 16. 3 val shards of 3.
+    common::make_dataset(&data, 4, 12, 3, 3, 3, 32);
+    let mut cfg = common::config(&data, "resnet_small", 4, "cpu:2");
+    cfg.residency = "rank".into();
+    cfg.eval = true;
+    cfg.check_replicas = true;
+    cfg.epochs = 1;
+    cfg.metrics = Some(dir.join("m.jsonl"));
+    let group = thread_group(2);
+    let summaries: Vec<_> = std::thread::scope(|s| {
+        let hs: Vec<_> = group
+            .into_iter()
+            .enumerate()
+            .map(|(r, t)| {
+                let mut cfg = cfg.clone();
+                if r != 0 {
+                    cfg.metrics = None;
+                }
+                s.spawn(move || {
+                    let t: Arc<dyn Transport> = Arc::new(t);
+                    // Both ranks on one physical node; --residency rank makes them two nodes.
+                    let info = RankInfo {
+                        node: 0,
+                        nodes: 1,
+                        rank_in_node: r,
+                        ranks_in_node: 2,
+                    };
+                    train(&cfg, t, Topology::new(1, 2), info).unwrap()
+                })
+            })
+            .collect();
+        hs.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    // Smallest node: 16 records / (1 rank x 2 replicas x 4) = 2 steps on both ranks.
+    assert_eq!(summaries[0].global_steps, 2);
+    assert_eq!(summaries[1].global_steps, 2);
+    assert_eq!(summaries[0].param_checksum, summaries[1].param_checksum);
+    let epoch = &summaries[0].epochs[0];
+    assert!(epoch.val_top1.is_some());
+    assert_eq!(
+        epoch.val_images,
+        Some(12),
+        "every val record counted exactly once"
+    );
+    let text = std::fs::read_to_string(dir.join("m.jsonl")).unwrap();
+    assert_eq!(
+        text.lines()
+            .filter(|l| l.contains("\"type\":\"step\""))
+            .count(),
+        2
+    );
+    std::fs::remove_dir_all(&dir).unwrap();
+}

@@ -1,0 +1,122 @@
+//! Checkpoint and resume: a run stopped after k steps and resumed to N ends with weights
+//! bitwise identical to an uninterrupted N-step run (BatchNorm model, 2 replicas, so the
+//! per-replica running statistics must round-trip too), also when the newest checkpoint is
+//! damaged and an older one must be used.
+
+mod common;
+
+use std::sync::Arc;
+
+use ddl_comm::{thread_group, Topology, Transport};
+use ddl_trainer::checkpoint::{self, Checkpoint};
+use ddl_trainer::{train, RankInfo, TrainConfig, TrainSummary};
+
+fn run(cfg: &TrainConfig, ranks: usize) -> TrainSummary {
+    let group = thread_group(ranks);
+    std::thread::scope(|s| {
+        let handles: Vec<_> = group
+            .into_iter()
+            .enumerate()
+            .map(|(r, t)| {
+                let mut cfg = cfg.clone();
+                if r != 0 {
+                    cfg.dump_weights = None;
+                }
+                s.spawn(move || {
+                    let transport: Arc<dyn Transport> = Arc::new(t);
+                    let info = RankInfo {
+                        node: 0,
+                        nodes: 1,
+                        rank_in_node: r,
+                        ranks_in_node: ranks,
+                    };
+                    train(&cfg, transport, Topology::new(1, ranks), info)
+                })
+            })
+            .collect();
+        let mut out: Vec<TrainSummary> = handles
+            .into_iter()
+            .map(|h| h.join().expect("panicked").expect("training failed"))
+            .collect();
+        out.remove(0)
+    })
+}
+
+#[test]
+fn resume_is_bitwise_exact() {
+    let dir = common::scratch("resume");
+    let data = dir.join("data");
+    // 4 classes x 20 = 80 records; batch 4 x 2 replicas x 2 ranks = 16 per step: 5 steps/epoch.
+    common::make_dataset(&data, 4, 20, 2, 2, 1, 36);
+    let base = |name: &str| {
+        let mut cfg = common::config(&data, "resnet_small", 4, "cpu:2");
+        cfg.epochs = 2;
+        cfg.eval = true;
+        cfg.warmup_epochs = 0.5;
+        cfg.schedule = "cosine".into();
+        cfg.checkpoint_dir = Some(dir.join(format!("ck-{name}")));
+        cfg.checkpoint_every = 2;
+        cfg.keep_checkpoints = 10;
+        cfg
+    };
+    // Uninterrupted: 8 steps, crossing the epoch boundary at 5.
+    let mut full = base("full");
+    full.max_steps = Some(8);
+    full.dump_weights = Some(dir.join("full.bin"));
+    let s = run(&full, 2);
+    assert_eq!(s.global_steps, 8);
+    let want = std::fs::read(dir.join("full.bin")).unwrap();
+
+    // Interrupted at 7 (checkpoint at 7 written on stop), resumed to 8.
+    let mut first = base("cut");
+    first.max_steps = Some(7);
+    let s = run(&first, 2);
+    assert_eq!(s.global_steps, 7);
+    let files = checkpoint::list(&dir.join("ck-cut")).unwrap();
+    let steps: Vec<u64> = files
+        .iter()
+        .map(|p| Checkpoint::read(p).unwrap().meta.global_step)
+        .collect();
+    assert_eq!(steps, vec![2, 4, 5, 6, 7]);
+    // Every replica of every rank has its own BatchNorm statistics in the file.
+    let ck = Checkpoint::read(files.last().unwrap()).unwrap();
+    let a = ck.get("buffer/0/0/bn1.running_mean").unwrap();
+    let b = ck.get("buffer/1/1/bn1.running_mean").unwrap();
+    assert_ne!(
+        a, b,
+        "replicas saw different batches, their BN statistics must differ"
+    );
+    assert_eq!((ck.meta.epoch, ck.meta.step), (1, 2));
+
+    let mut second = base("cut");
+    second.max_steps = Some(8);
+    second.resume = true;
+    second.dump_weights = Some(dir.join("resumed.bin"));
+    let s = run(&second, 2);
+    assert_eq!(s.steps_run, 1);
+    assert!(s.resumed_from.unwrap().ends_with(checkpoint::file_name(7)));
+    assert!(
+        std::fs::read(dir.join("resumed.bin")).unwrap() == want,
+        "resumed weights differ from uninterrupted"
+    );
+
+    // Damage the newest checkpoint (step 8 now): resuming falls back to step 7 with a warning
+    // and still ends bitwise identical.
+    let newest = checkpoint::list(&dir.join("ck-cut"))
+        .unwrap()
+        .pop()
+        .unwrap();
+    assert!(newest.ends_with(checkpoint::file_name(8)));
+    let mut bytes = std::fs::read(&newest).unwrap();
+    let n = bytes.len();
+    bytes[n / 3] ^= 1;
+    std::fs::write(&newest, &bytes).unwrap();
+    let mut third = second.clone();
+    third.dump_weights = Some(dir.join("fallback.bin"));
+    let s = run(&third, 2);
+    assert_eq!(s.warnings.len(), 1, "{:?}", s.warnings);
+    assert!(s.warnings[0].contains("damaged"));
+    assert!(s.resumed_from.unwrap().ends_with(checkpoint::file_name(7)));
+    assert!(std::fs::read(dir.join("fallback.bin")).unwrap() == want);
+    std::fs::remove_dir_all(&dir).unwrap();
+}
