@@ -69,16 +69,19 @@ if [[ " $sections " == *" loader "* ]]; then
   fi
   : > "$out/loader.jsonl"
   for r in $(seq "$runs"); do
-    "$bin/examples/loader_bench" "$out/shards" --seconds 15 --workers "$(nproc)" --batch 64 --image-size 224 --json >> "$out/loader.jsonl"
+    "$bin/examples/loader_bench" "$out/shards" 15 "$(nproc)" 64 --mode region --size 224 \
+      | sed -n 's/^pipeline Region: \([0-9.]*\) images\/s.*/{"peer": "ddl-loader", "images_per_s": \1}/p' >> "$out/loader.jsonl"
     .venv-bench/bin/python tools/bench/torchvision_loader.py "$tree" --workers "$(nproc)" --batch 64 --passes 1 >> "$out/loader.jsonl"
     if have_ffcv; then
       .venv-ffcv/bin/python tools/bench/ffcv_load.py "$out/ffcv.beton" --workers "$(nproc)" --batch 64 --passes 2 | grep '"warmup": false' >> "$out/loader.jsonl"
     fi
     .venv-bench/bin/python tools/bench/turbo_decode.py "$out/shards" --procs "$(nproc)" --passes 1 >> "$out/loader.jsonl"
+    .venv-bench/bin/python tools/bench/turbo_decode.py "$tree" --procs "$(nproc)" --passes 1 >> "$out/loader.jsonl"
   done
-  for p in ddl-loader torchvision ffcv libjpeg-turbo-full-decode; do
-    printf '%-26s median %8.1f images/s\n' "$p" "$(grep "\"$p\"" "$out/loader.jsonl" | field images_per_s | median)"
+  for p in '"ddl-loader"' '"torchvision"' '"ffcv"' '"shards"' '"original-files"'; do
+    printf '%-18s median %8.1f images/s\n' "$p" "$(grep "$p" "$out/loader.jsonl" | field images_per_s | median)"
   done
+  echo "(\"shards\" / \"original-files\": libjpeg-turbo full decode of the shard records / of the original JPEGs)"
 fi
 
 if [[ " $sections " == *" allreduce "* ]]; then

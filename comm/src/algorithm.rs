@@ -7,8 +7,11 @@ use crate::error::CommError;
 
 /// Default number of colors of the multi-color allreduce.
 pub const DEFAULT_COLORS: usize = 4;
-/// Default pipeline chunk of the multi-color allreduce, in bytes.
-pub const DEFAULT_CHUNK_BYTES: usize = 256 * 1024;
+/// Default pipeline chunk of the multi-color allreduce, in bytes. Every pipeline step is a
+/// lock-step exchange among tree neighbours; on the emulated 4 x 2 cluster (1 Gbit/s links)
+/// 1 MiB chunks ran 16 / 64 MiB allreduces 1.2-1.4x faster than 256 KiB and 1.8-2x faster
+/// than 64 KiB ones, because each step costs milliseconds of synchronisation there.
+pub const DEFAULT_CHUNK_BYTES: usize = 1024 * 1024;
 
 /// An allreduce algorithm.
 #[derive(Clone, Debug, PartialEq, Eq)]

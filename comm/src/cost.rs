@@ -85,6 +85,11 @@ pub struct CostModel {
     /// Where the numbers come from (preset name or calibration host and date).
     #[serde(default)]
     pub source: String,
+    /// The ranks share too few cores for node-local and cross-node transfers of one step to
+    /// overlap (an emulated cluster on one machine, or more ranks than cores): a pipelined
+    /// step then costs the sum of its tiers' transfer times instead of the larger one.
+    #[serde(default)]
+    pub serial_tiers: bool,
 }
 
 impl Default for CostModel {
@@ -94,6 +99,7 @@ impl Default for CostModel {
             intra: Tier::new("shm", 2e-6, 1.0 / 5e9, 1.0 / 5e9),
             inter: Tier::new("10gbe", 20e-6, 1.0 / 1.1e9, 1.0 / 5e9),
             source: "default".into(),
+            serial_tiers: false,
         }
     }
 }
@@ -107,6 +113,7 @@ impl CostModel {
             intra: Tier::new("nvlink", 8e-6, 1.0 / 40e9, 1.0 / 200e9),
             inter: Tier::new("infiniband-edr", 5e-6, 1.0 / 12e9, 1.0 / 200e9),
             source: "preset minsky".into(),
+            serial_tiers: false,
         }
     }
 
@@ -224,7 +231,8 @@ impl CostModel {
                 chunk_bytes,
             } => {
                 let k = (*colors).clamp(1, p);
-                let (intra_chunks, inter_chunks, height) = step_load(topo, k);
+                let load = step_load(topo, k);
+                let (intra_chunks, inter_chunks, height) = (load.intra, load.inter, load.height);
                 let per_color = n / k as f64;
                 let chunk = ((*chunk_bytes).max(4) as f64).min(per_color);
                 let chunks = (per_color / chunk).ceil();
@@ -235,8 +243,14 @@ impl CostModel {
                 let intra = intra_chunks as f64 * chunk * intra_t.beta;
                 let inter = inter_chunks as f64 * chunk * inter_t.beta;
                 let link = if inter_chunks > 0 { inter_t } else { intra_t };
-                let fan_in = (k + 1) as f64;
-                chunks * (link.alpha + intra.max(inter) + fan_in * chunk * flat.gamma)
+                // The busiest rank adds `adds` child chunks per step.
+                let fan_in = load.adds as f64;
+                let step = if self.serial_tiers {
+                    intra + inter
+                } else {
+                    intra.max(inter)
+                };
+                chunks * (link.alpha + step + fan_in * chunk * flat.gamma)
                     + 2.0 * height as f64 * (link.alpha + chunk * link.beta)
             }
             Algorithm::Mpi => self

@@ -22,6 +22,7 @@ fn beta_curve_interpolates_in_log_size_and_clamps() {
         intra: t.clone(),
         inter: t,
         source: "test".into(),
+        serial_tiers: false,
     };
     let n = 16 << 20;
     let expect = 2.0 * 3.0 * (1e-6 + n as f64 / 4.0 * 1e-9);
@@ -38,6 +39,7 @@ fn ring_prediction_matches_the_alpha_beta_gamma_formula() {
         intra: tier(1e-6, 1e-9, 1e-10),
         inter: tier(1e-5, 1e-8, 1e-10),
         source: "test".into(),
+        serial_tiers: false,
     };
     let n = 1 << 20;
     let p = 8.0;

@@ -252,51 +252,52 @@ fn run_mode(ds: &Arc<Dataset>, a: &Args, mode: DecodeMode) -> Result<(f64, f64, 
     };
     let deadline = Duration::from_secs_f64(a.seconds);
     let start = Instant::now();
-    let (mut images, mut busy, mut pixels) = (0u64, 0f64, 0u64);
+    let sampler = Sampler::try_new(
+        ds.len(),
+        ds.len(),
+        SamplerConfig {
+            seed: 7,
+            ranks_in_node: 1,
+            rank_in_node: 0,
+            replicas: 1,
+            batch_per_replica: a.batch,
+            tail: Tail::Drop,
+            shuffle: true,
+        },
+    )
+    .map_err(|e| e.to_string())?;
+    let mut p = Pipeline::start_with(Arc::clone(ds), sampler, cfg, 0, 0, mode)
+        .map_err(|e| e.to_string())?;
+    if p.batches_per_replica() == 0 {
+        return Err(format!("fewer than {} records: no full batch", a.batch));
+    }
+    let mut images = 0u64;
     let mut epoch = 0;
     'outer: loop {
-        let sampler = Sampler::try_new(
-            ds.len(),
-            ds.len(),
-            SamplerConfig {
-                seed: 7,
-                ranks_in_node: 1,
-                rank_in_node: 0,
-                replicas: 1,
-                batch_per_replica: a.batch,
-                tail: Tail::Drop,
-                shuffle: true,
-            },
-        )
-        .map_err(|e| e.to_string())?;
-        let p = Pipeline::start_with(Arc::clone(ds), sampler, cfg.clone(), epoch, 0, mode)
-            .map_err(|e| e.to_string())?;
-        if p.batches_per_replica() == 0 {
-            return Err(format!("fewer than {} records: no full batch", a.batch));
-        }
         for b in p.replica(0) {
             let b = b.map_err(|e| e.to_string())?;
             images += b.len() as u64;
             if start.elapsed() >= deadline {
-                let st = p.stats();
-                busy += st.busy_seconds;
-                pixels += st.decoded_pixels;
                 break 'outer;
             }
         }
-        let st = p.stats();
-        busy += st.busy_seconds;
-        pixels += st.decoded_pixels;
         epoch += 1;
         if std::env::var_os("DDL_BENCH_RSS").is_some() {
-            eprintln!("epoch {epoch}: rss {:?} MiB", current_rss().map(|r| r >> 20));
+            eprintln!(
+                "epoch {epoch}: rss {:?} MiB",
+                current_rss().map(|r| r >> 20)
+            );
         }
+        p = p.next_epoch(epoch, 0).map_err(|e| e.to_string())?;
     }
+    let st = p.stats();
+    // Worker time and decoded pixels of the last epoch's run, per image of that run.
+    let (busy, pixels, last) = (st.busy_seconds, st.decoded_pixels, st.images.max(1));
     let secs = start.elapsed().as_secs_f64();
     Ok((
         images as f64 / secs,
-        busy * 1e3 / images as f64,
-        pixels as f64 / images as f64 / 1e3,
+        busy * 1e3 / last as f64,
+        pixels as f64 / last as f64 / 1e3,
     ))
 }
 

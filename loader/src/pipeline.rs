@@ -290,7 +290,16 @@ pub struct Pipeline {
     expected: usize,
     stop_tx: Option<Sender<()>>,
     threads: Vec<JoinHandle<()>>,
-    _pool: Arc<rayon::ThreadPool>,
+    pool: Arc<rayon::ThreadPool>,
+    /// The batch buffers: free ones wait here, dropped batches come back here.
+    free: (Sender<Buffers>, Receiver<Buffers>),
+    mode: DecodeMode,
+}
+
+/// What one epoch's run can take over from the previous one.
+struct Reuse {
+    pool: Arc<rayon::ThreadPool>,
+    free: (Sender<Buffers>, Receiver<Buffers>),
 }
 
 impl std::fmt::Debug for Pipeline {
@@ -327,6 +336,39 @@ impl Pipeline {
         epoch: u64,
         start_step: usize,
         mode: DecodeMode,
+    ) -> Result<Pipeline> {
+        Pipeline::launch(dataset, sampler, cfg, epoch, start_step, mode, None)
+    }
+
+    /// Stops this epoch's run and starts `epoch` from `start_step` with the same dataset,
+    /// sampler, configuration, worker threads and batch buffers (no reallocation, so memory
+    /// stays flat across epochs). Batches of the old epoch still held elsewhere return their
+    /// buffers to the new run when dropped.
+    pub fn next_epoch(mut self, epoch: u64, start_step: usize) -> Result<Pipeline> {
+        self.shutdown();
+        let reuse = Reuse {
+            pool: Arc::clone(&self.pool),
+            free: self.free.clone(),
+        };
+        Pipeline::launch(
+            Arc::clone(&self.shared.dataset),
+            self.shared.sampler.clone(),
+            self.shared.cfg.clone(),
+            epoch,
+            start_step,
+            self.mode,
+            Some(reuse),
+        )
+    }
+
+    fn launch(
+        dataset: Arc<Dataset>,
+        sampler: Sampler,
+        cfg: PipelineConfig,
+        epoch: u64,
+        start_step: usize,
+        mode: DecodeMode,
+        reuse: Option<Reuse>,
     ) -> Result<Pipeline> {
         let invalid = |why: String| Err(LoaderError::InvalidConfig(format!("pipeline: {why}")));
         if cfg.workers == 0 || cfg.prefetch == 0 {
@@ -365,28 +407,35 @@ impl Pipeline {
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .image_len();
-        let pool = rayon::ThreadPoolBuilder::new()
-            .num_threads(cfg.workers)
-            .thread_name(|i| format!("ddl-decode-{i}"))
-            .build()
-            .map_err(|e| LoaderError::InvalidConfig(format!("pipeline: thread pool: {e}")))?;
-        let pool = Arc::new(pool);
-
         let replicas = sampler.config().replicas;
         let batch = sampler.config().batch_per_replica;
-        let (free_tx, free_rx) = unbounded::<Buffers>();
-        for _ in 0..replicas * (cfg.prefetch + 1) + cfg.workers.min(2) {
-            let _ = free_tx.send(Buffers {
-                images: match cfg.output {
-                    Output::F32Nchw => Images::F32(vec![0.0; batch * image_len]),
-                    Output::U8Nhwc => Images::U8(vec![0; batch * image_len]),
-                },
-                labels: vec![0; batch],
-                indices: vec![0; batch],
-                records: Vec::with_capacity(batch),
-                status: vec![SLOT_OK; batch],
-            });
-        }
+        let (pool, free) = match reuse {
+            Some(r) => (r.pool, r.free),
+            None => {
+                let pool = rayon::ThreadPoolBuilder::new()
+                    .num_threads(cfg.workers)
+                    .thread_name(|i| format!("ddl-decode-{i}"))
+                    .build()
+                    .map_err(|e| {
+                        LoaderError::InvalidConfig(format!("pipeline: thread pool: {e}"))
+                    })?;
+                let free = unbounded::<Buffers>();
+                for _ in 0..replicas * (cfg.prefetch + 1) + cfg.workers.min(2) {
+                    let _ = free.0.send(Buffers {
+                        images: match cfg.output {
+                            Output::F32Nchw => Images::F32(vec![0.0; batch * image_len]),
+                            Output::U8Nhwc => Images::U8(vec![0; batch * image_len]),
+                        },
+                        labels: vec![0; batch],
+                        indices: vec![0; batch],
+                        records: Vec::with_capacity(batch),
+                        status: vec![SLOT_OK; batch],
+                    });
+                }
+                (Arc::new(pool), free)
+            }
+        };
+        let (free_tx, free_rx) = (free.0.clone(), free.1.clone());
         let mut senders = Vec::with_capacity(replicas);
         let mut receivers = Vec::with_capacity(replicas);
         for _ in 0..replicas {
@@ -437,7 +486,9 @@ impl Pipeline {
             expected: steps - start_step,
             stop_tx: Some(stop_tx),
             threads: vec![dispatcher, sequencer],
-            _pool: pool,
+            pool,
+            free,
+            mode,
         })
     }
 
@@ -483,13 +534,20 @@ impl Pipeline {
     }
 }
 
-impl Drop for Pipeline {
-    fn drop(&mut self) {
+impl Pipeline {
+    /// Stops the workers and joins the dispatcher and sequencer threads.
+    fn shutdown(&mut self) {
         self.shared.stop.store(true, Ordering::SeqCst);
         drop(self.stop_tx.take());
         for t in self.threads.drain(..) {
             let _ = t.join();
         }
+    }
+}
+
+impl Drop for Pipeline {
+    fn drop(&mut self) {
+        self.shutdown();
     }
 }
 
@@ -736,6 +794,15 @@ fn fill_slot(
     if shared.stop.load(Ordering::Relaxed) {
         return SlotResult::Dropped;
     }
+    let _span = ddl_trace::span_args(
+        "decode",
+        "loader",
+        &[
+            ("step", step as i64),
+            ("replica", replica as i64),
+            ("slot", j as i64),
+        ],
+    );
     let worker = rayon::current_thread_index().unwrap_or(0) % shared.workers.len();
     let mut t = shared.workers[worker]
         .lock()

@@ -446,3 +446,41 @@ fn invalid_configurations_are_errors() {
     let reader = ShardReader::open(&dir.path().join("manifest.json"));
     assert!(reader.is_err());
 }
+
+#[test]
+fn next_epoch_reuses_the_pipeline_and_matches_a_fresh_start() {
+    let dir = Scratch::new("next-epoch");
+    solid_dataset(dir.path(), 40, 2);
+    let ds = open(dir.path());
+    let cfg = config(Output::U8Nhwc, Augment::Train, 2, OnBadRecord::Replace);
+    let p = Pipeline::start(
+        Arc::clone(&ds),
+        sampler(40, 2, 4, Tail::Drop, 3),
+        cfg.clone(),
+        0,
+        0,
+    )
+    .unwrap();
+    // Abandon epoch 0 part-way, still holding one of its batches.
+    let held = p.replica(0).next().unwrap().unwrap();
+    let p = p.next_epoch(1, 0).unwrap();
+    drop(held);
+    let reused = collect(&p);
+    let p = p.next_epoch(2, 2).unwrap();
+    let reused_resumed = collect(&p);
+    let fresh = |epoch, step| {
+        collect(
+            &Pipeline::start(
+                Arc::clone(&ds),
+                sampler(40, 2, 4, Tail::Drop, 3),
+                cfg.clone(),
+                epoch,
+                step,
+            )
+            .unwrap(),
+        )
+    };
+    assert_eq!(reused.len(), 10);
+    assert_eq!(reused, fresh(1, 0));
+    assert_eq!(reused_resumed, fresh(2, 2));
+}

@@ -24,12 +24,17 @@ print(int(s[:-1])*m[s[-1]] if s[-1] in m else int(s))")
 
 : > "$out/allreduce-ddl.jsonl"
 : > "$out/allreduce-gloo.jsonl"
+for np in $nps; do
+  echo "allreduce: np $np: ddl-bench calibrate -> $out/model-np$np.json" >&2
+  mpirun --allow-run-as-root --oversubscribe -np "$np" "$bench" calibrate \
+    -o "$out/model-np$np.json" --max-bytes "$max" >/dev/null
+done
 for run in $(seq "$runs"); do
   for np in $nps; do
-    echo "allreduce: run $run, np $np: ddl-bench (ring rhd multicolor multiring mpi)" >&2
+    echo "allreduce: run $run, np $np: ddl-bench (ring rhd multicolor multiring mpi auto)" >&2
     mpirun --allow-run-as-root --oversubscribe -np "$np" "$bench" allreduce --json \
-      --algos ring,rhd,multicolor,multiring,mpi --min-bytes 4KiB --max-bytes "$max" \
-      --iters "$iters" | grep '^{' >> "$out/allreduce-ddl.jsonl"
+      --algos ring,rhd,multicolor,multiring,mpi,auto --min-bytes 4KiB --max-bytes "$max" \
+      --iters "$iters" --model-file "$out/model-np$np.json" | grep '^{' >> "$out/allreduce-ddl.jsonl"
     if "$python" -c "import torch.distributed" 2>/dev/null; then
       echo "allreduce: run $run, np $np: gloo" >&2
       "$python" tools/bench/gloo_allreduce.py --ranks "$np" --min-bytes 4096 \
@@ -44,6 +49,8 @@ done
 import json, statistics, sys
 from collections import defaultdict
 rows = defaultdict(list)
+times = defaultdict(list)
+pred = {}
 correct = {}
 for path in sys.argv[1:]:
     for line in open(path):
@@ -51,8 +58,11 @@ for path in sys.argv[1:]:
         algo = r["algo"].split(":")[0]
         key = (r["ranks"], r["bytes"], algo)
         rows[key].append(r["busbw_gbps"])
+        times[key].append(r["time_us"])
+        if "predicted_us" in r:
+            pred[key] = r["predicted_us"]
         correct[key] = correct.get(key, True) and r["correct"]
-algos = [a for a in ["ring", "rhd", "multicolor", "multiring", "mpi", "gloo"] if any(k[2] == a for k in rows)]
+algos = [a for a in ["ring", "rhd", "multicolor", "multiring", "mpi", "auto", "gloo"] if any(k[2] == a for k in rows)]
 for np_ in sorted({k[0] for k in rows}):
     print(f"\n# busbw GB/s (median of runs), np={np_}; (xN) = ratio to mpi; * = not bitwise correct")
     print(f"{'bytes':>10} " + " ".join(f"{a:>16}" for a in algos))
@@ -69,4 +79,14 @@ for np_ in sorted({k[0] for k in rows}):
             ratio = f"(x{m / mpi:.2f})" if mpi and a != "mpi" else ""
             cells.append(f"{m:>8.3f}{ratio:>7}{mark:1}")
         print(f"{b:>10} " + " ".join(cells))
+worst = {}
+for key, p in pred.items():
+    if key[1] > 1 << 20:
+        ratio = statistics.median(times[key]) / p
+        w = worst.get((key[0], key[2]))
+        if w is None or abs(ratio - 1) > abs(w[0] - 1):
+            worst[(key[0], key[2])] = (ratio, key[1])
+print("\n# cost model: worst measured/predicted time above 1 MiB (median of runs)")
+for (np_, a), (ratio, b) in sorted(worst.items()):
+    print(f"np={np_} {a:>11}: {ratio:.2f} at {b} bytes")
 PY

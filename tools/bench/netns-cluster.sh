@@ -1,13 +1,16 @@
 #!/usr/bin/env bash
 # Emulated two-tier cluster on one machine (root): one network namespace per "node", joined by
 # a bridge, each node's link shaped with tbf (the kernel here has no netem: bandwidth only).
-# Ranks on one node talk over that node's own address (kernel loopback path, unshaped); ranks on
-# different nodes cross the shaped veth links. Open MPI launches into the namespaces through an
+# Ranks on one node talk over shared memory (Open MPI's vader BTL); ranks on different nodes
+# cross the shaped veth links over TCP. The tbf queue limit (NETNS_TBF_LIMIT, default 8mb) is
+# sized so that the shaper delays rather than drops (drops mean TCP retransmits and collapsed
+# windows: check `ip netns exec ddlcns1 tc -s qdisc show dev eth0`). Open MPI launches into the namespaces through an
 # rsh agent that maps a host address to its namespace.
 #
 #   tools/bench/netns-cluster.sh setup [NODES] [RATE]   # default 2 nodes, 1gbit
 #   tools/bench/netns-cluster.sh mpirun NP ARGS...      # mpirun over the namespaces (NP/NODES per node)
-#   tools/bench/netns-cluster.sh bench [OUT_DIR]        # allreduce table + calibrate + sim check
+#   tools/bench/netns-cluster.sh bench [OUT_DIR]        # calibrate + allreduce tables (NETNS_RUNS, medians)
+#                                                        # with the model's prediction per row
 #   tools/bench/netns-cluster.sh teardown
 #
 # Addresses: bridge ddlcbr0 10.77.0.254/24, node i (1-based) = namespace ddlcns<i>, 10.77.0.<i>.
@@ -90,29 +93,30 @@ bench() {
   mkdir -p "$out"
   [ -f "$state/config" ] || { echo "netns-cluster: run setup first" >&2; exit 1; }
   local nodes; nodes=$(cut -d' ' -f1 "$state/config")
-  local np=$(( nodes * 2 ))
+  local np=$(( nodes * ${NETNS_RANKS_PER_NODE:-2} ))
   local bin=$PWD/target/release/ddl-bench
   echo "netns-cluster: calibrate ($np ranks, $nodes nodes)"
-  run_mpi "$np" "$bin" calibrate -o "$out/netns-model.json" | tail -n +1
-  echo "netns-cluster: allreduce table"
-  run_mpi "$np" "$bin" allreduce --algos ring,rhd,multicolor,multiring,mpi \
-    --min-bytes 64KiB --max-bytes "${NETNS_MAX_BYTES:-16MiB}" --iters "${NETNS_ITERS:-5}" --warmup 2 \
-    --json | grep '^{' | tee "$out/allreduce-netns.jsonl"
-  echo "netns-cluster: model prediction vs measured"
-  python3 - "$out/netns-model.json" "$out/allreduce-netns.jsonl" "$nodes" <<'PY'
-import json, subprocess, sys
-model, rows, nodes = sys.argv[1], sys.argv[2], int(sys.argv[3])
-print(f"{'algo':>22} {'bytes':>10} {'measured_us':>12} {'predicted_us':>13} {'ratio':>7}")
-for line in open(rows):
+  run_mpi "$np" "$bin" calibrate -o "$out/netns-model.json" --max-bytes "${NETNS_MAX_BYTES:-64MiB}"
+  : > "$out/allreduce-netns.jsonl"
+  for run in $(seq "${NETNS_RUNS:-3}"); do
+    echo "netns-cluster: allreduce table, run $run (measured vs the model's prediction)"
+    run_mpi "$np" "$bin" allreduce --algos ring,rhd,multicolor,multiring,mpi,auto \
+      --min-bytes 1MiB --max-bytes "${NETNS_MAX_BYTES:-64MiB}" --iters "${NETNS_ITERS:-5}" \
+      --warmup 1 --model-file "$out/netns-model.json" --json | grep '^{' >> "$out/allreduce-netns.jsonl"
+  done
+  python3 - "$out/allreduce-netns.jsonl" <<'PY'
+import collections, json, statistics, sys
+rows = collections.defaultdict(list)
+for line in open(sys.argv[1]):
     r = json.loads(line)
-    if r["algo"] == "mpi":
-        continue
-    out = subprocess.run(["target/release/ddl-bench", "predict", "--model-file", model,
-                          "--nodes", str(nodes), "--ranks-per-node", str(r["ranks"] // nodes),
-                          "--algo", r["algo"], "--bytes", str(r["bytes"])],
-                         capture_output=True, text=True, check=True).stdout
-    pred = json.loads(out)["time_us"]
-    print(f"{r['algo']:>22} {r['bytes']:>10} {r['time_us']:>12.0f} {pred:>13.0f} {r['time_us'] / pred:>7.2f}")
+    rows[(r["algo"].split(":")[0], r["bytes"])].append(r)
+print(f"{'algo':>11} {'bytes':>10} {'runs':>4} {'time_ms':>9} {'busbw':>7} {'pred_ms':>9} {'meas/pred':>9}")
+for (algo, b), rs in sorted(rows.items()):
+    t = statistics.median(r["time_us"] for r in rs) / 1e3
+    bw = statistics.median(r["busbw_gbps"] for r in rs)
+    pred = rs[0]["predicted_us"] / 1e3
+    ran = " ran " + ",".join(sorted({r["resolved"] for r in rs})) if algo == "auto" else ""
+    print(f"{algo:>11} {b:>10} {len(rs):>4} {t:>9.1f} {bw:>7.3f} {pred:>9.1f} {t / pred:>9.2f}{ran}")
 PY
 }
 

@@ -1,9 +1,10 @@
 """Limit: libjpeg-turbo (simplejpeg) full decode to RGB of the JPEGs a shard directory holds,
 read into RAM first; no crop, no resize. --procs processes each decode a share of the files.
 Prints {"peer": "libjpeg-turbo-full-decode", "procs": P, "images": N, "seconds": S, "images_per_s": R}.
-Usage: python turbo_decode.py SHARD_DIR [--split train] [--procs 2] [--passes 3]
-The JPEGs are read straight out of ddl shards (loader/FORMAT.md), so the limit is measured on
-exactly the bytes ddl's loader decodes.
+Usage: python turbo_decode.py SOURCE [--split train] [--procs 2] [--passes 3]
+SOURCE is either a ddl shard directory (the JPEGs are read straight out of the shards, per
+loader/FORMAT.md: exactly the bytes ddl's loader decodes) or an ImageNet-style tree (every
+SOURCE/train/**/*.JPEG: the original files the shards were packed from).
 """
 import argparse
 import json
@@ -43,13 +44,20 @@ def decode_all(_):
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("shard_dir")
+    ap.add_argument("source")
     ap.add_argument("--split", default="train")
     ap.add_argument("--procs", type=int, default=2)
     ap.add_argument("--passes", type=int, default=3)
     args = ap.parse_args()
-    paths = sorted(glob.glob(os.path.join(args.shard_dir, f"{args.split}-*.ddl")))
-    blobs = [r for p in paths for r in shard_records(p)]
+    if os.path.exists(os.path.join(args.source, "manifest.json")):
+        paths = sorted(glob.glob(os.path.join(args.source, f"{args.split}-*.ddl")))
+        blobs = [r for p in paths for r in shard_records(p)]
+        kind = "shards"
+    else:
+        paths = sorted(glob.glob(os.path.join(args.source, args.split, "**", "*.JPEG"),
+                              recursive=True))
+        blobs = [open(p, "rb").read() for p in paths]
+        kind = "original-files"
     shares = [blobs[i::args.procs] for i in range(args.procs)]
     pools = [Pool(1, initializer=load, initargs=(share,)) for share in shares]
     for _ in range(args.passes):
@@ -57,7 +65,7 @@ def main():
         results = [p.apply_async(decode_all, (0,)) for p in pools]
         n = sum(r.get() for r in results)
         s = time.perf_counter() - start
-        print(json.dumps({"peer": "libjpeg-turbo-full-decode", "procs": args.procs, "images": n,
+        print(json.dumps({"peer": "libjpeg-turbo-full-decode", "procs": args.procs, "source": kind, "images": n,
                           "seconds": s, "images_per_s": n / s}), flush=True)
     for p in pools:
         p.close()

@@ -69,6 +69,9 @@ pub struct AllreduceRow {
     pub busbw_gbps: f64,
     /// Bitwise equal to MPI_Allreduce on every rank (integer-valued data, exact sums).
     pub correct: bool,
+    /// What `auto` ran at this size (the cost model's choice); absent for other algorithms.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub resolved: Option<String>,
     /// The cost model's predicted time, microseconds (with a model file).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub predicted_us: Option<f64>,
@@ -206,6 +209,7 @@ pub fn allreduce(
                 algbw_gbps: algbw,
                 busbw_gbps: busbw,
                 correct,
+                resolved: (*algo == Algorithm::Auto).then(|| ar.resolve(bytes).to_string()),
                 predicted_us: predicted.map(|t| t * 1e6),
                 ratio: predicted.map(|t| time / t),
             };
@@ -225,6 +229,9 @@ pub fn allreduce(
                 )?;
                 if let (Some(pred), Some(ratio)) = (row.predicted_us, row.ratio) {
                     write!(out, " {pred:>12.1} {ratio:>10.2}")?;
+                }
+                if let Some(r) = &row.resolved {
+                    write!(out, "  (auto ran {r})")?;
                 }
                 writeln!(out)?;
             }
@@ -349,6 +356,7 @@ fn ring_curve(
 ///   from the flat ring over all ranks (every step of which crosses the node links).
 ///
 /// A tier that this layout cannot measure copies the other one (noted in `source`).
+/// `serial_tiers` is set when all ranks run on one machine with fewer cores than ranks.
 pub fn calibrate(world: &World, max_bytes: usize) -> Result<CostModel> {
     let t: Arc<dyn Transport> = world.transport();
     let topo = world.topology();
@@ -395,6 +403,15 @@ pub fn calibrate(world: &World, max_bytes: usize) -> Result<CostModel> {
         tier.beta_curve = ring_curve(&t, &curve_sizes, tier.alpha, gamma)?;
     }
     let host = world.processor_name();
+    // Ranks on one machine (every rank reports the same host name, as in an emulated cluster
+    // of network namespaces) with fewer cores than ranks: transfers of different tiers
+    // compete for the same cores.
+    let h = host
+        .bytes()
+        .fold(0u32, |a, b| a.wrapping_mul(31).wrapping_add(u32::from(b))) as f64;
+    let spread = max_over_ranks(&*t, &[h, -h])?;
+    let cores = std::thread::available_parallelism().map_or(1, |c| c.get());
+    let serial_tiers = spread[0] == -spread[1] && world.size() > cores;
     let (intra, inter, note) = match (intra, inter) {
         (Some(a), Some(e)) => (a, e, ""),
         (Some(a), None) => (
@@ -419,12 +436,13 @@ pub fn calibrate(world: &World, max_bytes: usize) -> Result<CostModel> {
         intra,
         inter,
         source: format!(
-            "ddl-bench calibrate on {host}, {} ranks ({}x{}), ring curves to {} bytes{note}",
+            "ddl-bench calibrate on {host}, {} ranks ({}x{}), {cores} usable core(s) per rank, ring curves to {} bytes{note}",
             world.size(),
             topo.nodes,
             topo.ranks_per_node,
             curve_sizes.last().copied().unwrap_or(0)
         ),
+        serial_tiers,
     })
 }
 

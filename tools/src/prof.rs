@@ -1135,6 +1135,14 @@ pub fn profile(cfg: &ProfConfig, mut progress: impl FnMut(&str)) -> Result<Repor
         mean_width: w / n.max(1) as f64,
         mean_height: h / n.max(1) as f64,
     };
+    if n < cfg.batch {
+        bail!(
+            "node {} has {n} records of split {}, fewer than one batch of {}",
+            cfg.residency.node,
+            cfg.split,
+            cfg.batch
+        );
+    }
     let order = permutation(n, cfg.seed);
     let sample_n = cfg.sample_records.clamp(1, n.max(1)).min(n);
     let mut sample = Vec::with_capacity(sample_n);
@@ -1441,6 +1449,12 @@ impl<T, E: std::fmt::Debug> PlotResult<T> for std::result::Result<T, E> {
     fn plot(self) -> Result<T> {
         self.map_err(|e| anyhow!("plotting: {e:?}"))
     }
+}
+
+/// Checks that `path` names a plot format [`plot_scaling`] and [`plot_metrics`] can write
+/// (`.svg` or `.png`).
+pub fn check_plot_path(path: &Path) -> Result<()> {
+    backend_of(path).map(|_| ())
 }
 
 /// Which plotters backend a file name asks for.

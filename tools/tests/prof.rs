@@ -372,7 +372,7 @@ fn plot_training_metrics() {
 }
 
 #[test]
-fn missing_split_is_a_clear_error() {
+fn bad_arguments_are_clear_errors() {
     let dir = scratch("nosplit");
     make_shards(&dir, 1, 4);
     let out = Command::new(PROF)
@@ -385,6 +385,22 @@ fn missing_split_is_a_clear_error() {
         err.contains("no split \"val\"") && err.contains("train"),
         "{err}"
     );
+    let out = Command::new(PROF)
+        .args([dir.to_str().unwrap(), "--batch", "5", "--seconds", "0.1"])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("4 records of split train, fewer than one batch of 5"),
+        "{err}"
+    );
+    let out = Command::new(PROF)
+        .args([dir.to_str().unwrap(), "--plot", "curves.jpg"])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("must end in .svg or .png"));
     std::fs::remove_dir_all(&dir).unwrap();
 }
 

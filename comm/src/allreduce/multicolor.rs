@@ -151,18 +151,31 @@ impl MulticolorPlan {
     }
 }
 
-/// Steady-state load of one pipeline step of the multi-color allreduce over `topo`, in chunks:
-/// (most chunks one rank sends to ranks of its own node, most chunks one node sends to other
-/// nodes, height of the tallest tree). Every tree edge carries one chunk up (reduce) and one
-/// chunk down (broadcast) per step.
-pub(crate) fn step_load(topo: Topology, colors: usize) -> (usize, usize, usize) {
+/// Steady-state load of one pipeline step of the multi-color allreduce over `topo`, in chunks.
+/// Every tree edge carries one chunk up (reduce) and one chunk down (broadcast) per step.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct StepLoad {
+    /// Most chunks one rank exchanges with ranks of its own node.
+    pub intra: usize,
+    /// Most chunks one node exchanges with other nodes (its link is shared by its ranks).
+    pub inter: usize,
+    /// Most children one rank has over all colors (chunks it adds per step).
+    pub adds: usize,
+    /// Height of the tallest tree.
+    pub height: usize,
+}
+
+/// The [`StepLoad`] of `colors` colors over `topo`.
+pub(crate) fn step_load(topo: Topology, colors: usize) -> StepLoad {
     let p = topo.ranks();
     let k = colors.clamp(1, p.max(1));
     let mut intra = vec![0usize; p];
     let mut inter = vec![0usize; topo.nodes];
+    let mut adds = vec![0usize; p];
     for c in 0..k {
         for (r, q) in parents(topo, k, c).into_iter().enumerate() {
             if let Some(q) = q {
+                adds[q] += 1;
                 let (nr, nq) = (topo.node_of(r), topo.node_of(q));
                 if nr == nq {
                     intra[r] += 1;
@@ -174,12 +187,12 @@ pub(crate) fn step_load(topo: Topology, colors: usize) -> (usize, usize, usize) 
             }
         }
     }
-    let height = MulticolorPlan::new(topo, 0, k, 4).max_height();
-    (
-        intra.into_iter().max().unwrap_or(0),
-        inter.into_iter().max().unwrap_or(0),
-        height,
-    )
+    StepLoad {
+        intra: intra.into_iter().max().unwrap_or(0),
+        inter: inter.into_iter().max().unwrap_or(0),
+        adds: adds.into_iter().max().unwrap_or(0),
+        height: MulticolorPlan::new(topo, 0, k, 4).max_height(),
+    }
 }
 
 fn tag_reduce(c: usize) -> u32 {
@@ -316,4 +329,57 @@ pub(crate) fn allreduce(
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn two_tier_layout_meets_the_node_link_lower_bound() {
+        // 4 nodes x 2 ranks, 4 colors: each color is rooted on its own node and crosses the
+        // node links nodes-1 times, so per step a node link carries 2(nodes-1) = 6 chunks
+        // (one up per non-root color, three down at its own root), the bandwidth bound.
+        let topo = Topology::new(4, 2);
+        let load = step_load(topo, 4);
+        assert_eq!(load.inter, 6);
+        assert_eq!(load.height, 2);
+        // Rank 0 leads colors 0 (root: its partner and three nodes) and 2 (its partner).
+        assert_eq!(load.adds, 5);
+        let mut roots: Vec<usize> = (0..4)
+            .map(|c| {
+                let parent = parents(topo, 4, c);
+                let crossings = (0..8)
+                    .filter(|&r| parent[r].is_some_and(|q| topo.node_of(q) != topo.node_of(r)))
+                    .count();
+                assert_eq!(crossings, 3, "color {c}");
+                parent.iter().position(Option::is_none).expect("root")
+            })
+            .collect();
+        roots.sort_unstable();
+        assert_eq!(roots, vec![0, 3, 4, 7]);
+        // The rank-level layout over the same ranks crosses the node links more often.
+        let flat: usize = (0..4)
+            .map(|c| {
+                (0..8)
+                    .filter(|&r| {
+                        parent_of(8, 4, c, r).is_some_and(|q| topo.node_of(q) != topo.node_of(r))
+                    })
+                    .count()
+            })
+            .sum();
+        assert!(flat > 12, "{flat}");
+        // 2 nodes x 2 ranks, 4 colors: every rank is the root of one color.
+        let topo = Topology::new(2, 2);
+        let mut roots: Vec<usize> = (0..4)
+            .map(|c| {
+                parents(topo, 4, c)
+                    .iter()
+                    .position(Option::is_none)
+                    .expect("root")
+            })
+            .collect();
+        roots.sort_unstable();
+        assert_eq!(roots, vec![0, 1, 2, 3]);
+    }
 }

@@ -230,11 +230,40 @@ struct Rgb {
     pixels: Vec<u8>,
     width: u32,
     height: u32,
+    /// Size of the stored image before any DCT-domain reduction; the output size is computed
+    /// from it, so it does not depend on how the decoder got there.
+    full: (u32, u32),
 }
 
-/// Decodes a 1- or 3-component JPEG to RGB with libjpeg-turbo.
-fn turbo_decode(c: &mut Codecs, bytes: &[u8], width: usize, height: usize) -> Result<Rgb, String> {
+/// The strongest DCT-domain reduction (n/8, n = 1..=8) that keeps the decoded shorter side at
+/// or above `max_short` (0 = no limit): libjpeg-turbo then skips most of the IDCT work, and the
+/// resampler only closes the remaining gap (less than 8/7), with the same Lanczos3 quality.
+fn dct_scale(width: usize, height: usize, max_short: u32) -> ScalingFactor {
+    let short = width.min(height);
+    if max_short == 0 || short <= max_short as usize {
+        return ScalingFactor::ONE;
+    }
+    (1..8)
+        .map(|n| ScalingFactor::new(n, 8))
+        .find(|f| f.scale(short) >= max_short as usize)
+        .unwrap_or(ScalingFactor::ONE)
+}
+
+/// Decodes a 1- or 3-component JPEG to RGB with libjpeg-turbo, reduced by `scale` in the DCT
+/// domain.
+fn turbo_decode(
+    c: &mut Codecs,
+    bytes: &[u8],
+    width: usize,
+    height: usize,
+    scale: ScalingFactor,
+) -> Result<Rgb, String> {
+    let full = (width as u32, height as u32);
+    let (width, height) = (scale.scale(width), scale.scale(height));
     let mut pixels = vec![0u8; width * height * 3];
+    c.full
+        .set_scaling_factor(scale)
+        .map_err(|e| e.to_string())?;
     c.full
         .decompress(
             bytes,
@@ -251,6 +280,7 @@ fn turbo_decode(c: &mut Codecs, bytes: &[u8], width: usize, height: usize) -> Re
         pixels,
         width: width as u32,
         height: height as u32,
+        full,
     })
 }
 
@@ -290,6 +320,7 @@ fn image_decode(bytes: &[u8]) -> Result<Rgb, Skip> {
         pixels,
         width,
         height,
+        full: (width, height),
     })
 }
 
@@ -339,6 +370,7 @@ fn resize(c: &mut Codecs, img: Rgb, w: u32, h: u32) -> Result<Rgb, Skip> {
         pixels: dst.into_vec(),
         width: w,
         height: h,
+        full: (w, h),
     })
 }
 
@@ -438,7 +470,7 @@ fn decode_jpeg(c: &mut Codecs, bytes: &[u8], opts: &ConvertOptions) -> Result<Jp
         Colorspace::YCbCr | Colorspace::Gray | Colorspace::RGB
     );
     let first = if turbo {
-        turbo_decode(c, bytes, w, h)
+        turbo_decode(c, bytes, w, h, dct_scale(w, h, opts.max_short_side))
     } else {
         Err("CMYK/YCCK".to_string())
     };
@@ -469,11 +501,16 @@ fn convert_with(c: &mut Codecs, bytes: &[u8], opts: &ConvertOptions) -> Result<C
         }
         image_decode(bytes)?
     };
-    let (tw, th) = target_size(decoded.width, decoded.height, opts.max_short_side);
-    let (img, how) = if (tw, th) != (decoded.width, decoded.height) {
-        (resize(c, decoded, tw, th)?, How::Resized)
+    let (tw, th) = target_size(decoded.full.0, decoded.full.1, opts.max_short_side);
+    let how = if (tw, th) == decoded.full {
+        How::Reencoded
     } else {
-        (decoded, How::Reencoded)
+        How::Resized
+    };
+    let img = if (tw, th) == (decoded.width, decoded.height) {
+        decoded
+    } else {
+        resize(c, decoded, tw, th)?
     };
     let (width, height) = dims16(img.width, img.height)?;
     let bytes = encode(c, &img, opts.quality)?;

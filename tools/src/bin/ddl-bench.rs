@@ -62,7 +62,8 @@ enum Cmd {
         #[arg(long, default_value = "64MiB")]
         max_bytes: String,
     },
-    /// Predict one allreduce's time from a cost model (JSON line: algo, bytes, ranks, time_us).
+    /// Predict one allreduce's time from a cost model (JSON line: algo, resolved = what
+    /// `auto` would run, bytes, ranks, time_us).
     Predict {
         /// Algorithm (as for `allreduce --algos`).
         #[arg(long)]
@@ -194,6 +195,7 @@ fn main() -> Result<()> {
             let t = cost.predict(&algo, bytes, topo);
             let line = serde_json::json!({
                 "algo": algo.to_string(),
+                "resolved": cost.choose(bytes, topo).to_string(),
                 "bytes": bytes,
                 "ranks": topo.ranks(),
                 "time_us": t * 1e6,

@@ -103,6 +103,7 @@ fn main() -> Result<()> {
     let argv: Vec<String> = std::env::args().collect();
     if argv.get(1).map(String::as_str) == Some("plot") {
         let args = PlotArgs::parse_from(argv.iter().skip(1));
+        prof::check_plot_path(&args.output)?;
         let m = prof::plot_metrics(&args.metrics, &args.output)?;
         eprintln!(
             "ddl-prof plot: {} step and {} epoch points -> {}",
@@ -159,6 +160,9 @@ fn run(args: Args) -> Result<()> {
     };
     if args.nodes == 0 || args.node >= args.nodes {
         bail!("--node {} must be below --nodes {}", args.node, args.nodes);
+    }
+    if let Some(p) = &args.plot {
+        prof::check_plot_path(p)?;
     }
 
     let world = if under_mpi() {
