@@ -4,7 +4,7 @@
 # in bench-out/. Sections: pack, loader, allreduce (BENCH_SECTIONS="pack loader allreduce").
 set -euo pipefail
 cd "$(dirname "$0")/.."
-bin=target/release
+bin=${BENCH_BIN:-target/release}
 out=${BENCH_OUT:-bench-out}
 runs=${BENCH_RUNS:-3}
 sections=${BENCH_SECTIONS:-pack loader allreduce}
@@ -30,6 +30,25 @@ have_ffcv() { .venv-ffcv/bin/python -c "import ffcv" 2>/dev/null; }
 median() { sort -g | awk '{a[NR]=$1} END {if (NR == 0) print "nan"; else if (NR % 2) print a[(NR+1)/2]; else print (a[NR/2]+a[NR/2+1])/2}'; }
 field() { python3 -c "import json,sys; [print(json.loads(l)['$1']) for l in sys.stdin if l.strip().startswith('{')]"; }
 
+# timed FILE JSON CMD...: runs CMD under /usr/bin/time and appends one JSON line to FILE: the
+# command's own last JSON line (or JSON when CMD prints none) plus wall seconds, CPU seconds
+# (user + sys of the whole process tree) and images per wall- and CPU-second. CPU time is the
+# robust figure on a shared machine; wall time is what a user waits for.
+timed() {
+  local file=$1 json=$2; shift 2
+  local printed
+  printed=$(/usr/bin/time -o "$out/time.tmp" -f "%e %U %S" "$@" 2>/dev/null | grep '^{' | tail -n 1 || true)
+  python3 - "$out/time.tmp" "${printed:-$json}" >> "$file" <<'PY'
+import json, sys
+wall, user, sys_ = map(float, open(sys.argv[1]).read().split()[-3:])
+row = json.loads(sys.argv[2])
+cpu = row.get("cpu_s", user + sys_)  # a peer's own figure covers its timed section only
+row.update({"wall_s": wall, "cpu_s": cpu, "images_per_s": row["images"] / wall if "seconds" not in row else row["images_per_s"],
+            "images_per_cpu_s": row["images"] / cpu})
+print(json.dumps(row))
+PY
+}
+
 tree=$out/imagenet
 if [ ! -f "$tree/LOC_val_solution.csv" ]; then
   "$bin/ddl-synth" "$tree" --classes "$classes" --per-class "$per_class" --val-per-class 1 --seed 42
@@ -42,22 +61,22 @@ if [[ " $sections " == *" pack "* ]]; then
   echo "== pack: ddl-pack vs FFCV DatasetWriter vs Pillow loop (shorter side <= 256, q90, $runs runs)"
   : > "$out/pack.jsonl"
   for r in $(seq "$runs"); do
-    rm -rf "$out/shards-pack"
-    s=$(date +%s.%N)
-    "$bin/ddl-pack" "$tree" -o "$out/shards-pack" --shards 8 --max-short-side 256 --quality 90 2>/dev/null
-    e=$(date +%s.%N)
+    rm -rf "$out/shards-pack" "$out/ffcv.beton"
+    timed "$out/pack.jsonl" "{\"peer\": \"ddl-pack\", \"images\": $ntrain}" \
+      "$bin/ddl-pack" "$tree" -o "$out/shards-pack" --shards 8 --max-short-side 256 --quality 90
     bytes=$(du -cb "$out"/shards-pack/train-*.ddl | tail -n 1 | cut -f1)
-    echo "{\"peer\": \"ddl-pack\", \"images\": $ntrain, \"seconds\": $(echo "$e - $s" | bc), \"images_per_s\": $(echo "$ntrain / ($e - $s)" | bc -l), \"bytes\": $bytes}" >> "$out/pack.jsonl"
-    .venv-bench/bin/python tools/bench/pillow_pack.py "$tree" --max-short-side 256 --workers "$(nproc)" >> "$out/pack.jsonl"
+    sed -i '$ s/}$/, "bytes": '"$bytes"'}/' "$out/pack.jsonl"
+    timed "$out/pack.jsonl" "" .venv-bench/bin/python tools/bench/pillow_pack.py "$tree" --max-short-side 256 --workers "$(nproc)"
     if have_ffcv; then
-      rm -f "$out/ffcv.beton"
-      .venv-ffcv/bin/python tools/bench/ffcv_write.py "$tree" "$out/ffcv.beton" --max-res 340 --workers "$(nproc)" >> "$out/pack.jsonl"
+      timed "$out/pack.jsonl" "" .venv-ffcv/bin/python tools/bench/ffcv_write.py "$tree" "$out/ffcv.beton" --max-res 340 --workers "$(nproc)"
     fi
   done
   for p in ddl-pack ffcv-writer pillow-pack; do
     m=$(grep "\"$p\"" "$out/pack.jsonl" | field images_per_s | median)
+    c=$(grep "\"$p\"" "$out/pack.jsonl" | field images_per_cpu_s | median)
     b=$(grep "\"$p\"" "$out/pack.jsonl" | field bytes | median)
-    printf '%-14s median %8.1f images/s   output %6.1f MiB\n' "$p" "$m" "$(echo "$b / 1048576" | bc -l 2>/dev/null || echo 0)"
+    printf '%-14s median %8.1f images/s (wall)  %8.1f images per CPU-second  output %6.1f MiB\n' \
+      "$p" "$m" "$c" "$(echo "$b / 1048576" | bc -l)"
   done
 fi
 

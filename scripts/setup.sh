@@ -10,7 +10,8 @@ set -euo pipefail
 here=$(cd "$(dirname "$0")/.." && pwd)
 venv=${DDL_VENV:-$here/.venv}
 torch_version=2.11.0
-apt_packages=(libopenmpi-dev openmpi-bin libclang-dev clang cmake nasm pkg-config python3-venv)
+apt_packages=(libopenmpi-dev openmpi-bin libclang-dev clang cmake nasm pkg-config python3-venv
+              libfontconfig1-dev libfreetype-dev fonts-dejavu-core bc)
 
 die() { echo "setup: $*" >&2; exit 1; }
 

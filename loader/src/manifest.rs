@@ -127,7 +127,17 @@ impl Manifest {
             }
         }
         for (name, split) in &self.splits {
-            let sum: u64 = split.shards.iter().map(|s| s.records).sum();
+            // Checked: a plain sum of hostile counts panics (overflow checks) or wraps around to
+            // a total that matches `records`.
+            let sum = split
+                .shards
+                .iter()
+                .try_fold(0u64, |acc, s| acc.checked_add(s.records))
+                .ok_or_else(|| {
+                    bad(format!(
+                        "split {name}: the shards' record counts overflow a u64"
+                    ))
+                })?;
             if sum != split.records {
                 return Err(bad(format!(
                     "split {name}: records is {} but its shards hold {sum}",

@@ -183,47 +183,71 @@ pub fn resize_center_crop(width: u32, height: u32, resize: u32, size: u32) -> [f
     ]
 }
 
-/// Per-channel lookup table mapping a byte to `(v / 255 - mean) / std`.
+/// Per-channel affine map of a byte to `(v / 255 - mean) / std`, evaluated in float32 as
+/// `v * scale + bias` (one multiply and one add, never fused, so every thread and every
+/// build gets the same bits).
 #[derive(Clone, Debug)]
 pub struct Normalizer {
-    lut: [[f32; 256]; 3],
+    scale: [f32; 3],
+    bias: [f32; 3],
 }
 
 impl Normalizer {
-    /// Tables for the given mean and std (0-1 scale, RGB).
+    /// The map for the given mean and std (0-1 scale, RGB).
     pub fn new(mean: [f32; 3], std: [f32; 3]) -> Normalizer {
-        let mut lut = [[0f32; 256]; 3];
+        let mut scale = [0f32; 3];
+        let mut bias = [0f32; 3];
         for c in 0..3 {
-            for (v, out) in lut[c].iter_mut().enumerate() {
-                *out = ((v as f64 / 255.0 - mean[c] as f64) / std[c] as f64) as f32;
-            }
+            scale[c] = (1.0 / (255.0 * std[c] as f64)) as f32;
+            bias[c] = (-(mean[c] as f64) / std[c] as f64) as f32;
         }
-        Normalizer { lut }
+        Normalizer { scale, bias }
     }
 
     /// Normalized value of byte `v` in channel `c`.
     pub fn value(&self, c: usize, v: u8) -> f32 {
-        self.lut[c][v as usize]
+        v as f32 * self.scale[c] + self.bias[c]
     }
 
     /// Writes the `w` x `h` RGB image `src` (HWC) into `dst` as normalized CHW, mirrored
     /// horizontally when `flip` is set.
+    ///
+    /// One pass per channel and row: a constant-stride read of the row and a sequential (or,
+    /// mirrored, reversed) write of the plane's row, which the compiler vectorises.
     pub fn write_chw(&self, src: &[u8], w: usize, h: usize, flip: bool, dst: &mut [f32]) {
         let plane = w * h;
-        let (r, rest) = dst[..3 * plane].split_at_mut(plane);
-        let (g, b) = rest.split_at_mut(plane);
-        for y in 0..h {
-            let row = &src[y * w * 3..(y + 1) * w * 3];
-            let (ro, go, bo) = (
-                &mut r[y * w..(y + 1) * w],
-                &mut g[y * w..(y + 1) * w],
-                &mut b[y * w..(y + 1) * w],
-            );
-            for (x, px) in row.chunks_exact(3).enumerate() {
-                let ox = if flip { w - 1 - x } else { x };
-                ro[ox] = self.lut[0][px[0] as usize];
-                go[ox] = self.lut[1][px[1] as usize];
-                bo[ox] = self.lut[2][px[2] as usize];
+        if plane == 0 {
+            return;
+        }
+        let src = &src[..3 * plane];
+        let mut planes = dst[..3 * plane].chunks_exact_mut(plane);
+        let (Some(r), Some(g), Some(b)) = (planes.next(), planes.next(), planes.next()) else {
+            return;
+        };
+        channel::<0>(src, w, r, self.scale[0], self.bias[0], flip);
+        channel::<1>(src, w, g, self.scale[1], self.bias[1], flip);
+        channel::<2>(src, w, b, self.scale[2], self.bias[2], flip);
+    }
+}
+
+/// Channel `C` of the HWC image `src` (rows of `w` pixels) into the plane `out`.
+#[inline(always)]
+fn channel<const C: usize>(
+    src: &[u8],
+    w: usize,
+    out: &mut [f32],
+    scale: f32,
+    bias: f32,
+    flip: bool,
+) {
+    for (row, o) in src.chunks_exact(3 * w).zip(out.chunks_exact_mut(w)) {
+        if flip {
+            for (v, px) in o.iter_mut().rev().zip(row.chunks_exact(3)) {
+                *v = px[C] as f32 * scale + bias;
+            }
+        } else {
+            for (v, px) in o.iter_mut().zip(row.chunks_exact(3)) {
+                *v = px[C] as f32 * scale + bias;
             }
         }
     }

@@ -9,15 +9,25 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 /// running test executable (`target/<profile>/deps/<test>`).
 pub fn bin_dir() -> PathBuf {
     let exe = std::env::current_exe().expect("current_exe");
-    let deps = exe.parent().expect("test executable has a parent directory");
-    let dir = if deps.ends_with("deps") { deps.parent().expect("deps has a parent") } else { deps };
+    let deps = exe
+        .parent()
+        .expect("test executable has a parent directory");
+    let dir = if deps.ends_with("deps") {
+        deps.parent().expect("deps has a parent")
+    } else {
+        deps
+    };
     dir.to_path_buf()
 }
 
 /// Path of the workspace binary `name`; panics with a hint when it was not built.
 pub fn bin(name: &str) -> PathBuf {
     let path = bin_dir().join(name);
-    assert!(path.exists(), "{} not built: run `cargo build --release --workspace` first", path.display());
+    assert!(
+        path.exists(),
+        "{} not built: run `cargo build --release --workspace` first",
+        path.display()
+    );
     path
 }
 
@@ -52,7 +62,9 @@ impl Drop for Scratch {
 
 /// Runs `cmd`, panicking with its stdout and stderr when it fails.
 pub fn run_ok(cmd: &mut Command) -> Output {
-    let out = cmd.output().unwrap_or_else(|e| panic!("spawning {cmd:?}: {e}"));
+    let out = cmd
+        .output()
+        .unwrap_or_else(|e| panic!("spawning {cmd:?}: {e}"));
     assert!(
         out.status.success(),
         "{cmd:?} failed with {}\n--- stdout\n{}\n--- stderr\n{}",
@@ -67,7 +79,14 @@ pub fn run_ok(cmd: &mut Command) -> Output {
 /// oversubscription need.
 pub fn mpirun(np: usize) -> Command {
     let mut cmd = Command::new("mpirun");
-    cmd.args(["--oversubscribe", "--bind-to", "none", "-np", &np.to_string()]);
-    cmd.env("OMPI_ALLOW_RUN_AS_ROOT", "1").env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1");
+    cmd.args([
+        "--oversubscribe",
+        "--bind-to",
+        "none",
+        "-np",
+        &np.to_string(),
+    ]);
+    cmd.env("OMPI_ALLOW_RUN_AS_ROOT", "1")
+        .env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1");
     cmd
 }

@@ -15,9 +15,25 @@ fn train_cmd(shards: &Path, ckpt: &Path, weights: &Path) -> Command {
         .arg("--data")
         .arg(shards)
         .args([
-            "--model", "resnet_small", "--image-size", "32", "--batch", "8", "--devices", "cpu:1",
-            "--epochs", "3", "--warmup-epochs", "1", "--workers", "1", "--checkpoint-every", "3",
-            "--keep-checkpoints", "2", "--no-eval",
+            "--model",
+            "resnet_small",
+            "--image-size",
+            "32",
+            "--batch",
+            "8",
+            "--devices",
+            "cpu:1",
+            "--epochs",
+            "3",
+            "--warmup-epochs",
+            "1",
+            "--workers",
+            "1",
+            "--checkpoint-every",
+            "3",
+            "--keep-checkpoints",
+            "2",
+            "--no-eval",
         ])
         .arg("--checkpoint-dir")
         .arg(ckpt)
@@ -28,7 +44,10 @@ fn train_cmd(shards: &Path, ckpt: &Path, weights: &Path) -> Command {
 
 fn checkpoints(dir: &Path) -> Vec<String> {
     let mut names: Vec<String> = fs::read_dir(dir)
-        .map(|it| it.filter_map(|e| e.ok()?.file_name().into_string().ok()).collect())
+        .map(|it| {
+            it.filter_map(|e| e.ok()?.file_name().into_string().ok())
+                .collect()
+        })
         .unwrap_or_default();
     names.retain(|n| n.starts_with("ckpt-") && n.ends_with(".ddlck"));
     names.sort();
@@ -41,15 +60,30 @@ fn killed_job_resumes_to_bitwise_identical_weights() {
     let tree = tmp.path().join("imagenet");
     let shards = tmp.path().join("shards");
     run_ok(Command::new(bin("ddl-synth")).arg(&tree).args([
-        "--classes", "4", "--per-class", "40", "--val-per-class", "2", "--seed", "9",
+        "--classes",
+        "4",
+        "--per-class",
+        "40",
+        "--val-per-class",
+        "2",
+        "--seed",
+        "9",
     ]));
-    run_ok(Command::new(bin("ddl-pack")).arg(&tree).arg("-o").arg(&shards).args([
-        "--shards", "2", "--max-short-side", "48",
-    ]));
+    run_ok(
+        Command::new(bin("ddl-pack"))
+            .arg(&tree)
+            .arg("-o")
+            .arg(&shards)
+            .args(["--shards", "2", "--max-short-side", "48"]),
+    );
 
     // The reference: the same job, never interrupted.
     let full = tmp.path().join("full.f32");
-    run_ok(&mut train_cmd(&shards, &tmp.path().join("ckpt-full"), &full));
+    run_ok(&mut train_cmd(
+        &shards,
+        &tmp.path().join("ckpt-full"),
+        &full,
+    ));
 
     // The same job, killed (mpirun and both ranks, SIGKILL) once its first checkpoint exists.
     let ckpt = tmp.path().join("ckpt");
@@ -62,7 +96,10 @@ fn killed_job_resumes_to_bitwise_identical_weights() {
         .expect("spawn mpirun");
     let deadline = Instant::now() + Duration::from_secs(300);
     while checkpoints(&ckpt).is_empty() {
-        assert!(child.try_wait().unwrap().is_none(), "the job ended before its first checkpoint");
+        assert!(
+            child.try_wait().unwrap().is_none(),
+            "the job ended before its first checkpoint"
+        );
         assert!(Instant::now() < deadline, "no checkpoint within 300 s");
         std::thread::sleep(Duration::from_millis(20));
     }
@@ -70,7 +107,10 @@ fn killed_job_resumes_to_bitwise_identical_weights() {
     run_ok(Command::new("kill").args(["-KILL", "--", &format!("-{pgid}")]));
     let status = child.wait().unwrap();
     assert!(!status.success(), "the job was not killed");
-    assert!(!killed_weights.exists(), "the killed job ran to the end: nothing was resumed");
+    assert!(
+        !killed_weights.exists(),
+        "the killed job ran to the end: nothing was resumed"
+    );
     // Leave a half-written checkpoint behind too, as a crash during a write would.
     fs::write(ckpt.join("ckpt-999999999999.ddlck.tmp"), b"partial").unwrap();
 
@@ -84,5 +124,8 @@ fn killed_job_resumes_to_bitwise_identical_weights() {
     assert!(!a.is_empty());
     assert_eq!(a.len(), b.len(), "weight files differ in size");
     let first_diff = a.iter().zip(&b).position(|(x, y)| x != y);
-    assert_eq!(first_diff, None, "resumed weights differ from the uninterrupted run's");
+    assert_eq!(
+        first_diff, None,
+        "resumed weights differ from the uninterrupted run's"
+    );
 }

@@ -27,7 +27,10 @@ fn files(dir: &std::path::Path) -> Vec<(String, Vec<u8>)> {
             if p.is_dir() {
                 stack.push(p);
             } else {
-                out.push((p.strip_prefix(dir).unwrap().display().to_string(), fs::read(&p).unwrap()));
+                out.push((
+                    p.strip_prefix(dir).unwrap().display().to_string(),
+                    fs::read(&p).unwrap(),
+                ));
             }
         }
     }
@@ -41,15 +44,24 @@ fn writes_ilsvrc_layout_with_labels() {
     let out = tmp.path().join("tree");
     synth(&out, 7);
     let all = files(&out);
-    let train: Vec<_> = all.iter().filter(|(p, _)| p.starts_with("train/")).collect();
-    let val: Vec<_> = all.iter().filter(|(p, _)| p.starts_with("val/ILSVRC2012_val_")).collect();
+    let train: Vec<_> = all
+        .iter()
+        .filter(|(p, _)| p.starts_with("train/"))
+        .collect();
+    let val: Vec<_> = all
+        .iter()
+        .filter(|(p, _)| p.starts_with("val/ILSVRC2012_val_"))
+        .collect();
     assert_eq!(train.len(), 12);
     assert_eq!(val.len(), 6);
     for (path, bytes) in train.iter().chain(val.iter()) {
         assert!(path.ends_with(".JPEG"), "{path}");
         assert_eq!(&bytes[..2], &[0xFF, 0xD8], "{path} is not a JPEG");
         let img = image::load_from_memory(bytes).unwrap_or_else(|e| panic!("{path}: {e}"));
-        assert!((200..=500).contains(&img.width()) && (200..=500).contains(&img.height()), "{path}");
+        assert!(
+            (200..=500).contains(&img.width()) && (200..=500).contains(&img.height()),
+            "{path}"
+        );
     }
     // Training files sit in their class folder and are named after it.
     for (path, _) in &train {
@@ -61,8 +73,17 @@ fn writes_ilsvrc_layout_with_labels() {
     assert_eq!(lines.next(), Some("ImageId,PredictionString"));
     let rows: Vec<_> = lines.collect();
     assert_eq!(rows.len(), 6);
-    let classes: std::collections::BTreeSet<_> =
-        rows.iter().map(|r| r.split(',').nth(1).unwrap().split_whitespace().next().unwrap()).collect();
+    let classes: std::collections::BTreeSet<_> = rows
+        .iter()
+        .map(|r| {
+            r.split(',')
+                .nth(1)
+                .unwrap()
+                .split_whitespace()
+                .next()
+                .unwrap()
+        })
+        .collect();
     assert_eq!(classes.len(), 3, "every class has validation images");
 }
 
@@ -72,7 +93,11 @@ fn same_seed_same_bytes_other_seed_other_bytes() {
     synth(&tmp.path().join("a"), 3);
     synth(&tmp.path().join("b"), 3);
     synth(&tmp.path().join("c"), 4);
-    let (a, b, c) = (files(&tmp.path().join("a")), files(&tmp.path().join("b")), files(&tmp.path().join("c")));
+    let (a, b, c) = (
+        files(&tmp.path().join("a")),
+        files(&tmp.path().join("b")),
+        files(&tmp.path().join("c")),
+    );
     assert_eq!(a, b);
     assert_ne!(a, c);
 }

@@ -2,7 +2,7 @@
 //!
 //! Runs as one process per node (or per GPU) under `mpirun`/`srun`, or alone.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use anyhow::Context;
@@ -133,6 +133,10 @@ struct Cli {
     /// Only errors on stdout/stderr.
     #[arg(long)]
     quiet: bool,
+    /// Write a Chrome trace (Perfetto, chrome://tracing) of the run to FILE on rank 0 and to
+    /// STEM.rankN.json beside it on rank N (trace.json -> trace.rank1.json).
+    #[arg(long, value_name = "FILE")]
+    trace: Option<PathBuf>,
 }
 
 impl Cli {
@@ -185,6 +189,16 @@ impl Cli {
     }
 }
 
+/// The trace file of `rank`: `path` itself for rank 0, `STEM.rankN.EXT` beside it otherwise.
+fn per_rank(path: &Path, rank: usize) -> PathBuf {
+    if rank == 0 {
+        return path.to_path_buf();
+    }
+    let stem = path.file_stem().and_then(|s| s.to_str()).unwrap_or("trace");
+    let ext = path.extension().and_then(|s| s.to_str()).unwrap_or("json");
+    path.with_file_name(format!("{stem}.rank{rank}.{ext}"))
+}
+
 fn main() -> anyhow::Result<()> {
     tracing_subscriber::fmt()
         .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
@@ -202,9 +216,22 @@ fn main() -> anyhow::Result<()> {
     let topology = world.topology();
     let rank = world.rank();
     let size = world.size();
+    let trace = cli.trace.clone();
+    if trace.is_some() {
+        ddl_trace::set_pid(rank as u32);
+        ddl_trace::set_thread_name("main");
+        ddl_trace::enable();
+    }
     let cfg = cli.config();
     match ddl_trainer::train(&cfg, transport, topology, info) {
         Ok(summary) => {
+            if let Some(path) = &trace {
+                let path = per_rank(path, rank);
+                let n = ddl_trace::write(&path)?;
+                if rank == 0 && cfg.verbose {
+                    eprintln!("trace: {n} spans -> {}", path.display());
+                }
+            }
             if rank == 0 && cfg.verbose {
                 println!(
                     "done: {} global steps ({} in this run), replica-0 parameter crc32c {:08x}",

@@ -515,6 +515,14 @@ impl Replica {
             message: "loader queue ended early".into(),
         })??;
         let data_wait = wait_start.elapsed();
+        let replica = self.index as i64;
+        ddl_trace::record(
+            "data_wait",
+            "train",
+            wait_start,
+            data_wait,
+            &[("replica", replica)],
+        );
         let compute_start = Instant::now();
         let (images, labels) = batch_tensors(&batch, self.device)?;
         for p in self.params.iter_mut() {
@@ -540,6 +548,13 @@ impl Replica {
         scaled.f_backward()?;
         sync_device(self.device);
         let compute = compute_start.elapsed();
+        ddl_trace::record(
+            "forward_backward",
+            "train",
+            compute_start,
+            compute,
+            &[("replica", replica)],
+        );
         let images_n = batch.len();
         let bad = batch.skipped;
         drop(images);
@@ -549,6 +564,11 @@ impl Replica {
         let k_count = self.layout.buckets.len() as u64;
         // Copy, tree-sum and (replica 0) hand over every bucket.
         for (k, bucket) in self.layout.buckets.iter().enumerate() {
+            let _span = ddl_trace::span_args(
+                "intra_node_sum",
+                "reduce",
+                &[("bucket", k as i64), ("replica", replica)],
+            );
             let q = seq + k as u64 + 1;
             let mut flat =
                 self.flats[self.index].f_narrow(0, bucket.start as i64, bucket.len as i64)?;
@@ -609,10 +629,22 @@ impl Replica {
             } else {
                 seq + k as u64 + 1
             };
-            let skip = self.shared.wait_reduced(self.index, wait_for)?;
+            let skip = {
+                let _span = ddl_trace::span_args(
+                    "wait_reduced",
+                    "reduce",
+                    &[("bucket", k as i64), ("replica", replica)],
+                );
+                self.shared.wait_reduced(self.index, wait_for)?
+            };
             if skip {
                 break;
             }
+            let _span = ddl_trace::span_args(
+                "sgd_update",
+                "train",
+                &[("bucket", k as i64), ("replica", replica)],
+            );
             let mut flat =
                 self.flats[self.index].f_narrow(0, bucket.start as i64, bucket.len as i64)?;
             {
@@ -846,6 +878,7 @@ impl Table {
             let handle = std::thread::Builder::new()
                 .name(format!("replica-{index}"))
                 .spawn(move || {
+                    ddl_trace::set_thread_name(format!("replica {index}"));
                     let device = cfg.devices[index];
                     let replica = Self::build_replica(
                         index, device, cfg, layout, shared, &init, flats, msg_tx,
@@ -1066,7 +1099,15 @@ impl Table {
                             self.shared.abort();
                             return Err(e);
                         }
-                        allreduce_time += t0.elapsed();
+                        let took = t0.elapsed();
+                        allreduce_time += took;
+                        ddl_trace::record(
+                            "allreduce",
+                            "comm",
+                            t0,
+                            took,
+                            &[("bucket", k as i64), ("floats", host.len() as i64)],
+                        );
                         let inv = inv as f32;
                         for x in host.iter_mut() {
                             *x *= inv;

@@ -737,6 +737,7 @@ impl Run<'_> {
         if !self.cfg.eval || !self.plan.manifest.splits.contains_key("val") {
             return Ok(None);
         }
+        let _span = ddl_trace::span_args("eval", "train", &[("epoch", epoch as i64)]);
         let mut sums = EvalSums::default();
         if let Some(val) = &self.val_set {
             let node_records = val.len();
@@ -853,6 +854,11 @@ impl Run<'_> {
         let Some(dir) = self.cfg.checkpoint_dir.clone() else {
             return Ok(());
         };
+        let _span = ddl_trace::span_args(
+            "checkpoint",
+            "train",
+            &[("epoch", epoch as i64), ("step", global as i64)],
+        );
         let states = self.table.states()?;
         let gathered = self.comm.gather_bytes(encode_buffers(&states))?;
         let Some(gathered) = gathered else {

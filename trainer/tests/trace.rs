@@ -1,0 +1,110 @@
+//! Tracing a short run: with ddl-trace enabled, training on one rank with two CPU replicas
+//! writes a valid Chrome trace holding the eval and checkpoint spans and the data-wait, forward/backward and intra-node-sum spans
+//! of every replica and the allreduce of every bucket. ddl-trace is process-global, so this
+//! test lives in its own file (its own process).
+
+mod common;
+
+use std::collections::BTreeSet;
+use std::sync::Arc;
+
+use ddl_comm::{thread_group, Topology, Transport};
+use ddl_trainer::{train, RankInfo};
+use serde_json::Value;
+
+#[test]
+fn traced_run_writes_chrome_trace_with_replica_spans() {
+    let dir = common::scratch("trace");
+    let data = dir.join("data");
+    common::make_dataset(&data, 2, 16, 4, 1, 1, 32);
+    let mut cfg = common::config(&data, "resnet_small", 4, "cpu:2");
+    // 32 records / (2 replicas x 4) = 4 steps: one epoch, then eval.
+    cfg.max_steps = Some(4);
+    cfg.eval = true;
+    cfg.checkpoint_dir = Some(dir.join("ckpt"));
+    cfg.checkpoint_every = 2;
+    // Small buckets so that a step has several.
+    cfg.overlap = Some(true);
+    cfg.bucket_mb = 0.05;
+
+    ddl_trace::set_thread_name("main");
+    ddl_trace::enable();
+    let t: Arc<dyn Transport> = Arc::new(thread_group(1).pop().unwrap());
+    let summary = train(&cfg, t, Topology::new(1, 1), RankInfo::single()).unwrap();
+    ddl_trace::disable();
+    assert_eq!(summary.global_steps, 4);
+    let path = dir.join("trace.json");
+    let n = ddl_trace::write(&path).unwrap();
+    assert!(n > 0);
+
+    let v: Value = serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
+    let events = match &v {
+        Value::Array(a) => a,
+        Value::Object(o) => o["traceEvents"].as_array().expect("traceEvents array"),
+        _ => panic!("trace is neither an array nor an object"),
+    };
+    let complete: Vec<&Value> = events.iter().filter(|e| e["ph"] == "X").collect();
+    assert_eq!(complete.len(), n);
+    for e in &complete {
+        assert!(e["name"].is_string(), "{e}");
+        assert!(e["cat"].is_string(), "{e}");
+        assert!(e["ts"].as_f64().is_some_and(|t| t >= 0.0), "{e}");
+        assert!(e["dur"].as_f64().is_some_and(|d| d >= 0.0), "{e}");
+        assert!(e["pid"].is_u64(), "{e}");
+        assert!(e["tid"].is_u64(), "{e}");
+    }
+    let named = |name: &str| -> Vec<&Value> {
+        complete
+            .iter()
+            .copied()
+            .filter(|e| e["name"] == name)
+            .collect()
+    };
+    let replicas_of = |name: &str| -> BTreeSet<i64> {
+        named(name)
+            .iter()
+            .map(|e| e["args"]["replica"].as_i64().expect("replica arg"))
+            .collect()
+    };
+    for name in [
+        "data_wait",
+        "forward_backward",
+        "intra_node_sum",
+        "wait_reduced",
+        "sgd_update",
+    ] {
+        assert_eq!(replicas_of(name), BTreeSet::from([0, 1]), "{name}");
+    }
+    // One data wait and one forward/backward per replica per step.
+    assert_eq!(named("forward_backward").len(), 8);
+    assert_eq!(named("data_wait").len(), 8);
+    // One allreduce per bucket per step, each naming its bucket and size.
+    let allreduce = named("allreduce");
+    let buckets: BTreeSet<i64> = allreduce
+        .iter()
+        .map(|e| e["args"]["bucket"].as_i64().unwrap())
+        .collect();
+    assert!(buckets.len() > 1, "expected several buckets: {buckets:?}");
+    assert_eq!(allreduce.len(), 4 * buckets.len());
+    assert!(allreduce
+        .iter()
+        .all(|e| e["args"]["floats"].as_i64().unwrap() > 0));
+    // Every replica sums every bucket every step.
+    assert_eq!(named("intra_node_sum").len(), 2 * 4 * buckets.len());
+    assert!(!named("checkpoint").is_empty());
+    assert_eq!(named("eval").len(), 1);
+    // Replica spans come from threads named after their replica.
+    for r in 0..2i64 {
+        let tids: BTreeSet<u64> = named("forward_backward")
+            .iter()
+            .filter(|e| e["args"]["replica"] == r)
+            .map(|e| e["tid"].as_u64().unwrap())
+            .collect();
+        assert_eq!(tids.len(), 1);
+        let tid = *tids.first().unwrap();
+        assert!(events.iter().any(|m| m["ph"] == "M"
+            && m["tid"] == tid
+            && m["args"]["name"] == format!("replica {r}")));
+    }
+    std::fs::remove_dir_all(&dir).unwrap();
+}
