@@ -164,8 +164,7 @@ fn demo_learns_ten_classes_under_mpirun_np2() {
         .unwrap()
         .lines()
         .map(|l| serde_json::from_str::<Value>(l).unwrap())
-        .filter(|v| v["type"] == "epoch")
-        .last()
+        .rfind(|v| v["type"] == "epoch")
         .expect("epoch lines");
     let top1 = last_epoch["val_top1"].as_f64().unwrap();
     assert!(

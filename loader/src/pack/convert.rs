@@ -237,7 +237,7 @@ struct Rgb {
 
 /// The strongest DCT-domain reduction (1/8, 1/4 or 1/2) that keeps the decoded shorter side at
 /// or above `max_short` (0 = no limit): libjpeg-turbo then skips most of the IDCT work and the
-/// resampler has less to do, at the same Lanczos3 quality. Only these three factors have SIMD
+/// resampler has less to do, with the same Catmull-Rom filter. Only these three factors have SIMD
 /// IDCTs in libjpeg-turbo; the other n/8 factors run plain-C IDCTs that are slower than a full
 /// SIMD decode (measured with perf on ddl-pack).
 fn dct_scale(width: usize, height: usize, max_short: u32) -> ScalingFactor {
@@ -365,7 +365,7 @@ fn resize(c: &mut Codecs, img: Rgb, w: u32, h: u32) -> Result<Rgb, Skip> {
             .map_err(|e| skip(SkipReason::Corrupt, format!("resize source: {e}")))?;
     let mut dst = fr::images::Image::new(w, h, fr::PixelType::U8x3);
     let opts =
-        fr::ResizeOptions::new().resize_alg(fr::ResizeAlg::Convolution(fr::FilterType::Lanczos3));
+        fr::ResizeOptions::new().resize_alg(fr::ResizeAlg::Convolution(fr::FilterType::CatmullRom));
     c.resizer
         .resize(&src, &mut dst, &opts)
         .map_err(|e| skip(SkipReason::Corrupt, format!("resize: {e}")))?;

@@ -469,7 +469,7 @@ pub fn pack(opts: &PackOptions, progress: &dyn PackProgress) -> Result<PackRepor
     progress.start(total, kept_inputs);
     // Inputs converted per parallel window: large enough that waiting for the slowest input of
     // a window costs little, small enough to keep memory bounded (a few MiB of JPEGs).
-    let window = (threads * 64).max(256);
+    let window = (threads * 256).max(512);
     for p in &plans {
         for s in 0..p.shards {
             if outcomes.contains_key(&(p.name.clone(), s)) {
