@@ -380,6 +380,17 @@ pub fn write_to(out: &mut impl Write) -> std::io::Result<usize> {
     Ok(n)
 }
 
+/// The trace file of `rank` in a multi-rank job: `path` itself for rank 0, `STEM.rankN.EXT`
+/// beside it otherwise, so that every rank writes its own file and they can be merged later.
+pub fn rank_path(path: &Path, rank: usize) -> PathBuf {
+    if rank == 0 {
+        return path.to_path_buf();
+    }
+    let stem = path.file_stem().and_then(|s| s.to_str()).unwrap_or("trace");
+    let ext = path.extension().and_then(|s| s.to_str()).unwrap_or("json");
+    path.with_file_name(format!("{stem}.rank{rank}.{ext}"))
+}
+
 /// Writes all events recorded so far to the file `path` (see [`write_to`]) and returns the
 /// number of complete events written.
 pub fn write(path: &Path) -> Result<usize, TraceError> {

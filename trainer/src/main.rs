@@ -2,7 +2,7 @@
 //!
 //! Runs as one process per node (or per GPU) under `mpirun`/`srun`, or alone.
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::Arc;
 
 use anyhow::Context;
@@ -189,16 +189,6 @@ impl Cli {
     }
 }
 
-/// The trace file of `rank`: `path` itself for rank 0, `STEM.rankN.EXT` beside it otherwise.
-fn per_rank(path: &Path, rank: usize) -> PathBuf {
-    if rank == 0 {
-        return path.to_path_buf();
-    }
-    let stem = path.file_stem().and_then(|s| s.to_str()).unwrap_or("trace");
-    let ext = path.extension().and_then(|s| s.to_str()).unwrap_or("json");
-    path.with_file_name(format!("{stem}.rank{rank}.{ext}"))
-}
-
 fn main() -> anyhow::Result<()> {
     tracing_subscriber::fmt()
         .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
@@ -226,7 +216,7 @@ fn main() -> anyhow::Result<()> {
     match ddl_trainer::train(&cfg, transport, topology, info) {
         Ok(summary) => {
             if let Some(path) = &trace {
-                let path = per_rank(path, rank);
+                let path = ddl_trace::rank_path(path, rank);
                 let n = ddl_trace::write(&path)?;
                 if rank == 0 && cfg.verbose {
                     eprintln!("trace: {n} spans -> {}", path.display());

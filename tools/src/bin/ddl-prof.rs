@@ -11,7 +11,7 @@
 //! node; `--json` then holds `{"schema_version": 1, "nodes": [report, ...]}` and every rank
 //! other than 0 writes its trace to `FILE.rankN.json`.
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
@@ -128,16 +128,6 @@ fn under_mpi() -> bool {
     .any(|v| std::env::var_os(v).is_some())
 }
 
-/// `FILE.json` -> `FILE.rankN.json`.
-fn per_rank(path: &Path, rank: usize) -> PathBuf {
-    if rank == 0 {
-        return path.to_path_buf();
-    }
-    let stem = path.file_stem().and_then(|s| s.to_str()).unwrap_or("trace");
-    let ext = path.extension().and_then(|s| s.to_str()).unwrap_or("json");
-    path.with_file_name(format!("{stem}.rank{rank}.{ext}"))
-}
-
 fn run(args: Args) -> Result<()> {
     let mut cfg = ProfConfig::new(&args.shards_dir);
     cfg.split = args.split.clone();
@@ -192,7 +182,7 @@ fn run(args: Args) -> Result<()> {
         }
     })?;
     if let Some(path) = &args.trace {
-        let path = per_rank(path, rank);
+        let path = ddl_trace::rank_path(path, rank);
         let n = ddl_trace::write(&path)?;
         if rank == 0 {
             eprintln!("trace: {n} spans -> {}", path.display());
