@@ -90,3 +90,50 @@ pub fn mpirun(np: usize) -> Command {
         .env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1");
     cmd
 }
+
+/// What [`synth_and_pack`] writes: a `ddl-synth` tree and its shards.
+pub struct SynthSpec {
+    /// Classes.
+    pub classes: usize,
+    /// Training images per class.
+    pub per_class: usize,
+    /// Validation images per class.
+    pub val_per_class: usize,
+    /// Seed of the generated images.
+    pub seed: u64,
+    /// Shards per split.
+    pub shards: usize,
+    /// `--max-short-side` of the pack.
+    pub max_short_side: u32,
+}
+
+/// Runs `ddl-synth` into `dir/imagenet` and `ddl-pack` into `dir/shards`, as a user would;
+/// returns the shard directory.
+pub fn synth_and_pack(dir: &Path, spec: &SynthSpec) -> PathBuf {
+    let tree = dir.join("imagenet");
+    let shards = dir.join("shards");
+    let num = |n: &dyn ToString| n.to_string();
+    run_ok(Command::new(bin("ddl-synth")).arg(&tree).args([
+        "--classes".to_string(),
+        num(&spec.classes),
+        "--per-class".to_string(),
+        num(&spec.per_class),
+        "--val-per-class".to_string(),
+        num(&spec.val_per_class),
+        "--seed".to_string(),
+        num(&spec.seed),
+    ]));
+    run_ok(
+        Command::new(bin("ddl-pack"))
+            .arg(&tree)
+            .arg("-o")
+            .arg(&shards)
+            .args([
+                "--shards".to_string(),
+                num(&spec.shards),
+                "--max-short-side".to_string(),
+                num(&spec.max_short_side),
+            ]),
+    );
+    shards
+}

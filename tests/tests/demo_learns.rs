@@ -3,9 +3,8 @@
 //! other test competes for the cores while its data-wait fraction is measured.
 
 use std::fs;
-use std::process::Command;
 
-use ddl_tests::{bin, mpirun, run_ok, Scratch};
+use ddl_tests::{bin, mpirun, run_ok, synth_and_pack, Scratch, SynthSpec};
 use serde_json::Value;
 
 /// The demo itself (10 ddl-synth classes, resnet_small on CPU, `mpirun -np 2`, four epochs)
@@ -13,24 +12,16 @@ use serde_json::Value;
 #[test]
 fn demo_learns_ten_classes_under_mpirun_np2() {
     let tmp = Scratch::new("demo-learn");
-    let tree = tmp.path().join("imagenet");
-    let shards = tmp.path().join("shards");
-    run_ok(Command::new(bin("ddl-synth")).arg(&tree).args([
-        "--classes",
-        "10",
-        "--per-class",
-        "160",
-        "--val-per-class",
-        "30",
-        "--seed",
-        "1",
-    ]));
-    run_ok(
-        Command::new(bin("ddl-pack"))
-            .arg(&tree)
-            .arg("-o")
-            .arg(&shards)
-            .args(["--shards", "4", "--max-short-side", "96"]),
+    let shards = synth_and_pack(
+        tmp.path(),
+        &SynthSpec {
+            classes: 10,
+            per_class: 160,
+            val_per_class: 30,
+            seed: 1,
+            shards: 4,
+            max_short_side: 96,
+        },
     );
     let metrics = tmp.path().join("metrics.jsonl");
     run_ok(

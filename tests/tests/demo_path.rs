@@ -4,30 +4,22 @@
 use std::fs;
 use std::process::Command;
 
-use ddl_tests::{bin, mpirun, run_ok, Scratch};
+use ddl_tests::{bin, mpirun, run_ok, synth_and_pack, Scratch, SynthSpec};
 use serde_json::Value;
 
 #[test]
 fn synth_pack_verify_then_train_under_mpirun_np2() {
     let tmp = Scratch::new("demo");
-    let tree = tmp.path().join("imagenet");
-    let shards = tmp.path().join("shards");
-    run_ok(Command::new(bin("ddl-synth")).arg(&tree).args([
-        "--classes",
-        "4",
-        "--per-class",
-        "24",
-        "--val-per-class",
-        "6",
-        "--seed",
-        "5",
-    ]));
-    run_ok(
-        Command::new(bin("ddl-pack"))
-            .arg(&tree)
-            .arg("-o")
-            .arg(&shards)
-            .args(["--shards", "4", "--max-short-side", "64"]),
+    let shards = synth_and_pack(
+        tmp.path(),
+        &SynthSpec {
+            classes: 4,
+            per_class: 24,
+            val_per_class: 6,
+            seed: 5,
+            shards: 4,
+            max_short_side: 64,
+        },
     );
     run_ok(Command::new(bin("ddl-pack")).arg("--verify").arg(&shards));
 

@@ -7,7 +7,7 @@ use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use ddl_tests::{bin, mpirun, run_ok, Scratch};
+use ddl_tests::{bin, mpirun, run_ok, synth_and_pack, Scratch, SynthSpec};
 
 fn train_cmd(shards: &Path, ckpt: &Path, weights: &Path) -> Command {
     let mut cmd = mpirun(2);
@@ -57,24 +57,16 @@ fn checkpoints(dir: &Path) -> Vec<String> {
 #[test]
 fn killed_job_resumes_to_bitwise_identical_weights() {
     let tmp = Scratch::new("kill-resume");
-    let tree = tmp.path().join("imagenet");
-    let shards = tmp.path().join("shards");
-    run_ok(Command::new(bin("ddl-synth")).arg(&tree).args([
-        "--classes",
-        "4",
-        "--per-class",
-        "40",
-        "--val-per-class",
-        "2",
-        "--seed",
-        "9",
-    ]));
-    run_ok(
-        Command::new(bin("ddl-pack"))
-            .arg(&tree)
-            .arg("-o")
-            .arg(&shards)
-            .args(["--shards", "2", "--max-short-side", "48"]),
+    let shards = synth_and_pack(
+        tmp.path(),
+        &SynthSpec {
+            classes: 4,
+            per_class: 40,
+            val_per_class: 2,
+            seed: 9,
+            shards: 2,
+            max_short_side: 48,
+        },
     );
 
     // The reference: the same job, never interrupted.
