@@ -105,9 +105,10 @@ struct Cli {
     /// node: a node's ranks share its shards; rank: every rank is its own node.
     #[arg(long, default_value = "node")]
     residency: String,
-    /// Overlap the bucketed intra-node sum and copy with the allreduce: on | off | auto
-    /// (auto: on for GPU replicas, off for CPU replicas).
-    #[arg(long, default_value = "auto", value_parser = ["auto", "on", "off"])]
+    /// What the gradient allreduce overlaps: backward (staged backward, buckets reduced while
+    /// earlier stages are still in backward) | pipeline (after backward, bucket by bucket) |
+    /// off | auto (backward for GPU replicas, off for CPU replicas).
+    #[arg(long, default_value = "auto", value_parser = ["auto", "backward", "pipeline", "off"])]
     overlap: String,
     /// Gradient bucket size in MiB.
     #[arg(long, default_value_t = 25.0)]
@@ -140,8 +141,8 @@ struct Cli {
 }
 
 impl Cli {
-    fn config(self) -> TrainConfig {
-        TrainConfig {
+    fn config(self) -> anyhow::Result<TrainConfig> {
+        Ok(TrainConfig {
             data: self.data,
             model: self.model,
             epochs: self.epochs,
@@ -173,9 +174,8 @@ impl Cli {
             check_replicas: self.check_replicas,
             residency: self.residency,
             overlap: match self.overlap.as_str() {
-                "on" => Some(true),
-                "off" => Some(false),
-                _ => None,
+                "auto" => None,
+                other => Some(other.parse()?),
             },
             bucket_mb: self.bucket_mb,
             eval: !self.no_eval,
@@ -185,7 +185,7 @@ impl Cli {
             stage: self.stage,
             comm_timeout_s: self.comm_timeout,
             verbose: !self.quiet,
-        }
+        })
     }
 }
 
@@ -212,7 +212,7 @@ fn main() -> anyhow::Result<()> {
         ddl_trace::set_thread_name("main");
         ddl_trace::enable();
     }
-    let cfg = cli.config();
+    let cfg = cli.config()?;
     match ddl_trainer::train(&cfg, transport, topology, info) {
         Ok(summary) => {
             if let Some(path) = &trace {

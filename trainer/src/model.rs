@@ -1,6 +1,11 @@
 //! Image-classifier models: the torchvision ResNets (same variable names and shapes, so
 //! torchvision weights map one to one), a small ResNet for CPU runs and a BatchNorm-free
 //! convnet whose gradients are exactly batch-decomposable (used by the exactness tests).
+//!
+//! Every model is a chain of stages ([`Network`]): the ResNets run stem, each residual block
+//! and the head (pool + fc) as stages; the convnet runs conv1, conv2 and the head. The full
+//! forward pass is the composition of the stages, so a staged forward/backward (the table's
+//! `--overlap backward`) computes exactly the same operations.
 
 use std::fmt;
 use std::str::FromStr;
@@ -85,8 +90,96 @@ impl FromStr for ModelKind {
     }
 }
 
+/// A network whose forward pass is a chain of stages: `forward_t(x)` is
+/// `forward_stage(n - 1, ... forward_stage(0, x))`. Running backward stage by stage (last
+/// first) makes the gradients of a stage's parameters final as soon as its backward is done.
+pub trait Network: ModuleT {
+    /// Number of stages.
+    fn stages(&self) -> usize;
+    /// Runs stage `stage` on its input (the images for stage 0, the previous stage's output
+    /// otherwise); the last stage returns logits.
+    fn forward_stage(&self, stage: usize, xs: &Tensor, train: bool) -> Tensor;
+    /// The stage owning the variable `name` (dotted, relative to the model's root path).
+    fn stage_of(&self, name: &str) -> usize;
+}
+
+/// Runs all stages of `net` in order.
+fn chain(net: &dyn Network, xs: &Tensor, train: bool) -> Tensor {
+    (0..net.stages()).fold(xs.shallow_clone(), |x, s| net.forward_stage(s, &x, train))
+}
+
 /// A model built into a variable store; `forward_t(images, train)` returns logits.
-pub type Model = Box<dyn ModuleT>;
+pub type Model = Box<dyn Network>;
+
+/// A training forward pass kept for a backward pass that runs stage by stage, last first.
+/// The graph is cut between stages: the input of stage s > 0 is the detached output of stage
+/// s - 1, marked as requiring grad, so that the backward of stage s + 1 leaves the gradient of
+/// stage s's output in that input, and the backward of stage s sends it on with
+/// `sum(out_s * g)` (whose gradient with respect to `out_s` is exactly g).
+pub struct StagedPass {
+    /// Input of every stage still to backpropagate (stage 0: the images).
+    inputs: Vec<Tensor>,
+    /// Output of every such stage.
+    outputs: Vec<Tensor>,
+}
+
+impl StagedPass {
+    /// Runs `net` forward on `xs`: as a chain of stages with the graph cut between them when
+    /// `staged`, else in one piece (a single stage).
+    pub fn forward(net: &dyn Network, xs: &Tensor, train: bool, staged: bool) -> Result<Self> {
+        let mut inputs = Vec::new();
+        let mut outputs = Vec::new();
+        if staged {
+            let mut x = xs.shallow_clone();
+            for s in 0..net.stages() {
+                if s > 0 {
+                    x = x.f_detach()?.set_requires_grad(true);
+                }
+                let y = net.forward_stage(s, &x, train);
+                inputs.push(std::mem::replace(&mut x, y.shallow_clone()));
+                outputs.push(y);
+            }
+        } else {
+            inputs.push(xs.shallow_clone());
+            outputs.push(net.forward_t(xs, train));
+        }
+        Ok(StagedPass { inputs, outputs })
+    }
+
+    /// Number of stages of the pass.
+    pub fn stages(&self) -> usize {
+        self.outputs.len()
+    }
+
+    /// The output of the last stage (the logits).
+    pub fn logits(&self) -> &Tensor {
+        &self.outputs[self.outputs.len() - 1]
+    }
+
+    /// Backpropagates through stage `stage` the gradient that the backward of stage
+    /// `stage + 1` left at its input, and frees the tensors of the later stages. Call it for
+    /// `stages() - 2` down to 0 after the backward of the loss (which covers the last stage).
+    pub fn backward_stage(&mut self, stage: usize) -> Result<()> {
+        let g = self
+            .inputs
+            .get(stage + 1)
+            .map(|x| x.grad())
+            .filter(|g| g.defined())
+            .ok_or_else(|| {
+                tch::TchError::Torch(format!(
+                    "no gradient reached the input of stage {}",
+                    stage + 1
+                ))
+            })?;
+        self.outputs[stage]
+            .f_mul(&g)?
+            .f_sum(tch::Kind::Float)?
+            .f_backward()?;
+        self.inputs.truncate(stage + 1);
+        self.outputs.truncate(stage + 1);
+        Ok(())
+    }
+}
 
 /// Builds `kind` for `classes` output classes under `p`, sized for square `image_size` inputs.
 pub fn build(kind: ModelKind, p: &nn::Path, classes: i64, image_size: u32) -> Model {
@@ -249,6 +342,8 @@ struct ResNet {
     conv1: nn::Conv2D,
     bn1: nn::BatchNorm,
     layers: Vec<Vec<Block>>,
+    /// (layer, block) of every block stage, in forward order.
+    blocks: Vec<(usize, usize)>,
     fc: nn::Linear,
 }
 
@@ -327,11 +422,17 @@ impl ResNet {
             layers.push(blocks);
         }
         let fc = nn::linear(p / "fc", c_in, classes, Default::default());
+        let blocks = layers
+            .iter()
+            .enumerate()
+            .flat_map(|(l, blocks)| (0..blocks.len()).map(move |b| (l, b)))
+            .collect();
         ResNet {
             stem,
             conv1,
             bn1,
             layers,
+            blocks,
             fc,
         }
     }
@@ -339,20 +440,53 @@ impl ResNet {
 
 impl ModuleT for ResNet {
     fn forward_t(&self, xs: &Tensor, train: bool) -> Tensor {
-        let mut ys = xs.apply(&self.conv1).apply_t(&self.bn1, train).relu();
-        let pool = match self.stem {
-            Stem::ImageNet => true,
-            Stem::Small { pool, .. } => pool,
-        };
-        if pool {
-            ys = ys.max_pool2d([3, 3], [2, 2], [1, 1], [1, 1], false);
-        }
-        for layer in &self.layers {
-            for block in layer {
-                ys = block.forward_t(&ys, train);
+        chain(self, xs, train)
+    }
+}
+
+impl Network for ResNet {
+    /// Stem, every residual block, head.
+    fn stages(&self) -> usize {
+        self.blocks.len() + 2
+    }
+
+    fn forward_stage(&self, stage: usize, xs: &Tensor, train: bool) -> Tensor {
+        if stage == 0 {
+            let ys = xs.apply(&self.conv1).apply_t(&self.bn1, train).relu();
+            let pool = match self.stem {
+                Stem::ImageNet => true,
+                Stem::Small { pool, .. } => pool,
+            };
+            if pool {
+                ys.max_pool2d([3, 3], [2, 2], [1, 1], [1, 1], false)
+            } else {
+                ys
             }
+        } else if let Some(&(l, b)) = self.blocks.get(stage - 1) {
+            self.layers[l][b].forward_t(xs, train)
+        } else {
+            xs.adaptive_avg_pool2d([1, 1]).flat_view().apply(&self.fc)
         }
-        ys.adaptive_avg_pool2d([1, 1]).flat_view().apply(&self.fc)
+    }
+
+    fn stage_of(&self, name: &str) -> usize {
+        let mut parts = name.split('.');
+        let first = parts.next().unwrap_or_default();
+        if first == "fc" {
+            return self.stages() - 1;
+        }
+        let layer = first
+            .strip_prefix("layer")
+            .and_then(|l| l.parse::<usize>().ok());
+        let block = parts.next().and_then(|b| b.parse::<usize>().ok());
+        match (layer, block) {
+            (Some(l), Some(b)) => self
+                .blocks
+                .iter()
+                .position(|&x| x == (l - 1, b))
+                .map_or(0, |i| i + 1),
+            _ => 0,
+        }
     }
 }
 
@@ -379,13 +513,30 @@ impl ConvNet {
 }
 
 impl ModuleT for ConvNet {
-    fn forward_t(&self, xs: &Tensor, _train: bool) -> Tensor {
-        xs.apply(&self.conv1)
-            .relu()
-            .apply(&self.conv2)
-            .relu()
-            .adaptive_avg_pool2d([1, 1])
-            .flat_view()
-            .apply(&self.fc)
+    fn forward_t(&self, xs: &Tensor, train: bool) -> Tensor {
+        chain(self, xs, train)
+    }
+}
+
+impl Network for ConvNet {
+    /// conv1, conv2, head.
+    fn stages(&self) -> usize {
+        3
+    }
+
+    fn forward_stage(&self, stage: usize, xs: &Tensor, _train: bool) -> Tensor {
+        match stage {
+            0 => xs.apply(&self.conv1).relu(),
+            1 => xs.apply(&self.conv2).relu(),
+            _ => xs.adaptive_avg_pool2d([1, 1]).flat_view().apply(&self.fc),
+        }
+    }
+
+    fn stage_of(&self, name: &str) -> usize {
+        match name.split('.').next() {
+            Some("conv1") => 0,
+            Some("conv2") => 1,
+            _ => 2,
+        }
     }
 }

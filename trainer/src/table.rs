@@ -6,11 +6,31 @@
 //! the threads (replica r receives from r + 2^l at level l), replica 0 copies the node sum to
 //! host memory and hands the bucket to the rank's communication thread (the caller of
 //! [`Table::step`]), which allreduces it across ranks and scales it by 1 / (global replica
-//! count). With overlap on, the communication thread reduces bucket k while the replicas are
-//! still summing and copying bucket k+1, and each replica applies the update of bucket k as
-//! soon as it is reduced. Every replica applies the same averaged gradient to the same
-//! weights, so replicas stay bitwise identical; BatchNorm running statistics stay per replica.
-//! The tree and the bucket order are fixed, so a run is deterministic on CPU.
+//! count). Each replica applies the update of bucket k as soon as it is reduced. Every replica
+//! applies the same averaged gradient to the same weights, so replicas stay bitwise identical;
+//! BatchNorm running statistics stay per replica.
+//!
+//! How much of this overlaps is [`Overlap`] (`--overlap`):
+//!
+//! - `off`: the whole gradient is one bucket, summed, copied and allreduced after backward.
+//! - `pipeline`: buckets of about `--bucket-mb`; after backward, the communication thread
+//!   allreduces bucket k while the replicas sum and copy bucket k+1.
+//! - `backward`: the allreduce also overlaps backward. tch has no autograd hooks, so the
+//!   replica runs the model as a chain of stages ([`crate::model::Network`]: stem, each
+//!   residual block, head), cutting the graph between stages (the input of stage s is the
+//!   detached output of stage s-1, marked as requiring grad). Backward runs the loss through
+//!   the last stage, then for each earlier stage s backpropagates `sum(out_s * g)`, where g is
+//!   the gradient that arrived at stage s+1's input, so gradients flow into the same
+//!   operations as in one backward call. Buckets never span a stage boundary, and as soon as
+//!   the backward of a stage is done every bucket whose parameters all lie in stages already
+//!   done is summed, copied and handed to the communication thread, which allreduces it while
+//!   the replica runs the backward of the earlier stages. The gradient arriving at a stage
+//!   boundary is summed from the same two consumers (residual and main path, or one) as in a
+//!   single backward call, and two-term sums commute, so on CPU the gradients, and hence the
+//!   weights, are bitwise those of `off` and `pipeline` (a test checks it). On CUDA the
+//!   device-to-host copy of a bucket is issued from the replica thread, between stages.
+//!
+//! The tree and the bucket order are fixed, so a run is deterministic on CPU in every mode.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -71,6 +91,45 @@ impl Precision {
     }
 }
 
+/// How the gradient reduction overlaps the replicas' work (see the module documentation).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Overlap {
+    /// One bucket, reduced after backward.
+    Off,
+    /// Buckets pipelined after backward (sum and copy of bucket k+1 while k is allreduced).
+    Pipeline,
+    /// Staged backward: a bucket is allreduced while the earlier stages are still in backward.
+    Backward,
+}
+
+impl std::str::FromStr for Overlap {
+    type Err = TrainError;
+
+    fn from_str(s: &str) -> Result<Self> {
+        match s {
+            "off" => Ok(Overlap::Off),
+            "pipeline" => Ok(Overlap::Pipeline),
+            "backward" => Ok(Overlap::Backward),
+            _ => Err(TrainError::config(
+                "--overlap",
+                format!("{s:?} is not backward, pipeline, off or auto"),
+            )),
+        }
+    }
+}
+
+impl Overlap {
+    /// Name as on the command line.
+    pub fn name(self) -> &'static str {
+        match self {
+            Overlap::Off => "off",
+            Overlap::Pipeline => "pipeline",
+            Overlap::Backward => "backward",
+        }
+    }
+}
+
 /// Configuration of the table of one rank.
 #[derive(Clone, Debug)]
 pub struct TableConfig {
@@ -92,9 +151,8 @@ pub struct TableConfig {
     pub label_smoothing: f64,
     /// Target bucket size in bytes.
     pub bucket_bytes: usize,
-    /// Pipeline the intra-node sum, the copy to host and the allreduce bucket by bucket;
-    /// when off, the whole gradient is one bucket.
-    pub overlap: bool,
+    /// What the gradient reduction overlaps with.
+    pub overlap: Overlap,
     /// Total number of replicas over all ranks (the divisor of the gradient sum).
     pub global_replicas: usize,
 }
@@ -123,6 +181,9 @@ pub struct Bucket {
     pub len: usize,
     /// Indices (into [`Layout::params`]) of the parameters in the bucket.
     pub params: Vec<usize>,
+    /// The model stage whose backward completes the bucket's gradients (0 when the layout is
+    /// not staged).
+    pub stage: usize,
 }
 
 /// Where every parameter and buffer lives in the flat representation.
@@ -142,6 +203,16 @@ impl Layout {
     /// Lays out the variables of `vs` in reverse creation order, cut into buckets of about
     /// `bucket_bytes` (a larger parameter gets a bucket of its own).
     pub fn new(vs: &nn::VarStore, bucket_bytes: usize) -> Layout {
+        Self::staged(vs, bucket_bytes, &|_| 0)
+    }
+
+    /// As [`Layout::new`], and a bucket never holds parameters of two stages: `stage_of` maps
+    /// a variable name to its model stage ([`crate::model::Network::stage_of`]).
+    pub fn staged(
+        vs: &nn::VarStore,
+        bucket_bytes: usize,
+        stage_of: &dyn Fn(&str) -> usize,
+    ) -> Layout {
         let named = vs.variables();
         let by_ptr: HashMap<usize, &String> = named
             .iter()
@@ -179,8 +250,9 @@ impl Layout {
         for i in (0..params.len()).rev() {
             params[i].offset = offset;
             let n = params[i].numel;
+            let stage = stage_of(&params[i].name);
             match buckets.last_mut() {
-                Some(b) if b.len + n <= cap => {
+                Some(b) if b.len + n <= cap && b.stage == stage => {
                     b.len += n;
                     b.params.push(i);
                 }
@@ -188,6 +260,7 @@ impl Layout {
                     start: offset,
                     len: n,
                     params: vec![i],
+                    stage,
                 }),
             }
             offset += n;
@@ -529,7 +602,11 @@ impl Replica {
             p.zero_grad();
         }
         let amp = self.cfg.precision != Precision::Fp32 && self.device.is_cuda();
-        let logits = tch::autocast(amp, || self.model.forward_t(&images, true));
+        let staged = self.cfg.overlap == Overlap::Backward;
+        let mut pass = tch::autocast(amp, || {
+            model::StagedPass::forward(self.model.as_ref(), &images, true, staged)
+        })?;
+        let logits = pass.logits();
         let loss = logits
             .f_to_kind(Kind::Float)?
             .f_cross_entropy_loss::<Tensor>(
@@ -546,81 +623,42 @@ impl Replica {
             loss
         };
         scaled.f_backward()?;
+        drop(scaled);
+        // Backward of the earlier stages, last first; after each, hand over the buckets it
+        // completed.
+        let mut handed = 0;
+        let mut handing = Duration::ZERO;
+        let stages = pass.stages();
+        for s in (0..stages).rev() {
+            if s + 1 < stages {
+                pass.backward_stage(s)?;
+            }
+            let t0 = Instant::now();
+            while let Some(bucket) = self.layout.buckets.get(handed) {
+                if bucket.stage < s {
+                    break;
+                }
+                self.hand_off(handed, seq)?;
+                handed += 1;
+            }
+            handing += t0.elapsed();
+        }
+        drop((pass, images));
         sync_device(self.device);
-        let compute = compute_start.elapsed();
+        let compute = compute_start.elapsed().saturating_sub(handing);
         ddl_trace::record(
             "forward_backward",
             "train",
             compute_start,
-            compute,
+            compute_start.elapsed(),
             &[("replica", replica)],
         );
         let images_n = batch.len();
         let bad = batch.skipped;
-        drop(images);
         drop(batch);
 
         let _guard = tch::no_grad_guard();
         let k_count = self.layout.buckets.len() as u64;
-        // Copy, tree-sum and (replica 0) hand over every bucket.
-        for (k, bucket) in self.layout.buckets.iter().enumerate() {
-            let _span = ddl_trace::span_args(
-                "intra_node_sum",
-                "reduce",
-                &[("bucket", k as i64), ("replica", replica)],
-            );
-            let q = seq + k as u64 + 1;
-            let mut flat =
-                self.flats[self.index].f_narrow(0, bucket.start as i64, bucket.len as i64)?;
-            for &i in &bucket.params {
-                let p = &self.layout.params[i];
-                let mut dst = flat.f_narrow(0, (p.offset - bucket.start) as i64, p.numel as i64)?;
-                let g = self.params[i].grad();
-                if g.defined() {
-                    dst.f_copy_(&g.f_view([-1])?)?;
-                } else {
-                    let _ = dst.f_zero_()?;
-                }
-            }
-            let n = self.flats.len();
-            let mut level = 1;
-            let mut sender = false;
-            while level < n {
-                if self.index % (2 * level) == 0 {
-                    let partner = self.index + level;
-                    if partner < n {
-                        self.shared.wait_progress(self.index, partner, q)?;
-                        let theirs = self.flats[partner].f_narrow(
-                            0,
-                            bucket.start as i64,
-                            bucket.len as i64,
-                        )?;
-                        let _ = flat.f_add_(&theirs.f_to_device(self.device)?)?;
-                    }
-                } else {
-                    sender = true;
-                    break;
-                }
-                level *= 2;
-            }
-            if sender {
-                sync_device(self.device);
-                self.shared.publish(self.index, q);
-            } else {
-                // Replica 0: the node sum of this bucket goes to the communication thread.
-                let mut host = self.shared.host[k]
-                    .write()
-                    .unwrap_or_else(|e| e.into_inner());
-                to_host(&flat, &mut host)?;
-                drop(host);
-                if self.tx.send(Msg::Ready(k)).is_err() {
-                    return Err(TrainError::Replica {
-                        replica: 0,
-                        message: "communication thread is gone".into(),
-                    });
-                }
-            }
-        }
         // Apply each bucket once it is reduced across ranks.
         let defer = self.cfg.precision == Precision::Fp16;
         for (k, bucket) in self.layout.buckets.iter().enumerate() {
@@ -669,6 +707,61 @@ impl Replica {
             compute,
             bad,
         })
+    }
+
+    /// Copies the gradients of bucket `k` into this replica's flat buffer, sums it along the
+    /// tree and, on replica 0, copies the node sum to host and hands it to the communication
+    /// thread.
+    fn hand_off(&self, k: usize, seq: u64) -> Result<()> {
+        let _guard = tch::no_grad_guard();
+        let bucket = &self.layout.buckets[k];
+        let _span = ddl_trace::span_args(
+            "intra_node_sum",
+            "reduce",
+            &[("bucket", k as i64), ("replica", self.index as i64)],
+        );
+        let q = seq + k as u64 + 1;
+        let mut flat =
+            self.flats[self.index].f_narrow(0, bucket.start as i64, bucket.len as i64)?;
+        for &i in &bucket.params {
+            let p = &self.layout.params[i];
+            let mut dst = flat.f_narrow(0, (p.offset - bucket.start) as i64, p.numel as i64)?;
+            let g = self.params[i].grad();
+            if g.defined() {
+                dst.f_copy_(&g.f_view([-1])?)?;
+            } else {
+                let _ = dst.f_zero_()?;
+            }
+        }
+        let n = self.flats.len();
+        let mut level = 1;
+        while level < n {
+            if self.index % (2 * level) != 0 {
+                sync_device(self.device);
+                self.shared.publish(self.index, q);
+                return Ok(());
+            }
+            let partner = self.index + level;
+            if partner < n {
+                self.shared.wait_progress(self.index, partner, q)?;
+                let theirs =
+                    self.flats[partner].f_narrow(0, bucket.start as i64, bucket.len as i64)?;
+                let _ = flat.f_add_(&theirs.f_to_device(self.device)?)?;
+            }
+            level *= 2;
+        }
+        // Replica 0: the node sum of this bucket goes to the communication thread.
+        let mut host = self.shared.host[k]
+            .write()
+            .unwrap_or_else(|e| e.into_inner());
+        to_host(&flat, &mut host)?;
+        drop(host);
+        self.tx
+            .send(Msg::Ready(k))
+            .map_err(|_| TrainError::Replica {
+                replica: 0,
+                message: "communication thread is gone".into(),
+            })
     }
 
     fn eval(&mut self, it: BatchIter, valid: &ValidCount) -> Result<EvalSums> {
@@ -820,14 +913,15 @@ impl Table {
         let init_guard = INIT_LOCK.lock().unwrap_or_else(|e| e.into_inner());
         tch::manual_seed(cfg.seed as i64);
         let reference = nn::VarStore::new(Device::Cpu);
-        let _model = model::build(cfg.model, &reference.root(), cfg.classes, cfg.image_size);
+        let model = model::build(cfg.model, &reference.root(), cfg.classes, cfg.image_size);
         drop(init_guard);
-        let bucket_bytes = if cfg.overlap {
-            cfg.bucket_bytes
-        } else {
-            usize::MAX
-        };
-        let layout = Arc::new(Layout::new(&reference, bucket_bytes));
+        let layout = Arc::new(match cfg.overlap {
+            Overlap::Off => Layout::new(&reference, usize::MAX),
+            Overlap::Pipeline => Layout::new(&reference, cfg.bucket_bytes),
+            Overlap::Backward => {
+                Layout::staged(&reference, cfg.bucket_bytes, &|name| model.stage_of(name))
+            }
+        });
         let init: Vec<(String, Vec<f32>)> = {
             let vars = reference.variables();
             let mut v: Vec<_> = vars

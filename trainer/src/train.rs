@@ -26,7 +26,7 @@ use crate::metrics::{EpochRecord, MetricsWriter, StepRecord};
 use crate::model::ModelKind;
 use crate::optim::SgdConfig;
 use crate::schedule::{Decay, DecayKind, Schedule};
-use crate::table::{BatchIter, EvalSums, Precision, ReplicaState, Table, TableConfig};
+use crate::table::{BatchIter, EvalSums, Overlap, Precision, ReplicaState, Table, TableConfig};
 
 /// How the ranks of a node share the dataset.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
@@ -115,10 +115,10 @@ pub struct TrainConfig {
     pub check_replicas: bool,
     /// `node` or `rank` (`--residency`).
     pub residency: String,
-    /// Pipeline gradient buckets with the allreduce (`--overlap on|off|auto`); `None` = auto:
-    /// on when the replicas are GPUs, off for CPU replicas, which occupy the cores the
-    /// communication thread would overlap on (measured: overlap costs time on a 2-core CPU).
-    pub overlap: Option<bool>,
+    /// What the gradient allreduce overlaps with (`--overlap backward|pipeline|off|auto`);
+    /// `None` = auto: backward when the replicas are GPUs, off for CPU replicas, which occupy
+    /// the cores the communication thread would overlap on.
+    pub overlap: Option<Overlap>,
     /// Gradient bucket size in MiB (`--bucket-mb`).
     pub bucket_mb: f64,
     /// Evaluate on the val split after every epoch (`--no-eval` turns it off).
@@ -510,9 +510,13 @@ pub fn train(
     if let Some(lr) = cfg.lr {
         schedule.peak = lr;
     }
-    let overlap = cfg
-        .overlap
-        .unwrap_or_else(|| plan.devices.iter().any(|d| d.is_cuda()));
+    let overlap = cfg.overlap.unwrap_or_else(|| {
+        if plan.devices.iter().any(|d| d.is_cuda()) {
+            Overlap::Backward
+        } else {
+            Overlap::Off
+        }
+    });
     let table = Table::new(TableConfig {
         devices: plan.devices.clone(),
         model: plan.model,
@@ -553,7 +557,7 @@ pub fn train(
             schedule.peak,
             steps_per_epoch,
             plan.algorithm,
-            if overlap { "on" } else { "off" },
+            overlap.name(),
             table.layout().buckets.len(),
         );
     }

@@ -6,50 +6,17 @@
 mod common;
 
 use std::path::Path;
-use std::sync::Arc;
 
-use ddl_comm::{thread_group, Topology, Transport};
-use ddl_trainer::{train, RankInfo, TrainConfig};
+use ddl_trainer::table::Overlap;
 
 const B: usize = 4;
 const STEPS: u64 = 4;
-
-fn run_ranks(cfg: &TrainConfig, ranks: usize) {
-    let group = thread_group(ranks);
-    std::thread::scope(|s| {
-        let handles: Vec<_> = group
-            .into_iter()
-            .enumerate()
-            .map(|(r, t)| {
-                let mut cfg = cfg.clone();
-                if r != 0 {
-                    cfg.dump_weights = None;
-                }
-                s.spawn(move || {
-                    let transport: Arc<dyn Transport> = Arc::new(t);
-                    let info = RankInfo {
-                        node: 0,
-                        nodes: 1,
-                        rank_in_node: r,
-                        ranks_in_node: ranks,
-                    };
-                    train(&cfg, transport, Topology::new(1, ranks), info)
-                })
-            })
-            .collect();
-        for h in handles {
-            h.join()
-                .expect("rank thread panicked")
-                .expect("training failed");
-        }
-    });
-}
 
 fn reference(data: &Path, dir: &Path) -> Vec<(String, Vec<f32>)> {
     let mut cfg = common::config(data, "convnet_nobn", 4 * B, "cpu:1");
     cfg.max_steps = Some(STEPS);
     cfg.dump_weights = Some(dir.join("ref.bin"));
-    run_ranks(&cfg, 1);
+    common::run_ranks(&cfg, 1);
     common::read_dump(&dir.join("ref.bin"))
 }
 
@@ -80,14 +47,14 @@ fn two_ranks_two_replicas_match_one_big_batch() {
         let mut cfg = common::config(&data, "convnet_nobn", 4 * B, "cpu:1");
         cfg.max_steps = Some(0);
         cfg.dump_weights = Some(dir.join("init.bin"));
-        run_ranks(&cfg, 1);
+        common::run_ranks(&cfg, 1);
         common::read_dump(&dir.join("init.bin"))
     };
     let moved = init.iter().zip(&want).any(|((_, a), (_, b))| a != b);
     assert!(moved, "the reference run did not change the weights");
 
     for algo in ["ring", "rhd", "multicolor", "multiring", "auto"] {
-        for overlap in [true, false] {
+        for overlap in [Overlap::Off, Overlap::Pipeline, Overlap::Backward] {
             let mut cfg = common::config(&data, "convnet_nobn", B, "cpu:2");
             cfg.max_steps = Some(STEPS);
             cfg.allreduce = algo.into();
@@ -95,13 +62,13 @@ fn two_ranks_two_replicas_match_one_big_batch() {
             // Small buckets so that the overlapped path really has several.
             cfg.bucket_mb = 0.001;
             cfg.check_replicas = true;
-            let out = dir.join(format!("{algo}-{overlap}.bin"));
+            let out = dir.join(format!("{algo}-{}.bin", overlap.name()));
             cfg.dump_weights = Some(out.clone());
-            run_ranks(&cfg, 2);
+            common::run_ranks(&cfg, 2);
             assert_close(
                 &common::read_dump(&out),
                 &want,
-                &format!("{algo} overlap={overlap}"),
+                &format!("{algo} overlap={}", overlap.name()),
             );
         }
     }
@@ -111,7 +78,7 @@ fn two_ranks_two_replicas_match_one_big_batch() {
     cfg.base_lr = 0.4 * 2.0;
     let out = dir.join("half.bin");
     cfg.dump_weights = Some(out.clone());
-    run_ranks(&cfg, 2);
+    common::run_ranks(&cfg, 2);
     let got = common::read_dump(&out);
     let differs = std::panic::catch_unwind(|| assert_close(&got, &want, "half batch")).is_err();
     assert!(differs, "a run on different samples matched the reference");

@@ -1,9 +1,9 @@
 //! Models (torchvision names and sizes), weight-decay exclusion, and the SGD update.
 
-use ddl_trainer::model::{self, ModelKind};
+use ddl_trainer::model::{self, ModelKind, StagedPass};
 use ddl_trainer::optim::{Sgd, SgdConfig};
 use ddl_trainer::table::Layout;
-use tch::{nn, Device, Kind, Tensor};
+use tch::{nn, Device, Kind, Reduction, Tensor};
 
 fn layout(kind: ModelKind, classes: i64, size: u32) -> Layout {
     let vs = nn::VarStore::new(Device::Cpu);
@@ -137,4 +137,88 @@ fn sgd_matches_pytorch_semantics() {
         .unwrap();
     let v: Vec<f32> = Vec::try_from(&p).unwrap();
     assert!((v[0] + 1.9).abs() < 1e-6, "{v:?}");
+}
+
+/// Gradients of every parameter of `net` after a cross-entropy backward on `x`, in one piece
+/// or stage by stage, and the number of stages the pass had.
+fn gradients(
+    vs: &nn::VarStore,
+    net: &model::Model,
+    x: &Tensor,
+    staged: bool,
+) -> (usize, Vec<Vec<f32>>) {
+    for mut t in vs.trainable_variables() {
+        t.zero_grad();
+    }
+    let labels = Tensor::from_slice(&[1i64, 7]);
+    let mut pass = StagedPass::forward(net.as_ref(), x, true, staged).unwrap();
+    pass.logits()
+        .cross_entropy_loss::<Tensor>(&labels, None, Reduction::Mean, -100, 0.0)
+        .backward();
+    let stages = pass.stages();
+    for s in (0..stages - 1).rev() {
+        pass.backward_stage(s).unwrap();
+    }
+    let grads = vs
+        .trainable_variables()
+        .iter()
+        .map(|t| Vec::<f32>::try_from(&t.grad().view([-1])).unwrap())
+        .collect();
+    (stages, grads)
+}
+
+#[test]
+fn staged_backward_is_bitwise_one_backward() {
+    tch::set_num_threads(1);
+    for (kind, size, stages) in [
+        (ModelKind::ConvnetNobn, 32, 3),
+        (ModelKind::ResnetSmall, 32, 8),
+        (ModelKind::Resnet18, 64, 10),
+        (ModelKind::Resnet50, 64, 18),
+    ] {
+        let vs = nn::VarStore::new(Device::Cpu);
+        let net = model::build(kind, &vs.root(), 10, size as u32);
+        // Every BatchNorm gamma at 0.5 (the last one of each block starts at 0, which would
+        // stop the gradient of the layers before it).
+        tch::no_grad(|| {
+            for (name, mut t) in vs.variables() {
+                if name.contains("bn") && name.ends_with(".weight") {
+                    let _ = t.fill_(0.5);
+                }
+            }
+        });
+        let x = Tensor::randn([2, 3, size, size], (Kind::Float, Device::Cpu));
+        let (one, whole) = gradients(&vs, &net, &x, false);
+        let (n, staged) = gradients(&vs, &net, &x, true);
+        assert_eq!((one, n), (1, stages), "{kind}");
+        assert!(
+            whole.iter().all(|g| g.iter().any(|x| *x != 0.0)),
+            "{kind}: a parameter got no gradient"
+        );
+        assert!(whole == staged, "{kind}: staged gradients differ");
+    }
+}
+
+#[test]
+fn staged_buckets_follow_stage_boundaries() {
+    let vs = nn::VarStore::new(Device::Cpu);
+    let net = model::build(ModelKind::Resnet18, &vs.root(), 1000, 64);
+    let layout = Layout::staged(&vs, 8 << 20, &|n| net.stage_of(n));
+    // Every bucket holds parameters of its own stage only; stages are handed over last first.
+    for b in &layout.buckets {
+        for &i in &b.params {
+            assert_eq!(net.stage_of(&layout.params[i].name), b.stage);
+        }
+        assert!(b.len * 4 <= 8 << 20 || b.params.len() == 1);
+    }
+    assert!(layout.buckets.windows(2).all(|w| w[0].stage >= w[1].stage));
+    let stages: std::collections::BTreeSet<usize> =
+        layout.buckets.iter().map(|b| b.stage).collect();
+    assert_eq!(stages.len(), net.stages());
+    assert_eq!(layout.buckets[0].stage, net.stages() - 1, "fc first");
+    assert_eq!(net.stage_of("conv1.weight"), 0);
+    assert_eq!(net.stage_of("layer1.0.conv1.weight"), 1);
+    assert_eq!(net.stage_of("layer4.1.bn2.bias"), 8);
+    assert_eq!(net.stage_of("layer2.0.downsample.1.weight"), 3);
+    assert_eq!(layout.total, 11_689_512);
 }

@@ -5,11 +5,6 @@
 
 mod common;
 
-use std::sync::Arc;
-
-use ddl_comm::{thread_group, Topology, Transport};
-use ddl_trainer::{train, RankInfo};
-
 #[test]
 fn ranks_as_nodes_with_uneven_shards() {
     let dir = common::scratch("residency");
@@ -22,31 +17,8 @@ fn ranks_as_nodes_with_uneven_shards() {
     cfg.check_replicas = true;
     cfg.epochs = 1;
     cfg.metrics = Some(dir.join("m.jsonl"));
-    let group = thread_group(2);
-    let summaries: Vec<_> = std::thread::scope(|s| {
-        let hs: Vec<_> = group
-            .into_iter()
-            .enumerate()
-            .map(|(r, t)| {
-                let mut cfg = cfg.clone();
-                if r != 0 {
-                    cfg.metrics = None;
-                }
-                s.spawn(move || {
-                    let t: Arc<dyn Transport> = Arc::new(t);
-                    // Both ranks on one physical node; --residency rank makes them two nodes.
-                    let info = RankInfo {
-                        node: 0,
-                        nodes: 1,
-                        rank_in_node: r,
-                        ranks_in_node: 2,
-                    };
-                    train(&cfg, t, Topology::new(1, 2), info).unwrap()
-                })
-            })
-            .collect();
-        hs.into_iter().map(|h| h.join().unwrap()).collect()
-    });
+    // Both ranks on one physical node; --residency rank makes them two nodes.
+    let summaries = common::run_all(&cfg, 2);
     // Smallest node: 16 records / (1 rank x 2 replicas x 4) = 2 steps on both ranks.
     assert_eq!(summaries[0].global_steps, 2);
     assert_eq!(summaries[1].global_steps, 2);

@@ -1,46 +1,13 @@
 //! Checkpoint and resume: a run stopped after k steps and resumed to N ends with weights
 //! bitwise identical to an uninterrupted N-step run (BatchNorm model, 2 replicas, so the
 //! per-replica running statistics must round-trip too), also when the newest checkpoint is
-//! damaged and an older one must be used.
+//! damaged and an older one must be used. The runs use `--overlap backward` (staged
+//! backward), whose resumed trajectory must be exact too.
 
 mod common;
 
-use std::sync::Arc;
-
-use ddl_comm::{thread_group, Topology, Transport};
 use ddl_trainer::checkpoint::{self, Checkpoint};
-use ddl_trainer::{train, RankInfo, TrainConfig, TrainSummary};
-
-fn run(cfg: &TrainConfig, ranks: usize) -> TrainSummary {
-    let group = thread_group(ranks);
-    std::thread::scope(|s| {
-        let handles: Vec<_> = group
-            .into_iter()
-            .enumerate()
-            .map(|(r, t)| {
-                let mut cfg = cfg.clone();
-                if r != 0 {
-                    cfg.dump_weights = None;
-                }
-                s.spawn(move || {
-                    let transport: Arc<dyn Transport> = Arc::new(t);
-                    let info = RankInfo {
-                        node: 0,
-                        nodes: 1,
-                        rank_in_node: r,
-                        ranks_in_node: ranks,
-                    };
-                    train(&cfg, transport, Topology::new(1, ranks), info)
-                })
-            })
-            .collect();
-        let mut out: Vec<TrainSummary> = handles
-            .into_iter()
-            .map(|h| h.join().expect("panicked").expect("training failed"))
-            .collect();
-        out.remove(0)
-    })
-}
+use ddl_trainer::table::Overlap;
 
 #[test]
 fn resume_is_bitwise_exact() {
@@ -57,20 +24,21 @@ fn resume_is_bitwise_exact() {
         cfg.checkpoint_dir = Some(dir.join(format!("ck-{name}")));
         cfg.checkpoint_every = 2;
         cfg.keep_checkpoints = 10;
+        cfg.overlap = Some(Overlap::Backward);
         cfg
     };
     // Uninterrupted: 8 steps, crossing the epoch boundary at 5.
     let mut full = base("full");
     full.max_steps = Some(8);
     full.dump_weights = Some(dir.join("full.bin"));
-    let s = run(&full, 2);
+    let s = common::run_ranks(&full, 2);
     assert_eq!(s.global_steps, 8);
     let want = std::fs::read(dir.join("full.bin")).unwrap();
 
     // Interrupted at 7 (checkpoint at 7 written on stop), resumed to 8.
     let mut first = base("cut");
     first.max_steps = Some(7);
-    let s = run(&first, 2);
+    let s = common::run_ranks(&first, 2);
     assert_eq!(s.global_steps, 7);
     let files = checkpoint::list(&dir.join("ck-cut")).unwrap();
     let steps: Vec<u64> = files
@@ -92,7 +60,7 @@ fn resume_is_bitwise_exact() {
     second.max_steps = Some(8);
     second.resume = true;
     second.dump_weights = Some(dir.join("resumed.bin"));
-    let s = run(&second, 2);
+    let s = common::run_ranks(&second, 2);
     assert_eq!(s.steps_run, 1);
     assert!(s.resumed_from.unwrap().ends_with(checkpoint::file_name(7)));
     assert!(
@@ -113,7 +81,7 @@ fn resume_is_bitwise_exact() {
     std::fs::write(&newest, &bytes).unwrap();
     let mut third = second.clone();
     third.dump_weights = Some(dir.join("fallback.bin"));
-    let s = run(&third, 2);
+    let s = common::run_ranks(&third, 2);
     assert_eq!(s.warnings.len(), 1, "{:?}", s.warnings);
     assert!(s.warnings[0].contains("damaged"));
     assert!(s.resumed_from.unwrap().ends_with(checkpoint::file_name(7)));

@@ -5,6 +5,10 @@
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use ddl_comm::{thread_group, Topology, Transport};
+use ddl_trainer::{train, RankInfo, TrainSummary};
 
 use ddl_loader::manifest::{ClassInfo, Manifest, ShardInfo, SplitInfo};
 use ddl_loader::shard::ShardWriter;
@@ -171,4 +175,46 @@ pub fn read_dump(path: &Path) -> Vec<(String, Vec<f32>)> {
         ));
     }
     out
+}
+
+/// Trains `cfg` on `ranks` ranks simulated by threads over the in-process transport (all on
+/// one node) and returns every rank's summary; only rank 0 dumps weights and writes metrics.
+pub fn run_all(cfg: &TrainConfig, ranks: usize) -> Vec<TrainSummary> {
+    let group = thread_group(ranks);
+    std::thread::scope(|s| {
+        let handles: Vec<_> = group
+            .into_iter()
+            .enumerate()
+            .map(|(r, t)| {
+                let mut cfg = cfg.clone();
+                if r != 0 {
+                    cfg.dump_weights = None;
+                    cfg.metrics = None;
+                }
+                s.spawn(move || {
+                    let transport: Arc<dyn Transport> = Arc::new(t);
+                    let info = RankInfo {
+                        node: 0,
+                        nodes: 1,
+                        rank_in_node: r,
+                        ranks_in_node: ranks,
+                    };
+                    train(&cfg, transport, Topology::new(1, ranks), info)
+                })
+            })
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| {
+                h.join()
+                    .expect("rank thread panicked")
+                    .expect("training failed")
+            })
+            .collect()
+    })
+}
+
+/// [`run_all`], returning rank 0's summary.
+pub fn run_ranks(cfg: &TrainConfig, ranks: usize) -> TrainSummary {
+    run_all(cfg, ranks).remove(0)
 }
