@@ -30,9 +30,13 @@ pub enum Algorithm {
         chunk_bytes: usize,
     },
     /// Multi-dimensional ring over `dims` (fastest tier first); empty = from the topology.
+    /// The buffer is cut into `segments` pipeline segments whose tiers overlap.
     Multiring {
         /// Ring dimensions; their product must equal the number of ranks.
         dims: Vec<usize>,
+        /// Pipeline segments; 0 = automatic: as many as keep each rank's messages at 512 KiB
+        /// or more (at most 16) when two or more dimensions exceed 1, otherwise 1.
+        segments: usize,
     },
     /// The transport's MPI_Allreduce (MPI transport only).
     Mpi,
@@ -64,9 +68,13 @@ impl fmt::Display for Algorithm {
                 colors,
                 chunk_bytes,
             } => write!(f, "multicolor:{colors}:{chunk_bytes}"),
-            Algorithm::Multiring { dims } if !dims.is_empty() => {
+            Algorithm::Multiring { dims, segments } if !dims.is_empty() || *segments > 0 => {
                 let d: Vec<String> = dims.iter().map(|d| d.to_string()).collect();
-                write!(f, "multiring:{}", d.join("x"))
+                write!(f, "multiring:{}", d.join("x"))?;
+                if *segments > 0 {
+                    write!(f, ":{segments}")?;
+                }
+                Ok(())
             }
             other => f.write_str(other.name()),
         }
@@ -83,7 +91,8 @@ impl FromStr for Algorithm {
     type Err = CommError;
 
     /// Parses `ring`, `rhd`, `mpi`, `auto`, `multicolor[:COLORS[:CHUNK_BYTES]]` and
-    /// `multiring[:D1xD2x...]` (e.g. `multiring:4x8x8`).
+    /// `multiring[:D1xD2x...[:SEGMENTS]]` (e.g. `multiring:4x8x8`, `multiring:4x2:8`, or
+    /// `multiring::8` for the topology's dimensions in 8 segments).
     fn from_str(s: &str) -> Result<Self, Self::Err> {
         let mut parts = s.trim().splitn(2, ':');
         let name = parts.next().unwrap_or("").to_ascii_lowercase();
@@ -111,14 +120,19 @@ impl FromStr for Algorithm {
                 })
             }
             ("multiring", rest) => {
-                let dims = match rest {
-                    None => Vec::new(),
+                let mut it = rest.unwrap_or("").splitn(2, ':');
+                let dims = match it.next() {
+                    None | Some("") => Vec::new(),
                     Some(d) => d
                         .split('x')
                         .map(|v| parse_usize(v, "ring dimension"))
                         .collect::<Result<Vec<_>, _>>()?,
                 };
-                Ok(Algorithm::Multiring { dims })
+                let segments = match it.next() {
+                    None => 0,
+                    Some(v) => parse_usize(v, "segment count")?,
+                };
+                Ok(Algorithm::Multiring { dims, segments })
             }
             _ => Err(CommError::InvalidArgument(format!(
                 "unknown allreduce algorithm {s:?} (expected one of {})",

@@ -6,7 +6,8 @@ use std::path::Path;
 use serde::{Deserialize, Serialize};
 
 use crate::algorithm::Algorithm;
-use crate::allreduce::multicolor::step_load;
+use crate::allreduce::multicolor::schedule;
+use crate::allreduce::ring::{segment_offset, segments_for};
 use crate::error::{CommError, Result};
 use crate::topology::Topology;
 
@@ -30,6 +31,12 @@ pub struct Tier {
     /// every size.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub beta_curve: Vec<(usize, f64)>,
+    /// Ranks of the ring whose times gave `beta_curve`: a ring of `b` bytes over them moves
+    /// `b / curve_ranks` bytes per step over each rank's (or, between nodes, each node
+    /// link's) connection, so [`Tier::beta_load`] of a load L reads the curve at
+    /// `L x curve_ranks`. 0 (no curve): the load itself.
+    #[serde(default)]
+    pub curve_ranks: usize,
 }
 
 impl Tier {
@@ -41,6 +48,7 @@ impl Tier {
             beta,
             gamma,
             beta_curve: Vec::new(),
+            curve_ranks: 0,
         }
     }
 
@@ -63,15 +71,100 @@ impl Tier {
         lo.1 + x * (hi.1 - lo.1)
     }
 
-    /// This tier with `beta` resolved for a `bytes` buffer.
-    fn at(&self, bytes: usize) -> Tier {
-        Tier {
-            name: String::new(),
-            alpha: self.alpha,
-            beta: self.beta_at(bytes),
-            gamma: self.gamma,
-            beta_curve: Vec::new(),
+    /// Transfer time per byte of a lock-step round that moves `load` bytes over one rank's
+    /// connection (or one node link): the curve point of the calibration ring whose steps
+    /// moved the same load (see `curve_ranks`).
+    pub fn beta_load(&self, load: f64) -> f64 {
+        self.beta_at((load * self.curve_ranks.max(1) as f64) as usize)
+    }
+
+    /// Seconds to move `load` bytes in one round.
+    fn xfer(&self, load: f64) -> f64 {
+        if load <= 0.0 {
+            0.0
+        } else {
+            load * self.beta_load(load)
         }
+    }
+}
+
+/// What one lock-step round of an algorithm costs: its exchange (node-local transfers and
+/// node-link transfers proceed at once) followed by the additions.
+#[derive(Clone, Copy, Debug, Default)]
+struct Round {
+    /// Latency (the slower tier's alpha when any message crosses nodes).
+    alpha: f64,
+    /// Node-local transfer time of the busiest rank.
+    local: f64,
+    /// Transfer time of the busiest node link.
+    link: f64,
+    /// Reduction time of the busiest rank.
+    add: f64,
+}
+
+impl Round {
+    fn time(&self) -> f64 {
+        self.alpha + self.local.max(self.link) + self.add
+    }
+
+    /// Two rounds run as one (the steps of several pipeline segments in one exchange).
+    fn with(self, o: &Round) -> Round {
+        Round {
+            alpha: self.alpha.max(o.alpha),
+            local: self.local + o.local,
+            link: self.link + o.link,
+            add: self.add + o.add,
+        }
+    }
+}
+
+/// The allreduce algorithms Open MPI 4.1's `tuned` collective component chooses between for
+/// a commutative operation (its fixed decision rules; segmented ring with no segment size
+/// runs as the plain ring).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum OpenMpiAllreduce {
+    /// Recursive doubling of the whole buffer.
+    RecursiveDoubling,
+    /// Ring (reduce-scatter + allgather).
+    Ring,
+    /// Rabenseifner: recursive halving reduce-scatter + recursive doubling allgather.
+    Rabenseifner,
+}
+
+/// What Open MPI 4.1's `coll_tuned_decision_fixed.c` runs for MPI_Allreduce of a
+/// commutative operation over `ranks` ranks and `bytes` bytes. From 128 ranks on, Open MPI
+/// runs reduce + broadcast ("nonoverlapping") for some sizes below 256 KiB; it is modelled
+/// as recursive doubling there.
+pub fn open_mpi_choice(ranks: usize, bytes: usize) -> OpenMpiAllreduce {
+    use OpenMpiAllreduce::*;
+    match ranks {
+        0..=3 => match bytes {
+            0..8 | 4096..8192 | 16384..262144 => Ring,
+            8..4096 | 8192..16384 => RecursiveDoubling,
+            _ => Rabenseifner,
+        },
+        4..=7 => match bytes {
+            0..16 => Ring,
+            16..8192 => RecursiveDoubling,
+            _ => Rabenseifner,
+        },
+        8..=15 => match bytes {
+            0..8192 => RecursiveDoubling,
+            _ => Rabenseifner,
+        },
+        16..=31 => match bytes {
+            0..64 => Ring,
+            64..4096 => RecursiveDoubling,
+            _ => Rabenseifner,
+        },
+        32..=63 => match bytes {
+            0..128 => Ring,
+            _ => Rabenseifner,
+        },
+        _ => match bytes {
+            0..262144 => RecursiveDoubling,
+            _ => Rabenseifner,
+        },
     }
 }
 
@@ -85,11 +178,9 @@ pub struct CostModel {
     /// Where the numbers come from (preset name or calibration host and date).
     #[serde(default)]
     pub source: String,
-    /// The ranks share too few cores for node-local and cross-node transfers of one step to
-    /// overlap (an emulated cluster on one machine, or more ranks than cores): a pipelined
-    /// step then costs the sum of its tiers' transfer times instead of the larger one.
+    /// Seconds per byte of a memory copy (0: unknown, `intra.gamma` is used).
     #[serde(default)]
-    pub serial_tiers: bool,
+    pub copy: f64,
 }
 
 impl Default for CostModel {
@@ -99,7 +190,7 @@ impl Default for CostModel {
             intra: Tier::new("shm", 2e-6, 1.0 / 5e9, 1.0 / 5e9),
             inter: Tier::new("10gbe", 20e-6, 1.0 / 1.1e9, 1.0 / 5e9),
             source: "default".into(),
-            serial_tiers: false,
+            copy: 0.0,
         }
     }
 }
@@ -113,7 +204,7 @@ impl CostModel {
             intra: Tier::new("nvlink", 8e-6, 1.0 / 40e9, 1.0 / 200e9),
             inter: Tier::new("infiniband-edr", 5e-6, 1.0 / 12e9, 1.0 / 200e9),
             source: "preset minsky".into(),
-            serial_tiers: false,
+            copy: 0.0,
         }
     }
 
@@ -150,112 +241,218 @@ impl CostModel {
         })
     }
 
+    /// Seconds per byte of a memory copy (the measured copy, or `gamma` when unknown).
+    fn copy_per_byte(&self) -> f64 {
+        if self.copy > 0.0 {
+            self.copy
+        } else {
+            self.intra.gamma
+        }
+    }
+
+    /// One lock-step round in which every rank `r` sends `msg` bytes to `to(r)` (ranks
+    /// mapping to themselves send nothing), optionally adding what it receives.
+    fn pairs_round(
+        &self,
+        topo: Topology,
+        msg: f64,
+        reduce: bool,
+        to: impl Fn(usize) -> usize,
+    ) -> Round {
+        let mut crossing = vec![0usize; topo.nodes];
+        let mut local = false;
+        for r in 0..topo.ranks() {
+            let q = to(r);
+            if q == r {
+                continue;
+            }
+            if topo.node_of(q) == topo.node_of(r) {
+                local = true;
+            } else {
+                crossing[topo.node_of(r)] += 1;
+            }
+        }
+        let link_load = crossing.iter().copied().max().unwrap_or(0) as f64 * msg;
+        Round {
+            alpha: if link_load > 0.0 {
+                self.inter.alpha
+            } else {
+                self.intra.alpha
+            },
+            local: if local { self.intra.xfer(msg) } else { 0.0 },
+            link: self.inter.xfer(link_load),
+            add: if reduce { msg * self.intra.gamma } else { 0.0 },
+        }
+    }
+
+    /// Rounds of one segment of a multi-dimensional ring of `n` bytes over `dims`.
+    fn multiring_rounds(&self, dims: &[usize], n: f64, topo: Topology) -> Vec<Round> {
+        let mut per_dim = Vec::new();
+        let (mut size, mut stride) = (n, 1usize);
+        for &d in dims {
+            if d > 1 {
+                let msg = size / d as f64;
+                let right = |r: usize| {
+                    let c = (r / stride) % d;
+                    r - c * stride + (c + 1) % d * stride
+                };
+                per_dim.push((
+                    d,
+                    self.pairs_round(topo, msg, true, right),
+                    self.pairs_round(topo, msg, false, right),
+                ));
+                size = msg;
+            }
+            stride *= d;
+        }
+        let mut rounds = Vec::new();
+        for (d, rs, _) in &per_dim {
+            rounds.extend(std::iter::repeat_n(*rs, d - 1));
+        }
+        for (d, _, ag) in per_dim.iter().rev() {
+            rounds.extend(std::iter::repeat_n(*ag, d - 1));
+        }
+        rounds
+    }
+
+    /// Seconds of a multi-dimensional ring in `segments` pipeline segments: the executor's
+    /// rounds, each costing the sum of what its running segments do (see
+    /// [`Round::time`]).
+    fn multiring_time(&self, dims: &[usize], segments: usize, n: f64, topo: Topology) -> f64 {
+        let segments = segments.max(1);
+        let steps = self.multiring_rounds(dims, n / segments as f64, topo);
+        let offset = segment_offset(dims);
+        let rounds = steps.len() + (segments - 1) * offset;
+        (0..rounds)
+            .map(|round| {
+                (0..segments)
+                    .filter_map(|s| round.checked_sub(s * offset).and_then(|i| steps.get(i)))
+                    .fold(Round::default(), |a, b| a.with(b))
+                    .time()
+            })
+            .sum()
+    }
+
+    /// Seconds of recursive halving and doubling (Rabenseifner; `halving`) or recursive
+    /// doubling of the whole buffer (otherwise), with the extra ranks folded in and out.
+    fn recursive_time(&self, n: f64, topo: Topology, halving: bool) -> f64 {
+        let p = topo.ranks();
+        let pow = 1usize << (usize::BITS - 1 - p.leading_zeros());
+        let extra = p - pow;
+        let real = |nr: usize| if nr < extra { 2 * nr + 1 } else { nr + extra };
+        let virt = |r: usize| {
+            if r < 2 * extra {
+                (r % 2 == 1).then_some(r / 2)
+            } else {
+                Some(r - extra)
+            }
+        };
+        let mut t = 0.0;
+        if extra > 0 {
+            let fold = |r: usize| {
+                if r < 2 * extra && r % 2 == 0 {
+                    r + 1
+                } else {
+                    r
+                }
+            };
+            let unfold = |r: usize| {
+                if r < 2 * extra && r % 2 == 1 {
+                    r - 1
+                } else {
+                    r
+                }
+            };
+            t += self.pairs_round(topo, n, true, fold).time();
+            t += self.pairs_round(topo, n, false, unfold).time();
+        }
+        let mut d = 1;
+        let mut size = n;
+        while d < pow {
+            if halving {
+                size /= 2.0;
+            }
+            let partner = |r: usize| virt(r).map_or(r, |nr| real(nr ^ d));
+            t += self.pairs_round(topo, size, true, partner).time();
+            if halving {
+                t += self.pairs_round(topo, size, false, partner).time();
+            }
+            d *= 2;
+        }
+        t
+    }
+
+    /// Seconds of the multi-color allreduce: the steps of its schedule, each costing the
+    /// busiest rank's node-local chunks or the busiest node link's chunks (whichever is
+    /// slower), then the busiest rank's additions.
+    fn multicolor_time(&self, colors: usize, chunk_bytes: usize, n: f64, topo: Topology) -> f64 {
+        let k = colors.clamp(1, topo.ranks());
+        let per_color = n / k as f64;
+        let chunk = (chunk_bytes.max(4) as f64).min(per_color);
+        let chunks = (per_color / chunk).ceil() as usize;
+        schedule(topo, k, chunks)
+            .into_iter()
+            .map(|(steps, c)| {
+                let link = c.link as f64 * chunk;
+                let round = Round {
+                    alpha: if c.link > 0 {
+                        self.inter.alpha
+                    } else {
+                        self.intra.alpha
+                    },
+                    local: c.local as f64 * self.intra.xfer(chunk),
+                    link: self.inter.xfer(link),
+                    add: c.adds as f64 * chunk * self.intra.gamma,
+                };
+                steps as f64 * round.time()
+            })
+            .sum()
+    }
+
+    /// Seconds of MPI_Allreduce as Open MPI 4.1's `tuned` component runs it for a sum of
+    /// floats ([`open_mpi_choice`]), plus the two copies of the buffer around it (ddl's
+    /// send copy and Open MPI's copy of the send buffer into the receive buffer).
+    fn mpi_time(&self, bytes: usize, n: f64, topo: Topology) -> f64 {
+        let p = topo.ranks();
+        let algorithm = match open_mpi_choice(p, bytes) {
+            OpenMpiAllreduce::RecursiveDoubling => self.recursive_time(n, topo, false),
+            OpenMpiAllreduce::Ring => self.multiring_time(&[p], 1, n, topo),
+            OpenMpiAllreduce::Rabenseifner => self.recursive_time(n, topo, true),
+        };
+        algorithm + 2.0 * n * self.copy_per_byte()
+    }
+
     /// Predicted seconds of one allreduce of `bytes` (f32) with `algorithm` over `topo`.
-    /// `Mpi` is modelled as the better of ring and rhd (what MPI libraries choose between);
-    /// `Auto` as the best prediction.
+    ///
+    /// Each algorithm is modelled as the sequence of lock-step rounds it runs (the pipeline
+    /// segments of multiring and the chunk schedule of multicolor included): a round costs
+    /// its latency, the larger of its node-local transfer time (busiest rank) and its node
+    /// link time (busiest link, the chunks of all ranks of the node that cross it in that
+    /// round), then the additions. `Mpi` is the algorithm Open MPI 4.1 picks; `Auto` the
+    /// best prediction.
     pub fn predict(&self, algorithm: &Algorithm, bytes: usize, topo: Topology) -> f64 {
         let n = bytes as f64;
         let p = topo.ranks();
         if p <= 1 || bytes == 0 {
             return 0.0;
         }
-        let g = topo.ranks_per_node;
-        let multi_node = topo.nodes > 1;
-        let intra_tier = self.intra.at(bytes);
-        let inter_tier = self.inter.at(bytes);
-        let (intra_t, inter_t) = (&intra_tier, &inter_tier);
-        // The tier a flat algorithm's slowest step runs on.
-        let flat = if multi_node { inter_t } else { intra_t };
         match algorithm {
-            Algorithm::Ring => {
-                let pf = p as f64;
-                2.0 * (pf - 1.0) * (flat.alpha + n / pf * flat.beta)
-                    + (pf - 1.0) * n / pf * flat.gamma
-            }
-            Algorithm::Rhd => {
-                let pow = 1usize << (usize::BITS - 1 - p.leading_zeros());
-                let extra = p - pow;
-                let mut t = 0.0;
-                if extra > 0 {
-                    let tier = if g >= 2 || !multi_node {
-                        intra_t
-                    } else {
-                        inter_t
-                    };
-                    t += 2.0 * (tier.alpha + n * tier.beta) + n * tier.gamma;
-                }
-                let mut d = 1;
-                let mut size = n;
-                while d < pow {
-                    size /= 2.0;
-                    let (tier, share) = if d < g || !multi_node {
-                        (intra_t, 1.0)
-                    } else {
-                        (inter_t, g as f64)
-                    };
-                    // Halving (with reduction) and doubling move the same bytes.
-                    t += 2.0 * (tier.alpha + size * share * tier.beta) + size * tier.gamma;
-                    d *= 2;
-                }
-                t
-            }
-            Algorithm::Multiring { dims } => {
+            Algorithm::Ring => self.multiring_time(&[p], 1, n, topo),
+            Algorithm::Rhd => self.recursive_time(n, topo, true),
+            Algorithm::Multiring { dims, segments } => {
                 let dims = if dims.is_empty() {
                     topo.dims()
                 } else {
                     dims.clone()
                 };
-                let mut t = 0.0;
-                let mut inner = 1usize;
-                let mut size = n;
-                for &d in &dims {
-                    if d <= 1 {
-                        continue;
-                    }
-                    let df = d as f64;
-                    let intra = !multi_node || inner * d <= g;
-                    let (tier, share) = if intra {
-                        (intra_t, 1.0)
-                    } else {
-                        (inter_t, inner.min(g) as f64)
-                    };
-                    t += 2.0 * (df - 1.0) * (tier.alpha + size / df * share * tier.beta)
-                        + (df - 1.0) * size / df * tier.gamma;
-                    size /= df;
-                    inner *= d;
-                }
-                t
+                let segments = segments_for(&dims, bytes, *segments);
+                self.multiring_time(&dims, segments, n, topo)
             }
             Algorithm::Multicolor {
                 colors,
                 chunk_bytes,
-            } => {
-                let k = (*colors).clamp(1, p);
-                let load = step_load(topo, k);
-                let (intra_chunks, inter_chunks, height) = (load.intra, load.inter, load.height);
-                let per_color = n / k as f64;
-                let chunk = ((*chunk_bytes).max(4) as f64).min(per_color);
-                let chunks = (per_color / chunk).ceil();
-                // Every chunk crosses each tree edge once up (reduce) and once down
-                // (broadcast): per chunk, a rank's node-local links and a node's NIC (shared
-                // by its ranks) carry their edge counts. Filling and draining the pipeline
-                // adds 2H steps of one chunk over one link.
-                let intra = intra_chunks as f64 * chunk * intra_t.beta;
-                let inter = inter_chunks as f64 * chunk * inter_t.beta;
-                let link = if inter_chunks > 0 { inter_t } else { intra_t };
-                // The busiest rank adds `adds` child chunks per step.
-                let fan_in = load.adds as f64;
-                let step = if self.serial_tiers {
-                    intra + inter
-                } else {
-                    intra.max(inter)
-                };
-                chunks * (link.alpha + step + fan_in * chunk * flat.gamma)
-                    + 2.0 * height as f64 * (link.alpha + chunk * link.beta)
-            }
-            Algorithm::Mpi => self
-                .predict(&Algorithm::Ring, bytes, topo)
-                .min(self.predict(&Algorithm::Rhd, bytes, topo)),
+            } => self.multicolor_time(*colors, *chunk_bytes, n, topo),
+            Algorithm::Mpi => self.mpi_time(bytes, n, topo),
             Algorithm::Auto => {
                 let best = self.choose(bytes, topo);
                 self.predict(&best, bytes, topo)
@@ -269,7 +466,10 @@ impl CostModel {
         let candidates = [
             Algorithm::Ring,
             Algorithm::Rhd,
-            Algorithm::Multiring { dims: Vec::new() },
+            Algorithm::Multiring {
+                dims: Vec::new(),
+                segments: 0,
+            },
             Algorithm::Multicolor {
                 colors: crate::algorithm::DEFAULT_COLORS,
                 chunk_bytes: crate::algorithm::DEFAULT_CHUNK_BYTES,

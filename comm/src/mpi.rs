@@ -5,10 +5,17 @@
 //! fail with [`CommError::Timeout`] instead of hanging. After such an error the job is in an
 //! undefined state (cancelled requests may still touch the buffers of the failed call): the
 //! caller must end it with [`World::abort`].
+//!
+//! Polling: while every rank has a core of its own, a waiting rank spins on `MPI_Test`
+//! (lowest latency). When a node runs more ranks than the machine has cores (oversubscribed,
+//! or an emulated cluster on one machine), spinning ranks steal the cores of the ranks that
+//! copy and reduce, so a rank that has waited for a while sleeps between polls, for about a
+//! sixteenth of the time it has waited so far (at most [`MAX_IDLE_SLEEP`]). [`World`] picks
+//! the mode from the node's rank count and the cores; `DDL_COMM_POLL=spin|backoff` overrides.
 
 use std::ffi::{c_int, c_void};
 use std::os::raw::c_char;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
@@ -32,6 +39,35 @@ impl Env {
         self.serial
             .as_ref()
             .map(|m| m.lock().unwrap_or_else(|e| e.into_inner()))
+    }
+}
+
+/// Longest sleep between two polls of a waiting rank in [`Polling::Backoff`] mode.
+pub const MAX_IDLE_SLEEP: Duration = Duration::from_micros(500);
+
+/// Polls before a waiting rank in [`Polling::Backoff`] mode starts to sleep.
+const SPIN_POLLS: u32 = 64;
+
+/// How a rank waits for its outstanding requests.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Polling {
+    /// `MPI_Test` in a loop, yielding the core between rounds.
+    Spin,
+    /// Spin for a few rounds, then sleep between polls for a sixteenth of the time waited so
+    /// far (at most [`MAX_IDLE_SLEEP`]), leaving the cores to ranks with work to do.
+    Backoff,
+}
+
+impl Polling {
+    /// The mode for `ranks_on_node` ranks sharing `cores` cores: `DDL_COMM_POLL` (`spin` or
+    /// `backoff`) if set, otherwise backoff exactly when the ranks outnumber the cores.
+    pub fn for_node(ranks_on_node: usize, cores: usize) -> Polling {
+        match std::env::var("DDL_COMM_POLL").as_deref() {
+            Ok("spin") => Polling::Spin,
+            Ok("backoff") => Polling::Backoff,
+            _ if ranks_on_node > cores => Polling::Backoff,
+            _ => Polling::Spin,
+        }
     }
 }
 
@@ -68,6 +104,8 @@ pub struct MpiTransport {
     rank: usize,
     size: usize,
     timeout_ns: AtomicU64,
+    /// [`Polling::Backoff`] when true.
+    backoff: AtomicBool,
     requests: Mutex<Vec<ffi::MPI_Request>>,
     /// Send-side copy for MPI_Allreduce (reused between calls).
     allreduce_send: Mutex<Vec<f32>>,
@@ -120,6 +158,7 @@ impl MpiTransport {
             rank: rank as usize,
             size: size as usize,
             timeout_ns: AtomicU64::new(u64::try_from(timeout.as_nanos()).unwrap_or(u64::MAX)),
+            backoff: AtomicBool::new(false),
             requests: Mutex::new(Vec::new()),
             allreduce_send: Mutex::new(Vec::new()),
             env,
@@ -136,7 +175,24 @@ impl MpiTransport {
                 ffi::MPI_Comm_split(self.comm, color, key, &mut newcomm)
             })?;
         }
-        MpiTransport::wrap(self.env.clone(), newcomm, true, self.timeout())
+        let t = MpiTransport::wrap(self.env.clone(), newcomm, true, self.timeout())?;
+        t.set_polling(self.polling());
+        Ok(t)
+    }
+
+    /// How this endpoint waits for its requests (inherited by groups split from it).
+    pub fn polling(&self) -> Polling {
+        if self.backoff.load(Ordering::Relaxed) {
+            Polling::Backoff
+        } else {
+            Polling::Spin
+        }
+    }
+
+    /// Changes how this endpoint waits for its requests.
+    pub fn set_polling(&self, polling: Polling) {
+        self.backoff
+            .store(polling == Polling::Backoff, Ordering::Relaxed);
     }
 
     /// Polls `reqs` (MPI_Test) until all complete or the deadline passes. `peers[i]` names
@@ -148,6 +204,7 @@ impl MpiTransport {
         peers: &dyn Fn(usize) -> (Option<usize>, Option<usize>),
     ) -> Result<()> {
         let timeout = self.timeout();
+        let backoff = self.polling() == Polling::Backoff;
         let start = Instant::now();
         let mut remaining = reqs.len();
         let mut polls: u32 = 0;
@@ -196,8 +253,12 @@ impl MpiTransport {
             }
             // Let other ranks sharing this core progress (as Open MPI does when
             // oversubscribed); check the deadline every few rounds.
-            std::thread::yield_now();
-            polls = polls.wrapping_add(1);
+            polls = polls.saturating_add(1);
+            if backoff && polls > SPIN_POLLS {
+                std::thread::sleep((start.elapsed() / 16).min(MAX_IDLE_SLEEP));
+            } else {
+                std::thread::yield_now();
+            }
             if polls % 16 == 0 && start.elapsed() > timeout {
                 let stuck = reqs.iter().position(|r| *r != null).unwrap_or(0);
                 self.cancel_all(reqs);
@@ -442,6 +503,10 @@ impl World {
             })?;
         }
         let node = MpiTransport::wrap(env.clone(), node_comm, true, timeout)?;
+        let cores = std::thread::available_parallelism().map_or(1, |c| c.get());
+        let polling = Polling::for_node(node.size, cores);
+        world.set_polling(polling);
+        node.set_polling(polling);
         // Leaders (local rank 0) number the nodes in world-rank order.
         let leaders = world.split_raw(if node.rank == 0 { 0 } else { 1 }, world.rank as c_int)?;
         let mut info = [0u64; 2];
@@ -540,6 +605,11 @@ impl World {
     /// Number of processes on this node.
     pub fn local_size(&self) -> usize {
         self.node.size
+    }
+
+    /// How the ranks wait for their requests ([`Polling::for_node`] of this node).
+    pub fn polling(&self) -> Polling {
+        self.world.polling()
     }
 
     /// The thread level MPI granted (`Multiple` unless the library lacks it).

@@ -6,23 +6,36 @@ fn tier(alpha: f64, beta: f64, gamma: f64) -> Tier {
     Tier::new("t", alpha, beta, gamma)
 }
 
+/// Node-local links 10x faster than the node links.
+fn two_tier() -> CostModel {
+    CostModel {
+        intra: tier(1e-6, 1e-9, 1e-10),
+        inter: tier(1e-5, 1e-8, 1e-10),
+        source: "test".into(),
+        copy: 0.0,
+    }
+}
+
 #[test]
 fn beta_curve_interpolates_in_log_size_and_clamps() {
     let mut t = tier(1e-6, 1e-9, 0.0);
     assert_eq!(t.beta_at(123), 1e-9);
     t.beta_curve = vec![(1 << 20, 1e-10), (4 << 20, 3e-10), (16 << 20, 1e-9)];
+    // Measured with rings of 4 ranks: a step load of L bytes reads the curve at 4 L.
+    t.curve_ranks = 4;
+    assert_eq!(t.beta_load((4 << 20) as f64), 1e-9);
     assert_eq!(t.beta_at(1 << 10), 1e-10);
     assert_eq!(t.beta_at(1 << 20), 1e-10);
     assert!((t.beta_at(2 << 20) - 2e-10).abs() < 1e-18);
     assert!((t.beta_at(4 << 20) - 3e-10).abs() < 1e-18);
     assert!((t.beta_at(8 << 20) - 6.5e-10).abs() < 1e-18);
     assert_eq!(t.beta_at(1 << 30), 1e-9);
-    // The ring prediction uses the beta of its buffer size.
+    // A 4-rank ring uses the beta of its buffer size.
     let m = CostModel {
         intra: t.clone(),
         inter: t,
         source: "test".into(),
-        serial_tiers: false,
+        copy: 0.0,
     };
     let n = 16 << 20;
     let expect = 2.0 * 3.0 * (1e-6 + n as f64 / 4.0 * 1e-9);
@@ -35,12 +48,7 @@ fn beta_curve_interpolates_in_log_size_and_clamps() {
 
 #[test]
 fn ring_prediction_matches_the_alpha_beta_gamma_formula() {
-    let m = CostModel {
-        intra: tier(1e-6, 1e-9, 1e-10),
-        inter: tier(1e-5, 1e-8, 1e-10),
-        source: "test".into(),
-        serial_tiers: false,
-    };
+    let m = two_tier();
     let n = 1 << 20;
     let p = 8.0;
     let t = m.predict(&Algorithm::Ring, n, Topology::flat(8));
@@ -64,7 +72,10 @@ fn predictions_grow_with_size_and_auto_picks_the_minimum() {
             colors: 4,
             chunk_bytes: 1 << 18,
         },
-        Algorithm::Multiring { dims: vec![] },
+        Algorithm::Multiring {
+            dims: vec![],
+            segments: 0,
+        },
     ];
     for a in &algos {
         let mut last = 0.0;
@@ -111,4 +122,50 @@ fn topology_dims_fastest_tier_first() {
     assert_eq!(Topology::new(8, 1).dims(), vec![8]);
     assert_eq!(Topology::flat(1).dims(), vec![1]);
     assert_eq!(Topology::new(3, 2).node_of(5), 2);
+}
+
+#[test]
+fn pipelined_multiring_overlaps_the_tiers() {
+    // Two nodes of four ranks, a slow link: the unsegmented multi-ring pays the node-local
+    // reduce-scatter and allgather on top of the link time; in segments they overlap it.
+    let m = two_tier();
+    let topo = Topology::new(2, 4);
+    let n = 64 << 20;
+    let one = Algorithm::Multiring {
+        dims: vec![],
+        segments: 1,
+    };
+    let eight = Algorithm::Multiring {
+        dims: vec![],
+        segments: 8,
+    };
+    let (t1, t8) = (m.predict(&one, n, topo), m.predict(&eight, n, topo));
+    assert!(t8 < t1, "{t8} vs {t1}");
+    // Every byte crosses each node link once each way at best: n / 2 per link and phase.
+    let link = 2.0 * (n as f64 / 2.0) * 1e-8;
+    assert!(t8 > link && t8 < 1.1 * link, "{t8} vs {link}");
+    // The flat ring over node-contiguous ranks pushes 2(p-1)/p n through a link: 1.75x.
+    let ring = m.predict(&Algorithm::Ring, n, topo);
+    assert!(ring / t8 > 1.5, "{ring} vs {t8}");
+}
+
+#[test]
+fn mpi_follows_open_mpi_decision_rules() {
+    use ddl_comm::cost::{open_mpi_choice, OpenMpiAllreduce::*};
+    assert_eq!(open_mpi_choice(2, 1 << 20), Rabenseifner);
+    assert_eq!(open_mpi_choice(2, 100 << 10), Ring);
+    assert_eq!(open_mpi_choice(4, 4 << 10), RecursiveDoubling);
+    assert_eq!(open_mpi_choice(8, 16 << 20), Rabenseifner);
+    assert_eq!(open_mpi_choice(64, 64 << 10), RecursiveDoubling);
+    // The model runs Rabenseifner plus two buffer copies: slower than ddl's rhd.
+    let mut m = CostModel::minsky();
+    m.copy = 1e-10;
+    let topo = Topology::flat(8);
+    let n = 16 << 20;
+    let rhd = m.predict(&Algorithm::Rhd, n, topo);
+    let mpi = m.predict(&Algorithm::Mpi, n, topo);
+    assert!(
+        (mpi - rhd - 2.0 * n as f64 * 1e-10).abs() < 1e-12,
+        "{mpi} vs {rhd}"
+    );
 }

@@ -60,7 +60,14 @@ fn algorithms(p: usize) -> Vec<Algorithm> {
             colors: 3,
             chunk_bytes: 1 << 20,
         },
-        Algorithm::Multiring { dims: vec![] },
+        Algorithm::Multiring {
+            dims: vec![],
+            segments: 0,
+        },
+        Algorithm::Multiring {
+            dims: vec![],
+            segments: 3,
+        },
         Algorithm::Auto,
     ];
     // A genuinely multi-dimensional ring where p factors.
@@ -68,6 +75,11 @@ fn algorithms(p: usize) -> Vec<Algorithm> {
         if p % a == 0 {
             v.push(Algorithm::Multiring {
                 dims: vec![a, p / a],
+                segments: 0,
+            });
+            v.push(Algorithm::Multiring {
+                dims: vec![a, p / a],
+                segments: 5,
             });
             break;
         }
@@ -188,9 +200,16 @@ fn sixty_four_ranks_every_algorithm() {
     let expected: Vec<f32> = (0..len)
         .map(|i| (0..p).map(|r| input(r, len, 7, true)[i]).sum())
         .collect();
-    for algo in algorithms(p).into_iter().chain([Algorithm::Multiring {
-        dims: vec![4, 4, 4],
-    }]) {
+    for algo in algorithms(p).into_iter().chain([
+        Algorithm::Multiring {
+            dims: vec![4, 4, 4],
+            segments: 0,
+        },
+        Algorithm::Multiring {
+            dims: vec![4, 4, 4],
+            segments: 7,
+        },
+    ]) {
         let res = run_allreduce(p, len, algo.clone(), 7, true, false);
         check_identical(&res, &algo.to_string());
         assert_eq!(bits(&res[0]), bits(&expected), "{algo}");
@@ -394,7 +413,10 @@ fn invalid_configurations_are_rejected() {
     assert!(matches!(err, CommError::Unsupported(_)));
     let err = Allreducer::new(
         t.clone(),
-        Algorithm::Multiring { dims: vec![2, 2] },
+        Algorithm::Multiring {
+            dims: vec![2, 2],
+            segments: 0,
+        },
         Topology::flat(1),
     )
     .expect_err("dims");
@@ -412,9 +434,19 @@ fn algorithm_names_parse_and_print() {
     assert_eq!(
         "multiring:4x8x8".parse::<Algorithm>().expect("dims"),
         Algorithm::Multiring {
-            dims: vec![4, 8, 8]
+            dims: vec![4, 8, 8],
+            segments: 0,
         }
     );
+    for (text, dims, segments) in [
+        ("multiring:4x2:8", vec![4, 2], 8),
+        ("multiring::8", vec![], 8),
+    ] {
+        let a = Algorithm::Multiring { dims, segments };
+        assert_eq!(text.parse::<Algorithm>().expect("segments"), a);
+        assert_eq!(a.to_string(), text);
+    }
+    assert!("multiring:4x2:0".parse::<Algorithm>().is_err());
     assert_eq!(
         "multicolor:2:4096".parse::<Algorithm>().expect("colors"),
         Algorithm::Multicolor {

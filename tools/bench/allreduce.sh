@@ -3,7 +3,8 @@
 # torch.distributed gloo, np 2 and 4, 4 KiB .. 64 MiB, on this machine.
 #   tools/bench/allreduce.sh [OUT_DIR]      (called by `make bench` with bench-out/)
 # Env: ALLREDUCE_NPS ("2 4"), ALLREDUCE_MAX_BYTES (64MiB), ALLREDUCE_ITERS (20),
-#      BENCH_RUNS (runs per configuration, median of run medians; default 1), PYTHON.
+#      BENCH_RUNS (runs per configuration, median of run medians; default 1), PYTHON,
+#      ALLREDUCE_LOCK=FILE (run each measurement under `flock FILE`, on a shared machine).
 # Raw JSON lines land in OUT_DIR/allreduce-*.jsonl; a busbw table (GB/s) is printed.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -15,6 +16,7 @@ runs=${BENCH_RUNS:-1}
 python=${PYTHON:-.venv/bin/python}
 [ -x "$python" ] || python=python3
 bench=target/release/ddl-bench
+lock=(); [ -n "${ALLREDUCE_LOCK:-}" ] && lock=(flock "$ALLREDUCE_LOCK")
 mkdir -p "$out"
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 [ -x "$bench" ] || cargo build --release -p ddl-tools --bin ddl-bench
@@ -26,18 +28,18 @@ print(int(s[:-1])*m[s[-1]] if s[-1] in m else int(s))")
 : > "$out/allreduce-gloo.jsonl"
 for np in $nps; do
   echo "allreduce: np $np: ddl-bench calibrate -> $out/model-np$np.json" >&2
-  mpirun --allow-run-as-root --oversubscribe -np "$np" "$bench" calibrate \
+  "${lock[@]}" mpirun --allow-run-as-root --oversubscribe -np "$np" "$bench" calibrate \
     -o "$out/model-np$np.json" --max-bytes "$max" >/dev/null
 done
 for run in $(seq "$runs"); do
   for np in $nps; do
     echo "allreduce: run $run, np $np: ddl-bench (ring rhd multicolor multiring mpi auto)" >&2
-    mpirun --allow-run-as-root --oversubscribe -np "$np" "$bench" allreduce --json \
+    "${lock[@]}" mpirun --allow-run-as-root --oversubscribe -np "$np" "$bench" allreduce --json \
       --algos ring,rhd,multicolor,multiring,mpi,auto --min-bytes 4KiB --max-bytes "$max" \
       --iters "$iters" --model-file "$out/model-np$np.json" | grep '^{' >> "$out/allreduce-ddl.jsonl"
     if "$python" -c "import torch.distributed" 2>/dev/null; then
       echo "allreduce: run $run, np $np: gloo" >&2
-      "$python" tools/bench/gloo_allreduce.py --ranks "$np" --min-bytes 4096 \
+      "${lock[@]}" "$python" tools/bench/gloo_allreduce.py --ranks "$np" --min-bytes 4096 \
         --max-bytes "$max_bytes" --iters "$iters" | grep '^{' >> "$out/allreduce-gloo.jsonl"
     else
       echo "allreduce: $python has no torch; gloo rows skipped" >&2

@@ -11,6 +11,9 @@
 #   tools/bench/netns-cluster.sh mpirun NP ARGS...      # mpirun over the namespaces (NP/NODES per node)
 #   tools/bench/netns-cluster.sh bench [OUT_DIR]        # calibrate + allreduce tables (NETNS_RUNS, medians)
 #                                                        # with the model's prediction per row
+#       env: NETNS_RANKS_PER_NODE (2), NETNS_RUNS (3), NETNS_ITERS (5), NETNS_MAX_BYTES (64MiB),
+#            NETNS_MIN_BYTES (1MiB), NETNS_ALGOS, NETNS_SKIP_CALIBRATE=1 (reuse OUT/netns-model.json),
+#            NETNS_LOCK=FILE (run each mpirun under `flock FILE`, on a machine shared with others)
 #   tools/bench/netns-cluster.sh teardown
 #
 # Addresses: bridge ddlcbr0 10.77.0.254/24, node i (1-based) = namespace ddlcns<i>, 10.77.0.<i>.
@@ -82,7 +85,10 @@ run_mpi() {
   local nodes; nodes=$(cut -d' ' -f1 "$state/config")
   local per=$(( (np + nodes - 1) / nodes )) hosts=""
   for i in $(seq "$nodes"); do hosts="${hosts:+$hosts,}10.77.0.$i:$per"; done
-  mpirun --allow-run-as-root --oversubscribe \
+  # Ranks are placed host-contiguously (Open MPI's default mapping by slot: ranks 0..per-1 on
+  # the first host, and so on). All ranks share this machine's cores, so Open MPI's blocking
+  # calls (the `mpi` baseline) yield the core while they wait, as ddl's own polling does.
+  ${NETNS_LOCK:+flock "$NETNS_LOCK"} mpirun --allow-run-as-root --oversubscribe --mca mpi_yield_when_idle 1 \
     --mca plm_rsh_agent "$agent" --mca btl self,vader,tcp \
     --mca btl_tcp_if_include 10.77.0.0/24 --mca oob_tcp_if_include 10.77.0.0/24 \
     --host "$hosts" -np "$np" "$@"
@@ -95,13 +101,15 @@ bench() {
   local nodes; nodes=$(cut -d' ' -f1 "$state/config")
   local np=$(( nodes * ${NETNS_RANKS_PER_NODE:-2} ))
   local bin=$PWD/target/release/ddl-bench
-  echo "netns-cluster: calibrate ($np ranks, $nodes nodes)"
-  run_mpi "$np" "$bin" calibrate -o "$out/netns-model.json" --max-bytes "${NETNS_MAX_BYTES:-64MiB}"
+  if [ "${NETNS_SKIP_CALIBRATE:-0}" != 1 ]; then
+    echo "netns-cluster: calibrate ($np ranks, $nodes nodes)"
+    run_mpi "$np" "$bin" calibrate -o "$out/netns-model.json" --max-bytes "${NETNS_MAX_BYTES:-64MiB}"
+  fi
   : > "$out/allreduce-netns.jsonl"
   for run in $(seq "${NETNS_RUNS:-3}"); do
     echo "netns-cluster: allreduce table, run $run (measured vs the model's prediction)"
-    run_mpi "$np" "$bin" allreduce --algos ring,rhd,multicolor,multiring,mpi,auto \
-      --min-bytes 1MiB --max-bytes "${NETNS_MAX_BYTES:-64MiB}" --iters "${NETNS_ITERS:-5}" \
+    run_mpi "$np" "$bin" allreduce --algos "${NETNS_ALGOS:-ring,rhd,multicolor,multiring,mpi,auto}" \
+      --min-bytes "${NETNS_MIN_BYTES:-1MiB}" --max-bytes "${NETNS_MAX_BYTES:-64MiB}" --iters "${NETNS_ITERS:-5}" \
       --warmup 1 --model-file "$out/netns-model.json" --json | grep '^{' >> "$out/allreduce-netns.jsonl"
   done
   python3 - "$out/allreduce-netns.jsonl" <<'PY'

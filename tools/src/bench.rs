@@ -286,22 +286,34 @@ fn fit(points: &[(usize, f64)]) -> (f64, f64) {
     (alpha, beta)
 }
 
-/// Seconds per byte of a timed f32 `dst += src` over 16 MiB.
-fn measure_gamma() -> f64 {
+/// Seconds per byte of `op(dst, src)` over 16 MiB buffers (median of 7 timed runs).
+fn per_byte(op: impl Fn(&mut [f32], &[f32])) -> f64 {
     let n = 4 << 20;
     let src = vec![1.0f32; n];
     let mut dst = vec![0.5f32; n];
     let mut times: Vec<f64> = (0..7)
         .map(|_| {
             let start = Instant::now();
-            for (d, s) in dst.iter_mut().zip(&src) {
-                *d += *s;
-            }
+            op(&mut dst, &src);
             std::hint::black_box(&mut dst);
             start.elapsed().as_secs_f64()
         })
         .collect();
     median(&mut times) / (n * 4) as f64
+}
+
+/// Seconds per byte of an f32 `dst += src` (the reduction).
+fn measure_gamma() -> f64 {
+    per_byte(|dst, src| {
+        for (d, s) in dst.iter_mut().zip(src) {
+            *d += *s;
+        }
+    })
+}
+
+/// Seconds per byte of a memory copy.
+fn measure_copy() -> f64 {
+    per_byte(|dst, src| dst.copy_from_slice(src))
 }
 
 /// Median over `iters` calls (after one untimed call) of the slowest rank's time of a ring
@@ -350,13 +362,14 @@ fn ring_curve(
 /// the numbers:
 /// - alpha and a base beta per tier from ping-pong between rank 0 and a rank on its node
 ///   (intra) and on the next node (inter);
-/// - gamma from a timed f32 addition;
+/// - gamma from a timed f32 addition and the copy cost from a timed memcpy (all ranks at
+///   once, so that ranks sharing cores are part of the numbers);
 /// - a beta curve per tier from ring allreduce times at buffer sizes up to `max_bytes`:
 ///   the intra tier from a ring over each node's ranks (all nodes at once), the inter tier
-///   from the flat ring over all ranks (every step of which crosses the node links).
+///   from the flat ring over all ranks (every step of which crosses each node link once,
+///   ranks being node-contiguous); `curve_ranks` records each ring's size.
 ///
 /// A tier that this layout cannot measure copies the other one (noted in `source`).
-/// `serial_tiers` is set when all ranks run on one machine with fewer cores than ranks.
 pub fn calibrate(world: &World, max_bytes: usize) -> Result<CostModel> {
     let t: Arc<dyn Transport> = world.transport();
     let topo = world.topology();
@@ -378,6 +391,7 @@ pub fn calibrate(world: &World, max_bytes: usize) -> Result<CostModel> {
         .filter(|&b| b <= max_bytes.max(64 << 10))
         .collect();
     let gamma = measure_gamma();
+    let copy = measure_copy();
     let measure = |peer: usize, name: &str| -> Result<Tier> {
         let mut points = Vec::new();
         for &b in &sizes {
@@ -396,22 +410,16 @@ pub fn calibrate(world: &World, max_bytes: usize) -> Result<CostModel> {
     if let Some(tier) = intra.as_mut() {
         let node: Arc<dyn Transport> = Arc::from(t.split(world.node_index(), world.local_rank())?);
         tier.beta_curve = ring_curve(&node, &curve_sizes, tier.alpha, gamma)?;
+        tier.curve_ranks = node.size();
         // Rank 0 of the world is rank 0 of node 0: its curve is the one kept.
         t.barrier()?;
     }
     if let Some(tier) = inter.as_mut() {
         tier.beta_curve = ring_curve(&t, &curve_sizes, tier.alpha, gamma)?;
+        tier.curve_ranks = t.size();
     }
     let host = world.processor_name();
-    // Ranks on one machine (every rank reports the same host name, as in an emulated cluster
-    // of network namespaces) with fewer cores than ranks: transfers of different tiers
-    // compete for the same cores.
-    let h = host
-        .bytes()
-        .fold(0u32, |a, b| a.wrapping_mul(31).wrapping_add(u32::from(b))) as f64;
-    let spread = max_over_ranks(&*t, &[h, -h])?;
     let cores = std::thread::available_parallelism().map_or(1, |c| c.get());
-    let serial_tiers = spread[0] == -spread[1] && world.size() > cores;
     let (intra, inter, note) = match (intra, inter) {
         (Some(a), Some(e)) => (a, e, ""),
         (Some(a), None) => (
@@ -442,7 +450,7 @@ pub fn calibrate(world: &World, max_bytes: usize) -> Result<CostModel> {
             topo.ranks_per_node,
             curve_sizes.last().copied().unwrap_or(0)
         ),
-        serial_tiers,
+        copy,
     })
 }
 
@@ -498,7 +506,10 @@ pub fn simulate(
             colors: ddl_comm::algorithm::DEFAULT_COLORS,
             chunk_bytes: ddl_comm::algorithm::DEFAULT_CHUNK_BYTES,
         },
-        Algorithm::Multiring { dims: Vec::new() },
+        Algorithm::Multiring {
+            dims: Vec::new(),
+            segments: 0,
+        },
         Algorithm::Auto,
     ];
     let in_node = model.predict(&Algorithm::Ring, bytes, Topology::flat(gpus_per_node));

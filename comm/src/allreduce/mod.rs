@@ -2,10 +2,9 @@
 
 pub(crate) mod multicolor;
 mod rhd;
-mod ring;
+pub(crate) mod ring;
 mod util;
 
-use std::ops::Range;
 use std::sync::{Arc, Mutex};
 
 use half::{bf16, f16};
@@ -77,7 +76,7 @@ impl Element for bf16 {
 struct Scratch {
     recv: Vec<f32>,
     widened: Vec<f32>,
-    regions: Vec<Range<usize>>,
+    steps: Vec<ring::Step>,
 }
 
 /// Allreduce entry point: one per transport, shared by reference; calls are serialised.
@@ -139,7 +138,7 @@ impl Allreducer {
             )));
         }
         let dims = match &algorithm {
-            Algorithm::Multiring { dims } if !dims.is_empty() => dims.clone(),
+            Algorithm::Multiring { dims, .. } if !dims.is_empty() => dims.clone(),
             _ => topology.dims(),
         };
         if dims.iter().product::<usize>() != p || dims.len() > ring::MAX_DIMS {
@@ -216,7 +215,7 @@ impl Allreducer {
     pub fn allreduce_f32(&self, buf: &mut [f32], average: bool) -> Result<()> {
         let mut guard = self.scratch.lock().unwrap_or_else(|e| e.into_inner());
         let scratch = &mut *guard;
-        self.run(buf, &mut scratch.recv, &mut scratch.regions)?;
+        self.run(buf, &mut scratch.recv, &mut scratch.steps)?;
         if average {
             let p = self.transport.size() as f32;
             for v in buf.iter_mut() {
@@ -236,11 +235,11 @@ impl Allreducer {
         let Scratch {
             recv,
             widened,
-            regions,
+            steps,
         } = &mut *guard;
         widened.clear();
         widened.extend(buf.iter().map(|v| v.to_f32()));
-        self.run(widened, recv, regions)?;
+        self.run(widened, recv, steps)?;
         let p = self.transport.size() as f32;
         for (d, s) in buf.iter_mut().zip(widened.iter()) {
             *d = T::from_f32(if average { *s / p } else { *s });
@@ -258,19 +257,18 @@ impl Allreducer {
         self.allreduce(buf, average)
     }
 
-    fn run(
-        &self,
-        buf: &mut [f32],
-        recv: &mut Vec<f32>,
-        regions: &mut Vec<Range<usize>>,
-    ) -> Result<()> {
+    fn run(&self, buf: &mut [f32], recv: &mut Vec<f32>, steps: &mut Vec<ring::Step>) -> Result<()> {
         let t = &*self.transport;
         if t.size() == 1 || buf.is_empty() {
             return Ok(());
         }
-        match self.resolve(std::mem::size_of_val(buf)) {
-            Algorithm::Ring => ring::multiring(t, &[t.size()], buf, recv, regions),
-            Algorithm::Multiring { .. } => ring::multiring(t, &self.dims, buf, recv, regions),
+        let bytes = std::mem::size_of_val(buf);
+        match self.resolve(bytes) {
+            Algorithm::Ring => ring::multiring(t, &[t.size()], 1, buf, recv, steps),
+            Algorithm::Multiring { segments, .. } => {
+                let segments = ring::segments_for(&self.dims, bytes, segments);
+                ring::multiring(t, &self.dims, segments, buf, recv, steps)
+            }
             Algorithm::Rhd => rhd::allreduce(t, buf, recv),
             Algorithm::Multicolor { .. } => {
                 let plan = self

@@ -47,8 +47,11 @@ fn parent_of(p: usize, k: usize, c: usize, r: usize) -> Option<usize> {
 /// several ranks: a two-level layout that crosses the node links as little as possible.
 /// Inside each node, the other ranks hang under one leader; the leaders form the rank-level
 /// layout over nodes (node-level color `c mod min(k, nodes)`, so the colors are rooted on
-/// different nodes). The leader's local rank, `(c + c / min(k, nodes)) mod ranks_per_node`,
-/// rotates with the color, so all ranks of a node drive its link. A node then sends one chunk
+/// different nodes). The leader's local rank, `(c + c / L) mod ranks_per_node` with L the
+/// least common multiple of `min(k, nodes)` and `ranks_per_node`, rotates with the color:
+/// up to `min(k, nodes) x ranks_per_node` colors, no two colors share both the node-level
+/// tree and the leader, and the colors are spread evenly over the ranks of a node, so all
+/// of them drive its link and share the fan-in work. A node then sends one chunk
 /// per color up (or, at a root, one down per child node): with k = nodes colors each node
 /// link carries 2(nodes-1)/nodes of the buffer each way, the bandwidth lower bound.
 pub(crate) fn parents(topo: Topology, k: usize, c: usize) -> Vec<Option<usize>> {
@@ -59,7 +62,8 @@ pub(crate) fn parents(topo: Topology, k: usize, c: usize) -> Vec<Option<usize>> 
     }
     let kn = k.min(nodes);
     let cn = c % kn;
-    let leader = (c + c / kn) % g;
+    let lcm = kn / gcd(kn, g) * g;
+    let leader = (c + c / lcm) % g;
     (0..p)
         .map(|r| {
             let (node, local) = (r / g, r % g);
@@ -70,6 +74,64 @@ pub(crate) fn parents(topo: Topology, k: usize, c: usize) -> Vec<Option<usize>> 
             }
         })
         .collect()
+}
+
+fn gcd(a: usize, b: usize) -> usize {
+    if b == 0 {
+        a
+    } else {
+        gcd(b, a % b)
+    }
+}
+
+/// The tree of one color over all ranks.
+#[derive(Clone, Debug)]
+pub(crate) struct Tree {
+    /// Parent of each rank (None at the root).
+    pub parent: Vec<Option<usize>>,
+    /// Height of each rank's subtree (leaves 0).
+    pub height: Vec<usize>,
+    /// Distance of each rank from the root.
+    pub depth: Vec<usize>,
+    /// Height of the whole tree.
+    pub root_height: usize,
+}
+
+impl Tree {
+    /// The tree of color `c` of `k` colors over `topo` (see [`parents`]).
+    pub(crate) fn new(topo: Topology, k: usize, c: usize) -> Tree {
+        let parent = parents(topo, k, c);
+        let p = parent.len();
+        let depth: Vec<usize> = (0..p)
+            .map(|r| {
+                let mut d = 0;
+                let mut x = r;
+                while let Some(q) = parent[x] {
+                    d += 1;
+                    x = q;
+                }
+                d
+            })
+            .collect();
+        // Heights bottom-up over ranks sorted by decreasing depth.
+        let mut order: Vec<usize> = (0..p).collect();
+        order.sort_by_key(|&r| std::cmp::Reverse(depth[r]));
+        let mut height = vec![0usize; p];
+        for &r in &order {
+            if let Some(q) = parent[r] {
+                height[q] = height[q].max(height[r] + 1);
+            }
+        }
+        let root_height = (0..p)
+            .find(|&r| parent[r].is_none())
+            .map_or(0, |root| height[root]);
+        Tree {
+            parent,
+            height,
+            depth,
+            root_height,
+        }
+    }
 }
 
 /// Precomputed trees of all colors for one rank.
@@ -95,43 +157,16 @@ impl MulticolorPlan {
         let mut nodes = Vec::with_capacity(k);
         let mut slots = 0;
         for c in 0..k {
-            let parent = parents(topo, k, c);
-            let root = (0..p)
-                .find(|&r| parent[r].is_none())
-                .expect("every color tree has a root");
-            let mut children: Vec<Vec<usize>> = vec![Vec::new(); p];
-            for (r, q) in parent.iter().enumerate() {
-                if let Some(q) = *q {
-                    children[q].push(r);
-                }
-            }
-            // Parents of interior ranks have smaller indices in the heap; compute depth by
-            // walking up and height bottom-up over ranks sorted by decreasing depth.
-            let depth: Vec<usize> = (0..p)
-                .map(|r| {
-                    let mut d = 0;
-                    let mut x = r;
-                    while let Some(q) = parent[x] {
-                        d += 1;
-                        x = q;
-                    }
-                    d
-                })
-                .collect();
-            let mut order: Vec<usize> = (0..p).collect();
-            order.sort_by_key(|&r| std::cmp::Reverse(depth[r]));
-            let mut height = vec![0usize; p];
-            for &r in &order {
-                if let Some(q) = parent[r] {
-                    height[q] = height[q].max(height[r] + 1);
-                }
-            }
+            let tree = Tree::new(topo, k, c);
             let node = ColorNode {
-                parent: parent[rank],
-                children: children[rank].iter().map(|&ch| (ch, height[ch])).collect(),
-                height: height[rank],
-                depth: depth[rank],
-                root_height: height[root],
+                parent: tree.parent[rank],
+                children: (0..p)
+                    .filter(|&r| tree.parent[r] == Some(rank))
+                    .map(|ch| (ch, tree.height[ch]))
+                    .collect(),
+                height: tree.height[rank],
+                depth: tree.depth[rank],
+                root_height: tree.root_height,
                 slot_base: slots,
             };
             slots += node.children.len();
@@ -144,55 +179,83 @@ impl MulticolorPlan {
             slots,
         }
     }
-
-    /// Height of the tallest color tree (for the cost model).
-    pub(crate) fn max_height(&self) -> usize {
-        self.nodes.iter().map(|n| n.root_height).max().unwrap_or(0)
-    }
 }
 
-/// Steady-state load of one pipeline step of the multi-color allreduce over `topo`, in chunks.
-/// Every tree edge carries one chunk up (reduce) and one chunk down (broadcast) per step.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) struct StepLoad {
-    /// Most chunks one rank exchanges with ranks of its own node.
-    pub intra: usize,
-    /// Most chunks one node exchanges with other nodes (its link is shared by its ranks).
-    pub inter: usize,
-    /// Most children one rank has over all colors (chunks it adds per step).
+/// Message counts of one lock-step step of the multi-color schedule (all chunks full).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) struct StepCount {
+    /// Most node-local chunks one rank sends or receives (the larger of the two).
+    pub local: usize,
+    /// Most chunks leaving one node over its link.
+    pub link: usize,
+    /// Most child chunks one rank adds after the step.
     pub adds: usize,
-    /// Height of the tallest tree.
-    pub height: usize,
 }
 
-/// The [`StepLoad`] of `colors` colors over `topo`.
-pub(crate) fn step_load(topo: Topology, colors: usize) -> StepLoad {
+/// The steps of the multi-color allreduce with `chunks` chunks per color over `topo`, as
+/// `(number of consecutive steps, their counts)` runs: every step of a run moves the same
+/// chunks (the schedule of [`allreduce`]: a rank of height h sends chunk j up at step
+/// j + h; a rank at depth d sends the final chunk j down at step j + H + d).
+pub(crate) fn schedule(topo: Topology, colors: usize, chunks: usize) -> Vec<(usize, StepCount)> {
     let p = topo.ranks();
     let k = colors.clamp(1, p.max(1));
-    let mut intra = vec![0usize; p];
-    let mut inter = vec![0usize; topo.nodes];
-    let mut adds = vec![0usize; p];
-    for c in 0..k {
-        for (r, q) in parents(topo, k, c).into_iter().enumerate() {
-            if let Some(q) = q {
-                adds[q] += 1;
-                let (nr, nq) = (topo.node_of(r), topo.node_of(q));
-                if nr == nq {
-                    intra[r] += 1;
-                    intra[q] += 1;
-                } else {
-                    inter[nr] += 1;
-                    inter[nq] += 1;
-                }
+    if p <= 1 || chunks == 0 {
+        return Vec::new();
+    }
+    let trees: Vec<Tree> = (0..k).map(|c| Tree::new(topo, k, c)).collect();
+    // Steps at which some rank starts or stops sending: between two of them nothing changes.
+    let mut marks = vec![0usize];
+    for t in &trees {
+        for r in 0..p {
+            if let Some(q) = t.parent[r] {
+                let down = t.root_height + t.depth[q];
+                marks.extend([t.height[r], t.height[r] + chunks, down, down + chunks]);
             }
         }
     }
-    StepLoad {
-        intra: intra.into_iter().max().unwrap_or(0),
-        inter: inter.into_iter().max().unwrap_or(0),
-        adds: adds.into_iter().max().unwrap_or(0),
-        height: MulticolorPlan::new(topo, 0, k, 4).max_height(),
-    }
+    marks.sort_unstable();
+    marks.dedup();
+    let (mut sends, mut recvs, mut adds) = (vec![0; p], vec![0; p], vec![0; p]);
+    let mut link = vec![0; topo.nodes];
+    let active = |start: usize, step: usize| step >= start && step < start + chunks;
+    marks
+        .windows(2)
+        .map(|w| {
+            let step = w[0];
+            sends.fill(0);
+            recvs.fill(0);
+            adds.fill(0);
+            link.fill(0);
+            for t in &trees {
+                for r in 0..p {
+                    let Some(q) = t.parent[r] else { continue };
+                    let mut message = |from: usize, to: usize| {
+                        if topo.node_of(from) == topo.node_of(to) {
+                            sends[from] += 1;
+                            recvs[to] += 1;
+                        } else {
+                            link[topo.node_of(from)] += 1;
+                        }
+                    };
+                    if active(t.height[r], step) {
+                        message(r, q);
+                        adds[q] += 1;
+                    }
+                    if active(t.root_height + t.depth[q], step) {
+                        message(q, r);
+                    }
+                }
+            }
+            let most = |v: &[usize]| v.iter().copied().max().unwrap_or(0);
+            let count = StepCount {
+                local: most(&sends).max(most(&recvs)),
+                link: most(&link),
+                adds: most(&adds),
+            };
+            (w[1] - w[0], count)
+        })
+        .filter(|(_, c)| *c != StepCount::default())
+        .collect()
 }
 
 fn tag_reduce(c: usize) -> u32 {
@@ -341,11 +404,16 @@ mod tests {
         // node links nodes-1 times, so per step a node link carries 2(nodes-1) = 6 chunks
         // (one up per non-root color, three down at its own root), the bandwidth bound.
         let topo = Topology::new(4, 2);
-        let load = step_load(topo, 4);
-        assert_eq!(load.inter, 6);
-        assert_eq!(load.height, 2);
+        // Steady state (every color busy): 6 chunks leave each node per step.
+        let steps = schedule(topo, 4, 10);
+        let steady = steps.iter().map(|(_, c)| *c).max_by_key(|c| c.link);
+        assert_eq!(steady.map(|c| c.link), Some(6));
         // Rank 0 leads colors 0 (root: its partner and three nodes) and 2 (its partner).
-        assert_eq!(load.adds, 5);
+        assert_eq!(steps.iter().map(|(_, c)| c.adds).max(), Some(5));
+        // 10 chunks, tree height H = 2: the last chunk reaches the deepest leaves at step
+        // 9 + H + (H - 1) = 12, so 13 steps in all.
+        assert_eq!(steps.iter().map(|(n, _)| n).sum::<usize>(), 13);
+        assert!((0..4).all(|c| Tree::new(topo, 4, c).root_height == 2));
         let mut roots: Vec<usize> = (0..4)
             .map(|c| {
                 let parent = parents(topo, 4, c);

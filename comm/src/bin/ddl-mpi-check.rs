@@ -44,7 +44,14 @@ fn allreduce_checks(world: &World) -> Result<(), String> {
     .map(|s| s.parse().expect("known algorithm"))
     .collect();
     if p == 4 {
-        algos.push(Algorithm::Multiring { dims: vec![2, 2] });
+        algos.push(Algorithm::Multiring {
+            dims: vec![2, 2],
+            segments: 0,
+        });
+        algos.push(Algorithm::Multiring {
+            dims: vec![2, 2],
+            segments: 3,
+        });
     }
     let sizes = [0, 1, p.saturating_sub(1), 2 * p + 1, 1001, (1 << 18) + 3];
     let mpi =
