@@ -152,20 +152,22 @@ fn pipelined_multiring_overlaps_the_tiers() {
 #[test]
 fn mpi_follows_open_mpi_decision_rules() {
     use ddl_comm::cost::{open_mpi_choice, OpenMpiAllreduce::*};
-    assert_eq!(open_mpi_choice(2, 1 << 20), Rabenseifner);
-    assert_eq!(open_mpi_choice(2, 100 << 10), Ring);
+    assert_eq!(open_mpi_choice(2, 1 << 20), Ring);
+    assert_eq!(open_mpi_choice(2, 1 << 10), RecursiveDoubling);
     assert_eq!(open_mpi_choice(4, 4 << 10), RecursiveDoubling);
-    assert_eq!(open_mpi_choice(8, 16 << 20), Rabenseifner);
+    assert_eq!(open_mpi_choice(8, 16 << 20), Ring);
     assert_eq!(open_mpi_choice(64, 64 << 10), RecursiveDoubling);
-    // The model runs Rabenseifner plus two buffer copies: slower than ddl's rhd.
+    // The model runs the ring plus two buffer copies.
     let mut m = CostModel::minsky();
     m.copy = 1e-10;
     let topo = Topology::flat(8);
     let n = 16 << 20;
-    let rhd = m.predict(&Algorithm::Rhd, n, topo);
+    let ring = m.predict(&Algorithm::Ring, n, topo);
     let mpi = m.predict(&Algorithm::Mpi, n, topo);
     assert!(
-        (mpi - rhd - 2.0 * n as f64 * 1e-10).abs() < 1e-12,
-        "{mpi} vs {rhd}"
+        (mpi - ring - 2.0 * n as f64 * 1e-10).abs() < 1e-12,
+        "{mpi} vs {ring}"
     );
+    // Small messages: recursive doubling, log2(8) = 3 rounds instead of the ring's 14.
+    assert!(m.predict(&Algorithm::Mpi, 4096, topo) < m.predict(&Algorithm::Ring, 4096, topo));
 }

@@ -117,14 +117,18 @@ import collections, json, statistics, sys
 rows = collections.defaultdict(list)
 for line in open(sys.argv[1]):
     r = json.loads(line)
-    rows[(r["algo"].split(":")[0], r["bytes"])].append(r)
-print(f"{'algo':>11} {'bytes':>10} {'runs':>4} {'time_ms':>9} {'busbw':>7} {'pred_ms':>9} {'meas/pred':>9}")
+    rows[(r["algo"], r["bytes"])].append(r)
+ring = {b: statistics.median(x["time_us"] for x in rs) for (a, b), rs in rows.items() if a == "ring"}
+print(f"{'algo':>22} {'bytes':>10} {'runs':>4} {'time_ms':>9} {'min-max':>15} {'busbw':>7} {'x ring':>6} {'pred_ms':>9} {'meas/pred':>9}")
 for (algo, b), rs in sorted(rows.items()):
-    t = statistics.median(r["time_us"] for r in rs) / 1e3
+    ts = [r["time_us"] / 1e3 for r in rs]
+    t = statistics.median(ts)
     bw = statistics.median(r["busbw_gbps"] for r in rs)
     pred = rs[0]["predicted_us"] / 1e3
+    x = f"{ring[b] / 1e3 / t:.2f}" if b in ring else "-"
     ran = " ran " + ",".join(sorted({r["resolved"] for r in rs})) if algo == "auto" else ""
-    print(f"{algo:>11} {b:>10} {len(rs):>4} {t:>9.1f} {bw:>7.3f} {pred:>9.1f} {t / pred:>9.2f}{ran}")
+    spread = f"{min(ts):.1f}-{max(ts):.1f}"
+    print(f"{algo:>22} {b:>10} {len(rs):>4} {t:>9.1f} {spread:>15} {bw:>7.3f} {x:>6} {pred:>9.1f} {t / pred:>9.2f}{ran}")
 PY
 }
 
