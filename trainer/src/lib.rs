@@ -2,7 +2,8 @@
 //!
 //! - [`model`]: torchvision ResNet-18/34/50/101/152, a small ResNet and a BatchNorm-free net.
 //! - [`table`]: the data-parallel table (one thread and replica per local device, bucketed
-//!   tree sum inside the node, allreduce across ranks overlapped with it).
+//!   tree sum inside the node, allreduce across ranks overlapped with a staged backward or
+//!   pipelined after it: `--overlap`).
 //! - [`optim`], [`schedule`]: SGD with momentum / Nesterov and decoupled-from-BN weight decay;
 //!   linear scaling, warmup, step or cosine decay.
 //! - [`checkpoint`]: atomic, checksummed checkpoints that resume bit-exactly.
@@ -31,7 +32,8 @@
 //! On CPU a run is a pure function of its flags and rank count: weights are drawn from
 //! `--seed` on the CPU and copied to every replica, the loader's batches depend only on
 //! (seed, epoch, step, replica), the intra-node sum follows a fixed tree and bucket order, the
-//! allreduce algorithms are deterministic, and every replica runs with one intra-op thread.
+//! allreduce algorithms are deterministic, every replica runs with one intra-op thread, and
+//! the staged backward of `--overlap backward` gives bitwise the gradients of one backward.
 //! That is what makes a resumed run bitwise identical to an uninterrupted one.
 
 #![warn(missing_docs)]

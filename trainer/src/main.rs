@@ -107,7 +107,7 @@ struct Cli {
     residency: String,
     /// What the gradient allreduce overlaps: backward (staged backward, buckets reduced while
     /// earlier stages are still in backward) | pipeline (after backward, bucket by bucket) |
-    /// off | auto (backward for GPU replicas, off for CPU replicas).
+    /// off | auto (backward for GPU replicas or ranks on more than one node, else off).
     #[arg(long, default_value = "auto", value_parser = ["auto", "backward", "pipeline", "off"])]
     overlap: String,
     /// Gradient bucket size in MiB.

@@ -7,6 +7,14 @@
 mod common;
 
 use ddl_trainer::table::Overlap;
+use ddl_trainer::train::auto_overlap;
+
+#[test]
+fn auto_overlaps_backward_on_gpus_and_across_nodes() {
+    assert_eq!(auto_overlap(false, 1), Overlap::Off);
+    assert_eq!(auto_overlap(false, 2), Overlap::Backward);
+    assert_eq!(auto_overlap(true, 1), Overlap::Backward);
+}
 
 #[test]
 fn backward_overlap_gives_the_same_weights() {
