@@ -11,7 +11,7 @@
 #   tools/bench/netns-cluster.sh mpirun NP ARGS...      # mpirun over the namespaces (NP/NODES per node)
 #   tools/bench/netns-cluster.sh bench [OUT_DIR]        # calibrate + allreduce tables (NETNS_RUNS, medians)
 #                                                        # with the model's prediction per row
-#       env: NETNS_RANKS_PER_NODE (2), NETNS_RUNS (3), NETNS_ITERS (5), NETNS_MAX_BYTES (64MiB),
+#       env: NETNS_RANKS_PER_NODE (4, the reference systems' GPUs per node), NETNS_RUNS (3), NETNS_ITERS (5), NETNS_MAX_BYTES (64MiB),
 #            NETNS_MIN_BYTES (1MiB), NETNS_ALGOS, NETNS_SKIP_CALIBRATE=1 (reuse OUT/netns-model.json),
 #            NETNS_LOCK=FILE (run each mpirun under `flock FILE`, on a machine shared with others)
 #   tools/bench/netns-cluster.sh teardown
@@ -99,7 +99,7 @@ bench() {
   mkdir -p "$out"
   [ -f "$state/config" ] || { echo "netns-cluster: run setup first" >&2; exit 1; }
   local nodes; nodes=$(cut -d' ' -f1 "$state/config")
-  local np=$(( nodes * ${NETNS_RANKS_PER_NODE:-2} ))
+  local np=$(( nodes * ${NETNS_RANKS_PER_NODE:-4} ))
   local bin=$PWD/target/release/ddl-bench
   if [ "${NETNS_SKIP_CALIBRATE:-0}" != 1 ]; then
     echo "netns-cluster: calibrate ($np ranks, $nodes nodes)"
