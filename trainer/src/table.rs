@@ -633,15 +633,24 @@ impl Replica {
             if s + 1 < stages {
                 pass.backward_stage(s)?;
             }
-            let t0 = Instant::now();
-            while let Some(bucket) = self.layout.buckets.get(handed) {
-                if bucket.stage < s {
-                    break;
+            if self
+                .layout
+                .buckets
+                .get(handed)
+                .is_some_and(|b| b.stage >= s)
+            {
+                // A hand-off waits for the device anyway: count that wait as compute.
+                sync_device(self.device);
+                let t0 = Instant::now();
+                while let Some(bucket) = self.layout.buckets.get(handed) {
+                    if bucket.stage < s {
+                        break;
+                    }
+                    self.hand_off(handed, seq)?;
+                    handed += 1;
                 }
-                self.hand_off(handed, seq)?;
-                handed += 1;
+                handing += t0.elapsed();
             }
-            handing += t0.elapsed();
         }
         drop((pass, images));
         sync_device(self.device);
