@@ -316,14 +316,18 @@ fn measure_copy() -> f64 {
     per_byte(|dst, src| dst.copy_from_slice(src))
 }
 
-/// Median over `iters` calls (after one untimed call) of the slowest rank's time of a ring
+/// Median over `iters` calls (after three untimed calls) of the slowest rank's time of a ring
 /// allreduce of `bytes` over `t`; every rank of `t` must call this. The result is meaningful
 /// on rank 0 of `t`.
 fn ring_time(t: &Arc<dyn Transport>, bytes: usize, iters: usize) -> Result<f64> {
     let p = t.size();
     let ar = Allreducer::new(t.clone(), Algorithm::Ring, Topology::flat(p))?;
     let mut buf = vec![1.0f32; bytes / 4];
-    ar.allreduce_f32(&mut buf, true)?;
+    // As many untimed calls as `ddl-bench allreduce --warmup` makes by default, so that the
+    // curve and the benchmark see equally warm buffers.
+    for _ in 0..3 {
+        ar.allreduce_f32(&mut buf, true)?;
+    }
     let mut times = Vec::with_capacity(iters);
     for _ in 0..iters {
         t.barrier()?;
@@ -347,7 +351,7 @@ fn ring_curve(
     let p = t.size() as f64;
     let mut curve = Vec::with_capacity(sizes.len());
     for &bytes in sizes {
-        let iters = if bytes <= 1 << 20 { 15 } else { 5 };
+        let iters = if bytes <= 4 << 20 { 15 } else { 5 };
         let time = ring_time(t, bytes, iters)?;
         let n = bytes as f64;
         let moved = 2.0 * (p - 1.0) / p * n;
