@@ -89,7 +89,9 @@ if [[ " $sections " == *" loader "* ]]; then
   : > "$out/loader.jsonl"
   for r in $(seq "$runs"); do
     "$bin/examples/loader_bench" "$out/shards" 15 "$(nproc)" 64 --mode region --size 224 \
-      | sed -n 's/^pipeline Region: \([0-9.]*\) images\/s.*/{"peer": "ddl-loader", "images_per_s": \1}/p' >> "$out/loader.jsonl"
+      | sed -n 's/^pipeline Region: \([0-9.]*\) images\/s (\([0-9.]*\) ms CPU per image.*/{"peer": "ddl-loader", "images_per_s": \1, "cpu_ms_per_image": \2}/p' \
+      | python3 -c 'import json,sys; [print(json.dumps({**r, "images_per_cpu_s": 1e3 / r["cpu_ms_per_image"]})) for r in map(json.loads, sys.stdin)]' \
+      >> "$out/loader.jsonl"
     .venv-bench/bin/python tools/bench/torchvision_loader.py "$tree" --workers "$(nproc)" --batch 64 --passes 1 >> "$out/loader.jsonl"
     if have_ffcv; then
       .venv-ffcv/bin/python tools/bench/ffcv_load.py "$out/ffcv.beton" --workers "$(nproc)" --batch 64 --passes 2 | grep '"warmup": false' >> "$out/loader.jsonl"
@@ -98,9 +100,12 @@ if [[ " $sections " == *" loader "* ]]; then
     .venv-bench/bin/python tools/bench/turbo_decode.py "$tree" --procs "$(nproc)" --passes 1 >> "$out/loader.jsonl"
   done
   for p in '"ddl-loader"' '"torchvision"' '"ffcv"' '"shards"' '"original-files"'; do
-    printf '%-18s median %8.1f images/s\n' "$p" "$(grep "$p" "$out/loader.jsonl" | field images_per_s | median)"
+    rows=$(grep "$p" "$out/loader.jsonl" || true)
+    cpu=$(echo "$rows" | python3 -c "import json,sys; [print(round(json.loads(l).get('images_per_cpu_s', float('nan')), 1)) for l in sys.stdin if l.strip()]" | median)
+    printf '%-18s median %8.1f images/s (wall)  %8s images per CPU-second\n' "$p" "$(echo "$rows" | field images_per_s | median)" "$cpu"
   done
-  echo "(\"shards\" / \"original-files\": libjpeg-turbo full decode of the shard records / of the original JPEGs)"
+  echo "(\"shards\" / \"original-files\": libjpeg-turbo full decode of the shard records / of the original JPEGs;"
+  echo " images per CPU-second: ddl from getrusage over its run, the decoders from their processes' CPU time)"
 fi
 
 if [[ " $sections " == *" allreduce "* ]]; then

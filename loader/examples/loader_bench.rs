@@ -214,9 +214,21 @@ fn current_rss() -> Option<u64> {
     Some(kb * 1024)
 }
 
+/// CPU seconds (user + system) this process has used so far, all threads (getrusage).
+fn cpu_seconds() -> f64 {
+    // SAFETY: getrusage fills the zeroed struct it is given.
+    let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
+    // SAFETY: valid pointer to a rusage.
+    unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut ru) };
+    let t = |tv: libc::timeval| tv.tv_sec as f64 + tv.tv_usec as f64 * 1e-6;
+    t(ru.ru_utime) + t(ru.ru_stime)
+}
+
 /// One thread decoding whole images to RGB, no crop or resize: libjpeg-turbo's limit.
-fn full_decode_rate(ds: &Dataset, seconds: f64) -> Result<f64, String> {
+/// Returns images/s and CPU milliseconds per image.
+fn full_decode_rate(ds: &Dataset, seconds: f64) -> Result<(f64, f64), String> {
     let mut dec = JpegDecoder::new().map_err(|e| e.to_string())?;
+    let cpu = cpu_seconds();
     let start = Instant::now();
     let mut n = 0u64;
     while start.elapsed().as_secs_f64() < seconds {
@@ -236,10 +248,26 @@ fn full_decode_rate(ds: &Dataset, seconds: f64) -> Result<f64, String> {
             }
         }
     }
-    Ok(n as f64 / start.elapsed().as_secs_f64())
+    let cpu = cpu_seconds() - cpu;
+    Ok((
+        n as f64 / start.elapsed().as_secs_f64(),
+        cpu * 1e3 / n as f64,
+    ))
 }
 
-fn run_mode(ds: &Arc<Dataset>, a: &Args, mode: DecodeMode) -> Result<(f64, f64, f64), String> {
+/// What one pipeline run measured.
+struct Run {
+    /// Images per second, wall clock.
+    rate: f64,
+    /// Process CPU milliseconds (getrusage, all threads) per image.
+    cpu_ms: f64,
+    /// Worker milliseconds per image (time inside the per-image work).
+    worker_ms: f64,
+    /// Thousands of pixels decoded per image.
+    kpixels: f64,
+}
+
+fn run_mode(ds: &Arc<Dataset>, a: &Args, mode: DecodeMode) -> Result<Run, String> {
     let cfg = PipelineConfig {
         image_size: a.size,
         output: a.output,
@@ -251,6 +279,7 @@ fn run_mode(ds: &Arc<Dataset>, a: &Args, mode: DecodeMode) -> Result<(f64, f64, 
         ..PipelineConfig::default()
     };
     let deadline = Duration::from_secs_f64(a.seconds);
+    let cpu = cpu_seconds();
     let start = Instant::now();
     let sampler = Sampler::try_new(
         ds.len(),
@@ -294,11 +323,13 @@ fn run_mode(ds: &Arc<Dataset>, a: &Args, mode: DecodeMode) -> Result<(f64, f64, 
     // Worker time and decoded pixels of the last epoch's run, per image of that run.
     let (busy, pixels, last) = (st.busy_seconds, st.decoded_pixels, st.images.max(1));
     let secs = start.elapsed().as_secs_f64();
-    Ok((
-        images as f64 / secs,
-        busy * 1e3 / last as f64,
-        pixels as f64 / last as f64 / 1e3,
-    ))
+    let cpu = cpu_seconds() - cpu;
+    Ok(Run {
+        rate: images as f64 / secs,
+        cpu_ms: cpu * 1e3 / images.max(1) as f64,
+        worker_ms: busy * 1e3 / last as f64,
+        kpixels: pixels as f64 / last as f64 / 1e3,
+    })
 }
 
 fn main() -> ExitCode {
@@ -338,13 +369,16 @@ fn main() -> ExitCode {
         a.output
     );
     match full_decode_rate(&ds, a.seconds.min(5.0)) {
-        Ok(r) => println!("libjpeg-turbo full decode, 1 thread: {r:.0} images/s"),
+        Ok((r, cpu_ms)) => println!(
+            "libjpeg-turbo full decode, 1 thread: {r:.0} images/s ({cpu_ms:.3} ms CPU per image)"
+        ),
         Err(e) => eprintln!("full decode baseline: {e}"),
     }
     for &mode in &a.modes {
         match run_mode(&ds, &a, mode) {
-            Ok((rate, ms, kpx)) => println!(
-                "pipeline {mode:?}: {rate:.0} images/s ({ms:.2} ms worker time per image, {kpx:.0} kpixel decoded per image)"
+            Ok(r) => println!(
+                "pipeline {mode:?}: {:.0} images/s ({:.3} ms CPU per image, {:.3} ms worker time per image, {:.0} kpixel decoded per image)",
+                r.rate, r.cpu_ms, r.worker_ms, r.kpixels
             ),
             Err(e) => {
                 eprintln!("pipeline {mode:?}: {e}");

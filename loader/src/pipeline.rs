@@ -30,6 +30,7 @@ use std::thread::JoinHandle;
 use std::time::Instant;
 
 use crossbeam_channel::{bounded, select, unbounded, Receiver, Sender};
+use rayon::iter::Either;
 use rayon::prelude::*;
 
 use crate::dataset::Dataset;
@@ -705,18 +706,14 @@ fn fill(
                 }
             }
         };
-        match &mut bufs.images {
-            Images::F32(v) => v
-                .par_chunks_mut(n)
-                .zip(meta)
-                .enumerate()
-                .for_each(|(j, (px, m))| work(j, Slot::F32(px), m)),
-            Images::U8(v) => v
-                .par_chunks_mut(n)
-                .zip(meta)
-                .enumerate()
-                .for_each(|(j, (px, m))| work(j, Slot::U8(px), m)),
-        }
+        let slots = match &mut bufs.images {
+            Images::F32(v) => Either::Left(v.par_chunks_mut(n).map(Slot::F32)),
+            Images::U8(v) => Either::Right(v.par_chunks_mut(n).map(Slot::U8)),
+        };
+        slots
+            .zip(meta)
+            .enumerate()
+            .for_each(|(j, (slot, m))| work(j, slot, m));
     }
     let epoch = shared.epoch;
     let stopped = shared.stop.load(Ordering::Relaxed);

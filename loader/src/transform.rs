@@ -212,8 +212,9 @@ impl Normalizer {
     /// Writes the `w` x `h` RGB image `src` (HWC) into `dst` as normalized CHW, mirrored
     /// horizontally when `flip` is set.
     ///
-    /// One pass per channel and row: a constant-stride read of the row and a sequential (or,
-    /// mirrored, reversed) write of the plane's row, which the compiler vectorises.
+    /// With AVX2 (detected at run time) eight pixels at a time are split into channels with
+    /// byte shuffles, widened to float32 and mapped; elsewhere one pass per channel and row.
+    /// Both compute exactly [`Normalizer::value`] (a multiply, then an add) for every pixel.
     pub fn write_chw(&self, src: &[u8], w: usize, h: usize, flip: bool, dst: &mut [f32]) {
         let plane = w * h;
         if plane == 0 {
@@ -224,9 +225,101 @@ impl Normalizer {
         let (Some(r), Some(g), Some(b)) = (planes.next(), planes.next(), planes.next()) else {
             return;
         };
+        #[cfg(target_arch = "x86_64")]
+        if std::arch::is_x86_feature_detected!("avx2") {
+            for (y, row) in src.chunks_exact(3 * w).enumerate() {
+                let out = y * w..(y + 1) * w;
+                // SAFETY: AVX2 is available (checked above).
+                unsafe {
+                    avx2::row(
+                        row,
+                        [&mut r[out.clone()], &mut g[out.clone()], &mut b[out]],
+                        self,
+                        flip,
+                    )
+                };
+            }
+            return;
+        }
         channel::<0>(src, w, r, self.scale[0], self.bias[0], flip);
         channel::<1>(src, w, g, self.scale[1], self.bias[1], flip);
         channel::<2>(src, w, b, self.scale[2], self.bias[2], flip);
+    }
+}
+
+/// The AVX2 kernel of [`Normalizer::write_chw`].
+#[cfg(target_arch = "x86_64")]
+mod avx2 {
+    use std::arch::x86_64::*;
+
+    use super::Normalizer;
+
+    /// One row of `w = out[c].len()` RGB pixels (`row`, `3 * w` bytes) into the three channel
+    /// rows `out`, mirrored when `flip` is set.
+    ///
+    /// # Safety
+    ///
+    /// The CPU must support AVX2.
+    #[target_feature(enable = "avx2")]
+    pub(super) unsafe fn row(row: &[u8], out: [&mut [f32]; 3], n: &Normalizer, flip: bool) {
+        let w = out[0].len();
+        assert!(row.len() >= 3 * w && out[1].len() == w && out[2].len() == w);
+        // Byte positions of channel c among 8 pixels: lanes 0-15 of `lo`, then 16-23 (`hi`).
+        const Z: i8 = -128; // pshufb: zero this byte
+        let shuffles = |c: i8| {
+            let mut lo = [Z; 16];
+            let mut hi = [Z; 16];
+            for p in 0..8i8 {
+                let at = 3 * p + c;
+                if at < 16 {
+                    lo[p as usize] = at;
+                } else {
+                    hi[p as usize] = at - 16;
+                }
+            }
+            // SAFETY: plain 16-byte loads of local arrays.
+            unsafe {
+                (
+                    _mm_loadu_si128(lo.as_ptr().cast()),
+                    _mm_loadu_si128(hi.as_ptr().cast()),
+                )
+            }
+        };
+        let masks = [shuffles(0), shuffles(1), shuffles(2)];
+        let scale = n.scale.map(|s| _mm256_set1_ps(s));
+        let bias = n.bias.map(|b| _mm256_set1_ps(b));
+        let reverse = _mm256_setr_epi32(7, 6, 5, 4, 3, 2, 1, 0);
+        let [o0, o1, o2] = out;
+        let outs = [o0.as_mut_ptr(), o1.as_mut_ptr(), o2.as_mut_ptr()];
+        let mut x = 0;
+        while x + 8 <= w {
+            // SAFETY: bytes 3x .. 3x + 24 <= 3w are inside `row`; floats x .. x + 8 (or their
+            // mirror w - x - 8 .. w - x) are inside every output row.
+            unsafe {
+                let lo = _mm_loadu_si128(row.as_ptr().add(3 * x).cast());
+                let hi = _mm_loadl_epi64(row.as_ptr().add(3 * x + 16).cast());
+                for c in 0..3 {
+                    let (ml, mh) = masks[c];
+                    let bytes = _mm_or_si128(_mm_shuffle_epi8(lo, ml), _mm_shuffle_epi8(hi, mh));
+                    let v = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(bytes));
+                    let v = _mm256_add_ps(_mm256_mul_ps(v, scale[c]), bias[c]);
+                    if flip {
+                        let v = _mm256_permutevar8x32_ps(v, reverse);
+                        _mm256_storeu_ps(outs[c].add(w - x - 8), v);
+                    } else {
+                        _mm256_storeu_ps(outs[c].add(x), v);
+                    }
+                }
+            }
+            x += 8;
+        }
+        for x in x..w {
+            let at = if flip { w - 1 - x } else { x };
+            for (c, &o) in outs.iter().enumerate() {
+                // SAFETY: `at < w`, inside every output row.
+                unsafe { *o.add(at) = n.value(c, row[3 * x + c]) };
+            }
+        }
     }
 }
 
@@ -567,6 +660,32 @@ mod tests {
         assert_eq!(out[1], n.value(0, 10));
         assert_eq!(out[3], n.value(1, 20));
         assert_eq!(out[4], n.value(2, 60));
+    }
+
+    #[test]
+    fn write_chw_computes_value_for_every_pixel() {
+        let n = Normalizer::new(IMAGENET_MEAN, IMAGENET_STD);
+        for (w, h) in [(1, 1), (7, 3), (8, 2), (17, 5), (224, 4)] {
+            let src: Vec<u8> = (0..w * h * 3).map(|i| (i * 97 % 256) as u8).collect();
+            for flip in [false, true] {
+                let mut out = vec![f32::NAN; 3 * w * h + 5];
+                n.write_chw(&src, w, h, flip, &mut out);
+                for y in 0..h {
+                    for x in 0..w {
+                        let sx = if flip { w - 1 - x } else { x };
+                        for c in 0..3 {
+                            let want = n.value(c, src[(y * w + sx) * 3 + c]);
+                            let got = out[c * w * h + y * w + x];
+                            assert_eq!(got.to_bits(), want.to_bits(), "{w}x{h} flip {flip}");
+                        }
+                    }
+                }
+                assert!(
+                    out[3 * w * h..].iter().all(|v| v.is_nan()),
+                    "wrote past the image"
+                );
+            }
+        }
     }
 
     #[test]

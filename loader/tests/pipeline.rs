@@ -6,10 +6,10 @@ use std::collections::HashSet;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use common::{solid_dataset, write_dataset, Scratch, TestRecord, PALETTE};
+use common::{sampler, solid_dataset, write_dataset, Scratch, TestRecord, PALETTE};
 use ddl_loader::dataset::{Dataset, OpenOptions, Residency};
 use ddl_loader::pipeline::{Augment, Batch, Images, OnBadRecord, Output, Pipeline, PipelineConfig};
-use ddl_loader::sampler::{Sampler, SamplerConfig, Tail};
+use ddl_loader::sampler::Tail;
 use ddl_loader::shard::ShardReader;
 use ddl_loader::transform::Normalizer;
 use ddl_loader::LoaderError;
@@ -18,22 +18,6 @@ const ONE_NODE: Residency = Residency { node: 0, nodes: 1 };
 
 fn open(dir: &std::path::Path) -> Arc<Dataset> {
     Arc::new(Dataset::open(dir, "train", ONE_NODE, &OpenOptions::default()).unwrap())
-}
-
-fn sampler(n: usize, replicas: usize, batch: usize, tail: Tail, seed: u64) -> Sampler {
-    Sampler::new(
-        n,
-        n,
-        SamplerConfig {
-            seed,
-            ranks_in_node: 1,
-            rank_in_node: 0,
-            replicas,
-            batch_per_replica: batch,
-            tail,
-            shuffle: true,
-        },
-    )
 }
 
 fn config(output: Output, augment: Augment, workers: usize, on_bad: OnBadRecord) -> PipelineConfig {

@@ -1,6 +1,7 @@
 """Limit: libjpeg-turbo (simplejpeg) full decode to RGB of the JPEGs a shard directory holds,
 read into RAM first; no crop, no resize. --procs processes each decode a share of the files.
-Prints {"peer": "libjpeg-turbo-full-decode", "procs": P, "images": N, "seconds": S, "images_per_s": R}.
+Prints {"peer": "libjpeg-turbo-full-decode", "procs": P, "images": N, "seconds": S, "images_per_s": R,
+"cpu_s": C, "images_per_cpu_s": N / C} (C: CPU seconds of the decoding processes, process_time).
 Usage: python turbo_decode.py SOURCE [--split train] [--procs 2] [--passes 3]
 SOURCE is either a ddl shard directory (the JPEGs are read straight out of the shards, per
 loader/FORMAT.md: exactly the bytes ddl's loader decodes) or an ImageNet-style tree (every
@@ -37,9 +38,10 @@ def load(blobs):
 
 
 def decode_all(_):
+    cpu = time.process_time()
     for b in BLOBS:
         simplejpeg.decode_jpeg(b, colorspace="RGB")
-    return len(BLOBS)
+    return len(BLOBS), time.process_time() - cpu
 
 
 def main():
@@ -63,10 +65,13 @@ def main():
     for _ in range(args.passes):
         start = time.perf_counter()
         results = [p.apply_async(decode_all, (0,)) for p in pools]
-        n = sum(r.get() for r in results)
+        done = [r.get() for r in results]
         s = time.perf_counter() - start
+        n = sum(k for k, _ in done)
+        cpu = sum(c for _, c in done)
         print(json.dumps({"peer": "libjpeg-turbo-full-decode", "procs": args.procs, "source": kind, "images": n,
-                          "seconds": s, "images_per_s": n / s}), flush=True)
+                          "seconds": s, "images_per_s": n / s, "cpu_s": cpu, "images_per_cpu_s": n / cpu}),
+              flush=True)
     for p in pools:
         p.close()
 

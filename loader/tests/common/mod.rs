@@ -6,6 +6,7 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 use ddl_loader::manifest::{ClassInfo, Manifest, ShardInfo, SplitInfo};
+use ddl_loader::sampler::{Sampler, SamplerConfig, Tail};
 use ddl_loader::shard::ShardWriter;
 
 /// RGB colour of each class in the solid-colour datasets.
@@ -118,4 +119,21 @@ pub fn write_dataset(dir: &Path, split: &str, records: &[TestRecord], shards: us
 pub fn solid_dataset(dir: &Path, n: usize, shards: usize) {
     let records: Vec<TestRecord> = (0..n).map(solid_record).collect();
     write_dataset(dir, "train", &records, shards, 1);
+}
+
+/// A shuffling sampler over all `n` records of a one-node, one-rank dataset.
+pub fn sampler(n: usize, replicas: usize, batch: usize, tail: Tail, seed: u64) -> Sampler {
+    Sampler::new(
+        n,
+        n,
+        SamplerConfig {
+            seed,
+            ranks_in_node: 1,
+            rank_in_node: 0,
+            replicas,
+            batch_per_replica: batch,
+            tail,
+            shuffle: true,
+        },
+    )
 }
