@@ -302,6 +302,9 @@ fn run_mode(ds: &Arc<Dataset>, a: &Args, mode: DecodeMode) -> Result<Run, String
     }
     let mut images = 0u64;
     let mut epoch = 0;
+    // Worker seconds, decoded pixels and images of the complete epochs (a run cut off by the
+    // deadline has worker time in images it never counted).
+    let (mut busy, mut pixels, mut counted) = (0f64, 0u64, 0u64);
     'outer: loop {
         for b in p.replica(0) {
             let b = b.map_err(|e| e.to_string())?;
@@ -310,6 +313,12 @@ fn run_mode(ds: &Arc<Dataset>, a: &Args, mode: DecodeMode) -> Result<Run, String
                 break 'outer;
             }
         }
+        let st = p.stats();
+        (busy, pixels, counted) = (
+            busy + st.busy_seconds,
+            pixels + st.decoded_pixels,
+            counted + st.images,
+        );
         epoch += 1;
         if std::env::var_os("DDL_BENCH_RSS").is_some() {
             eprintln!(
@@ -319,16 +328,17 @@ fn run_mode(ds: &Arc<Dataset>, a: &Args, mode: DecodeMode) -> Result<Run, String
         }
         p = p.next_epoch(epoch, 0).map_err(|e| e.to_string())?;
     }
-    let st = p.stats();
-    // Worker time and decoded pixels of the last epoch's run, per image of that run.
-    let (busy, pixels, last) = (st.busy_seconds, st.decoded_pixels, st.images.max(1));
+    if counted == 0 {
+        let st = p.stats();
+        (busy, pixels, counted) = (st.busy_seconds, st.decoded_pixels, st.images.max(1));
+    }
     let secs = start.elapsed().as_secs_f64();
     let cpu = cpu_seconds() - cpu;
     Ok(Run {
         rate: images as f64 / secs,
         cpu_ms: cpu * 1e3 / images.max(1) as f64,
-        worker_ms: busy * 1e3 / last as f64,
-        kpixels: pixels as f64 / last as f64 / 1e3,
+        worker_ms: busy * 1e3 / counted as f64,
+        kpixels: pixels as f64 / counted as f64 / 1e3,
     })
 }
 
