@@ -113,6 +113,9 @@ struct Cli {
     /// Gradient bucket size in MiB.
     #[arg(long, default_value_t = 25.0)]
     bucket_mb: f64,
+    /// Channels-last (NHWC) images, activations and convolution weights.
+    #[arg(long)]
+    channels_last: bool,
     /// Skip the per-epoch evaluation.
     #[arg(long)]
     no_eval: bool,
@@ -178,6 +181,7 @@ impl Cli {
                 other => Some(other.parse()?),
             },
             bucket_mb: self.bucket_mb,
+            channels_last: self.channels_last,
             eval: !self.no_eval,
             eval_resize: self.eval_resize,
             populate: self.populate,

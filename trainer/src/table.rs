@@ -153,6 +153,8 @@ pub struct TableConfig {
     pub bucket_bytes: usize,
     /// What the gradient reduction overlaps with.
     pub overlap: Overlap,
+    /// Channels-last images and convolution weights (activations follow).
+    pub channels_last: bool,
     /// Total number of replicas over all ranks (the divisor of the gradient sum).
     pub global_replicas: usize,
 }
@@ -459,20 +461,41 @@ fn to_host(src: &Tensor, dst: &mut [f32]) -> Result<()> {
     Ok(())
 }
 
-/// Copies the host slice `src` into `dst` (any device).
+/// Copies the host slice `src`, the elements of `dst` in logical (row-major) order, into `dst`
+/// (any device, any strides: channels-last weights too).
 fn from_host(dst: &mut Tensor, src: &[f32]) -> Result<()> {
-    // SAFETY: the blob views `src`, which outlives it; it is only read.
+    let size = dst.size();
+    let mut strides = vec![1i64; size.len()];
+    for d in (0..size.len().saturating_sub(1)).rev() {
+        strides[d] = strides[d + 1] * size[d + 1];
+    }
+    if dst.numel() != src.len() {
+        return Err(tch::TchError::Shape(format!(
+            "{} host values for a tensor of shape {size:?}",
+            src.len()
+        ))
+        .into());
+    }
+    // SAFETY: the blob views `src`, which outlives it, holds exactly the blob's elements (checked
+    // above) and is only read.
     let blob = unsafe {
         Tensor::from_blob(
             src.as_ptr() as *const u8,
-            &[src.len() as i64],
-            &[1],
+            &size,
+            &strides,
             Kind::Float,
             Device::Cpu,
         )
     };
     dst.f_copy_(&blob)?;
     Ok(())
+}
+
+/// `t` (4-D, NCHW) with channels-last strides: the same logical tensor, stored NHWC.
+fn channels_last(t: &Tensor) -> Result<Tensor> {
+    Ok(t.f_permute([0, 2, 3, 1])?
+        .f_contiguous()?
+        .f_permute([0, 3, 1, 2])?)
 }
 
 fn tensor_to_vec(t: &Tensor) -> Result<Vec<f32>> {
@@ -482,14 +505,23 @@ fn tensor_to_vec(t: &Tensor) -> Result<Vec<f32>> {
     Ok(v)
 }
 
-/// Converts a loader batch to (images NCHW f32, labels i64) on `device`. The returned CPU
-/// tensors may alias the batch's buffers: keep the batch alive while they are used.
-fn batch_tensors(batch: &Batch, device: Device) -> Result<(Tensor, Tensor)> {
-    let [n, a, b, c] = batch.shape().map(|d| d as i64);
+/// Converts a loader batch to (images NCHW f32, labels i64) on `device`, the images stored
+/// channels-last when `nhwc`. The returned CPU tensors may alias the batch's buffers: keep the
+/// batch alive while they are used.
+fn batch_tensors(batch: &Batch, device: Device, nhwc: bool) -> Result<(Tensor, Tensor)> {
     let labels = Tensor::f_from_slice(&batch.labels)?.f_to_device(device)?;
-    let images = match &batch.images {
+    let images = images_tensor(&batch.images, batch.shape(), device, nhwc)?;
+    Ok((images, labels))
+}
+
+/// The loader's `images` of `shape` (`[n, 3, h, w]` for f32, `[n, h, w, 3]` for u8) as a
+/// normalized f32 NCHW tensor on `device`, stored channels-last when `nhwc`. On the CPU the
+/// tensor may alias `images`.
+fn images_tensor(images: &Images, shape: [usize; 4], device: Device, nhwc: bool) -> Result<Tensor> {
+    let [n, a, b, c] = shape.map(|d| d as i64);
+    let t = match images {
         Images::F32(v) => {
-            // SAFETY: `v` lives in `batch`, which the caller keeps alive while the tensor is used.
+            // SAFETY: `v` outlives the returned tensor (the caller keeps the batch alive).
             let t = unsafe {
                 Tensor::from_blob(
                     v.as_ptr() as *const u8,
@@ -518,10 +550,14 @@ fn batch_tensors(batch: &Batch, device: Device) -> Result<(Tensor, Tensor)> {
                 .f_div_scalar(255.0)?
                 .f_sub(&mean)?
                 .f_div(&std)?
-                .f_contiguous()?
         }
     };
-    Ok((images, labels))
+    // A uint8 NHWC batch is channels-last after the permute already: no copy then.
+    Ok(if nhwc {
+        channels_last(&t)?
+    } else {
+        t.f_contiguous()?
+    })
 }
 
 struct Replica {
@@ -597,7 +633,7 @@ impl Replica {
             &[("replica", replica)],
         );
         let compute_start = Instant::now();
-        let (images, labels) = batch_tensors(&batch, self.device)?;
+        let (images, labels) = batch_tensors(&batch, self.device, self.cfg.channels_last)?;
         for p in self.params.iter_mut() {
             p.zero_grad();
         }
@@ -737,7 +773,7 @@ impl Replica {
             let mut dst = flat.f_narrow(0, (p.offset - bucket.start) as i64, p.numel as i64)?;
             let g = self.params[i].grad();
             if g.defined() {
-                dst.f_copy_(&g.f_view([-1])?)?;
+                dst.f_view(p.shape.as_slice())?.f_copy_(&g)?;
             } else {
                 let _ = dst.f_zero_()?;
             }
@@ -783,7 +819,7 @@ impl Replica {
             if n == 0 {
                 continue;
             }
-            let (images, labels) = batch_tensors(&batch, self.device)?;
+            let (images, labels) = batch_tensors(&batch, self.device, self.cfg.channels_last)?;
             let (images, labels) = (images.f_narrow(0, 0, n)?, labels.f_narrow(0, 0, n)?);
             let logits = tch::autocast(amp, || self.model.forward_t(&images, false))
                 .f_to_kind(Kind::Float)?;
@@ -866,8 +902,7 @@ impl Replica {
                     ),
                 });
             }
-            let mut flat = t.f_view([-1])?;
-            from_host(&mut flat, v)?;
+            from_host(&mut t.shallow_clone(), v)?;
         }
         sync_device(self.device);
         Ok(())
@@ -1049,8 +1084,12 @@ impl Table {
                     replica: index,
                     message: format!("variable {name} missing in replica"),
                 })?;
-                let mut flat = t.f_view([-1])?;
-                from_host(&mut flat, values)?;
+                from_host(&mut t.shallow_clone(), values)?;
+            }
+            if cfg.channels_last {
+                for t in vars.values().filter(|t| t.dim() == 4) {
+                    t.shallow_clone().f_set_data(&channels_last(t)?)?;
+                }
             }
         }
         let get = |name: &str| {
@@ -1350,6 +1389,52 @@ impl Drop for Table {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// NHWC strides of an NCHW shape.
+    fn nhwc_strides(t: &Tensor) -> Vec<i64> {
+        let s = t.size();
+        vec![s[1] * s[2] * s[3], 1, s[3] * s[1], s[1]]
+    }
+
+    #[test]
+    fn channels_last_keeps_values_and_changes_strides() {
+        let t = Tensor::arange(2 * 3 * 4 * 5, (Kind::Float, Device::Cpu)).view([2, 3, 4, 5]);
+        let cl = channels_last(&t).unwrap();
+        assert_eq!(cl.stride(), nhwc_strides(&t));
+        assert!(cl.equal(&t));
+        // from_host writes logical order into any strides; tensor_to_vec reads it back.
+        let values: Vec<f32> = (0..120).map(|i| i as f32 * 0.5).collect();
+        let mut dst =
+            channels_last(&Tensor::zeros([2, 3, 4, 5], (Kind::Float, Device::Cpu))).unwrap();
+        from_host(&mut dst, &values).unwrap();
+        assert_eq!(dst.stride(), nhwc_strides(&t));
+        assert_eq!(tensor_to_vec(&dst).unwrap(), values);
+        assert!(from_host(&mut dst, &values[1..]).is_err());
+    }
+
+    #[test]
+    fn images_tensor_layouts_agree() {
+        let (n, h, w) = (2usize, 3usize, 4usize);
+        let u8s: Vec<u8> = (0..n * h * w * 3).map(|i| (i * 7 % 256) as u8).collect();
+        let u8_images = Images::U8(u8s.clone());
+        let nchw = images_tensor(&u8_images, [n, h, w, 3], Device::Cpu, false).unwrap();
+        let nhwc = images_tensor(&u8_images, [n, h, w, 3], Device::Cpu, true).unwrap();
+        assert_eq!(nchw.size(), [2, 3, 3, 4]);
+        assert!(nchw.is_contiguous());
+        assert_eq!(nhwc.stride(), nhwc_strides(&nchw));
+        assert!(nhwc.equal(&nchw));
+        // Pixel (image 1, row 2, column 3), channel 1, normalized as the loader's f32 output.
+        let raw = u8s[((n - 1) * h * w + 2 * w + 3) * 3 + 1] as f64;
+        let want = (raw / 255.0 - IMAGENET_MEAN[1] as f64) / IMAGENET_STD[1] as f64;
+        let got = nhwc.double_value(&[1, 1, 2, 3]);
+        assert!((got - want).abs() < 1e-5, "{got} vs {want}");
+        let f32s: Vec<f32> = (0..n * 3 * h * w).map(|i| i as f32).collect();
+        let f32_images = Images::F32(f32s);
+        let a = images_tensor(&f32_images, [n, 3, h, w], Device::Cpu, false).unwrap();
+        let b = images_tensor(&f32_images, [n, 3, h, w], Device::Cpu, true).unwrap();
+        assert_eq!(b.stride(), nhwc_strides(&a));
+        assert!(a.equal(&b));
+    }
 
     #[test]
     fn autocast_dtype_binding_round_trips() {

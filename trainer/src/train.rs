@@ -120,6 +120,9 @@ pub struct TrainConfig {
     pub overlap: Option<Overlap>,
     /// Gradient bucket size in MiB (`--bucket-mb`).
     pub bucket_mb: f64,
+    /// Keep images, activations and convolution weights channels-last (NHWC strides,
+    /// `--channels-last`), the layout tensor cores prefer.
+    pub channels_last: bool,
     /// Evaluate on the val split after every epoch (`--no-eval` turns it off).
     pub eval: bool,
     /// Shorter side before the center crop in evaluation; 0 = image size x 8/7 (`--eval-resize`).
@@ -171,6 +174,7 @@ impl Default for TrainConfig {
             residency: "node".into(),
             overlap: None,
             bucket_mb: 25.0,
+            channels_last: false,
             eval: true,
             eval_resize: 0,
             populate: false,
@@ -542,6 +546,7 @@ pub fn train(
         label_smoothing: cfg.label_smoothing,
         bucket_bytes: (cfg.bucket_mb * 1024.0 * 1024.0) as usize,
         overlap,
+        channels_last: cfg.channels_last,
         global_replicas,
     })?;
     let bar = (rank == 0 && cfg.verbose && std::io::stderr().is_terminal()).then(|| {

@@ -1,7 +1,7 @@
 //! Data-parallel exactness: 2 ranks x 2 CPU replicas at per-replica batch B follow the same
 //! trajectory as 1 rank x 1 replica at batch 4B on the same samples (BatchNorm-free model),
 //! for every allreduce algorithm of ddl-comm, with ranks simulated by threads over the
-//! in-process transport.
+//! in-process transport, with NCHW and channels-last storage.
 
 mod common;
 
@@ -72,6 +72,17 @@ fn two_ranks_two_replicas_match_one_big_batch() {
             );
         }
     }
+    // Channels-last storage (images, activations, conv weights) changes the kernels, not the
+    // maths.
+    let mut cfg = common::config(&data, "convnet_nobn", B, "cpu:2");
+    cfg.max_steps = Some(STEPS);
+    cfg.channels_last = true;
+    cfg.overlap = Some(Overlap::Backward);
+    cfg.check_replicas = true;
+    let out = dir.join("channels-last.bin");
+    cfg.dump_weights = Some(out.clone());
+    common::run_ranks(&cfg, 2);
+    assert_close(&common::read_dump(&out), &want, "channels-last");
     // The comparison is sensitive: half the global batch (other samples) does not match.
     let mut cfg = common::config(&data, "convnet_nobn", B / 2, "cpu:2");
     cfg.max_steps = Some(STEPS);
