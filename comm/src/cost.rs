@@ -86,6 +86,21 @@ impl Tier {
             load * self.beta_load(load)
         }
     }
+
+    /// Seconds to move `load` bytes over shared memory in one round of an allreduce of a
+    /// `buffer`-byte buffer: copies are memory-bound, and whether they hit the caches
+    /// depends on the buffer the algorithm walks over, not on one message, so the curve is
+    /// read at no less than the buffer size (the calibration ring's working set is its
+    /// buffer too). Small pipeline chunks of a large buffer cost what the ring over that
+    /// buffer pays per byte.
+    fn xfer_in(&self, load: f64, buffer: f64) -> f64 {
+        if load <= 0.0 {
+            0.0
+        } else {
+            let at = (load * self.curve_ranks.max(1) as f64).max(buffer);
+            load * self.beta_at(at as usize)
+        }
+    }
 }
 
 /// What one lock-step round of an algorithm costs: its exchange (node-local transfers and
@@ -153,6 +168,41 @@ pub fn open_mpi_choice(ranks: usize, bytes: usize) -> OpenMpiAllreduce {
     }
 }
 
+/// MPI_Allreduce as `ddl-bench calibrate` measured it in one layout: not derived from the
+/// tiers but timed, because Open MPI's internals (its own ring over TCP, blocking progress
+/// that polls and yields, temporary buffers allocated per call) are outside the round model.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct MpiCurve {
+    /// Nodes of the layout the curve was measured in.
+    pub nodes: usize,
+    /// Ranks per node of that layout.
+    pub ranks_per_node: usize,
+    /// `(bytes, seconds)` of one call (ddl's `mpi` algorithm: send copy included), sorted
+    /// by size.
+    pub points: Vec<(usize, f64)>,
+}
+
+impl MpiCurve {
+    /// Seconds of one MPI_Allreduce of `bytes`: log(time) interpolated linearly in
+    /// log(bytes) between the measured points; below the smallest point its time (the
+    /// latency floor), above the largest its time per byte. `None` without points.
+    pub fn time(&self, bytes: usize) -> Option<f64> {
+        let c = &self.points;
+        let (first, last) = (c.first()?, c.last()?);
+        if bytes <= first.0 {
+            return Some(first.1);
+        }
+        if bytes >= last.0 {
+            return Some(last.1 * bytes as f64 / last.0 as f64);
+        }
+        let i = c.partition_point(|p| p.0 <= bytes);
+        let (lo, hi) = (c[i - 1], c[i]);
+        let ln = |v: f64| v.max(1e-12).ln();
+        let x = (ln(bytes as f64) - ln(lo.0 as f64)) / (ln(hi.0 as f64) - ln(lo.0 as f64));
+        Some((ln(lo.1) + x * (ln(hi.1) - ln(lo.1))).exp())
+    }
+}
+
 /// Two-tier cost model: within a node and between nodes.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct CostModel {
@@ -166,6 +216,11 @@ pub struct CostModel {
     /// Seconds per byte of a memory copy (0: unknown, `intra.gamma` is used).
     #[serde(default)]
     pub copy: f64,
+    /// Measured MPI_Allreduce times (see [`MpiCurve`]); `Mpi` is predicted from them in
+    /// their layout. Absent (older files, presets, other layouts): Open MPI's decision
+    /// rules over the tiers ([`open_mpi_choice`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mpi: Option<MpiCurve>,
 }
 
 impl Default for CostModel {
@@ -176,6 +231,7 @@ impl Default for CostModel {
             inter: Tier::new("10gbe", 20e-6, 1.0 / 1.1e9, 1.0 / 5e9),
             source: "default".into(),
             copy: 0.0,
+            mpi: None,
         }
     }
 }
@@ -190,6 +246,7 @@ impl CostModel {
             inter: Tier::new("infiniband-edr", 5e-6, 1.0 / 12e9, 1.0 / 200e9),
             source: "preset minsky".into(),
             copy: 0.0,
+            mpi: None,
         }
     }
 
@@ -235,11 +292,13 @@ impl CostModel {
         }
     }
 
-    /// One lock-step round in which every rank `r` sends `msg` bytes to `to(r)` (ranks
-    /// mapping to themselves send nothing), optionally adding what it receives.
+    /// One lock-step round of an allreduce of `buffer` bytes in which every rank `r` sends
+    /// `msg` bytes to `to(r)` (ranks mapping to themselves send nothing), optionally adding
+    /// what it receives.
     fn pairs_round(
         &self,
         topo: Topology,
+        buffer: f64,
         msg: f64,
         reduce: bool,
         to: impl Fn(usize) -> usize,
@@ -264,14 +323,19 @@ impl CostModel {
             } else {
                 self.intra.alpha
             },
-            local: if local { self.intra.xfer(msg) } else { 0.0 },
+            local: if local {
+                self.intra.xfer_in(msg, buffer)
+            } else {
+                0.0
+            },
             link: self.inter.xfer(link_load),
             add: if reduce { msg * self.intra.gamma } else { 0.0 },
         }
     }
 
-    /// Rounds of one segment of a multi-dimensional ring of `n` bytes over `dims`.
-    fn multiring_rounds(&self, dims: &[usize], n: f64, topo: Topology) -> Vec<Round> {
+    /// Rounds of one segment of `n` bytes of a multi-dimensional ring over `dims` (of a
+    /// `buffer`-byte allreduce).
+    fn multiring_rounds(&self, dims: &[usize], buffer: f64, n: f64, topo: Topology) -> Vec<Round> {
         let mut per_dim = Vec::new();
         let (mut size, mut stride) = (n, 1usize);
         for &d in dims {
@@ -283,8 +347,8 @@ impl CostModel {
                 };
                 per_dim.push((
                     d,
-                    self.pairs_round(topo, msg, true, right),
-                    self.pairs_round(topo, msg, false, right),
+                    self.pairs_round(topo, buffer, msg, true, right),
+                    self.pairs_round(topo, buffer, msg, false, right),
                 ));
                 size = msg;
             }
@@ -305,7 +369,7 @@ impl CostModel {
     /// [`Round::time`]).
     fn multiring_time(&self, dims: &[usize], segments: usize, n: f64, topo: Topology) -> f64 {
         let segments = segments.max(1);
-        let steps = self.multiring_rounds(dims, n / segments as f64, topo);
+        let steps = self.multiring_rounds(dims, n, n / segments as f64, topo);
         let offset = segment_offset(dims);
         let rounds = steps.len() + (segments - 1) * offset;
         (0..rounds)
@@ -348,8 +412,8 @@ impl CostModel {
                     r
                 }
             };
-            t += self.pairs_round(topo, n, true, fold).time();
-            t += self.pairs_round(topo, n, false, unfold).time();
+            t += self.pairs_round(topo, n, n, true, fold).time();
+            t += self.pairs_round(topo, n, n, false, unfold).time();
         }
         let mut d = 1;
         let mut size = n;
@@ -358,9 +422,9 @@ impl CostModel {
                 size /= 2.0;
             }
             let partner = |r: usize| virt(r).map_or(r, |nr| real(nr ^ d));
-            t += self.pairs_round(topo, size, true, partner).time();
+            t += self.pairs_round(topo, n, size, true, partner).time();
             if halving {
-                t += self.pairs_round(topo, size, false, partner).time();
+                t += self.pairs_round(topo, n, size, false, partner).time();
             }
             d *= 2;
         }
@@ -385,7 +449,7 @@ impl CostModel {
                     } else {
                         self.intra.alpha
                     },
-                    local: c.local as f64 * self.intra.xfer(chunk),
+                    local: c.local as f64 * self.intra.xfer_in(chunk, n),
                     link: self.inter.xfer(link),
                     add: c.adds as f64 * chunk * self.intra.gamma,
                 };
@@ -394,10 +458,19 @@ impl CostModel {
             .sum()
     }
 
-    /// Seconds of MPI_Allreduce as Open MPI 4.1's `tuned` component runs it for a sum of
-    /// floats ([`open_mpi_choice`]), plus the two copies of the buffer around it (ddl's
-    /// send copy and Open MPI's copy of the send buffer into the receive buffer).
+    /// Seconds of MPI_Allreduce: from the measured curve when it was taken in `topo`'s
+    /// layout; otherwise as Open MPI 4.1's `tuned` component runs it for a sum of floats
+    /// ([`open_mpi_choice`]), plus the two copies of the buffer around it (ddl's send copy
+    /// and Open MPI's copy of the send buffer into the receive buffer).
     fn mpi_time(&self, bytes: usize, n: f64, topo: Topology) -> f64 {
+        let measured = self
+            .mpi
+            .as_ref()
+            .filter(|c| c.nodes == topo.nodes && c.ranks_per_node == topo.ranks_per_node)
+            .and_then(|c| c.time(bytes));
+        if let Some(t) = measured {
+            return t;
+        }
         let p = topo.ranks();
         let algorithm = match open_mpi_choice(p, bytes) {
             OpenMpiAllreduce::RecursiveDoubling => self.recursive_time(n, topo, false),
@@ -412,8 +485,9 @@ impl CostModel {
     /// segments of multiring and the chunk schedule of multicolor included): a round costs
     /// its latency, the larger of its node-local transfer time (busiest rank) and its node
     /// link time (busiest link, the chunks of all ranks of the node that cross it in that
-    /// round), then the additions. `Mpi` is the algorithm Open MPI 4.1 picks; `Auto` the
-    /// best prediction.
+    /// round), then the additions. `Mpi` is calibrated, not derived: the measured
+    /// MPI_Allreduce curve of the model file in its layout ([`MpiCurve`]), else the rounds of
+    /// the algorithm Open MPI 4.1 picks. `Auto` is the best prediction.
     pub fn predict(&self, algorithm: &Algorithm, bytes: usize, topo: Topology) -> f64 {
         let n = bytes as f64;
         let p = topo.ranks();

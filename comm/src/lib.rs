@@ -21,7 +21,7 @@ pub mod transport;
 
 pub use algorithm::Algorithm;
 pub use allreduce::{Allreducer, Element};
-pub use cost::{CostModel, Tier};
+pub use cost::{CostModel, MpiCurve, Tier};
 pub use error::{CommError, Result};
 /// Half-precision types accepted by [`Allreducer::allreduce`] (re-exported from `half`).
 pub use half::{bf16, f16};

@@ -1,6 +1,6 @@
 //! Cost model: formulas, choice, presets and JSON round trip.
 
-use ddl_comm::{Algorithm, CostModel, Tier, Topology};
+use ddl_comm::{Algorithm, CostModel, MpiCurve, Tier, Topology};
 
 fn tier(alpha: f64, beta: f64, gamma: f64) -> Tier {
     Tier::new("t", alpha, beta, gamma)
@@ -13,6 +13,7 @@ fn two_tier() -> CostModel {
         inter: tier(1e-5, 1e-8, 1e-10),
         source: "test".into(),
         copy: 0.0,
+        mpi: None,
     }
 }
 
@@ -36,6 +37,7 @@ fn beta_curve_interpolates_in_log_size_and_clamps() {
         inter: t,
         source: "test".into(),
         copy: 0.0,
+        mpi: None,
     };
     let n = 16 << 20;
     let expect = 2.0 * 3.0 * (1e-6 + n as f64 / 4.0 * 1e-9);
@@ -170,4 +172,86 @@ fn mpi_follows_open_mpi_decision_rules() {
     );
     // Small messages: recursive doubling, log2(8) = 3 rounds instead of the ring's 14.
     assert!(m.predict(&Algorithm::Mpi, 4096, topo) < m.predict(&Algorithm::Ring, 4096, topo));
+}
+
+#[test]
+fn mpi_is_predicted_from_its_measured_curve_in_its_layout() {
+    let mut m = two_tier();
+    let topo = Topology::new(2, 4);
+    let rules = m.predict(&Algorithm::Mpi, 16 << 20, topo);
+    m.mpi = Some(MpiCurve {
+        nodes: 2,
+        ranks_per_node: 4,
+        points: vec![(4 << 10, 1e-4), (1 << 20, 1e-3), (16 << 20, 4e-2)],
+    });
+    let mpi = |bytes: usize| m.predict(&Algorithm::Mpi, bytes, topo);
+    // At the measured sizes: the measured times.
+    assert!((mpi(4 << 10) - 1e-4).abs() < 1e-15);
+    assert!((mpi(16 << 20) - 4e-2).abs() < 1e-15);
+    // Below the smallest point: its latency; above the largest: its time per byte.
+    assert!((mpi(8) - 1e-4).abs() < 1e-15);
+    assert!((mpi(64 << 20) - 16e-2).abs() < 1e-12);
+    // Between points: log(time) linear in log(size), 4 MiB is halfway from 1 to 16 MiB.
+    let mid = (1e-3f64 * 4e-2).sqrt();
+    assert!(
+        (mpi(4 << 20) - mid).abs() < 1e-12,
+        "{} vs {mid}",
+        mpi(4 << 20)
+    );
+    assert!(mpi(1 << 20) < mpi(2 << 20) && mpi(2 << 20) < mpi(4 << 20));
+    // Another layout (the simulator's) falls back to Open MPI's decision rules.
+    let other = Topology::new(4, 2);
+    let fallback = CostModel {
+        mpi: None,
+        ..m.clone()
+    };
+    assert_eq!(
+        m.predict(&Algorithm::Mpi, 16 << 20, other),
+        fallback.predict(&Algorithm::Mpi, 16 << 20, other)
+    );
+    assert_ne!(mpi(16 << 20), rules);
+    // The curve survives the JSON round trip; a file without one (older) still loads.
+    let text = serde_json::to_string(&m).expect("json");
+    assert_eq!(serde_json::from_str::<CostModel>(&text).expect("parse"), m);
+    let old = serde_json::to_string(&fallback).expect("json");
+    assert!(!old.contains("\"mpi\""), "{old}");
+    assert_eq!(
+        serde_json::from_str::<CostModel>(&old).expect("parse").mpi,
+        None
+    );
+}
+
+#[test]
+fn shared_memory_chunks_pay_the_per_byte_cost_of_their_whole_buffer() {
+    // In-cache below 1 MiB, memory-bound at 16 MiB: multicolor's 1 MiB chunks of a 16 MiB
+    // buffer walk the whole buffer, so they cost the 16 MiB per-byte time, as with one beta.
+    let mut curved = tier(1e-6, 1e-10, 1e-11);
+    curved.beta_curve = vec![(1 << 20, 1e-10), (16 << 20, 1e-9)];
+    curved.curve_ranks = 2;
+    let flat = tier(1e-6, 1e-9, 1e-11);
+    let model = |t: Tier| CostModel {
+        intra: t.clone(),
+        inter: t,
+        source: "test".into(),
+        copy: 0.0,
+        mpi: None,
+    };
+    let (curved, flat) = (model(curved), model(flat));
+    let topo = Topology::flat(2);
+    let multicolor = Algorithm::Multicolor {
+        colors: 4,
+        chunk_bytes: 1 << 20,
+    };
+    let n = 16 << 20;
+    let (a, b) = (
+        curved.predict(&multicolor, n, topo),
+        flat.predict(&multicolor, n, topo),
+    );
+    assert!((a - b).abs() < 1e-12, "{a} vs {b}");
+    // A 1 MiB buffer stays in the caches: the small-size point.
+    let small = curved.predict(&multicolor, 1 << 20, topo);
+    assert!(
+        small < flat.predict(&multicolor, 1 << 20, topo) / 5.0,
+        "{small}"
+    );
 }

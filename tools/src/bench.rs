@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
 use ddl_comm::mpi::World;
-use ddl_comm::{Algorithm, Allreducer, CostModel, Tier, Topology, Transport};
+use ddl_comm::{Algorithm, Allreducer, CostModel, MpiCurve, Tier, Topology, Transport};
 use serde::Serialize;
 
 /// Parses a byte count: `4096`, `4K`/`4KiB`, `256M`/`256MiB`, `1G`/`1GiB` (powers of 1024).
@@ -316,49 +316,87 @@ fn measure_copy() -> f64 {
     per_byte(|dst, src| dst.copy_from_slice(src))
 }
 
-/// Median over `iters` calls (after three untimed calls) of the slowest rank's time of a ring
-/// allreduce of `bytes` over `t`; every rank of `t` must call this. The result is meaningful
-/// on rank 0 of `t`.
-fn ring_time(t: &Arc<dyn Transport>, bytes: usize, iters: usize) -> Result<f64> {
-    let p = t.size();
-    let ar = Allreducer::new(t.clone(), Algorithm::Ring, Topology::flat(p))?;
-    let mut buf = vec![1.0f32; bytes / 4];
-    // As many untimed calls as `ddl-bench allreduce --warmup` makes by default, so that the
-    // curve and the benchmark see equally warm buffers.
-    for _ in 0..3 {
-        ar.allreduce_f32(&mut buf, true)?;
+/// Timed calls per calibration point: many for latency-bound sizes, fewer for the large ones.
+fn calibration_iters(bytes: usize) -> usize {
+    match bytes {
+        0..=65536 => 50,
+        65537..=4194304 => 15,
+        _ => 5,
+    }
+}
+
+/// Median over `iters` calls of the slowest rank's time of an allreduce of `buf` with `ar`,
+/// timed as `ddl-bench allreduce` times it (five untimed calls, its default `--warmup`,
+/// then a barrier before each timed call); every rank of `t` must call this. The result is
+/// meaningful on rank 0 of `t`.
+fn allreduce_time(
+    t: &Arc<dyn Transport>,
+    ar: &Allreducer,
+    buf: &mut [f32],
+    iters: usize,
+) -> Result<f64> {
+    for _ in 0..5 {
+        ar.allreduce_f32(buf, true)?;
     }
     let mut times = Vec::with_capacity(iters);
     for _ in 0..iters {
         t.barrier()?;
         let start = Instant::now();
-        ar.allreduce_f32(&mut buf, true)?;
+        ar.allreduce_f32(buf, true)?;
         times.push(start.elapsed().as_secs_f64());
     }
     let mut slowest = max_over_ranks(&**t, &times)?;
     Ok(median(&mut slowest))
 }
 
+/// Times of an `algo` allreduce over `t` in `topo` at each of `sizes` (see
+/// [`allreduce_time`]), swept `passes` times over all sizes; per size the median of the
+/// passes, so that a burst of load from other tenants of the machine, which lasts seconds,
+/// spoils one pass rather than the curve. Like the benchmark, every size is a prefix of one
+/// buffer of the largest size and one [`Allreducer`] serves all sizes: a fresh buffer per
+/// size made the 4 MiB ring at np 2 take 3x its benchmark time (2.8 against 0.94 ms, median
+/// of three passes). Every rank of `t` must call this; rank 0 of `t` gets the times.
+fn sweep(
+    t: &Arc<dyn Transport>,
+    algo: &Algorithm,
+    topo: Topology,
+    sizes: &[usize],
+    passes: usize,
+) -> Result<Vec<f64>> {
+    let ar = Allreducer::new(t.clone(), algo.clone(), topo)?;
+    let mut buf = vec![1.0f32; sizes.iter().copied().max().unwrap_or(0) / 4];
+    let mut times = vec![Vec::with_capacity(passes); sizes.len()];
+    for _ in 0..passes.max(1) {
+        for (&bytes, ts) in sizes.iter().zip(times.iter_mut()) {
+            let data = &mut buf[..bytes / 4];
+            ts.push(allreduce_time(t, &ar, data, calibration_iters(bytes))?);
+        }
+    }
+    Ok(times.iter_mut().map(|ts| median(ts)).collect())
+}
+
 /// Transfer time per byte at several buffer sizes, from ring allreduce times over `t`
-/// (inverting the ring formula `2(p-1) alpha + 2(p-1)/p n beta + (p-1)/p n gamma` at each
-/// size). Every rank of `t` must call this; rank 0 of `t` gets the curve.
+/// ([`sweep`]; inverting the ring formula `2(p-1) alpha + 2(p-1)/p n beta + (p-1)/p n gamma`
+/// at each size). Every rank of `t` must call this; rank 0 of `t` gets the curve.
 fn ring_curve(
     t: &Arc<dyn Transport>,
     sizes: &[usize],
+    passes: usize,
     alpha: f64,
     gamma: f64,
 ) -> Result<Vec<(usize, f64)>> {
     let p = t.size() as f64;
-    let mut curve = Vec::with_capacity(sizes.len());
-    for &bytes in sizes {
-        let iters = if bytes <= 4 << 20 { 15 } else { 5 };
-        let time = ring_time(t, bytes, iters)?;
-        let n = bytes as f64;
-        let moved = 2.0 * (p - 1.0) / p * n;
-        let beta = (time - 2.0 * (p - 1.0) * alpha - (p - 1.0) / p * n * gamma) / moved;
-        curve.push((bytes, beta.max(1e-13)));
-    }
-    Ok(curve)
+    let times = sweep(t, &Algorithm::Ring, Topology::flat(t.size()), sizes, passes)?;
+    Ok(sizes
+        .iter()
+        .zip(times)
+        .map(|(&bytes, time)| {
+            let n = bytes as f64;
+            let moved = 2.0 * (p - 1.0) / p * n;
+            let beta = (time - 2.0 * (p - 1.0) * alpha - (p - 1.0) / p * n * gamma) / moved;
+            (bytes, beta.max(1e-13))
+        })
+        .collect())
 }
 
 /// Measures the cost model under MPI, in the layout the benchmarks will run in (same
@@ -371,10 +409,16 @@ fn ring_curve(
 /// - a beta curve per tier from ring allreduce times at buffer sizes up to `max_bytes`:
 ///   the intra tier from a ring over each node's ranks (all nodes at once), the inter tier
 ///   from the flat ring over all ranks (every step of which crosses each node link once,
-///   ranks being node-contiguous); `curve_ranks` records each ring's size.
+///   ranks being node-contiguous); `curve_ranks` records each ring's size. The sweep
+///   doubles the size from 64 KiB to 64 MiB (the 1-32 MiB range is where the buffers
+///   leave the caches), then quadruples it;
+/// - MPI_Allreduce itself (ddl's `mpi`) at the benchmark's sizes, 4 KiB x 4^k up to
+///   `max_bytes`, timed like the benchmark: stored as the model's [`MpiCurve`] for this
+///   layout, since Open MPI's own implementation is outside the round model.
 ///
-/// A tier that this layout cannot measure copies the other one (noted in `source`).
-pub fn calibrate(world: &World, max_bytes: usize) -> Result<CostModel> {
+/// Each sweep runs `passes` times, per size the median ([`sweep`]). A tier that this layout
+/// cannot measure copies the other one (noted in `source`).
+pub fn calibrate(world: &World, max_bytes: usize, passes: usize) -> Result<CostModel> {
     let t: Arc<dyn Transport> = world.transport();
     let topo = world.topology();
     if world.size() < 2 {
@@ -390,9 +434,14 @@ pub fn calibrate(world: &World, max_bytes: usize) -> Result<CostModel> {
         4 << 20,
     ];
     let curve_sizes: Vec<usize> = (16..=30)
-        .step_by(2)
+        .filter(|k| k <= &26 || k % 2 == 0)
         .map(|k| 1usize << k)
         .filter(|&b| b <= max_bytes.max(64 << 10))
+        .collect();
+    let mpi_sizes: Vec<usize> = (12..=30)
+        .step_by(2)
+        .map(|k| 1usize << k)
+        .filter(|&b| b <= max_bytes.max(4 << 10))
         .collect();
     let gamma = measure_gamma();
     let copy = measure_copy();
@@ -413,15 +462,17 @@ pub fn calibrate(world: &World, max_bytes: usize) -> Result<CostModel> {
         .transpose()?;
     if let Some(tier) = intra.as_mut() {
         let node: Arc<dyn Transport> = Arc::from(t.split(world.node_index(), world.local_rank())?);
-        tier.beta_curve = ring_curve(&node, &curve_sizes, tier.alpha, gamma)?;
+        tier.beta_curve = ring_curve(&node, &curve_sizes, passes, tier.alpha, gamma)?;
         tier.curve_ranks = node.size();
         // Rank 0 of the world is rank 0 of node 0: its curve is the one kept.
         t.barrier()?;
     }
     if let Some(tier) = inter.as_mut() {
-        tier.beta_curve = ring_curve(&t, &curve_sizes, tier.alpha, gamma)?;
+        tier.beta_curve = ring_curve(&t, &curve_sizes, passes, tier.alpha, gamma)?;
         tier.curve_ranks = t.size();
     }
+    let mpi_times = sweep(&t, &Algorithm::Mpi, topo, &mpi_sizes, passes)?;
+    let mpi_points = mpi_sizes.iter().copied().zip(mpi_times).collect();
     let host = world.processor_name();
     let cores = std::thread::available_parallelism().map_or(1, |c| c.get());
     let (intra, inter, note) = match (intra, inter) {
@@ -448,13 +499,18 @@ pub fn calibrate(world: &World, max_bytes: usize) -> Result<CostModel> {
         intra,
         inter,
         source: format!(
-            "ddl-bench calibrate on {host}, {} ranks ({}x{}), {cores} usable core(s) per rank, ring curves to {} bytes{note}",
+            "ddl-bench calibrate on {host}, {} ranks ({}x{}), {cores} usable core(s) per rank, ring curves and MPI_Allreduce to {} bytes, median of {passes} passes{note}",
             world.size(),
             topo.nodes,
             topo.ranks_per_node,
             curve_sizes.last().copied().unwrap_or(0)
         ),
         copy,
+        mpi: Some(MpiCurve {
+            nodes: topo.nodes,
+            ranks_per_node: topo.ranks_per_node,
+            points: mpi_points,
+        }),
     })
 }
 

@@ -61,6 +61,9 @@ enum Cmd {
         /// Largest ring allreduce timed for the beta curves.
         #[arg(long, default_value = "64MiB")]
         max_bytes: String,
+        /// Sweeps over all sizes (ring curves and MPI_Allreduce); per size the median.
+        #[arg(long, default_value_t = 3)]
+        passes: usize,
     },
     /// Predict one allreduce's time from a cost model (JSON line: algo, resolved = what
     /// `auto` would run, bytes, ranks, time_us).
@@ -163,10 +166,14 @@ fn main() -> Result<()> {
                 world.abort(1);
             }
         }
-        Cmd::Calibrate { output, max_bytes } => {
+        Cmd::Calibrate {
+            output,
+            max_bytes,
+            passes,
+        } => {
             let max_bytes = bench::parse_bytes(&max_bytes)?;
             let world = World::init_with_timeout(bench::DEFAULT_BENCH_TIMEOUT)?;
-            match bench::calibrate(&world, max_bytes) {
+            match bench::calibrate(&world, max_bytes, passes) {
                 Ok(model) => {
                     if world.rank() == 0 {
                         model.save(&output)?;
