@@ -91,6 +91,19 @@ pub fn mpirun(np: usize) -> Command {
     cmd
 }
 
+/// `mpirun -np NP ddl-train --data SHARDS --model resnet_small --workers 1`: the CPU job the
+/// end-to-end tests launch; callers add the flags they vary.
+pub fn mpirun_train(np: usize, shards: &Path) -> Command {
+    let mut cmd = mpirun(np);
+    cmd.arg(bin("ddl-train")).arg("--data").arg(shards).args([
+        "--model",
+        "resnet_small",
+        "--workers",
+        "1",
+    ]);
+    cmd
+}
+
 /// What [`synth_and_pack`] writes: a `ddl-synth` tree and its shards.
 pub struct SynthSpec {
     /// Classes.

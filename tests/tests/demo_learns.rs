@@ -4,7 +4,7 @@
 
 use std::fs;
 
-use ddl_tests::{bin, mpirun, run_ok, synth_and_pack, Scratch, SynthSpec};
+use ddl_tests::{mpirun_train, run_ok, synth_and_pack, Scratch, SynthSpec};
 use serde_json::Value;
 
 /// The demo itself (10 ddl-synth classes, resnet_small on CPU, `mpirun -np 2`, four epochs)
@@ -25,13 +25,8 @@ fn demo_learns_ten_classes_under_mpirun_np2() {
     );
     let metrics = tmp.path().join("metrics.jsonl");
     run_ok(
-        mpirun(2)
-            .arg(bin("ddl-train"))
-            .arg("--data")
-            .arg(&shards)
+        mpirun_train(2, &shards)
             .args([
-                "--model",
-                "resnet_small",
                 "--image-size",
                 "64",
                 "--batch",
@@ -44,8 +39,6 @@ fn demo_learns_ten_classes_under_mpirun_np2() {
                 "1",
                 "--base-lr",
                 "0.4",
-                "--workers",
-                "1",
             ])
             .arg("--metrics")
             .arg(&metrics),

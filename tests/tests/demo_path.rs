@@ -4,7 +4,7 @@
 use std::fs;
 use std::process::Command;
 
-use ddl_tests::{bin, mpirun, run_ok, synth_and_pack, Scratch, SynthSpec};
+use ddl_tests::{bin, mpirun_train, run_ok, synth_and_pack, Scratch, SynthSpec};
 use serde_json::Value;
 
 #[test]
@@ -30,13 +30,8 @@ fn synth_pack_verify_then_train_under_mpirun_np2() {
     let metrics = tmp.path().join("metrics.jsonl");
     let ckpt = tmp.path().join("ckpt");
     let out = run_ok(
-        mpirun(2)
-            .arg(bin("ddl-train"))
-            .arg("--data")
-            .arg(&shards)
+        mpirun_train(2, &shards)
             .args([
-                "--model",
-                "resnet_small",
                 "--image-size",
                 "32",
                 "--batch",
@@ -47,8 +42,6 @@ fn synth_pack_verify_then_train_under_mpirun_np2() {
                 "2",
                 "--warmup-epochs",
                 "0.5",
-                "--workers",
-                "1",
                 "--base-lr",
                 "0.2",
             ])

@@ -7,38 +7,31 @@ use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use ddl_tests::{bin, mpirun, run_ok, synth_and_pack, Scratch, SynthSpec};
+use ddl_tests::{mpirun_train, run_ok, synth_and_pack, Scratch, SynthSpec};
 
 fn train_cmd(shards: &Path, ckpt: &Path, weights: &Path) -> Command {
-    let mut cmd = mpirun(2);
-    cmd.arg(bin("ddl-train"))
-        .arg("--data")
-        .arg(shards)
-        .args([
-            "--model",
-            "resnet_small",
-            "--image-size",
-            "32",
-            "--batch",
-            "8",
-            "--devices",
-            "cpu:1",
-            "--epochs",
-            "3",
-            "--warmup-epochs",
-            "1",
-            "--workers",
-            "1",
-            "--checkpoint-every",
-            "3",
-            "--keep-checkpoints",
-            "2",
-            "--no-eval",
-        ])
-        .arg("--checkpoint-dir")
-        .arg(ckpt)
-        .arg("--dump-weights")
-        .arg(weights);
+    let mut cmd = mpirun_train(2, shards);
+    cmd.args([
+        "--image-size",
+        "32",
+        "--batch",
+        "8",
+        "--devices",
+        "cpu:1",
+        "--epochs",
+        "3",
+        "--warmup-epochs",
+        "1",
+        "--checkpoint-every",
+        "3",
+        "--keep-checkpoints",
+        "2",
+        "--no-eval",
+    ])
+    .arg("--checkpoint-dir")
+    .arg(ckpt)
+    .arg("--dump-weights")
+    .arg(weights);
     cmd
 }
 

@@ -5,38 +5,31 @@
 use std::fs;
 use std::path::Path;
 
-use ddl_tests::{bin, mpirun, run_ok, synth_and_pack, Scratch, SynthSpec};
+use ddl_tests::{mpirun_train, run_ok, synth_and_pack, Scratch, SynthSpec};
 
 fn train(shards: &Path, overlap: &str, weights: &Path) -> Vec<u8> {
-    let mut cmd = mpirun(2);
-    cmd.arg(bin("ddl-train"))
-        .arg("--data")
-        .arg(shards)
-        .args([
-            "--model",
-            "resnet_small",
-            "--image-size",
-            "32",
-            "--batch",
-            "4",
-            "--devices",
-            "cpu:2",
-            "--max-steps",
-            "4",
-            "--warmup-epochs",
-            "0",
-            "--workers",
-            "1",
-            "--bucket-mb",
-            "0.01",
-            "--check-replicas",
-            "--no-eval",
-            "--quiet",
-            "--overlap",
-            overlap,
-        ])
-        .arg("--dump-weights")
-        .arg(weights);
+    let mut cmd = mpirun_train(2, shards);
+    cmd.args([
+        "--image-size",
+        "32",
+        "--batch",
+        "4",
+        "--devices",
+        "cpu:2",
+        "--max-steps",
+        "4",
+        "--warmup-epochs",
+        "0",
+        "--bucket-mb",
+        "0.01",
+        "--check-replicas",
+        "--no-eval",
+        "--quiet",
+        "--overlap",
+        overlap,
+    ])
+    .arg("--dump-weights")
+    .arg(weights);
     run_ok(&mut cmd);
     fs::read(weights).unwrap()
 }
