@@ -465,10 +465,6 @@ fn to_host(src: &Tensor, dst: &mut [f32]) -> Result<()> {
 /// (any device, any strides: channels-last weights too).
 fn from_host(dst: &mut Tensor, src: &[f32]) -> Result<()> {
     let size = dst.size();
-    let mut strides = vec![1i64; size.len()];
-    for d in (0..size.len().saturating_sub(1)).rev() {
-        strides[d] = strides[d + 1] * size[d + 1];
-    }
     if dst.numel() != src.len() {
         return Err(tch::TchError::Shape(format!(
             "{} host values for a tensor of shape {size:?}",
@@ -482,7 +478,7 @@ fn from_host(dst: &mut Tensor, src: &[f32]) -> Result<()> {
         Tensor::from_blob(
             src.as_ptr() as *const u8,
             &size,
-            &strides,
+            &[],
             Kind::Float,
             Device::Cpu,
         )
@@ -669,22 +665,18 @@ impl Replica {
             if s + 1 < stages {
                 pass.backward_stage(s)?;
             }
-            if self
-                .layout
-                .buckets
-                .get(handed)
-                .is_some_and(|b| b.stage >= s)
-            {
+            let ready = self.layout.buckets[handed..]
+                .iter()
+                .take_while(|b| b.stage >= s)
+                .count();
+            if ready > 0 {
                 // A hand-off waits for the device anyway: count that wait as compute.
                 sync_device(self.device);
                 let t0 = Instant::now();
-                while let Some(bucket) = self.layout.buckets.get(handed) {
-                    if bucket.stage < s {
-                        break;
-                    }
-                    self.hand_off(handed, seq)?;
-                    handed += 1;
+                for k in handed..handed + ready {
+                    self.hand_off(k, seq)?;
                 }
+                handed += ready;
                 handing += t0.elapsed();
             }
         }

@@ -1,11 +1,11 @@
-//! Ring reduce-scatter and allgather over a strided group of ranks; the flat ring and the
-//! multi-dimensional ring are built from them.
+//! Ring reduce-scatter and allgather over strided groups of ranks, as lists of steps run by
+//! one executor: the flat ring is the multi-dimensional ring over one dimension.
 
 use std::ops::Range;
 
 use super::util::{add_into, ensure_len, part, RawBuf};
 use crate::error::Result;
-use crate::transport::{f32_bytes, f32_bytes_mut, Op, Transport};
+use crate::transport::{Op, Transport};
 
 /// Ranks `base + i * stride` for `i in 0..len`; this rank is member `me`.
 #[derive(Clone, Copy, Debug)]
@@ -22,97 +22,6 @@ impl Group {
     }
 }
 
-/// Reduce-scatter of `buf[region]` cut into `g.len` parts: afterwards member `me` holds the
-/// sum of part `me` over the group. The sum of part k is accumulated in ring order starting
-/// at member k+1: `((x[k+1] + x[k+2]) + ...) + x[k]`.
-pub(crate) fn reduce_scatter(
-    t: &dyn Transport,
-    g: Group,
-    buf: &mut [f32],
-    region: Range<usize>,
-    scratch: &mut Vec<f32>,
-    tag: u32,
-) -> Result<()> {
-    let p = g.len;
-    if p == 1 {
-        return Ok(());
-    }
-    let right = g.rank(g.me + 1);
-    let left = g.rank(g.me + p - 1);
-    ensure_len(scratch, part(&region, p, 0).len());
-    for s in 0..p - 1 {
-        let send = part(&region, p, (g.me + 2 * p - s - 1) % p);
-        let recv = part(&region, p, (g.me + 2 * p - s - 2) % p);
-        let tmp = &mut scratch[..recv.len()];
-        t.exchange(&mut [
-            Op::Send {
-                to: right,
-                tag,
-                data: f32_bytes(&buf[send]),
-            },
-            Op::Recv {
-                from: left,
-                tag,
-                buf: f32_bytes_mut(tmp),
-            },
-        ])?;
-        add_into(&mut buf[recv], tmp);
-    }
-    Ok(())
-}
-
-/// Allgather of `buf[region]` cut into `g.len` parts, member `me` holding part `me`.
-pub(crate) fn allgather(
-    t: &dyn Transport,
-    g: Group,
-    buf: &mut [f32],
-    region: Range<usize>,
-    tag: u32,
-) -> Result<()> {
-    let p = g.len;
-    if p == 1 {
-        return Ok(());
-    }
-    let right = g.rank(g.me + 1);
-    let left = g.rank(g.me + p - 1);
-    for s in 0..p - 1 {
-        let send = part(&region, p, (g.me + p - s) % p);
-        let recv = part(&region, p, (g.me + 2 * p - s - 1) % p);
-        let (send_bytes, recv_bytes) = disjoint(buf, send, recv);
-        t.exchange(&mut [
-            Op::Send {
-                to: right,
-                tag,
-                data: send_bytes,
-            },
-            Op::Recv {
-                from: left,
-                tag,
-                buf: recv_bytes,
-            },
-        ])?;
-    }
-    Ok(())
-}
-
-/// Borrows two disjoint element ranges of `buf`: one shared (as bytes), one mutable.
-fn disjoint(buf: &mut [f32], a: Range<usize>, b: Range<usize>) -> (&[u8], &mut [u8]) {
-    if a.is_empty() {
-        return (&[], f32_bytes_mut(&mut buf[b]));
-    }
-    if b.is_empty() {
-        return (f32_bytes(&buf[a]), &mut []);
-    }
-    if a.end <= b.start {
-        let (lo, hi) = buf.split_at_mut(b.start);
-        (f32_bytes(&lo[a]), f32_bytes_mut(&mut hi[..b.end - b.start]))
-    } else {
-        assert!(b.end <= a.start, "ranges {a:?} and {b:?} overlap");
-        let (lo, hi) = buf.split_at_mut(a.start);
-        (f32_bytes(&hi[..a.end - a.start]), f32_bytes_mut(&mut lo[b]))
-    }
-}
-
 /// One step of a ring phase seen from one rank: send elements `send` to `to` while receiving
 /// elements `recv` from `from`, then add them into the buffer (reduce-scatter) or keep them
 /// as received (allgather).
@@ -126,8 +35,10 @@ pub(crate) struct Step {
     tag: u32,
 }
 
-/// Appends the `g.len - 1` steps of a reduce-scatter (`reduce`) or allgather of `region`
-/// over `g`, in the part order of [`reduce_scatter`] and [`allgather`].
+/// Appends the `g.len - 1` steps of a reduce-scatter (`reduce`) or allgather of `region` cut
+/// into `g.len` parts. After the reduce-scatter member `me` holds the sum of part `me`,
+/// accumulated in ring order starting at member `me + 1`: `((x[me+1] + x[me+2]) + ...) +
+/// x[me]`; the allgather then passes every member's part around the ring.
 fn ring_steps(g: Group, region: &Range<usize>, reduce: bool, tag: u32, out: &mut Vec<Step>) {
     let p = g.len;
     let right = g.rank(g.me + 1);
@@ -249,17 +160,6 @@ pub(crate) fn multiring(
     let me = t.rank();
     let n = buf.len();
     let segs = segments.clamp(1, MAX_SEGMENTS);
-    if segs == 1 && dims.len() == 1 {
-        // The flat ring, step by step.
-        let g = Group {
-            base: 0,
-            stride: 1,
-            len: dims[0],
-            me,
-        };
-        reduce_scatter(t, g, buf, 0..n, scratch, 0)?;
-        return allgather(t, g, buf, 0..n, 1);
-    }
     steps.clear();
     let whole = 0..n;
     for s in 0..segs {
