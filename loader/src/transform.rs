@@ -228,18 +228,8 @@ impl Normalizer {
         };
         #[cfg(target_arch = "x86_64")]
         if std::arch::is_x86_feature_detected!("avx2") {
-            for (y, row) in src.chunks_exact(3 * w).enumerate() {
-                let out = y * w..(y + 1) * w;
-                // SAFETY: AVX2 is available (checked above).
-                unsafe {
-                    avx2::row(
-                        row,
-                        [&mut r[out.clone()], &mut g[out.clone()], &mut b[out]],
-                        self,
-                        flip,
-                    )
-                };
-            }
+            // SAFETY: AVX2 is available (checked above).
+            unsafe { avx2::image(src, w, [r, g, b], self, flip) };
             return;
         }
         channel::<0>(src, w, r, self.scale[0], self.bias[0], flip);
@@ -255,16 +245,20 @@ mod avx2 {
 
     use super::Normalizer;
 
-    /// One row of `w = out[c].len()` RGB pixels (`row`, `3 * w` bytes) into the three channel
-    /// rows `out`, mirrored when `flip` is set.
+    /// The RGB image `src` (HWC, rows of `w` pixels) into the three channel planes `planes`,
+    /// each row mirrored when `flip` is set.
     ///
     /// # Safety
     ///
     /// The CPU must support AVX2.
     #[target_feature(enable = "avx2")]
-    pub(super) unsafe fn row(row: &[u8], out: [&mut [f32]; 3], n: &Normalizer, flip: bool) {
-        let w = out[0].len();
-        assert!(row.len() >= 3 * w && out[1].len() == w && out[2].len() == w);
+    pub(super) unsafe fn image(
+        src: &[u8],
+        w: usize,
+        planes: [&mut [f32]; 3],
+        n: &Normalizer,
+        flip: bool,
+    ) {
         // Byte positions of channel c among 8 pixels: lanes 0-15 of `lo`, then 16-23 (`hi`).
         const Z: i8 = -128; // pshufb: zero this byte
         let shuffles = |c: i8| {
@@ -290,35 +284,43 @@ mod avx2 {
         let scale = n.scale.map(|s| _mm256_set1_ps(s));
         let bias = n.bias.map(|b| _mm256_set1_ps(b));
         let reverse = _mm256_setr_epi32(7, 6, 5, 4, 3, 2, 1, 0);
-        let [o0, o1, o2] = out;
-        let outs = [o0.as_mut_ptr(), o1.as_mut_ptr(), o2.as_mut_ptr()];
-        let mut x = 0;
-        while x + 8 <= w {
-            // SAFETY: bytes 3x .. 3x + 24 <= 3w are inside `row`; floats x .. x + 8 (or their
-            // mirror w - x - 8 .. w - x) are inside every output row.
-            unsafe {
-                let lo = _mm_loadu_si128(row.as_ptr().add(3 * x).cast());
-                let hi = _mm_loadl_epi64(row.as_ptr().add(3 * x + 16).cast());
-                for c in 0..3 {
-                    let (ml, mh) = masks[c];
-                    let bytes = _mm_or_si128(_mm_shuffle_epi8(lo, ml), _mm_shuffle_epi8(hi, mh));
-                    let v = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(bytes));
-                    let v = _mm256_add_ps(_mm256_mul_ps(v, scale[c]), bias[c]);
-                    if flip {
-                        let v = _mm256_permutevar8x32_ps(v, reverse);
-                        _mm256_storeu_ps(outs[c].add(w - x - 8), v);
-                    } else {
-                        _mm256_storeu_ps(outs[c].add(x), v);
+        let [p0, p1, p2] = planes;
+        for (y, row) in src.chunks_exact(3 * w).enumerate() {
+            let at = y * w..(y + 1) * w;
+            let outs = [
+                p0[at.clone()].as_mut_ptr(),
+                p1[at.clone()].as_mut_ptr(),
+                p2[at].as_mut_ptr(),
+            ];
+            let mut x = 0;
+            while x + 8 <= w {
+                // SAFETY: bytes 3x .. 3x + 24 <= 3w are inside `row`; floats x .. x + 8 (or their
+                // mirror w - x - 8 .. w - x) are inside every output row.
+                unsafe {
+                    let lo = _mm_loadu_si128(row.as_ptr().add(3 * x).cast());
+                    let hi = _mm_loadl_epi64(row.as_ptr().add(3 * x + 16).cast());
+                    for c in 0..3 {
+                        let (ml, mh) = masks[c];
+                        let bytes =
+                            _mm_or_si128(_mm_shuffle_epi8(lo, ml), _mm_shuffle_epi8(hi, mh));
+                        let v = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(bytes));
+                        let v = _mm256_add_ps(_mm256_mul_ps(v, scale[c]), bias[c]);
+                        if flip {
+                            let v = _mm256_permutevar8x32_ps(v, reverse);
+                            _mm256_storeu_ps(outs[c].add(w - x - 8), v);
+                        } else {
+                            _mm256_storeu_ps(outs[c].add(x), v);
+                        }
                     }
                 }
+                x += 8;
             }
-            x += 8;
-        }
-        for x in x..w {
-            let at = if flip { w - 1 - x } else { x };
-            for (c, &o) in outs.iter().enumerate() {
-                // SAFETY: `at < w`, inside every output row.
-                unsafe { *o.add(at) = n.value(c, row[3 * x + c]) };
+            for x in x..w {
+                let at = if flip { w - 1 - x } else { x };
+                for (c, &o) in outs.iter().enumerate() {
+                    // SAFETY: `at < w`, inside every output row.
+                    unsafe { *o.add(at) = n.value(c, row[3 * x + c]) };
+                }
             }
         }
     }
