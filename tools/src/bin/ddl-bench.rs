@@ -62,8 +62,8 @@ enum Cmd {
         #[arg(long, default_value = "64MiB")]
         max_bytes: String,
         /// Sweeps over all sizes (ring curves and MPI_Allreduce); per size the median.
-        #[arg(long, default_value_t = 3)]
-        passes: usize,
+        #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u64).range(1..))]
+        passes: u64,
     },
     /// Predict one allreduce's time from a cost model (JSON line: algo, resolved = what
     /// `auto` would run, bytes, ranks, time_us).
@@ -162,8 +162,7 @@ fn main() -> Result<()> {
             };
             let world = World::init_with_timeout(Duration::from_secs(timeout_s))?;
             if let Err(e) = bench::allreduce(&world, &opts, json, &mut out) {
-                eprintln!("rank {}: {e:#}", world.rank());
-                world.abort(1);
+                abort_with(&world, &e);
             }
         }
         Cmd::Calibrate {
@@ -173,7 +172,7 @@ fn main() -> Result<()> {
         } => {
             let max_bytes = bench::parse_bytes(&max_bytes)?;
             let world = World::init_with_timeout(bench::DEFAULT_BENCH_TIMEOUT)?;
-            match bench::calibrate(&world, max_bytes, passes) {
+            match bench::calibrate(&world, max_bytes, passes as usize) {
                 Ok(model) => {
                     if world.rank() == 0 {
                         model.save(&output)?;
@@ -181,10 +180,7 @@ fn main() -> Result<()> {
                         writeln!(out, "# written to {}", output.display())?;
                     }
                 }
-                Err(e) => {
-                    eprintln!("rank {}: {e:#}", world.rank());
-                    world.abort(1);
-                }
+                Err(e) => abort_with(&world, &e),
             }
         }
         Cmd::Predict {
@@ -251,4 +247,12 @@ fn main() -> Result<()> {
         }
     }
     Ok(())
+}
+
+/// Reports `e` for this rank in one write (so that the lines of several ranks do not
+/// interleave mid-line) and aborts the job.
+fn abort_with(world: &World, e: &anyhow::Error) -> ! {
+    let line = format!("rank {}: {e:#}\n", world.rank());
+    let _ = std::io::stderr().write_all(line.as_bytes());
+    world.abort(1)
 }
