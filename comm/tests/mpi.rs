@@ -2,9 +2,15 @@
 
 use std::process::{Command, Output};
 
+/// Seconds an mpirun launch may take before `timeout` ends it.
+const LIMIT_S: u32 = 300;
+
+/// `mpirun -np NP ddl-mpi-check ARGS` under coreutils `timeout`, which runs the job in its own
+/// process group and signals the whole group after [`LIMIT_S`] seconds (and kills it 10 s
+/// later): a hang fails the test, with a message, instead of holding up CI.
 fn mpirun(np: usize, args: &[&str]) -> Output {
-    Command::new("timeout")
-        .arg("300")
+    let out = Command::new("timeout")
+        .args(["-k", "10", &LIMIT_S.to_string()])
         .arg("mpirun")
         .args([
             "--allow-run-as-root",
@@ -15,7 +21,13 @@ fn mpirun(np: usize, args: &[&str]) -> Output {
         .arg(env!("CARGO_BIN_EXE_ddl-mpi-check"))
         .args(args)
         .output()
-        .expect("mpirun (Open MPI) must be installed")
+        .expect("timeout and mpirun (Open MPI) must be installed");
+    assert!(
+        !matches!(out.status.code(), Some(124) | Some(137)),
+        "mpirun -np {np} {args:?} did not finish within {LIMIT_S} s and was killed:\n{}",
+        text(&out)
+    );
+    out
 }
 
 fn text(out: &Output) -> String {
@@ -54,7 +66,9 @@ fn silent_peer_times_out_naming_recv_and_peer() {
 
 #[test]
 fn abort_ends_the_job_with_its_code() {
+    // Rank 0 calls MPI_Abort(7) while rank 1 waits in a barrier: mpirun exits with 7 (a crash,
+    // a timeout or a rank returning from the barrier gives another status).
     let out = mpirun(2, &["abort"]);
-    assert!(!out.status.success(), "{}", text(&out));
+    assert_eq!(out.status.code(), Some(7), "{}", text(&out));
     assert!(!text(&out).contains("CHECK OK"), "{}", text(&out));
 }

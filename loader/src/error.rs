@@ -177,6 +177,18 @@ pub enum LoaderError {
         max: f64,
     },
 
+    /// The packer's output directory holds files this pack did not write (another dataset,
+    /// unrelated files); nothing was written or removed.
+    #[error("{path}: {what}: {hint}", path = .path.display())]
+    OutputInUse {
+        /// The output directory.
+        path: PathBuf,
+        /// What is there.
+        what: String,
+        /// What to do about it.
+        hint: String,
+    },
+
     /// The packer's input is unusable (unknown layout, missing labels, bad class list, ...).
     #[error("{path}: {reason}", path = .path.display())]
     Input {

@@ -2,9 +2,12 @@
 
 mod common;
 
-use common::{solid_dataset, solid_record, write_dataset, Scratch, TestRecord};
+use common::{
+    disk_scratch, evict, solid_dataset, solid_record, write_dataset, Scratch, TestRecord,
+};
 use ddl_loader::dataset::{Dataset, OpenOptions, Residency};
 use ddl_loader::manifest::Manifest;
+use ddl_loader::shard::ShardReader;
 use ddl_loader::LoaderError;
 
 #[test]
@@ -92,8 +95,6 @@ fn staging_copies_once_and_repairs_bad_copies() {
         [stage.path().join("shm").join("train-00001.ddl")]
     );
     assert!(!stage.path().join("shm").join("train-00000.ddl").exists());
-    // Populated: the whole file is resident.
-    assert_eq!(ds.resident_bytes().unwrap(), ds.file_bytes());
     drop(ds);
     let staged = stage.path().join("shm").join("train-00001.ddl");
     let mtime = std::fs::metadata(&staged).unwrap().modified().unwrap();
@@ -129,17 +130,89 @@ fn staging_copies_once_and_repairs_bad_copies() {
     assert!(!staged.exists());
 }
 
-#[test]
-fn lock_succeeds_or_names_the_memlock_limit() {
-    let dir = Scratch::new("lock");
-    solid_dataset(dir.path(), 8, 1);
+/// One shard of 32 MiB of pseudo-random records (never decoded here): far larger than the
+/// kernel's mmap read-around (`read_ahead_kb`, 8 MiB on some disks), so opening it brings in
+/// only a part. Returns the shard's path.
+fn big_dataset(dir: &std::path::Path) -> std::path::PathBuf {
+    let mut x = 0x9E37_79B9_7F4A_7C15u64;
+    let records: Vec<TestRecord> = (0..128)
+        .map(|k| {
+            let mut bytes = Vec::with_capacity(256 << 10);
+            for _ in 0..(256 << 10) / 8 {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                bytes.extend_from_slice(&x.to_le_bytes());
+            }
+            (bytes, (k % 4) as u32, 100, 100)
+        })
+        .collect();
+    write_dataset(dir, "train", &records, 1, 1);
+    dir.join("train-00000.ddl")
+}
+
+fn open_with(dir: &std::path::Path, populate: bool, lock: bool) -> Result<Dataset, LoaderError> {
     let opts = OpenOptions {
-        populate: false,
-        lock: true,
+        populate,
+        lock,
         stage: None,
     };
-    match Dataset::open(dir.path(), "train", Residency { node: 0, nodes: 1 }, &opts) {
-        Ok(ds) => assert_eq!(ds.resident_bytes().unwrap(), ds.file_bytes()),
+    Dataset::open(dir, "train", Residency { node: 0, nodes: 1 }, &opts)
+}
+
+/// Evicts `shard` and checks that a plain open leaves most of it on disk (the control that
+/// makes "every page resident" after populate or lock mean something); returns its size.
+fn evict_and_check_plain_open(dir: &std::path::Path, shard: &std::path::Path) -> u64 {
+    evict(shard);
+    let ds = open_with(dir, false, false).unwrap();
+    let (file, resident) = (ds.file_bytes(), ds.resident_bytes().unwrap());
+    assert!(
+        resident < file / 2,
+        "{resident} of {file} bytes resident after a plain open of an evicted shard"
+    );
+    drop(ds);
+    evict(shard);
+    file
+}
+
+#[test]
+fn populate_brings_every_page_in_after_eviction() {
+    let dir = disk_scratch("populate");
+    let shard = big_dataset(dir.path());
+    let file = evict_and_check_plain_open(dir.path(), &shard);
+    let ds = open_with(dir.path(), true, false).unwrap();
+    assert_eq!(ds.resident_bytes().unwrap(), file);
+    drop(ds);
+    // The same through ShardReader::populate.
+    evict(&shard);
+    let r = ShardReader::open(&shard).unwrap();
+    assert!(r.resident_bytes().unwrap() < file / 2);
+    r.populate().unwrap();
+    assert_eq!(r.resident_bytes().unwrap(), file);
+}
+
+#[test]
+fn lock_brings_every_page_in_or_names_the_memlock_limit() {
+    let dir = disk_scratch("lock");
+    let shard = big_dataset(dir.path());
+    let file = evict_and_check_plain_open(dir.path(), &shard);
+    match open_with(dir.path(), false, true) {
+        // mlock faults every page in and keeps it.
+        Ok(ds) => assert_eq!(ds.resident_bytes().unwrap(), file),
+        // Without CAP_IPC_LOCK and with a limit below 32 MiB the error must say what to raise.
+        Err(e) => {
+            let s = e.to_string();
+            assert!(
+                s.contains("RLIMIT_MEMLOCK") && s.contains("train-00000.ddl"),
+                "{s}"
+            );
+        }
+    }
+    evict(&shard);
+    let r = ShardReader::open(&shard).unwrap();
+    assert!(r.resident_bytes().unwrap() < file / 2);
+    match r.lock() {
+        Ok(()) => assert_eq!(r.resident_bytes().unwrap(), file),
         Err(e) => assert!(e.to_string().contains("RLIMIT_MEMLOCK"), "{e}"),
     }
 }

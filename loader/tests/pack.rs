@@ -1,5 +1,6 @@
 //! End-to-end tests of the packer on tiny generated inputs: every input layout, every kind of
-//! bad input, determinism across thread counts, resume after an interrupted run, and verify.
+//! bad input, determinism across thread counts, resume after an interrupted run, ownership of
+//! the output directory, and verify.
 
 use std::collections::BTreeMap;
 use std::io::Write;
@@ -570,8 +571,8 @@ fn resume_after_interruption_matches_clean_run() {
     o.output = out.clone();
     run(&o);
     // Simulate a crash: one shard missing, one truncated, one damaged in place, a leftover
-    // temporary file of an unfinished shard, a stale shard from a plan with more shards, and no
-    // manifest.
+    // temporary file of an unfinished shard, and no manifest; plus a shard-named file this pack
+    // did not write.
     std::fs::remove_file(out.join("train-00001.ddl")).unwrap();
     let t2 = out.join("train-00002.ddl");
     let len = std::fs::metadata(&t2).unwrap().len();
@@ -597,14 +598,180 @@ fn resume_after_interruption_matches_clean_run() {
     let rep = run(&o);
     assert_eq!(rep.splits["train"].shards_kept, 1); // only train-00000 survived intact
     assert_eq!(rep.splits["val"].shards_kept, 3);
-    assert_eq!(all_files(&out), want);
+    let mut got = all_files(&out);
+    // The file this pack did not write is still there, untouched, and reported.
+    assert_eq!(got.remove("train-00009.ddl").unwrap(), b"stale");
+    assert_eq!(rep.left_in_place, ["train-00009.ddl"]);
+    assert_eq!(got, want);
     assert!(!out.join("train-00004.ddl.tmp").exists());
     assert!(pack::verify(&out).unwrap().problems.is_empty());
 
-    // A rerun with different parameters redoes everything.
+    // A rerun with different parameters is another pack: refused, then redone with --force.
     o.convert.quality = 80;
+    let e = pack::pack(&o, &NoProgress).unwrap_err();
+    assert!(matches!(e, LoaderError::OutputInUse { .. }), "{e}");
+    o.force = true;
     let rep = run(&o);
     assert_eq!(rep.splits["train"].shards_kept, 0);
+    assert_eq!(std::fs::read(out.join("train-00009.ddl")).unwrap(), b"stale");
+}
+
+/// Every file in `dir` with its bytes.
+fn snapshot(dir: &Path) -> BTreeMap<String, Vec<u8>> {
+    std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap())
+        .map(|e| {
+            (
+                e.file_name().to_string_lossy().to_string(),
+                std::fs::read(e.path()).unwrap(),
+            )
+        })
+        .collect()
+}
+
+#[test]
+fn the_packer_removes_or_replaces_only_files_it_wrote() {
+    let root = tmpdir("ownership");
+    let input = root.join("in");
+    clean_tree(&input);
+    let out = root.join("out");
+    let mut o = opts(&input, &out);
+    o.shards = ShardCount::Count(3);
+    run(&o);
+    // Files this pack did not write: a shard-named stray beyond the plan and a note.
+    std::fs::write(out.join("train-00099.ddl"), b"not a shard").unwrap();
+    std::fs::write(out.join("notes.txt"), b"mine").unwrap();
+
+    // Resuming the same pack keeps them.
+    let rep = run(&o);
+    assert_eq!(rep.splits["train"].shards_kept, 3);
+    assert_eq!(rep.left_in_place, ["notes.txt", "train-00099.ddl"]);
+    assert_eq!(std::fs::read(out.join("train-00099.ddl")).unwrap(), b"not a shard");
+
+    // Another pack (other input, or other parameters) into it is refused, naming the directory
+    // and what is there, and changes nothing.
+    let other_input = root.join("in2");
+    clean_tree(&other_input);
+    std::fs::remove_dir_all(other_input.join("train/n03000003")).unwrap();
+    let before = snapshot(&out);
+    let mut other = opts(&other_input, &out);
+    other.shards = ShardCount::Count(2);
+    let e = pack::pack(&other, &NoProgress).unwrap_err().to_string();
+    assert!(
+        e.contains(out.to_str().unwrap())
+            && e.contains("another ddl dataset")
+            && e.contains("manifest.json")
+            && e.contains("notes.txt")
+            && e.contains("--force"),
+        "{e}"
+    );
+    assert_eq!(snapshot(&out), before);
+
+    // With --force it replaces the other pack's files it writes over; the old pack's third
+    // shards, the stray and the note stay.
+    other.force = true;
+    let rep = run(&other);
+    assert_eq!(
+        rep.left_in_place,
+        ["notes.txt", "train-00002.ddl", "train-00099.ddl", "val-00002.ddl"]
+    );
+    assert_eq!(std::fs::read(out.join("notes.txt")).unwrap(), b"mine");
+    assert_eq!(std::fs::read(out.join("train-00099.ddl")).unwrap(), b"not a shard");
+    assert_eq!(
+        std::fs::read(out.join("train-00002.ddl")).unwrap(),
+        before["train-00002.ddl"]
+    );
+    let m = Manifest::load(&out).unwrap();
+    assert_eq!(m.classes.len(), 2);
+    assert!(pack::verify(&out).unwrap().problems.is_empty());
+
+    // A file in the way that ddl-pack cannot identify as its own is never replaced.
+    let fresh = root.join("out-in-the-way");
+    std::fs::create_dir_all(&fresh).unwrap();
+    std::fs::write(fresh.join("train-00000.ddl"), b"my own file").unwrap();
+    let mut o2 = opts(&input, &fresh);
+    o2.force = true;
+    let e = pack::pack(&o2, &NoProgress).unwrap_err().to_string();
+    assert!(
+        e.contains("train-00000.ddl is in the way") && e.contains("move it away"),
+        "{e}"
+    );
+    assert_eq!(snapshot(&fresh).len(), 1);
+
+    // A directory of unrelated files alone is refused too; --force packs beside them.
+    let unrelated = root.join("out-unrelated");
+    std::fs::create_dir_all(&unrelated).unwrap();
+    std::fs::write(unrelated.join("README"), b"x").unwrap();
+    let mut o3 = opts(&input, &unrelated);
+    assert!(matches!(
+        pack::pack(&o3, &NoProgress),
+        Err(LoaderError::OutputInUse { .. })
+    ));
+    o3.force = true;
+    let rep = run(&o3);
+    assert_eq!(rep.left_in_place, ["README"]);
+    assert_eq!(std::fs::read(unrelated.join("README")).unwrap(), b"x");
+}
+
+#[test]
+fn unreadable_inputs_are_skipped_and_reported() {
+    use std::os::unix::ffi::OsStrExt;
+    let root = tmpdir("unreadable");
+    let input = root.join("in");
+    clean_tree(&input);
+    let class = input.join("train/n01000001");
+    std::os::unix::fs::symlink("/nonexistent/ddl-gone.JPEG", class.join("dangling.JPEG")).unwrap();
+    std::os::unix::fs::symlink("loop-b.JPEG", class.join("loop-a.JPEG")).unwrap();
+    std::os::unix::fs::symlink("loop-a.JPEG", class.join("loop-b.JPEG")).unwrap();
+    let odd = class.join(std::ffi::OsStr::from_bytes(b"latin1-\xe9.JPEG"));
+    std::fs::write(&odd, jpeg(30, 30, 5)).unwrap();
+    let out = root.join("out");
+    let rep = run(&opts(&input, &out));
+    assert_eq!(rep.splits["train"].records, 15);
+    assert_eq!(rep.splits["train"].skipped, 4);
+    let skipped: BTreeMap<String, (String, String)> = rep
+        .skipped
+        .iter()
+        .map(|s| {
+            let name = s.path.rsplit('/').next().unwrap().to_string();
+            (name, (s.reason.clone(), s.detail.clone()))
+        })
+        .collect();
+    assert_eq!(skipped.len(), 4, "{skipped:?}");
+    for (name, (reason, detail)) in &skipped {
+        assert_eq!(reason, "unreadable", "{name}: {detail}");
+    }
+    assert!(skipped["dangling.JPEG"].1.contains("symbolic link to /nonexistent/ddl-gone.JPEG"));
+    assert!(skipped["loop-a.JPEG"].1.contains("symbolic link to loop-b.JPEG"));
+    assert!(skipped["latin1-\u{fffd}.JPEG"].1.contains("not valid UTF-8"));
+
+    // A class folder that cannot be examined or named stops the pack, naming it (leaving a
+    // class out would shift every later label).
+    let bad_class = input.join("train").join(std::ffi::OsStr::from_bytes(b"n0\xff"));
+    std::fs::create_dir_all(&bad_class).unwrap();
+    let e = pack::pack(&opts(&input, &root.join("out2")), &NoProgress)
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("n0\u{fffd}") && e.contains("not valid UTF-8"), "{e}");
+    std::fs::remove_dir(&bad_class).unwrap();
+    std::os::unix::fs::symlink("/nonexistent/class", input.join("train/n09000009")).unwrap();
+    let e = pack::pack(&opts(&input, &root.join("out3")), &NoProgress)
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("n09000009") && e.contains("class folder"), "{e}");
+}
+
+#[test]
+fn max_short_side_has_a_floor() {
+    let root = tmpdir("side");
+    let input = root.join("in");
+    clean_tree(&input);
+    let mut o = opts(&input, &root.join("out"));
+    o.convert.max_short_side = 1;
+    let e = pack::pack(&o, &NoProgress).unwrap_err().to_string();
+    assert!(e.contains("--max-short-side 1") && e.contains("16"), "{e}");
+    assert!(!root.join("out").exists());
 }
 
 #[test]

@@ -28,7 +28,20 @@ pub fn parse_bytes(s: &str) -> Result<usize> {
         .trim()
         .parse()
         .with_context(|| format!("bad byte count {s:?} (e.g. 4096, 4K, 256MiB)"))?;
-    Ok(n * mult)
+    n.checked_mul(mult)
+        .with_context(|| format!("byte count {s:?} is too large"))
+}
+
+/// Smallest allreduce message: one f32.
+pub const MIN_MESSAGE_BYTES: usize = 4;
+
+/// Parses an allreduce message size ([`parse_bytes`]) of at least [`MIN_MESSAGE_BYTES`].
+pub fn parse_message_bytes(s: &str) -> Result<usize> {
+    let n = parse_bytes(s)?;
+    if n < MIN_MESSAGE_BYTES {
+        bail!("{n} bytes is below {MIN_MESSAGE_BYTES} bytes (one f32)");
+    }
+    Ok(n)
 }
 
 /// Options of `ddl-bench allreduce`.
@@ -50,6 +63,56 @@ pub struct AllreduceOpts {
     pub model: CostModel,
     /// Print the model's prediction and measured / predicted per row (a model file was given).
     pub predict: bool,
+}
+
+impl AllreduceOpts {
+    /// Checks the sizes and counts before any MPI work; errors name the flag.
+    pub fn validate(&self) -> Result<()> {
+        if self.algos.is_empty() {
+            bail!("--algos names no algorithm");
+        }
+        if self.min_bytes < MIN_MESSAGE_BYTES || self.max_bytes < MIN_MESSAGE_BYTES {
+            bail!(
+                "--min-bytes {} and --max-bytes {} must be at least {MIN_MESSAGE_BYTES} bytes \
+                 (one f32)",
+                self.min_bytes,
+                self.max_bytes
+            );
+        }
+        if self.min_bytes > self.max_bytes {
+            bail!(
+                "--min-bytes {} is larger than --max-bytes {}: the table would be empty; swap \
+                 them",
+                self.min_bytes,
+                self.max_bytes
+            );
+        }
+        if self.factor < 2 {
+            bail!(
+                "--step-factor {} must be at least 2 (the size multiplier between rows)",
+                self.factor
+            );
+        }
+        if self.iters == 0 {
+            bail!("--iters must be at least 1 (the timed calls per size)");
+        }
+        Ok(())
+    }
+
+    /// The message sizes of the table: `min_bytes` rounded down to whole f32, times
+    /// `factor`, up to `max_bytes`.
+    pub fn sizes(&self) -> Vec<usize> {
+        let mut sizes = Vec::new();
+        let mut s = self.min_bytes / 4 * 4;
+        while s <= self.max_bytes && s > 0 {
+            sizes.push(s);
+            s = match s.checked_mul(self.factor) {
+                Some(next) => next,
+                None => break,
+            };
+        }
+        sizes
+    }
 }
 
 /// One row of the allreduce table (also the `--json` line).
@@ -131,12 +194,8 @@ pub fn allreduce(
     let p = world.size();
     let topo = world.topology();
     let rank = world.rank();
-    let mut sizes = Vec::new();
-    let mut s = (opts.min_bytes / 4).max(1) * 4;
-    while s <= opts.max_bytes {
-        sizes.push(s);
-        s *= opts.factor.max(2);
-    }
+    opts.validate()?;
+    let sizes = opts.sizes();
     let max_elems = sizes.last().copied().unwrap_or(0) / 4;
     let mut buf = vec![0f32; max_elems];
     let mut reference = vec![0f32; max_elems];

@@ -2,6 +2,7 @@
 //! `ddl-bench`, `ddl-synth`); the binaries in `src/bin` only parse flags and call these.
 
 pub mod bench;
+pub mod cli;
 pub mod pack_cli;
 pub mod prof;
 pub mod synth;

@@ -8,7 +8,10 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
 use clap::Parser;
-use ddl_loader::pack::{self, convert::ConvertOptions, PackOptions, PackProgress, ShardCount};
+use ddl_loader::pack::convert::{ConvertOptions, MIN_SHORT_SIDE};
+use ddl_loader::pack::{self, PackOptions, PackProgress, ShardCount};
+
+use crate::cli::stderr_line;
 
 /// Packs an ImageNet-style tree (or ImageNet-22k tars) into ddl shards, or verifies a packed
 /// directory.
@@ -21,9 +24,19 @@ pub struct Args {
     #[arg(required_unless_present = "verify")]
     pub input: Option<PathBuf>,
 
-    /// Output directory for the shards, manifest.json and pack-report.json.
+    /// Output directory for the shards, manifest.json and pack-report.json: new, empty, or
+    /// one this same pack (same input and flags) wrote before, which it resumes. ddl-pack
+    /// removes or replaces only files its resume state (.pack-state.json) lists as written by
+    /// this pack; a directory holding anything else is refused unless --force.
     #[arg(short, long, required_unless_present = "verify")]
     pub output: Option<PathBuf>,
+
+    /// Use an output directory that holds another ddl pack (other input or flags): its
+    /// manifest.json, pack-report.json, resume state and the shards whose names this pack
+    /// writes are replaced; its other shards are left in place. Files ddl-pack cannot identify
+    /// as a ddl pack's own are never touched, with or without --force.
+    #[arg(long, conflicts_with = "verify")]
+    pub force: bool,
 
     /// Re-read every shard in DIR against its manifest and report any damage.
     #[arg(long, value_name = "DIR", conflicts_with_all = ["input", "output"])]
@@ -39,8 +52,9 @@ pub struct Args {
     #[arg(long, value_parser = pack::parse_size, default_value = "1GiB")]
     pub shard_size: u64,
 
-    /// Resize so the shorter side is at most this many pixels (0 keeps the original size).
-    #[arg(long, default_value_t = 256)]
+    /// Resize so the shorter side is at most this many pixels: 0 keeps the original size,
+    /// otherwise at least 16 (ddl-train's smallest --image-size).
+    #[arg(long, default_value_t = 256, value_parser = parse_max_short_side)]
     pub max_short_side: u32,
 
     /// JPEG quality for re-encoded images (4:2:0 subsampling).
@@ -70,6 +84,23 @@ pub struct Args {
     /// Fail (after writing the report) when more than this fraction of inputs is skipped.
     #[arg(long, default_value_t = 0.001)]
     pub max_skip_fraction: f64,
+}
+
+/// Skipped inputs and left-over files named after a pack (the report lists all of them).
+const SHOWN: usize = 5;
+
+/// `--max-short-side`: 0, or at least [`MIN_SHORT_SIDE`].
+fn parse_max_short_side(s: &str) -> std::result::Result<u32, String> {
+    let v: u32 = s
+        .parse()
+        .map_err(|_| format!("{s:?} is not a whole number of pixels"))?;
+    if v != 0 && v < MIN_SHORT_SIDE {
+        return Err(format!(
+            "{v} is below {MIN_SHORT_SIDE} pixels, the smallest ddl-train --image-size \
+             (use 0 to keep the original size)"
+        ));
+    }
+    Ok(v)
 }
 
 /// Progress as an indicatif bar on a terminal, or a plain line every 10 s otherwise.
@@ -132,7 +163,9 @@ impl PackProgress for Progress {
             p.total = total;
             p.done = done;
             p.kept = done;
-            eprintln!("ddl-pack: {total} inputs, {done} already packed by an earlier run");
+            stderr_line(&format!(
+                "ddl-pack: {total} inputs, {done} already packed by an earlier run"
+            ));
         }
     }
 
@@ -149,10 +182,10 @@ impl PackProgress for Progress {
             let secs = now.duration_since(p.started).as_secs_f64();
             let rate = (p.done - p.kept) as f64 / secs.max(1e-9);
             let eta = (p.total - p.done) as f64 / rate.max(1e-9);
-            eprintln!(
+            stderr_line(&format!(
                 "ddl-pack: {}/{} images, {rate:.0} images/s, ETA {eta:.0} s",
                 p.done, p.total
-            );
+            ));
         }
     }
 
@@ -169,15 +202,19 @@ pub fn run(args: Args) -> Result<()> {
     if let Some(dir) = &args.verify {
         let report = pack::verify(dir).with_context(|| format!("verifying {}", dir.display()))?;
         for p in &report.problems {
-            eprintln!("DAMAGED: {p}");
+            stderr_line(&format!("DAMAGED: {p}"));
         }
         if !report.problems.is_empty() {
             bail!(
-                "{}: {} problem(s) in {} shards ({} records checked)",
+                "{}: {} problem(s) in {} shards ({} records checked); the DAMAGED lines name \
+                 each shard and record. Rerunning the ddl-pack command that wrote {} rewrites \
+                 the damaged shards from the input and keeps the intact ones; meanwhile \
+                 ddl-train --on-bad-record replace (the default) trains around bad records",
                 dir.display(),
                 report.problems.len(),
                 report.shards,
-                report.records
+                report.records,
+                dir.display()
             );
         }
         println!(
@@ -216,6 +253,7 @@ pub fn run(args: Args) -> Result<()> {
         nodes: args.nodes as usize,
         threads: args.threads,
         max_skip_fraction: args.max_skip_fraction,
+        force: args.force,
     };
     let progress = Progress::new();
     let report = pack::pack(&opts, &progress)?;
@@ -231,6 +269,34 @@ pub fn run(args: Args) -> Result<()> {
             s.copied,
             s.reencoded,
             s.resized
+        );
+    }
+    for s in report.skipped.iter().take(SHOWN) {
+        println!("skipped {} ({}: {})", s.path, s.reason, s.detail);
+    }
+    if report.skipped.len() > SHOWN {
+        println!(
+            "... and {} more skipped inputs",
+            report.skipped.len() - SHOWN
+        );
+    }
+    if !report.left_in_place.is_empty() {
+        let shown: Vec<&str> = report
+            .left_in_place
+            .iter()
+            .take(SHOWN)
+            .map(String::as_str)
+            .collect();
+        println!(
+            "left {} file(s) in {} that this pack did not write untouched: {}{}",
+            report.left_in_place.len(),
+            opts.output.display(),
+            shown.join(", "),
+            if report.left_in_place.len() > shown.len() {
+                ", ..."
+            } else {
+                ""
+            }
         );
     }
     if !report.ignored_classes.is_empty() {

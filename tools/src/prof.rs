@@ -27,8 +27,17 @@
 //! With `--cold`, the node's shards are unmapped and dropped from the page cache
 //! ([`drop_page_cache`]) before each thread count's read stage and before each end-to-end run,
 //! so both read from storage (the pipeline through page faults on its mapping, with the
-//! device's read-ahead). To emulate slow storage, run under a throttle, e.g. a cgroup-v1
+//! device's read-ahead); the read stage's `storage_bytes` (from `/proc/self/io`) shows what
+//! came from storage. To emulate slow storage, run under a throttle, e.g. a cgroup-v1
 //! `blkio.throttle.read_bps_device` limit.
+//!
+//! # Bad records
+//!
+//! A record whose checksum fails or that cannot be decoded is handled as
+//! `ProfConfig::on_bad_record` says: `Fail` stops the profile with an error naming the shard
+//! file and record; `Skip` and `Replace` leave it out of the stage measurements (and the
+//! pipeline skips or replaces it as in training). Every bad record met is counted once and the
+//! first [`BAD_RECORDS_SHOWN`] are named in the report (`bad_records`) and the table.
 //!
 //! # JSON schema (`--json FILE`, version [`SCHEMA_VERSION`])
 //!
@@ -43,14 +52,16 @@
 //!               "mean_record_bytes", "mean_width", "mean_height"},
 //!   "config": {"threads": [1, 2], "batch", "image_size", "augment": "train"|"eval",
 //!              "output": "f32_nchw", "decode_mode": "region", "seconds", "stage_seconds",
-//!              "prefetch", "seed", "gpu_rate_images_per_s", "cold", "sample_records"},
+//!              "prefetch", "seed", "gpu_rate_images_per_s", "cold", "sample_records",
+//!              "on_bad_record": "fail"|"skip"|"replace"},
 //!   "cold": null | {"files", "file_bytes", "resident_bytes_before", "resident_bytes_after"},
 //!   "stages": [{"stage": "decode_full", "threads": 2, "images": 5210, "seconds": 2.0,
 //!               "images_per_s": 2605.0, "bytes_per_s": 8.1e7, "bytes_basis": "encoded",
-//!               "method": "measured"}, ...],
+//!               "method": "measured"}, ...],   (read rows add "storage_bytes" where known)
 //!   "end_to_end": [{"threads": 2, "images": 25600, "batches": 100, "seconds": 10.0,
 //!                   "images_per_s": 2560.0, "speedup": 1.9, "efficiency": 0.95,
 //!                   "worker_busy_frac": 0.97, "skipped": 0}, ...],
+//!   "bad_records": {"count": 0, "first": [{"file", "record", "reason"}, ...]},
 //!   "verdict": {"threads": 2, "node_images_per_s": 2560.0, "bottleneck": "decode_region",
 //!               "bottleneck_images_per_s": 3100.0, "predicted_images_per_s": 2500.0,
 //!               "time_share": {"read": 0.02, ...}, "gpu_rate_images_per_s": 1200.0,
@@ -62,21 +73,22 @@
 //! (resized uint8 pixels out), `f32` (normalized floats out) or `payload` (batch bytes handed
 //! over by reference, not copied).
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::fs::File;
 use std::os::unix::fs::FileExt;
 use std::os::unix::io::AsRawFd;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{mpsc, Arc};
+use std::sync::{mpsc, Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use anyhow::{anyhow, bail, Context, Result};
 use ddl_loader::dataset::{Dataset, OpenOptions, Residency};
 use ddl_loader::decode::{plan, DecodeMode, JpegDecoder};
-use ddl_loader::pipeline::{Pipeline, PipelineConfig};
+use ddl_loader::pipeline::{OnBadRecord, Pipeline, PipelineConfig};
 use ddl_loader::sampler::{Sampler, SamplerConfig, Tail, Xoshiro256};
-use ddl_loader::shard::ShardReader;
+use ddl_loader::shard::cached_bytes;
+use ddl_loader::LoaderError;
 use ddl_loader::transform::{
     Augment, Normalizer, Output, Slot, TransformConfig, Transformer, IMAGENET_MEAN, IMAGENET_STD,
 };
@@ -201,6 +213,8 @@ pub struct ProfConfig {
     pub prefetch: usize,
     /// Records copied to RAM for the decode, resize and normalize stages.
     pub sample_records: usize,
+    /// What to do with a bad record (see the module documentation).
+    pub on_bad_record: OnBadRecord,
 }
 
 impl ProfConfig {
@@ -222,7 +236,49 @@ impl ProfConfig {
             seed: 0,
             prefetch: 2,
             sample_records: 2048,
+            on_bad_record: OnBadRecord::Replace,
         }
+    }
+
+    /// Checks every setting before anything is opened or measured; errors name the flag.
+    pub fn validate(&self) -> Result<()> {
+        if self.threads.is_empty() || self.threads.contains(&0) {
+            bail!(
+                "--threads {:?}: thread counts must be at least 1",
+                self.threads
+            );
+        }
+        if self.batch == 0 {
+            bail!("--batch must be at least 1");
+        }
+        if self.split.is_empty() {
+            bail!("--split must name a split (e.g. train)");
+        }
+        for (flag, v) in [
+            ("--seconds", self.seconds),
+            ("--stage-seconds", self.stage_seconds),
+            ("--gpu-rate", self.gpu_rate),
+        ] {
+            if !(v.is_finite() && v > 0.0) {
+                bail!("{flag} {v} must be a positive number");
+            }
+        }
+        if self.prefetch == 0 {
+            bail!("--prefetch must be at least 1 (the depth of the pipeline's batch queue)");
+        }
+        if self.sample_records == 0 {
+            bail!("--sample-records must be at least 1");
+        }
+        if self.residency.nodes == 0 || self.residency.node >= self.residency.nodes {
+            bail!(
+                "--node {} must be below --nodes {}",
+                self.residency.node,
+                self.residency.nodes
+            );
+        }
+        Transformer::new(self.transform(Output::F32Nchw, DecodeMode::Region))
+            .map_err(|e| anyhow!("--image-size {}: {e}", self.image_size))?;
+        Ok(())
     }
 
     fn augment(&self) -> Augment {
@@ -314,6 +370,9 @@ pub struct ConfigInfo {
     pub cold: bool,
     /// Records copied to RAM for the decode stages.
     pub sample_records: usize,
+    /// `--on-bad-record`: `fail`, `skip` or `replace`.
+    #[serde(default)]
+    pub on_bad_record: String,
 }
 
 /// What dropping the page cache achieved (`--cold`).
@@ -349,6 +408,10 @@ pub struct StageRow {
     pub bytes_basis: String,
     /// `measured` or `derived: ...`.
     pub method: String,
+    /// Bytes the process read from storage during the measurement (`read_bytes` of
+    /// `/proc/self/io`); read stage only, where the kernel reports it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub storage_bytes: Option<u64>,
 }
 
 /// The real pipeline at one thread count.
@@ -372,6 +435,29 @@ pub struct EndToEndRow {
     pub worker_busy_frac: f64,
     /// Bad records met.
     pub skipped: u64,
+}
+
+/// Bad records named in a report, at most.
+pub const BAD_RECORDS_SHOWN: usize = 10;
+
+/// A bad record met while profiling.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct BadRecordSeen {
+    /// The shard file.
+    pub file: PathBuf,
+    /// The record's index within the shard.
+    pub record: usize,
+    /// Why it is bad (checksum mismatch, decoder message).
+    pub reason: String,
+}
+
+/// The bad records met: each counted once, however often the stages met it.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct BadRecords {
+    /// Distinct bad records met.
+    pub count: u64,
+    /// The first [`BAD_RECORDS_SHOWN`] of them, in the order met.
+    pub first: Vec<BadRecordSeen>,
 }
 
 /// The conclusion.
@@ -417,6 +503,9 @@ pub struct Report {
     pub stages: Vec<StageRow>,
     /// The real pipeline at every thread count.
     pub end_to_end: Vec<EndToEndRow>,
+    /// Bad records met by any measurement.
+    #[serde(default)]
+    pub bad_records: BadRecords,
     /// The conclusion.
     pub verdict: Verdict,
 }
@@ -463,39 +552,26 @@ fn units() -> BTreeMap<String, String> {
 // ---------------------------------------------------------------------------------------------
 // Page cache
 
-extern "C" {
-    // glibc; not exposed by std. `advice` 4 = POSIX_FADV_DONTNEED on Linux.
-    fn posix_fadvise(fd: i32, offset: i64, len: i64, advice: i32) -> i32;
-}
-
-const POSIX_FADV_DONTNEED: i32 = 4;
-
-/// `struct timespec` of 64-bit Linux.
-#[repr(C)]
-struct Timespec {
-    tv_sec: i64,
-    tv_nsec: i64,
-}
-
-extern "C" {
-    // glibc (vDSO-backed where possible).
-    fn clock_gettime(clock: i32, tp: *mut Timespec) -> i32;
-}
-
-/// `CLOCK_THREAD_CPUTIME_ID` on Linux.
-const CLOCK_THREAD_CPUTIME_ID: i32 = 3;
-
 /// CPU time the calling thread has used, in nanoseconds (0 if the clock is unavailable).
 fn thread_cpu_ns() -> u64 {
-    let mut ts = Timespec {
+    let mut ts = libc::timespec {
         tv_sec: 0,
         tv_nsec: 0,
     };
     // SAFETY: `ts` is a valid, writable timespec for the duration of the call.
-    if unsafe { clock_gettime(CLOCK_THREAD_CPUTIME_ID, &mut ts) } != 0 {
+    if unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) } != 0 {
         return 0;
     }
     ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+}
+
+/// Bytes this process has read from storage so far (`read_bytes` of `/proc/self/io`), if the
+/// kernel reports it.
+pub fn storage_read_bytes() -> Option<u64> {
+    let text = std::fs::read_to_string("/proc/self/io").ok()?;
+    text.lines()
+        .find_map(|l| l.strip_prefix("read_bytes:"))
+        .and_then(|v| v.trim().parse().ok())
 }
 
 /// Drops the clean pages of `paths` from the page cache (`posix_fadvise(DONTNEED)` over each
@@ -507,7 +583,7 @@ pub fn drop_page_cache(paths: &[PathBuf]) -> Result<()> {
         f.sync_data()
             .with_context(|| format!("fdatasync {}", p.display()))?;
         // SAFETY: plain syscall on a file descriptor we own; offset 0, len 0 = whole file.
-        let rc = unsafe { posix_fadvise(f.as_raw_fd(), 0, 0, POSIX_FADV_DONTNEED) };
+        let rc = unsafe { libc::posix_fadvise(f.as_raw_fd(), 0, 0, libc::POSIX_FADV_DONTNEED) };
         if rc != 0 {
             bail!(
                 "posix_fadvise(DONTNEED) on {}: {}",
@@ -519,14 +595,84 @@ pub fn drop_page_cache(paths: &[PathBuf]) -> Result<()> {
     Ok(())
 }
 
-/// Bytes of `paths` resident in the page cache (maps each file briefly; `mincore`).
+/// Bytes of `paths` resident in the page cache (`mincore` on a fresh mapping of each file;
+/// nothing is read, so measuring does not bring pages in).
 pub fn resident_bytes(paths: &[PathBuf]) -> Result<u64> {
     let mut total = 0;
     for p in paths {
-        let r = ShardReader::open(p).with_context(|| format!("open shard {}", p.display()))?;
-        total += r.resident_bytes()?;
+        total += cached_bytes(p)?;
     }
     Ok(total)
+}
+
+/// Collects the bad records met from every thread and applies `--on-bad-record fail`.
+struct BadLog {
+    policy: OnBadRecord,
+    dir: PathBuf,
+    seen: Mutex<(BTreeSet<(PathBuf, usize)>, Vec<BadRecordSeen>)>,
+}
+
+impl BadLog {
+    fn new(cfg: &ProfConfig) -> BadLog {
+        BadLog {
+            policy: cfg.on_bad_record,
+            dir: cfg.dir.clone(),
+            seen: Mutex::new((BTreeSet::new(), Vec::new())),
+        }
+    }
+
+    /// Notes that record `record` of `file` is bad; under `Fail` returns the error that stops
+    /// the profile.
+    fn met(&self, file: &Path, record: usize, reason: &str) -> Result<()> {
+        if self.policy == OnBadRecord::Fail {
+            bail!(
+                "{}: record {record}: {reason} (--on-bad-record fail); `ddl-pack --verify {}` \
+                 lists every damaged record, --on-bad-record replace profiles around them",
+                file.display(),
+                self.dir.display()
+            );
+        }
+        let mut g = self.seen.lock().unwrap_or_else(|p| p.into_inner());
+        if g.0.insert((file.to_path_buf(), record)) && g.1.len() < BAD_RECORDS_SHOWN {
+            g.1.push(BadRecordSeen {
+                file: file.to_path_buf(),
+                record,
+                reason: reason.to_string(),
+            });
+        }
+        Ok(())
+    }
+
+    /// Notes `e` if it is a bad record (checksum or decode error); any other error is
+    /// returned as it is.
+    fn met_error(&self, e: LoaderError) -> Result<()> {
+        match e {
+            LoaderError::RecordChecksum {
+                path,
+                record,
+                expected,
+                actual,
+            } => self.met(
+                &path,
+                record,
+                &format!("checksum mismatch: stored crc32c {expected:#010x}, data has {actual:#010x}"),
+            ),
+            LoaderError::Decode {
+                path,
+                record,
+                reason,
+            } => self.met(&path, record, &format!("cannot decode: {reason}")),
+            other => Err(other.into()),
+        }
+    }
+
+    fn report(&self) -> BadRecords {
+        let g = self.seen.lock().unwrap_or_else(|p| p.into_inner());
+        BadRecords {
+            count: g.0.len() as u64,
+            first: g.1.clone(),
+        }
+    }
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -586,6 +732,7 @@ fn row(stage: Stage, threads: usize, tallies: &[Tally], wall: f64) -> StageRow {
         bytes_per_s: bytes as f64 / wall,
         bytes_basis: stage.bytes_basis().to_string(),
         method: "measured".to_string(),
+        storage_bytes: None,
     }
 }
 
@@ -610,6 +757,7 @@ fn derived_row(stage: Stage, threads: usize, tallies: &[Tally], method: &str) ->
         bytes_per_s,
         bytes_basis: stage.bytes_basis().to_string(),
         method: method.to_string(),
+        storage_bytes: None,
     }
 }
 
@@ -617,6 +765,10 @@ fn derived_row(stage: Stage, threads: usize, tallies: &[Tally], method: &str) ->
 struct SampleImage {
     bytes: Vec<u8>,
     id: u64,
+    /// Index of its shard file in `Prof::paths`.
+    file: u32,
+    /// Its index within that shard.
+    record: usize,
 }
 
 /// Where one record lies in its shard file.
@@ -664,6 +816,7 @@ struct Prof<'a> {
     order: Vec<usize>,
     sample: Vec<SampleImage>,
     resized: Vec<Vec<u8>>,
+    bad: &'a BadLog,
 }
 
 fn open_dataset(cfg: &ProfConfig, populate: bool) -> Result<Arc<Dataset>> {
@@ -692,6 +845,7 @@ impl Prof<'_> {
             .collect::<Result<Vec<_>>>()?;
         let once = self.cfg.cold;
         let max_len = self.items.iter().map(|i| i.len).max().unwrap_or(0) as usize;
+        let storage_before = storage_read_bytes();
         let (tallies, wall) = parallel(
             Stage::Read,
             threads,
@@ -718,6 +872,9 @@ impl Prof<'_> {
             },
         )?;
         let mut r = row(Stage::Read, threads, &tallies, wall);
+        r.storage_bytes = storage_before
+            .zip(storage_read_bytes())
+            .map(|(b, a)| a.saturating_sub(b));
         if once {
             r.method = "measured: cold, each record read at most once".to_string();
         }
@@ -726,11 +883,14 @@ impl Prof<'_> {
 
     /// The check stage runs on mapped pages in RAM: with `--cold` only on the sampled records,
     /// after an untimed pass that brings them in (a cold page fault is the read stage's cost).
+    /// A bad record is noted and left out.
     fn check(&self, ds: &Dataset, threads: usize) -> Result<StageRow> {
         let set = if self.cfg.cold {
-            let set = &self.order[..self.sample.len()];
+            let set = &self.order[..self.sample.len().min(self.order.len())];
             for &i in set {
-                std::hint::black_box(ds.record(i)?.label);
+                if let Ok(rec) = ds.record(i) {
+                    std::hint::black_box(rec.label);
+                }
             }
             set
         } else {
@@ -743,10 +903,14 @@ impl Prof<'_> {
             |t, deadline| {
                 let mut tally = Tally::default();
                 for k in strided(set.len(), t, threads, false) {
-                    let rec = ds.record(set[k])?;
-                    std::hint::black_box(rec.label);
-                    tally.images += 1;
-                    tally.bytes += rec.bytes.len() as u64;
+                    match ds.record(set[k]) {
+                        Ok(rec) => {
+                            std::hint::black_box(rec.label);
+                            tally.images += 1;
+                            tally.bytes += rec.bytes.len() as u64;
+                        }
+                        Err(e) => self.bad.met_error(e)?,
+                    }
                     if Instant::now() >= deadline {
                         break;
                     }
@@ -755,6 +919,15 @@ impl Prof<'_> {
             },
         )?;
         Ok(row(Stage::Check, threads, &tallies, wall))
+    }
+
+    /// Notes that sample image `img` cannot be decoded (the stage then leaves it out).
+    fn bad_sample(&self, img: &SampleImage, e: impl std::fmt::Display) -> Result<()> {
+        self.bad.met(
+            &self.paths[img.file as usize],
+            img.record,
+            &format!("cannot decode: {e}"),
+        )
     }
 
     fn decode(&self, stage: Stage, threads: usize) -> Result<StageRow> {
@@ -772,26 +945,28 @@ impl Prof<'_> {
             for k in strided(self.sample.len(), t, threads, false) {
                 let img = &self.sample[k];
                 let _s = ddl_trace::span_args(stage.name(), "decode", &[("thread", t as i64)]);
-                let h = dec
-                    .header(&img.bytes)
-                    .map_err(|e| anyhow!("record {}: {e}", img.id))?;
-                let crop = if mode == DecodeMode::Full {
-                    [0.0, 0.0, h.width as f64, h.height as f64]
-                } else {
-                    geometry.geometry(h.width, h.height, 0, img.id).0
-                };
-                let out = if mode == DecodeMode::Full {
-                    (h.width, h.height)
-                } else {
-                    (size, size)
-                };
-                let p = plan(&h, crop, out, mode);
-                let px = dec
-                    .decode(&img.bytes, &p)
-                    .map_err(|e| anyhow!("record {}: {e}", img.id))?;
-                std::hint::black_box(px.len());
-                tally.images += 1;
-                tally.bytes += img.bytes.len() as u64;
+                let decoded = dec.header(&img.bytes).and_then(|h| {
+                    let crop = if mode == DecodeMode::Full {
+                        [0.0, 0.0, h.width as f64, h.height as f64]
+                    } else {
+                        geometry.geometry(h.width, h.height, 0, img.id).0
+                    };
+                    let out = if mode == DecodeMode::Full {
+                        (h.width, h.height)
+                    } else {
+                        (size, size)
+                    };
+                    let p = plan(&h, crop, out, mode);
+                    dec.decode(&img.bytes, &p).map(|px| px.len())
+                });
+                match decoded {
+                    Ok(n) => {
+                        std::hint::black_box(n);
+                        tally.images += 1;
+                        tally.bytes += img.bytes.len() as u64;
+                    }
+                    Err(e) => self.bad_sample(img, e)?,
+                }
                 if Instant::now() >= deadline {
                     break;
                 }
@@ -825,24 +1000,26 @@ impl Prof<'_> {
                     let img = &self.sample[k];
                     let _s = ddl_trace::span("crop_resize", "prof");
                     let c0 = thread_cpu_ns();
-                    let h = dec
-                        .header(&img.bytes)
-                        .map_err(|e| anyhow!("record {}: {e}", img.id))?;
-                    let crop = tr.geometry(h.width, h.height, 0, img.id).0;
-                    let p = plan(&h, crop, (size, size), DecodeMode::Region);
-                    std::hint::black_box(
-                        dec.decode(&img.bytes, &p)
-                            .map_err(|e| anyhow!("{e}"))?
-                            .len(),
-                    );
+                    let decoded = dec.header(&img.bytes).and_then(|h| {
+                        let crop = tr.geometry(h.width, h.height, 0, img.id).0;
+                        let p = plan(&h, crop, (size, size), DecodeMode::Region);
+                        dec.decode(&img.bytes, &p).map(|px| px.len())
+                    });
                     let c1 = thread_cpu_ns();
-                    tr.apply(&img.bytes, 0, img.id, Slot::U8(&mut out))
-                        .map_err(|e| anyhow!("record {}: {e}", img.id))?;
+                    let applied = decoded.and_then(|len| {
+                        std::hint::black_box(len);
+                        tr.apply(&img.bytes, 0, img.id, Slot::U8(&mut out))
+                    });
                     let c2 = thread_cpu_ns();
-                    decode_cpu += c1.saturating_sub(c0);
-                    apply_cpu += c2.saturating_sub(c1);
-                    tally.images += 1;
-                    tally.bytes += n as u64;
+                    match applied {
+                        Ok(_) => {
+                            decode_cpu += c1.saturating_sub(c0);
+                            apply_cpu += c2.saturating_sub(c1);
+                            tally.images += 1;
+                            tally.bytes += n as u64;
+                        }
+                        Err(e) => self.bad_sample(img, e)?,
+                    }
                     if Instant::now() >= deadline {
                         break;
                     }
@@ -954,12 +1131,19 @@ impl Prof<'_> {
             method: format!(
                 "measured: batch messages of {batch} images, depth {depth}, {threads} producers"
             ),
+            storage_bytes: None,
         })
     }
 }
 
-/// Runs the real pipeline with `threads` workers for `seconds` (epochs restarted as needed).
-fn end_to_end(ds: &Arc<Dataset>, cfg: &ProfConfig, threads: usize) -> Result<EndToEndRow> {
+/// Runs the real pipeline with `threads` workers for `seconds` (epochs restarted as needed);
+/// the bad records it meets go to `bad`.
+fn end_to_end(
+    ds: &Arc<Dataset>,
+    cfg: &ProfConfig,
+    threads: usize,
+    bad: &BadLog,
+) -> Result<EndToEndRow> {
     let scfg = SamplerConfig {
         seed: cfg.seed,
         ranks_in_node: 1,
@@ -985,6 +1169,7 @@ fn end_to_end(ds: &Arc<Dataset>, cfg: &ProfConfig, threads: usize) -> Result<End
         workers: threads,
         prefetch: cfg.prefetch,
         seed: cfg.seed,
+        on_bad_record: cfg.on_bad_record,
         ..PipelineConfig::default()
     };
     let _run = ddl_trace::span_args("end_to_end", "prof", &[("threads", threads as i64)]);
@@ -1002,7 +1187,14 @@ fn end_to_end(ds: &Arc<Dataset>, cfg: &ProfConfig, threads: usize) -> Result<End
                 it.next()
             };
             let Some(b) = next else { break };
-            let b = b?;
+            let b = b.with_context(|| {
+                format!(
+                    "end to end with {threads} threads (--on-bad-record fail); `ddl-pack \
+                     --verify {}` lists every damaged record, --on-bad-record replace profiles \
+                     around them",
+                    cfg.dir.display()
+                )
+            })?;
             images += b.len() as u64;
             batches += 1;
             drop(b);
@@ -1014,6 +1206,14 @@ fn end_to_end(ds: &Arc<Dataset>, cfg: &ProfConfig, threads: usize) -> Result<End
         let stats = p.stats();
         busy += stats.busy_seconds;
         skipped += stats.skipped;
+        for r in &stats.bad_records {
+            let prefix = format!("{}: record {}: ", r.file.display(), r.record);
+            bad.met(
+                &r.file,
+                r.record,
+                r.reason.strip_prefix(&prefix).unwrap_or(&r.reason),
+            )?;
+        }
         if done {
             break 'run;
         }
@@ -1089,12 +1289,8 @@ pub fn verdict(stages: &[StageRow], e2e: &[EndToEndRow], gpu_rate: f64) -> Resul
 /// Profiles node `cfg.residency.node`'s shards of `cfg.split`; `progress` receives one line
 /// per finished measurement.
 pub fn profile(cfg: &ProfConfig, mut progress: impl FnMut(&str)) -> Result<Report> {
-    if cfg.threads.is_empty() || cfg.threads.contains(&0) {
-        bail!("thread counts must be positive: {:?}", cfg.threads);
-    }
-    if cfg.batch == 0 || cfg.image_size == 0 || cfg.seconds <= 0.0 || cfg.stage_seconds <= 0.0 {
-        bail!("batch, image size and durations must be positive");
-    }
+    cfg.validate()?;
+    let bad = BadLog::new(cfg);
     let mut threads = cfg.threads.clone();
     threads.sort_unstable();
     threads.dedup();
@@ -1145,30 +1341,52 @@ pub fn profile(cfg: &ProfConfig, mut progress: impl FnMut(&str)) -> Result<Repor
     }
     let order = permutation(n, cfg.seed);
     let sample_n = cfg.sample_records.clamp(1, n.max(1)).min(n);
+    let file_index: BTreeMap<&Path, u32> = paths
+        .iter()
+        .enumerate()
+        .map(|(k, p)| (p.as_path(), k as u32))
+        .collect();
     let mut sample = Vec::with_capacity(sample_n);
     for &i in order.iter().take(sample_n) {
-        let rec = d.record(i)?;
-        sample.push(SampleImage {
-            bytes: rec.bytes.to_vec(),
-            id: d.global_id(i),
-        });
-    }
-    if sample.is_empty() {
-        bail!(
-            "node {} has no records in split {}",
-            cfg.residency.node,
-            cfg.split
-        );
+        let (reader, r) = d.locate(i);
+        match d.record(i) {
+            Ok(rec) => sample.push(SampleImage {
+                bytes: rec.bytes.to_vec(),
+                id: d.global_id(i),
+                file: file_index[reader.path()],
+                record: r,
+            }),
+            Err(e) => bad.met_error(e)?,
+        }
     }
     let size = cfg.image_size as usize;
     let mut tr = Transformer::new(cfg.transform(Output::U8Nhwc, DecodeMode::Region))
         .map_err(|e| anyhow!("{e}"))?;
     let mut resized = Vec::new();
-    for img in sample.iter().take(8) {
+    for img in &sample {
+        if resized.len() == 8 {
+            break;
+        }
         let mut out = vec![0u8; 3 * size * size];
-        tr.apply(&img.bytes, 0, img.id, Slot::U8(&mut out))
-            .map_err(|e| anyhow!("record {}: {e}", img.id))?;
-        resized.push(out);
+        match tr.apply(&img.bytes, 0, img.id, Slot::U8(&mut out)) {
+            Ok(_) => resized.push(out),
+            Err(e) => bad.met(
+                &paths[img.file as usize],
+                img.record,
+                &format!("cannot decode: {e}"),
+            )?,
+        }
+    }
+    if resized.is_empty() {
+        bail!(
+            "node {}: none of the {} sampled records of split {} is a good image ({} bad); \
+             `ddl-pack --verify {}` lists the damaged ones",
+            cfg.residency.node,
+            sample_n,
+            cfg.split,
+            bad.report().count,
+            cfg.dir.display()
+        );
     }
     let prof = Prof {
         cfg,
@@ -1177,6 +1395,7 @@ pub fn profile(cfg: &ProfConfig, mut progress: impl FnMut(&str)) -> Result<Repor
         order,
         sample,
         resized,
+        bad: &bad,
     };
 
     let mut cold = None;
@@ -1252,7 +1471,7 @@ pub fn profile(cfg: &ProfConfig, mut progress: impl FnMut(&str)) -> Result<Repor
         } else {
             d
         };
-        let r = end_to_end(&d, cfg, t)?;
+        let r = end_to_end(&d, cfg, t, &bad)?;
         progress(&format!(
             "{:<14} threads {t:>3}: {:>12} images/s  (workers busy {:.0}%)",
             "end_to_end",
@@ -1289,10 +1508,17 @@ pub fn profile(cfg: &ProfConfig, mut progress: impl FnMut(&str)) -> Result<Repor
             gpu_rate_images_per_s: cfg.gpu_rate,
             cold: cfg.cold,
             sample_records: sample_n,
+            on_bad_record: match cfg.on_bad_record {
+                OnBadRecord::Fail => "fail",
+                OnBadRecord::Skip => "skip",
+                OnBadRecord::Replace => "replace",
+            }
+            .to_string(),
         },
         cold,
         stages,
         end_to_end: e2e,
+        bad_records: bad.report(),
         verdict,
     })
 }
@@ -1397,8 +1623,43 @@ pub fn render_table(r: &Report) -> String {
         "predicted from stages (1/sum of 1/rate): {} images/s\n",
         fmt_rate(r.verdict.predicted_images_per_s)
     ));
+    s.push_str(&render_bad_records(r));
     s.push_str(&r.verdict.line);
     s.push('\n');
+    s
+}
+
+/// The bad records of a report: a count line and one line for each named record (empty when
+/// there were none).
+pub fn render_bad_records(r: &Report) -> String {
+    let b = &r.bad_records;
+    if b.count == 0 {
+        return String::new();
+    }
+    let mut s = format!(
+        "bad records: {} met (left out of the stages; end to end: {}); `ddl-pack --verify {}` \
+         lists every damaged record\n",
+        b.count,
+        match r.config.on_bad_record.as_str() {
+            "skip" => "skipped",
+            _ => "replaced by the next good record",
+        },
+        r.dataset.dir.display()
+    );
+    for x in &b.first {
+        s.push_str(&format!(
+            "  {} record {}: {}\n",
+            x.file.display(),
+            x.record,
+            x.reason
+        ));
+    }
+    if b.count as usize > b.first.len() {
+        s.push_str(&format!(
+            "  ... and {} more\n",
+            b.count as usize - b.first.len()
+        ));
+    }
     s
 }
 

@@ -134,3 +134,72 @@ fn bad_flags_are_refused() {
     assert!(!r.status.success());
     assert!(text(&r).contains("manifest.json"), "{}", text(&r));
 }
+
+#[test]
+fn max_short_side_below_the_smallest_training_size_is_refused() {
+    for side in ["1", "15"] {
+        let r = pack(&["in", "-o", "out", "--max-short-side", side]);
+        assert_eq!(r.status.code(), Some(2), "{}", text(&r));
+        assert!(
+            text(&r).contains("--max-short-side") && text(&r).contains("16"),
+            "{}",
+            text(&r)
+        );
+    }
+}
+
+#[test]
+fn another_directory_is_refused_by_name_and_force_never_touches_foreign_files() {
+    let root = tmpdir("foreign");
+    let input = root.join("in");
+    tree(&input);
+    let out = root.join("out");
+    std::fs::create_dir_all(&out).unwrap();
+    std::fs::write(out.join("notes.txt"), b"my notes").unwrap();
+    let (i, o) = (input.to_str().unwrap(), out.to_str().unwrap());
+    let r = pack(&[i, "-o", o, "--shards", "1"]);
+    assert_eq!(r.status.code(), Some(1), "{}", text(&r));
+    let err = String::from_utf8_lossy(&r.stderr);
+    assert!(
+        err.contains(o) && err.contains("notes.txt") && err.contains("pass --force"),
+        "{err}"
+    );
+    // Refused before writing anything.
+    let names: Vec<String> = std::fs::read_dir(&out)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    assert_eq!(names, ["notes.txt"]);
+    let r = pack(&[i, "-o", o, "--shards", "1", "--force"]);
+    assert!(r.status.success(), "{}", text(&r));
+    assert!(
+        text(&r).contains("left 1 file(s)") && text(&r).contains("notes.txt"),
+        "{}",
+        text(&r)
+    );
+    assert_eq!(std::fs::read(out.join("notes.txt")).unwrap(), b"my notes");
+    let help = pack(&["--help"]);
+    let h = String::from_utf8_lossy(&help.stdout);
+    assert!(h.contains("--force") && h.contains("never touched"), "{h}");
+}
+
+#[test]
+fn a_dangling_link_is_skipped_and_named() {
+    let root = tmpdir("dangling");
+    let input = root.join("in");
+    tree(&input);
+    std::os::unix::fs::symlink(
+        "/nonexistent/ddl-gone.JPEG",
+        input.join("train/n01000001/gone.JPEG"),
+    )
+    .unwrap();
+    let out = root.join("out");
+    let (i, o) = (input.to_str().unwrap(), out.to_str().unwrap());
+    let r = pack(&[i, "-o", o, "--shards", "1", "--max-skip-fraction", "0.2"]);
+    assert!(r.status.success(), "{}", text(&r));
+    let t = text(&r);
+    assert!(
+        t.contains("train: 8 records") && t.contains("gone.JPEG (unreadable: symbolic link to"),
+        "{t}"
+    );
+}

@@ -5,7 +5,8 @@
 //! compared bitwise with MPI_Allreduce, f16 included; node layout sanity; split, barrier.
 //! `ddl-mpi-check timeout`: rank 0 receives from rank 1, which never sends: the receive must
 //! fail within the timeout with an error naming `recv` and `peer 1`.
-//! `ddl-mpi-check abort`: rank 0 aborts the job with code 3.
+//! `ddl-mpi-check abort`: rank 0 aborts the job with code [`ABORT_CODE`] (7) while rank 1
+//! waits in a barrier; mpirun must end the job and exit with that code.
 //!
 //! Prints `CHECK OK <mode>` on rank 0 when everything passed; exits non-zero otherwise.
 
@@ -15,6 +16,10 @@ use std::time::{Duration, Instant};
 
 use ddl_comm::mpi::World;
 use ddl_comm::{f16, Algorithm, Allreducer, CommError, Transport};
+
+/// Exit code of `ddl-mpi-check abort`: distinctive, so that a crash or a timeout cannot pass
+/// for it.
+const ABORT_CODE: i32 = 7;
 
 fn input(rank: usize, len: usize, salt: usize) -> Vec<f32> {
     (0..len)
@@ -160,7 +165,7 @@ fn main() -> ExitCode {
         "timeout" => timeout_check(&world),
         "abort" => {
             if world.rank() == 0 {
-                world.abort(3);
+                world.abort(ABORT_CODE);
             }
             world.transport().barrier().map_err(|e| e.to_string())
         }

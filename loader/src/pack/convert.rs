@@ -12,10 +12,14 @@ use turbojpeg::{Colorspace, Decompressor, Image, PixelFormat, ScalingFactor, Sub
 /// Largest decoded image accepted, in pixels (guards memory against hostile dimensions).
 pub const MAX_PIXELS: u64 = 1 << 28;
 
+/// Smallest `max_short_side` other than 0 (keep the size): ddl-train's smallest `--image-size`.
+/// Shorter images would only be blown up again by every crop, with nothing gained on disk.
+pub const MIN_SHORT_SIDE: u32 = 16;
+
 /// How the output should look.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct ConvertOptions {
-    /// Shorter side limit in pixels; 0 keeps the original size.
+    /// Shorter side limit in pixels, at least [`MIN_SHORT_SIDE`]; 0 keeps the original size.
     pub max_short_side: u32,
     /// JPEG quality 1..=100 for re-encoded images.
     pub quality: u8,

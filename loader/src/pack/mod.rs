@@ -7,9 +7,11 @@
 //! written in order, so the bytes do not depend on the thread count. Finished shards are
 //! recorded in `OUT/.pack-state.json`; a rerun keeps every shard whose plan fingerprint, size
 //! and whole-file checksum still match and redoes only the rest, which gives the same output
-//! as an uninterrupted run.
+//! as an uninterrupted run. The same file lists every file the pack writes: the packer removes
+//! or replaces nothing else (see `output.rs` and `loader/FORMAT.md`).
 
 pub mod convert;
+mod output;
 pub mod source;
 
 use std::collections::BTreeMap;
@@ -21,9 +23,10 @@ use serde::{Deserialize, Serialize};
 
 use crate::error::{LoaderError, Result};
 use crate::format::{INDEX_ROW_LEN, RECORD_ALIGN};
-use crate::manifest::{write_atomic, ClassInfo, Manifest, ShardInfo, SplitInfo, MANIFEST_FILE};
+use crate::manifest::{write_atomic, ClassInfo, Manifest, ShardInfo, SplitInfo};
 use crate::shard::{tmp_path, ShardReader, ShardWriter};
-use convert::{convert, ConvertOptions, How, Skip, SkipReason};
+use convert::{convert, ConvertOptions, How, Skip, SkipReason, MIN_SHORT_SIDE};
+use output::{save_state, Claim, DoneShard, Identity, PackState};
 use source::{discover, Inputs, Item, SourceOptions};
 
 /// File name of the pack report inside the output directory.
@@ -68,11 +71,15 @@ pub struct PackOptions {
     /// Largest accepted fraction of skipped inputs; above it the pack fails after writing the
     /// report.
     pub max_skip_fraction: f64,
+    /// Use an output directory that holds another ddl pack: take over its files whose names
+    /// this pack writes (see `loader/FORMAT.md`). Files ddl-pack did not write are never
+    /// touched.
+    pub force: bool,
 }
 
 impl PackOptions {
     /// Options with the documented defaults: 1 GiB shards, shorter side 256, quality 90,
-    /// one node, all cores, 0.001 skip fraction.
+    /// one node, all cores, 0.001 skip fraction, no `--force`.
     pub fn new(input: impl Into<PathBuf>, output: impl Into<PathBuf>) -> Self {
         PackOptions {
             input: input.into(),
@@ -88,6 +95,7 @@ impl PackOptions {
             nodes: 1,
             threads: 0,
             max_skip_fraction: 0.001,
+            force: false,
         }
     }
 }
@@ -198,32 +206,15 @@ pub struct PackReport {
     pub max_skip_fraction: f64,
     /// Whether the skip fraction was within the limit (manifest written).
     pub ok: bool,
+    /// Entries of the output directory this pack did not write, left untouched.
+    #[serde(default)]
+    pub left_in_place: Vec<String>,
     /// Worker threads used.
     pub threads: usize,
     /// Wall time of this run in seconds.
     pub elapsed_s: f64,
     /// Inputs processed per second in this run (kept shards excluded).
     pub images_per_s: f64,
-}
-
-/// A shard finished by a previous run, as recorded in the state file.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-struct DoneShard {
-    plan: String,
-    records: u64,
-    bytes: u64,
-    crc32c: u32,
-    copied: u64,
-    reencoded: u64,
-    resized: u64,
-    /// (input index in the split's sorted order, reason, detail).
-    skipped: Vec<(u64, String, String)>,
-}
-
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
-struct PackState {
-    version: u32,
-    shards: BTreeMap<String, DoneShard>,
 }
 
 /// Parses a size such as `1GiB`, `512MiB`, `2G`, `100MB`, `4096` (bytes).
@@ -259,7 +250,8 @@ pub fn parse_size(s: &str) -> std::result::Result<u64, String> {
     Ok(v as u64)
 }
 
-/// 64-bit FNV-1a, used for plan fingerprints (stable across builds, unlike `DefaultHasher`).
+/// 64-bit FNV-1a, used for plan and pack fingerprints (stable across builds, unlike
+/// `DefaultHasher`).
 struct Fnv(u64);
 
 impl Fnv {
@@ -390,6 +382,16 @@ pub fn pack(opts: &PackOptions, progress: &dyn PackProgress) -> Result<PackRepor
             reason: "--nodes must be at least 1".into(),
         });
     }
+    let side = opts.convert.max_short_side;
+    if side != 0 && side < MIN_SHORT_SIDE {
+        return Err(LoaderError::Input {
+            path: opts.output.clone(),
+            reason: format!(
+                "--max-short-side {side} is below {MIN_SHORT_SIDE} pixels (the smallest \
+                 ddl-train --image-size); use 0 to keep the original size"
+            ),
+        });
+    }
     if !(1..=100).contains(&opts.convert.quality) {
         return Err(LoaderError::Input {
             path: opts.output.clone(),
@@ -408,7 +410,6 @@ pub fn pack(opts: &PackOptions, progress: &dyn PackProgress) -> Result<PackRepor
     };
     let inputs = pool.install(|| discover(&opts.input, &sopts))?;
     let out = &opts.output;
-    std::fs::create_dir_all(out).map_err(|e| LoaderError::io("create directory", out, e))?;
 
     let plans: Vec<SplitPlan<'_>> = inputs
         .splits
@@ -428,11 +429,13 @@ pub fn pack(opts: &PackOptions, progress: &dyn PackProgress) -> Result<PackRepor
         })
         .collect();
 
-    // A manifest from an earlier run must not describe shards that are about to change.
-    remove_if_exists(&out.join(MANIFEST_FILE))?;
-    clean_stale(out, &plans)?;
-    let state_path = out.join(STATE_FILE);
-    let mut state = load_state(&state_path);
+    // Nothing is written to the output directory before it is claimed.
+    let shard_files: Vec<String> = plans
+        .iter()
+        .flat_map(|p| (0..p.shards).map(|s| shard_file_name(&p.name, s)))
+        .collect();
+    let Claim { mut state, left } =
+        output::claim(out, &Identity::of(opts), &shard_files, opts.force)?;
 
     // Keep what a previous run finished and still matches the plan (checked in parallel: each
     // check reads the whole shard to compare its checksum).
@@ -458,7 +461,6 @@ pub fn pack(opts: &PackOptions, progress: &dyn PackProgress) -> Result<PackRepor
             outcomes.insert((p.name.clone(), s), o);
         }
     }
-    state.version = 1;
     let kept_files: std::collections::HashSet<String> = outcomes
         .keys()
         .map(|(sp, s)| shard_file_name(sp, *s))
@@ -477,7 +479,7 @@ pub fn pack(opts: &PackOptions, progress: &dyn PackProgress) -> Result<PackRepor
             }
             let o = pack_shard(&pool, out, p, s, &inputs, opts, window, progress)?;
             state.shards.insert(o.info.file.clone(), o.done.clone());
-            save_state(&state_path, &state)?;
+            save_state(out, &state)?;
             outcomes.insert((p.name.clone(), s), o);
         }
     }
@@ -579,6 +581,7 @@ pub fn pack(opts: &PackOptions, progress: &dyn PackProgress) -> Result<PackRepor
         skip_fraction,
         max_skip_fraction: opts.max_skip_fraction,
         ok,
+        left_in_place: left,
         threads,
         elapsed_s: elapsed,
         images_per_s: (total - kept_inputs) as f64 / elapsed.max(1e-9),
@@ -623,54 +626,6 @@ pub fn pack(opts: &PackOptions, progress: &dyn PackProgress) -> Result<PackRepor
     };
     manifest.save(out)?;
     Ok(report)
-}
-
-fn remove_if_exists(path: &Path) -> Result<()> {
-    match std::fs::remove_file(path) {
-        Ok(()) => Ok(()),
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
-        Err(e) => Err(LoaderError::io("remove", path, e)),
-    }
-}
-
-/// Removes leftover temporary files and shard files that the current plan does not contain.
-fn clean_stale(out: &Path, plans: &[SplitPlan<'_>]) -> Result<()> {
-    let rd = std::fs::read_dir(out).map_err(|e| LoaderError::io("read directory", out, e))?;
-    for e in rd {
-        let e = e.map_err(|e| LoaderError::io("read directory", out, e))?;
-        let name = e.file_name();
-        let Some(name) = name.to_str() else { continue };
-        let shard_name = name.strip_suffix(".tmp").unwrap_or(name);
-        let parsed = parse_shard_name(shard_name).filter(|(sp, _)| SPLITS.contains(sp));
-        let Some((split, s)) = parsed else {
-            if name == "manifest.json.tmp" || name == "pack-report.json.tmp" {
-                remove_if_exists(&e.path())?;
-            }
-            continue;
-        };
-        let planned = plans.iter().any(|p| p.name == split && s < p.shards);
-        if name.ends_with(".tmp") || !planned {
-            remove_if_exists(&e.path())?;
-        }
-    }
-    Ok(())
-}
-
-fn load_state(path: &Path) -> PackState {
-    // A missing or unreadable state only means nothing can be kept.
-    std::fs::read(path)
-        .ok()
-        .and_then(|b| serde_json::from_slice::<PackState>(&b).ok())
-        .filter(|s| s.version == 1)
-        .unwrap_or_default()
-}
-
-fn save_state(path: &Path, state: &PackState) -> Result<()> {
-    let text = serde_json::to_vec(state).map_err(|source| LoaderError::Json {
-        path: path.to_path_buf(),
-        source,
-    })?;
-    write_atomic(path, &text)
 }
 
 /// Returns the outcome of shard `s` if a previous run finished it for the same plan and the

@@ -27,6 +27,10 @@ pub const MAX_INPUT_BYTES: u64 = 1 << 30;
 pub enum Loc {
     /// File `name` in directory `Inputs::dirs[dir]`.
     Dir(u32),
+    /// A file in directory `Inputs::dirs[dir]` whose name is not valid UTF-8 (`Item::name`
+    /// holds it lossily decoded). Reading it fails, so it is skipped and reported like any
+    /// unreadable input.
+    NonUtf8Name(u32),
     /// A member of `Inputs::archives[archive]` whose data starts at byte `offset`.
     Archive {
         /// Index into `Inputs::archives`.
@@ -85,7 +89,9 @@ impl Inputs {
     /// Human-readable location of `item` for reports ("DIR/NAME" or "ARCHIVE:MEMBER").
     pub fn display(&self, item: &Item) -> String {
         match item.loc {
-            Loc::Dir(d) => self.dirs[d as usize].join(&item.name).display().to_string(),
+            Loc::Dir(d) | Loc::NonUtf8Name(d) => {
+                self.dirs[d as usize].join(&item.name).display().to_string()
+            }
             Loc::Archive { archive, .. } => {
                 format!(
                     "{}:{}",
@@ -108,7 +114,14 @@ impl Inputs {
             ));
         }
         match item.loc {
-            Loc::Dir(d) => std::fs::read(self.dirs[d as usize].join(&item.name)),
+            Loc::Dir(d) => {
+                let path = self.dirs[d as usize].join(&item.name);
+                std::fs::read(&path).map_err(|e| name_link(&path, e))
+            }
+            Loc::NonUtf8Name(_) => Err(std::io::Error::new(
+                std::io::ErrorKind::InvalidData,
+                "file name is not valid UTF-8 (shown with U+FFFD); rename it to pack it",
+            )),
             Loc::Archive { archive, offset } => {
                 let f = File::open(&self.archives[archive as usize])?;
                 let mut buf = vec![0u8; item.size as usize];
@@ -116,6 +129,18 @@ impl Inputs {
                 Ok(buf)
             }
         }
+    }
+}
+
+/// `e` for a read of `path`, saying where the link pointed when `path` is a symbolic link
+/// (dangling, or a loop).
+fn name_link(path: &Path, e: std::io::Error) -> std::io::Error {
+    match std::fs::read_link(path) {
+        Ok(target) => std::io::Error::new(
+            e.kind(),
+            format!("symbolic link to {}: {e}", target.display()),
+        ),
+        Err(_) => e,
     }
 }
 
@@ -149,39 +174,110 @@ fn input_err(path: &Path, reason: impl Into<String>) -> LoaderError {
     }
 }
 
-/// Sorted (name, is_dir) entries of `dir`, hidden entries skipped.
-fn list_dir(dir: &Path) -> Result<Vec<(String, bool, u64)>> {
+/// What a directory entry is, following symbolic links.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
+enum Kind {
+    /// A directory.
+    Dir,
+    /// Anything else that `stat` accepts, with its size.
+    File(u64),
+    /// `stat` failed (a dangling symbolic link, a link loop, no permission): the error.
+    Broken(String),
+}
+
+/// One entry of an input directory.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
+struct Entry {
+    /// The name, lossily decoded when it is not UTF-8.
+    name: String,
+    /// Whether the name is valid UTF-8 (only then can the packer open it by `name`).
+    utf8: bool,
+    kind: Kind,
+}
+
+impl Entry {
+    fn is_dir(&self) -> bool {
+        self.kind == Kind::Dir
+    }
+}
+
+/// Entries of `dir` sorted by name, hidden entries skipped. Entries that cannot be examined
+/// are listed, not fatal: each caller decides (an input file is skipped and reported, a class
+/// folder that cannot be examined stops the pack).
+fn list_dir(dir: &Path) -> Result<Vec<Entry>> {
     let rd = std::fs::read_dir(dir).map_err(|e| LoaderError::io("read directory", dir, e))?;
     let mut out = Vec::new();
     for e in rd {
         let e = e.map_err(|e| LoaderError::io("read directory", dir, e))?;
-        let name = e.file_name();
-        let Some(name) = name.to_str() else {
-            return Err(input_err(
-                &e.path(),
-                "file name is not valid UTF-8; rename it",
-            ));
-        };
+        let os_name = e.file_name();
+        let name = os_name.to_string_lossy().into_owned();
         if name.starts_with('.') {
             continue;
         }
         // Follow symlinks: a tree of links into another tree is a common layout.
-        let md =
-            std::fs::metadata(e.path()).map_err(|err| LoaderError::io("stat", e.path(), err))?;
-        out.push((name.to_string(), md.is_dir(), md.len()));
+        let kind = match std::fs::metadata(e.path()) {
+            Ok(md) if md.is_dir() => Kind::Dir,
+            Ok(md) => Kind::File(md.len()),
+            Err(err) => Kind::Broken(name_link(&e.path(), err).to_string()),
+        };
+        out.push(Entry {
+            name,
+            utf8: os_name.to_str().is_some(),
+            kind,
+        });
     }
     out.sort();
     Ok(out)
 }
 
+/// The class folders among `entries` of `root`; an entry that may be one but cannot be used
+/// (not examinable, or a folder whose name is not UTF-8) is an error naming it, since leaving
+/// a class out would shift every later label.
+fn class_folders(root: &Path, entries: &[Entry]) -> Result<Vec<String>> {
+    let mut classes = Vec::new();
+    for e in entries {
+        match &e.kind {
+            Kind::Broken(err) => {
+                return Err(input_err(
+                    &root.join(&e.name),
+                    format!(
+                        "cannot tell whether it is a class folder ({err}); fix or remove it"
+                    ),
+                ))
+            }
+            Kind::Dir if !e.utf8 => {
+                return Err(input_err(
+                    &root.join(&e.name),
+                    "class folder name is not valid UTF-8 (shown with U+FFFD); rename it",
+                ))
+            }
+            Kind::Dir => classes.push(e.name.clone()),
+            Kind::File(_) => {}
+        }
+    }
+    Ok(classes)
+}
+
+/// The input an image-named file entry of `dir` (index `dir` in `Scan::dirs`) becomes: an
+/// entry that cannot be examined has size 0 and fails when read, a non-UTF-8 name cannot be
+/// opened; both are then skipped and reported with the reason.
+fn file_input(e: &Entry, dir: u32) -> (u64, Loc) {
+    let size = match e.kind {
+        Kind::File(n) => n,
+        _ => 0,
+    };
+    let loc = if e.utf8 {
+        Loc::Dir(dir)
+    } else {
+        Loc::NonUtf8Name(dir)
+    };
+    (size, loc)
+}
+
 /// Scans a folder tree `root/<wnid>/*` (one directory per class).
 fn scan_tree(root: &Path, scan: &mut Scan) -> Result<Vec<Found>> {
-    let classes: Vec<String> = list_dir(root)?
-        .into_iter()
-        .filter(|(_, d, _)| *d)
-        .map(|(n, _, _)| n)
-        .collect();
-    let listed: Vec<Result<Vec<(String, bool, u64)>>> = classes
+    let classes = class_folders(root, &list_dir(root)?)?;
+    let listed: Vec<Result<Vec<Entry>>> = classes
         .par_iter()
         .map(|c| list_dir(&root.join(c)))
         .collect();
@@ -189,22 +285,23 @@ fn scan_tree(root: &Path, scan: &mut Scan) -> Result<Vec<Found>> {
     for (wnid, files) in classes.into_iter().zip(listed) {
         let dir = scan.dirs.len() as u32;
         scan.dirs.push(root.join(&wnid));
-        for (name, is_dir, size) in files? {
-            if is_dir {
+        for e in files? {
+            if e.is_dir() {
                 continue;
             }
-            if !is_image_name(&name) {
+            if !is_image_name(&e.name) {
                 scan.ignored_files.push((
-                    root.join(&wnid).join(&name).display().to_string(),
+                    root.join(&wnid).join(&e.name).display().to_string(),
                     "not an image file name".into(),
                 ));
                 continue;
             }
+            let (size, loc) = file_input(&e, dir);
             found.push(Found {
                 wnid: wnid.clone(),
-                name,
+                name: e.name,
                 size,
-                loc: Loc::Dir(dir),
+                loc,
             });
         }
     }
@@ -431,7 +528,7 @@ fn trailing_number(stem: &str) -> Option<u64> {
 fn scan_flat_val(
     input: &Path,
     val: &Path,
-    files: Vec<(String, bool, u64)>,
+    files: Vec<Entry>,
     opts: &SourceOptions,
     scan: &mut Scan,
 ) -> Result<(Vec<Found>, String)> {
@@ -498,20 +595,20 @@ fn scan_flat_val(
     let dir = scan.dirs.len() as u32;
     scan.dirs.push(val.to_path_buf());
     let mut found = Vec::new();
-    for (name, is_dir, size) in files {
-        if is_dir {
+    for e in files {
+        if e.is_dir() {
             continue;
         }
-        let shown = val.join(&name).display().to_string();
-        if !is_image_name(&name) {
+        let shown = val.join(&e.name).display().to_string();
+        if !is_image_name(&e.name) {
             scan.ignored_files
                 .push((shown, "not an image file name".into()));
             continue;
         }
-        let stem = Path::new(&name)
+        let stem = Path::new(&e.name)
             .file_stem()
             .and_then(|s| s.to_str())
-            .unwrap_or(&name);
+            .unwrap_or(&e.name);
         let wnid = match &labels {
             Labels::Csv(m) => m.get(stem).cloned(),
             Labels::Devkit(m) => trailing_number(stem).and_then(|k| m.get(&k).cloned()),
@@ -521,11 +618,12 @@ fn scan_flat_val(
                 .push((shown, "no label for this validation image".into()));
             continue;
         };
+        let (size, loc) = file_input(&e, dir);
         found.push(Found {
             wnid,
-            name,
+            name: e.name,
             size,
-            loc: Loc::Dir(dir),
+            loc,
         });
     }
     Ok((found, layout))
@@ -534,11 +632,19 @@ fn scan_flat_val(
 /// Scans a directory that is either a class-folder tree or a folder of tars.
 fn scan_split_dir(dir: &Path, scan: &mut Scan) -> Result<Option<(Vec<Found>, String)>> {
     let entries = list_dir(dir)?;
-    let tars: Vec<String> = entries
-        .iter()
-        .filter(|(n, d, _)| !d && n.ends_with(".tar"))
-        .map(|(n, _, _)| n.clone())
-        .collect();
+    let mut tars = Vec::new();
+    for e in entries.iter().filter(|e| !e.is_dir() && e.name.ends_with(".tar")) {
+        // A per-synset tar is a whole class: one that cannot be opened stops the pack.
+        let why = match &e.kind {
+            Kind::Broken(err) => Some(format!("cannot be opened ({err}); fix or remove it")),
+            _ if !e.utf8 => Some("tar name is not valid UTF-8 (shown with U+FFFD); rename it".into()),
+            _ => None,
+        };
+        if let Some(why) = why {
+            return Err(input_err(&dir.join(&e.name), why));
+        }
+        tars.push(e.name.clone());
+    }
     if !tars.is_empty() {
         let f = scan_tars(dir, &tars, scan)?;
         return Ok(Some((
@@ -546,7 +652,7 @@ fn scan_split_dir(dir: &Path, scan: &mut Scan) -> Result<Option<(Vec<Found>, Str
             format!("{} tars in {}", tars.len(), dir.display()),
         )));
     }
-    if entries.iter().any(|(_, d, _)| *d) {
+    if entries.iter().any(Entry::is_dir) {
         let f = scan_tree(dir, scan)?;
         return Ok(Some((f, format!("class folders in {}", dir.display()))));
     }
@@ -577,10 +683,10 @@ pub fn discover(input: &Path, opts: &SourceOptions) -> Result<Inputs> {
     }
     if val.is_dir() {
         let entries = list_dir(&val)?;
-        if entries.iter().any(|(_, d, _)| *d) {
+        if entries.iter().any(Entry::is_dir) {
             found.insert("val".into(), scan_tree(&val, &mut scan)?);
             layouts.insert("val".into(), format!("class folders in {}", val.display()));
-        } else if entries.iter().any(|(_, d, _)| !d) {
+        } else if !entries.is_empty() {
             let (f, l) = scan_flat_val(input, &val, entries, opts, &mut scan)?;
             found.insert("val".into(), f);
             layouts.insert("val".into(), l);

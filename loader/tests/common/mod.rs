@@ -36,6 +36,37 @@ impl Drop for Scratch {
     }
 }
 
+/// A scratch directory under the build's own temporary directory (`CARGO_TARGET_TMPDIR`, on
+/// the disk of `target/`), for tests that evict files from the page cache: a tmpfs `/tmp`
+/// keeps every page.
+pub fn disk_scratch(name: &str) -> Scratch {
+    let dir = Path::new(env!("CARGO_TARGET_TMPDIR"))
+        .join(format!("ddl-loader-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    Scratch(dir)
+}
+
+/// Drops `path` from the page cache (`fdatasync`, then `posix_fadvise(POSIX_FADV_DONTNEED)`)
+/// and asserts, with `mincore`, that none of it is resident any more: the precondition of a
+/// test that then expects pages to come back.
+pub fn evict(path: &Path) {
+    use std::os::fd::AsRawFd;
+    let f = std::fs::File::open(path).unwrap();
+    f.sync_data().unwrap();
+    // SAFETY: plain syscall on a descriptor we own; offset 0, length 0 = the whole file.
+    let rc = unsafe { libc::posix_fadvise(f.as_raw_fd(), 0, 0, libc::POSIX_FADV_DONTNEED) };
+    assert_eq!(rc, 0, "posix_fadvise {}", path.display());
+    let left = ddl_loader::shard::cached_bytes(path).unwrap();
+    assert_eq!(
+        left,
+        0,
+        "{} keeps {left} bytes in the page cache after POSIX_FADV_DONTNEED: its file system \
+         does not evict (a tmpfs?), so residency cannot be tested there",
+        path.display()
+    );
+}
+
 /// Encodes a `w` x `h` RGB image as a JPEG (4:4:4, quality 95).
 pub fn jpeg(rgb: &[u8], w: usize, h: usize) -> Vec<u8> {
     let img = turbojpeg::Image {

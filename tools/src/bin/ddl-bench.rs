@@ -3,13 +3,14 @@
 
 use std::io::Write;
 use std::path::PathBuf;
+use std::process::ExitCode;
 use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
 use clap::{Parser, Subcommand};
 use ddl_comm::mpi::World;
 use ddl_comm::{Algorithm, CostModel};
-use ddl_tools::bench;
+use ddl_tools::{bench, cli};
 
 #[derive(Parser)]
 #[command(name = "ddl-bench", about = "ddl allreduce benchmarks and cost model")]
@@ -25,21 +26,21 @@ enum Cmd {
         /// Comma-separated algorithms: ring, rhd, multicolor[:K[:CHUNK]], multiring[:AxB..], mpi, auto.
         #[arg(long, default_value = "ring,rhd,multicolor,multiring,mpi")]
         algos: String,
-        /// Smallest message (e.g. 4K, 4KiB, 4096).
-        #[arg(long, default_value = "4KiB")]
-        min_bytes: String,
-        /// Largest message.
-        #[arg(long, default_value = "256MiB")]
-        max_bytes: String,
-        /// Size multiplier between rows.
-        #[arg(long, default_value_t = 4)]
-        step_factor: usize,
+        /// Smallest message (e.g. 4K, 4KiB, 4096; at least 4 bytes, one f32).
+        #[arg(long, default_value = "4KiB", value_parser = bench::parse_message_bytes)]
+        min_bytes: usize,
+        /// Largest message (at least --min-bytes).
+        #[arg(long, default_value = "256MiB", value_parser = bench::parse_message_bytes)]
+        max_bytes: usize,
+        /// Size multiplier between rows (at least 2).
+        #[arg(long, default_value_t = 4, value_parser = clap::value_parser!(u64).range(2..))]
+        step_factor: u64,
         /// Untimed calls per size.
         #[arg(long, default_value_t = 5)]
         warmup: usize,
-        /// Timed calls per size (median reported).
-        #[arg(long, default_value_t = 20)]
-        iters: usize,
+        /// Timed calls per size (median reported; at least 1).
+        #[arg(long, default_value_t = 20, value_parser = clap::value_parser!(u64).range(1..))]
+        iters: u64,
         /// One JSON object per row instead of the table.
         #[arg(long)]
         json: bool,
@@ -47,8 +48,8 @@ enum Cmd {
         /// measured / predicted to every row.
         #[arg(long)]
         model_file: Option<PathBuf>,
-        /// Operation timeout in seconds.
-        #[arg(long, default_value_t = 120)]
+        /// Operation timeout in seconds (at least 1).
+        #[arg(long, default_value_t = 120, value_parser = clap::value_parser!(u64).range(1..))]
         timeout_s: u64,
     },
     /// Measure alpha/beta per tier (ping-pong), gamma (f32 add) and a beta curve per tier
@@ -58,9 +59,9 @@ enum Cmd {
         /// Output file.
         #[arg(short, long, default_value = "model.json")]
         output: PathBuf,
-        /// Largest ring allreduce timed for the beta curves.
-        #[arg(long, default_value = "64MiB")]
-        max_bytes: String,
+        /// Largest ring allreduce timed for the beta curves (at least 4 bytes).
+        #[arg(long, default_value = "64MiB", value_parser = bench::parse_message_bytes)]
+        max_bytes: usize,
         /// Sweeps over all sizes (ring curves and MPI_Allreduce); per size the median.
         #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u64).range(1..))]
         passes: u64,
@@ -71,15 +72,15 @@ enum Cmd {
         /// Algorithm (as for `allreduce --algos`).
         #[arg(long)]
         algo: String,
-        /// Message size (e.g. 4MiB).
-        #[arg(long)]
-        bytes: String,
+        /// Message size (e.g. 4MiB; at least 4 bytes).
+        #[arg(long, value_parser = bench::parse_message_bytes)]
+        bytes: usize,
         /// Nodes.
-        #[arg(long, default_value_t = 1)]
-        nodes: usize,
+        #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u64).range(1..))]
+        nodes: u64,
         /// Ranks per node.
-        #[arg(long, default_value_t = 1)]
-        ranks_per_node: usize,
+        #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u64).range(1..))]
+        ranks_per_node: u64,
         /// Cost-model preset (minsky, default).
         #[arg(long, conflicts_with = "model_file")]
         preset: Option<String>,
@@ -125,8 +126,11 @@ fn load_model(preset: Option<String>, model_file: Option<PathBuf>) -> Result<Cos
     })
 }
 
-fn main() -> Result<()> {
-    let cli = Cli::parse();
+fn main() -> ExitCode {
+    cli::run("ddl-bench", || run(cli::parse()))
+}
+
+fn run(cli: Cli) -> Result<()> {
     let stdout = std::io::stdout();
     let mut out = stdout.lock();
     match cli.cmd {
@@ -152,14 +156,16 @@ fn main() -> Result<()> {
             };
             let opts = bench::AllreduceOpts {
                 algos,
-                min_bytes: bench::parse_bytes(&min_bytes)?,
-                max_bytes: bench::parse_bytes(&max_bytes)?,
-                factor: step_factor,
+                min_bytes,
+                max_bytes,
+                factor: step_factor as usize,
                 warmup,
-                iters: iters.max(1),
+                iters: iters as usize,
                 model,
                 predict,
             };
+            // Every flag is checked before MPI starts: a refusal is one line per rank.
+            opts.validate()?;
             let world = World::init_with_timeout(Duration::from_secs(timeout_s))?;
             if let Err(e) = bench::allreduce(&world, &opts, json, &mut out) {
                 abort_with(&world, &e);
@@ -170,7 +176,6 @@ fn main() -> Result<()> {
             max_bytes,
             passes,
         } => {
-            let max_bytes = bench::parse_bytes(&max_bytes)?;
             let world = World::init_with_timeout(bench::DEFAULT_BENCH_TIMEOUT)?;
             match bench::calibrate(&world, max_bytes, passes as usize) {
                 Ok(model) => {
@@ -193,8 +198,7 @@ fn main() -> Result<()> {
         } => {
             let cost = load_model(preset, model_file)?;
             let algo: Algorithm = algo.parse()?;
-            let bytes = bench::parse_bytes(&bytes)?;
-            let topo = ddl_comm::Topology::new(nodes, ranks_per_node);
+            let topo = ddl_comm::Topology::new(nodes as usize, ranks_per_node as usize);
             let t = cost.predict(&algo, bytes, topo);
             let line = serde_json::json!({
                 "algo": algo.to_string(),
@@ -217,8 +221,11 @@ fn main() -> Result<()> {
         } => {
             let params = bench::model_params(&model)
                 .with_context(|| format!("unknown model {model:?} (resnet18/34/50/101/152)"))?;
-            if nodes == 0 || gpus_per_node == 0 || step_compute_ms <= 0.0 {
+            if nodes == 0 || gpus_per_node == 0 || step_compute_ms.is_nan() || step_compute_ms <= 0.0 {
                 bail!("--nodes, --gpus-per-node and --step-compute-ms must be positive");
+            }
+            if !(0.0..=1.0).contains(&overlap) {
+                bail!("--overlap {overlap} is outside 0..=1 (a fraction of the allreduce)");
             }
             let cost = load_model(preset, model_file)?;
             let rows = bench::simulate(
@@ -252,7 +259,6 @@ fn main() -> Result<()> {
 /// Reports `e` for this rank in one write (so that the lines of several ranks do not
 /// interleave mid-line) and aborts the job.
 fn abort_with(world: &World, e: &anyhow::Error) -> ! {
-    let line = format!("rank {}: {e:#}\n", world.rank());
-    let _ = std::io::stderr().write_all(line.as_bytes());
+    cli::write_stderr(&cli::error_line("ddl-bench", e));
     world.abort(1)
 }

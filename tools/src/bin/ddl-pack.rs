@@ -1,7 +1,9 @@
 //! `ddl-pack`: packs an ImageNet-style input into ddl shards (see `ddl_tools::pack_cli`).
 
-use clap::Parser;
+use std::process::ExitCode;
 
-fn main() -> anyhow::Result<()> {
-    ddl_tools::pack_cli::run(ddl_tools::pack_cli::Args::parse())
+use ddl_tools::{cli, pack_cli};
+
+fn main() -> ExitCode {
+    cli::run("ddl-pack", || pack_cli::run(cli::parse()))
 }

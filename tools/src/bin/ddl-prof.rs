@@ -1,8 +1,9 @@
 //! `ddl-prof SHARDS_DIR [--split train] [--threads 1,2,4] [--batch 256] [--image-size 224]
 //! [--seconds 10] [--stage-seconds 2] [--eval] [--cold] [--json FILE] [--plot FILE.svg|.png]
-//! [--trace FILE.json] [--gpu-rate 1200] [--node N --nodes P]`: how fast can this node feed its
-//! GPUs? Measures every input stage alone and the whole pipeline for each thread count, then
-//! prints a verdict (see `ddl_tools::prof`).
+//! [--trace FILE.json] [--gpu-rate 1200] [--node N --nodes P] [--on-bad-record replace]`: how
+//! fast can this node feed its GPUs? Measures every input stage alone and the whole pipeline
+//! for each thread count, then prints a verdict (see `ddl_tools::prof`). Every flag is checked
+//! before anything is measured.
 //!
 //! `ddl-prof plot METRICS.jsonl -o curves.svg`: training curves from ddl-train's metrics file.
 //!
@@ -11,15 +12,40 @@
 //! node; `--json` then holds `{"schema_version": 1, "nodes": [report, ...]}` and every rank
 //! other than 0 writes its trace to `FILE.rankN.json`.
 
-use std::path::PathBuf;
+use std::io::IsTerminal;
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
 use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
-use clap::Parser;
+use clap::{Parser, ValueEnum};
 use ddl_comm::mpi::World;
 use ddl_comm::Transport;
 use ddl_loader::dataset::Residency;
+use ddl_loader::pipeline::OnBadRecord;
+use ddl_tools::cli;
 use ddl_tools::prof::{self, ProfConfig, Report};
+
+/// `--on-bad-record`: what to do with a record whose checksum fails or that cannot be decoded.
+#[derive(Clone, Copy, Debug, ValueEnum)]
+enum BadRecordFlag {
+    /// Stop with an error naming the shard file and record.
+    Fail,
+    /// Leave it out (the stages skip it; the pipeline's batch is one shorter).
+    Skip,
+    /// Leave it out of the stages; the pipeline fills its slot with the next good record.
+    Replace,
+}
+
+impl From<BadRecordFlag> for OnBadRecord {
+    fn from(f: BadRecordFlag) -> OnBadRecord {
+        match f {
+            BadRecordFlag::Fail => OnBadRecord::Fail,
+            BadRecordFlag::Skip => OnBadRecord::Skip,
+            BadRecordFlag::Replace => OnBadRecord::Replace,
+        }
+    }
+}
 
 /// Measure how fast this node feeds its GPUs: every input stage alone and the whole pipeline.
 #[derive(Parser, Debug)]
@@ -35,19 +61,19 @@ struct Args {
     #[arg(long, default_value = "train")]
     split: String,
     /// Comma-separated thread counts (default: 1, 2, 4, ... up to the cores).
-    #[arg(long, value_delimiter = ',')]
-    threads: Option<Vec<usize>>,
+    #[arg(long, value_delimiter = ',', value_parser = clap::value_parser!(u64).range(1..))]
+    threads: Option<Vec<u64>>,
     /// Images per batch.
-    #[arg(long, default_value_t = 256)]
-    batch: usize,
-    /// Output side in pixels.
-    #[arg(long, default_value_t = 224)]
+    #[arg(long, default_value_t = 256, value_parser = clap::value_parser!(u64).range(1..))]
+    batch: u64,
+    /// Output side in pixels (at least 16, like ddl-train's --image-size).
+    #[arg(long, default_value_t = 224, value_parser = clap::value_parser!(u32).range(16..))]
     image_size: u32,
     /// Seconds of each end-to-end measurement.
-    #[arg(long, default_value_t = 10.0)]
+    #[arg(long, default_value_t = 10.0, value_parser = positive_seconds)]
     seconds: f64,
     /// Seconds of each stage measurement (default: seconds / 5, at least 0.5).
-    #[arg(long)]
+    #[arg(long, value_parser = positive_seconds)]
     stage_seconds: Option<f64>,
     /// Eval transform (resize + center crop) instead of random-resized crop + flip.
     #[arg(long)]
@@ -66,7 +92,7 @@ struct Args {
     #[arg(long)]
     trace: Option<PathBuf>,
     /// Images/s one GPU consumes.
-    #[arg(long, default_value_t = 1200.0)]
+    #[arg(long, default_value_t = 1200.0, value_parser = positive_rate)]
     gpu_rate: f64,
     /// This node's index (ignored under mpirun: the rank).
     #[arg(long, default_value_t = 0)]
@@ -77,12 +103,17 @@ struct Args {
     /// Seed of the record order, crops and flips.
     #[arg(long, default_value_t = 0)]
     seed: u64,
-    /// Queue depth of the pipeline.
-    #[arg(long, default_value_t = 2)]
-    prefetch: usize,
+    /// Queue depth of the pipeline (at least 1).
+    #[arg(long, default_value_t = 2, value_parser = clap::value_parser!(u64).range(1..))]
+    prefetch: u64,
     /// Records copied to RAM for the decode, resize and normalize stages.
-    #[arg(long, default_value_t = 2048)]
-    sample_records: usize,
+    #[arg(long, default_value_t = 2048, value_parser = clap::value_parser!(u64).range(1..))]
+    sample_records: u64,
+    /// A record whose checksum fails or that cannot be decoded: fail, skip or replace (as in
+    /// ddl-train). Every bad record met is reported (count, then the first few with shard
+    /// file and record).
+    #[arg(long, value_enum, default_value_t = BadRecordFlag::Replace)]
+    on_bad_record: BadRecordFlag,
     /// Do not print per-measurement progress.
     #[arg(long, short)]
     quiet: bool,
@@ -99,42 +130,70 @@ struct PlotArgs {
     output: PathBuf,
 }
 
-fn main() -> Result<()> {
-    let argv: Vec<String> = std::env::args().collect();
-    if argv.get(1).map(String::as_str) == Some("plot") {
-        let args = PlotArgs::parse_from(argv.iter().skip(1));
-        prof::check_plot_path(&args.output)?;
-        let m = prof::plot_metrics(&args.metrics, &args.output)?;
-        eprintln!(
-            "ddl-prof plot: {} step and {} epoch points -> {}",
-            m.loss.len(),
-            m.epoch_loss.len(),
-            args.output.display()
-        );
-        return Ok(());
-    }
-    run(Args::parse())
+fn main() -> ExitCode {
+    cli::run("ddl-prof", || {
+        let argv: Vec<std::ffi::OsString> = std::env::args_os().collect();
+        if argv.get(1).is_some_and(|a| a == "plot") {
+            return plot(cli::parse_from(argv.iter().skip(1)));
+        }
+        run(cli::parse())
+    })
 }
 
-/// True when started by an MPI launcher.
-fn under_mpi() -> bool {
-    [
-        "OMPI_COMM_WORLD_SIZE",
-        "PMI_SIZE",
-        "PMIX_RANK",
-        "MPI_LOCALNRANKS",
-    ]
-    .iter()
-    .any(|v| std::env::var_os(v).is_some())
+/// `ddl-prof plot`.
+fn plot(args: PlotArgs) -> Result<()> {
+    prof::check_plot_path(&args.output)?;
+    let m = prof::plot_metrics(&args.metrics, &args.output)?;
+    cli::stderr_line(&format!(
+        "ddl-prof plot: {} step and {} epoch points -> {}",
+        m.loss.len(),
+        m.epoch_loss.len(),
+        args.output.display()
+    ));
+    Ok(())
+}
+
+/// A duration flag: a finite number of seconds above zero.
+fn positive_seconds(s: &str) -> std::result::Result<f64, String> {
+    positive(s, "seconds")
+}
+
+/// A rate flag: a finite number of images/s above zero.
+fn positive_rate(s: &str) -> std::result::Result<f64, String> {
+    positive(s, "images/s")
+}
+
+fn positive(s: &str, unit: &str) -> std::result::Result<f64, String> {
+    match s.parse::<f64>() {
+        Ok(v) if v.is_finite() && v > 0.0 => Ok(v),
+        _ => Err(format!("{s:?} is not a positive number of {unit}")),
+    }
+}
+
+/// Checks that the directory an output file goes to exists, so that a run is not lost at
+/// its end.
+fn check_output_dir(flag: &str, path: &Path) -> Result<()> {
+    let dir = match path.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d,
+        _ => Path::new("."),
+    };
+    if !dir.is_dir() {
+        bail!(
+            "{flag} {}: directory {} does not exist; create it first",
+            path.display(),
+            dir.display()
+        );
+    }
+    Ok(())
 }
 
 fn run(args: Args) -> Result<()> {
     let mut cfg = ProfConfig::new(&args.shards_dir);
     cfg.split = args.split.clone();
     if let Some(t) = &args.threads {
-        cfg.threads = t.clone();
+        cfg.threads = t.iter().map(|&t| t as usize).collect();
     }
-    cfg.batch = args.batch;
+    cfg.batch = args.batch as usize;
     cfg.image_size = args.image_size;
     cfg.seconds = args.seconds;
     cfg.stage_seconds = args.stage_seconds.unwrap_or((args.seconds / 5.0).max(0.5));
@@ -142,20 +201,42 @@ fn run(args: Args) -> Result<()> {
     cfg.cold = args.cold;
     cfg.gpu_rate = args.gpu_rate;
     cfg.seed = args.seed;
-    cfg.prefetch = args.prefetch;
-    cfg.sample_records = args.sample_records;
-    cfg.residency = Residency {
-        node: args.node,
-        nodes: args.nodes,
+    cfg.prefetch = args.prefetch as usize;
+    cfg.sample_records = args.sample_records as usize;
+    cfg.on_bad_record = args.on_bad_record.into();
+    let under_mpi = cli::under_launcher();
+    // Under mpirun the rank and size replace --node and --nodes (set once MPI is up).
+    cfg.residency = if under_mpi {
+        Residency { node: 0, nodes: 1 }
+    } else {
+        Residency {
+            node: args.node,
+            nodes: args.nodes,
+        }
     };
-    if args.nodes == 0 || args.node >= args.nodes {
-        bail!("--node {} must be below --nodes {}", args.node, args.nodes);
-    }
+    cfg.validate()?;
     if let Some(p) = &args.plot {
         prof::check_plot_path(p)?;
+        check_output_dir("--plot", p)?;
     }
+    if let Some(p) = &args.json {
+        check_output_dir("--json", p)?;
+    }
+    if let Some(p) = &args.trace {
+        check_output_dir("--trace", p)?;
+    }
+    // Warnings (a bad record met by the pipeline) go to stderr, coloured only on a terminal;
+    // RUST_LOG selects more.
+    tracing_subscriber::fmt()
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::stderr().is_terminal())
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
+        )
+        .init();
 
-    let world = if under_mpi() {
+    let world = if under_mpi {
         // Rank 0 waits for the others' reports: allow for the whole profile.
         let per_t = 8.0 * cfg.stage_seconds + cfg.seconds + 30.0;
         let timeout = Duration::from_secs_f64(per_t * cfg.threads.len() as f64 * 3.0 + 600.0);
@@ -178,14 +259,14 @@ fn run(args: Args) -> Result<()> {
     let quiet = args.quiet || rank != 0;
     let report = prof::profile(&cfg, |line| {
         if !quiet {
-            eprintln!("{line}");
+            cli::stderr_line(line);
         }
     })?;
     if let Some(path) = &args.trace {
         let path = ddl_trace::rank_path(path, rank);
         let n = ddl_trace::write(&path)?;
         if rank == 0 {
-            eprintln!("trace: {n} spans -> {}", path.display());
+            cli::stderr_line(&format!("trace: {n} spans -> {}", path.display()));
         }
     }
 

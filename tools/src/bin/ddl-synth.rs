@@ -2,10 +2,12 @@
 //! ImageNet-style tree of real JPEGs (see `ddl_tools::synth`).
 
 use std::path::PathBuf;
+use std::process::ExitCode;
 use std::time::Instant;
 
 use anyhow::Result;
 use clap::Parser;
+use ddl_tools::cli;
 use ddl_tools::synth::{generate, SynthConfig};
 
 /// Write a small ImageNet-style tree of real, class-dependent JPEGs.
@@ -34,8 +36,11 @@ struct Args {
     max_side: usize,
 }
 
-fn main() -> Result<()> {
-    let args = Args::parse();
+fn main() -> ExitCode {
+    cli::run("ddl-synth", || run(cli::parse()))
+}
+
+fn run(args: Args) -> Result<()> {
     let cfg = SynthConfig {
         classes: args.classes,
         per_class: args.per_class,
@@ -46,13 +51,13 @@ fn main() -> Result<()> {
     };
     let start = Instant::now();
     let summary = generate(&args.out, &cfg)?;
-    eprintln!(
+    cli::stderr_line(&format!(
         "ddl-synth: {} train + {} val JPEGs, {:.1} MiB, in {} ({:.1} s)",
         summary.train_images,
         summary.val_images,
         summary.bytes as f64 / (1 << 20) as f64,
         args.out.display(),
         start.elapsed().as_secs_f64()
-    );
+    ));
     Ok(())
 }

@@ -1,0 +1,72 @@
+//! `ddl-bench` refuses sizes and counts that would print an empty table or be silently
+//! changed, by name, before any MPI work; under `mpirun` each rank's refusal is one whole line.
+
+mod common;
+
+use std::process::Command;
+
+use common::{assert_no_ansi, assert_not_timed_out, mpirun, stderr_writes};
+
+const BENCH: &str = env!("CARGO_BIN_EXE_ddl-bench");
+
+#[test]
+fn bad_sizes_and_counts_are_refused_by_name() {
+    for (args, status, needle) in [
+        (vec!["--max-bytes", "2"], 2, "--max-bytes"),
+        (vec!["--min-bytes", "0"], 2, "--min-bytes"),
+        (vec!["--iters", "0"], 2, "--iters"),
+        (vec!["--step-factor", "1"], 2, "--step-factor"),
+        (vec!["--step-factor", "0"], 2, "--step-factor"),
+        (vec!["--timeout-s", "0"], 2, "--timeout-s"),
+        (
+            vec!["--min-bytes", "8K", "--max-bytes", "4K"],
+            1,
+            "--min-bytes 8192 is larger than --max-bytes 4096",
+        ),
+    ] {
+        let mut cmd = Command::new(BENCH);
+        cmd.arg("allreduce").args(&args);
+        let w = stderr_writes(cmd);
+        assert_eq!(w.status.code(), Some(status), "{args:?}: {}", w.all());
+        assert!(w.stdout.is_empty(), "{args:?} printed a table: {}", w.all());
+        assert_eq!(w.stderr.len(), 1, "{args:?}: not one write: {}", w.all());
+        assert!(w.stderr[0].contains(needle), "{args:?}: {}", w.all());
+        assert_no_ansi(&w);
+    }
+    let mut cmd = Command::new(BENCH);
+    cmd.args(["calibrate", "--max-bytes", "3"]);
+    let w = stderr_writes(cmd);
+    assert_eq!(w.status.code(), Some(2), "{}", w.all());
+    assert!(w.stderr_text().contains("--max-bytes"), "{}", w.all());
+}
+
+#[test]
+fn under_mpirun_each_rank_refuses_in_one_whole_line() {
+    for (args, line_start) in [
+        (
+            vec!["--iters", "0"],
+            "error: invalid value '0' for '--iters <ITERS>'",
+        ),
+        (
+            vec!["--min-bytes", "1M", "--max-bytes", "4K"],
+            "ddl-bench: error: --min-bytes 1048576 is larger than --max-bytes 4096",
+        ),
+    ] {
+        let mut cmd = mpirun(2);
+        cmd.arg(BENCH).arg("allreduce").args(&args);
+        let w = stderr_writes(cmd);
+        let all = w.all();
+        assert_not_timed_out(w.status, &all);
+        assert!(!w.status.success(), "{all}");
+        assert!(!w.stdout.contains("busbw"), "a table was printed: {all}");
+        let text = w.stderr_text();
+        for rank in 0..2 {
+            let want = format!("rank {rank}: {line_start}");
+            assert_eq!(
+                text.lines().filter(|l| l.starts_with(&want)).count(),
+                1,
+                "rank {rank}'s line is missing or not whole:\n{all}"
+            );
+        }
+    }
+}

@@ -1,0 +1,129 @@
+//! Output of ddl-pack, ddl-prof, ddl-bench and ddl-synth when stderr is not a terminal: no
+//! ANSI colour codes, and every error (usage or run time) written in one piece, so that under
+//! `mpirun` one rank's error line never interleaves with another's.
+
+mod common;
+
+use std::path::PathBuf;
+use std::process::Command;
+
+use common::{assert_no_ansi, stderr_writes, Writes};
+
+fn bin(name: &str) -> Command {
+    Command::new(match name {
+        "ddl-pack" => env!("CARGO_BIN_EXE_ddl-pack"),
+        "ddl-prof" => env!("CARGO_BIN_EXE_ddl-prof"),
+        "ddl-bench" => env!("CARGO_BIN_EXE_ddl-bench"),
+        "ddl-synth" => env!("CARGO_BIN_EXE_ddl-synth"),
+        other => panic!("no binary {other}"),
+    })
+}
+
+fn scratch(name: &str) -> PathBuf {
+    let d = std::env::temp_dir().join(format!("ddl-hygiene-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&d);
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
+
+/// The process failed, wrote its error in exactly one write, and that write holds `needle`.
+fn assert_one_error_write(w: &Writes, needle: &str) {
+    assert!(!w.status.success(), "{}", w.all());
+    let errors: Vec<&String> = w.stderr.iter().filter(|s| s.contains("error")).collect();
+    assert_eq!(errors.len(), 1, "the error is not one write:\n{}", w.all());
+    assert!(errors[0].contains(needle), "{}", w.all());
+    assert!(errors[0].ends_with('\n'), "{}", w.all());
+    assert_no_ansi(w);
+}
+
+#[test]
+fn usage_errors_are_one_write_without_colour() {
+    for (tool, args, needle) in [
+        ("ddl-pack", vec!["in", "-o", "out", "--quality", "101"], "--quality"),
+        ("ddl-prof", vec!["shards", "--prefetch", "0"], "--prefetch"),
+        ("ddl-bench", vec!["allreduce", "--iters", "0"], "--iters"),
+        ("ddl-synth", vec!["out", "--classes", "many"], "--classes"),
+    ] {
+        let mut cmd = bin(tool);
+        cmd.args(&args);
+        let w = stderr_writes(cmd);
+        assert_eq!(w.status.code(), Some(2), "{tool}: {}", w.all());
+        assert_one_error_write(&w, needle);
+    }
+}
+
+#[test]
+fn run_time_errors_are_one_line_in_one_write_without_colour() {
+    let dir = scratch("runtime");
+    let missing = dir.join("no-such-dir");
+    let m = missing.to_str().unwrap();
+    for (tool, args) in [
+        ("ddl-pack", vec!["--verify", m]),
+        ("ddl-prof", vec![m, "--seconds", "0.1"]),
+        (
+            "ddl-bench",
+            vec!["sim", "--step-compute-ms", "100", "--model", "vgg"],
+        ),
+    ] {
+        let mut cmd = bin(tool);
+        cmd.args(&args);
+        let w = stderr_writes(cmd);
+        assert_eq!(w.status.code(), Some(1), "{tool}: {}", w.all());
+        assert_one_error_write(&w, &format!("{tool}: error: "));
+        let line = w.stderr.iter().find(|s| s.contains("error")).unwrap();
+        assert_eq!(line.matches('\n').count(), 1, "{tool}: {}", w.all());
+    }
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn progress_and_summaries_carry_no_colour() {
+    let dir = scratch("progress");
+    let tree = dir.join("tree");
+    let out = dir.join("shards");
+    let mut synth = bin("ddl-synth");
+    synth.arg(&tree).args([
+        "--classes",
+        "2",
+        "--per-class",
+        "4",
+        "--val-per-class",
+        "1",
+        "--min-side",
+        "32",
+        "--max-side",
+        "48",
+    ]);
+    let w = stderr_writes(synth);
+    assert!(w.status.success(), "{}", w.all());
+    assert_no_ansi(&w);
+    let mut pack = bin("ddl-pack");
+    pack.arg(&tree).arg("-o").arg(&out).args(["--shards", "1"]);
+    let w = stderr_writes(pack);
+    assert!(w.status.success(), "{}", w.all());
+    assert_no_ansi(&w);
+    // Each progress line is one write.
+    assert!(w.stderr.iter().all(|s| s.ends_with('\n')), "{}", w.all());
+    let mut prof = bin("ddl-prof");
+    prof.arg(&out).args([
+        "--threads",
+        "1",
+        "--batch",
+        "4",
+        "--image-size",
+        "32",
+        "--seconds",
+        "0.1",
+        "--stage-seconds",
+        "0.05",
+    ]);
+    let w = stderr_writes(prof);
+    assert!(w.status.success(), "{}", w.all());
+    assert_no_ansi(&w);
+    assert!(
+        w.stderr.iter().all(|s| s.matches('\n').count() == 1),
+        "{}",
+        w.all()
+    );
+    std::fs::remove_dir_all(&dir).unwrap();
+}
