@@ -251,6 +251,14 @@ impl Dataset {
     pub fn file_bytes(&self) -> u64 {
         self.shards.iter().map(|s| s.reader.file_bytes()).sum()
     }
+
+    /// Checks that no mapped shard changed on disk since it was opened
+    /// ([`ShardReader::check_unchanged`]); the error names the first one that did.
+    pub fn check_unchanged(&self) -> Result<()> {
+        self.shards
+            .iter()
+            .try_for_each(|s| s.reader.check_unchanged())
+    }
 }
 
 /// crc32c and length of a whole file, read in 1 MiB pieces.

@@ -237,6 +237,20 @@ pub enum LoaderError {
         /// Batches the epoch should have had from the start step.
         expected: usize,
     },
+
+    /// A mapped shard changed on disk while this process used it.
+    #[error(
+        "{path}: shard changed while this job had it mapped: {reason}. Shards must stay \
+         read-only while a job uses them: restore the file (ddl-pack --verify checks it) and \
+         resume from the last checkpoint",
+        path = .path.display()
+    )]
+    ShardChanged {
+        /// The shard file.
+        path: PathBuf,
+        /// What changed.
+        reason: String,
+    },
 }
 
 impl LoaderError {

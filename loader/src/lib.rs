@@ -4,6 +4,7 @@
 pub mod dataset;
 pub mod decode;
 pub mod error;
+pub mod fault;
 pub mod format;
 pub mod manifest;
 pub mod pack;

@@ -209,6 +209,17 @@ impl Batch {
         self.labels.is_empty()
     }
 
+    /// How many of the first `n` slots the sampler filled were left out as bad records
+    /// ([`OnBadRecord::Skip`]); the batch holds the other slots of those `n` first, in slot
+    /// order. For a batch whose tail is padding, `n` = the real slots.
+    pub fn dropped_among_first(&self, n: usize) -> usize {
+        self.status
+            .iter()
+            .take(n)
+            .filter(|&&s| s == SLOT_DROPPED)
+            .count()
+    }
+
     /// `[n, 3, size, size]` for float32 NCHW, `[n, size, size, 3]` for uint8 NHWC.
     pub fn shape(&self) -> [usize; 4] {
         let (n, s) = (self.len(), self.size);
@@ -519,6 +530,18 @@ impl Pipeline {
             expected: self.expected,
             finished: false,
         }
+    }
+
+    /// The bad records met so far after the first `seen` of them (of the first
+    /// [`MAX_BAD_RECORDS_KEPT`]), in the order they were met: poll it to report them as they come.
+    pub fn bad_records_since(&self, seen: usize) -> Vec<BadRecord> {
+        let bad = self
+            .shared
+            .counters
+            .bad
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        bad.get(seen..).unwrap_or_default().to_vec()
     }
 
     /// A snapshot of the counters.

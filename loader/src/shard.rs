@@ -7,12 +7,14 @@
 
 use std::fs::File;
 use std::io::{BufWriter, Read, Write};
-use std::os::unix::fs::FileExt;
+use std::os::unix::fs::{FileExt, MetadataExt};
 use std::path::{Path, PathBuf};
+use std::time::SystemTime;
 
 use memmap2::{Advice, Mmap};
 
 use crate::error::{LoaderError, Result};
+use crate::fault::Registration;
 pub use crate::format::IndexRow;
 use crate::format::{
     align_up, min_data_offset, Header, HEADER_LEN, INDEX_OFFSET, INDEX_ROW_LEN, KIND_JPEG,
@@ -33,11 +35,36 @@ pub struct Record<'a> {
     pub width: u16,
 }
 
+/// What identifies a file's contents without reading them: where it lives, its size and when
+/// it was last written.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct FileStamp {
+    dev: u64,
+    ino: u64,
+    len: u64,
+    modified: Option<SystemTime>,
+}
+
+impl FileStamp {
+    fn of(meta: &std::fs::Metadata) -> FileStamp {
+        FileStamp {
+            dev: meta.dev(),
+            ino: meta.ino(),
+            len: meta.len(),
+            modified: meta.modified().ok(),
+        }
+    }
+}
+
 /// A memory-mapped, validated shard. `Send + Sync`: records can be read from many threads.
 pub struct ShardReader {
     path: PathBuf,
     map: Mmap,
     header: Header,
+    /// The file as it was when mapped.
+    stamp: FileStamp,
+    /// Names this mapping in a SIGBUS report ([`crate::fault`]).
+    _registration: Registration,
 }
 
 impl std::fmt::Debug for ShardReader {
@@ -55,10 +82,10 @@ impl ShardReader {
     /// Record checksums are checked when records are read (or by [`ShardReader::verify`]).
     pub fn open(path: &Path) -> Result<Self> {
         let file = File::open(path).map_err(|e| LoaderError::io("open", path, e))?;
-        let len = file
+        let meta = file
             .metadata()
-            .map_err(|e| LoaderError::io("stat", path, e))?
-            .len();
+            .map_err(|e| LoaderError::io("stat", path, e))?;
+        let len = meta.len();
         if len < HEADER_LEN as u64 {
             let mut head = Vec::new();
             (&file)
@@ -108,9 +135,37 @@ impl ShardReader {
         }
         Ok(ShardReader {
             path: path.to_path_buf(),
+            _registration: crate::fault::register(map.as_ptr(), map.len(), path),
             map,
             header,
+            stamp: FileStamp::of(&meta),
         })
+    }
+
+    /// Checks that the file at the shard's path is still the one mapped: same file, size and
+    /// modification time. Shards must stay read-only while mapped (a truncated one kills the
+    /// reader with SIGBUS); the error names the file and what changed.
+    pub fn check_unchanged(&self) -> Result<()> {
+        let changed = |reason: String| {
+            Err(LoaderError::ShardChanged {
+                path: self.path.clone(),
+                reason,
+            })
+        };
+        let now = match std::fs::metadata(&self.path) {
+            Ok(m) => FileStamp::of(&m),
+            Err(e) => return changed(format!("it can no longer be read ({e})")),
+        };
+        let was = self.stamp;
+        if (now.dev, now.ino) != (was.dev, was.ino) {
+            changed("it was replaced by another file".into())
+        } else if now.len != was.len {
+            changed(format!("its size went from {} to {} bytes", was.len, now.len))
+        } else if now.modified != was.modified {
+            changed("it was written to".into())
+        } else {
+            Ok(())
+        }
     }
 
     /// The shard's path.

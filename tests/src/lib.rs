@@ -1,9 +1,17 @@
 //! ddl-tests: helpers for the end-to-end tests in `tests/`, which run the built binaries
 //! (`ddl-synth`, `ddl-pack`, `ddl-train`, ...) the way a user does, `mpirun` included.
 
+use std::io::Read;
+use std::os::unix::process::{CommandExt, ExitStatusExt};
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+use std::process::{Child, Command, ExitStatus, Output, Stdio};
 use std::sync::atomic::{AtomicUsize, Ordering};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+/// Longest a launched command (an `mpirun` job, a pack) may run before its test fails: far
+/// above what any test's command needs, so only a hang reaches it.
+pub const LAUNCH_TIMEOUT: Duration = Duration::from_secs(600);
 
 /// The directory holding the workspace's built binaries (`target/<profile>/`), found from the
 /// running test executable (`target/<profile>/deps/<test>`).
@@ -60,18 +68,159 @@ impl Drop for Scratch {
     }
 }
 
-/// Runs `cmd`, panicking with its stdout and stderr when it fails.
-pub fn run_ok(cmd: &mut Command) -> Output {
-    let out = cmd
-        .output()
-        .unwrap_or_else(|e| panic!("spawning {cmd:?}: {e}"));
-    assert!(
-        out.status.success(),
-        "{cmd:?} failed with {}\n--- stdout\n{}\n--- stderr\n{}",
+/// A command running in a process group of its own (so that `mpirun` and its ranks can be
+/// signalled or killed together), with its stdout and stderr captured. Dropping it kills the
+/// group if it still runs.
+pub struct Launched {
+    child: Child,
+    what: String,
+    readers: Option<(JoinHandle<Vec<u8>>, JoinHandle<Vec<u8>>)>,
+}
+
+fn drain(mut from: impl Read + Send + 'static) -> JoinHandle<Vec<u8>> {
+    std::thread::spawn(move || {
+        let mut out = Vec::new();
+        let _ = from.read_to_end(&mut out);
+        out
+    })
+}
+
+impl Launched {
+    /// Starts `cmd` in a new process group, capturing its output.
+    pub fn start(cmd: &mut Command) -> Launched {
+        let mut child = cmd
+            .process_group(0)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap_or_else(|e| panic!("spawning {cmd:?}: {e}"));
+        let out = drain(child.stdout.take().expect("piped stdout"));
+        let err = drain(child.stderr.take().expect("piped stderr"));
+        Launched {
+            child,
+            what: format!("{cmd:?}"),
+            readers: Some((out, err)),
+        }
+    }
+
+    /// Process id of the command (and id of its process group).
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// Whether it has exited (without waiting).
+    pub fn exited(&mut self) -> bool {
+        self.child.try_wait().expect("try_wait").is_some()
+    }
+
+    /// Sends `signal` to the whole process group.
+    pub fn signal_group(&self, signal: i32) {
+        // SAFETY: kill(2) on our own child's process group; no memory is involved.
+        unsafe { libc::kill(-(self.child.id() as i32), signal) };
+    }
+
+    /// Waits for the command to end; after `limit` kills its process group and panics with
+    /// everything it printed, so that a hang fails the test instead of the CI run.
+    pub fn wait_within(mut self, limit: Duration) -> Output {
+        let start = Instant::now();
+        let status = loop {
+            if let Some(status) = self.child.try_wait().expect("try_wait") {
+                break status;
+            }
+            if start.elapsed() > limit {
+                self.signal_group(libc::SIGKILL);
+                let _ = self.child.wait();
+                let out = self.collect(ExitStatus::from_raw(libc::SIGKILL));
+                panic!(
+                    "{} still ran after {limit:?}: killed\n--- stdout\n{}\n--- stderr\n{}",
+                    self.what,
+                    String::from_utf8_lossy(&out.stdout),
+                    String::from_utf8_lossy(&out.stderr)
+                );
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        };
+        self.collect(status)
+    }
+
+    fn collect(&mut self, status: ExitStatus) -> Output {
+        let (out, err) = self.readers.take().expect("output collected once");
+        Output {
+            status,
+            stdout: out.join().unwrap_or_default(),
+            stderr: err.join().unwrap_or_default(),
+        }
+    }
+}
+
+impl Drop for Launched {
+    fn drop(&mut self) {
+        if self.readers.is_some() && !self.exited() {
+            self.signal_group(libc::SIGKILL);
+            let _ = self.child.wait();
+        }
+    }
+}
+
+/// The process ids of the ranks `mpirun` (process `mpirun_pid`) started, by world rank: its
+/// child processes, each ranked by the `OMPI_COMM_WORLD_RANK` of its environment.
+pub fn rank_pids(mpirun_pid: u32) -> Vec<(usize, u32)> {
+    let mut out = Vec::new();
+    for entry in std::fs::read_dir("/proc").expect("/proc").flatten() {
+        let Some(pid) = entry.file_name().to_str().and_then(|s| s.parse::<u32>().ok()) else {
+            continue;
+        };
+        // /proc/PID/stat: "pid (comm) state ppid ..."; comm may hold spaces, so split after ')'.
+        let Ok(stat) = std::fs::read_to_string(entry.path().join("stat")) else {
+            continue;
+        };
+        let ppid = stat
+            .rsplit_once(')')
+            .and_then(|(_, rest)| rest.split_whitespace().nth(1))
+            .and_then(|p| p.parse::<u32>().ok());
+        if ppid != Some(mpirun_pid) {
+            continue;
+        }
+        let env = std::fs::read(entry.path().join("environ")).unwrap_or_default();
+        let rank = env
+            .split(|&b| b == 0)
+            .filter_map(|kv| std::str::from_utf8(kv).ok())
+            .find_map(|kv| kv.strip_prefix("OMPI_COMM_WORLD_RANK="))
+            .and_then(|r| r.parse().ok());
+        if let Some(rank) = rank {
+            out.push((rank, pid));
+        }
+    }
+    out.sort_unstable();
+    out
+}
+
+/// Sends `signal` to process `pid`.
+pub fn signal(pid: u32, signal: i32) {
+    // SAFETY: kill(2) with a plain pid and signal number; no memory is involved.
+    unsafe { libc::kill(pid as i32, signal) };
+}
+
+/// Runs `cmd` to its end within [`LAUNCH_TIMEOUT`] and returns its output, whatever its exit.
+pub fn run(cmd: &mut Command) -> Output {
+    Launched::start(cmd).wait_within(LAUNCH_TIMEOUT)
+}
+
+/// Stdout and stderr of `out`, for assertion messages.
+pub fn printed(out: &Output) -> String {
+    format!(
+        "{}\n--- stdout\n{}\n--- stderr\n{}",
         out.status,
         String::from_utf8_lossy(&out.stdout),
         String::from_utf8_lossy(&out.stderr)
-    );
+    )
+}
+
+/// Runs `cmd` within [`LAUNCH_TIMEOUT`], panicking with its stdout and stderr when it fails.
+pub fn run_ok(cmd: &mut Command) -> Output {
+    let out = run(cmd);
+    assert!(out.status.success(), "{cmd:?} failed with {}", printed(&out));
     out
 }
 

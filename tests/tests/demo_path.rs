@@ -5,6 +5,7 @@ use std::fs;
 use std::process::Command;
 
 use ddl_tests::{bin, mpirun_train, run_ok, synth_and_pack, Scratch, SynthSpec};
+use ddl_trainer::checkpoint::{self, Checkpoint};
 use serde_json::Value;
 
 #[test]
@@ -76,6 +77,8 @@ fn synth_pack_verify_then_train_under_mpirun_np2() {
                 .unwrap_or_else(|| panic!("step line lacks {key}: {s}"));
             assert!(x.is_finite() && x >= 0.0, "{key} = {x}");
         }
+        // Two ranks exchange every step's gradient: that takes time.
+        assert!(s["allreduce_s"].as_f64().unwrap() > 0.0, "{s}");
     }
     for e in &epochs {
         let top1 = e["val_top1"].as_f64().unwrap();
@@ -86,10 +89,41 @@ fn synth_pack_verify_then_train_under_mpirun_np2() {
         );
         assert!(e["train_loss"].as_f64().unwrap().is_finite());
     }
-    assert!(
-        fs::read_dir(&ckpt).unwrap().count() > 0,
-        "no checkpoint written"
+    // The epoch-end checkpoints (3 kept by default, 2 written): the last one resumes at the
+    // start of epoch 2 after 12 steps, with every tensor of both ranks' replicas.
+    let files = checkpoint::list(&ckpt).unwrap();
+    assert_eq!(files.len(), 2, "{files:?}");
+    let ck = Checkpoint::read(files.last().unwrap()).unwrap();
+    assert_eq!(
+        (ck.meta.epoch, ck.meta.step, ck.meta.global_step),
+        (2, 0, 12)
     );
+    assert_eq!((ck.meta.ranks, ck.meta.replicas), (2, 1));
+    assert_eq!(ck.meta.model, "resnet_small");
+    assert_eq!(ck.meta.classes, 4);
+    assert_eq!(ck.meta.flags["seed"], 0);
+    let count = |prefix: &str| {
+        ck.meta
+            .tensors
+            .iter()
+            .filter(|t| t.name.starts_with(prefix))
+            .count()
+    };
+    let params = count("param/");
+    assert!(params > 0);
+    assert_eq!(count("momentum/"), params, "one momentum per parameter");
+    assert!(count("buffer/0/0/") > 0, "rank 0's BatchNorm statistics");
+    assert_eq!(count("buffer/1/0/"), count("buffer/0/0/"), "rank 1's too");
+    for (t, v) in ck.meta.tensors.iter().zip(&ck.data) {
+        assert_eq!(v.len(), t.numel(), "{}", t.name);
+        assert!(v.iter().all(|x| x.is_finite()), "{} is not finite", t.name);
+    }
+    // Trained weights moved away from zero; rank 1's statistics saw other batches.
+    let fc = ck.get("param/fc.weight").expect("param/fc.weight");
+    assert!(fc.iter().any(|&x| x != 0.0));
+    let mean0 = ck.get("buffer/0/0/bn1.running_mean").unwrap();
+    let mean1 = ck.get("buffer/1/0/bn1.running_mean").unwrap();
+    assert_ne!(mean0, mean1, "each rank's BatchNorm statistics are its own");
     // Rank 0 prints the per-epoch lines; the other rank prints none of them.
     assert_eq!(stdout.matches("top-1").count(), 2, "{stdout}");
 }

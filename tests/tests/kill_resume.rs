@@ -1,15 +1,26 @@
-//! A `mpirun -np 2 ddl-train` job killed with SIGKILL in the middle of training and resumed with
-//! `--resume` ends with weights bitwise identical to an uninterrupted run of the same flags.
+//! A `mpirun -np 2 ddl-train` job interrupted in the middle of training and resumed with
+//! `--resume` ends with weights bitwise identical to an uninterrupted run of the same flags:
+//! killed with SIGKILL (it resumes from its last periodic checkpoint), or preempted with SIGTERM
+//! (it stops after the step in flight, writes a checkpoint there and says how to resume). The
+//! resumed runs must really resume: they say from which checkpoint and run only the remaining
+//! steps.
 
 use std::fs;
-use std::os::unix::process::CommandExt;
-use std::path::Path;
-use std::process::{Command, Stdio};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
-use ddl_tests::{mpirun_train, run_ok, synth_and_pack, Scratch, SynthSpec};
+use ddl_tests::{
+    mpirun_train, printed, rank_pids, run_ok, signal, synth_and_pack, Launched, Scratch,
+    SynthSpec, LAUNCH_TIMEOUT,
+};
+use ddl_trainer::checkpoint::{self, Checkpoint};
 
-fn train_cmd(shards: &Path, ckpt: &Path, weights: &Path) -> Command {
+/// 160 images / (2 ranks x batch 8) = 10 steps per epoch, 3 epochs.
+const TOTAL_STEPS: u64 = 30;
+
+fn train_cmd(shards: &Path, ckpt: &Path, weights: &Path, every: u64) -> Command {
     let mut cmd = mpirun_train(2, shards);
     cmd.args([
         "--image-size",
@@ -22,12 +33,12 @@ fn train_cmd(shards: &Path, ckpt: &Path, weights: &Path) -> Command {
         "3",
         "--warmup-epochs",
         "1",
-        "--checkpoint-every",
-        "3",
         "--keep-checkpoints",
         "2",
         "--no-eval",
     ])
+    .arg("--checkpoint-every")
+    .arg(every.to_string())
     .arg("--checkpoint-dir")
     .arg(ckpt)
     .arg("--dump-weights")
@@ -35,82 +46,171 @@ fn train_cmd(shards: &Path, ckpt: &Path, weights: &Path) -> Command {
     cmd
 }
 
-fn checkpoints(dir: &Path) -> Vec<String> {
-    let mut names: Vec<String> = fs::read_dir(dir)
-        .map(|it| {
-            it.filter_map(|e| e.ok()?.file_name().into_string().ok())
-                .collect()
-        })
-        .unwrap_or_default();
-    names.retain(|n| n.starts_with("ckpt-") && n.ends_with(".ddlck"));
-    names.sort();
-    names
+/// The shards and the uninterrupted run's weights, made once for both tests.
+struct Reference {
+    _tmp: Scratch,
+    shards: PathBuf,
+    weights: Vec<u8>,
 }
 
-#[test]
-fn killed_job_resumes_to_bitwise_identical_weights() {
-    let tmp = Scratch::new("kill-resume");
-    let shards = synth_and_pack(
-        tmp.path(),
-        &SynthSpec {
-            classes: 4,
-            per_class: 40,
-            val_per_class: 2,
-            seed: 9,
-            shards: 2,
-            max_short_side: 48,
-        },
-    );
-
-    // The reference: the same job, never interrupted.
-    let full = tmp.path().join("full.f32");
-    run_ok(&mut train_cmd(
-        &shards,
-        &tmp.path().join("ckpt-full"),
-        &full,
-    ));
-
-    // The same job, killed (mpirun and both ranks, SIGKILL) once its first checkpoint exists.
-    let ckpt = tmp.path().join("ckpt");
-    let killed_weights = tmp.path().join("killed.f32");
-    let mut child = train_cmd(&shards, &ckpt, &killed_weights)
-        .process_group(0)
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("spawn mpirun");
-    let deadline = Instant::now() + Duration::from_secs(300);
-    while checkpoints(&ckpt).is_empty() {
-        assert!(
-            child.try_wait().unwrap().is_none(),
-            "the job ended before its first checkpoint"
+fn reference() -> &'static Reference {
+    static REF: OnceLock<Reference> = OnceLock::new();
+    REF.get_or_init(|| {
+        let tmp = Scratch::new("resume-reference");
+        let shards = synth_and_pack(
+            tmp.path(),
+            &SynthSpec {
+                classes: 4,
+                per_class: 40,
+                val_per_class: 2,
+                seed: 9,
+                shards: 2,
+                max_short_side: 48,
+            },
         );
-        assert!(Instant::now() < deadline, "no checkpoint within 300 s");
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    let pgid = child.id().to_string();
-    run_ok(Command::new("kill").args(["-KILL", "--", &format!("-{pgid}")]));
-    let status = child.wait().unwrap();
-    assert!(!status.success(), "the job was not killed");
-    assert!(
-        !killed_weights.exists(),
-        "the killed job ran to the end: nothing was resumed"
-    );
-    // Leave a half-written checkpoint behind too, as a crash during a write would.
-    fs::write(ckpt.join("ckpt-999999999999.ddlck.tmp"), b"partial").unwrap();
+        let full = tmp.path().join("full.f32");
+        run_ok(&mut train_cmd(
+            &shards,
+            &tmp.path().join("ckpt-full"),
+            &full,
+            3,
+        ));
+        let weights = fs::read(&full).unwrap();
+        assert!(!weights.is_empty());
+        Reference {
+            _tmp: tmp,
+            shards,
+            weights,
+        }
+    })
+}
 
-    let resumed = tmp.path().join("resumed.f32");
-    let mut cmd = train_cmd(&shards, &ckpt, &resumed);
+/// Resumes from `ckpt` and checks that the run says so, from `from_step`, runs only the steps
+/// left and ends with the reference's weights.
+fn resume_and_compare(ckpt: &Path, every: u64, from_step: u64, weights: &Path) {
+    let r = reference();
+    let mut cmd = train_cmd(&r.shards, ckpt, weights, every);
     cmd.arg("--resume");
-    run_ok(&mut cmd);
-
-    let a = fs::read(&full).unwrap();
-    let b = fs::read(&resumed).unwrap();
-    assert!(!a.is_empty());
-    assert_eq!(a.len(), b.len(), "weight files differ in size");
-    let first_diff = a.iter().zip(&b).position(|(x, y)| x != y);
+    let out = run_ok(&mut cmd);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let resumed_from = ckpt.join(checkpoint::file_name(from_step));
+    assert!(
+        stdout.contains(&format!("resume: {}", resumed_from.display()))
+            && stdout.contains(&format!("global step {from_step})")),
+        "the second run did not resume from {}:\n{}",
+        resumed_from.display(),
+        printed(&out)
+    );
+    let done = format!(
+        "done: {TOTAL_STEPS} global steps ({} in this run)",
+        TOTAL_STEPS - from_step
+    );
+    assert!(stdout.contains(&done), "expected {done:?}:\n{}", printed(&out));
+    let b = fs::read(weights).unwrap();
+    assert_eq!(r.weights.len(), b.len(), "weight files differ in size");
+    let first_diff = r.weights.iter().zip(&b).position(|(x, y)| x != y);
     assert_eq!(
         first_diff, None,
         "resumed weights differ from the uninterrupted run's"
     );
+}
+
+fn checkpoints(dir: &Path) -> Vec<PathBuf> {
+    checkpoint::list(dir).unwrap_or_default()
+}
+
+/// Waits (polling) until `done()` holds, failing the test if the job ends first or after
+/// `LAUNCH_TIMEOUT`.
+fn wait_for(job: &mut Launched, what: &str, done: impl Fn() -> bool) {
+    let deadline = Instant::now() + LAUNCH_TIMEOUT;
+    while !done() {
+        assert!(!job.exited(), "the job ended before {what}");
+        assert!(Instant::now() < deadline, "no {what} within {LAUNCH_TIMEOUT:?}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+#[test]
+fn killed_job_resumes_to_bitwise_identical_weights() {
+    let r = reference();
+    let tmp = Scratch::new("kill-resume");
+
+    // The same job, killed (mpirun and both ranks, SIGKILL) once its first checkpoint exists.
+    let ckpt = tmp.path().join("ckpt");
+    let killed_weights = tmp.path().join("killed.f32");
+    let mut job = Launched::start(&mut train_cmd(&r.shards, &ckpt, &killed_weights, 3));
+    wait_for(&mut job, "the first checkpoint", || {
+        !checkpoints(&ckpt).is_empty()
+    });
+    job.signal_group(libc::SIGKILL);
+    let out = job.wait_within(LAUNCH_TIMEOUT);
+    assert!(!out.status.success(), "the job was not killed");
+    assert!(
+        !killed_weights.exists(),
+        "the killed job ran to the end: nothing was resumed"
+    );
+    let newest = checkpoint::step_of(checkpoints(&ckpt).last().unwrap()).unwrap();
+    assert!(newest < TOTAL_STEPS);
+    // Leave a half-written checkpoint behind too, as a crash during a write would.
+    fs::write(ckpt.join("ckpt-999999999999.ddlck.tmp"), b"partial").unwrap();
+
+    resume_and_compare(&ckpt, 3, newest, &tmp.path().join("resumed.f32"));
+}
+
+#[test]
+fn sigterm_to_one_rank_stops_all_after_a_step_and_resumes_bitwise() {
+    let r = reference();
+    let tmp = Scratch::new("sigterm-resume");
+    let ckpt = tmp.path().join("ckpt");
+    let metrics = tmp.path().join("metrics.jsonl");
+    let weights = tmp.path().join("stopped.f32");
+    // Checkpoints only at epoch ends: the one the stop leaves must come from the stop.
+    let mut cmd = train_cmd(&r.shards, &ckpt, &weights, 0);
+    cmd.arg("--metrics").arg(&metrics);
+    let mut job = Launched::start(&mut cmd);
+    let steps_done = || {
+        fs::read_to_string(&metrics)
+            .map(|s| s.lines().filter(|l| l.contains("\"type\":\"step\"")).count())
+            .unwrap_or(0)
+    };
+    wait_for(&mut job, "step 2", || steps_done() >= 2);
+    // A scheduler may signal only some ranks: SIGTERM to rank 1 alone, which does not write
+    // checkpoints; both ranks must stop after the same step and rank 0 must write it.
+    let ranks = rank_pids(job.pid());
+    assert_eq!(ranks.len(), 2, "ranks of mpirun: {ranks:?}");
+    signal(ranks[1].1, libc::SIGTERM);
+    let out = job.wait_within(LAUNCH_TIMEOUT);
+    let text = printed(&out);
+    assert!(!out.status.success(), "a preempted run must exit non-zero: {text}");
+    assert!(!weights.exists(), "the job ran to the end: {text}");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let lines: Vec<&str> = stderr
+        .lines()
+        .filter(|l| l.contains("stopped by SIGTERM after global step"))
+        .collect();
+    assert_eq!(lines.len(), 2, "one stop line per rank: {text}");
+    let step: u64 = lines[0]
+        .split("global step ")
+        .nth(1)
+        .and_then(|s| s.split_whitespace().next())
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(|| panic!("no step in {:?}", lines[0]));
+    assert!((2..TOTAL_STEPS).contains(&step), "{text}");
+    let path = ckpt.join(checkpoint::file_name(step));
+    for l in &lines {
+        assert!(
+            l.contains(&format!("global step {step} ")) && l.contains("--resume"),
+            "ranks disagree on where to resume: {text}"
+        );
+        assert!(l.contains(&path.display().to_string()), "{text}");
+    }
+    // The checkpoint is at the stop step, the last step the metrics recorded.
+    let ck = Checkpoint::read(&path).unwrap();
+    assert_eq!(ck.meta.global_step, step);
+    assert_eq!(steps_done() as u64, step, "steps recorded vs stop step");
+    if step % 10 != 0 {
+        assert_eq!((ck.meta.epoch, ck.meta.step), (step / 10, step % 10));
+    }
+
+    resume_and_compare(&ckpt, 0, step, &tmp.path().join("resumed.f32"));
 }

@@ -18,11 +18,18 @@
 //! ```
 //!
 //! A file is written as `NAME.tmp`, fsynced, renamed to `NAME` and the directory fsynced, so
-//! a crash leaves either the previous set of checkpoints or the new complete file. Names are
+//! a crash leaves either the previous set of checkpoints or the new complete file; a write that
+//! fails (disk full) removes its partial file and says how many bytes it needed. Names are
 //! `ckpt-<global step, 12 digits>.ddlck`, so lexical order is step order.
+//!
+//! A directory belongs to one run: a new run refuses a directory holding checkpoint files
+//! ([`occupants`]) unless it continues them (`--resume`) or moves them aside first
+//! ([`move_aside`], `--restart`); nothing deletes a checkpoint another run wrote.
 
+use std::ffi::CString;
 use std::fs::{self, File};
 use std::io::{Read, Write};
+use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
@@ -70,8 +77,15 @@ pub struct CheckpointMeta {
     pub loss_scale: f64,
     /// fp16 steps since the last overflow.
     pub good_steps: u64,
-    /// The run's flags, for the record.
+    /// The run's flags (`--resume` compares them, see [`crate::run_flags`]).
     pub flags: serde_json::Value,
+    /// Nodes sharing the data in the run that wrote it (absent in older checkpoints).
+    #[serde(default)]
+    pub nodes: Option<usize>,
+    /// Fingerprint of the training data (classes and train shards of the manifest; absent in
+    /// older checkpoints).
+    #[serde(default)]
+    pub data_fingerprint: Option<u32>,
     /// Tensors in data order.
     pub tensors: Vec<TensorEntry>,
 }
@@ -191,16 +205,27 @@ impl Checkpoint {
         Checkpoint::from_bytes(&bytes, path)
     }
 
-    /// Writes the checkpoint atomically into `dir` and returns its path.
+    /// Writes the checkpoint atomically into `dir` and returns its path. On failure the
+    /// partial file is removed and the error says how many bytes were needed and how many are
+    /// free.
     pub fn write(&self, dir: &Path) -> Result<PathBuf> {
         fs::create_dir_all(dir).map_err(|e| TrainError::io(dir, e))?;
         let path = dir.join(file_name(self.meta.global_step));
         let tmp = dir.join(format!("{}.tmp", file_name(self.meta.global_step)));
         let bytes = self.to_bytes()?;
-        {
-            let mut f = File::create(&tmp).map_err(|e| TrainError::io(&tmp, e))?;
-            f.write_all(&bytes).map_err(|e| TrainError::io(&tmp, e))?;
-            f.sync_all().map_err(|e| TrainError::io(&tmp, e))?;
+        let written = File::create(&tmp).and_then(|mut f| {
+            f.write_all(&bytes)?;
+            f.sync_all()
+        });
+        if let Err(source) = written {
+            // Ours, and useless half-written: never leave it to fill the disk.
+            let _ = fs::remove_file(&tmp);
+            return Err(TrainError::CheckpointWrite {
+                path,
+                needed: bytes.len() as u64,
+                available: free_bytes(dir),
+                source,
+            });
         }
         fs::rename(&tmp, &path).map_err(|e| TrainError::io(&path, e))?;
         File::open(dir)
@@ -208,6 +233,18 @@ impl Checkpoint {
             .map_err(|e| TrainError::io(dir, e))?;
         Ok(path)
     }
+}
+
+/// Bytes available to unprivileged writers on the file system holding `dir` (`statvfs`).
+fn free_bytes(dir: &Path) -> Option<u64> {
+    let c = CString::new(dir.as_os_str().as_bytes()).ok()?;
+    // SAFETY: an all-zero statvfs is a valid value of this plain C struct.
+    let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
+    // SAFETY: `c` is a NUL-terminated path and `st` a valid, writable statvfs.
+    if unsafe { libc::statvfs(c.as_ptr(), &mut st) } != 0 {
+        return None;
+    }
+    Some(u64::from(st.f_bavail).saturating_mul(u64::from(st.f_frsize)))
 }
 
 /// File name of the checkpoint taken after `global_step` steps.
@@ -265,25 +302,101 @@ pub fn newest_valid(dir: &Path) -> Result<Found> {
     })
 }
 
-/// Deletes all but the newest `keep` checkpoints (and stale temporary files) in `dir`.
-pub fn prune(dir: &Path, keep: usize) -> Result<()> {
+/// The global step in a checkpoint file name.
+pub fn step_of(path: &Path) -> Option<u64> {
+    path.file_name()?
+        .to_str()?
+        .strip_prefix("ckpt-")?
+        .strip_suffix(SUFFIX)?
+        .parse()
+        .ok()
+}
+
+fn is_partial(name: &str) -> bool {
+    name.starts_with("ckpt-") && name.ends_with(".ddlck.tmp")
+}
+
+/// Of the checkpoints up to global step `upto` in `dir`, deletes all but the newest `keep`,
+/// and deletes stale temporary files. Checkpoints past `upto` (damaged files `--resume`
+/// skipped) are left alone. Only for a directory this run owns (see [`occupants`]).
+pub fn prune(dir: &Path, keep: usize, upto: u64) -> Result<()> {
     // Only one writer exists (rank 0, one checkpoint at a time), so any temporary file
-    // here is left over from a crash.
+    // here is left over from a crash of this run.
     if let Ok(entries) = fs::read_dir(dir) {
         for e in entries.flatten() {
-            let name = e.file_name().to_string_lossy().to_string();
-            if name.starts_with("ckpt-") && name.ends_with(".ddlck.tmp") {
+            if is_partial(&e.file_name().to_string_lossy()) {
                 fs::remove_file(e.path()).map_err(|err| TrainError::io(e.path(), err))?;
             }
         }
     }
-    let files = list(dir)?;
+    let files: Vec<PathBuf> = list(dir)?
+        .into_iter()
+        .filter(|p| step_of(p).is_some_and(|s| s <= upto))
+        .collect();
     if files.len() > keep {
         for p in &files[..files.len() - keep] {
             fs::remove_file(p).map_err(|e| TrainError::io(p, e))?;
         }
     }
     Ok(())
+}
+
+/// Checkpoint files, complete or partial, directly in `dir`, sorted by name: what a new run
+/// must not mix with.
+pub fn occupants(dir: &Path) -> Result<Vec<PathBuf>> {
+    let entries = match fs::read_dir(dir) {
+        Ok(e) => e,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
+        Err(e) => return Err(TrainError::io(dir, e)),
+    };
+    let mut out = Vec::new();
+    for e in entries {
+        let e = e.map_err(|err| TrainError::io(dir, err))?;
+        let name = e.file_name().to_string_lossy().to_string();
+        if (name.starts_with("ckpt-") && name.ends_with(SUFFIX)) || is_partial(&name) {
+            out.push(e.path());
+        }
+    }
+    out.sort();
+    Ok(out)
+}
+
+/// Moves every checkpoint file of `dir` ([`occupants`]) into a new subdirectory named after
+/// the current UTC time, `previous-YYYYMMDDTHHMMSSZ` (`-2`, `-3`, ... appended if taken), and
+/// returns it with the number of files moved. Deletes nothing.
+pub fn move_aside(dir: &Path) -> Result<(PathBuf, usize)> {
+    let files = occupants(dir)?;
+    let t = time::OffsetDateTime::now_utc();
+    let stem = format!(
+        "previous-{:04}{:02}{:02}T{:02}{:02}{:02}Z",
+        t.year(),
+        u8::from(t.month()),
+        t.day(),
+        t.hour(),
+        t.minute(),
+        t.second()
+    );
+    let mut n = 1;
+    let aside = loop {
+        let candidate = if n == 1 {
+            dir.join(&stem)
+        } else {
+            dir.join(format!("{stem}-{n}"))
+        };
+        match fs::create_dir(&candidate) {
+            Ok(()) => break candidate,
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => n += 1,
+            Err(e) => return Err(TrainError::io(&candidate, e)),
+        }
+    };
+    for f in &files {
+        let to = aside.join(f.file_name().unwrap_or_default());
+        fs::rename(f, &to).map_err(|e| TrainError::io(f, e))?;
+    }
+    File::open(dir)
+        .and_then(|d| d.sync_all())
+        .map_err(|e| TrainError::io(dir, e))?;
+    Ok((aside, files.len()))
 }
 
 #[cfg(test)]
@@ -303,6 +416,8 @@ mod tests {
                 loss_scale: 1.0,
                 good_steps: 0,
                 flags: serde_json::json!({"seed": 0}),
+                nodes: Some(1),
+                data_fingerprint: None,
                 tensors: vec![
                     TensorEntry {
                         name: "param/a".into(),
@@ -348,9 +463,34 @@ mod tests {
         assert!(Checkpoint::read(&pb).is_err());
         let stale = dir.join(format!("{}.tmp", file_name(11)));
         fs::write(&stale, b"partial").unwrap();
-        prune(&dir, 1).unwrap();
-        assert_eq!(list(&dir).unwrap(), vec![pb]);
+        prune(&dir, 1, 10).unwrap();
+        assert_eq!(list(&dir).unwrap(), vec![pb.clone()]);
         assert!(!stale.exists());
+        // A checkpoint past the step being written is not pruned.
+        let later = sample(20).write(&dir).unwrap();
+        prune(&dir, 1, 10).unwrap();
+        assert_eq!(list(&dir).unwrap(), vec![pb, later]);
+        fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn move_aside_keeps_every_file() {
+        let dir = std::env::temp_dir().join(format!("ddl-ckpt-aside-{}", std::process::id()));
+        let _ = fs::remove_dir_all(&dir);
+        sample(3).write(&dir).unwrap();
+        sample(4).write(&dir).unwrap();
+        fs::write(dir.join(format!("{}.tmp", file_name(5))), b"partial").unwrap();
+        fs::write(dir.join("notes.txt"), b"mine").unwrap();
+        assert_eq!(occupants(&dir).unwrap().len(), 3);
+        let (aside, n) = move_aside(&dir).unwrap();
+        assert_eq!(n, 3);
+        assert!(occupants(&dir).unwrap().is_empty());
+        assert_eq!(occupants(&aside).unwrap().len(), 3);
+        assert!(dir.join("notes.txt").exists(), "other files stay");
+        let (again, m) = move_aside(&dir).unwrap();
+        assert_eq!(m, 0);
+        assert_ne!(again, aside);
+        assert_eq!(step_of(&dir.join(file_name(42))), Some(42));
         fs::remove_dir_all(&dir).unwrap();
     }
 }

@@ -56,6 +56,83 @@ pub enum TrainError {
         /// The global step at which the loss became NaN or infinite.
         step: u64,
     },
+    /// A checkpoint could not be written (disk full, ...); its partial file was removed.
+    #[error(
+        "checkpoint {path}: cannot write {needed} bytes ({}{}): {source}; the partial file was \
+         removed. Free space there, or resume with a lower --keep-checkpoints (older \
+         checkpoints are pruned before the next one is written)",
+        mib(*.needed),
+        .available.map_or(String::new(), |a| format!(", {a} bytes ({}) free on its file system", mib(a)))
+    )]
+    CheckpointWrite {
+        /// The checkpoint file.
+        path: PathBuf,
+        /// Size of the checkpoint.
+        needed: u64,
+        /// Free bytes on the file system (`statvfs`), if known.
+        available: Option<u64>,
+        /// The underlying error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The checkpoint directory holds files of another run and this run would mix with them.
+    #[error(
+        "--checkpoint-dir {dir} holds {count} checkpoint file(s) of another run (newest {newest}): \
+         add --resume to continue that run, --restart to move its files into a dated \
+         subdirectory and start over, or choose an empty directory",
+        dir = .dir.display()
+    )]
+    CheckpointDirInUse {
+        /// The directory.
+        dir: PathBuf,
+        /// Checkpoint files (and partial ones) in it.
+        count: usize,
+        /// Name of the newest.
+        newest: String,
+    },
+    /// `--resume` found a checkpoint written with flags that change the trajectory.
+    #[error(
+        "--resume: checkpoint {path} was written by a run with other flags: {}. Rerun with the \
+         checkpoint's values to continue it, or start over with --restart (or another \
+         --checkpoint-dir)",
+        .differences.join("; "),
+        path = .path.display()
+    )]
+    ResumeMismatch {
+        /// The checkpoint file.
+        path: PathBuf,
+        /// One line per differing flag, with both values.
+        differences: Vec<String>,
+    },
+    /// Rank 0 failed with this message in a decision it shares with every rank.
+    #[error("{0}")]
+    FromRoot(String),
+    /// A SIGTERM or SIGINT stopped the run after a step; all ranks agreed on it.
+    #[error(
+        "stopped by {} after global step {global_step} (epoch {epoch}, step {step}): {}",
+        .signal.name(),
+        .checkpoint.as_ref().map_or(
+            "no --checkpoint-dir, so nothing was saved".to_string(),
+            |p| format!("checkpoint {} written; run the same command with --resume to continue", p.display())
+        )
+    )]
+    Preempted {
+        /// The signal.
+        signal: crate::signal::StopSignal,
+        /// Optimizer steps completed.
+        global_step: u64,
+        /// Epoch of the last step.
+        epoch: u64,
+        /// Steps completed in that epoch.
+        step: u64,
+        /// The checkpoint to resume from, if the run has a checkpoint directory.
+        checkpoint: Option<PathBuf>,
+    },
+}
+
+/// `bytes` in MiB for messages.
+fn mib(bytes: u64) -> String {
+    format!("{:.1} MiB", bytes as f64 / f64::from(1u32 << 20))
 }
 
 impl TrainError {

@@ -9,6 +9,9 @@
 //! - [`checkpoint`]: atomic, checksummed checkpoints that resume bit-exactly.
 //! - [`train`]: the per-rank driver used by `ddl-train` (and by tests over in-process ranks).
 //! - [`metrics`]: JSON-lines metrics.
+//! - [`signal`]: SIGTERM/SIGINT stop a run after a step, with a checkpoint to resume from.
+//! - [`run_flags`]: which flags a resumed run must share with its checkpoint.
+//! - [`validate`]: range checks of the numeric flags and the batch-memory estimate.
 //!
 //! # Launching
 //!
@@ -25,7 +28,10 @@
 //! Rank 0 writes one file per checkpoint holding the weights, the momentum and the BatchNorm
 //! statistics of every replica of every rank (gathered over the transport); on `--resume`
 //! rank 0 picks the newest intact file and broadcasts it, so only rank 0 needs to see the
-//! checkpoint directory. See [`checkpoint`] for the format.
+//! checkpoint directory. See [`checkpoint`] for the format. A checkpoint directory belongs to
+//! one run: a new run refuses one holding another run's checkpoints unless it continues them
+//! (`--resume`, which also refuses a checkpoint written with flags that change the trajectory,
+//! see [`run_flags`]) or moves them aside (`--restart`).
 //!
 //! # Determinism
 //!
@@ -40,14 +46,18 @@
 
 pub mod checkpoint;
 pub mod collective;
+pub mod console;
 pub mod device;
 pub mod error;
 pub mod metrics;
 pub mod model;
 pub mod optim;
+pub mod run_flags;
 pub mod schedule;
+pub mod signal;
 pub mod table;
 pub mod train;
+pub mod validate;
 
 pub use error::{Result, TrainError};
 pub use train::{train, RankInfo, TrainConfig, TrainSummary};

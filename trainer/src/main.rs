@@ -2,6 +2,7 @@
 //!
 //! Runs as one process per node (or per GPU) under `mpirun`/`srun`, or alone.
 
+use std::io::IsTerminal;
 use std::path::PathBuf;
 use std::sync::Arc;
 
@@ -9,7 +10,9 @@ use anyhow::Context;
 use clap::Parser;
 use ddl_comm::mpi::World;
 use ddl_comm::Transport;
-use ddl_trainer::{RankInfo, TrainConfig};
+use ddl_trainer::console::eprint_line;
+use ddl_trainer::signal::StopRequest;
+use ddl_trainer::{RankInfo, TrainConfig, TrainError, TrainSummary};
 
 /// Train an image classifier data-parallel on ddl shards.
 #[derive(Parser, Debug)]
@@ -87,9 +90,18 @@ struct Cli {
     /// Checkpoints to keep.
     #[arg(long, default_value_t = 3)]
     keep_checkpoints: usize,
-    /// Continue from the newest valid checkpoint in --checkpoint-dir.
-    #[arg(long)]
+    /// Continue the run whose checkpoints are in --checkpoint-dir, from its newest valid one
+    /// (refused when a flag that changes the trajectory differs from the checkpoint's).
+    #[arg(long, conflicts_with = "restart")]
     resume: bool,
+    /// Start over in a --checkpoint-dir holding another run's checkpoints, moving them into a
+    /// dated subdirectory first (nothing is deleted).
+    #[arg(long)]
+    restart: bool,
+    /// With --resume: continue on a different number of ranks, replicas or nodes than the
+    /// checkpoint's (not bitwise identical to an uninterrupted run).
+    #[arg(long, requires = "resume")]
+    allow_new_layout: bool,
     /// Stop after this many global steps.
     #[arg(long)]
     max_steps: Option<u64>,
@@ -134,6 +146,11 @@ struct Cli {
     /// Seconds a communication operation may block before the job fails.
     #[arg(long, default_value_t = 600)]
     comm_timeout: u64,
+    /// A training record whose checksum or decoding fails: replace (with the next good record
+    /// of the epoch) | skip (shorter batch) | fail (stop the run). Each is reported once;
+    /// evaluation always leaves bad records out (or fails with `fail`).
+    #[arg(long, default_value = "replace", value_parser = ["replace", "skip", "fail"])]
+    on_bad_record: String,
     /// Only errors on stdout/stderr.
     #[arg(long)]
     quiet: bool,
@@ -144,7 +161,7 @@ struct Cli {
 }
 
 impl Cli {
-    fn config(self) -> anyhow::Result<TrainConfig> {
+    fn config(self, stop: StopRequest) -> anyhow::Result<TrainConfig> {
         Ok(TrainConfig {
             data: self.data,
             model: self.model,
@@ -171,6 +188,8 @@ impl Cli {
             checkpoint_every: self.checkpoint_every,
             keep_checkpoints: self.keep_checkpoints,
             resume: self.resume,
+            restart: self.restart,
+            allow_new_layout: self.allow_new_layout,
             max_steps: self.max_steps,
             allreduce: self.allreduce,
             dump_weights: self.dump_weights,
@@ -188,7 +207,9 @@ impl Cli {
             lock: self.mlock,
             stage: self.stage,
             comm_timeout_s: self.comm_timeout,
+            on_bad_record: self.on_bad_record,
             verbose: !self.quiet,
+            stop,
         })
     }
 }
@@ -197,8 +218,13 @@ fn main() -> anyhow::Result<()> {
     tracing_subscriber::fmt()
         .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
         .with_writer(std::io::stderr)
+        .with_ansi(std::io::stderr().is_terminal())
         .init();
     let cli = Cli::parse();
+    // Before any thread starts: SIGTERM/SIGINT ask for a stop after the current step; a SIGBUS
+    // in a shard mapping names the shard.
+    let stop = StopRequest::install().context("installing the SIGTERM/SIGINT handlers")?;
+    ddl_loader::fault::report_sigbus().context("installing the SIGBUS report")?;
     let world = World::init().context("initialising MPI")?;
     let info = RankInfo {
         node: world.node_index(),
@@ -216,14 +242,14 @@ fn main() -> anyhow::Result<()> {
         ddl_trace::set_thread_name("main");
         ddl_trace::enable();
     }
-    let cfg = cli.config()?;
+    let cfg = cli.config(stop)?;
     match ddl_trainer::train(&cfg, transport, topology, info) {
         Ok(summary) => {
             if let Some(path) = &trace {
                 let path = ddl_trace::rank_path(path, rank);
                 let n = ddl_trace::write(&path)?;
                 if rank == 0 && cfg.verbose {
-                    eprintln!("trace: {n} spans -> {}", path.display());
+                    eprint_line(&format!("trace: {n} spans -> {}", path.display()));
                 }
             }
             if rank == 0 && cfg.verbose {
@@ -231,11 +257,21 @@ fn main() -> anyhow::Result<()> {
                     "done: {} global steps ({} in this run), replica-0 parameter crc32c {:08x}",
                     summary.global_steps, summary.steps_run, summary.param_checksum
                 );
+                if let Some(line) = bad_record_summary(&summary) {
+                    println!("{line}");
+                }
             }
             Ok(())
         }
         Err(e) => {
-            eprintln!("ddl-train (rank {rank}): error: {e}");
+            if let TrainError::Preempted { signal, .. } = &e {
+                // Every rank stopped after the same step: leave MPI together, no abort.
+                eprint_line(&format!("ddl-train (rank {rank}): {e}"));
+                let code = signal.exit_code();
+                drop(world);
+                std::process::exit(code);
+            }
+            eprint_line(&format!("ddl-train (rank {rank}): error: {e}"));
             if size > 1 {
                 // Other ranks may be blocked in a collective: take the whole job down.
                 world.abort(1);
@@ -243,4 +279,29 @@ fn main() -> anyhow::Result<()> {
             std::process::exit(1);
         }
     }
+}
+
+/// The end-of-run line about bad records, if there were any.
+fn bad_record_summary(summary: &TrainSummary) -> Option<String> {
+    if summary.bad_records_train + summary.bad_records_eval == 0 {
+        return None;
+    }
+    const LISTED: usize = 10;
+    let mut names: Vec<String> = summary
+        .bad_records
+        .iter()
+        .take(LISTED)
+        .map(|b| format!("{} record {}", b.file.display(), b.record))
+        .collect();
+    if summary.bad_records.len() > LISTED {
+        names.push(format!("... {} more", summary.bad_records.len() - LISTED));
+    }
+    Some(format!(
+        "bad records: {} distinct, met {} time(s) in training and left out of evaluation {} \
+         time(s): {}",
+        summary.bad_records.len(),
+        summary.bad_records_train,
+        summary.bad_records_eval,
+        names.join("; ")
+    ))
 }

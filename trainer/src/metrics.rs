@@ -40,8 +40,9 @@ pub struct EpochRecord {
     pub kind: &'static str,
     /// Epoch index (0-based).
     pub epoch: u64,
-    /// Mean training loss over all ranks and steps of the epoch.
-    pub train_loss: f64,
+    /// Mean training loss over all ranks and steps of the epoch (null when this run trained
+    /// no step of it: resumed at its end).
+    pub train_loss: Option<f64>,
     /// Mean validation loss (null without a val split).
     pub val_loss: Option<f64>,
     /// Validation top-1 accuracy in [0, 1].
@@ -60,6 +61,11 @@ pub struct EpochRecord {
     pub allreduce_frac: f64,
     /// Optimizer steps in this epoch (this run).
     pub steps: u64,
+    /// Bad records met in training this epoch, all ranks (replaced or skipped, see
+    /// `--on-bad-record`).
+    pub bad_records: u64,
+    /// Val records left out of the evaluation as bad, all ranks (null without evaluation).
+    pub val_bad_records: Option<u64>,
 }
 
 /// Appends JSON lines to a file, flushing after each.

@@ -308,6 +308,8 @@ pub struct EvalSums {
     pub top5: f64,
     /// Images evaluated.
     pub count: f64,
+    /// Records left out as bad (never scored through a stand-in).
+    pub skipped: f64,
 }
 
 /// Host copy of everything a replica holds, for checkpoints.
@@ -654,15 +656,26 @@ impl Replica {
         } else {
             loss
         };
-        scaled.f_backward()?;
+        let stages = pass.stages();
+        let backward_span = |s: usize| {
+            ddl_trace::span_args(
+                "backward",
+                "train",
+                &[("stage", s as i64), ("replica", replica)],
+            )
+        };
+        {
+            let _span = backward_span(stages - 1);
+            scaled.f_backward()?;
+        }
         drop(scaled);
         // Backward of the earlier stages, last first; after each, hand over the buckets it
         // completed.
         let mut handed = 0;
         let mut handing = Duration::ZERO;
-        let stages = pass.stages();
         for s in (0..stages).rev() {
             if s + 1 < stages {
+                let _span = backward_span(s);
                 pass.backward_stage(s)?;
             }
             let ready = self.layout.buckets[handed..]
@@ -807,7 +820,12 @@ impl Replica {
         let amp = self.cfg.precision != Precision::Fp32 && self.device.is_cuda();
         for batch in it {
             let batch = batch?;
-            let n = valid(&batch).min(batch.len()) as i64;
+            // The first `real` slots are this rank's records (the rest is padding); bad ones
+            // among them were left out and the kept ones come first.
+            let real = valid(&batch);
+            let dropped = batch.dropped_among_first(real);
+            sums.skipped += dropped as f64;
+            let n = (real - dropped).min(batch.len()) as i64;
             if n == 0 {
                 continue;
             }

@@ -5,6 +5,7 @@
 //! transport in tests), so the same code runs under `mpirun`/`srun` and inside one test
 //! process with several simulated ranks.
 
+use std::collections::HashSet;
 use std::io::IsTerminal;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -13,20 +14,24 @@ use std::time::{Duration, Instant};
 use ddl_comm::{Algorithm, Topology, Transport};
 use ddl_loader::dataset::{Dataset, OpenOptions, Residency};
 use ddl_loader::manifest::Manifest;
-use ddl_loader::pipeline::{Augment, OnBadRecord, Output, Pipeline, PipelineConfig};
+use ddl_loader::pipeline::{Augment, BadRecord, OnBadRecord, Output, Pipeline, PipelineConfig};
 use ddl_loader::sampler::{Sampler, SamplerConfig, Tail};
 use serde::Serialize;
 use tch::Device;
 
 use crate::checkpoint::{self, Checkpoint, CheckpointMeta, TensorEntry};
 use crate::collective::Collective;
+use crate::console::eprint_line;
 use crate::device::parse_devices;
 use crate::error::{Result, TrainError};
 use crate::metrics::{EpochRecord, MetricsWriter, StepRecord};
 use crate::model::ModelKind;
 use crate::optim::SgdConfig;
+use crate::run_flags::{self, LayoutCheck};
 use crate::schedule::{Decay, DecayKind, Schedule};
+use crate::signal::{StopRequest, StopSignal};
 use crate::table::{BatchIter, EvalSums, Overlap, Precision, ReplicaState, Table, TableConfig};
+use crate::validate;
 
 /// How the ranks of a node share the dataset.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
@@ -105,6 +110,11 @@ pub struct TrainConfig {
     pub keep_checkpoints: usize,
     /// Continue from the newest valid checkpoint (`--resume`).
     pub resume: bool,
+    /// Move another run's checkpoints in the directory aside and start over (`--restart`).
+    pub restart: bool,
+    /// Resume on a different layout (ranks, replicas, nodes) than the checkpoint's
+    /// (`--allow-new-layout`).
+    pub allow_new_layout: bool,
     /// Stop after this many global steps (`--max-steps`).
     pub max_steps: Option<u64>,
     /// Allreduce algorithm (`--allreduce`).
@@ -135,8 +145,14 @@ pub struct TrainConfig {
     pub stage: Option<PathBuf>,
     /// Timeout of one communication operation in seconds (`--comm-timeout`).
     pub comm_timeout_s: u64,
+    /// `replace`, `skip` or `fail`: what a training batch does with a record whose checksum
+    /// or decoding fails (`--on-bad-record`; evaluation never scores a stand-in, it skips).
+    pub on_bad_record: String,
     /// Print per-epoch lines (rank 0).
     pub verbose: bool,
+    /// Raised by SIGTERM/SIGINT (see [`crate::signal`]): the run stops after the current step.
+    #[serde(skip)]
+    pub stop: StopRequest,
 }
 
 impl Default for TrainConfig {
@@ -167,6 +183,8 @@ impl Default for TrainConfig {
             checkpoint_every: 0,
             keep_checkpoints: 3,
             resume: false,
+            restart: false,
+            allow_new_layout: false,
             max_steps: None,
             allreduce: "auto".into(),
             dump_weights: None,
@@ -181,7 +199,9 @@ impl Default for TrainConfig {
             lock: false,
             stage: None,
             comm_timeout_s: 600,
+            on_bad_record: "replace".into(),
             verbose: true,
+            stop: StopRequest::default(),
         }
     }
 }
@@ -224,6 +244,12 @@ pub struct TrainSummary {
     pub resumed_from: Option<PathBuf>,
     /// Warnings (damaged checkpoints skipped, ...).
     pub warnings: Vec<String>,
+    /// Bad records met in training (all ranks; each time one was met).
+    pub bad_records_train: u64,
+    /// Val records left out as bad (all ranks, all evaluations).
+    pub bad_records_eval: u64,
+    /// The distinct bad records of all ranks (on rank 0; empty on the others).
+    pub bad_records: Vec<BadRecord>,
     /// crc32c of replica 0's parameters at the end.
     pub param_checksum: u32,
 }
@@ -239,6 +265,9 @@ struct Plan {
     rank_in_node: usize,
     devices: Vec<Device>,
     manifest: Manifest,
+    on_bad_record: OnBadRecord,
+    /// crc32c of the manifest's classes and train split: what a checkpoint's data must match.
+    data_fingerprint: u32,
 }
 
 /// Checks the configuration before anything expensive happens; every error names its flag.
@@ -256,8 +285,30 @@ pub fn auto_overlap(gpus: bool, nodes: usize) -> Overlap {
     }
 }
 
+/// The loader's rule for `--on-bad-record`.
+fn parse_on_bad_record(s: &str) -> Result<OnBadRecord> {
+    match s {
+        "replace" => Ok(OnBadRecord::Replace),
+        "skip" => Ok(OnBadRecord::Skip),
+        "fail" => Ok(OnBadRecord::Fail),
+        _ => Err(TrainError::config(
+            "--on-bad-record",
+            format!("{s:?} is not replace, skip or fail"),
+        )),
+    }
+}
+
+/// crc32c of the manifest's classes and train split (shard names, record counts, checksums).
+fn data_fingerprint(manifest: &Manifest) -> u32 {
+    let train = manifest.splits.get("train");
+    let bytes = serde_json::to_vec(&(&manifest.classes, train)).unwrap_or_default();
+    crc32c::crc32c(&bytes)
+}
+
 fn plan(cfg: &TrainConfig, rank: usize, world: usize, info: RankInfo) -> Result<Plan> {
+    validate::ranges(cfg)?;
     let model: ModelKind = cfg.model.parse()?;
+    let on_bad_record = parse_on_bad_record(&cfg.on_bad_record)?;
     let precision: Precision = cfg.precision.parse()?;
     let decay = match cfg.schedule.parse::<DecayKind>()? {
         DecayKind::Step => {
@@ -279,41 +330,17 @@ fn plan(cfg: &TrainConfig, rank: usize, world: usize, info: RankInfo) -> Result<
         .parse()
         .map_err(|e: ddl_comm::CommError| TrainError::config("--allreduce", e.to_string()))?;
     let mode: ResidencyMode = cfg.residency.parse()?;
-    if cfg.batch == 0 {
-        return Err(TrainError::config("--batch", "must be at least 1"));
-    }
-    if cfg.epochs == 0 {
-        return Err(TrainError::config("--epochs", "must be at least 1"));
-    }
-    if cfg.workers == 0 {
-        return Err(TrainError::config("--workers", "must be at least 1"));
-    }
-    if cfg.prefetch == 0 {
-        return Err(TrainError::config("--prefetch", "must be at least 1"));
-    }
-    if cfg.image_size < 16 {
-        return Err(TrainError::config(
-            "--image-size",
-            format!("{} is below 16 pixels", cfg.image_size),
-        ));
-    }
-    if !(0.0..1.0).contains(&cfg.label_smoothing) {
-        return Err(TrainError::config("--label-smoothing", "must be in [0, 1)"));
-    }
-    if cfg.warmup_epochs < 0.0 || !cfg.warmup_epochs.is_finite() {
-        return Err(TrainError::config("--warmup-epochs", "must be >= 0"));
-    }
-    if cfg.bucket_mb.is_nan() || cfg.bucket_mb <= 0.0 {
-        return Err(TrainError::config("--bucket-mb", "must be positive"));
-    }
-    if cfg.keep_checkpoints == 0 {
-        return Err(TrainError::config(
-            "--keep-checkpoints",
-            "must be at least 1",
-        ));
-    }
     if cfg.resume && cfg.checkpoint_dir.is_none() {
         return Err(TrainError::config("--resume", "needs --checkpoint-dir"));
+    }
+    if cfg.restart && cfg.checkpoint_dir.is_none() {
+        return Err(TrainError::config("--restart", "needs --checkpoint-dir"));
+    }
+    if cfg.restart && cfg.resume {
+        return Err(TrainError::config(
+            "--restart",
+            "starts over, --resume continues: give one of them",
+        ));
     }
     if !cfg.data.is_dir() {
         return Err(TrainError::config(
@@ -379,6 +406,20 @@ fn plan(cfg: &TrainConfig, rank: usize, world: usize, info: RankInfo) -> Result<
         ));
     }
     let devices = parse_devices(&cfg.devices, info.rank_in_node, info.ranks_in_node)?;
+    // GPUs get uint8 batches (normalised on the device), CPUs float32.
+    let bytes_per_value = if devices.iter().any(|d| d.is_cuda()) {
+        1
+    } else {
+        4
+    };
+    validate::batch_memory(
+        cfg,
+        devices.len(),
+        bytes_per_value,
+        info.ranks_in_node,
+        validate::available_memory(),
+    )?;
+    let data_fingerprint = data_fingerprint(&manifest);
     Ok(Plan {
         model,
         precision,
@@ -389,6 +430,8 @@ fn plan(cfg: &TrainConfig, rank: usize, world: usize, info: RankInfo) -> Result<
         rank_in_node,
         devices,
         manifest,
+        on_bad_record,
+        data_fingerprint,
     })
 }
 
@@ -438,6 +481,49 @@ struct Run<'a> {
     metrics: Option<MetricsWriter>,
     summary: TrainSummary,
     bar: Option<indicatif::ProgressBar>,
+    /// Bad records this rank has met (shard file, record).
+    bad_seen: HashSet<(PathBuf, usize)>,
+    /// Those of them rank 0 has not printed yet.
+    bad_unpublished: Vec<(BadRecordUse, BadRecord)>,
+    /// Global step of the last checkpoint written.
+    last_checkpoint: Option<u64>,
+}
+
+/// Where a bad record was met.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum BadRecordUse {
+    Train,
+    Eval,
+}
+
+/// Why a record is bad, without the shard and record its message starts with.
+fn bad_reason(bad: &BadRecord) -> &str {
+    let prefix = format!("{}: record {}: ", bad.file.display(), bad.record);
+    bad.reason.strip_prefix(&prefix).unwrap_or(&bad.reason)
+}
+
+/// The line printed after each epoch.
+fn epoch_line(r: &EpochRecord) -> String {
+    let pct = |v: Option<f64>| v.map_or("-".to_string(), |v| format!("{:.2}%", v * 100.0));
+    let mut line = format!(
+        "epoch {:>3}  train loss {}  val top-1 {}  top-5 {}  {:.1} images/s  data-wait {:.1}%  allreduce {:.1}%  ({:.1} s)",
+        r.epoch,
+        r.train_loss.map_or("-".to_string(), |l| format!("{l:.4}")),
+        pct(r.val_top1),
+        pct(r.val_top5),
+        r.images_per_s,
+        r.data_wait_frac * 100.0,
+        r.allreduce_frac * 100.0,
+        r.epoch_s,
+    );
+    let val_bad = r.val_bad_records.unwrap_or(0);
+    if r.bad_records + val_bad > 0 {
+        line.push_str(&format!(
+            "  bad records: {} in training, {val_bad} left out of val",
+            r.bad_records
+        ));
+    }
+    line
 }
 
 /// Trains on this rank. Collective: every rank of `transport` must call it with the same
@@ -588,6 +674,9 @@ pub fn train(
         metrics: None,
         summary: TrainSummary::default(),
         bar,
+        bad_seen: HashSet::new(),
+        bad_unpublished: Vec::new(),
+        last_checkpoint: None,
     };
     run.go()
 }
@@ -603,6 +692,7 @@ impl Run<'_> {
 
     fn go(mut self) -> Result<TrainSummary> {
         let (mut epoch, mut step, mut global) = (0u64, 0u64, 0u64);
+        self.claim_checkpoint_dir()?;
         if self.cfg.resume {
             if let Some((e, s, g)) = self.resume()? {
                 (epoch, step, global) = (e, s, g);
@@ -620,14 +710,17 @@ impl Run<'_> {
             self.check_replicas()?;
         }
         let steps_per_epoch = self.schedule.steps_per_epoch;
+        let epochs = u64::from(self.cfg.epochs);
         let max_steps = self.cfg.max_steps.unwrap_or(u64::MAX);
         let mut stopped = global >= max_steps;
-        while epoch < u64::from(self.cfg.epochs) && !stopped {
+        while epoch < epochs && !stopped {
             let epoch_start = Instant::now();
+            // A shard changed under the job would SIGBUS a reader mid-epoch: catch it here.
+            self.train_set.check_unchanged()?;
             let pipeline = Pipeline::start(
                 self.train_set.clone(),
                 self.sampler.clone(),
-                self.pipeline_config(Augment::Train),
+                self.pipeline_config(Augment::Train, self.plan.on_bad_record),
                 epoch,
                 step as usize,
             )?;
@@ -640,6 +733,7 @@ impl Run<'_> {
                 b.set_position(step);
             }
             let mut acc = EpochAcc::default();
+            let mut bad_seen = 0;
             while step < steps_per_epoch {
                 if global >= max_steps {
                     break;
@@ -655,6 +749,7 @@ impl Run<'_> {
                 step += 1;
                 global += 1;
                 self.summary.steps_run += 1;
+                bad_seen = self.collect_bad_records(&pipeline, bad_seen, BadRecordUse::Train);
                 let world = self.comm.size() as f64;
                 let images = stats.images as f64 * world;
                 acc.add(&stats);
@@ -675,16 +770,20 @@ impl Run<'_> {
                     b.set_position(step);
                     b.set_message(format!("loss {:.4} lr {:.4}", stats.loss, lr));
                 }
-                let (ce, ck_step) = if step == steps_per_epoch {
-                    (epoch + 1, 0)
-                } else {
-                    (epoch, step)
-                };
                 let every =
                     self.cfg.checkpoint_every > 0 && global % self.cfg.checkpoint_every == 0;
                 let last = global >= max_steps && step < steps_per_epoch;
                 if (every || last) && step < steps_per_epoch {
-                    self.save_checkpoint(ce, ck_step, global)?;
+                    self.save_checkpoint(epoch, step, global)?;
+                }
+                let run_ends =
+                    global >= max_steps || (step == steps_per_epoch && epoch + 1 == epochs);
+                if !run_ends {
+                    if let Some(signal) = self.agreed_stop()? {
+                        // At an epoch's last step the checkpoint sits at its end: a resumed
+                        // run evaluates the epoch and goes on.
+                        return Err(self.preempt(signal, epoch, step, global)?);
+                    }
                 }
             }
             drop(pipeline);
@@ -698,22 +797,17 @@ impl Run<'_> {
                 self.check_replicas()?;
             }
             let record = self.epoch_record(epoch, &acc, epoch_s, val)?;
+            self.summary.bad_records_train += record.bad_records;
+            self.summary.bad_records_eval += record.val_bad_records.unwrap_or(0);
+            if record.bad_records + record.val_bad_records.unwrap_or(0) > 0 {
+                self.publish_bad_records()?;
+            }
             if self.is_root() {
                 if let Some(b) = &self.bar {
                     b.finish_and_clear();
                 }
                 if self.cfg.verbose {
-                    println!(
-                        "epoch {:>3}  train loss {:.4}  val top-1 {}  top-5 {}  {:.1} images/s  data-wait {:.1}%  allreduce {:.1}%  ({:.1} s)",
-                        record.epoch,
-                        record.train_loss,
-                        record.val_top1.map_or("-".to_string(), |v| format!("{:.2}%", v * 100.0)),
-                        record.val_top5.map_or("-".to_string(), |v| format!("{:.2}%", v * 100.0)),
-                        record.images_per_s,
-                        record.data_wait_frac * 100.0,
-                        record.allreduce_frac * 100.0,
-                        record.epoch_s,
-                    );
+                    println!("{}", epoch_line(&record));
                 }
                 if let Some(m) = &mut self.metrics {
                     m.write(&record)?;
@@ -724,8 +818,16 @@ impl Run<'_> {
             step = 0;
             self.save_checkpoint(epoch, 0, global)?;
             stopped = global >= max_steps;
+            if !stopped && epoch < epochs {
+                // A signal that arrived during evaluation.
+                if let Some(signal) = self.agreed_stop()? {
+                    return Err(self.preempt(signal, epoch, 0, global)?);
+                }
+            }
         }
         self.summary.global_steps = global;
+        // Those of a last epoch cut short by --max-steps.
+        self.publish_bad_records()?;
         let sums = self.table.checksums()?;
         self.summary.param_checksum = sums[0];
         if let Some(path) = &self.cfg.dump_weights {
@@ -736,7 +838,179 @@ impl Run<'_> {
         Ok(self.summary)
     }
 
-    fn pipeline_config(&self, augment: Augment) -> PipelineConfig {
+    /// A new run must not write into a directory holding another run's checkpoints: it would
+    /// mix with them, and pruning (which keeps the highest steps) would delete its own. Without
+    /// `--resume`, rank 0 refuses such a directory, or with `--restart` moves the files into a
+    /// dated subdirectory; every rank gets the verdict.
+    fn claim_checkpoint_dir(&mut self) -> Result<()> {
+        let Some(dir) = self.cfg.checkpoint_dir.clone() else {
+            return Ok(());
+        };
+        if self.cfg.resume {
+            return Ok(());
+        }
+        let mut verdict = Ok(());
+        if self.is_root() {
+            verdict = checkpoint::occupants(&dir).and_then(|found| {
+                if found.is_empty() {
+                    Ok(())
+                } else if self.cfg.restart {
+                    let (aside, n) = checkpoint::move_aside(&dir)?;
+                    if self.cfg.verbose {
+                        println!(
+                            "restart: moved {n} checkpoint file(s) of the previous run into {}",
+                            aside.display()
+                        );
+                    }
+                    Ok(())
+                } else {
+                    Err(TrainError::CheckpointDirInUse {
+                        dir: dir.clone(),
+                        count: found.len(),
+                        newest: found
+                            .last()
+                            .and_then(|p| p.file_name())
+                            .map(|n| n.to_string_lossy().into_owned())
+                            .unwrap_or_default(),
+                    })
+                }
+            });
+        }
+        let message = verdict.as_ref().err().map(ToString::to_string);
+        let message = self
+            .comm
+            .broadcast_bytes(message.unwrap_or_default().into_bytes())?;
+        match verdict {
+            Err(e) => Err(e),
+            Ok(()) if message.is_empty() => Ok(()),
+            Ok(()) => Err(TrainError::FromRoot(
+                String::from_utf8_lossy(&message).into_owned(),
+            )),
+        }
+    }
+
+    /// Whether any rank received a stop signal: every rank calls it after the same step, so all
+    /// stop together (the signal may have reached only some of them).
+    fn agreed_stop(&self) -> Result<Option<StopSignal>> {
+        let mut votes = [0f32; 2];
+        match self.cfg.stop.requested() {
+            Some(StopSignal::Term) => votes[0] = 1.0,
+            Some(StopSignal::Int) => votes[1] = 1.0,
+            None => {}
+        }
+        self.comm.allreduce_sum(&mut votes)?;
+        Ok(if votes[0] > 0.0 {
+            Some(StopSignal::Term)
+        } else if votes[1] > 0.0 {
+            Some(StopSignal::Int)
+        } else {
+            None
+        })
+    }
+
+    /// Stops the run after `global` steps, positioned at (`epoch`, `step`): writes the
+    /// checkpoint (unless this step's is already written) and returns the error that says
+    /// where to resume.
+    fn preempt(
+        &mut self,
+        signal: StopSignal,
+        epoch: u64,
+        step: u64,
+        global: u64,
+    ) -> Result<TrainError> {
+        if let Some(b) = &self.bar {
+            b.finish_and_clear();
+        }
+        self.publish_bad_records()?;
+        let checkpoint = match self.cfg.checkpoint_dir.clone() {
+            Some(dir) => {
+                if self.last_checkpoint != Some(global) {
+                    self.save_checkpoint(epoch, step, global)?;
+                }
+                Some(dir.join(checkpoint::file_name(global)))
+            }
+            None => None,
+        };
+        // No rank leaves (and no launcher tears the job down) before rank 0's file is complete.
+        self.comm.barrier()?;
+        Ok(TrainError::Preempted {
+            signal,
+            global_step: global,
+            epoch,
+            step,
+            checkpoint,
+        })
+    }
+
+    /// Takes note of the bad records `pipeline` met after the first `seen` (each distinct one
+    /// once per rank) for the next [`Run::publish_bad_records`]; returns the new count seen.
+    fn collect_bad_records(&mut self, pipeline: &Pipeline, seen: usize, usage: BadRecordUse) -> usize {
+        let new = pipeline.bad_records_since(seen);
+        let seen = seen + new.len();
+        for bad in new {
+            if self.bad_seen.insert((bad.file.clone(), bad.record)) {
+                self.bad_unpublished.push((usage, bad));
+            }
+        }
+        seen
+    }
+
+    /// Collective: gathers every rank's newly met bad records on rank 0, which prints each
+    /// record not printed before (once per run, whichever ranks met it) and keeps it for the
+    /// end-of-run summary.
+    fn publish_bad_records(&mut self) -> Result<()> {
+        let mine: Vec<(bool, String, usize, String)> = self
+            .bad_unpublished
+            .drain(..)
+            .map(|(usage, b)| {
+                let reason = bad_reason(&b).to_string();
+                (usage == BadRecordUse::Eval, b.file.display().to_string(), b.record, reason)
+            })
+            .collect();
+        let bytes = serde_json::to_vec(&mine).unwrap_or_default();
+        let Some(all) = self.comm.gather_bytes(bytes)? else {
+            return Ok(());
+        };
+        for part in all {
+            let records: Vec<(bool, String, usize, String)> =
+                serde_json::from_slice(&part).unwrap_or_default();
+            for (eval, file, record, reason) in records {
+                let file = PathBuf::from(file);
+                if self
+                    .summary
+                    .bad_records
+                    .iter()
+                    .any(|b| b.file == file && b.record == record)
+                {
+                    continue;
+                }
+                if self.cfg.verbose {
+                    let action = match (eval, self.plan.on_bad_record) {
+                        (true, _) => "left out of the evaluation",
+                        (false, OnBadRecord::Replace) => {
+                            "replaced by the next good record of the epoch (--on-bad-record replace)"
+                        }
+                        (false, OnBadRecord::Skip) => "left out of its batch (--on-bad-record skip)",
+                        (false, OnBadRecord::Fail) => "the run fails (--on-bad-record fail)",
+                    };
+                    eprint_line(&format!(
+                        "ddl-train: bad record: shard {} record {record}: {reason}; {action}. \
+                         `ddl-pack --verify {}` lists every damaged record",
+                        file.display(),
+                        self.cfg.data.display(),
+                    ));
+                }
+                self.summary.bad_records.push(BadRecord {
+                    file,
+                    record,
+                    reason,
+                });
+            }
+        }
+        Ok(())
+    }
+
+    fn pipeline_config(&self, augment: Augment, on_bad_record: OnBadRecord) -> PipelineConfig {
         let gpu = self.plan.devices.iter().any(|d| d.is_cuda());
         PipelineConfig {
             image_size: self.cfg.image_size,
@@ -746,19 +1020,22 @@ impl Run<'_> {
             workers: self.cfg.workers,
             prefetch: self.cfg.prefetch,
             seed: self.cfg.seed,
-            on_bad_record: OnBadRecord::Replace,
+            on_bad_record,
             ..PipelineConfig::default()
         }
     }
 
     /// Evaluates replica 0 on this rank's part of the node's val records, then sums over ranks.
+    /// A bad val record is never scored through a stand-in: it is left out and counted
+    /// (`--on-bad-record fail` fails instead).
     fn evaluate(&mut self, epoch: u64) -> Result<Option<EvalSums>> {
         if !self.cfg.eval || !self.plan.manifest.splits.contains_key("val") {
             return Ok(None);
         }
         let _span = ddl_trace::span_args("eval", "train", &[("epoch", epoch as i64)]);
         let mut sums = EvalSums::default();
-        if let Some(val) = &self.val_set {
+        if let Some(val) = self.val_set.clone() {
+            val.check_unchanged()?;
             let node_records = val.len();
             let (ranks, me, batch) = (
                 self.plan.ranks_in_node,
@@ -783,10 +1060,14 @@ impl Run<'_> {
             } else {
                 (self.cfg.image_size * 8).div_ceil(7)
             };
+            let on_bad = match self.plan.on_bad_record {
+                OnBadRecord::Fail => OnBadRecord::Fail,
+                OnBadRecord::Replace | OnBadRecord::Skip => OnBadRecord::Skip,
+            };
             let pipeline = Pipeline::start(
                 val.clone(),
                 sampler,
-                self.pipeline_config(Augment::Eval { resize }),
+                self.pipeline_config(Augment::Eval { resize }, on_bad),
                 epoch,
                 0,
             )?;
@@ -796,12 +1077,14 @@ impl Run<'_> {
                 node_records.saturating_sub(first).min(batch)
             });
             sums = self.table.evaluate(Box::new(pipeline.replica(0)), valid)?;
+            self.collect_bad_records(&pipeline, 0, BadRecordUse::Eval);
         }
         let mut buf = [
             sums.loss as f32,
             sums.top1 as f32,
             sums.top5 as f32,
             sums.count as f32,
+            sums.skipped as f32,
         ];
         self.comm.allreduce_sum(&mut buf)?;
         Ok(Some(EvalSums {
@@ -809,6 +1092,7 @@ impl Run<'_> {
             top1: f64::from(buf[1]),
             top5: f64::from(buf[2]),
             count: f64::from(buf[3]),
+            skipped: f64::from(buf[4]),
         }))
     }
 
@@ -826,15 +1110,18 @@ impl Run<'_> {
             acc.images as f32,
             (acc.data_wait / wall) as f32,
             (acc.allreduce / wall) as f32,
+            acc.bad_records as f32,
         ];
         self.comm.allreduce_sum(&mut buf)?;
         let world = self.comm.size() as f64;
-        let steps = f64::from(buf[1]).max(1.0);
+        let steps = f64::from(buf[1]);
+        let val_bad_records = val.map(|v| v.skipped as u64);
         let val = val.filter(|v| v.count > 0.0);
         Ok(EpochRecord {
             kind: "epoch",
             epoch,
-            train_loss: f64::from(buf[0]) / steps,
+            // A run resumed at an epoch's end trained no step of it.
+            train_loss: (steps > 0.0).then(|| f64::from(buf[0]) / steps),
             val_loss: val.map(|v| v.loss / v.count),
             val_top1: val.map(|v| v.top1 / v.count),
             val_top5: val.map(|v| v.top5 / v.count),
@@ -844,6 +1131,8 @@ impl Run<'_> {
             data_wait_frac: f64::from(buf[3]) / world,
             allreduce_frac: f64::from(buf[4]) / world,
             steps: acc.steps,
+            bad_records: buf[5] as u64,
+            val_bad_records,
         })
     }
 
@@ -868,11 +1157,14 @@ impl Run<'_> {
     }
 
     /// Writes a checkpoint positioned at (`epoch`, `step`) after `global` steps. Collective:
-    /// rank 0 gathers every rank's BatchNorm buffers and writes one file.
+    /// rank 0 gathers every rank's BatchNorm buffers and writes one file. Older checkpoints
+    /// beyond `--keep-checkpoints` are pruned before the write (to make room on a full disk)
+    /// and after it.
     fn save_checkpoint(&mut self, epoch: u64, step: u64, global: u64) -> Result<()> {
         let Some(dir) = self.cfg.checkpoint_dir.clone() else {
             return Ok(());
         };
+        self.last_checkpoint = Some(global);
         let _span = ddl_trace::span_args(
             "checkpoint",
             "train",
@@ -930,12 +1222,15 @@ impl Run<'_> {
                 loss_scale,
                 good_steps,
                 flags: serde_json::to_value(self.cfg).unwrap_or_default(),
+                nodes: Some(self.plan.residency.nodes),
+                data_fingerprint: Some(self.plan.data_fingerprint),
                 tensors,
             },
             data,
         };
+        checkpoint::prune(&dir, self.cfg.keep_checkpoints, global)?;
         ck.write(&dir)?;
-        checkpoint::prune(&dir, self.cfg.keep_checkpoints)?;
+        checkpoint::prune(&dir, self.cfg.keep_checkpoints, global)?;
         Ok(())
     }
 
@@ -953,8 +1248,7 @@ impl Run<'_> {
                 warnings,
             } = checkpoint::newest_valid(&dir)?;
             for w in &warnings {
-                tracing::warn!("{w}");
-                eprintln!("warning: {w}");
+                eprint_line(&format!("warning: {w}"));
             }
             self.summary.warnings.extend(warnings);
             if let Some((path, ck)) = found {
@@ -991,17 +1285,42 @@ impl Run<'_> {
                 self.plan.manifest.num_classes()
             )));
         }
-        if ck.meta.ranks != self.comm.size() || ck.meta.replicas != self.table.replicas() {
-            let w = format!(
-                "checkpoint written by {} rank(s) x {} replica(s), resuming on {} x {}: BatchNorm statistics are \
-                 taken from matching replicas modulo the old counts; the run will not be bitwise identical",
-                ck.meta.ranks,
-                ck.meta.replicas,
-                self.comm.size(),
-                self.table.replicas()
-            );
-            if self.is_root() {
-                eprintln!("warning: {w}");
+        let comparison = run_flags::compare(
+            &ck.meta.flags,
+            self.cfg,
+            LayoutCheck {
+                ranks: (ck.meta.ranks, self.comm.size()),
+                replicas: (ck.meta.replicas, self.table.replicas()),
+                nodes: (ck.meta.nodes, self.plan.residency.nodes),
+                data: (ck.meta.data_fingerprint, self.plan.data_fingerprint),
+            },
+        );
+        let mut refused = comparison.refused;
+        let mut warnings = comparison.warnings;
+        if !comparison.layout.is_empty() {
+            let layout = comparison.layout.join(", ");
+            if self.cfg.allow_new_layout {
+                warnings.push(format!(
+                    "resuming on another layout ({layout}): BatchNorm statistics are taken from \
+                     matching replicas modulo the old counts and the global batch may differ; the \
+                     run will not be bitwise identical"
+                ));
+            } else {
+                refused.push(format!(
+                    "{layout}: another data-parallel layout (pass --allow-new-layout to continue \
+                     on this one anyway, not bitwise identical)"
+                ));
+            }
+        }
+        if !refused.is_empty() {
+            return Err(TrainError::ResumeMismatch {
+                path: path.clone(),
+                differences: refused,
+            });
+        }
+        for w in warnings {
+            if self.is_root() && self.cfg.verbose {
+                eprint_line(&format!("warning: {w}"));
             }
             self.summary.warnings.push(w);
         }
@@ -1095,6 +1414,7 @@ struct EpochAcc {
     wall: f64,
     data_wait: f64,
     allreduce: f64,
+    bad_records: u64,
 }
 
 impl EpochAcc {
@@ -1105,5 +1425,6 @@ impl EpochAcc {
         self.wall += secs(s.wall);
         self.data_wait += secs(s.data_wait);
         self.allreduce += secs(s.allreduce);
+        self.bad_records += s.bad_records as u64;
     }
 }

@@ -46,6 +46,46 @@ fn bad_flags_are_named() {
     c.resume = true;
     assert!(err(&c).contains("--resume"));
 
+    // Out-of-range numbers are refused before anything runs, naming the flag.
+    let cases: Vec<(&str, Box<dyn Fn(&mut TrainConfig)>)> = vec![
+        ("--lr", Box::new(|c| c.lr = Some(-1.0))),
+        ("--lr", Box::new(|c| c.lr = Some(f64::NAN))),
+        ("--lr", Box::new(|c| c.lr = Some(0.0))),
+        ("--base-lr", Box::new(|c| c.base_lr = f64::INFINITY)),
+        ("--momentum", Box::new(|c| c.momentum = -1.0)),
+        ("--momentum", Box::new(|c| c.momentum = 1.0)),
+        ("--weight-decay", Box::new(|c| c.weight_decay = -1e-4)),
+        ("--gamma", Box::new(|c| c.gamma = 0.0)),
+        ("--gamma", Box::new(|c| c.gamma = 2.0)),
+        ("--comm-timeout", Box::new(|c| c.comm_timeout_s = 0)),
+        ("--bucket-mb", Box::new(|c| c.bucket_mb = f64::NAN)),
+        ("--warmup-epochs", Box::new(|c| c.warmup_epochs = -1.0)),
+        ("--label-smoothing", Box::new(|c| c.label_smoothing = 1.0)),
+        ("--max-steps", Box::new(|c| c.max_steps = Some(0))),
+        ("--eval-resize", Box::new(|c| c.eval_resize = 8)),
+        ("--on-bad-record", Box::new(|c| c.on_bad_record = "ignore".into())),
+        ("--restart", Box::new(|c| c.restart = true)),
+        // (1000 prefetched + 1 + 1 in flight) batches of 2 x 3 x 8192^2 f32: 1.6 TB.
+        (
+            "--image-size",
+            Box::new(|c| {
+                c.image_size = 8192;
+                c.prefetch = 1000;
+            }),
+        ),
+    ];
+    for (flag, change) in cases {
+        let mut c = ok.clone();
+        change(&mut c);
+        let e = err(&c);
+        assert!(e.contains(flag), "{flag}: {e}");
+    }
+    let mut c = ok.clone();
+    c.image_size = 8192;
+    c.prefetch = 1000;
+    let e = err(&c);
+    assert!(e.contains("bytes") && e.contains("MemAvailable"), "{e}");
+
     // Three ranks, each its own node, but only two train shards.
     let mut c = ok.clone();
     c.residency = "rank".into();
