@@ -63,8 +63,8 @@ pub fn report_sigbus() -> std::io::Result<()> {
         // handler emulation; it never panics.
         result = unsafe {
             signal_hook_registry::register_sigaction(SIGBUS, |info: &libc::siginfo_t| {
-                // SAFETY: the kernel fills si_addr for SIGBUS.
-                let addr = unsafe { info.si_addr() } as usize;
+                // The kernel fills si_addr for SIGBUS.
+                let addr = info.si_addr() as usize;
                 report(addr);
                 let _ = signal_hook::low_level::emulate_default_handler(SIGBUS);
             })

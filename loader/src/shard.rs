@@ -160,7 +160,10 @@ impl ShardReader {
         if (now.dev, now.ino) != (was.dev, was.ino) {
             changed("it was replaced by another file".into())
         } else if now.len != was.len {
-            changed(format!("its size went from {} to {} bytes", was.len, now.len))
+            changed(format!(
+                "its size went from {} to {} bytes",
+                was.len, now.len
+            ))
         } else if now.modified != was.modified {
             changed("it was written to".into())
         } else {

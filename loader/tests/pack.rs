@@ -613,7 +613,10 @@ fn resume_after_interruption_matches_clean_run() {
     o.force = true;
     let rep = run(&o);
     assert_eq!(rep.splits["train"].shards_kept, 0);
-    assert_eq!(std::fs::read(out.join("train-00009.ddl")).unwrap(), b"stale");
+    assert_eq!(
+        std::fs::read(out.join("train-00009.ddl")).unwrap(),
+        b"stale"
+    );
 }
 
 /// Every file in `dir` with its bytes.
@@ -647,7 +650,10 @@ fn the_packer_removes_or_replaces_only_files_it_wrote() {
     let rep = run(&o);
     assert_eq!(rep.splits["train"].shards_kept, 3);
     assert_eq!(rep.left_in_place, ["notes.txt", "train-00099.ddl"]);
-    assert_eq!(std::fs::read(out.join("train-00099.ddl")).unwrap(), b"not a shard");
+    assert_eq!(
+        std::fs::read(out.join("train-00099.ddl")).unwrap(),
+        b"not a shard"
+    );
 
     // Another pack (other input, or other parameters) into it is refused, naming the directory
     // and what is there, and changes nothing.
@@ -674,10 +680,18 @@ fn the_packer_removes_or_replaces_only_files_it_wrote() {
     let rep = run(&other);
     assert_eq!(
         rep.left_in_place,
-        ["notes.txt", "train-00002.ddl", "train-00099.ddl", "val-00002.ddl"]
+        [
+            "notes.txt",
+            "train-00002.ddl",
+            "train-00099.ddl",
+            "val-00002.ddl"
+        ]
     );
     assert_eq!(std::fs::read(out.join("notes.txt")).unwrap(), b"mine");
-    assert_eq!(std::fs::read(out.join("train-00099.ddl")).unwrap(), b"not a shard");
+    assert_eq!(
+        std::fs::read(out.join("train-00099.ddl")).unwrap(),
+        b"not a shard"
+    );
     assert_eq!(
         std::fs::read(out.join("train-00002.ddl")).unwrap(),
         before["train-00002.ddl"]
@@ -742,18 +756,29 @@ fn unreadable_inputs_are_skipped_and_reported() {
     for (name, (reason, detail)) in &skipped {
         assert_eq!(reason, "unreadable", "{name}: {detail}");
     }
-    assert!(skipped["dangling.JPEG"].1.contains("symbolic link to /nonexistent/ddl-gone.JPEG"));
-    assert!(skipped["loop-a.JPEG"].1.contains("symbolic link to loop-b.JPEG"));
-    assert!(skipped["latin1-\u{fffd}.JPEG"].1.contains("not valid UTF-8"));
+    assert!(skipped["dangling.JPEG"]
+        .1
+        .contains("symbolic link to /nonexistent/ddl-gone.JPEG"));
+    assert!(skipped["loop-a.JPEG"]
+        .1
+        .contains("symbolic link to loop-b.JPEG"));
+    assert!(skipped["latin1-\u{fffd}.JPEG"]
+        .1
+        .contains("not valid UTF-8"));
 
     // A class folder that cannot be examined or named stops the pack, naming it (leaving a
     // class out would shift every later label).
-    let bad_class = input.join("train").join(std::ffi::OsStr::from_bytes(b"n0\xff"));
+    let bad_class = input
+        .join("train")
+        .join(std::ffi::OsStr::from_bytes(b"n0\xff"));
     std::fs::create_dir_all(&bad_class).unwrap();
     let e = pack::pack(&opts(&input, &root.join("out2")), &NoProgress)
         .unwrap_err()
         .to_string();
-    assert!(e.contains("n0\u{fffd}") && e.contains("not valid UTF-8"), "{e}");
+    assert!(
+        e.contains("n0\u{fffd}") && e.contains("not valid UTF-8"),
+        "{e}"
+    );
     std::fs::remove_dir(&bad_class).unwrap();
     std::os::unix::fs::symlink("/nonexistent/class", input.join("train/n09000009")).unwrap();
     let e = pack::pack(&opts(&input, &root.join("out3")), &NoProgress)

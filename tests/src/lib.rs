@@ -168,7 +168,11 @@ impl Drop for Launched {
 pub fn rank_pids(mpirun_pid: u32) -> Vec<(usize, u32)> {
     let mut out = Vec::new();
     for entry in std::fs::read_dir("/proc").expect("/proc").flatten() {
-        let Some(pid) = entry.file_name().to_str().and_then(|s| s.parse::<u32>().ok()) else {
+        let Some(pid) = entry
+            .file_name()
+            .to_str()
+            .and_then(|s| s.parse::<u32>().ok())
+        else {
             continue;
         };
         // /proc/PID/stat: "pid (comm) state ppid ..."; comm may hold spaces, so split after ')'.
@@ -220,7 +224,11 @@ pub fn printed(out: &Output) -> String {
 /// Runs `cmd` within [`LAUNCH_TIMEOUT`], panicking with its stdout and stderr when it fails.
 pub fn run_ok(cmd: &mut Command) -> Output {
     let out = run(cmd);
-    assert!(out.status.success(), "{cmd:?} failed with {}", printed(&out));
+    assert!(
+        out.status.success(),
+        "{cmd:?} failed with {}",
+        printed(&out)
+    );
     out
 }
 

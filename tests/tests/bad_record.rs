@@ -112,7 +112,10 @@ fn bad_records_are_named_counted_and_never_scored() {
     let text = printed(&out);
     assert!(!out.status.success(), "{text}");
     assert!(
-        text.contains(&format!("{}: record 3: checksum mismatch", bad_train.display())),
+        text.contains(&format!(
+            "{}: record 3: checksum mismatch",
+            bad_train.display()
+        )),
         "the failure must name the shard and record: {text}"
     );
 }

@@ -12,8 +12,8 @@ use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
 use ddl_tests::{
-    mpirun_train, printed, rank_pids, run_ok, signal, synth_and_pack, Launched, Scratch,
-    SynthSpec, LAUNCH_TIMEOUT,
+    mpirun_train, printed, rank_pids, run_ok, signal, synth_and_pack, Launched, Scratch, SynthSpec,
+    LAUNCH_TIMEOUT,
 };
 use ddl_trainer::checkpoint::{self, Checkpoint};
 
@@ -105,7 +105,11 @@ fn resume_and_compare(ckpt: &Path, every: u64, from_step: u64, weights: &Path) {
         "done: {TOTAL_STEPS} global steps ({} in this run)",
         TOTAL_STEPS - from_step
     );
-    assert!(stdout.contains(&done), "expected {done:?}:\n{}", printed(&out));
+    assert!(
+        stdout.contains(&done),
+        "expected {done:?}:\n{}",
+        printed(&out)
+    );
     let b = fs::read(weights).unwrap();
     assert_eq!(r.weights.len(), b.len(), "weight files differ in size");
     let first_diff = r.weights.iter().zip(&b).position(|(x, y)| x != y);
@@ -125,7 +129,10 @@ fn wait_for(job: &mut Launched, what: &str, done: impl Fn() -> bool) {
     let deadline = Instant::now() + LAUNCH_TIMEOUT;
     while !done() {
         assert!(!job.exited(), "the job ended before {what}");
-        assert!(Instant::now() < deadline, "no {what} within {LAUNCH_TIMEOUT:?}");
+        assert!(
+            Instant::now() < deadline,
+            "no {what} within {LAUNCH_TIMEOUT:?}"
+        );
         std::thread::sleep(Duration::from_millis(20));
     }
 }
@@ -170,7 +177,11 @@ fn sigterm_to_one_rank_stops_all_after_a_step_and_resumes_bitwise() {
     let mut job = Launched::start(&mut cmd);
     let steps_done = || {
         fs::read_to_string(&metrics)
-            .map(|s| s.lines().filter(|l| l.contains("\"type\":\"step\"")).count())
+            .map(|s| {
+                s.lines()
+                    .filter(|l| l.contains("\"type\":\"step\""))
+                    .count()
+            })
             .unwrap_or(0)
     };
     wait_for(&mut job, "step 2", || steps_done() >= 2);
@@ -181,7 +192,10 @@ fn sigterm_to_one_rank_stops_all_after_a_step_and_resumes_bitwise() {
     signal(ranks[1].1, libc::SIGTERM);
     let out = job.wait_within(LAUNCH_TIMEOUT);
     let text = printed(&out);
-    assert!(!out.status.success(), "a preempted run must exit non-zero: {text}");
+    assert!(
+        !out.status.success(),
+        "a preempted run must exit non-zero: {text}"
+    );
     assert!(!weights.exists(), "the job ran to the end: {text}");
     let stderr = String::from_utf8_lossy(&out.stderr);
     let lines: Vec<&str> = stderr

@@ -75,7 +75,12 @@ fn spans(path: &Path) -> Vec<(String, f64, f64, serde_json::Value)> {
         .map(|e| {
             let ts = e["ts"].as_f64().unwrap();
             let end = ts + e["dur"].as_f64().unwrap();
-            (e["name"].as_str().unwrap().to_string(), ts, end, e["args"].clone())
+            (
+                e["name"].as_str().unwrap().to_string(),
+                ts,
+                end,
+                e["args"].clone(),
+            )
         })
         .collect()
 }
@@ -90,7 +95,11 @@ fn allreduces_during_backward(trace: &Path) -> Vec<usize> {
         .filter(|(n, _, _, a)| n == "forward_backward" && replica0(a))
         .map(|(_, start, end, _)| (*start, *end))
         .collect();
-    assert!(!steps.is_empty(), "no forward_backward spans in {}", trace.display());
+    assert!(
+        !steps.is_empty(),
+        "no forward_backward spans in {}",
+        trace.display()
+    );
     steps
         .iter()
         .map(|&(start, end)| {

@@ -88,10 +88,10 @@ use ddl_loader::decode::{plan, DecodeMode, JpegDecoder};
 use ddl_loader::pipeline::{OnBadRecord, Pipeline, PipelineConfig};
 use ddl_loader::sampler::{Sampler, SamplerConfig, Tail, Xoshiro256};
 use ddl_loader::shard::cached_bytes;
-use ddl_loader::LoaderError;
 use ddl_loader::transform::{
     Augment, Normalizer, Output, Slot, TransformConfig, Transformer, IMAGENET_MEAN, IMAGENET_STD,
 };
+use ddl_loader::LoaderError;
 use plotters::coord::Shift;
 use plotters::prelude::*;
 use serde::{Deserialize, Serialize};
@@ -655,7 +655,9 @@ impl BadLog {
             } => self.met(
                 &path,
                 record,
-                &format!("checksum mismatch: stored crc32c {expected:#010x}, data has {actual:#010x}"),
+                &format!(
+                    "checksum mismatch: stored crc32c {expected:#010x}, data has {actual:#010x}"
+                ),
             ),
             LoaderError::Decode {
                 path,
@@ -2051,6 +2053,7 @@ mod tests {
             bytes_per_s: rate * 1000.0,
             bytes_basis: stage.bytes_basis().to_string(),
             method: "measured".to_string(),
+            storage_bytes: None,
         }
     }
 

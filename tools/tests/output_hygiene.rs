@@ -39,7 +39,11 @@ fn assert_one_error_write(w: &Writes, needle: &str) {
 #[test]
 fn usage_errors_are_one_write_without_colour() {
     for (tool, args, needle) in [
-        ("ddl-pack", vec!["in", "-o", "out", "--quality", "101"], "--quality"),
+        (
+            "ddl-pack",
+            vec!["in", "-o", "out", "--quality", "101"],
+            "--quality",
+        ),
         ("ddl-prof", vec!["shards", "--prefetch", "0"], "--prefetch"),
         ("ddl-bench", vec!["allreduce", "--iters", "0"], "--iters"),
         ("ddl-synth", vec!["out", "--classes", "many"], "--classes"),

@@ -66,7 +66,8 @@ fn make_shards_with_junk(dir: &Path, shards: usize, per_shard: usize, junk: &[us
             } else {
                 jpeg(iw, ih, n)
             };
-            w.push(&bytes, (n % 4) as u32, ih as u16, iw as u16).unwrap();
+            w.push(&bytes, (n % 4) as u32, ih as u16, iw as u16)
+                .unwrap();
         }
         let sum = w.finish().unwrap();
         infos.push(ShardInfo {
@@ -441,17 +442,17 @@ fn mpirun_profiles_every_rank() {
     make_shards(&dir, 4, 8);
     let json = dir.join("nodes.json");
     let out = mpirun_output(mpirun(2).arg(PROF).args([
-            dir.to_str().unwrap(),
-            "--threads",
-            "1",
-            "--batch",
-            "4",
-            "--image-size",
-            "48",
-            "--seconds",
-            "0.2",
-            "--stage-seconds",
-            "0.05",
+        dir.to_str().unwrap(),
+        "--threads",
+        "1",
+        "--batch",
+        "4",
+        "--image-size",
+        "48",
+        "--seconds",
+        "0.2",
+        "--stage-seconds",
+        "0.05",
         "--json",
         json.to_str().unwrap(),
     ]));
@@ -491,7 +492,11 @@ fn every_flag_is_checked_before_anything_is_measured() {
         (vec!["--image-size", "8"], 2, "--image-size"),
         (vec!["--sample-records", "0"], 2, "--sample-records"),
         (vec!["--on-bad-record", "ignore"], 2, "--on-bad-record"),
-        (vec!["--node", "2", "--nodes", "2"], 1, "--node 2 must be below --nodes 2"),
+        (
+            vec!["--node", "2", "--nodes", "2"],
+            1,
+            "--node 2 must be below --nodes 2",
+        ),
         (vec!["--json", missing.to_str().unwrap()], 1, "--json"),
     ] {
         let out = Command::new(PROF)
@@ -572,13 +577,25 @@ fn bad_records_are_reported_or_fail_as_the_flag_says() {
             .collect();
         named.sort_by_key(|n| n.1);
         assert_eq!(named.len(), 2, "{bad}");
-        assert!(named.iter().all(|(f, _)| f.ends_with("train-00000.ddl")), "{bad}");
+        assert!(
+            named.iter().all(|(f, _)| f.ends_with("train-00000.ddl")),
+            "{bad}"
+        );
         assert_eq!((named[0].1, named[1].1), (5, 12), "{bad}");
         assert!(stdout.contains("bad records: 2 met"), "{stdout}");
-        assert!(stdout.contains("train-00000.ddl record 12: checksum mismatch"), "{stdout}");
-        assert!(stdout.contains("train-00000.ddl record 5: cannot decode"), "{stdout}");
+        assert!(
+            stdout.contains("train-00000.ddl record 12: checksum mismatch"),
+            "{stdout}"
+        );
+        assert!(
+            stdout.contains("train-00000.ddl record 5: cannot decode"),
+            "{stdout}"
+        );
         // The verdict stays the last line.
-        assert!(stdout.lines().last().unwrap().starts_with("verdict: "), "{stdout}");
+        assert!(
+            stdout.lines().last().unwrap().starts_with("verdict: "),
+            "{stdout}"
+        );
     }
     let out = Command::new(PROF)
         .arg(d)

@@ -47,8 +47,14 @@ pub const TRAJECTORY: &[(&str, &str)] = &[
 /// Flags that change only the order of floating-point sums: (field, reason).
 pub const ROUNDING: &[(&str, &str)] = &[
     ("allreduce", "another summation order across ranks"),
-    ("bucket_mb", "other allreduce buffers, so another summation order"),
-    ("overlap", "other allreduce buffers, so another summation order"),
+    (
+        "bucket_mb",
+        "other allreduce buffers, so another summation order",
+    ),
+    (
+        "overlap",
+        "other allreduce buffers, so another summation order",
+    ),
     ("channels_last", "other convolution kernels"),
     (
         "devices",
@@ -67,8 +73,14 @@ pub const FREE: &[(&str, &str)] = &[
         "only where the run ends (with --schedule cosine it also stretches the decay: warned)",
     ),
     ("max_steps", "only where the run stops"),
-    ("workers", "batches depend only on seed, epoch, step and replica"),
-    ("prefetch", "batches depend only on seed, epoch, step and replica"),
+    (
+        "workers",
+        "batches depend only on seed, epoch, step and replica",
+    ),
+    (
+        "prefetch",
+        "batches depend only on seed, epoch, step and replica",
+    ),
     ("metrics", "output only"),
     ("checkpoint_dir", "output only"),
     ("checkpoint_every", "output only"),
@@ -125,7 +137,11 @@ fn show(v: Option<&Value>) -> String {
     match v {
         None | Some(Value::Null) => "unset".into(),
         Some(Value::String(s)) => s.clone(),
-        Some(Value::Array(a)) => a.iter().map(|x| show(Some(x))).collect::<Vec<_>>().join(","),
+        Some(Value::Array(a)) => a
+            .iter()
+            .map(|x| show(Some(x)))
+            .collect::<Vec<_>>()
+            .join(","),
         Some(other) => other.to_string(),
     }
 }
@@ -138,14 +154,8 @@ pub fn compare(old: &Value, cfg: &TrainConfig, layout: LayoutCheck) -> Compariso
     let differs = |field: &str| {
         let (a, b) = (old.get(field), new.get(field));
         // A flag the checkpoint predates was not recorded: nothing to compare.
-        (a.is_some() && a != b).then(|| {
-            format!(
-                "{} {} (this run: {})",
-                flag_name(field),
-                show(a),
-                show(b)
-            )
-        })
+        (a.is_some() && a != b)
+            .then(|| format!("{} {} (this run: {})", flag_name(field), show(a), show(b)))
     };
     for (field, why) in TRAJECTORY {
         if let Some(d) = differs(field) {
@@ -215,7 +225,10 @@ mod tests {
             .map(|(f, _)| *f)
             .collect();
         listed.sort_unstable();
-        assert_eq!(listed, fields, "classify every TrainConfig field exactly once");
+        assert_eq!(
+            listed, fields,
+            "classify every TrainConfig field exactly once"
+        );
     }
 
     #[test]
@@ -234,7 +247,10 @@ mod tests {
         let c = compare(&old_v, &new, same_layout());
         assert_eq!(c.refused.len(), 2, "{c:?}");
         assert!(c.refused[0].starts_with("--seed 0 (this run: 3)"), "{c:?}");
-        assert!(c.refused[1].starts_with("--lr unset (this run: 0.5)"), "{c:?}");
+        assert!(
+            c.refused[1].starts_with("--lr unset (this run: 0.5)"),
+            "{c:?}"
+        );
         assert_eq!(c.warnings.len(), 1, "{c:?}");
         assert!(c.warnings[0].starts_with("--allreduce auto (this run: ring)"));
 

@@ -71,7 +71,8 @@ impl StopRequest {
             // async-signal-safe, and cannot panic.
             unsafe {
                 signal_hook::low_level::register(sig, move || {
-                    let _ = first.compare_exchange(0, sig as usize, Ordering::SeqCst, Ordering::SeqCst);
+                    let _ =
+                        first.compare_exchange(0, sig as usize, Ordering::SeqCst, Ordering::SeqCst);
                 })?;
             }
         }

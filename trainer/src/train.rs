@@ -944,7 +944,12 @@ impl Run<'_> {
 
     /// Takes note of the bad records `pipeline` met after the first `seen` (each distinct one
     /// once per rank) for the next [`Run::publish_bad_records`]; returns the new count seen.
-    fn collect_bad_records(&mut self, pipeline: &Pipeline, seen: usize, usage: BadRecordUse) -> usize {
+    fn collect_bad_records(
+        &mut self,
+        pipeline: &Pipeline,
+        seen: usize,
+        usage: BadRecordUse,
+    ) -> usize {
         let new = pipeline.bad_records_since(seen);
         let seen = seen + new.len();
         for bad in new {
@@ -964,7 +969,12 @@ impl Run<'_> {
             .drain(..)
             .map(|(usage, b)| {
                 let reason = bad_reason(&b).to_string();
-                (usage == BadRecordUse::Eval, b.file.display().to_string(), b.record, reason)
+                (
+                    usage == BadRecordUse::Eval,
+                    b.file.display().to_string(),
+                    b.record,
+                    reason,
+                )
             })
             .collect();
         let bytes = serde_json::to_vec(&mine).unwrap_or_default();

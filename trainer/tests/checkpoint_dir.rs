@@ -67,7 +67,11 @@ fn a_run_never_mixes_with_or_deletes_another_runs_checkpoints() {
         e.contains("--resume") && e.contains("--restart") && e.contains("6 checkpoint file(s)"),
         "{e}"
     );
-    assert_eq!(contents(&ckpt), before, "a refused run changed the directory");
+    assert_eq!(
+        contents(&ckpt),
+        before,
+        "a refused run changed the directory"
+    );
 
     // --resume with the other seed: refused, naming the flag and both values.
     let mut resumed = new.clone();
@@ -181,7 +185,10 @@ fn full_disk_leaves_no_partial_file_and_resume_makes_room() {
         "{msg}"
     );
     assert!(msg.contains(&checkpoint::file_name(4)), "{msg}");
-    assert!(msg.contains("No space left") && msg.contains("free"), "{msg}");
+    assert!(
+        msg.contains("No space left") && msg.contains("free"),
+        "{msg}"
+    );
     let names: Vec<String> = contents(&ckpt).into_iter().map(|(n, _)| n).collect();
     assert_eq!(
         names,

@@ -63,7 +63,10 @@ fn bad_flags_are_named() {
         ("--label-smoothing", Box::new(|c| c.label_smoothing = 1.0)),
         ("--max-steps", Box::new(|c| c.max_steps = Some(0))),
         ("--eval-resize", Box::new(|c| c.eval_resize = 8)),
-        ("--on-bad-record", Box::new(|c| c.on_bad_record = "ignore".into())),
+        (
+            "--on-bad-record",
+            Box::new(|c| c.on_bad_record = "ignore".into()),
+        ),
         ("--restart", Box::new(|c| c.restart = true)),
         // (1000 prefetched + 1 + 1 in flight) batches of 2 x 3 x 8192^2 f32: 1.6 TB.
         (

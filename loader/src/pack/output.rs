@@ -65,7 +65,8 @@ pub(crate) struct PackState {
 impl PackState {
     /// Whether the state lists `name` (or, for `X.tmp`, `X`) as written by its pack.
     fn owns(&self, name: &str) -> bool {
-        self.written.contains(name.strip_suffix(".tmp").unwrap_or(name))
+        self.written
+            .contains(name.strip_suffix(".tmp").unwrap_or(name))
     }
 }
 
@@ -200,11 +201,7 @@ fn entries(out: &Path) -> Result<Vec<(String, bool)>> {
 
 /// Sorts the entries of `out` by owner, given the state found there (if any) and whether it is
 /// this pack's.
-fn survey(
-    out: &Path,
-    found: Option<&PackState>,
-    ours: bool,
-) -> Result<Vec<(String, Owner)>> {
+fn survey(out: &Path, found: Option<&PackState>, ours: bool) -> Result<Vec<(String, Owner)>> {
     let manifest = Manifest::load(out).ok();
     // Names another ddl pack's state or manifest lists as its own.
     let mut listed: BTreeSet<String> = BTreeSet::new();
@@ -215,7 +212,11 @@ fn survey(
         listed.insert(REPORT_FILE.into());
     }
     if let Some(m) = &manifest {
-        listed.extend(m.splits.values().flat_map(|s| s.shards.iter().map(|i| i.file.clone())));
+        listed.extend(
+            m.splits
+                .values()
+                .flat_map(|s| s.shards.iter().map(|i| i.file.clone())),
+        );
         listed.insert(MANIFEST_FILE.into());
         listed.insert(REPORT_FILE.into());
     }
@@ -243,11 +244,7 @@ fn survey(
 }
 
 /// What is in `out` besides this pack's files, in words (for the refusal).
-fn describe_foreign(
-    out: &Path,
-    found: Option<&PackState>,
-    foreign: &[(String, Owner)],
-) -> String {
+fn describe_foreign(out: &Path, found: Option<&PackState>, foreign: &[(String, Owner)]) -> String {
     let ddl: Vec<String> = foreign
         .iter()
         .filter(|(_, o)| *o == Owner::OtherPack)

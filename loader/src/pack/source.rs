@@ -240,9 +240,7 @@ fn class_folders(root: &Path, entries: &[Entry]) -> Result<Vec<String>> {
             Kind::Broken(err) => {
                 return Err(input_err(
                     &root.join(&e.name),
-                    format!(
-                        "cannot tell whether it is a class folder ({err}); fix or remove it"
-                    ),
+                    format!("cannot tell whether it is a class folder ({err}); fix or remove it"),
                 ))
             }
             Kind::Dir if !e.utf8 => {
@@ -633,11 +631,16 @@ fn scan_flat_val(
 fn scan_split_dir(dir: &Path, scan: &mut Scan) -> Result<Option<(Vec<Found>, String)>> {
     let entries = list_dir(dir)?;
     let mut tars = Vec::new();
-    for e in entries.iter().filter(|e| !e.is_dir() && e.name.ends_with(".tar")) {
+    for e in entries
+        .iter()
+        .filter(|e| !e.is_dir() && e.name.ends_with(".tar"))
+    {
         // A per-synset tar is a whole class: one that cannot be opened stops the pack.
         let why = match &e.kind {
             Kind::Broken(err) => Some(format!("cannot be opened ({err}); fix or remove it")),
-            _ if !e.utf8 => Some("tar name is not valid UTF-8 (shown with U+FFFD); rename it".into()),
+            _ if !e.utf8 => {
+                Some("tar name is not valid UTF-8 (shown with U+FFFD); rename it".into())
+            }
             _ => None,
         };
         if let Some(why) = why {

@@ -221,7 +221,11 @@ fn run(cli: Cli) -> Result<()> {
         } => {
             let params = bench::model_params(&model)
                 .with_context(|| format!("unknown model {model:?} (resnet18/34/50/101/152)"))?;
-            if nodes == 0 || gpus_per_node == 0 || step_compute_ms.is_nan() || step_compute_ms <= 0.0 {
+            if nodes == 0
+                || gpus_per_node == 0
+                || step_compute_ms.is_nan()
+                || step_compute_ms <= 0.0
+            {
                 bail!("--nodes, --gpus-per-node and --step-compute-ms must be positive");
             }
             if !(0.0..=1.0).contains(&overlap) {

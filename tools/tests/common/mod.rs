@@ -95,7 +95,12 @@ pub fn assert_no_ansi(w: &Writes) {
 pub fn mpirun(np: usize) -> Command {
     let mut cmd = Command::new("timeout");
     cmd.args(["-k", "10", &MPIRUN_LIMIT_S.to_string(), "mpirun"])
-        .args(["--allow-run-as-root", "--oversubscribe", "-np", &np.to_string()]);
+        .args([
+            "--allow-run-as-root",
+            "--oversubscribe",
+            "-np",
+            &np.to_string(),
+        ]);
     cmd
 }
 
@@ -109,7 +114,9 @@ pub fn assert_not_timed_out(status: ExitStatus, all: &str) {
 
 /// Runs an [`mpirun`] command to completion, failing the test if it ran out of time.
 pub fn mpirun_output(cmd: &mut Command) -> Output {
-    let out = cmd.output().expect("timeout and mpirun (Open MPI) must be installed");
+    let out = cmd
+        .output()
+        .expect("timeout and mpirun (Open MPI) must be installed");
     assert_not_timed_out(
         out.status,
         &format!(
