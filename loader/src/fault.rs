@@ -86,19 +86,19 @@ fn report(addr: usize) {
             .map(|x| {
                 let _ = out.write_all(b"ddl: SIGBUS reading shard ");
                 let _ = out.write_all(x.path.as_os_str().as_bytes());
-                let _ = write!(
+                let _ = writeln!(
                     out,
                     " at byte {}: the file was truncated or rewritten while this process had \
                      it mapped. Shards must stay read-only while a job uses them: restore the \
-                     file (ddl-pack --verify checks it) and resume from the last checkpoint.\n",
+                     file (ddl-pack --verify checks it) and resume from the last checkpoint.",
                     addr - x.start
                 );
             })
     });
     if hit.is_none() {
-        let _ = write!(
+        let _ = writeln!(
             out,
-            "ddl: SIGBUS at address {addr:#x}, outside every shard mapping\n"
+            "ddl: SIGBUS at address {addr:#x}, outside every shard mapping"
         );
     }
     let n = out.position() as usize;

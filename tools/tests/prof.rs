@@ -485,7 +485,7 @@ fn every_flag_is_checked_before_anything_is_measured() {
     for (args, status, needle) in [
         (vec!["--prefetch", "0"], 2, "--prefetch"),
         (vec!["--seconds", "0"], 2, "--seconds"),
-        (vec!["--stage-seconds", "-1"], 2, "--stage-seconds"),
+        (vec!["--stage-seconds=-1"], 2, "--stage-seconds"),
         (vec!["--batch", "0"], 2, "--batch"),
         (vec!["--threads", "1,0"], 2, "--threads"),
         (vec!["--gpu-rate", "nan"], 2, "--gpu-rate"),
