@@ -605,11 +605,15 @@ pub fn resident_bytes(paths: &[PathBuf]) -> Result<u64> {
     Ok(total)
 }
 
+/// The distinct bad records met so far: (shard file, record) keys, and each record in the
+/// order first met.
+type SeenBadRecords = (BTreeSet<(PathBuf, usize)>, Vec<BadRecordSeen>);
+
 /// Collects the bad records met from every thread and applies `--on-bad-record fail`.
 struct BadLog {
     policy: OnBadRecord,
     dir: PathBuf,
-    seen: Mutex<(BTreeSet<(PathBuf, usize)>, Vec<BadRecordSeen>)>,
+    seen: Mutex<SeenBadRecords>,
 }
 
 impl BadLog {
