@@ -68,13 +68,16 @@ impl Drop for Scratch {
     }
 }
 
+/// The threads reading a child's stdout and stderr to the end.
+type OutputReaders = (JoinHandle<Vec<u8>>, JoinHandle<Vec<u8>>);
+
 /// A command running in a process group of its own (so that `mpirun` and its ranks can be
 /// signalled or killed together), with its stdout and stderr captured. Dropping it kills the
 /// group if it still runs.
 pub struct Launched {
     child: Child,
     what: String,
-    readers: Option<(JoinHandle<Vec<u8>>, JoinHandle<Vec<u8>>)>,
+    readers: Option<OutputReaders>,
 }
 
 fn drain(mut from: impl Read + Send + 'static) -> JoinHandle<Vec<u8>> {
