@@ -47,7 +47,7 @@ fn bad_flags_are_named() {
     assert!(err(&c).contains("--resume"));
 
     // Out-of-range numbers are refused before anything runs, naming the flag.
-    let cases: Vec<(&str, Box<dyn Fn(&mut TrainConfig)>)> = vec![
+    let cases: Vec<(&str, Box<Break>)> = vec![
         ("--lr", Box::new(|c| c.lr = Some(-1.0))),
         ("--lr", Box::new(|c| c.lr = Some(f64::NAN))),
         ("--lr", Box::new(|c| c.lr = Some(0.0))),
@@ -119,3 +119,6 @@ fn bad_flags_are_named() {
     }
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+/// Sets one out-of-range value in a valid configuration.
+type Break = dyn Fn(&mut TrainConfig);
