@@ -14,6 +14,8 @@ endif
 # Open MPI refuses root without these; CI and the reference machines run as root.
 export OMPI_ALLOW_RUN_AS_ROOT := 1
 export OMPI_ALLOW_RUN_AS_ROOT_CONFIRM := 1
+# tch's zip reader links zstd: Debian's libzstd (setup installs it) saves compiling it.
+export ZSTD_SYS_USE_PKG_CONFIG := 1
 # One MPI process per node may use the node's cores; keep OpenMP from oversubscribing them.
 export OMP_NUM_THREADS ?= 1
 
@@ -34,8 +36,10 @@ lint: setup
 	$(CARGO) fmt --all -- --check
 	$(CARGO) clippy --release --workspace --all-targets -- -D warnings
 
+# One feature resolution for every step: `--all-targets` includes the dev-dependencies, as
+# clippy and `cargo test` do, so no crate is compiled twice with two feature sets.
 test: setup
-	$(CARGO) build --release --workspace
+	$(CARGO) build --release --workspace --all-targets
 	$(CARGO) test --release --workspace
 
 bench: build

@@ -4,14 +4,14 @@
 #
 # Cluster users with their own stack skip parts of it:
 #   LIBTORCH=/path/to/libtorch   use that libtorch instead of the virtualenv's torch
-#   DDL_SKIP_APT=1               do not touch system packages (MPI, clang, cmake, nasm must exist)
+#   DDL_SKIP_APT=1               do not touch system packages (MPI, clang, cmake, nasm, libzstd must exist)
 set -euo pipefail
 
 here=$(cd "$(dirname "$0")/.." && pwd)
 venv=${DDL_VENV:-$here/.venv}
 torch_version=2.11.0
 apt_packages=(libopenmpi-dev openmpi-bin libclang-dev clang cmake nasm pkg-config python3-venv
-              libfontconfig1-dev libfreetype-dev fonts-dejavu-core bc)
+              libfontconfig1-dev libfreetype-dev libzstd-dev fonts-dejavu-core bc)
 
 die() { echo "setup: $*" >&2; exit 1; }
 

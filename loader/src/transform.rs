@@ -15,6 +15,7 @@
 //! it or when.
 
 use fast_image_resize as fir;
+use fir::pixels::U8x3;
 
 use crate::decode::{plan, DecodeError, DecodeMode, JpegDecoder};
 use crate::sampler::mix64;
@@ -496,7 +497,7 @@ impl Transformer {
         let (crop, flipped) = self.geometry(header.width, header.height, epoch, id);
         let p = plan(&header, crop, (size, size), self.cfg.decode);
         let decoded = self.decoder.decode(jpeg, &p)?;
-        let src = fir::images::ImageRef::new(p.region.w, p.region.h, decoded, fir::PixelType::U8x3)
+        let src = fir::images::TypedImageRef::<U8x3>::from_buffer(p.region.w, p.region.h, decoded)
             .map_err(|e| DecodeError(format!("decoded image: {e}")))?;
         let [cl, ct, cw, ch] = p.crop;
         let opts = fir::ResizeOptions::new()
@@ -511,11 +512,10 @@ impl Transformer {
                         dst.len()
                     )));
                 }
-                let mut img =
-                    fir::images::Image::from_slice_u8(size, size, dst, fir::PixelType::U8x3)
-                        .map_err(|e| DecodeError(format!("output slot: {e}")))?;
+                let mut img = fir::images::TypedImage::<U8x3>::from_buffer(size, size, dst)
+                    .map_err(|e| DecodeError(format!("output slot: {e}")))?;
                 self.resizer
-                    .resize(&src, &mut img, &opts)
+                    .resize_typed(&src, &mut img, &opts)
                     .map_err(|e| DecodeError(format!("resize: {e}")))?;
                 if flipped {
                     flip_hwc_in_place(dst, s, s);
@@ -529,15 +529,11 @@ impl Transformer {
                     )));
                 }
                 self.resized.resize(n, 0);
-                let mut img = fir::images::Image::from_slice_u8(
-                    size,
-                    size,
-                    &mut self.resized,
-                    fir::PixelType::U8x3,
-                )
-                .map_err(|e| DecodeError(format!("scratch image: {e}")))?;
+                let mut img =
+                    fir::images::TypedImage::<U8x3>::from_buffer(size, size, &mut self.resized)
+                        .map_err(|e| DecodeError(format!("scratch image: {e}")))?;
                 self.resizer
-                    .resize(&src, &mut img, &opts)
+                    .resize_typed(&src, &mut img, &opts)
                     .map_err(|e| DecodeError(format!("resize: {e}")))?;
                 self.normalizer.write_chw(&self.resized, s, s, flipped, dst);
             }

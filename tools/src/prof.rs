@@ -1738,13 +1738,26 @@ fn backend_of(path: &Path) -> Result<&'static str> {
     }
 }
 
+/// Draws into an RGB buffer and writes it to `path` as a PNG. The encoding is done by the
+/// `image` crate ddl already uses: plotters' own encoder would compile a second, older `image`.
+fn write_png(
+    path: &Path,
+    (width, height): (u32, u32),
+    draw: impl FnOnce(DrawingArea<BitMapBackend, Shift>) -> Result<()>,
+) -> Result<()> {
+    let mut rgb = vec![0u8; width as usize * height as usize * 3];
+    draw(BitMapBackend::with_buffer(&mut rgb, (width, height)).into_drawing_area())?;
+    image::save_buffer(path, &rgb, width, height, image::ExtendedColorType::Rgb8)?;
+    Ok(())
+}
+
 /// Draws images/s against threads for every stage and end to end (log-log) to `path`
 /// (`.svg` or `.png`).
 pub fn plot_scaling(r: &Report, path: &Path) -> Result<()> {
     let size = (1000, 650);
     match backend_of(path)? {
         "svg" => draw_scaling(SVGBackend::new(path, size).into_drawing_area(), r),
-        _ => draw_scaling(BitMapBackend::new(path, size).into_drawing_area(), r),
+        _ => write_png(path, size, |area| draw_scaling(area, r)),
     }
     .with_context(|| format!("draw {}", path.display()))
 }
@@ -1913,7 +1926,7 @@ pub fn plot_metrics(metrics: &Path, out: &Path) -> Result<Metrics> {
     let size = (1200, 800);
     match backend_of(out)? {
         "svg" => draw_metrics(SVGBackend::new(out, size).into_drawing_area(), &m),
-        _ => draw_metrics(BitMapBackend::new(out, size).into_drawing_area(), &m),
+        _ => write_png(out, size, |area| draw_metrics(area, &m)),
     }
     .with_context(|| format!("draw {}", out.display()))?;
     Ok(m)

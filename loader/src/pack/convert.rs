@@ -7,6 +7,7 @@
 use std::cell::RefCell;
 
 use fast_image_resize as fr;
+use fr::pixels::U8x3;
 use turbojpeg::{Colorspace, Decompressor, Image, PixelFormat, ScalingFactor, Subsamp};
 
 /// Largest decoded image accepted, in pixels (guards memory against hostile dimensions).
@@ -364,17 +365,19 @@ pub fn target_size(width: u32, height: u32, max_short: u32) -> (u32, u32) {
 }
 
 fn resize(c: &mut Codecs, img: Rgb, w: u32, h: u32) -> Result<Rgb, Skip> {
-    let src =
-        fr::images::Image::from_vec_u8(img.width, img.height, img.pixels, fr::PixelType::U8x3)
-            .map_err(|e| skip(SkipReason::Corrupt, format!("resize source: {e}")))?;
-    let mut dst = fr::images::Image::new(w, h, fr::PixelType::U8x3);
+    // Typed (U8x3) views: the untyped `resize` would instantiate every pixel type's resampler.
+    let src = fr::images::TypedImageRef::<U8x3>::from_buffer(img.width, img.height, &img.pixels)
+        .map_err(|e| skip(SkipReason::Corrupt, format!("resize source: {e}")))?;
+    let mut pixels = vec![0u8; w as usize * h as usize * 3];
+    let mut dst = fr::images::TypedImage::<U8x3>::from_buffer(w, h, &mut pixels)
+        .map_err(|e| skip(SkipReason::Corrupt, format!("resize target: {e}")))?;
     let opts =
         fr::ResizeOptions::new().resize_alg(fr::ResizeAlg::Convolution(fr::FilterType::CatmullRom));
     c.resizer
-        .resize(&src, &mut dst, &opts)
+        .resize_typed(&src, &mut dst, &opts)
         .map_err(|e| skip(SkipReason::Corrupt, format!("resize: {e}")))?;
     Ok(Rgb {
-        pixels: dst.into_vec(),
+        pixels,
         width: w,
         height: h,
         full: (w, h),
