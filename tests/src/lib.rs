@@ -71,9 +71,10 @@ impl Drop for Scratch {
 /// The threads reading a child's stdout and stderr to the end.
 type OutputReaders = (JoinHandle<Vec<u8>>, JoinHandle<Vec<u8>>);
 
-/// A command running in a process group of its own (so that `mpirun` and its ranks can be
-/// signalled or killed together), with its stdout and stderr captured. Dropping it kills the
-/// group if it still runs.
+/// A command running in a session of its own, with its stdout and stderr captured: `mpirun`
+/// and its ranks can be signalled or killed together through the session (Open MPI puts each
+/// rank into a process group of its own, so a process-group kill would leave the ranks
+/// running). Dropping it kills the job if it still runs.
 pub struct Launched {
     child: Child,
     what: String,
@@ -89,10 +90,18 @@ fn drain(mut from: impl Read + Send + 'static) -> JoinHandle<Vec<u8>> {
 }
 
 impl Launched {
-    /// Starts `cmd` in a new process group, capturing its output.
+    /// Starts `cmd` in a new session, capturing its output.
     pub fn start(cmd: &mut Command) -> Launched {
+        // SAFETY: setsid(2) is async-signal-safe, and nothing else runs in the forked child.
+        unsafe {
+            cmd.pre_exec(|| {
+                if libc::setsid() == -1 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                Ok(())
+            });
+        }
         let mut child = cmd
-            .process_group(0)
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
@@ -107,7 +116,7 @@ impl Launched {
         }
     }
 
-    /// Process id of the command (and id of its process group).
+    /// Process id of the command (and id of its session).
     pub fn pid(&self) -> u32 {
         self.child.id()
     }
@@ -117,13 +126,16 @@ impl Launched {
         self.child.try_wait().expect("try_wait").is_some()
     }
 
-    /// Sends `signal` to the whole process group.
-    pub fn signal_group(&self, signal: i32) {
-        // SAFETY: kill(2) on our own child's process group; no memory is involved.
-        unsafe { libc::kill(-(self.child.id() as i32), signal) };
+    /// Sends `signal` to every process of the job: the command and all it started (its
+    /// session).
+    pub fn signal_job(&self, sig: i32) {
+        let session = self.child.id();
+        for (pid, _) in processes().filter(|(_, f)| f.session == session) {
+            signal(pid, sig);
+        }
     }
 
-    /// Waits for the command to end; after `limit` kills its process group and panics with
+    /// Waits for the command to end; after `limit` kills the job and panics with
     /// everything it printed, so that a hang fails the test instead of the CI run.
     pub fn wait_within(mut self, limit: Duration) -> Output {
         let start = Instant::now();
@@ -132,7 +144,7 @@ impl Launched {
                 break status;
             }
             if start.elapsed() > limit {
-                self.signal_group(libc::SIGKILL);
+                self.signal_job(libc::SIGKILL);
                 let _ = self.child.wait();
                 let out = self.collect(ExitStatus::from_raw(libc::SIGKILL));
                 panic!(
@@ -160,45 +172,49 @@ impl Launched {
 impl Drop for Launched {
     fn drop(&mut self) {
         if self.readers.is_some() && !self.exited() {
-            self.signal_group(libc::SIGKILL);
+            self.signal_job(libc::SIGKILL);
             let _ = self.child.wait();
         }
     }
 }
 
+/// The fields of `/proc/PID/stat` that the tests use.
+struct ProcStat {
+    ppid: u32,
+    session: u32,
+}
+
+/// Every process this test can see, with its parent and session.
+fn processes() -> impl Iterator<Item = (u32, ProcStat)> {
+    std::fs::read_dir("/proc")
+        .expect("/proc")
+        .flatten()
+        .filter_map(|entry| {
+            let pid = entry.file_name().to_str()?.parse::<u32>().ok()?;
+            // "pid (comm) state ppid pgrp session ..."; comm may hold spaces: split after ')'.
+            let stat = std::fs::read_to_string(entry.path().join("stat")).ok()?;
+            let mut fields = stat.rsplit_once(')')?.1.split_whitespace().skip(1);
+            let ppid = fields.next()?.parse().ok()?;
+            let session = fields.nth(1)?.parse().ok()?;
+            Some((pid, ProcStat { ppid, session }))
+        })
+}
+
 /// The process ids of the ranks `mpirun` (process `mpirun_pid`) started, by world rank: its
 /// child processes, each ranked by the `OMPI_COMM_WORLD_RANK` of its environment.
 pub fn rank_pids(mpirun_pid: u32) -> Vec<(usize, u32)> {
-    let mut out = Vec::new();
-    for entry in std::fs::read_dir("/proc").expect("/proc").flatten() {
-        let Some(pid) = entry
-            .file_name()
-            .to_str()
-            .and_then(|s| s.parse::<u32>().ok())
-        else {
-            continue;
-        };
-        // /proc/PID/stat: "pid (comm) state ppid ..."; comm may hold spaces, so split after ')'.
-        let Ok(stat) = std::fs::read_to_string(entry.path().join("stat")) else {
-            continue;
-        };
-        let ppid = stat
-            .rsplit_once(')')
-            .and_then(|(_, rest)| rest.split_whitespace().nth(1))
-            .and_then(|p| p.parse::<u32>().ok());
-        if ppid != Some(mpirun_pid) {
-            continue;
-        }
-        let env = std::fs::read(entry.path().join("environ")).unwrap_or_default();
-        let rank = env
-            .split(|&b| b == 0)
-            .filter_map(|kv| std::str::from_utf8(kv).ok())
-            .find_map(|kv| kv.strip_prefix("OMPI_COMM_WORLD_RANK="))
-            .and_then(|r| r.parse().ok());
-        if let Some(rank) = rank {
-            out.push((rank, pid));
-        }
-    }
+    let mut out: Vec<(usize, u32)> = processes()
+        .filter(|(_, f)| f.ppid == mpirun_pid)
+        .filter_map(|(pid, _)| {
+            let env = std::fs::read(format!("/proc/{pid}/environ")).unwrap_or_default();
+            let rank = env
+                .split(|&b| b == 0)
+                .filter_map(|kv| std::str::from_utf8(kv).ok())
+                .find_map(|kv| kv.strip_prefix("OMPI_COMM_WORLD_RANK="))
+                .and_then(|r| r.parse().ok())?;
+            Some((rank, pid))
+        })
+        .collect();
     out.sort_unstable();
     out
 }

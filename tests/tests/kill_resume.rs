@@ -149,7 +149,7 @@ fn killed_job_resumes_to_bitwise_identical_weights() {
     wait_for(&mut job, "the first checkpoint", || {
         !checkpoints(&ckpt).is_empty()
     });
-    job.signal_group(libc::SIGKILL);
+    job.signal_job(libc::SIGKILL);
     let out = job.wait_within(LAUNCH_TIMEOUT);
     assert!(!out.status.success(), "the job was not killed");
     assert!(
