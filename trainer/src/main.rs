@@ -102,7 +102,7 @@ struct Cli {
     /// checkpoint's (not bitwise identical to an uninterrupted run).
     #[arg(long, requires = "resume")]
     allow_new_layout: bool,
-    /// Stop after this many global steps.
+    /// Stop after this many global steps (0: none, e.g. to dump the initial weights).
     #[arg(long)]
     max_steps: Option<u64>,
     /// multicolor | ring | rhd | multiring | mpi | auto.

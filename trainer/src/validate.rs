@@ -83,7 +83,6 @@ pub fn ranges(cfg: &TrainConfig) -> Result<()> {
         ("--prefetch", cfg.prefetch as u64),
         ("--keep-checkpoints", cfg.keep_checkpoints as u64),
         ("--comm-timeout", cfg.comm_timeout_s),
-        ("--max-steps", cfg.max_steps.unwrap_or(1)),
     ];
     for (flag, value) in at_least_one {
         if value == 0 {

@@ -61,7 +61,6 @@ fn bad_flags_are_named() {
         ("--bucket-mb", Box::new(|c| c.bucket_mb = f64::NAN)),
         ("--warmup-epochs", Box::new(|c| c.warmup_epochs = -1.0)),
         ("--label-smoothing", Box::new(|c| c.label_smoothing = 1.0)),
-        ("--max-steps", Box::new(|c| c.max_steps = Some(0))),
         ("--eval-resize", Box::new(|c| c.eval_resize = 8)),
         (
             "--on-bad-record",
