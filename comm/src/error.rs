@@ -18,7 +18,7 @@ fn peer_name(peer: &Option<usize>) -> String {
 #[derive(Debug, thiserror::Error)]
 pub enum CommError {
     /// The operation did not complete before the transport's operation timeout: the peer is
-    /// presumed dead. On MPI the job must then be aborted ([`crate::mpi::World::abort`]).
+    /// presumed dead. On MPI the job must then be aborted ([`crate::world::World::abort`]).
     #[error("{op} on rank {rank}: timed out after {timeout:?} waiting for {}", peer_name(.peer))]
     Timeout {
         /// The operation (e.g. `recv`, `exchange`, `barrier`).

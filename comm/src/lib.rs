@@ -2,22 +2,28 @@
 //!
 //! - [`Transport`]: point-to-point byte messaging (blocking send/recv, a non-blocking batch
 //!   [`Transport::exchange`], split, barrier) with an operation timeout, implemented over
-//!   MPI ([`mpi::MpiTransport`], [`mpi::World`]) and in-process threads
-//!   ([`thread_group`]).
+//!   MPI ([`mpi::MpiTransport`], started by [`World`]) and in-process threads
+//!   ([`thread_group`]). Every message tag belongs to one range of [`tags`].
 //! - [`Allreducer`]: allreduce of f32 / f16 / bf16 with the [`Algorithm`]s ring, rhd,
 //!   multicolor, multiring, mpi and auto; results are bitwise identical on all ranks.
-//! - [`CostModel`]: alpha-beta-gamma per tier, predicting each algorithm's time.
+//! - [`collective`]: broadcast, gather and allgather of bytes for the control plane.
+//! - [`CostModel`]: alpha-beta-gamma per tier, predicting each algorithm's time, and its
+//!   measurement under MPI ([`calibrate`]).
 
 #![warn(missing_docs)]
 
 pub mod algorithm;
 pub mod allreduce;
+pub mod calibrate;
+pub mod collective;
 pub mod cost;
 pub mod error;
 pub mod mpi;
+pub mod tags;
 pub mod thread;
 pub mod topology;
 pub mod transport;
+pub mod world;
 
 pub use algorithm::Algorithm;
 pub use allreduce::{Allreducer, Element};
@@ -28,3 +34,4 @@ pub use half::{bf16, f16};
 pub use thread::{thread_group, thread_group_with_timeout, ThreadTransport};
 pub use topology::Topology;
 pub use transport::{Op, Transport, DEFAULT_TIMEOUT};
+pub use world::World;

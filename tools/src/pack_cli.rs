@@ -12,6 +12,7 @@ use ddl_loader::pack::convert::{ConvertOptions, MIN_SHORT_SIDE};
 use ddl_loader::pack::{self, PackOptions, PackProgress, ShardCount};
 
 use crate::cli::stderr_line;
+use crate::size;
 
 /// Packs an ImageNet-style tree (or ImageNet-22k tars) into ddl shards, or verifies a packed
 /// directory.
@@ -46,10 +47,11 @@ pub struct Args {
     #[arg(long, conflicts_with = "shard_size")]
     pub shards: Option<usize>,
 
-    /// Target shard size (e.g. 1GiB, 512MiB), used when --shards is not given; the output
+    /// Target shard size (e.g. 1GiB, 512MiB; KiB/MiB/GiB/TiB and K/M/G/T are powers of 1024,
+    /// KB/MB/GB/TB powers of 1000), used when --shards is not given; the output
     /// size is estimated by converting a sample of the inputs, and the shard count is rounded
     /// up to a multiple of --nodes.
-    #[arg(long, value_parser = pack::parse_size, default_value = "1GiB")]
+    #[arg(long, value_parser = size::parse_size, default_value = "1GiB")]
     pub shard_size: u64,
 
     /// Resize so the shorter side is at most this many pixels: 0 keeps the original size,

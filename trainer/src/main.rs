@@ -8,8 +8,8 @@ use std::sync::Arc;
 
 use anyhow::Context;
 use clap::Parser;
-use ddl_comm::mpi::World;
 use ddl_comm::Transport;
+use ddl_comm::World;
 use ddl_trainer::console::eprint_line;
 use ddl_trainer::signal::StopRequest;
 use ddl_trainer::{RankInfo, TrainConfig, TrainError, TrainSummary};

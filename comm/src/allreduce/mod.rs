@@ -15,6 +15,10 @@ use crate::error::{CommError, Result};
 use crate::topology::Topology;
 use crate::transport::Transport;
 use multicolor::MulticolorPlan;
+pub(crate) use ring::{MAX_DIMS, MAX_SEGMENTS};
+
+/// Most colors of the multicolor algorithm.
+pub(crate) const MAX_COLORS: usize = 1024;
 
 mod sealed {
     pub trait Sealed {}
@@ -110,7 +114,7 @@ impl Allreducer {
     /// An allreducer over `transport` with the default cost model (used by `auto`).
     ///
     /// `topology` describes how the transport's ranks sit on nodes (use
-    /// [`Topology::flat`] when unknown, [`crate::mpi::World::topology`] under MPI). Fails if
+    /// [`Topology::flat`] when unknown, [`crate::world::World::topology`] under MPI). Fails if
     /// the algorithm cannot run here: `mpi` on a non-MPI transport, multiring dimensions
     /// whose product is not the rank count, or a topology of another size.
     pub fn new(
@@ -152,9 +156,9 @@ impl Allreducer {
                 colors,
                 chunk_bytes,
             } => {
-                if *colors == 0 || *colors > 1024 || *chunk_bytes < 4 {
+                if *colors == 0 || *colors > MAX_COLORS || *chunk_bytes < 4 {
                     return Err(CommError::InvalidArgument(format!(
-                        "multicolor needs 1..=1024 colors and chunks of at least 4 bytes, got {colors} colors, {chunk_bytes} bytes"
+                        "multicolor needs 1..={MAX_COLORS} colors and chunks of at least 4 bytes, got {colors} colors, {chunk_bytes} bytes"
                     )));
                 }
                 Some(MulticolorPlan::new(

@@ -8,6 +8,7 @@ use std::ops::Range;
 
 use super::util::{add_into, ensure_len, part, RawBuf};
 use crate::error::Result;
+use crate::tags::MULTICOLOR;
 use crate::topology::Topology;
 use crate::transport::{Op, Transport};
 
@@ -259,11 +260,11 @@ pub(crate) fn schedule(topo: Topology, colors: usize, chunks: usize) -> Vec<(usi
 }
 
 fn tag_reduce(c: usize) -> u32 {
-    200 + 2 * c as u32
+    MULTICOLOR.tag(2 * c as u32)
 }
 
 fn tag_bcast(c: usize) -> u32 {
-    201 + 2 * c as u32
+    MULTICOLOR.tag(2 * c as u32 + 1)
 }
 
 /// Step at which chunk `j` is handled when the handling of chunk 0 happens at step `offset`.

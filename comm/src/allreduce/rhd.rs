@@ -5,12 +5,13 @@ use std::ops::Range;
 
 use super::util::{add_into, ensure_len, RawBuf};
 use crate::error::Result;
+use crate::tags::RHD;
 use crate::transport::{f32_bytes, f32_bytes_mut, Op, Transport};
 
-const TAG_FOLD: u32 = 100;
-const TAG_HALVE: u32 = 101;
-const TAG_DOUBLE: u32 = 102;
-const TAG_UNFOLD: u32 = 103;
+const TAG_FOLD: u32 = RHD.tag(0);
+const TAG_HALVE: u32 = RHD.tag(1);
+const TAG_DOUBLE: u32 = RHD.tag(2);
+const TAG_UNFOLD: u32 = RHD.tag(3);
 
 /// Element range of blocks `b` when `n` elements are cut into `blocks` near-equal blocks.
 fn block_elems(n: usize, blocks: usize, b: Range<usize>) -> Range<usize> {

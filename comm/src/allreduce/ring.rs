@@ -5,6 +5,7 @@ use std::ops::Range;
 
 use super::util::{add_into, ensure_len, part, RawBuf};
 use crate::error::Result;
+use crate::tags::RING;
 use crate::transport::{Op, Transport};
 
 /// Ranks `base + i * stride` for `i in 0..len`; this rank is member `me`.
@@ -167,7 +168,7 @@ pub(crate) fn multiring(
             me,
             dims,
             part(&whole, segs, s),
-            (s * 2 * MAX_DIMS) as u32,
+            RING.tag((s * 2 * MAX_DIMS) as u32),
             steps,
         );
     }

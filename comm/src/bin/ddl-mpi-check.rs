@@ -14,7 +14,7 @@ use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use ddl_comm::mpi::World;
+use ddl_comm::World;
 use ddl_comm::{f16, Algorithm, Allreducer, CommError, Transport};
 
 /// Exit code of `ddl-mpi-check abort`: distinctive, so that a crash or a timeout cannot pass

@@ -217,39 +217,6 @@ pub struct PackReport {
     pub images_per_s: f64,
 }
 
-/// Parses a size such as `1GiB`, `512MiB`, `2G`, `100MB`, `4096` (bytes).
-pub fn parse_size(s: &str) -> std::result::Result<u64, String> {
-    let t = s.trim();
-    let split = t
-        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
-        .unwrap_or(t.len());
-    let (num, unit) = t.split_at(split);
-    let num: f64 = num
-        .parse()
-        .map_err(|_| format!("{s:?}: expected a number with an optional unit"))?;
-    let mult: u64 = match unit.trim().to_ascii_lowercase().as_str() {
-        "" | "b" => 1,
-        "k" | "kib" => 1 << 10,
-        "kb" => 1000,
-        "m" | "mib" => 1 << 20,
-        "mb" => 1_000_000,
-        "g" | "gib" => 1 << 30,
-        "gb" => 1_000_000_000,
-        "t" | "tib" => 1 << 40,
-        "tb" => 1_000_000_000_000,
-        u => {
-            return Err(format!(
-                "{s:?}: unknown unit {u:?} (use B, KiB, MiB, GiB, TiB, KB, MB, GB, TB)"
-            ))
-        }
-    };
-    let v = num * mult as f64;
-    if !(1.0..1.8e19).contains(&v) {
-        return Err(format!("{s:?}: size must be between one byte and 16 EiB"));
-    }
-    Ok(v as u64)
-}
-
 /// 64-bit FNV-1a, used for plan and pack fingerprints (stable across builds, unlike
 /// `DefaultHasher`).
 struct Fnv(u64);
@@ -839,19 +806,6 @@ fn verify_shard(dir: &Path, info: &ShardInfo) -> (u64, u64, Vec<LoaderError>) {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn sizes_parse() {
-        assert_eq!(parse_size("1GiB").unwrap(), 1 << 30);
-        assert_eq!(parse_size("512MiB").unwrap(), 512 << 20);
-        assert_eq!(parse_size("2g").unwrap(), 2 << 30);
-        assert_eq!(parse_size("100MB").unwrap(), 100_000_000);
-        assert_eq!(parse_size("4096").unwrap(), 4096);
-        assert_eq!(parse_size("1.5KiB").unwrap(), 1536);
-        assert!(parse_size("abc").is_err());
-        assert!(parse_size("1 parsec").is_err());
-        assert!(parse_size("0").is_err());
-    }
 
     #[test]
     fn shard_counts() {

@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
 use clap::{Parser, Subcommand};
-use ddl_comm::mpi::World;
+use ddl_comm::World;
 use ddl_comm::{Algorithm, CostModel};
 use ddl_tools::{bench, cli};
 
@@ -26,10 +26,11 @@ enum Cmd {
         /// Comma-separated algorithms: ring, rhd, multicolor[:K[:CHUNK]], multiring[:AxB..], mpi, auto.
         #[arg(long, default_value = "ring,rhd,multicolor,multiring,mpi")]
         algos: String,
-        /// Smallest message (e.g. 4K, 4KiB, 4096; at least 4 bytes, one f32).
+        /// Smallest message, at least 4 bytes (one f32): e.g. 4096, 4KiB; KiB/MiB/GiB and K/M/G
+        /// are powers of 1024, KB/MB/GB powers of 1000.
         #[arg(long, default_value = "4KiB", value_parser = bench::parse_message_bytes)]
         min_bytes: usize,
-        /// Largest message (at least --min-bytes).
+        /// Largest message (at least --min-bytes; units as for --min-bytes).
         #[arg(long, default_value = "256MiB", value_parser = bench::parse_message_bytes)]
         max_bytes: usize,
         /// Size multiplier between rows (at least 2).
@@ -59,7 +60,8 @@ enum Cmd {
         /// Output file.
         #[arg(short, long, default_value = "model.json")]
         output: PathBuf,
-        /// Largest ring allreduce timed for the beta curves (at least 4 bytes).
+        /// Largest ring allreduce timed for the beta curves (at least 4 bytes; KiB/MiB/GiB are
+        /// powers of 1024, KB/MB/GB powers of 1000).
         #[arg(long, default_value = "64MiB", value_parser = bench::parse_message_bytes)]
         max_bytes: usize,
         /// Sweeps over all sizes (ring curves and MPI_Allreduce); per size the median.
@@ -72,7 +74,8 @@ enum Cmd {
         /// Algorithm (as for `allreduce --algos`).
         #[arg(long)]
         algo: String,
-        /// Message size (e.g. 4MiB; at least 4 bytes).
+        /// Message size, at least 4 bytes (e.g. 4MiB; KiB/MiB/GiB are powers of 1024, KB/MB/GB
+        /// powers of 1000).
         #[arg(long, value_parser = bench::parse_message_bytes)]
         bytes: usize,
         /// Nodes.
@@ -177,7 +180,7 @@ fn run(cli: Cli) -> Result<()> {
             passes,
         } => {
             let world = World::init_with_timeout(bench::DEFAULT_BENCH_TIMEOUT)?;
-            match bench::calibrate(&world, max_bytes, passes as usize) {
+            match ddl_comm::calibrate::calibrate(&world, max_bytes, passes as usize) {
                 Ok(model) => {
                     if world.rank() == 0 {
                         model.save(&output)?;
@@ -185,7 +188,7 @@ fn run(cli: Cli) -> Result<()> {
                         writeln!(out, "# written to {}", output.display())?;
                     }
                 }
-                Err(e) => abort_with(&world, &e),
+                Err(e) => abort_with(&world, &e.into()),
             }
         }
         Cmd::Predict {

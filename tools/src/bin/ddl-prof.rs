@@ -19,8 +19,8 @@ use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
 use clap::{Parser, ValueEnum};
-use ddl_comm::mpi::World;
-use ddl_comm::Transport;
+use ddl_comm::World;
+use ddl_comm::{collective, Transport};
 use ddl_loader::dataset::Residency;
 use ddl_loader::pipeline::OnBadRecord;
 use ddl_tools::cli;
@@ -302,22 +302,12 @@ fn run(args: Args) -> Result<()> {
 
 /// Sends every rank's report to rank 0; rank 0 returns all of them in rank order, the other
 /// ranks only their own.
-fn gather(t: &impl Transport, mine: &Report) -> Result<Vec<Report>> {
-    const LEN: u32 = 7001;
-    const BODY: u32 = 7002;
-    if t.rank() != 0 {
-        let body = serde_json::to_vec(mine)?;
-        t.send(0, LEN, &(body.len() as u64).to_le_bytes())?;
-        t.send(0, BODY, &body)?;
+fn gather(t: &dyn Transport, mine: &Report) -> Result<Vec<Report>> {
+    let Some(all) = collective::gather_bytes(t, serde_json::to_vec(mine)?)? else {
         return Ok(vec![mine.clone()]);
-    }
-    let mut all = vec![mine.clone()];
-    for from in 1..t.size() {
-        let mut len = [0u8; 8];
-        t.recv(from, LEN, &mut len)?;
-        let mut body = vec![0u8; u64::from_le_bytes(len) as usize];
-        t.recv(from, BODY, &mut body)?;
-        all.push(serde_json::from_slice(&body).with_context(|| format!("report of rank {from}"))?);
-    }
-    Ok(all)
+    };
+    let others = all.iter().enumerate().skip(1).map(|(rank, body)| {
+        serde_json::from_slice(body).with_context(|| format!("report of rank {rank}"))
+    });
+    std::iter::once(Ok(mine.clone())).chain(others).collect()
 }

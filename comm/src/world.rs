@@ -1,0 +1,207 @@
+//! The MPI job: initialises MPI and finds the layout of its ranks (the node communicator from
+//! `MPI_Comm_split_type(MPI_COMM_TYPE_SHARED)`, node index and count, whether the layout is a
+//! uniform `nodes x ranks_per_node` [`Topology`]).
+
+use std::ffi::{c_int, c_void};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use mpi::environment::Threading;
+use mpi::ffi;
+
+use crate::error::{CommError, Result};
+use crate::mpi::{check, Env, MpiTransport, Polling};
+use crate::tags;
+use crate::topology::Topology;
+use crate::transport::{Op, Transport, DEFAULT_TIMEOUT};
+
+/// The MPI job: initialises MPI, exposes the world transport and the node layout
+/// (`MPI_Comm_split_type(MPI_COMM_TYPE_SHARED)`). MPI is finalised when the `World` and
+/// every transport derived from it are dropped.
+pub struct World {
+    world: Arc<MpiTransport>,
+    node: MpiTransport,
+    node_index: usize,
+    node_count: usize,
+    uniform: bool,
+}
+
+impl std::fmt::Debug for World {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("World")
+            .field("rank", &self.world.rank)
+            .field("size", &self.world.size)
+            .field("node_index", &self.node_index)
+            .field("node_count", &self.node_count)
+            .field("local_rank", &self.node.rank)
+            .field("local_size", &self.node.size)
+            .finish()
+    }
+}
+
+impl World {
+    /// Initialises MPI (requesting MPI_THREAD_MULTIPLE) with the default 60 s timeout.
+    pub fn init() -> Result<World> {
+        World::init_with_timeout(DEFAULT_TIMEOUT)
+    }
+
+    /// Initialises MPI; blocking point-to-point operations fail after `timeout`.
+    pub fn init_with_timeout(timeout: Duration) -> Result<World> {
+        let (universe, threading) = mpi::initialize_with_threading(Threading::Multiple)
+            .ok_or_else(|| CommError::Unsupported("MPI is already initialised".into()))?;
+        let serial = (threading != Threading::Multiple).then(|| Mutex::new(()));
+        let env = Arc::new(Env {
+            _universe: universe,
+            serial,
+            threading,
+        });
+        // SAFETY: extern static of the MPI binding.
+        let world_comm = unsafe { ffi::RSMPI_COMM_WORLD };
+        let world = MpiTransport::wrap(env.clone(), world_comm, false, timeout)?;
+        // SAFETY: extern static of the MPI binding.
+        let mut node_comm = unsafe { ffi::RSMPI_COMM_NULL };
+        {
+            let _g = env.lock();
+            // SAFETY: collective over MPI_COMM_WORLD.
+            check("MPI_Comm_split_type", unsafe {
+                ffi::MPI_Comm_split_type(
+                    world_comm,
+                    ffi::RSMPI_COMM_TYPE_SHARED,
+                    world.rank as c_int,
+                    ffi::RSMPI_INFO_NULL,
+                    &mut node_comm,
+                )
+            })?;
+        }
+        let node = MpiTransport::wrap(env.clone(), node_comm, true, timeout)?;
+        let cores = std::thread::available_parallelism().map_or(1, |c| c.get());
+        let polling = Polling::for_node(node.size, cores);
+        world.set_polling(polling);
+        node.set_polling(polling);
+        // Leaders (local rank 0) number the nodes in world-rank order.
+        let leaders = world.split_raw(if node.rank == 0 { 0 } else { 1 }, world.rank as c_int)?;
+        let mut info = [0u64; 2];
+        if node.rank == 0 {
+            info = [leaders.rank as u64, leaders.size as u64];
+        }
+        // Broadcast (node index, node count) from the leader within the node.
+        if node.size > 1 {
+            let mut bytes = [0u8; 16];
+            if node.rank == 0 {
+                bytes[..8].copy_from_slice(&info[0].to_le_bytes());
+                bytes[8..].copy_from_slice(&info[1].to_le_bytes());
+                let mut ops: Vec<Op<'_>> = (1..node.size)
+                    .map(|r| Op::Send {
+                        to: r,
+                        tag: tags::WORLD.tag(0),
+                        data: &bytes[..],
+                    })
+                    .collect();
+                node.exchange(&mut ops)?;
+            } else {
+                node.recv(0, tags::WORLD.tag(0), &mut bytes)?;
+                info = [
+                    u64::from_le_bytes(bytes[..8].try_into().expect("8 bytes")),
+                    u64::from_le_bytes(bytes[8..].try_into().expect("8 bytes")),
+                ];
+            }
+        }
+        // Uniform layout: every node has the same number of ranks and ranks are node-contiguous.
+        let mine = [info[0], node.size as u64];
+        let mut all = vec![0u64; 2 * world.size];
+        {
+            let _g = env.lock();
+            // SAFETY: `mine` holds 2 and `all` 2 * size u64 values.
+            check("MPI_Allgather", unsafe {
+                ffi::MPI_Allgather(
+                    mine.as_ptr().cast::<c_void>(),
+                    2,
+                    ffi::RSMPI_UINT64_T,
+                    all.as_mut_ptr().cast::<c_void>(),
+                    2,
+                    ffi::RSMPI_UINT64_T,
+                    world_comm,
+                )
+            })?;
+        }
+        let local = node.size as u64;
+        let uniform = all
+            .chunks_exact(2)
+            .enumerate()
+            .all(|(r, v)| v[1] == local && v[0] == r as u64 / local);
+        Ok(World {
+            world: Arc::new(world),
+            node,
+            node_index: info[0] as usize,
+            node_count: info[1] as usize,
+            uniform,
+        })
+    }
+
+    /// The world communicator as a transport (share it with `Arc::clone`).
+    pub fn transport(&self) -> Arc<MpiTransport> {
+        self.world.clone()
+    }
+
+    /// This process's world rank.
+    pub fn rank(&self) -> usize {
+        self.world.rank
+    }
+
+    /// Number of processes in the job.
+    pub fn size(&self) -> usize {
+        self.world.size
+    }
+
+    /// Index of this node: rank of its leader (local rank 0) among all node leaders.
+    pub fn node_index(&self) -> usize {
+        self.node_index
+    }
+
+    /// Number of nodes.
+    pub fn node_count(&self) -> usize {
+        self.node_count
+    }
+
+    /// Rank of this process among the processes of its node.
+    pub fn local_rank(&self) -> usize {
+        self.node.rank
+    }
+
+    /// Number of processes on this node.
+    pub fn local_size(&self) -> usize {
+        self.node.size
+    }
+
+    /// How the ranks wait for their requests ([`Polling::for_node`] of this node).
+    pub fn polling(&self) -> Polling {
+        self.world.polling()
+    }
+
+    /// The thread level MPI granted (`Multiple` unless the library lacks it).
+    pub fn threading(&self) -> Threading {
+        self.world.env.threading
+    }
+
+    /// The two-tier layout: `nodes x ranks_per_node` when every node has the same number of
+    /// node-contiguous ranks, otherwise flat (one tier of `size` ranks).
+    pub fn topology(&self) -> Topology {
+        if self.uniform {
+            Topology::new(self.node_count, self.node.size)
+        } else {
+            Topology::flat(self.world.size)
+        }
+    }
+
+    /// The name of this processor (host).
+    pub fn processor_name(&self) -> String {
+        mpi::environment::processor_name().unwrap_or_default()
+    }
+
+    /// Aborts every process of the job with exit code `code` (MPI_Abort on MPI_COMM_WORLD).
+    pub fn abort(&self, code: i32) -> ! {
+        // SAFETY: MPI is initialised.
+        unsafe { ffi::MPI_Abort(ffi::RSMPI_COMM_WORLD, code) };
+        std::process::exit(code)
+    }
+}
