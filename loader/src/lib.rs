@@ -1,6 +1,8 @@
 //! ddl-loader: the node-resident shard format (see `FORMAT.md`), ImageNet packing, the sampler
 //! and the decode/augment pipeline that feeds every local replica of a node from RAM.
 
+#![warn(missing_docs)]
+
 pub mod dataset;
 pub mod decode;
 pub mod error;

@@ -127,22 +127,6 @@ impl Images {
         self.len() == 0
     }
 
-    /// The floats, for [`Output::F32Nchw`].
-    pub fn as_f32(&self) -> Option<&[f32]> {
-        match self {
-            Images::F32(v) => Some(v),
-            Images::U8(_) => None,
-        }
-    }
-
-    /// The bytes, for [`Output::U8Nhwc`].
-    pub fn as_u8(&self) -> Option<&[u8]> {
-        match self {
-            Images::U8(v) => Some(v),
-            Images::F32(_) => None,
-        }
-    }
-
     fn truncate(&mut self, n: usize) {
         match self {
             Images::F32(v) => v.truncate(n),

@@ -1,6 +1,8 @@
 //! ddl-tests: helpers for the end-to-end tests in `tests/`, which run the built binaries
 //! (`ddl-synth`, `ddl-pack`, `ddl-train`, ...) the way a user does, `mpirun` included.
 
+#![warn(missing_docs)]
+
 use std::io::Read;
 use std::os::unix::process::{CommandExt, ExitStatusExt};
 use std::path::{Path, PathBuf};

@@ -13,7 +13,7 @@
 
 use std::fs;
 use std::io::Write;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use anyhow::{Context, Result};
 use rayon::prelude::*;
@@ -259,11 +259,4 @@ pub fn generate(out: &Path, cfg: &SynthConfig) -> Result<SynthSummary> {
 /// ILSVRC-2012 validation file name of the 1-based image number `n`.
 pub fn val_name(n: usize) -> String {
     format!("ILSVRC2012_val_{n:08}.JPEG")
-}
-
-/// The path of training image `i` of class `c` under `out`.
-pub fn train_path(out: &Path, c: usize, i: usize) -> PathBuf {
-    out.join("train")
-        .join(wnid(c))
-        .join(format!("{}_{}.JPEG", wnid(c), i))
 }

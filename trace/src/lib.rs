@@ -36,6 +36,8 @@
 //! # std::fs::remove_file(&path).unwrap();
 //! ```
 
+#![warn(missing_docs)]
+
 use std::borrow::Cow;
 use std::cell::OnceCell;
 use std::fs::File;
@@ -67,7 +69,6 @@ static PID: AtomicU32 = AtomicU32::new(0);
 static NEXT_TID: AtomicU32 = AtomicU32::new(1);
 static EPOCH: OnceLock<(Instant, u64)> = OnceLock::new();
 static SINK: Mutex<Vec<Arc<ThreadBuf>>> = Mutex::new(Vec::new());
-static PROCESS_NAME: Mutex<Option<String>> = Mutex::new(None);
 
 thread_local! {
     static LOCAL: OnceCell<Arc<ThreadBuf>> = const { OnceCell::new() };
@@ -182,11 +183,6 @@ pub fn is_enabled() -> bool {
 /// at [`write`] time.
 pub fn set_pid(pid: u32) {
     PID.store(pid, Ordering::Relaxed);
-}
-
-/// Sets the process name shown in the viewer (default `rank <pid>`).
-pub fn set_process_name(name: impl Into<String>) {
-    *lock(&PROCESS_NAME) = Some(name.into());
 }
 
 /// Names the calling thread in the trace (default: the std thread name, or `thread-<tid>`).
@@ -330,9 +326,7 @@ fn micros(w: &mut impl Write, ns: u64) -> std::io::Result<()> {
 pub fn write_to(out: &mut impl Write) -> std::io::Result<usize> {
     let pid = PID.load(Ordering::Relaxed);
     let base_ns = epoch_pair().1;
-    let process = lock(&PROCESS_NAME)
-        .clone()
-        .unwrap_or_else(|| format!("rank {pid}"));
+    let process = format!("rank {pid}");
     let mut threads: Vec<(u32, String, Vec<Event>)> = lock(&SINK)
         .iter()
         .map(|b| (b.tid, lock(&b.name).clone(), lock(&b.events).clone()))

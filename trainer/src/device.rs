@@ -1,7 +1,9 @@
-//! Parsing of `--devices`: which local devices get a model replica.
+//! Devices: parsing of `--devices` (which local devices get a model replica), waiting for a
+//! device, and the CUDA autocast dtype that tch does not expose.
 
 use tch::{Cuda, Device};
 
+use crate::config::Precision;
 use crate::error::{Result, TrainError};
 
 /// Parses a device list.
@@ -68,6 +70,46 @@ pub fn parse_devices(spec: &str, rank_in_node: usize, ranks_in_node: usize) -> R
     )))
 }
 
+/// Waits until every operation queued on `device` has finished (nothing to wait for on the
+/// CPU).
+pub fn sync_device(device: Device) {
+    if let Device::Cuda(i) = device {
+        tch::Cuda::synchronize(i as i64);
+    }
+}
+
+/// `c10::DeviceType::CUDA`.
+const DEVICE_TYPE_CUDA: i8 = 1;
+/// `c10::ScalarType::Half`.
+const SCALAR_TYPE_HALF: i8 = 5;
+/// `c10::ScalarType::BFloat16`.
+const SCALAR_TYPE_BFLOAT16: i8 = 15;
+
+// libtorch's `at::autocast::{set,get}_autocast_dtype(c10::DeviceType, c10::ScalarType)`: tch
+// exposes autocast on/off only (always float16 on CUDA). Both enums are `int8_t`-backed, so
+// on the x86-64 and aarch64 C++ ABIs the calls take plain 8-bit integers.
+extern "C" {
+    #[link_name = "_ZN2at8autocast18set_autocast_dtypeEN3c1010DeviceTypeENS1_10ScalarTypeE"]
+    fn at_set_autocast_dtype(device_type: i8, dtype: i8);
+    #[link_name = "_ZN2at8autocast18get_autocast_dtypeEN3c1010DeviceTypeE"]
+    fn at_get_autocast_dtype(device_type: i8) -> i8;
+}
+
+/// Sets the CUDA autocast dtype of the calling thread (autocast state is thread-local) for
+/// `precision`; returns the dtype now in force as a `c10::ScalarType` code.
+pub fn set_cuda_autocast_dtype(precision: Precision) -> i8 {
+    let code = match precision {
+        Precision::Bf16 => SCALAR_TYPE_BFLOAT16,
+        Precision::Fp16 | Precision::Fp32 => SCALAR_TYPE_HALF,
+    };
+    // SAFETY: plain setters/getters of libtorch's thread-local autocast state; both arguments
+    // are valid enum values.
+    unsafe {
+        at_set_autocast_dtype(DEVICE_TYPE_CUDA, code);
+        at_get_autocast_dtype(DEVICE_TYPE_CUDA)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -88,5 +130,15 @@ mod tests {
             assert_eq!(parse_devices("auto", 0, 2).unwrap(), vec![Device::Cpu]);
             assert!(parse_devices("cuda:0", 0, 1).is_err());
         }
+    }
+
+    #[test]
+    fn autocast_dtype_binding_round_trips() {
+        // Runs on the CPU too: the autocast state exists whether or not a GPU does.
+        assert_eq!(
+            set_cuda_autocast_dtype(Precision::Bf16),
+            SCALAR_TYPE_BFLOAT16
+        );
+        assert_eq!(set_cuda_autocast_dtype(Precision::Fp16), SCALAR_TYPE_HALF);
     }
 }

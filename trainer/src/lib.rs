@@ -7,6 +7,7 @@
 //! - [`optim`], [`schedule`]: SGD with momentum / Nesterov and decoupled-from-BN weight decay;
 //!   linear scaling, warmup, step or cosine decay.
 //! - [`checkpoint`]: atomic, checksummed checkpoints that resume bit-exactly.
+//! - [`config`]: the run's configuration (the `ddl-train` flags) and the types of its flags.
 //! - [`train`]: the per-rank driver used by `ddl-train` (and by tests over in-process ranks).
 //! - [`metrics`]: JSON-lines metrics.
 //! - [`signal`]: SIGTERM/SIGINT stop a run after a step, with a checkpoint to resume from.
@@ -46,6 +47,7 @@
 
 pub mod checkpoint;
 pub mod collective;
+pub mod config;
 pub mod console;
 pub mod device;
 pub mod error;
@@ -59,5 +61,6 @@ pub mod table;
 pub mod train;
 pub mod validate;
 
+pub use config::TrainConfig;
 pub use error::{Result, TrainError};
-pub use train::{train, RankInfo, TrainConfig, TrainSummary};
+pub use train::{train, RankInfo, TrainSummary};

@@ -8,6 +8,7 @@
 //! `--overlap backward`) computes exactly the same operations.
 
 use std::fmt;
+use std::marker::PhantomData;
 use std::str::FromStr;
 
 use tch::nn::{self, ModuleT};
@@ -58,11 +59,6 @@ impl ModelKind {
             ModelKind::ResnetSmall => "resnet_small",
             ModelKind::ConvnetNobn => "convnet_nobn",
         }
-    }
-
-    /// Whether the model contains BatchNorm layers (whose statistics stay per replica).
-    pub fn has_batch_norm(self) -> bool {
-        self != ModelKind::ConvnetNobn
     }
 }
 
@@ -116,17 +112,22 @@ pub type Model = Box<dyn Network>;
 /// s - 1, marked as requiring grad, so that the backward of stage s + 1 leaves the gradient of
 /// stage s's output in that input, and the backward of stage s sends it on with
 /// `sum(out_s * g)` (whose gradient with respect to `out_s` is exactly g).
-pub struct StagedPass {
+///
+/// The pass holds the graph of its input, which may view a loader batch's memory: it borrows
+/// the input for `'a`, so that the batch cannot be released while the pass lives.
+pub struct StagedPass<'a> {
     /// Input of every stage still to backpropagate (stage 0: the images).
     inputs: Vec<Tensor>,
     /// Output of every such stage.
     outputs: Vec<Tensor>,
+    /// The input the graph starts from.
+    input: PhantomData<&'a Tensor>,
 }
 
-impl StagedPass {
+impl<'a> StagedPass<'a> {
     /// Runs `net` forward on `xs`: as a chain of stages with the graph cut between them when
     /// `staged`, else in one piece (a single stage).
-    pub fn forward(net: &dyn Network, xs: &Tensor, train: bool, staged: bool) -> Result<Self> {
+    pub fn forward(net: &dyn Network, xs: &'a Tensor, train: bool, staged: bool) -> Result<Self> {
         let mut inputs = Vec::new();
         let mut outputs = Vec::new();
         if staged {
@@ -143,7 +144,11 @@ impl StagedPass {
             inputs.push(xs.shallow_clone());
             outputs.push(net.forward_t(xs, train));
         }
-        Ok(StagedPass { inputs, outputs })
+        Ok(StagedPass {
+            inputs,
+            outputs,
+            input: PhantomData,
+        })
     }
 
     /// Number of stages of the pass.

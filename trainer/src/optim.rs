@@ -76,11 +76,6 @@ impl Sgd {
         &self.momentum
     }
 
-    /// Weight-decay flags, one per parameter.
-    pub fn decay_flags(&self) -> &[bool] {
-        &self.decay
-    }
-
     /// Applies one update to parameter `i` given its (already averaged) gradient, which is
     /// used as scratch space and left modified:
     /// `g += wd * p` (decayed parameters only); `buf = momentum * buf + g`;

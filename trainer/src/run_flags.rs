@@ -15,7 +15,7 @@
 
 use serde_json::Value;
 
-use crate::train::TrainConfig;
+use crate::config::TrainConfig;
 
 /// Flags that change the weights a run computes: (field, reason).
 pub const TRAJECTORY: &[(&str, &str)] = &[

@@ -1,8 +1,8 @@
 //! Checks of the numeric flags and of the memory the input batches will take, before anything
 //! is allocated: every error names its flag and says what is allowed.
 
+use crate::config::TrainConfig;
 use crate::error::{Result, TrainError};
-use crate::train::TrainConfig;
 
 /// Largest `--bucket-mb`: one bucket of 64 GiB is already more than any model's gradient.
 const MAX_BUCKET_MB: f64 = 65536.0;

@@ -7,7 +7,7 @@ mod common;
 
 use std::path::Path;
 
-use ddl_trainer::table::Overlap;
+use ddl_trainer::config::Overlap;
 
 const B: usize = 4;
 const STEPS: u64 = 4;

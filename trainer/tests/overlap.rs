@@ -6,8 +6,8 @@
 
 mod common;
 
-use ddl_trainer::table::Overlap;
-use ddl_trainer::train::auto_overlap;
+use ddl_trainer::config::auto_overlap;
+use ddl_trainer::config::Overlap;
 
 #[test]
 fn auto_overlaps_backward_on_gpus_and_across_nodes() {

@@ -7,7 +7,7 @@
 mod common;
 
 use ddl_trainer::checkpoint::{self, Checkpoint};
-use ddl_trainer::table::Overlap;
+use ddl_trainer::config::Overlap;
 
 #[test]
 fn resume_is_bitwise_exact() {

@@ -24,7 +24,7 @@ fn traced_run_writes_chrome_trace_with_replica_spans() {
     cfg.checkpoint_dir = Some(dir.join("ckpt"));
     cfg.checkpoint_every = 2;
     // Small buckets so that a step has several.
-    cfg.overlap = Some(ddl_trainer::table::Overlap::Pipeline);
+    cfg.overlap = Some(ddl_trainer::config::Overlap::Pipeline);
     cfg.bucket_mb = 0.05;
 
     ddl_trace::set_thread_name("main");

@@ -1,0 +1,287 @@
+//! The configuration of a training run: [`TrainConfig`] (the `ddl-train` flags) and the types
+//! of its flags.
+
+use std::path::PathBuf;
+
+use ddl_loader::pipeline::OnBadRecord;
+use serde::Serialize;
+
+use crate::error::{Result, TrainError};
+use crate::signal::StopRequest;
+
+/// How the ranks of a node share the dataset.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+pub enum ResidencyMode {
+    /// The ranks of a node share that node's shards (MPI shared-memory split).
+    Node,
+    /// Every rank is its own node (to emulate several nodes on one machine).
+    Rank,
+}
+
+impl std::str::FromStr for ResidencyMode {
+    type Err = TrainError;
+
+    fn from_str(s: &str) -> Result<Self> {
+        match s {
+            "node" => Ok(ResidencyMode::Node),
+            "rank" => Ok(ResidencyMode::Rank),
+            _ => Err(TrainError::config(
+                "--residency",
+                format!("{s:?} is not node or rank"),
+            )),
+        }
+    }
+}
+
+/// Everything a training run is configured with (the `ddl-train` flags).
+#[derive(Clone, Debug, Serialize)]
+pub struct TrainConfig {
+    /// Directory with `manifest.json` and the shards (`--data`).
+    pub data: PathBuf,
+    /// Network (`--model`).
+    pub model: String,
+    /// Epochs to train (`--epochs`).
+    pub epochs: u32,
+    /// Images per replica per step (`--batch`).
+    pub batch: usize,
+    /// Local devices (`--devices`).
+    pub devices: String,
+    /// Input side in pixels (`--image-size`).
+    pub image_size: u32,
+    /// Decode threads per rank (`--workers`).
+    pub workers: usize,
+    /// Ready batches queued per replica (`--prefetch`).
+    pub prefetch: usize,
+    /// Seed of weights, sampling and augmentation (`--seed`).
+    pub seed: u64,
+    /// Base learning rate per 256 images (`--base-lr`).
+    pub base_lr: f64,
+    /// Peak learning rate, overriding the linear scaling rule (`--lr`).
+    pub lr: Option<f64>,
+    /// SGD momentum (`--momentum`).
+    pub momentum: f64,
+    /// Nesterov momentum (`--nesterov`).
+    pub nesterov: bool,
+    /// Weight decay of conv/linear weights (`--weight-decay`).
+    pub weight_decay: f64,
+    /// Warmup epochs, fractional allowed (`--warmup-epochs`).
+    pub warmup_epochs: f64,
+    /// `step` or `cosine` (`--schedule`).
+    pub schedule: String,
+    /// Step-decay epochs (`--milestones`).
+    pub milestones: Vec<u32>,
+    /// Step-decay factor (`--gamma`).
+    pub gamma: f64,
+    /// Label smoothing (`--label-smoothing`).
+    pub label_smoothing: f64,
+    /// `fp32`, `bf16` or `fp16` (`--precision`).
+    pub precision: String,
+    /// JSON-lines metrics file written by rank 0 (`--metrics`).
+    pub metrics: Option<PathBuf>,
+    /// Checkpoint directory (`--checkpoint-dir`).
+    pub checkpoint_dir: Option<PathBuf>,
+    /// Checkpoint every N global steps, 0 = only at epoch ends (`--checkpoint-every`).
+    pub checkpoint_every: u64,
+    /// Checkpoints kept (`--keep-checkpoints`).
+    pub keep_checkpoints: usize,
+    /// Continue from the newest valid checkpoint (`--resume`).
+    pub resume: bool,
+    /// Move another run's checkpoints in the directory aside and start over (`--restart`).
+    pub restart: bool,
+    /// Resume on a different layout (ranks, replicas, nodes) than the checkpoint's
+    /// (`--allow-new-layout`).
+    pub allow_new_layout: bool,
+    /// Stop after this many global steps (`--max-steps`).
+    pub max_steps: Option<u64>,
+    /// Allreduce algorithm (`--allreduce`).
+    pub allreduce: String,
+    /// Write final replica-0 weights here (`--dump-weights`).
+    pub dump_weights: Option<PathBuf>,
+    /// Compare replica checksums every epoch (`--check-replicas`).
+    pub check_replicas: bool,
+    /// `node` or `rank` (`--residency`).
+    pub residency: String,
+    /// What the gradient allreduce overlaps with (`--overlap backward|pipeline|off|auto`);
+    /// `None` = auto ([`auto_overlap`]).
+    pub overlap: Option<Overlap>,
+    /// Gradient bucket size in MiB (`--bucket-mb`).
+    pub bucket_mb: f64,
+    /// Keep images, activations and convolution weights channels-last (NHWC strides,
+    /// `--channels-last`), the layout tensor cores prefer.
+    pub channels_last: bool,
+    /// Evaluate on the val split after every epoch (`--no-eval` turns it off).
+    pub eval: bool,
+    /// Shorter side before the center crop in evaluation; 0 = image size x 8/7 (`--eval-resize`).
+    pub eval_resize: u32,
+    /// Pre-fault the node's shards (`--populate`).
+    pub populate: bool,
+    /// mlock the node's shards (`--mlock`).
+    pub lock: bool,
+    /// Copy the node's shards here first, e.g. /dev/shm/ddl (`--stage`).
+    pub stage: Option<PathBuf>,
+    /// Timeout of one communication operation in seconds (`--comm-timeout`).
+    pub comm_timeout_s: u64,
+    /// `replace`, `skip` or `fail`: what a training batch does with a record whose checksum
+    /// or decoding fails (`--on-bad-record`; evaluation never scores a stand-in, it skips).
+    pub on_bad_record: String,
+    /// Print per-epoch lines (rank 0).
+    pub verbose: bool,
+    /// Raised by SIGTERM/SIGINT (see [`crate::signal`]): the run stops after the current step.
+    #[serde(skip)]
+    pub stop: StopRequest,
+}
+
+impl Default for TrainConfig {
+    fn default() -> Self {
+        TrainConfig {
+            data: PathBuf::new(),
+            model: "resnet50".into(),
+            epochs: 90,
+            batch: 32,
+            devices: "auto".into(),
+            image_size: 224,
+            workers: 2,
+            prefetch: 4,
+            seed: 0,
+            base_lr: 0.1,
+            lr: None,
+            momentum: 0.9,
+            nesterov: false,
+            weight_decay: 1e-4,
+            warmup_epochs: 5.0,
+            schedule: "step".into(),
+            milestones: vec![30, 60, 80],
+            gamma: 0.1,
+            label_smoothing: 0.0,
+            precision: "fp32".into(),
+            metrics: None,
+            checkpoint_dir: None,
+            checkpoint_every: 0,
+            keep_checkpoints: 3,
+            resume: false,
+            restart: false,
+            allow_new_layout: false,
+            max_steps: None,
+            allreduce: "auto".into(),
+            dump_weights: None,
+            check_replicas: false,
+            residency: "node".into(),
+            overlap: None,
+            bucket_mb: 25.0,
+            channels_last: false,
+            eval: true,
+            eval_resize: 0,
+            populate: false,
+            lock: false,
+            stage: None,
+            comm_timeout_s: 600,
+            on_bad_record: "replace".into(),
+            verbose: true,
+            stop: StopRequest::default(),
+        }
+    }
+}
+
+/// Arithmetic precision of forward and backward. Gradients are always reduced in f32.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Precision {
+    /// Everything in f32.
+    Fp32,
+    /// CUDA autocast to bfloat16 (on CPU: f32).
+    Bf16,
+    /// CUDA autocast to float16 with dynamic loss scaling (on CPU: f32).
+    Fp16,
+}
+
+impl std::str::FromStr for Precision {
+    type Err = TrainError;
+
+    fn from_str(s: &str) -> Result<Self> {
+        match s {
+            "fp32" => Ok(Precision::Fp32),
+            "bf16" => Ok(Precision::Bf16),
+            "fp16" => Ok(Precision::Fp16),
+            _ => Err(TrainError::config(
+                "--precision",
+                format!("{s:?} is not fp32, bf16 or fp16"),
+            )),
+        }
+    }
+}
+
+impl Precision {
+    /// Name as on the command line.
+    pub fn name(self) -> &'static str {
+        match self {
+            Precision::Fp32 => "fp32",
+            Precision::Bf16 => "bf16",
+            Precision::Fp16 => "fp16",
+        }
+    }
+}
+
+/// How the gradient reduction overlaps the replicas' work (see [`crate::table`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Overlap {
+    /// One bucket, reduced after backward.
+    Off,
+    /// Buckets pipelined after backward (sum and copy of bucket k+1 while k is allreduced).
+    Pipeline,
+    /// Staged backward: a bucket is allreduced while the earlier stages are still in backward.
+    Backward,
+}
+
+impl std::str::FromStr for Overlap {
+    type Err = TrainError;
+
+    fn from_str(s: &str) -> Result<Self> {
+        match s {
+            "off" => Ok(Overlap::Off),
+            "pipeline" => Ok(Overlap::Pipeline),
+            "backward" => Ok(Overlap::Backward),
+            _ => Err(TrainError::config(
+                "--overlap",
+                format!("{s:?} is not backward, pipeline, off or auto"),
+            )),
+        }
+    }
+}
+
+impl Overlap {
+    /// Name as on the command line.
+    pub fn name(self) -> &'static str {
+        match self {
+            Overlap::Off => "off",
+            Overlap::Pipeline => "pipeline",
+            Overlap::Backward => "backward",
+        }
+    }
+}
+
+/// `--overlap auto`: backward when the replicas are GPUs (the communication thread has cores
+/// of its own) or the ranks span more than one node (the allreduce crosses a network and is
+/// worth hiding); off for CPU replicas on one node, where the allreduce is a shared-memory
+/// copy and the communication thread would only take cores from the replicas. Measured in
+/// BENCHMARKS.md (resnet18, 2 ranks x 1 CPU replica: 1 Gbit/s between two nodes, backward
+/// 1.19x the images/s of off; shared memory, 0.96x).
+pub fn auto_overlap(gpus: bool, nodes: usize) -> Overlap {
+    if gpus || nodes > 1 {
+        Overlap::Backward
+    } else {
+        Overlap::Off
+    }
+}
+
+/// The loader's rule for `--on-bad-record`.
+pub(crate) fn parse_on_bad_record(s: &str) -> Result<OnBadRecord> {
+    match s {
+        "replace" => Ok(OnBadRecord::Replace),
+        "skip" => Ok(OnBadRecord::Skip),
+        "fail" => Ok(OnBadRecord::Fail),
+        _ => Err(TrainError::config(
+            "--on-bad-record",
+            format!("{s:?} is not replace, skip or fail"),
+        )),
+    }
+}

@@ -1,0 +1,123 @@
+//! The gradient layout: every parameter's place in the flat f32 buffer (reverse parameter
+//! order) and the buckets it is cut into, at stage boundaries under `--overlap backward`.
+
+use std::collections::HashMap;
+
+use tch::nn;
+
+/// One parameter of the model in the flat gradient buffer.
+#[derive(Clone, Debug)]
+pub struct ParamInfo {
+    /// torchvision-style dotted name, e.g. `layer1.0.conv1.weight`.
+    pub name: String,
+    /// Shape.
+    pub shape: Vec<i64>,
+    /// Number of elements.
+    pub numel: usize,
+    /// Offset in the flat buffer (elements).
+    pub offset: usize,
+    /// Whether weight decay applies.
+    pub decay: bool,
+}
+
+/// A contiguous range of the flat buffer holding whole parameters.
+#[derive(Clone, Debug)]
+pub struct Bucket {
+    /// First element.
+    pub start: usize,
+    /// Number of elements.
+    pub len: usize,
+    /// Indices (into [`Layout::params`]) of the parameters in the bucket.
+    pub params: Vec<usize>,
+    /// The model stage whose backward completes the bucket's gradients (0 when the layout is
+    /// not staged).
+    pub stage: usize,
+}
+
+/// Where every parameter and buffer lives in the flat representation.
+#[derive(Clone, Debug)]
+pub struct Layout {
+    /// Trainable parameters in creation (forward) order.
+    pub params: Vec<ParamInfo>,
+    /// Non-trainable buffers (BatchNorm running statistics), sorted by name: (name, shape).
+    pub buffers: Vec<(String, Vec<i64>)>,
+    /// Buckets in reduction order (the last layers first).
+    pub buckets: Vec<Bucket>,
+    /// Total parameter elements.
+    pub total: usize,
+}
+
+impl Layout {
+    /// Lays out the variables of `vs` in reverse creation order, cut into buckets of about
+    /// `bucket_bytes` (a larger parameter gets a bucket of its own).
+    pub fn new(vs: &nn::VarStore, bucket_bytes: usize) -> Layout {
+        Self::staged(vs, bucket_bytes, &|_| 0)
+    }
+
+    /// As [`Layout::new`], and a bucket never holds parameters of two stages: `stage_of` maps
+    /// a variable name to its model stage ([`crate::model::Network::stage_of`]).
+    pub fn staged(
+        vs: &nn::VarStore,
+        bucket_bytes: usize,
+        stage_of: &dyn Fn(&str) -> usize,
+    ) -> Layout {
+        let named = vs.variables();
+        let by_ptr: HashMap<usize, &String> = named
+            .iter()
+            .map(|(n, t)| (t.data_ptr() as usize, n))
+            .collect();
+        let trainable = vs.trainable_variables();
+        let mut params: Vec<ParamInfo> = trainable
+            .iter()
+            .map(|t| {
+                let shape = t.size();
+                let name = by_ptr
+                    .get(&(t.data_ptr() as usize))
+                    .map(|s| s.to_string())
+                    .unwrap_or_default();
+                ParamInfo {
+                    name,
+                    numel: shape.iter().product::<i64>() as usize,
+                    decay: crate::optim::decays(&shape),
+                    shape,
+                    offset: 0,
+                }
+            })
+            .collect();
+        let trainable_names: std::collections::HashSet<&str> =
+            params.iter().map(|p| p.name.as_str()).collect();
+        let mut buffers: Vec<(String, Vec<i64>)> = named
+            .iter()
+            .filter(|(n, _)| !trainable_names.contains(n.as_str()))
+            .map(|(n, t)| (n.clone(), t.size()))
+            .collect();
+        buffers.sort();
+        let cap = (bucket_bytes / 4).max(1);
+        let mut buckets: Vec<Bucket> = Vec::new();
+        let mut offset = 0;
+        for i in (0..params.len()).rev() {
+            params[i].offset = offset;
+            let n = params[i].numel;
+            let stage = stage_of(&params[i].name);
+            match buckets.last_mut() {
+                Some(b) if b.len + n <= cap && b.stage == stage => {
+                    b.len += n;
+                    b.params.push(i);
+                }
+                _ => buckets.push(Bucket {
+                    start: offset,
+                    len: n,
+                    params: vec![i],
+                    stage,
+                }),
+            }
+            offset += n;
+        }
+        Layout {
+            params,
+            buffers,
+            buckets,
+            total: offset,
+        }
+    }
+}

@@ -1,0 +1,590 @@
+//! The data-parallel table: one OS thread and one model replica per local device.
+//!
+//! Every step each replica thread pulls its own batch, runs forward and backward, and copies
+//! its gradients into a flat f32 buffer laid out in *reverse* parameter order and cut into
+//! buckets. Bucket by bucket, the replicas sum their buffers along a fixed binomial tree over
+//! the threads (replica r receives from r + 2^l at level l), replica 0 copies the node sum to
+//! host memory and hands the bucket to the rank's communication thread (the caller of
+//! [`Table::step`]), which allreduces it across ranks and scales it by 1 / (global replica
+//! count). Each replica applies the update of bucket k as soon as it is reduced. Every replica
+//! applies the same averaged gradient to the same weights, so replicas stay bitwise identical;
+//! BatchNorm running statistics stay per replica.
+//!
+//! How much of this overlaps is [`Overlap`] (`--overlap`):
+//!
+//! - `off`: the whole gradient is one bucket, summed, copied and allreduced after backward.
+//! - `pipeline`: buckets of about `--bucket-mb`; after backward, the communication thread
+//!   allreduces bucket k while the replicas sum and copy bucket k+1.
+//! - `backward`: the allreduce also overlaps backward. tch has no autograd hooks, so the
+//!   replica runs the model as a chain of stages ([`crate::model::Network`]: stem, each
+//!   residual block, head), cutting the graph between stages (the input of stage s is the
+//!   detached output of stage s-1, marked as requiring grad). Backward runs the loss through
+//!   the last stage, then for each earlier stage s backpropagates `sum(out_s * g)`, where g is
+//!   the gradient that arrived at stage s+1's input, so gradients flow into the same
+//!   operations as in one backward call. Buckets never span a stage boundary, and as soon as
+//!   the backward of a stage is done every bucket whose parameters all lie in stages already
+//!   done is summed, copied and handed to the communication thread, which allreduces it while
+//!   the replica runs the backward of the earlier stages. The gradient arriving at a stage
+//!   boundary is summed from the same two consumers (residual and main path, or one) as in a
+//!   single backward call, and two-term sums commute, so on CPU the gradients, and hence the
+//!   weights, are bitwise those of `off` and `pipeline` (a test checks it). On CUDA the
+//!   device-to-host copy of a bucket is issued from the replica thread, between stages.
+//!
+//! The tree and the bucket order are fixed, so a run is deterministic on CPU in every mode.
+
+mod buckets;
+mod loss_scale;
+mod messages;
+mod replica;
+mod tensor_io;
+
+use std::sync::atomic::AtomicBool;
+use std::sync::{Arc, Condvar, Mutex, RwLock};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use crossbeam_channel::{unbounded, Receiver, Sender};
+use ddl_loader::pipeline::Batch;
+use tch::nn;
+use tch::{Device, Kind, Tensor};
+
+use crate::config::{Overlap, Precision};
+use crate::error::{Result, TrainError};
+use crate::model::{self, ModelKind};
+use crate::optim::{Sgd, SgdConfig};
+
+use loss_scale::LossScaler;
+use messages::{Cmd, Msg, Shared};
+use replica::Replica;
+use tensor_io::{channels_last, from_host, tensor_to_vec};
+
+pub use buckets::{Bucket, Layout, ParamInfo};
+
+/// A source of batches for one replica (the loader's per-replica queue).
+pub type BatchIter = Box<dyn Iterator<Item = ddl_loader::Result<Batch>> + Send>;
+
+/// How many leading images of an evaluation batch count (the rest is padding).
+pub type ValidCount = Box<dyn Fn(&Batch) -> usize + Send>;
+
+/// Configuration of the table of one rank.
+#[derive(Clone, Debug)]
+pub struct TableConfig {
+    /// One replica per entry.
+    pub devices: Vec<Device>,
+    /// Network.
+    pub model: ModelKind,
+    /// Number of output classes.
+    pub classes: i64,
+    /// Square input size in pixels.
+    pub image_size: u32,
+    /// Seed of the weight initialisation (identical on every rank).
+    pub seed: u64,
+    /// Optimizer.
+    pub sgd: SgdConfig,
+    /// Forward/backward precision.
+    pub precision: Precision,
+    /// Label smoothing of the cross-entropy loss.
+    pub label_smoothing: f64,
+    /// Target bucket size in bytes.
+    pub bucket_bytes: usize,
+    /// What the gradient reduction overlaps with.
+    pub overlap: Overlap,
+    /// Channels-last images and convolution weights (activations follow).
+    pub channels_last: bool,
+    /// Total number of replicas over all ranks (the divisor of the gradient sum).
+    pub global_replicas: usize,
+}
+
+/// Per-step measurements of one rank.
+#[derive(Clone, Debug, Default)]
+pub struct StepStats {
+    /// Mean training loss over the rank's replicas (unscaled).
+    pub loss: f64,
+    /// Images processed by the rank.
+    pub images: usize,
+    /// Mean time replicas were blocked on their loader queue.
+    pub data_wait: Duration,
+    /// Mean forward + backward time.
+    pub compute: Duration,
+    /// Time the communication thread spent in allreduce calls.
+    pub allreduce: Duration,
+    /// Wall time of the step.
+    pub wall: Duration,
+    /// Whether the update was skipped (fp16 overflow).
+    pub skipped: bool,
+    /// Records the loader skipped as unreadable in these batches.
+    pub bad_records: usize,
+}
+
+/// Sums of one evaluation pass of replica 0.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct EvalSums {
+    /// Sum of the cross-entropy losses.
+    pub loss: f64,
+    /// Correct top-1 predictions.
+    pub top1: f64,
+    /// Correct top-5 predictions.
+    pub top5: f64,
+    /// Images evaluated.
+    pub count: f64,
+    /// Records left out as bad (never scored through a stand-in).
+    pub skipped: f64,
+}
+
+/// Host copy of everything a replica holds, for checkpoints.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct ReplicaState {
+    /// Parameters in [`Layout::params`] order.
+    pub params: Vec<Vec<f32>>,
+    /// Momentum buffers, same order.
+    pub momentum: Vec<Vec<f32>>,
+    /// BatchNorm buffers in [`Layout::buffers`] order.
+    pub buffers: Vec<Vec<f32>>,
+}
+
+/// The replicas of one rank and the machinery that keeps them in step.
+pub struct Table {
+    cfg: Arc<TableConfig>,
+    layout: Arc<Layout>,
+    shared: Arc<Shared>,
+    cmds: Vec<Sender<Cmd>>,
+    msgs: Receiver<Msg>,
+    handles: Vec<JoinHandle<()>>,
+    seq: u64,
+    loss_scale: LossScaler,
+}
+
+/// Serialises seeding + initialisation (see [`Table::new`]).
+static INIT_LOCK: Mutex<()> = Mutex::new(());
+
+impl Table {
+    /// Builds the replicas: the model is initialised once on the CPU from `cfg.seed` (so every
+    /// rank starts from the same weights), then copied to every device.
+    pub fn new(cfg: TableConfig) -> Result<Table> {
+        if cfg.devices.is_empty() {
+            return Err(TrainError::config("--devices", "no device given"));
+        }
+        if cfg.devices.iter().all(|d| *d == Device::Cpu) {
+            // Each replica thread is one core's worth of work.
+            tch::set_num_threads(1);
+        }
+        // The torch generator is global to the process: hold a lock while seeding and drawing
+        // the initial weights, so that tables built concurrently (ranks simulated by threads)
+        // all get the weights of `cfg.seed`.
+        let init_guard = INIT_LOCK.lock().unwrap_or_else(|e| e.into_inner());
+        tch::manual_seed(cfg.seed as i64);
+        let reference = nn::VarStore::new(Device::Cpu);
+        let model = model::build(cfg.model, &reference.root(), cfg.classes, cfg.image_size);
+        drop(init_guard);
+        let layout = Arc::new(match cfg.overlap {
+            Overlap::Off => Layout::new(&reference, usize::MAX),
+            Overlap::Pipeline => Layout::new(&reference, cfg.bucket_bytes),
+            Overlap::Backward => {
+                Layout::staged(&reference, cfg.bucket_bytes, &|name| model.stage_of(name))
+            }
+        });
+        let init: Vec<(String, Vec<f32>)> = {
+            let vars = reference.variables();
+            let mut v: Vec<_> = vars
+                .iter()
+                .map(|(n, t)| Ok((n.clone(), tensor_to_vec(t)?)))
+                .collect::<Result<_>>()?;
+            v.sort_by(|a, b| a.0.cmp(&b.0));
+            v
+        };
+        let init = Arc::new(init);
+        let n = cfg.devices.len();
+        let shared = Arc::new(Shared {
+            progress: Mutex::new(vec![0; n]),
+            progress_cv: Condvar::new(),
+            reduced: Mutex::new((0, false)),
+            reduced_cv: Condvar::new(),
+            host: layout
+                .buckets
+                .iter()
+                .map(|b| RwLock::new(vec![0f32; b.len]))
+                .collect(),
+            abort: AtomicBool::new(false),
+        });
+        let cfg = Arc::new(cfg);
+        // Flat gradient buffers, created here so that every thread gets handles to all of them.
+        let mut flats: Vec<Vec<Tensor>> = (0..n).map(|_| Vec::new()).collect();
+        for d in cfg.devices.iter() {
+            let t = Tensor::f_zeros([layout.total as i64], (Kind::Float, *d))?;
+            for f in flats.iter_mut() {
+                f.push(t.shallow_clone());
+            }
+        }
+        let (msg_tx, msgs) = unbounded();
+        let mut cmds = Vec::new();
+        let mut handles = Vec::new();
+        let (built_tx, built_rx) = unbounded::<Result<()>>();
+        for (index, flats) in flats.into_iter().enumerate() {
+            let (tx, rx) = unbounded();
+            cmds.push(tx);
+            let (cfg, layout, shared, init, msg_tx, built_tx) = (
+                cfg.clone(),
+                layout.clone(),
+                shared.clone(),
+                init.clone(),
+                msg_tx.clone(),
+                built_tx.clone(),
+            );
+            let handle = std::thread::Builder::new()
+                .name(format!("replica-{index}"))
+                .spawn(move || {
+                    ddl_trace::set_thread_name(format!("replica {index}"));
+                    let device = cfg.devices[index];
+                    let replica = Self::build_replica(
+                        index, device, cfg, layout, shared, &init, flats, msg_tx,
+                    );
+                    match replica {
+                        Ok(r) => {
+                            let _ = built_tx.send(Ok(()));
+                            r.run(rx)
+                        }
+                        Err(e) => {
+                            let _ = built_tx.send(Err(e));
+                        }
+                    }
+                })
+                .map_err(|e| TrainError::Replica {
+                    replica: index,
+                    message: format!("cannot spawn thread: {e}"),
+                })?;
+            handles.push(handle);
+        }
+        let table = Table {
+            loss_scale: LossScaler::new(cfg.precision),
+            cfg,
+            layout,
+            shared,
+            cmds,
+            msgs,
+            handles,
+            seq: 0,
+        };
+        for _ in 0..n {
+            built_rx.recv().map_err(|_| TrainError::Replica {
+                replica: 0,
+                message: "replica thread died".into(),
+            })??;
+        }
+        Ok(table)
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn build_replica(
+        index: usize,
+        device: Device,
+        cfg: Arc<TableConfig>,
+        layout: Arc<Layout>,
+        shared: Arc<Shared>,
+        init: &[(String, Vec<f32>)],
+        flats: Vec<Tensor>,
+        tx: Sender<Msg>,
+    ) -> Result<Replica> {
+        let vs = nn::VarStore::new(device);
+        // Drawing this replica's (overwritten) initial values uses the global generator too.
+        let init_guard = INIT_LOCK.lock().unwrap_or_else(|e| e.into_inner());
+        let model = model::build(cfg.model, &vs.root(), cfg.classes, cfg.image_size);
+        drop(init_guard);
+        let vars = vs.variables();
+        {
+            let _guard = tch::no_grad_guard();
+            for (name, values) in init {
+                let t = vars.get(name).ok_or_else(|| TrainError::Replica {
+                    replica: index,
+                    message: format!("variable {name} missing in replica"),
+                })?;
+                from_host(&mut t.shallow_clone(), values)?;
+            }
+            if cfg.channels_last {
+                for t in vars.values().filter(|t| t.dim() == 4) {
+                    t.shallow_clone().f_set_data(&channels_last(t)?)?;
+                }
+            }
+        }
+        let get = |name: &str| {
+            vars.get(name)
+                .map(|t| t.shallow_clone())
+                .ok_or_else(|| TrainError::Replica {
+                    replica: index,
+                    message: format!("variable {name} missing in replica"),
+                })
+        };
+        let params = layout
+            .params
+            .iter()
+            .map(|p| get(&p.name))
+            .collect::<Result<Vec<_>>>()?;
+        let buffers = layout
+            .buffers
+            .iter()
+            .map(|(n, _)| get(n))
+            .collect::<Result<Vec<_>>>()?;
+        let shapes: Vec<Vec<i64>> = layout.params.iter().map(|p| p.shape.clone()).collect();
+        let sgd = Sgd::new(cfg.sgd, &shapes, device)?;
+        Ok(Replica {
+            index,
+            device,
+            cfg,
+            layout,
+            shared,
+            _vs: vs,
+            model,
+            params,
+            buffers,
+            sgd,
+            flats,
+            data: None,
+            tx,
+        })
+    }
+
+    /// The flat layout of parameters, buffers and buckets.
+    pub fn layout(&self) -> &Layout {
+        &self.layout
+    }
+
+    /// Number of local replicas.
+    pub fn replicas(&self) -> usize {
+        self.cmds.len()
+    }
+
+    /// Current fp16 loss scale and the count of steps since the last overflow.
+    pub fn loss_scale(&self) -> (f64, u64) {
+        self.loss_scale.state()
+    }
+
+    /// Restores the fp16 loss-scaler state.
+    pub fn set_loss_scale(&mut self, scale: f64, good_steps: u64) {
+        self.loss_scale = LossScaler::restored(scale, good_steps);
+    }
+
+    fn send(&self, replica: usize, cmd: Cmd) -> Result<()> {
+        self.cmds[replica]
+            .send(cmd)
+            .map_err(|_| TrainError::Replica {
+                replica,
+                message: "replica thread has exited".into(),
+            })
+    }
+
+    fn recv(&self) -> Result<Msg> {
+        match self.msgs.recv() {
+            Ok(Msg::Failed(replica, e)) => {
+                self.shared.abort();
+                Err(match e {
+                    TrainError::Replica { .. } => e,
+                    other => TrainError::Replica {
+                        replica,
+                        message: other.to_string(),
+                    },
+                })
+            }
+            Ok(m) => Ok(m),
+            Err(_) => Err(TrainError::Replica {
+                replica: 0,
+                message: "all replica threads exited".into(),
+            }),
+        }
+    }
+
+    /// Attaches a batch source to each replica (one per replica, e.g. the loader's per-replica
+    /// queues of an epoch).
+    pub fn attach(&self, sources: Vec<BatchIter>) -> Result<()> {
+        if sources.len() != self.replicas() {
+            return Err(TrainError::Replica {
+                replica: 0,
+                message: format!(
+                    "{} batch sources for {} replicas",
+                    sources.len(),
+                    self.replicas()
+                ),
+            });
+        }
+        for (r, s) in sources.into_iter().enumerate() {
+            self.send(r, Cmd::Data(s))?;
+        }
+        Ok(())
+    }
+
+    /// Runs one synchronous step with learning rate `lr`. `allreduce` sums a bucket across
+    /// ranks in place (a no-op for a single rank); it is called from this thread, bucket by
+    /// bucket, in a fixed order.
+    pub fn step(
+        &mut self,
+        lr: f64,
+        allreduce: &mut dyn FnMut(&mut [f32]) -> Result<()>,
+    ) -> Result<StepStats> {
+        let start = Instant::now();
+        let seq = self.seq;
+        let k_count = self.layout.buckets.len() as u64;
+        self.seq += k_count;
+        for r in 0..self.replicas() {
+            self.send(
+                r,
+                Cmd::Step {
+                    lr,
+                    seq,
+                    loss_scale: self.loss_scale.scale(),
+                },
+            )?;
+        }
+        let inv = 1.0 / (self.cfg.global_replicas as f64 * self.loss_scale.scale());
+        let fp16 = self.cfg.precision == Precision::Fp16;
+        let mut stats = StepStats::default();
+        let mut done = 0;
+        let mut next_bucket = 0usize;
+        let mut finite = true;
+        let mut allreduce_time = Duration::ZERO;
+        while done < self.replicas() {
+            match self.recv()? {
+                Msg::Ready(k) => {
+                    debug_assert_eq!(k, next_bucket);
+                    next_bucket += 1;
+                    {
+                        let mut host = self.shared.host[k]
+                            .write()
+                            .unwrap_or_else(|e| e.into_inner());
+                        let t0 = Instant::now();
+                        if let Err(e) = allreduce(&mut host) {
+                            self.shared.abort();
+                            return Err(e);
+                        }
+                        let took = t0.elapsed();
+                        allreduce_time += took;
+                        ddl_trace::record(
+                            "allreduce",
+                            "comm",
+                            t0,
+                            took,
+                            &[("bucket", k as i64), ("floats", host.len() as i64)],
+                        );
+                        let inv = inv as f32;
+                        for x in host.iter_mut() {
+                            *x *= inv;
+                        }
+                        if fp16 {
+                            finite &= host.iter().all(|x| x.is_finite());
+                        }
+                    }
+                    if !fp16 {
+                        self.shared.publish_reduced(seq + k as u64 + 1, false);
+                    } else if next_bucket as u64 == k_count {
+                        self.shared.publish_reduced(seq + k_count, !finite);
+                    }
+                }
+                Msg::StepDone {
+                    loss,
+                    images,
+                    data_wait,
+                    compute,
+                    bad,
+                } => {
+                    done += 1;
+                    stats.loss += loss;
+                    stats.images += images;
+                    stats.data_wait += data_wait;
+                    stats.compute += compute;
+                    stats.bad_records += bad;
+                }
+                _ => {
+                    return Err(TrainError::Replica {
+                        replica: 0,
+                        message: "unexpected message during a step".into(),
+                    })
+                }
+            }
+        }
+        let n = self.replicas() as u32;
+        stats.loss /= f64::from(n);
+        stats.data_wait /= n;
+        stats.compute /= n;
+        stats.allreduce = allreduce_time;
+        stats.skipped = !finite;
+        if fp16 {
+            self.loss_scale.update(finite);
+        }
+        stats.wall = start.elapsed();
+        Ok(stats)
+    }
+
+    /// Evaluates replica 0 on `batches`, counting only the first `valid(batch)` images of each
+    /// (padding is left out), and returns the sums (not yet reduced across ranks).
+    pub fn evaluate(&self, batches: BatchIter, valid: ValidCount) -> Result<EvalSums> {
+        self.send(0, Cmd::Eval(batches, valid))?;
+        match self.recv()? {
+            Msg::Eval(s) => Ok(s),
+            _ => Err(TrainError::Replica {
+                replica: 0,
+                message: "unexpected reply to eval".into(),
+            }),
+        }
+    }
+
+    /// Host copies of every replica's state, in replica order. Parameters and momentum are
+    /// identical on every replica, so only replica 0's are copied (`params` and `momentum`
+    /// are empty for the others).
+    pub fn states(&self) -> Result<Vec<ReplicaState>> {
+        let mut out = Vec::new();
+        for r in 0..self.replicas() {
+            self.send(r, Cmd::GetState { full: r == 0 })?;
+            match self.recv()? {
+                Msg::State(s) => out.push(*s),
+                _ => {
+                    return Err(TrainError::Replica {
+                        replica: r,
+                        message: "unexpected reply to state".into(),
+                    })
+                }
+            }
+        }
+        Ok(out)
+    }
+
+    /// Loads a state into replica `replica`.
+    pub fn set_state(&self, replica: usize, state: ReplicaState) -> Result<()> {
+        self.send(replica, Cmd::SetState(Box::new(state)))?;
+        // Make sure it was applied (or surface its error) before returning.
+        self.send(replica, Cmd::Checksum)?;
+        match self.recv()? {
+            Msg::Checksum(_) => Ok(()),
+            _ => Err(TrainError::Replica {
+                replica,
+                message: "unexpected reply to set_state".into(),
+            }),
+        }
+    }
+
+    /// crc32c of every replica's parameters, in replica order.
+    pub fn checksums(&self) -> Result<Vec<u32>> {
+        let mut out = Vec::new();
+        for r in 0..self.replicas() {
+            self.send(r, Cmd::Checksum)?;
+            match self.recv()? {
+                Msg::Checksum(c) => out.push(c),
+                _ => {
+                    return Err(TrainError::Replica {
+                        replica: r,
+                        message: "unexpected reply to checksum".into(),
+                    })
+                }
+            }
+        }
+        Ok(out)
+    }
+}
+
+impl Drop for Table {
+    fn drop(&mut self) {
+        self.shared.abort();
+        for tx in &self.cmds {
+            let _ = tx.send(Cmd::Stop);
+        }
+        for h in self.handles.drain(..) {
+            let _ = h.join();
+        }
+    }
+}

@@ -1,0 +1,344 @@
+//! A run's checkpoints: claiming the directory, saving (gathered to rank 0), resuming (rank 0
+//! reads and broadcasts) and dumping the final weights.
+
+use std::path::{Path, PathBuf};
+
+use crate::checkpoint::{self, Checkpoint, CheckpointMeta, TensorEntry};
+use crate::console::eprint_line;
+use crate::error::{Result, TrainError};
+use crate::run_flags::{self, LayoutCheck};
+use crate::table::ReplicaState;
+
+use super::Run;
+
+/// Encodes u64 values as bytes (for the control plane).
+pub(super) fn u64s_to_bytes(v: &[u64]) -> Vec<u8> {
+    v.iter().flat_map(|x| x.to_le_bytes()).collect()
+}
+
+pub(super) fn bytes_to_u64s(b: &[u8]) -> Vec<u64> {
+    b.chunks_exact(8)
+        .map(|c| u64::from_le_bytes(c.try_into().unwrap_or_default()))
+        .collect()
+}
+
+fn f32s_to_bytes(v: &[f32]) -> Vec<u8> {
+    v.iter().flat_map(|x| x.to_le_bytes()).collect()
+}
+
+fn bytes_to_f32s(b: &[u8]) -> Vec<f32> {
+    b.chunks_exact(4)
+        .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+        .collect()
+}
+
+/// Serialises the BatchNorm buffers of every local replica.
+fn encode_buffers(states: &[ReplicaState]) -> Vec<u8> {
+    let flat: Vec<f32> = states
+        .iter()
+        .flat_map(|s| s.buffers.iter().flatten().copied())
+        .collect();
+    f32s_to_bytes(&flat)
+}
+
+impl Run<'_> {
+    /// A new run must not write into a directory holding another run's checkpoints: it would
+    /// mix with them, and pruning (which keeps the highest steps) would delete its own. Without
+    /// `--resume`, rank 0 refuses such a directory, or with `--restart` moves the files into a
+    /// dated subdirectory; every rank gets the verdict.
+    pub(crate) fn claim_checkpoint_dir(&mut self) -> Result<()> {
+        let Some(dir) = self.cfg.checkpoint_dir.clone() else {
+            return Ok(());
+        };
+        if self.cfg.resume {
+            return Ok(());
+        }
+        let mut verdict = Ok(());
+        if self.is_root() {
+            verdict = checkpoint::occupants(&dir).and_then(|found| {
+                if found.is_empty() {
+                    Ok(())
+                } else if self.cfg.restart {
+                    let (aside, n) = checkpoint::move_aside(&dir)?;
+                    if self.cfg.verbose {
+                        println!(
+                            "restart: moved {n} checkpoint file(s) of the previous run into {}",
+                            aside.display()
+                        );
+                    }
+                    Ok(())
+                } else {
+                    Err(TrainError::CheckpointDirInUse {
+                        dir: dir.clone(),
+                        count: found.len(),
+                        newest: found
+                            .last()
+                            .and_then(|p| p.file_name())
+                            .map(|n| n.to_string_lossy().into_owned())
+                            .unwrap_or_default(),
+                    })
+                }
+            });
+        }
+        let message = verdict.as_ref().err().map(ToString::to_string);
+        let message = self
+            .comm
+            .broadcast_bytes(message.unwrap_or_default().into_bytes())?;
+        match verdict {
+            Err(e) => Err(e),
+            Ok(()) if message.is_empty() => Ok(()),
+            Ok(()) => Err(TrainError::FromRoot(
+                String::from_utf8_lossy(&message).into_owned(),
+            )),
+        }
+    }
+
+    /// Writes a checkpoint positioned at (`epoch`, `step`) after `global` steps. Collective:
+    /// rank 0 gathers every rank's BatchNorm buffers and writes one file. Older checkpoints
+    /// beyond `--keep-checkpoints` are pruned before the write (to make room on a full disk)
+    /// and after it.
+    pub(crate) fn save_checkpoint(&mut self, epoch: u64, step: u64, global: u64) -> Result<()> {
+        let Some(dir) = self.cfg.checkpoint_dir.clone() else {
+            return Ok(());
+        };
+        self.last_checkpoint = Some(global);
+        let _span = ddl_trace::span_args(
+            "checkpoint",
+            "train",
+            &[("epoch", epoch as i64), ("step", global as i64)],
+        );
+        let states = self.table.states()?;
+        let gathered = self.comm.gather_bytes(encode_buffers(&states))?;
+        let Some(gathered) = gathered else {
+            return Ok(());
+        };
+        let layout = self.table.layout();
+        let mut tensors = Vec::new();
+        let mut data = Vec::new();
+        for (i, p) in layout.params.iter().enumerate() {
+            tensors.push(TensorEntry {
+                name: format!("param/{}", p.name),
+                shape: p.shape.clone(),
+            });
+            data.push(states[0].params[i].clone());
+        }
+        for (i, p) in layout.params.iter().enumerate() {
+            tensors.push(TensorEntry {
+                name: format!("momentum/{}", p.name),
+                shape: p.shape.clone(),
+            });
+            data.push(states[0].momentum[i].clone());
+        }
+        let replicas = self.table.replicas();
+        for (rank, bytes) in gathered.iter().enumerate() {
+            let values = bytes_to_f32s(bytes);
+            let mut pos = 0;
+            for r in 0..replicas {
+                for (name, shape) in &layout.buffers {
+                    let n = shape.iter().product::<i64>() as usize;
+                    let end = (pos + n).min(values.len());
+                    tensors.push(TensorEntry {
+                        name: format!("buffer/{rank}/{r}/{name}"),
+                        shape: shape.clone(),
+                    });
+                    data.push(values[pos..end].to_vec());
+                    pos = end;
+                }
+            }
+        }
+        let (loss_scale, good_steps) = self.table.loss_scale();
+        let ck = Checkpoint {
+            meta: CheckpointMeta {
+                model: self.plan.model.name().to_string(),
+                classes: self.plan.manifest.num_classes() as i64,
+                epoch,
+                step,
+                global_step: global,
+                ranks: self.comm.size(),
+                replicas,
+                loss_scale,
+                good_steps,
+                flags: serde_json::to_value(self.cfg).unwrap_or_default(),
+                nodes: Some(self.plan.residency.nodes),
+                data_fingerprint: Some(self.plan.data_fingerprint),
+                tensors,
+            },
+            data,
+        };
+        checkpoint::prune(&dir, self.cfg.keep_checkpoints, global)?;
+        ck.write(&dir)?;
+        checkpoint::prune(&dir, self.cfg.keep_checkpoints, global)?;
+        Ok(())
+    }
+
+    /// Loads the newest valid checkpoint (rank 0 reads it and broadcasts its bytes, so only
+    /// rank 0 needs to see the checkpoint directory). Returns (epoch, step, global step).
+    pub(crate) fn resume(&mut self) -> Result<Option<(u64, u64, u64)>> {
+        let Some(dir) = self.cfg.checkpoint_dir.clone() else {
+            return Ok(None);
+        };
+        let mut bytes = Vec::new();
+        let mut from = None;
+        if self.is_root() {
+            let checkpoint::Found {
+                checkpoint: found,
+                warnings,
+            } = checkpoint::newest_valid(&dir)?;
+            for w in &warnings {
+                eprint_line(&format!("warning: {w}"));
+            }
+            self.summary.warnings.extend(warnings);
+            if let Some((path, ck)) = found {
+                bytes = ck.to_bytes()?;
+                from = Some(path);
+            }
+        }
+        let bytes = self.comm.broadcast_bytes(bytes)?;
+        if bytes.is_empty() {
+            if self.is_root() && self.cfg.verbose {
+                println!(
+                    "resume: no checkpoint in {}, starting from scratch",
+                    dir.display()
+                );
+            }
+            return Ok(None);
+        }
+        let path = from.clone().unwrap_or_else(|| dir.clone());
+        let ck = Checkpoint::from_bytes(&bytes, &path)?;
+        let bad = |m: String| TrainError::Checkpoint {
+            path: path.clone(),
+            message: m,
+        };
+        if ck.meta.model != self.plan.model.name() {
+            return Err(bad(format!(
+                "written for model {}, this run trains {}",
+                ck.meta.model, self.plan.model
+            )));
+        }
+        if ck.meta.classes != self.plan.manifest.num_classes() as i64 {
+            return Err(bad(format!(
+                "has {} classes, the data has {}",
+                ck.meta.classes,
+                self.plan.manifest.num_classes()
+            )));
+        }
+        let comparison = run_flags::compare(
+            &ck.meta.flags,
+            self.cfg,
+            LayoutCheck {
+                ranks: (ck.meta.ranks, self.comm.size()),
+                replicas: (ck.meta.replicas, self.table.replicas()),
+                nodes: (ck.meta.nodes, self.plan.residency.nodes),
+                data: (ck.meta.data_fingerprint, self.plan.data_fingerprint),
+            },
+        );
+        let mut refused = comparison.refused;
+        let mut warnings = comparison.warnings;
+        if !comparison.layout.is_empty() {
+            let layout = comparison.layout.join(", ");
+            if self.cfg.allow_new_layout {
+                warnings.push(format!(
+                    "resuming on another layout ({layout}): BatchNorm statistics are taken from \
+                     matching replicas modulo the old counts and the global batch may differ; the \
+                     run will not be bitwise identical"
+                ));
+            } else {
+                refused.push(format!(
+                    "{layout}: another data-parallel layout (pass --allow-new-layout to continue \
+                     on this one anyway, not bitwise identical)"
+                ));
+            }
+        }
+        if !refused.is_empty() {
+            return Err(TrainError::ResumeMismatch {
+                path: path.clone(),
+                differences: refused,
+            });
+        }
+        for w in warnings {
+            if self.is_root() && self.cfg.verbose {
+                eprint_line(&format!("warning: {w}"));
+            }
+            self.summary.warnings.push(w);
+        }
+        let layout = self.table.layout().clone();
+        let get = |name: String| {
+            ck.get(&name)
+                .map(<[f32]>::to_vec)
+                .ok_or_else(|| bad(format!("tensor {name} missing")))
+        };
+        let params = layout
+            .params
+            .iter()
+            .map(|p| get(format!("param/{}", p.name)))
+            .collect::<Result<Vec<_>>>()?;
+        let momentum = layout
+            .params
+            .iter()
+            .map(|p| get(format!("momentum/{}", p.name)))
+            .collect::<Result<Vec<_>>>()?;
+        let rank = self.rank();
+        for r in 0..self.table.replicas() {
+            let (cr, ci) = (rank % ck.meta.ranks.max(1), r % ck.meta.replicas.max(1));
+            let buffers = layout
+                .buffers
+                .iter()
+                .map(|(n, _)| get(format!("buffer/{cr}/{ci}/{n}")))
+                .collect::<Result<Vec<_>>>()?;
+            self.table.set_state(
+                r,
+                ReplicaState {
+                    params: params.clone(),
+                    momentum: momentum.clone(),
+                    buffers,
+                },
+            )?;
+        }
+        self.table
+            .set_loss_scale(ck.meta.loss_scale, ck.meta.good_steps);
+        if self.is_root() && self.cfg.verbose {
+            println!(
+                "resume: {} (epoch {}, step {}, global step {})",
+                path.display(),
+                ck.meta.epoch,
+                ck.meta.step,
+                ck.meta.global_step
+            );
+        }
+        self.summary.resumed_from = from.or(Some(path));
+        Ok(Some((ck.meta.epoch, ck.meta.step, ck.meta.global_step)))
+    }
+
+    /// Writes replica 0's parameters and buffers as raw little-endian f32 to `path` and an
+    /// index to `path.json`: `{"dtype": "f32", "tensors": [{"name", "shape", "offset"}]}` with
+    /// offsets in elements.
+    pub(crate) fn dump_weights(&self, path: &Path) -> Result<()> {
+        let states = self.table.states()?;
+        let layout = self.table.layout();
+        let mut raw = Vec::new();
+        let mut index = Vec::new();
+        let mut offset = 0usize;
+        let named = layout
+            .params
+            .iter()
+            .map(|p| (&p.name, &p.shape))
+            .zip(states[0].params.iter())
+            .chain(
+                layout
+                    .buffers
+                    .iter()
+                    .map(|(n, s)| (n, s))
+                    .zip(states[0].buffers.iter()),
+            );
+        for ((name, shape), values) in named {
+            index.push(serde_json::json!({"name": name, "shape": shape, "offset": offset}));
+            raw.extend(values.iter().flat_map(|x| x.to_le_bytes()));
+            offset += values.len();
+        }
+        std::fs::write(path, &raw).map_err(|e| TrainError::io(path, e))?;
+        let json = serde_json::json!({"dtype": "f32", "byte_order": "little", "numel": offset, "tensors": index});
+        let idx = PathBuf::from(format!("{}.json", path.display()));
+        std::fs::write(&idx, serde_json::to_vec_pretty(&json).unwrap_or_default())
+            .map_err(|e| TrainError::io(&idx, e))
+    }
+}

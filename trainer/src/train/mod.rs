@@ -1,0 +1,756 @@
+//! The training driver of one rank: configuration checks, data, the data-parallel table,
+//! the schedule, evaluation, checkpoints, metrics.
+//!
+//! [`train`] takes any [`Transport`] (MPI between processes, or ddl-comm's in-process thread
+//! transport in tests), so the same code runs under `mpirun`/`srun` and inside one test
+//! process with several simulated ranks.
+
+use std::collections::HashSet;
+use std::io::IsTerminal;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use ddl_comm::{Topology, Transport};
+use ddl_loader::dataset::{Dataset, OpenOptions};
+use ddl_loader::pipeline::{Augment, BadRecord, OnBadRecord, Output, Pipeline, PipelineConfig};
+use ddl_loader::sampler::{Sampler, SamplerConfig, Tail};
+
+use crate::checkpoint::{self};
+use crate::collective::Collective;
+use crate::config::{auto_overlap, TrainConfig};
+use crate::console::eprint_line;
+use crate::error::{Result, TrainError};
+use crate::metrics::{EpochRecord, MetricsWriter, StepRecord};
+use crate::optim::SgdConfig;
+use crate::schedule::Schedule;
+use crate::signal::StopSignal;
+use crate::table::{BatchIter, EvalSums, Table, TableConfig};
+
+mod checkpoints;
+mod plan;
+
+use checkpoints::{bytes_to_u64s, u64s_to_bytes};
+use plan::{plan, Plan};
+
+/// Where this process sits in the job.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RankInfo {
+    /// Node index (MPI shared-memory split).
+    pub node: usize,
+    /// Number of nodes.
+    pub nodes: usize,
+    /// Rank within the node.
+    pub rank_in_node: usize,
+    /// Ranks on this node (assumed equal on every node).
+    pub ranks_in_node: usize,
+}
+
+impl RankInfo {
+    /// A single process: one node, one rank.
+    pub fn single() -> RankInfo {
+        RankInfo {
+            node: 0,
+            nodes: 1,
+            rank_in_node: 0,
+            ranks_in_node: 1,
+        }
+    }
+}
+
+/// What a finished run reports.
+#[derive(Clone, Debug, Default)]
+pub struct TrainSummary {
+    /// Global steps completed (including those before a resume).
+    pub global_steps: u64,
+    /// Steps run by this invocation.
+    pub steps_run: u64,
+    /// Epoch records of this invocation.
+    pub epochs: Vec<EpochRecord>,
+    /// Checkpoint this run resumed from.
+    pub resumed_from: Option<PathBuf>,
+    /// Warnings (damaged checkpoints skipped, ...).
+    pub warnings: Vec<String>,
+    /// Bad records met in training (all ranks; each time one was met).
+    pub bad_records_train: u64,
+    /// Val records left out as bad (all ranks, all evaluations).
+    pub bad_records_eval: u64,
+    /// The distinct bad records of all ranks (on rank 0; empty on the others).
+    pub bad_records: Vec<BadRecord>,
+    /// crc32c of replica 0's parameters at the end.
+    pub param_checksum: u32,
+}
+
+fn secs(d: Duration) -> f64 {
+    d.as_secs_f64()
+}
+
+struct Run<'a> {
+    cfg: &'a TrainConfig,
+    plan: Plan,
+    comm: Collective,
+    table: Table,
+    schedule: Schedule,
+    train_set: Arc<Dataset>,
+    sampler: Sampler,
+    val_set: Option<Arc<Dataset>>,
+    metrics: Option<MetricsWriter>,
+    summary: TrainSummary,
+    bar: Option<indicatif::ProgressBar>,
+    /// Bad records this rank has met (shard file, record).
+    bad_seen: HashSet<(PathBuf, usize)>,
+    /// Those of them rank 0 has not printed yet.
+    bad_unpublished: Vec<(BadRecordUse, BadRecord)>,
+    /// Global step of the last checkpoint written.
+    last_checkpoint: Option<u64>,
+}
+
+/// Where a bad record was met.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum BadRecordUse {
+    Train,
+    Eval,
+}
+
+/// Why a record is bad, without the shard and record its message starts with.
+fn bad_reason(bad: &BadRecord) -> &str {
+    let prefix = format!("{}: record {}: ", bad.file.display(), bad.record);
+    bad.reason.strip_prefix(&prefix).unwrap_or(&bad.reason)
+}
+
+/// The line printed after each epoch.
+fn epoch_line(r: &EpochRecord) -> String {
+    let pct = |v: Option<f64>| v.map_or("-".to_string(), |v| format!("{:.2}%", v * 100.0));
+    let mut line = format!(
+        "epoch {:>3}  train loss {}  val top-1 {}  top-5 {}  {:.1} images/s  data-wait {:.1}%  allreduce {:.1}%  ({:.1} s)",
+        r.epoch,
+        r.train_loss.map_or("-".to_string(), |l| format!("{l:.4}")),
+        pct(r.val_top1),
+        pct(r.val_top5),
+        r.images_per_s,
+        r.data_wait_frac * 100.0,
+        r.allreduce_frac * 100.0,
+        r.epoch_s,
+    );
+    let val_bad = r.val_bad_records.unwrap_or(0);
+    if r.bad_records + val_bad > 0 {
+        line.push_str(&format!(
+            "  bad records: {} in training, {val_bad} left out of val",
+            r.bad_records
+        ));
+    }
+    line
+}
+
+/// Trains on this rank. Collective: every rank of `transport` must call it with the same
+/// configuration. `topology` describes the physical layout for the allreduce cost model.
+pub fn train(
+    cfg: &TrainConfig,
+    transport: Arc<dyn Transport>,
+    topology: Topology,
+    info: RankInfo,
+) -> Result<TrainSummary> {
+    let rank = transport.rank();
+    let world = transport.size();
+    transport.set_timeout(Duration::from_secs(cfg.comm_timeout_s.max(1)));
+    let plan = plan(cfg, rank, world, info)?;
+    let comm = Collective::new(transport, plan.algorithm.clone(), topology)?;
+
+    // Every rank must have the same number of replicas: the sampler and the average assume it.
+    let replicas = plan.devices.len();
+    let counts = comm.allgather_bytes(u64s_to_bytes(&[replicas as u64]))?;
+    if counts.iter().any(|c| bytes_to_u64s(c) != [replicas as u64]) {
+        let all: Vec<u64> = counts.iter().flat_map(|c| bytes_to_u64s(c)).collect();
+        return Err(TrainError::config(
+            "--devices",
+            format!("ranks have different replica counts {all:?}"),
+        ));
+    }
+    let global_replicas = replicas * world;
+
+    let opts = OpenOptions {
+        populate: cfg.populate,
+        lock: cfg.lock,
+        stage: cfg.stage.clone(),
+    };
+    let train_set = Arc::new(Dataset::open(&cfg.data, "train", plan.residency, &opts)?);
+    let per_node = Dataset::records_per_node(&plan.manifest, "train", plan.residency.nodes);
+    let min_node = per_node.iter().copied().min().unwrap_or(0) as usize;
+    let sampler = Sampler::try_new(
+        train_set.len(),
+        min_node,
+        SamplerConfig {
+            seed: cfg.seed,
+            ranks_in_node: plan.ranks_in_node,
+            rank_in_node: plan.rank_in_node,
+            replicas,
+            batch_per_replica: cfg.batch,
+            tail: Tail::Drop,
+            shuffle: true,
+        },
+    )
+    .map_err(|e| TrainError::config("--batch", e.to_string()))?;
+    let steps_per_epoch = sampler.steps_per_epoch() as u64;
+    if steps_per_epoch == 0 {
+        return Err(TrainError::config(
+            "--batch",
+            format!(
+                "the smallest node holds {min_node} train records, fewer than one step consumes \
+                 ({} ranks x {replicas} replicas x {} images)",
+                plan.ranks_in_node, cfg.batch
+            ),
+        ));
+    }
+    let val_set = if cfg.eval && plan.manifest.splits.contains_key("val") {
+        let per_node = Dataset::records_per_node(&plan.manifest, "val", plan.residency.nodes);
+        if per_node[plan.residency.node] > 0 {
+            Some(Arc::new(Dataset::open(
+                &cfg.data,
+                "val",
+                plan.residency,
+                &opts,
+            )?))
+        } else {
+            None
+        }
+    } else {
+        None
+    };
+
+    let global_batch = global_replicas * cfg.batch;
+    let mut schedule = Schedule::new(
+        cfg.base_lr,
+        global_batch,
+        steps_per_epoch,
+        cfg.epochs,
+        cfg.warmup_epochs,
+        plan.decay.clone(),
+    );
+    if let Some(lr) = cfg.lr {
+        schedule.peak = lr;
+    }
+    let gpus = plan.devices.iter().any(|d| d.is_cuda());
+    let overlap = cfg
+        .overlap
+        .unwrap_or_else(|| auto_overlap(gpus, info.nodes));
+    let table = Table::new(TableConfig {
+        devices: plan.devices.clone(),
+        model: plan.model,
+        classes: plan.manifest.num_classes() as i64,
+        image_size: cfg.image_size,
+        seed: cfg.seed,
+        sgd: SgdConfig {
+            momentum: cfg.momentum,
+            nesterov: cfg.nesterov,
+            weight_decay: cfg.weight_decay,
+        },
+        precision: plan.precision,
+        label_smoothing: cfg.label_smoothing,
+        bucket_bytes: (cfg.bucket_mb * 1024.0 * 1024.0) as usize,
+        overlap,
+        channels_last: cfg.channels_last,
+        global_replicas,
+    })?;
+    let bar = (rank == 0 && cfg.verbose && std::io::stderr().is_terminal()).then(|| {
+        let b = indicatif::ProgressBar::new(steps_per_epoch);
+        b.set_style(
+            indicatif::ProgressStyle::with_template("{prefix} [{bar:30}] {pos}/{len} {msg}")
+                .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
+        );
+        b
+    });
+    if rank == 0 && cfg.verbose {
+        let devs: Vec<String> = plan.devices.iter().map(|d| format!("{d:?}")).collect();
+        println!(
+            "ddl-train: {} on {} rank(s) x {} replica(s) [{}], {} classes, {} train images/node (min), \
+             global batch {}, peak lr {:.4}, {} steps/epoch, allreduce {}, overlap {}, {} bucket(s)",
+            plan.model,
+            world,
+            replicas,
+            devs.join(","),
+            plan.manifest.num_classes(),
+            min_node,
+            global_batch,
+            schedule.peak,
+            steps_per_epoch,
+            plan.algorithm,
+            overlap.name(),
+            table.layout().buckets.len(),
+        );
+    }
+    let run = Run {
+        cfg,
+        plan,
+        comm,
+        table,
+        schedule,
+        train_set,
+        sampler,
+        val_set,
+        metrics: None,
+        summary: TrainSummary::default(),
+        bar,
+        bad_seen: HashSet::new(),
+        bad_unpublished: Vec::new(),
+        last_checkpoint: None,
+    };
+    run.go()
+}
+
+impl Run<'_> {
+    fn rank(&self) -> usize {
+        self.comm.rank()
+    }
+
+    fn is_root(&self) -> bool {
+        self.rank() == 0
+    }
+
+    fn go(mut self) -> Result<TrainSummary> {
+        let (mut epoch, mut step, mut global) = (0u64, 0u64, 0u64);
+        self.claim_checkpoint_dir()?;
+        if self.cfg.resume {
+            if let Some((e, s, g)) = self.resume()? {
+                (epoch, step, global) = (e, s, g);
+            }
+        }
+        if let Some(path) = &self.cfg.metrics {
+            if self.is_root() {
+                self.metrics = Some(MetricsWriter::open(
+                    path,
+                    self.summary.resumed_from.is_some(),
+                )?);
+            }
+        }
+        if self.cfg.check_replicas {
+            self.check_replicas()?;
+        }
+        let steps_per_epoch = self.schedule.steps_per_epoch;
+        let epochs = u64::from(self.cfg.epochs);
+        let max_steps = self.cfg.max_steps.unwrap_or(u64::MAX);
+        let mut stopped = global >= max_steps;
+        while epoch < epochs && !stopped {
+            let epoch_start = Instant::now();
+            // A shard changed under the job would SIGBUS a reader mid-epoch: catch it here.
+            self.train_set.check_unchanged()?;
+            let pipeline = Pipeline::start(
+                self.train_set.clone(),
+                self.sampler.clone(),
+                self.pipeline_config(Augment::Train, self.plan.on_bad_record),
+                epoch,
+                step as usize,
+            )?;
+            let sources: Vec<BatchIter> = (0..self.table.replicas())
+                .map(|r| Box::new(pipeline.replica(r)) as BatchIter)
+                .collect();
+            self.table.attach(sources)?;
+            if let Some(b) = &self.bar {
+                b.set_prefix(format!("epoch {epoch}"));
+                b.set_position(step);
+            }
+            let mut acc = EpochAcc::default();
+            let mut bad_seen = 0;
+            while step < steps_per_epoch {
+                if global >= max_steps {
+                    break;
+                }
+                let lr = self.schedule.lr(global);
+                let comm = &self.comm;
+                let stats = self
+                    .table
+                    .step(lr, &mut |buf: &mut [f32]| comm.allreduce_sum(buf))?;
+                if !stats.loss.is_finite() {
+                    return Err(TrainError::NonFinite { step: global });
+                }
+                step += 1;
+                global += 1;
+                self.summary.steps_run += 1;
+                bad_seen = self.collect_bad_records(&pipeline, bad_seen, BadRecordUse::Train);
+                let world = self.comm.size() as f64;
+                let images = stats.images as f64 * world;
+                acc.add(&stats);
+                if let Some(m) = &mut self.metrics {
+                    m.write(&StepRecord {
+                        kind: "step",
+                        step: global,
+                        epoch,
+                        loss: stats.loss,
+                        lr,
+                        images_per_s: images / secs(stats.wall).max(1e-9),
+                        data_wait_s: secs(stats.data_wait),
+                        compute_s: secs(stats.compute),
+                        allreduce_s: secs(stats.allreduce),
+                    })?;
+                }
+                if let Some(b) = &self.bar {
+                    b.set_position(step);
+                    b.set_message(format!("loss {:.4} lr {:.4}", stats.loss, lr));
+                }
+                let every =
+                    self.cfg.checkpoint_every > 0 && global % self.cfg.checkpoint_every == 0;
+                let last = global >= max_steps && step < steps_per_epoch;
+                if (every || last) && step < steps_per_epoch {
+                    self.save_checkpoint(epoch, step, global)?;
+                }
+                let run_ends =
+                    global >= max_steps || (step == steps_per_epoch && epoch + 1 == epochs);
+                if !run_ends {
+                    if let Some(signal) = self.agreed_stop()? {
+                        // At an epoch's last step the checkpoint sits at its end: a resumed
+                        // run evaluates the epoch and goes on.
+                        return Err(self.preempt(signal, epoch, step, global)?);
+                    }
+                }
+            }
+            drop(pipeline);
+            let epoch_s = epoch_start.elapsed();
+            if step < steps_per_epoch {
+                // Stopped by --max-steps inside the epoch.
+                break;
+            }
+            let val = self.evaluate(epoch)?;
+            if self.cfg.check_replicas {
+                self.check_replicas()?;
+            }
+            let record = self.epoch_record(epoch, &acc, epoch_s, val)?;
+            self.summary.bad_records_train += record.bad_records;
+            self.summary.bad_records_eval += record.val_bad_records.unwrap_or(0);
+            if record.bad_records + record.val_bad_records.unwrap_or(0) > 0 {
+                self.publish_bad_records()?;
+            }
+            if self.is_root() {
+                if let Some(b) = &self.bar {
+                    b.finish_and_clear();
+                }
+                if self.cfg.verbose {
+                    println!("{}", epoch_line(&record));
+                }
+                if let Some(m) = &mut self.metrics {
+                    m.write(&record)?;
+                }
+            }
+            self.summary.epochs.push(record);
+            epoch += 1;
+            step = 0;
+            self.save_checkpoint(epoch, 0, global)?;
+            stopped = global >= max_steps;
+            if !stopped && epoch < epochs {
+                // A signal that arrived during evaluation.
+                if let Some(signal) = self.agreed_stop()? {
+                    return Err(self.preempt(signal, epoch, 0, global)?);
+                }
+            }
+        }
+        self.summary.global_steps = global;
+        // Those of a last epoch cut short by --max-steps.
+        self.publish_bad_records()?;
+        let sums = self.table.checksums()?;
+        self.summary.param_checksum = sums[0];
+        if let Some(path) = &self.cfg.dump_weights {
+            if self.is_root() {
+                self.dump_weights(path)?;
+            }
+        }
+        Ok(self.summary)
+    }
+
+    /// Whether any rank received a stop signal: every rank calls it after the same step, so all
+    /// stop together (the signal may have reached only some of them).
+    fn agreed_stop(&self) -> Result<Option<StopSignal>> {
+        let mut votes = [0f32; 2];
+        match self.cfg.stop.requested() {
+            Some(StopSignal::Term) => votes[0] = 1.0,
+            Some(StopSignal::Int) => votes[1] = 1.0,
+            None => {}
+        }
+        self.comm.allreduce_sum(&mut votes)?;
+        Ok(if votes[0] > 0.0 {
+            Some(StopSignal::Term)
+        } else if votes[1] > 0.0 {
+            Some(StopSignal::Int)
+        } else {
+            None
+        })
+    }
+
+    /// Stops the run after `global` steps, positioned at (`epoch`, `step`): writes the
+    /// checkpoint (unless this step's is already written) and returns the error that says
+    /// where to resume.
+    fn preempt(
+        &mut self,
+        signal: StopSignal,
+        epoch: u64,
+        step: u64,
+        global: u64,
+    ) -> Result<TrainError> {
+        if let Some(b) = &self.bar {
+            b.finish_and_clear();
+        }
+        self.publish_bad_records()?;
+        let checkpoint = match self.cfg.checkpoint_dir.clone() {
+            Some(dir) => {
+                if self.last_checkpoint != Some(global) {
+                    self.save_checkpoint(epoch, step, global)?;
+                }
+                Some(dir.join(checkpoint::file_name(global)))
+            }
+            None => None,
+        };
+        // No rank leaves (and no launcher tears the job down) before rank 0's file is complete.
+        self.comm.barrier()?;
+        Ok(TrainError::Preempted {
+            signal,
+            global_step: global,
+            epoch,
+            step,
+            checkpoint,
+        })
+    }
+
+    /// Takes note of the bad records `pipeline` met after the first `seen` (each distinct one
+    /// once per rank) for the next [`Run::publish_bad_records`]; returns the new count seen.
+    fn collect_bad_records(
+        &mut self,
+        pipeline: &Pipeline,
+        seen: usize,
+        usage: BadRecordUse,
+    ) -> usize {
+        let new = pipeline.bad_records_since(seen);
+        let seen = seen + new.len();
+        for bad in new {
+            if self.bad_seen.insert((bad.file.clone(), bad.record)) {
+                self.bad_unpublished.push((usage, bad));
+            }
+        }
+        seen
+    }
+
+    /// Collective: gathers every rank's newly met bad records on rank 0, which prints each
+    /// record not printed before (once per run, whichever ranks met it) and keeps it for the
+    /// end-of-run summary.
+    fn publish_bad_records(&mut self) -> Result<()> {
+        let mine: Vec<(bool, String, usize, String)> = self
+            .bad_unpublished
+            .drain(..)
+            .map(|(usage, b)| {
+                let reason = bad_reason(&b).to_string();
+                (
+                    usage == BadRecordUse::Eval,
+                    b.file.display().to_string(),
+                    b.record,
+                    reason,
+                )
+            })
+            .collect();
+        let bytes = serde_json::to_vec(&mine).unwrap_or_default();
+        let Some(all) = self.comm.gather_bytes(bytes)? else {
+            return Ok(());
+        };
+        for part in all {
+            let records: Vec<(bool, String, usize, String)> =
+                serde_json::from_slice(&part).unwrap_or_default();
+            for (eval, file, record, reason) in records {
+                let file = PathBuf::from(file);
+                if self
+                    .summary
+                    .bad_records
+                    .iter()
+                    .any(|b| b.file == file && b.record == record)
+                {
+                    continue;
+                }
+                if self.cfg.verbose {
+                    let action = match (eval, self.plan.on_bad_record) {
+                        (true, _) => "left out of the evaluation",
+                        (false, OnBadRecord::Replace) => {
+                            "replaced by the next good record of the epoch (--on-bad-record replace)"
+                        }
+                        (false, OnBadRecord::Skip) => "left out of its batch (--on-bad-record skip)",
+                        (false, OnBadRecord::Fail) => "the run fails (--on-bad-record fail)",
+                    };
+                    eprint_line(&format!(
+                        "ddl-train: bad record: shard {} record {record}: {reason}; {action}. \
+                         `ddl-pack --verify {}` lists every damaged record",
+                        file.display(),
+                        self.cfg.data.display(),
+                    ));
+                }
+                self.summary.bad_records.push(BadRecord {
+                    file,
+                    record,
+                    reason,
+                });
+            }
+        }
+        Ok(())
+    }
+
+    fn pipeline_config(&self, augment: Augment, on_bad_record: OnBadRecord) -> PipelineConfig {
+        let gpu = self.plan.devices.iter().any(|d| d.is_cuda());
+        PipelineConfig {
+            image_size: self.cfg.image_size,
+            // On GPUs ship bytes and normalise on the device; on the CPU the loader normalises.
+            output: if gpu { Output::U8Nhwc } else { Output::F32Nchw },
+            augment,
+            workers: self.cfg.workers,
+            prefetch: self.cfg.prefetch,
+            seed: self.cfg.seed,
+            on_bad_record,
+            ..PipelineConfig::default()
+        }
+    }
+
+    /// Evaluates replica 0 on this rank's part of the node's val records, then sums over ranks.
+    /// A bad val record is never scored through a stand-in: it is left out and counted
+    /// (`--on-bad-record fail` fails instead).
+    fn evaluate(&mut self, epoch: u64) -> Result<Option<EvalSums>> {
+        if !self.cfg.eval || !self.plan.manifest.splits.contains_key("val") {
+            return Ok(None);
+        }
+        let _span = ddl_trace::span_args("eval", "train", &[("epoch", epoch as i64)]);
+        let mut sums = EvalSums::default();
+        if let Some(val) = self.val_set.clone() {
+            val.check_unchanged()?;
+            let node_records = val.len();
+            let (ranks, me, batch) = (
+                self.plan.ranks_in_node,
+                self.plan.rank_in_node,
+                self.cfg.batch,
+            );
+            let sampler = Sampler::try_new(
+                node_records,
+                node_records,
+                SamplerConfig {
+                    seed: self.cfg.seed,
+                    ranks_in_node: ranks,
+                    rank_in_node: me,
+                    replicas: 1,
+                    batch_per_replica: batch,
+                    tail: Tail::Pad,
+                    shuffle: false,
+                },
+            )?;
+            let resize = if self.cfg.eval_resize > 0 {
+                self.cfg.eval_resize
+            } else {
+                (self.cfg.image_size * 8).div_ceil(7)
+            };
+            let on_bad = match self.plan.on_bad_record {
+                OnBadRecord::Fail => OnBadRecord::Fail,
+                OnBadRecord::Replace | OnBadRecord::Skip => OnBadRecord::Skip,
+            };
+            let pipeline = Pipeline::start(
+                val.clone(),
+                sampler,
+                self.pipeline_config(Augment::Eval { resize }, on_bad),
+                epoch,
+                0,
+            )?;
+            // Positions past the node's records are padding (wrapped around): leave them out.
+            let valid = Box::new(move |b: &ddl_loader::pipeline::Batch| {
+                let first = (b.step * ranks + me) * batch;
+                node_records.saturating_sub(first).min(batch)
+            });
+            sums = self.table.evaluate(Box::new(pipeline.replica(0)), valid)?;
+            self.collect_bad_records(&pipeline, 0, BadRecordUse::Eval);
+        }
+        let mut buf = [
+            sums.loss as f32,
+            sums.top1 as f32,
+            sums.top5 as f32,
+            sums.count as f32,
+            sums.skipped as f32,
+        ];
+        self.comm.allreduce_sum(&mut buf)?;
+        Ok(Some(EvalSums {
+            loss: f64::from(buf[0]),
+            top1: f64::from(buf[1]),
+            top5: f64::from(buf[2]),
+            count: f64::from(buf[3]),
+            skipped: f64::from(buf[4]),
+        }))
+    }
+
+    fn epoch_record(
+        &self,
+        epoch: u64,
+        acc: &EpochAcc,
+        epoch_s: Duration,
+        val: Option<EvalSums>,
+    ) -> Result<EpochRecord> {
+        let wall = acc.wall.max(1e-9);
+        let mut buf = [
+            acc.loss as f32,
+            acc.steps as f32,
+            acc.images as f32,
+            (acc.data_wait / wall) as f32,
+            (acc.allreduce / wall) as f32,
+            acc.bad_records as f32,
+        ];
+        self.comm.allreduce_sum(&mut buf)?;
+        let world = self.comm.size() as f64;
+        let steps = f64::from(buf[1]);
+        let val_bad_records = val.map(|v| v.skipped as u64);
+        let val = val.filter(|v| v.count > 0.0);
+        Ok(EpochRecord {
+            kind: "epoch",
+            epoch,
+            // A run resumed at an epoch's end trained no step of it.
+            train_loss: (steps > 0.0).then(|| f64::from(buf[0]) / steps),
+            val_loss: val.map(|v| v.loss / v.count),
+            val_top1: val.map(|v| v.top1 / v.count),
+            val_top5: val.map(|v| v.top5 / v.count),
+            val_images: val.map(|v| v.count as u64),
+            epoch_s: secs(epoch_s),
+            images_per_s: f64::from(buf[2]) / secs(epoch_s).max(1e-9),
+            data_wait_frac: f64::from(buf[3]) / world,
+            allreduce_frac: f64::from(buf[4]) / world,
+            steps: acc.steps,
+            bad_records: buf[5] as u64,
+            val_bad_records,
+        })
+    }
+
+    /// Compares parameter checksums of all replicas of all ranks; fails loudly on a mismatch.
+    fn check_replicas(&mut self) -> Result<()> {
+        let local = self.table.checksums()?;
+        let all = self.comm.allgather_bytes(u64s_to_bytes(
+            &local.iter().map(|&c| u64::from(c)).collect::<Vec<_>>(),
+        ))?;
+        let all: Vec<Vec<u64>> = all.iter().map(|b| bytes_to_u64s(b)).collect();
+        let reference = all[0][0];
+        for (r, sums) in all.iter().enumerate() {
+            for (i, &c) in sums.iter().enumerate() {
+                if c != reference {
+                    return Err(TrainError::ReplicaMismatch(format!(
+                        "rank {r} replica {i} has parameter checksum {c:08x}, rank 0 replica 0 has {reference:08x}"
+                    )));
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+#[derive(Default)]
+struct EpochAcc {
+    loss: f64,
+    steps: u64,
+    images: f64,
+    wall: f64,
+    data_wait: f64,
+    allreduce: f64,
+    bad_records: u64,
+}
+
+impl EpochAcc {
+    fn add(&mut self, s: &crate::table::StepStats) {
+        self.loss += s.loss;
+        self.steps += 1;
+        self.images += s.images as f64;
+        self.wall += secs(s.wall);
+        self.data_wait += secs(s.data_wait);
+        self.allreduce += secs(s.allreduce);
+        self.bad_records += s.bad_records as u64;
+    }
+}

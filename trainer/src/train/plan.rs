@@ -1,0 +1,171 @@
+//! The checks and derived settings of a run: every flag parsed and checked against the data and
+//! the job before anything expensive happens.
+
+use ddl_comm::Algorithm;
+use ddl_loader::dataset::Residency;
+use ddl_loader::manifest::Manifest;
+use ddl_loader::pipeline::OnBadRecord;
+use tch::Device;
+
+use crate::config::{parse_on_bad_record, Precision, ResidencyMode, TrainConfig};
+use crate::device::parse_devices;
+use crate::error::{Result, TrainError};
+use crate::model::ModelKind;
+use crate::schedule::{Decay, DecayKind};
+use crate::validate;
+
+use super::RankInfo;
+
+/// Validated, derived settings.
+pub(super) struct Plan {
+    pub(super) model: ModelKind,
+    pub(super) precision: Precision,
+    pub(super) decay: Decay,
+    pub(super) algorithm: Algorithm,
+    pub(super) residency: Residency,
+    pub(super) ranks_in_node: usize,
+    pub(super) rank_in_node: usize,
+    pub(super) devices: Vec<Device>,
+    pub(super) manifest: Manifest,
+    pub(super) on_bad_record: OnBadRecord,
+    /// crc32c of the manifest's classes and train split: what a checkpoint's data must match.
+    pub(super) data_fingerprint: u32,
+}
+
+/// crc32c of the manifest's classes and train split (shard names, record counts, checksums).
+fn data_fingerprint(manifest: &Manifest) -> u32 {
+    let train = manifest.splits.get("train");
+    let bytes = serde_json::to_vec(&(&manifest.classes, train)).unwrap_or_default();
+    crc32c::crc32c(&bytes)
+}
+
+/// Checks the configuration before anything expensive happens; every error names its flag.
+pub(super) fn plan(cfg: &TrainConfig, rank: usize, world: usize, info: RankInfo) -> Result<Plan> {
+    validate::ranges(cfg)?;
+    let model: ModelKind = cfg.model.parse()?;
+    let on_bad_record = parse_on_bad_record(&cfg.on_bad_record)?;
+    let precision: Precision = cfg.precision.parse()?;
+    let decay = match cfg.schedule.parse::<DecayKind>()? {
+        DecayKind::Step => {
+            if cfg.milestones.windows(2).any(|w| w[0] >= w[1]) {
+                return Err(TrainError::config(
+                    "--milestones",
+                    "epochs must be strictly increasing",
+                ));
+            }
+            Decay::Step {
+                milestones: cfg.milestones.clone(),
+                gamma: cfg.gamma,
+            }
+        }
+        DecayKind::Cosine => Decay::Cosine,
+    };
+    let algorithm: Algorithm = cfg
+        .allreduce
+        .parse()
+        .map_err(|e: ddl_comm::CommError| TrainError::config("--allreduce", e.to_string()))?;
+    let mode: ResidencyMode = cfg.residency.parse()?;
+    if cfg.resume && cfg.checkpoint_dir.is_none() {
+        return Err(TrainError::config("--resume", "needs --checkpoint-dir"));
+    }
+    if cfg.restart && cfg.checkpoint_dir.is_none() {
+        return Err(TrainError::config("--restart", "needs --checkpoint-dir"));
+    }
+    if cfg.restart && cfg.resume {
+        return Err(TrainError::config(
+            "--restart",
+            "starts over, --resume continues: give one of them",
+        ));
+    }
+    if !cfg.data.is_dir() {
+        return Err(TrainError::config(
+            "--data",
+            format!("{} is not a directory", cfg.data.display()),
+        ));
+    }
+    if !cfg.data.join(ddl_loader::manifest::MANIFEST_FILE).is_file() {
+        return Err(TrainError::config(
+            "--data",
+            format!(
+                "{} has no {} (pack it with ddl-pack)",
+                cfg.data.display(),
+                ddl_loader::manifest::MANIFEST_FILE
+            ),
+        ));
+    }
+    let manifest =
+        Manifest::load(&cfg.data).map_err(|e| TrainError::config("--data", e.to_string()))?;
+    if manifest.num_classes() < 2 {
+        return Err(TrainError::config(
+            "--data",
+            "the manifest lists fewer than 2 classes",
+        ));
+    }
+    let train_shards = manifest
+        .splits
+        .get("train")
+        .map(|s| s.shards.len())
+        .unwrap_or(0);
+    if train_shards == 0 {
+        return Err(TrainError::config(
+            "--data",
+            "the manifest has no train split",
+        ));
+    }
+    let (residency, ranks_in_node, rank_in_node) = match mode {
+        ResidencyMode::Node => (
+            Residency {
+                node: info.node,
+                nodes: info.nodes,
+            },
+            info.ranks_in_node,
+            info.rank_in_node,
+        ),
+        ResidencyMode::Rank => (
+            Residency {
+                node: rank,
+                nodes: world,
+            },
+            1,
+            0,
+        ),
+    };
+    if residency.nodes > train_shards {
+        return Err(TrainError::config(
+            "--residency",
+            format!(
+                "{} nodes (ranks with --residency rank) but only {train_shards} train shards: every node needs one; \
+                 repack with more shards or use fewer ranks",
+                residency.nodes
+            ),
+        ));
+    }
+    let devices = parse_devices(&cfg.devices, info.rank_in_node, info.ranks_in_node)?;
+    // GPUs get uint8 batches (normalised on the device), CPUs float32.
+    let bytes_per_value = if devices.iter().any(|d| d.is_cuda()) {
+        1
+    } else {
+        4
+    };
+    validate::batch_memory(
+        cfg,
+        devices.len(),
+        bytes_per_value,
+        info.ranks_in_node,
+        validate::available_memory(),
+    )?;
+    let data_fingerprint = data_fingerprint(&manifest);
+    Ok(Plan {
+        model,
+        precision,
+        decay,
+        algorithm,
+        residency,
+        ranks_in_node,
+        rank_in_node,
+        devices,
+        manifest,
+        on_bad_record,
+        data_fingerprint,
+    })
+}
