@@ -52,7 +52,9 @@ pub const MAX_BAD_RECORDS_KEPT: usize = 1024;
 /// Every bad record is logged (`tracing::warn!` with shard file, record and reason), kept in
 /// [`PipelineStats::bad_records`], and counted in [`Batch::skipped`]. Whether a record is bad
 /// depends only on its bytes, so all three rules are deterministic.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+#[cfg_attr(feature = "clap", derive(clap::ValueEnum))]
 pub enum OnBadRecord {
     /// Leave the record out: the batch is shorter by one (labels and indices stay aligned).
     Skip,

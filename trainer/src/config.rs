@@ -1,36 +1,33 @@
 //! The configuration of a training run: [`TrainConfig`] (the `ddl-train` flags) and the types
 //! of its flags.
 
+use std::fmt::Display;
 use std::path::PathBuf;
 
+use clap::ValueEnum;
+use ddl_comm::Algorithm;
 use ddl_loader::pipeline::OnBadRecord;
-use serde::Serialize;
+use serde::{Serialize, Serializer};
 
+use crate::device::DeviceSpec;
 use crate::error::{Result, TrainError};
+use crate::model::ModelKind;
+use crate::schedule::DecayKind;
 use crate::signal::StopRequest;
 
-/// How the ranks of a node share the dataset.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+/// Serializes a flag value as it is written on the command line.
+fn as_flag<T: Display, S: Serializer>(value: &T, s: S) -> std::result::Result<S::Ok, S::Error> {
+    s.collect_str(value)
+}
+
+/// How the ranks of a node share the dataset (`--residency`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, ValueEnum)]
+#[serde(rename_all = "lowercase")]
 pub enum ResidencyMode {
     /// The ranks of a node share that node's shards (MPI shared-memory split).
     Node,
     /// Every rank is its own node (to emulate several nodes on one machine).
     Rank,
-}
-
-impl std::str::FromStr for ResidencyMode {
-    type Err = TrainError;
-
-    fn from_str(s: &str) -> Result<Self> {
-        match s {
-            "node" => Ok(ResidencyMode::Node),
-            "rank" => Ok(ResidencyMode::Rank),
-            _ => Err(TrainError::config(
-                "--residency",
-                format!("{s:?} is not node or rank"),
-            )),
-        }
-    }
 }
 
 /// Everything a training run is configured with (the `ddl-train` flags).
@@ -39,13 +36,14 @@ pub struct TrainConfig {
     /// Directory with `manifest.json` and the shards (`--data`).
     pub data: PathBuf,
     /// Network (`--model`).
-    pub model: String,
+    pub model: ModelKind,
     /// Epochs to train (`--epochs`).
     pub epochs: u32,
     /// Images per replica per step (`--batch`).
     pub batch: usize,
     /// Local devices (`--devices`).
-    pub devices: String,
+    #[serde(serialize_with = "as_flag")]
+    pub devices: DeviceSpec,
     /// Input side in pixels (`--image-size`).
     pub image_size: u32,
     /// Decode threads per rank (`--workers`).
@@ -66,16 +64,16 @@ pub struct TrainConfig {
     pub weight_decay: f64,
     /// Warmup epochs, fractional allowed (`--warmup-epochs`).
     pub warmup_epochs: f64,
-    /// `step` or `cosine` (`--schedule`).
-    pub schedule: String,
+    /// Learning-rate decay after warmup (`--schedule`).
+    pub schedule: DecayKind,
     /// Step-decay epochs (`--milestones`).
     pub milestones: Vec<u32>,
     /// Step-decay factor (`--gamma`).
     pub gamma: f64,
     /// Label smoothing (`--label-smoothing`).
     pub label_smoothing: f64,
-    /// `fp32`, `bf16` or `fp16` (`--precision`).
-    pub precision: String,
+    /// Arithmetic of forward and backward (`--precision`).
+    pub precision: Precision,
     /// JSON-lines metrics file written by rank 0 (`--metrics`).
     pub metrics: Option<PathBuf>,
     /// Checkpoint directory (`--checkpoint-dir`).
@@ -94,13 +92,14 @@ pub struct TrainConfig {
     /// Stop after this many global steps (`--max-steps`).
     pub max_steps: Option<u64>,
     /// Allreduce algorithm (`--allreduce`).
-    pub allreduce: String,
+    #[serde(serialize_with = "as_flag")]
+    pub allreduce: Algorithm,
     /// Write final replica-0 weights here (`--dump-weights`).
     pub dump_weights: Option<PathBuf>,
     /// Compare replica checksums every epoch (`--check-replicas`).
     pub check_replicas: bool,
-    /// `node` or `rank` (`--residency`).
-    pub residency: String,
+    /// How the ranks of a node share the dataset (`--residency`).
+    pub residency: ResidencyMode,
     /// What the gradient allreduce overlaps with (`--overlap backward|pipeline|off|auto`);
     /// `None` = auto ([`auto_overlap`]).
     pub overlap: Option<Overlap>,
@@ -123,7 +122,7 @@ pub struct TrainConfig {
     pub comm_timeout_s: u64,
     /// `replace`, `skip` or `fail`: what a training batch does with a record whose checksum
     /// or decoding fails (`--on-bad-record`; evaluation never scores a stand-in, it skips).
-    pub on_bad_record: String,
+    pub on_bad_record: OnBadRecord,
     /// Print per-epoch lines (rank 0).
     pub verbose: bool,
     /// Raised by SIGTERM/SIGINT (see [`crate::signal`]): the run stops after the current step.
@@ -135,10 +134,10 @@ impl Default for TrainConfig {
     fn default() -> Self {
         TrainConfig {
             data: PathBuf::new(),
-            model: "resnet50".into(),
+            model: ModelKind::Resnet50,
             epochs: 90,
             batch: 32,
-            devices: "auto".into(),
+            devices: DeviceSpec::Auto,
             image_size: 224,
             workers: 2,
             prefetch: 4,
@@ -149,11 +148,11 @@ impl Default for TrainConfig {
             nesterov: false,
             weight_decay: 1e-4,
             warmup_epochs: 5.0,
-            schedule: "step".into(),
+            schedule: DecayKind::Step,
             milestones: vec![30, 60, 80],
             gamma: 0.1,
             label_smoothing: 0.0,
-            precision: "fp32".into(),
+            precision: Precision::Fp32,
             metrics: None,
             checkpoint_dir: None,
             checkpoint_every: 0,
@@ -162,10 +161,10 @@ impl Default for TrainConfig {
             restart: false,
             allow_new_layout: false,
             max_steps: None,
-            allreduce: "auto".into(),
+            allreduce: Algorithm::Auto,
             dump_weights: None,
             check_replicas: false,
-            residency: "node".into(),
+            residency: ResidencyMode::Node,
             overlap: None,
             bucket_mb: 25.0,
             channels_last: false,
@@ -175,15 +174,17 @@ impl Default for TrainConfig {
             lock: false,
             stage: None,
             comm_timeout_s: 600,
-            on_bad_record: "replace".into(),
+            on_bad_record: OnBadRecord::Replace,
             verbose: true,
             stop: StopRequest::default(),
         }
     }
 }
 
-/// Arithmetic precision of forward and backward. Gradients are always reduced in f32.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+/// Arithmetic precision of forward and backward (`--precision`). Gradients are always reduced
+/// in f32.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, ValueEnum)]
+#[serde(rename_all = "lowercase")]
 pub enum Precision {
     /// Everything in f32.
     Fp32,
@@ -191,22 +192,6 @@ pub enum Precision {
     Bf16,
     /// CUDA autocast to float16 with dynamic loss scaling (on CPU: f32).
     Fp16,
-}
-
-impl std::str::FromStr for Precision {
-    type Err = TrainError;
-
-    fn from_str(s: &str) -> Result<Self> {
-        match s {
-            "fp32" => Ok(Precision::Fp32),
-            "bf16" => Ok(Precision::Bf16),
-            "fp16" => Ok(Precision::Fp16),
-            _ => Err(TrainError::config(
-                "--precision",
-                format!("{s:?} is not fp32, bf16 or fp16"),
-            )),
-        }
-    }
 }
 
 impl Precision {
@@ -270,18 +255,5 @@ pub fn auto_overlap(gpus: bool, nodes: usize) -> Overlap {
         Overlap::Backward
     } else {
         Overlap::Off
-    }
-}
-
-/// The loader's rule for `--on-bad-record`.
-pub(crate) fn parse_on_bad_record(s: &str) -> Result<OnBadRecord> {
-    match s {
-        "replace" => Ok(OnBadRecord::Replace),
-        "skip" => Ok(OnBadRecord::Skip),
-        "fail" => Ok(OnBadRecord::Fail),
-        _ => Err(TrainError::config(
-            "--on-bad-record",
-            format!("{s:?} is not replace, skip or fail"),
-        )),
     }
 }

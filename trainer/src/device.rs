@@ -1,73 +1,119 @@
 //! Devices: parsing of `--devices` (which local devices get a model replica), waiting for a
 //! device, and the CUDA autocast dtype that tch does not expose.
 
+use std::fmt;
+use std::str::FromStr;
+
 use tch::{Cuda, Device};
 
 use crate::config::Precision;
 use crate::error::{Result, TrainError};
 
-/// Parses a device list.
-///
-/// * `auto`: the GPUs visible to this process, split evenly between the `ranks_in_node`
-///   ranks of the node (local rank `rank_in_node` takes its contiguous share); `cpu:1` when
-///   there are fewer GPUs than local ranks.
-/// * `cpu` or `cpu:N`: N replicas on the CPU (one intra-op thread each).
-/// * `cuda`: every visible GPU; `cuda:0,1,2,3` or `cuda:0,cuda:1`: those GPUs.
-pub fn parse_devices(spec: &str, rank_in_node: usize, ranks_in_node: usize) -> Result<Vec<Device>> {
-    let bad = |m: String| TrainError::config("--devices", m);
-    let spec = spec.trim();
-    if spec == "auto" {
-        let gpus = Cuda::device_count().max(0) as usize;
-        let ranks = ranks_in_node.max(1);
-        if gpus >= ranks {
-            let per = gpus / ranks;
-            let first = rank_in_node * per;
-            return Ok((first..first + per).map(Device::Cuda).collect());
+/// `--devices`: which local devices get a model replica.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum DeviceSpec {
+    /// `auto`: the GPUs visible to this process, split evenly between the ranks of the node
+    /// (each local rank takes its contiguous share); one CPU replica when there are fewer GPUs
+    /// than local ranks.
+    Auto,
+    /// `cpu` or `cpu:N`: N replicas on the CPU (one intra-op thread each).
+    Cpu(usize),
+    /// `cuda`: every visible GPU.
+    AllCuda,
+    /// `cuda:0,1,2,3` or `cuda:0,cuda:1`: these GPUs.
+    Cuda(Vec<usize>),
+}
+
+impl FromStr for DeviceSpec {
+    type Err = TrainError;
+
+    /// Checks the form only; whether the GPUs exist is checked by [`DeviceSpec::resolve`].
+    fn from_str(spec: &str) -> Result<DeviceSpec> {
+        let bad = |m: String| TrainError::config("--devices", m);
+        let spec = spec.trim();
+        match spec {
+            "auto" => return Ok(DeviceSpec::Auto),
+            "cpu" => return Ok(DeviceSpec::Cpu(1)),
+            "cuda" => return Ok(DeviceSpec::AllCuda),
+            _ => {}
         }
-        return Ok(vec![Device::Cpu]);
-    }
-    if spec == "cpu" {
-        return Ok(vec![Device::Cpu]);
-    }
-    if let Some(n) = spec.strip_prefix("cpu:") {
-        let n: usize = n
-            .parse()
-            .map_err(|_| bad(format!("{spec:?}: expected cpu:N with N >= 1")))?;
-        if n == 0 {
-            return Err(bad(format!("{spec:?}: expected cpu:N with N >= 1")));
+        if let Some(n) = spec.strip_prefix("cpu:") {
+            return match n.parse::<usize>() {
+                Ok(n) if n >= 1 => Ok(DeviceSpec::Cpu(n)),
+                _ => Err(bad(format!("{spec:?}: expected cpu:N with N >= 1"))),
+            };
         }
-        return Ok(vec![Device::Cpu; n]);
-    }
-    let gpus = Cuda::device_count().max(0) as usize;
-    if spec == "cuda" {
-        if gpus == 0 {
-            return Err(bad("cuda: no CUDA device is visible".into()));
-        }
-        return Ok((0..gpus).map(Device::Cuda).collect());
-    }
-    if let Some(list) = spec.strip_prefix("cuda:") {
-        let mut devices = Vec::new();
+        let Some(list) = spec.strip_prefix("cuda:") else {
+            return Err(bad(format!(
+                "{spec:?}: expected auto, cpu, cpu:N, cuda or cuda:I,J,..."
+            )));
+        };
+        let mut gpus = Vec::new();
         for item in list.split(',') {
             let item = item.trim();
             let idx = item.strip_prefix("cuda:").unwrap_or(item);
             let i: usize = idx
                 .parse()
                 .map_err(|_| bad(format!("{spec:?}: {item:?} is not a GPU index")))?;
-            if i >= gpus {
-                return Err(bad(format!(
-                    "{spec:?}: cuda:{i} requested but {gpus} CUDA device(s) visible"
-                )));
-            }
-            if devices.contains(&Device::Cuda(i)) {
+            if gpus.contains(&i) {
                 return Err(bad(format!("{spec:?}: cuda:{i} listed twice")));
             }
-            devices.push(Device::Cuda(i));
+            gpus.push(i);
         }
-        return Ok(devices);
+        Ok(DeviceSpec::Cuda(gpus))
     }
-    Err(bad(format!(
-        "{spec:?}: expected auto, cpu, cpu:N, cuda or cuda:I,J,..."
-    )))
+}
+
+impl fmt::Display for DeviceSpec {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            DeviceSpec::Auto => f.write_str("auto"),
+            DeviceSpec::Cpu(n) => write!(f, "cpu:{n}"),
+            DeviceSpec::AllCuda => f.write_str("cuda"),
+            DeviceSpec::Cuda(gpus) => {
+                let list: Vec<String> = gpus.iter().map(usize::to_string).collect();
+                write!(f, "cuda:{}", list.join(","))
+            }
+        }
+    }
+}
+
+impl DeviceSpec {
+    /// The devices of local rank `rank_in_node` of `ranks_in_node`; fails, naming
+    /// `--devices`, when a GPU asked for is not visible.
+    pub fn resolve(&self, rank_in_node: usize, ranks_in_node: usize) -> Result<Vec<Device>> {
+        let gpus = Cuda::device_count().max(0) as usize;
+        match self {
+            DeviceSpec::Auto => {
+                let ranks = ranks_in_node.max(1);
+                if gpus >= ranks {
+                    let per = gpus / ranks;
+                    let first = rank_in_node * per;
+                    return Ok((first..first + per).map(Device::Cuda).collect());
+                }
+                Ok(vec![Device::Cpu])
+            }
+            DeviceSpec::Cpu(n) => Ok(vec![Device::Cpu; *n]),
+            DeviceSpec::AllCuda if gpus == 0 => Err(TrainError::config(
+                "--devices",
+                "cuda: no CUDA device is visible",
+            )),
+            DeviceSpec::AllCuda => Ok((0..gpus).map(Device::Cuda).collect()),
+            DeviceSpec::Cuda(list) => list
+                .iter()
+                .map(|&i| {
+                    if i < gpus {
+                        Ok(Device::Cuda(i))
+                    } else {
+                        Err(TrainError::config(
+                            "--devices",
+                            format!("{self}: cuda:{i} requested but {gpus} CUDA device(s) visible"),
+                        ))
+                    }
+                })
+                .collect(),
+        }
+    }
 }
 
 /// Waits until every operation queued on `device` has finished (nothing to wait for on the
@@ -113,6 +159,11 @@ pub fn set_cuda_autocast_dtype(precision: Precision) -> i8 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn parse_devices(spec: &str, rank_in_node: usize, ranks_in_node: usize) -> Result<Vec<Device>> {
+        spec.parse::<DeviceSpec>()?
+            .resolve(rank_in_node, ranks_in_node)
+    }
 
     #[test]
     fn cpu_forms() {

@@ -8,9 +8,15 @@ use std::sync::Arc;
 
 use anyhow::Context;
 use clap::Parser;
+use ddl_comm::Algorithm;
 use ddl_comm::Transport;
 use ddl_comm::World;
+use ddl_loader::pipeline::OnBadRecord;
+use ddl_trainer::config::{Precision, ResidencyMode};
 use ddl_trainer::console::eprint_line;
+use ddl_trainer::device::DeviceSpec;
+use ddl_trainer::model::ModelKind;
+use ddl_trainer::schedule::DecayKind;
 use ddl_trainer::signal::StopRequest;
 use ddl_trainer::{RankInfo, TrainConfig, TrainError, TrainSummary};
 
@@ -21,18 +27,19 @@ struct Cli {
     /// Directory with manifest.json and the shards written by ddl-pack.
     #[arg(long)]
     data: PathBuf,
-    /// resnet18|resnet34|resnet50|resnet101|resnet152|resnet_small|convnet_nobn.
-    #[arg(long, default_value = "resnet50")]
-    model: String,
+    /// The network.
+    #[arg(long, value_enum, default_value_t = ModelKind::Resnet50)]
+    model: ModelKind,
     /// Epochs to train.
     #[arg(long, default_value_t = 90)]
     epochs: u32,
     /// Images per replica per step (global batch = this x replicas x ranks).
     #[arg(long, default_value_t = 32)]
     batch: usize,
-    /// auto | cpu | cpu:N | cuda | cuda:0,1,2,3.
+    /// auto (the node's GPUs shared out between its ranks, else one CPU replica) | cpu | cpu:N
+    /// | cuda | cuda:0,1,2,3.
     #[arg(long, default_value = "auto")]
-    devices: String,
+    devices: DeviceSpec,
     /// Input side in pixels.
     #[arg(long, default_value_t = 224)]
     image_size: u32,
@@ -63,9 +70,9 @@ struct Cli {
     /// Linear warmup length in epochs (fractions allowed).
     #[arg(long, default_value_t = 5.0)]
     warmup_epochs: f64,
-    /// step | cosine.
-    #[arg(long, default_value = "step")]
-    schedule: String,
+    /// Learning-rate decay after warmup.
+    #[arg(long, value_enum, default_value_t = DecayKind::Step)]
+    schedule: DecayKind,
     /// Step-decay epochs, comma separated.
     #[arg(long, value_delimiter = ',', default_value = "30,60,80")]
     milestones: Vec<u32>,
@@ -75,9 +82,9 @@ struct Cli {
     /// Label smoothing of the cross-entropy loss.
     #[arg(long, default_value_t = 0.0)]
     label_smoothing: f64,
-    /// fp32 | bf16 | fp16 (autocast on GPUs; gradients are reduced in f32).
-    #[arg(long, default_value = "fp32")]
-    precision: String,
+    /// Arithmetic of forward and backward (autocast on GPUs; gradients are reduced in f32).
+    #[arg(long, value_enum, default_value_t = Precision::Fp32)]
+    precision: Precision,
     /// Write one JSON line per step and per epoch here (rank 0).
     #[arg(long)]
     metrics: Option<PathBuf>,
@@ -105,18 +112,19 @@ struct Cli {
     /// Stop after this many global steps (0: none, e.g. to dump the initial weights).
     #[arg(long)]
     max_steps: Option<u64>,
-    /// multicolor | ring | rhd | multiring | mpi | auto.
+    /// multicolor[:COLORS[:CHUNK_BYTES]] | ring | rhd | multiring[:AxB..] | mpi | auto (the
+    /// cost model's pick per buffer size).
     #[arg(long, default_value = "auto")]
-    allreduce: String,
+    allreduce: Algorithm,
     /// Write the final replica-0 weights as raw f32 LE to FILE (+ FILE.json index).
     #[arg(long)]
     dump_weights: Option<PathBuf>,
     /// Compare replica parameter checksums (inside and across ranks) every epoch.
     #[arg(long)]
     check_replicas: bool,
-    /// node: a node's ranks share its shards; rank: every rank is its own node.
-    #[arg(long, default_value = "node")]
-    residency: String,
+    /// How the ranks of a node share the dataset.
+    #[arg(long, value_enum, default_value_t = ResidencyMode::Node)]
+    residency: ResidencyMode,
     /// What the gradient allreduce overlaps: backward (staged backward, buckets reduced while
     /// earlier stages are still in backward) | pipeline (after backward, bucket by bucket) |
     /// off | auto (backward for GPU replicas or ranks on more than one node, else off).
@@ -149,8 +157,8 @@ struct Cli {
     /// A training record whose checksum or decoding fails: replace (with the next good record
     /// of the epoch) | skip (shorter batch) | fail (stop the run). Each is reported once;
     /// evaluation always leaves bad records out (or fails with `fail`).
-    #[arg(long, default_value = "replace", value_parser = ["replace", "skip", "fail"])]
-    on_bad_record: String,
+    #[arg(long, value_enum, default_value_t = OnBadRecord::Replace)]
+    on_bad_record: OnBadRecord,
     /// Only errors on stdout/stderr.
     #[arg(long)]
     quiet: bool,

@@ -9,15 +9,15 @@
 
 use std::fmt;
 use std::marker::PhantomData;
-use std::str::FromStr;
 
 use tch::nn::{self, ModuleT};
 use tch::Tensor;
 
-use crate::error::{Result, TrainError};
+use crate::error::Result;
 
 /// Which network to train.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
 pub enum ModelKind {
     /// torchvision `resnet18` (BasicBlock, [2, 2, 2, 2]).
     Resnet18,
@@ -30,9 +30,11 @@ pub enum ModelKind {
     /// torchvision `resnet152` (Bottleneck, [3, 8, 36, 3]).
     Resnet152,
     /// A small ResNet (widths 16/32/64, 3 stages of 2 BasicBlocks) for CPU tests and demos.
+    #[value(name = "resnet_small")]
     ResnetSmall,
     /// Two strided convolutions with bias, ReLU, global average pool and a linear layer:
     /// no BatchNorm, so the gradient of a batch is the mean of its parts.
+    #[value(name = "convnet_nobn")]
     ConvnetNobn,
 }
 
@@ -65,24 +67,6 @@ impl ModelKind {
 impl fmt::Display for ModelKind {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(self.name())
-    }
-}
-
-impl FromStr for ModelKind {
-    type Err = TrainError;
-
-    fn from_str(s: &str) -> Result<Self> {
-        ModelKind::ALL
-            .iter()
-            .copied()
-            .find(|m| m.name() == s)
-            .ok_or_else(|| {
-                let names: Vec<_> = ModelKind::ALL.iter().map(|m| m.name()).collect();
-                TrainError::config(
-                    "--model",
-                    format!("unknown model {s:?}; one of {}", names.join(", ")),
-                )
-            })
     }
 }
 

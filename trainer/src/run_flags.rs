@@ -243,7 +243,7 @@ mod tests {
 
         new.seed = 3;
         new.lr = Some(0.5);
-        new.allreduce = "ring".into();
+        new.allreduce = ddl_comm::Algorithm::Ring;
         let c = compare(&old_v, &new, same_layout());
         assert_eq!(c.refused.len(), 2, "{c:?}");
         assert!(c.refused[0].starts_with("--seed 0 (this run: 3)"), "{c:?}");

@@ -1,10 +1,6 @@
 //! Learning-rate schedule: linear scaling of the base rate with the global batch, per-step
 //! linear warmup (Goyal et al. 2017), then step decay or cosine decay.
 
-use std::str::FromStr;
-
-use crate::error::{Result, TrainError};
-
 /// What happens after warmup.
 #[derive(Clone, Debug, PartialEq)]
 pub enum Decay {
@@ -20,27 +16,13 @@ pub enum Decay {
 }
 
 /// Kind of decay as named on the command line (`--schedule step|cosine`).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
 pub enum DecayKind {
     /// Step decay at `--milestones`.
     Step,
     /// Cosine decay.
     Cosine,
-}
-
-impl FromStr for DecayKind {
-    type Err = TrainError;
-
-    fn from_str(s: &str) -> Result<Self> {
-        match s {
-            "step" => Ok(DecayKind::Step),
-            "cosine" => Ok(DecayKind::Cosine),
-            _ => Err(TrainError::config(
-                "--schedule",
-                format!("{s:?} is not step or cosine"),
-            )),
-        }
-    }
 }
 
 /// The learning rate as a pure function of the global step, so that a resumed run uses

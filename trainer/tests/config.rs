@@ -5,7 +5,10 @@ mod common;
 use std::sync::Arc;
 
 use ddl_comm::{thread_group, Topology, Transport};
+use ddl_trainer::config::ResidencyMode;
 use ddl_trainer::{train, RankInfo, TrainConfig};
+
+const TRAIN: &str = env!("CARGO_BIN_EXE_ddl-train");
 
 fn err(cfg: &TrainConfig) -> String {
     let t: Arc<dyn Transport> = Arc::new(thread_group(1).pop().unwrap());
@@ -27,15 +30,10 @@ fn bad_flags_are_named() {
     let mut c = ok.clone();
     c.data = dir.clone();
     assert!(err(&c).contains("--data"), "a directory without manifest");
+    // A GPU this machine does not have.
     let mut c = ok.clone();
-    c.devices = "gpu:7".into();
+    c.devices = "cuda:7".parse().unwrap();
     assert!(err(&c).contains("--devices"));
-    let mut c = ok.clone();
-    c.model = "vgg".into();
-    assert!(err(&c).contains("--model"));
-    let mut c = ok.clone();
-    c.allreduce = "tree".into();
-    assert!(err(&c).contains("--allreduce"));
     let mut c = ok.clone();
     c.batch = 100;
     assert!(
@@ -62,10 +60,6 @@ fn bad_flags_are_named() {
         ("--warmup-epochs", Box::new(|c| c.warmup_epochs = -1.0)),
         ("--label-smoothing", Box::new(|c| c.label_smoothing = 1.0)),
         ("--eval-resize", Box::new(|c| c.eval_resize = 8)),
-        (
-            "--on-bad-record",
-            Box::new(|c| c.on_bad_record = "ignore".into()),
-        ),
         ("--restart", Box::new(|c| c.restart = true)),
         // (1000 prefetched + 1 + 1 in flight) batches of 2 x 3 x 8192^2 f32: 1.6 TB.
         (
@@ -90,7 +84,7 @@ fn bad_flags_are_named() {
 
     // Three ranks, each its own node, but only two train shards.
     let mut c = ok.clone();
-    c.residency = "rank".into();
+    c.residency = ResidencyMode::Rank;
     let group = thread_group(3);
     let errors: Vec<String> = std::thread::scope(|s| {
         let hs: Vec<_> = group
@@ -121,3 +115,31 @@ fn bad_flags_are_named() {
 
 /// Sets one out-of-range value in a valid configuration.
 type Break = dyn Fn(&mut TrainConfig);
+
+/// Values that are not a model, a device list, an algorithm or another flag's choices are
+/// refused by the command line, naming the flag, before MPI or the data are touched.
+#[test]
+fn flag_values_are_checked_by_the_command_line() {
+    for (flag, value) in [
+        ("--model", "vgg"),
+        ("--devices", "gpu:7"),
+        ("--devices", "cpu:0"),
+        ("--allreduce", "tree"),
+        ("--on-bad-record", "ignore"),
+        ("--schedule", "linear"),
+        ("--precision", "fp8"),
+        ("--residency", "rack"),
+        ("--overlap", "sometimes"),
+    ] {
+        let out = std::process::Command::new(TRAIN)
+            .args(["--data", "/nonexistent", flag, value])
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{flag} {value}: {err}");
+        assert!(
+            err.contains(flag) && err.contains(value),
+            "{flag} {value}: {err}"
+        );
+    }
+}

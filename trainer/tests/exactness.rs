@@ -57,7 +57,7 @@ fn two_ranks_two_replicas_match_one_big_batch() {
         for overlap in [Overlap::Off, Overlap::Pipeline, Overlap::Backward] {
             let mut cfg = common::config(&data, "convnet_nobn", B, "cpu:2");
             cfg.max_steps = Some(STEPS);
-            cfg.allreduce = algo.into();
+            cfg.allreduce = algo.parse().unwrap();
             cfg.overlap = Some(overlap);
             // Small buckets so that the overlapped path really has several.
             cfg.bucket_mb = 0.001;

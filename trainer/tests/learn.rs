@@ -18,7 +18,7 @@ fn resnet_small_learns_and_reports() {
     cfg.epochs = 4;
     cfg.eval = true;
     cfg.warmup_epochs = 1.0;
-    cfg.schedule = "cosine".into();
+    cfg.schedule = ddl_trainer::schedule::DecayKind::Cosine;
     cfg.label_smoothing = 0.1;
     cfg.nesterov = true;
     cfg.check_replicas = true;

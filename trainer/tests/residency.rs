@@ -12,7 +12,7 @@ fn ranks_as_nodes_with_uneven_shards() {
     // 3 train shards of 16 records: node 0 holds 32, node 1 holds 16. 3 val shards of 3.
     common::make_dataset(&data, 4, 12, 3, 3, 3, 32);
     let mut cfg = common::config(&data, "resnet_small", 4, "cpu:2");
-    cfg.residency = "rank".into();
+    cfg.residency = ddl_trainer::config::ResidencyMode::Rank;
     cfg.eval = true;
     cfg.check_replicas = true;
     cfg.epochs = 1;

@@ -20,7 +20,7 @@ fn resume_is_bitwise_exact() {
         cfg.epochs = 2;
         cfg.eval = true;
         cfg.warmup_epochs = 0.5;
-        cfg.schedule = "cosine".into();
+        cfg.schedule = ddl_trainer::schedule::DecayKind::Cosine;
         cfg.checkpoint_dir = Some(dir.join(format!("ck-{name}")));
         cfg.checkpoint_every = 2;
         cfg.keep_checkpoints = 10;

@@ -18,34 +18,13 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
-use clap::{Parser, ValueEnum};
+use clap::Parser;
 use ddl_comm::World;
 use ddl_comm::{collective, Transport};
 use ddl_loader::dataset::Residency;
 use ddl_loader::pipeline::OnBadRecord;
 use ddl_tools::cli;
 use ddl_tools::prof::{self, ProfConfig, Report};
-
-/// `--on-bad-record`: what to do with a record whose checksum fails or that cannot be decoded.
-#[derive(Clone, Copy, Debug, ValueEnum)]
-enum BadRecordFlag {
-    /// Stop with an error naming the shard file and record.
-    Fail,
-    /// Leave it out (the stages skip it; the pipeline's batch is one shorter).
-    Skip,
-    /// Leave it out of the stages; the pipeline fills its slot with the next good record.
-    Replace,
-}
-
-impl From<BadRecordFlag> for OnBadRecord {
-    fn from(f: BadRecordFlag) -> OnBadRecord {
-        match f {
-            BadRecordFlag::Fail => OnBadRecord::Fail,
-            BadRecordFlag::Skip => OnBadRecord::Skip,
-            BadRecordFlag::Replace => OnBadRecord::Replace,
-        }
-    }
-}
 
 /// Measure how fast this node feeds its GPUs: every input stage alone and the whole pipeline.
 #[derive(Parser, Debug)]
@@ -112,8 +91,8 @@ struct Args {
     /// A record whose checksum fails or that cannot be decoded: fail, skip or replace (as in
     /// ddl-train). Every bad record met is reported (count, then the first few with shard
     /// file and record).
-    #[arg(long, value_enum, default_value_t = BadRecordFlag::Replace)]
-    on_bad_record: BadRecordFlag,
+    #[arg(long, value_enum, default_value_t = OnBadRecord::Replace)]
+    on_bad_record: OnBadRecord,
     /// Do not print per-measurement progress.
     #[arg(long, short)]
     quiet: bool,
@@ -203,7 +182,7 @@ fn run(args: Args) -> Result<()> {
     cfg.seed = args.seed;
     cfg.prefetch = args.prefetch as usize;
     cfg.sample_records = args.sample_records as usize;
-    cfg.on_bad_record = args.on_bad_record.into();
+    cfg.on_bad_record = args.on_bad_record;
     let under_mpi = cli::under_launcher();
     // Under mpirun the rank and size replace --node and --nodes (set once MPI is up).
     cfg.residency = if under_mpi {

@@ -149,7 +149,7 @@ impl Run<'_> {
         let (loss_scale, good_steps) = self.table.loss_scale();
         let ck = Checkpoint {
             meta: CheckpointMeta {
-                model: self.plan.model.name().to_string(),
+                model: self.cfg.model.name().to_string(),
                 classes: self.plan.manifest.num_classes() as i64,
                 epoch,
                 step,
@@ -209,10 +209,10 @@ impl Run<'_> {
             path: path.clone(),
             message: m,
         };
-        if ck.meta.model != self.plan.model.name() {
+        if ck.meta.model != self.cfg.model.name() {
             return Err(bad(format!(
                 "written for model {}, this run trains {}",
-                ck.meta.model, self.plan.model
+                ck.meta.model, self.cfg.model
             )));
         }
         if ck.meta.classes != self.plan.manifest.num_classes() as i64 {

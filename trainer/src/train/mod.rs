@@ -154,7 +154,7 @@ pub fn train(
     let world = transport.size();
     transport.set_timeout(Duration::from_secs(cfg.comm_timeout_s.max(1)));
     let plan = plan(cfg, rank, world, info)?;
-    let comm = Collective::new(transport, plan.algorithm.clone(), topology)?;
+    let comm = Collective::new(transport, cfg.allreduce.clone(), topology)?;
 
     // Every rank must have the same number of replicas: the sampler and the average assume it.
     let replicas = plan.devices.len();
@@ -235,7 +235,7 @@ pub fn train(
         .unwrap_or_else(|| auto_overlap(gpus, info.nodes));
     let table = Table::new(TableConfig {
         devices: plan.devices.clone(),
-        model: plan.model,
+        model: cfg.model,
         classes: plan.manifest.num_classes() as i64,
         image_size: cfg.image_size,
         seed: cfg.seed,
@@ -244,7 +244,7 @@ pub fn train(
             nesterov: cfg.nesterov,
             weight_decay: cfg.weight_decay,
         },
-        precision: plan.precision,
+        precision: cfg.precision,
         label_smoothing: cfg.label_smoothing,
         bucket_bytes: (cfg.bucket_mb * 1024.0 * 1024.0) as usize,
         overlap,
@@ -264,7 +264,7 @@ pub fn train(
         println!(
             "ddl-train: {} on {} rank(s) x {} replica(s) [{}], {} classes, {} train images/node (min), \
              global batch {}, peak lr {:.4}, {} steps/epoch, allreduce {}, overlap {}, {} bucket(s)",
-            plan.model,
+            cfg.model,
             world,
             replicas,
             devs.join(","),
@@ -273,7 +273,7 @@ pub fn train(
             global_batch,
             schedule.peak,
             steps_per_epoch,
-            plan.algorithm,
+            &cfg.allreduce,
             overlap.name(),
             table.layout().buckets.len(),
         );
@@ -336,7 +336,7 @@ impl Run<'_> {
             let pipeline = Pipeline::start(
                 self.train_set.clone(),
                 self.sampler.clone(),
-                self.pipeline_config(Augment::Train, self.plan.on_bad_record),
+                self.pipeline_config(Augment::Train, self.cfg.on_bad_record),
                 epoch,
                 step as usize,
             )?;
@@ -560,7 +560,7 @@ impl Run<'_> {
                     continue;
                 }
                 if self.cfg.verbose {
-                    let action = match (eval, self.plan.on_bad_record) {
+                    let action = match (eval, self.cfg.on_bad_record) {
                         (true, _) => "left out of the evaluation",
                         (false, OnBadRecord::Replace) => {
                             "replaced by the next good record of the epoch (--on-bad-record replace)"
@@ -635,7 +635,7 @@ impl Run<'_> {
             } else {
                 (self.cfg.image_size * 8).div_ceil(7)
             };
-            let on_bad = match self.plan.on_bad_record {
+            let on_bad = match self.cfg.on_bad_record {
                 OnBadRecord::Fail => OnBadRecord::Fail,
                 OnBadRecord::Replace | OnBadRecord::Skip => OnBadRecord::Skip,
             };

@@ -1,16 +1,12 @@
 //! The checks and derived settings of a run: every flag parsed and checked against the data and
 //! the job before anything expensive happens.
 
-use ddl_comm::Algorithm;
 use ddl_loader::dataset::Residency;
 use ddl_loader::manifest::Manifest;
-use ddl_loader::pipeline::OnBadRecord;
 use tch::Device;
 
-use crate::config::{parse_on_bad_record, Precision, ResidencyMode, TrainConfig};
-use crate::device::parse_devices;
+use crate::config::{ResidencyMode, TrainConfig};
 use crate::error::{Result, TrainError};
-use crate::model::ModelKind;
 use crate::schedule::{Decay, DecayKind};
 use crate::validate;
 
@@ -18,16 +14,12 @@ use super::RankInfo;
 
 /// Validated, derived settings.
 pub(super) struct Plan {
-    pub(super) model: ModelKind,
-    pub(super) precision: Precision,
     pub(super) decay: Decay,
-    pub(super) algorithm: Algorithm,
     pub(super) residency: Residency,
     pub(super) ranks_in_node: usize,
     pub(super) rank_in_node: usize,
     pub(super) devices: Vec<Device>,
     pub(super) manifest: Manifest,
-    pub(super) on_bad_record: OnBadRecord,
     /// crc32c of the manifest's classes and train split: what a checkpoint's data must match.
     pub(super) data_fingerprint: u32,
 }
@@ -42,10 +34,7 @@ fn data_fingerprint(manifest: &Manifest) -> u32 {
 /// Checks the configuration before anything expensive happens; every error names its flag.
 pub(super) fn plan(cfg: &TrainConfig, rank: usize, world: usize, info: RankInfo) -> Result<Plan> {
     validate::ranges(cfg)?;
-    let model: ModelKind = cfg.model.parse()?;
-    let on_bad_record = parse_on_bad_record(&cfg.on_bad_record)?;
-    let precision: Precision = cfg.precision.parse()?;
-    let decay = match cfg.schedule.parse::<DecayKind>()? {
+    let decay = match cfg.schedule {
         DecayKind::Step => {
             if cfg.milestones.windows(2).any(|w| w[0] >= w[1]) {
                 return Err(TrainError::config(
@@ -60,11 +49,6 @@ pub(super) fn plan(cfg: &TrainConfig, rank: usize, world: usize, info: RankInfo)
         }
         DecayKind::Cosine => Decay::Cosine,
     };
-    let algorithm: Algorithm = cfg
-        .allreduce
-        .parse()
-        .map_err(|e: ddl_comm::CommError| TrainError::config("--allreduce", e.to_string()))?;
-    let mode: ResidencyMode = cfg.residency.parse()?;
     if cfg.resume && cfg.checkpoint_dir.is_none() {
         return Err(TrainError::config("--resume", "needs --checkpoint-dir"));
     }
@@ -112,7 +96,7 @@ pub(super) fn plan(cfg: &TrainConfig, rank: usize, world: usize, info: RankInfo)
             "the manifest has no train split",
         ));
     }
-    let (residency, ranks_in_node, rank_in_node) = match mode {
+    let (residency, ranks_in_node, rank_in_node) = match cfg.residency {
         ResidencyMode::Node => (
             Residency {
                 node: info.node,
@@ -140,7 +124,7 @@ pub(super) fn plan(cfg: &TrainConfig, rank: usize, world: usize, info: RankInfo)
             ),
         ));
     }
-    let devices = parse_devices(&cfg.devices, info.rank_in_node, info.ranks_in_node)?;
+    let devices = cfg.devices.resolve(info.rank_in_node, info.ranks_in_node)?;
     // GPUs get uint8 batches (normalised on the device), CPUs float32.
     let bytes_per_value = if devices.iter().any(|d| d.is_cuda()) {
         1
@@ -156,16 +140,12 @@ pub(super) fn plan(cfg: &TrainConfig, rank: usize, world: usize, info: RankInfo)
     )?;
     let data_fingerprint = data_fingerprint(&manifest);
     Ok(Plan {
-        model,
-        precision,
         decay,
-        algorithm,
         residency,
         ranks_in_node,
         rank_in_node,
         devices,
         manifest,
-        on_bad_record,
         data_fingerprint,
     })
 }

@@ -10,8 +10,10 @@ use std::sync::Arc;
 use ddl_comm::{thread_group, Topology, Transport};
 use ddl_trainer::{train, RankInfo, TrainSummary};
 
+use clap::ValueEnum;
 use ddl_loader::manifest::{ClassInfo, Manifest, ShardInfo, SplitInfo};
 use ddl_loader::shard::ShardWriter;
+use ddl_trainer::model::ModelKind;
 use ddl_trainer::TrainConfig;
 
 /// A JPEG of class `class`: a class-specific colour with a class-specific stripe direction,
@@ -135,10 +137,10 @@ pub fn scratch(name: &str) -> PathBuf {
 pub fn config(data: &Path, model: &str, batch: usize, devices: &str) -> TrainConfig {
     TrainConfig {
         data: data.to_path_buf(),
-        model: model.into(),
+        model: ModelKind::from_str(model, false).expect("a model name"),
         epochs: 1,
         batch,
-        devices: devices.into(),
+        devices: devices.parse().expect("a device list"),
         image_size: 32,
         workers: 1,
         prefetch: 2,
