@@ -101,16 +101,14 @@ fn predictions_grow_with_size_and_auto_picks_the_minimum() {
 
 #[test]
 fn model_json_round_trip_and_presets() {
-    let dir = std::env::temp_dir().join(format!("ddl-comm-cost-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).expect("temp dir");
-    let path = dir.join("model.json");
+    let dir = tempfile::tempdir().expect("temp dir");
+    let path = dir.path().join("model.json");
     let m = CostModel::minsky();
     m.save(&path).expect("save");
     assert_eq!(CostModel::load(&path).expect("load"), m);
     std::fs::write(&path, "{not json").expect("write");
     let err = CostModel::load(&path).expect_err("bad json");
     assert!(err.to_string().contains("model.json"), "{err}");
-    std::fs::remove_dir_all(&dir).expect("cleanup");
     assert_eq!(
         CostModel::preset("minsky").expect("preset"),
         CostModel::minsky()

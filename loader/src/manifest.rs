@@ -218,25 +218,26 @@ mod tests {
         }
     }
 
-    fn dir(name: &str) -> PathBuf {
-        let d = std::env::temp_dir().join(format!("ddl-manifest-{name}-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&d);
-        std::fs::create_dir_all(&d).unwrap();
-        d
+    fn dir(name: &str) -> tempfile::TempDir {
+        tempfile::Builder::new()
+            .prefix(&format!("ddl-manifest-{name}-"))
+            .tempdir()
+            .unwrap()
     }
 
     #[test]
     fn roundtrip() {
-        let d = dir("roundtrip");
+        let tmp = dir("roundtrip");
+        let d = tmp.path();
         let m = sample();
-        m.save(&d).unwrap();
+        m.save(d).unwrap();
         assert!(!d.join("manifest.json.tmp").exists());
-        let back = Manifest::load(&d).unwrap();
+        let back = Manifest::load(d).unwrap();
         assert_eq!(back, m);
         assert_eq!(back.num_classes(), 2);
-        assert_eq!(back.split(&d, "train").unwrap().shards.len(), 3);
+        assert_eq!(back.split(d, "train").unwrap().shards.len(), 3);
         assert!(back
-            .split(&d, "val")
+            .split(d, "val")
             .unwrap_err()
             .to_string()
             .contains("train"));
@@ -272,9 +273,10 @@ mod tests {
 
     #[test]
     fn bad_json_names_file() {
-        let d = dir("badjson");
+        let tmp = dir("badjson");
+        let d = tmp.path();
         std::fs::write(d.join("manifest.json"), b"{\"format_version\": 1,").unwrap();
-        let e = Manifest::load(&d).unwrap_err().to_string();
+        let e = Manifest::load(d).unwrap_err().to_string();
         assert!(e.contains("manifest.json"), "{e}");
         let e = Manifest::load(&d.join("missing")).unwrap_err().to_string();
         assert!(e.contains("manifest.json"), "{e}");

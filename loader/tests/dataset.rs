@@ -2,17 +2,16 @@
 
 mod common;
 
-use common::{
-    disk_scratch, evict, solid_dataset, solid_record, write_dataset, Scratch, TestRecord,
-};
+use common::{disk_scratch, evict, solid_dataset, solid_record, write_dataset, TestRecord};
 use ddl_loader::dataset::{Dataset, OpenOptions, Residency};
 use ddl_loader::manifest::Manifest;
 use ddl_loader::shard::ShardReader;
 use ddl_loader::LoaderError;
+use ddl_testkit::scratch;
 
 #[test]
 fn nodes_own_shards_modulo_node_count() {
-    let dir = Scratch::new("residency");
+    let dir = scratch("residency");
     // 5 shards of 6, 6, 6, 6, 2 records.
     let records: Vec<TestRecord> = (0..26).map(solid_record).collect();
     write_dataset(dir.path(), "train", &records, 5, 2);
@@ -56,7 +55,7 @@ fn nodes_own_shards_modulo_node_count() {
 
 #[test]
 fn missing_or_truncated_shard_fails_at_open_naming_the_file() {
-    let dir = Scratch::new("missing");
+    let dir = scratch("missing");
     solid_dataset(dir.path(), 20, 2);
     let one = Residency { node: 0, nodes: 1 };
     let shard = dir.path().join("train-00001.ddl");
@@ -80,8 +79,8 @@ fn missing_or_truncated_shard_fails_at_open_naming_the_file() {
 
 #[test]
 fn staging_copies_once_and_repairs_bad_copies() {
-    let dir = Scratch::new("stage-src");
-    let stage = Scratch::new("stage-dst");
+    let dir = scratch("stage-src");
+    let stage = scratch("stage-dst");
     solid_dataset(dir.path(), 20, 3);
     let opts = OpenOptions {
         populate: true,

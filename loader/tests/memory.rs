@@ -14,10 +14,11 @@ use std::alloc::{GlobalAlloc, Layout, System};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
-use common::{jpeg, sampler, write_dataset, Scratch, TestRecord};
+use common::{jpeg, sampler, write_dataset, TestRecord};
 use ddl_loader::dataset::{Dataset, OpenOptions, Residency};
 use ddl_loader::pipeline::{Augment, OnBadRecord, Output, Pipeline, PipelineConfig};
 use ddl_loader::sampler::Tail;
+use ddl_testkit::scratch;
 
 /// Allocations of at least `BIG` bytes are counted in `BIG_ALLOCS`.
 static BIG: AtomicUsize = AtomicUsize::new(usize::MAX);
@@ -86,7 +87,7 @@ fn textured_record(k: usize) -> TestRecord {
 
 #[test]
 fn steady_state_memory_is_bounded_and_buffers_are_recycled() {
-    let dir = Scratch::new("memory");
+    let dir = scratch("memory");
     let records: Vec<TestRecord> = (0..96).map(textured_record).collect();
     write_dataset(dir.path(), "train", &records, 2, 1);
     drop(records);

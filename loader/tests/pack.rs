@@ -4,7 +4,7 @@
 
 use std::collections::BTreeMap;
 use std::io::Write;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use ddl_loader::manifest::Manifest;
 use ddl_loader::pack::convert::ConvertOptions;
@@ -14,13 +14,6 @@ use ddl_loader::LoaderError;
 use turbojpeg::{Colorspace, Image, PixelFormat, Subsamp};
 
 /// A fresh, empty directory under the system temp dir.
-fn tmpdir(name: &str) -> PathBuf {
-    let d = std::env::temp_dir().join(format!("ddl-pack-test-{name}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&d);
-    std::fs::create_dir_all(&d).unwrap();
-    d
-}
-
 /// Deterministic smooth-plus-noise pixels.
 fn pixels(w: usize, h: usize, channels: usize, seed: u32) -> Vec<u8> {
     let mut state = seed.wrapping_mul(2_654_435_761).wrapping_add(12345);
@@ -163,7 +156,8 @@ fn clean_tree(root: &Path) {
 
 #[test]
 fn folder_tree_roundtrip_balance_and_copy() {
-    let root = tmpdir("tree");
+    let tmp = ddl_testkit::scratch("pack-tree");
+    let root = tmp.path();
     let input = root.join("in");
     clean_tree(&input);
     let out = root.join("out");
@@ -224,7 +218,8 @@ fn folder_tree_roundtrip_balance_and_copy() {
 
 #[test]
 fn shard_size_is_estimated_from_converted_sample() {
-    let root = tmpdir("shardsize");
+    let tmp = ddl_testkit::scratch("pack-shardsize");
+    let root = tmp.path();
     let input = root.join("in");
     clean_tree(&input);
     let one = root.join("one");
@@ -248,7 +243,8 @@ fn shard_size_is_estimated_from_converted_sample() {
 
 #[test]
 fn bad_inputs_are_skipped_and_odd_images_converted() {
-    let root = tmpdir("bad");
+    let tmp = ddl_testkit::scratch("pack-bad");
+    let root = tmp.path();
     let input = root.join("in");
     let a = input.join("train").join("n00000001");
     let b = input.join("train").join("n00000002");
@@ -357,7 +353,8 @@ fn bad_inputs_are_skipped_and_odd_images_converted() {
 #[test]
 fn flat_val_with_loc_csv() {
     // The Kaggle layout: images in ILSVRC/Data/CLS-LOC/{train,val}, the CSV three levels up.
-    let root = tmpdir("loccsv");
+    let tmp = ddl_testkit::scratch("pack-loccsv");
+    let root = tmp.path();
     let kaggle = root.join("kaggle");
     let input = kaggle.join("ILSVRC").join("Data").join("CLS-LOC");
     clean_tree(&input);
@@ -400,7 +397,8 @@ fn flat_val_with_loc_csv() {
 
 #[test]
 fn flat_val_with_devkit_and_synsets() {
-    let root = tmpdir("devkit");
+    let tmp = ddl_testkit::scratch("pack-devkit");
+    let root = tmp.path();
     let input = root.join("in");
     clean_tree(&input);
     std::fs::remove_dir_all(input.join("val")).unwrap();
@@ -465,7 +463,8 @@ fn synset_tar(wnid: &str, n: usize, seed: u32) -> Vec<u8> {
 
 #[test]
 fn imagenet22k_synset_tars_and_outer_tar_give_identical_shards() {
-    let root = tmpdir("tars");
+    let tmp = ddl_testkit::scratch("pack-tars");
+    let root = tmp.path();
     let direct = root.join("direct");
     let nested = root.join("nested");
     let wnids = ["n09000009", "n01000001", "n05000005"];
@@ -516,7 +515,8 @@ fn imagenet22k_synset_tars_and_outer_tar_give_identical_shards() {
 
 #[test]
 fn classes_file_restricts_and_orders() {
-    let root = tmpdir("classes");
+    let tmp = ddl_testkit::scratch("pack-classes");
+    let root = tmp.path();
     let input = root.join("in");
     clean_tree(&input);
     let classes = root.join("classes.txt");
@@ -538,7 +538,8 @@ fn classes_file_restricts_and_orders() {
 
 #[test]
 fn output_is_identical_for_any_thread_count() {
-    let root = tmpdir("determinism");
+    let tmp = ddl_testkit::scratch("pack-determinism");
+    let root = tmp.path();
     let input = root.join("in");
     clean_tree(&input);
     write(&input.join("train/n01000001/png.JPEG"), &png_rgba(50, 40));
@@ -558,7 +559,8 @@ fn output_is_identical_for_any_thread_count() {
 
 #[test]
 fn resume_after_interruption_matches_clean_run() {
-    let root = tmpdir("resume");
+    let tmp = ddl_testkit::scratch("pack-resume");
+    let root = tmp.path();
     let input = root.join("in");
     clean_tree(&input);
     let clean = root.join("clean");
@@ -635,7 +637,8 @@ fn snapshot(dir: &Path) -> BTreeMap<String, Vec<u8>> {
 
 #[test]
 fn the_packer_removes_or_replaces_only_files_it_wrote() {
-    let root = tmpdir("ownership");
+    let tmp = ddl_testkit::scratch("pack-ownership");
+    let root = tmp.path();
     let input = root.join("in");
     clean_tree(&input);
     let out = root.join("out");
@@ -731,7 +734,8 @@ fn the_packer_removes_or_replaces_only_files_it_wrote() {
 #[test]
 fn unreadable_inputs_are_skipped_and_reported() {
     use std::os::unix::ffi::OsStrExt;
-    let root = tmpdir("unreadable");
+    let tmp = ddl_testkit::scratch("pack-unreadable");
+    let root = tmp.path();
     let input = root.join("in");
     clean_tree(&input);
     let class = input.join("train/n01000001");
@@ -789,7 +793,8 @@ fn unreadable_inputs_are_skipped_and_reported() {
 
 #[test]
 fn max_short_side_has_a_floor() {
-    let root = tmpdir("side");
+    let tmp = ddl_testkit::scratch("pack-side");
+    let root = tmp.path();
     let input = root.join("in");
     clean_tree(&input);
     let mut o = opts(&input, &root.join("out"));
@@ -801,7 +806,8 @@ fn max_short_side_has_a_floor() {
 
 #[test]
 fn verify_names_shard_and_record_of_a_flipped_byte() {
-    let root = tmpdir("verify");
+    let tmp = ddl_testkit::scratch("pack-verify");
+    let root = tmp.path();
     let input = root.join("in");
     clean_tree(&input);
     let out = root.join("out");
@@ -840,7 +846,8 @@ fn verify_names_shard_and_record_of_a_flipped_byte() {
 
 #[test]
 fn missing_labels_are_a_clear_error() {
-    let root = tmpdir("nolabels");
+    let tmp = ddl_testkit::scratch("pack-nolabels");
+    let root = tmp.path();
     let input = root.join("in");
     write(
         &input.join("val").join("ILSVRC2012_val_00000001.JPEG"),

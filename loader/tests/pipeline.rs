@@ -6,13 +6,14 @@ use std::collections::HashSet;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use common::{sampler, solid_dataset, write_dataset, Scratch, TestRecord, PALETTE};
+use common::{sampler, solid_dataset, write_dataset, TestRecord, PALETTE};
 use ddl_loader::dataset::{Dataset, OpenOptions, Residency};
 use ddl_loader::pipeline::{Augment, Batch, Images, OnBadRecord, Output, Pipeline, PipelineConfig};
 use ddl_loader::sampler::Tail;
 use ddl_loader::shard::ShardReader;
 use ddl_loader::transform::Normalizer;
 use ddl_loader::LoaderError;
+use ddl_testkit::scratch;
 
 const ONE_NODE: Residency = Residency { node: 0, nodes: 1 };
 
@@ -85,7 +86,7 @@ fn check_colours(b: &Batch, norm: &Normalizer) {
 
 #[test]
 fn batches_have_right_shapes_labels_and_cover_the_epoch() {
-    let dir = Scratch::new("shapes");
+    let dir = scratch("shapes");
     solid_dataset(dir.path(), 48, 3);
     let ds = open(dir.path());
     assert_eq!(ds.len(), 48);
@@ -142,7 +143,7 @@ fn collect(p: &Pipeline) -> Vec<(Vec<i64>, Vec<u64>, Images)> {
 
 #[test]
 fn same_seed_same_batches_whatever_the_worker_count() {
-    let dir = Scratch::new("determinism");
+    let dir = scratch("determinism");
     // Gradient images so that crops and flips show in the pixels.
     let records: Vec<TestRecord> = (0..30)
         .map(|k| {
@@ -182,7 +183,7 @@ fn same_seed_same_batches_whatever_the_worker_count() {
 
 #[test]
 fn resume_from_a_step_equals_the_uninterrupted_epoch() {
-    let dir = Scratch::new("resume");
+    let dir = scratch("resume");
     solid_dataset(dir.path(), 40, 2);
     let ds = open(dir.path());
     let cfg = config(Output::U8Nhwc, Augment::Train, 2, OnBadRecord::Replace);
@@ -216,7 +217,7 @@ fn damage(ds: &Dataset, i: usize) -> (std::path::PathBuf, usize) {
 
 #[test]
 fn damaged_record_is_replaced_skipped_or_fails_its_batch() {
-    let dir = Scratch::new("damaged");
+    let dir = scratch("damaged");
     solid_dataset(dir.path(), 24, 2);
     {
         let ds = open(dir.path());
@@ -287,7 +288,7 @@ fn damaged_record_is_replaced_skipped_or_fails_its_batch() {
 
 #[test]
 fn undecodable_record_with_valid_checksum_is_reported() {
-    let dir = Scratch::new("undecodable");
+    let dir = scratch("undecodable");
     let mut records: Vec<TestRecord> = (0..8).map(common::solid_record).collect();
     records[3] = (
         b"\xFF\xD8\xFF\xE0 definitely not a JPEG body".to_vec(),
@@ -325,7 +326,7 @@ fn undecodable_record_with_valid_checksum_is_reported() {
 
 #[test]
 fn dropping_the_pipeline_mid_epoch_is_prompt() {
-    let dir = Scratch::new("shutdown");
+    let dir = scratch("shutdown");
     solid_dataset(dir.path(), 64, 2);
     let ds = open(dir.path());
     let make = || {
@@ -371,7 +372,7 @@ fn dropping_the_pipeline_mid_epoch_is_prompt() {
 
 #[test]
 fn invalid_configurations_are_errors() {
-    let dir = Scratch::new("invalid");
+    let dir = scratch("invalid");
     solid_dataset(dir.path(), 8, 1);
     let ds = open(dir.path());
     let bad = [
@@ -433,7 +434,7 @@ fn invalid_configurations_are_errors() {
 
 #[test]
 fn next_epoch_reuses_the_pipeline_and_matches_a_fresh_start() {
-    let dir = Scratch::new("next-epoch");
+    let dir = scratch("next-epoch");
     solid_dataset(dir.path(), 40, 2);
     let ds = open(dir.path());
     let cfg = config(Output::U8Nhwc, Augment::Train, 2, OnBadRecord::Replace);

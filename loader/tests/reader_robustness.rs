@@ -20,15 +20,14 @@ const RECORD_LENS: [usize; 4] = [1, 63, 64, 130];
 /// Bytes of header plus index of the valid shard: where damage is most interesting.
 const META_LEN: usize = HEADER_LEN + RECORD_LENS.len() * INDEX_ROW_LEN;
 
-/// A scratch directory for this test binary and thread, created on first use.
+thread_local! {
+    /// This thread's scratch directory (removed when the thread ends).
+    static SCRATCH: ddl_testkit::TempDir = ddl_testkit::scratch("robustness");
+}
+
+/// This thread's scratch directory.
 fn scratch() -> PathBuf {
-    let d = std::env::temp_dir().join(format!(
-        "ddl-loader-robustness-{}-{:?}",
-        std::process::id(),
-        std::thread::current().id()
-    ));
-    std::fs::create_dir_all(&d).unwrap();
-    d
+    SCRATCH.with(|d| d.path().to_path_buf())
 }
 
 /// Writes the valid shard with `ShardWriter` into `dir/name` and returns its bytes.

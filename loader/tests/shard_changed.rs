@@ -18,13 +18,6 @@ fn write_shard(path: &Path) {
     w.finish().unwrap();
 }
 
-fn scratch(name: &str) -> PathBuf {
-    let d = std::env::temp_dir().join(format!("ddl-loader-{name}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&d);
-    std::fs::create_dir_all(&d).unwrap();
-    d
-}
-
 fn changed(e: LoaderError, path: &Path, what: &str) {
     let msg = e.to_string();
     assert!(matches!(e, LoaderError::ShardChanged { .. }), "{msg}");
@@ -35,7 +28,8 @@ fn changed(e: LoaderError, path: &Path, what: &str) {
 
 #[test]
 fn check_unchanged_names_the_shard_and_the_change() {
-    let dir = scratch("changed");
+    let tmp = ddl_testkit::scratch("changed");
+    let dir = tmp.path();
     let path = dir.join("train-00000.ddl");
     write_shard(&path);
     let r = ShardReader::open(&path).unwrap();
@@ -74,7 +68,7 @@ fn check_unchanged_names_the_shard_and_the_change() {
         &dir.join("new.ddl"),
         "replaced",
     );
-    std::fs::remove_dir_all(&dir).unwrap();
+    std::fs::remove_dir_all(dir).unwrap();
 }
 
 /// Set in the child process of [`sigbus_names_the_truncated_shard`]: the shard to truncate.
@@ -101,7 +95,8 @@ fn sigbus_child() {
 
 #[test]
 fn sigbus_names_the_truncated_shard() {
-    let dir = scratch("sigbus");
+    let tmp = ddl_testkit::scratch("sigbus");
+    let dir = tmp.path();
     let path = dir.join("train-00007.ddl");
     write_shard(&path);
     let out = Command::new(std::env::current_exe().unwrap())
@@ -131,5 +126,5 @@ fn sigbus_names_the_truncated_shard() {
         "{line}"
     );
     assert!(line.contains("read-only"), "{line}");
-    std::fs::remove_dir_all(&dir).unwrap();
+    std::fs::remove_dir_all(dir).unwrap();
 }

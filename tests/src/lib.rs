@@ -7,7 +7,6 @@ use std::io::Read;
 use std::os::unix::process::{CommandExt, ExitStatusExt};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Output, Stdio};
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
@@ -41,34 +40,7 @@ pub fn bin(name: &str) -> PathBuf {
     path
 }
 
-/// A fresh, empty scratch directory for one test, removed when dropped.
-pub struct Scratch(PathBuf);
-
-impl Scratch {
-    /// Creates `$TMPDIR/ddl-test-<tag>-<pid>-<n>`.
-    pub fn new(tag: &str) -> Scratch {
-        static N: AtomicUsize = AtomicUsize::new(0);
-        let dir = std::env::temp_dir().join(format!(
-            "ddl-test-{tag}-{}-{}",
-            std::process::id(),
-            N.fetch_add(1, Ordering::Relaxed)
-        ));
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir).expect("create scratch dir");
-        Scratch(dir)
-    }
-
-    /// The directory.
-    pub fn path(&self) -> &Path {
-        &self.0
-    }
-}
-
-impl Drop for Scratch {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
+pub use ddl_testkit::{scratch, TempDir};
 
 /// The threads reading a child's stdout and stderr to the end.
 type OutputReaders = (JoinHandle<Vec<u8>>, JoinHandle<Vec<u8>>);

@@ -7,7 +7,7 @@ use std::fs;
 use std::path::{Path, PathBuf};
 
 use ddl_loader::shard::ShardReader;
-use ddl_tests::{mpirun_train, printed, run, run_ok, synth_and_pack, Scratch, SynthSpec};
+use ddl_tests::{mpirun_train, printed, run, run_ok, scratch, synth_and_pack, SynthSpec};
 use serde_json::Value;
 
 /// Flips a byte in the middle of record `record` of `shard`; returns the shard's path.
@@ -43,7 +43,7 @@ fn train(shards: &Path, extra: &[&str]) -> std::process::Command {
 
 #[test]
 fn bad_records_are_named_counted_and_never_scored() {
-    let tmp = Scratch::new("bad-record");
+    let tmp = scratch("bad-record");
     // 64 train records = 4 steps of 2 ranks x 8, so every record is used in every epoch; 16
     // val records = one batch of 8 per rank.
     let shards = synth_and_pack(

@@ -3,14 +3,14 @@
 
 use std::fs;
 
-use ddl_tests::{mpirun_train, run_ok, synth_and_pack, Scratch, SynthSpec};
+use ddl_tests::{mpirun_train, run_ok, scratch, synth_and_pack, SynthSpec};
 use serde_json::Value;
 
 /// The demo itself (10 ddl-synth classes, resnet_small on CPU, `mpirun -np 2`, four epochs)
 /// learns: validation top-1 ends far above the 10% of chance.
 #[test]
 fn demo_learns_ten_classes_under_mpirun_np2() {
-    let tmp = Scratch::new("demo-learn");
+    let tmp = scratch("demo-learn");
     let shards = synth_and_pack(
         tmp.path(),
         &SynthSpec {

@@ -4,13 +4,13 @@
 use std::fs;
 use std::process::Command;
 
-use ddl_tests::{bin, mpirun_train, run_ok, synth_and_pack, Scratch, SynthSpec};
+use ddl_tests::{bin, mpirun_train, run_ok, scratch, synth_and_pack, SynthSpec};
 use ddl_trainer::checkpoint::{self, Checkpoint};
 use serde_json::Value;
 
 #[test]
 fn synth_pack_verify_then_train_under_mpirun_np2() {
-    let tmp = Scratch::new("demo");
+    let tmp = scratch("demo");
     let shards = synth_and_pack(
         tmp.path(),
         &SynthSpec {

@@ -12,8 +12,8 @@ use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
 use ddl_tests::{
-    mpirun_train, printed, rank_pids, run_ok, signal, synth_and_pack, Launched, Scratch, SynthSpec,
-    LAUNCH_TIMEOUT,
+    mpirun_train, printed, rank_pids, run_ok, scratch, signal, synth_and_pack, Launched, SynthSpec,
+    TempDir, LAUNCH_TIMEOUT,
 };
 use ddl_trainer::checkpoint::{self, Checkpoint};
 
@@ -48,7 +48,7 @@ fn train_cmd(shards: &Path, ckpt: &Path, weights: &Path, every: u64) -> Command 
 
 /// The shards and the uninterrupted run's weights, made once for both tests.
 struct Reference {
-    _tmp: Scratch,
+    _tmp: TempDir,
     shards: PathBuf,
     weights: Vec<u8>,
 }
@@ -56,7 +56,7 @@ struct Reference {
 fn reference() -> &'static Reference {
     static REF: OnceLock<Reference> = OnceLock::new();
     REF.get_or_init(|| {
-        let tmp = Scratch::new("resume-reference");
+        let tmp = scratch("resume-reference");
         let shards = synth_and_pack(
             tmp.path(),
             &SynthSpec {
@@ -140,7 +140,7 @@ fn wait_for(job: &mut Launched, what: &str, done: impl Fn() -> bool) {
 #[test]
 fn killed_job_resumes_to_bitwise_identical_weights() {
     let r = reference();
-    let tmp = Scratch::new("kill-resume");
+    let tmp = scratch("kill-resume");
 
     // The same job, killed (mpirun and both ranks, SIGKILL) once its first checkpoint exists.
     let ckpt = tmp.path().join("ckpt");
@@ -167,7 +167,7 @@ fn killed_job_resumes_to_bitwise_identical_weights() {
 #[test]
 fn sigterm_to_one_rank_stops_all_after_a_step_and_resumes_bitwise() {
     let r = reference();
-    let tmp = Scratch::new("sigterm-resume");
+    let tmp = scratch("sigterm-resume");
     let ckpt = tmp.path().join("ckpt");
     let metrics = tmp.path().join("metrics.jsonl");
     let weights = tmp.path().join("stopped.f32");

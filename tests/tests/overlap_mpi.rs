@@ -5,7 +5,7 @@
 use std::fs;
 use std::path::Path;
 
-use ddl_tests::{mpirun_train, run_ok, synth_and_pack, Scratch, SynthSpec};
+use ddl_tests::{mpirun_train, run_ok, scratch, synth_and_pack, SynthSpec};
 
 fn train(shards: &Path, overlap: &str, weights: &Path) -> Vec<u8> {
     let mut cmd = mpirun_train(2, shards);
@@ -36,7 +36,7 @@ fn train(shards: &Path, overlap: &str, weights: &Path) -> Vec<u8> {
 
 #[test]
 fn backward_overlap_matches_pipeline_and_off_under_mpirun() {
-    let tmp = Scratch::new("overlap-mpi");
+    let tmp = scratch("overlap-mpi");
     let shards = synth_and_pack(
         tmp.path(),
         &SynthSpec {
@@ -124,7 +124,7 @@ fn allreduces_during_backward(trace: &Path) -> Vec<usize> {
 /// `--overlap off` none does (the one bucket waits for the whole backward).
 #[test]
 fn backward_overlap_starts_allreduces_during_backward_in_the_trace() {
-    let tmp = Scratch::new("overlap-trace");
+    let tmp = scratch("overlap-trace");
     let shards = synth_and_pack(
         tmp.path(),
         &SynthSpec {

@@ -3,7 +3,7 @@
 use std::fs;
 use std::process::Command;
 
-use ddl_tests::{bin, run_ok, Scratch};
+use ddl_tests::{bin, run_ok, scratch};
 
 fn synth(out: &std::path::Path, seed: u64) {
     run_ok(Command::new(bin("ddl-synth")).arg(out).args([
@@ -40,7 +40,7 @@ fn files(dir: &std::path::Path) -> Vec<(String, Vec<u8>)> {
 
 #[test]
 fn writes_ilsvrc_layout_with_labels() {
-    let tmp = Scratch::new("synth");
+    let tmp = scratch("synth");
     let out = tmp.path().join("tree");
     synth(&out, 7);
     let all = files(&out);
@@ -89,7 +89,7 @@ fn writes_ilsvrc_layout_with_labels() {
 
 #[test]
 fn same_seed_same_bytes_other_seed_other_bytes() {
-    let tmp = Scratch::new("synth-det");
+    let tmp = scratch("synth-det");
     synth(&tmp.path().join("a"), 3);
     synth(&tmp.path().join("b"), 3);
     synth(&tmp.path().join("c"), 4);

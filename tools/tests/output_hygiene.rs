@@ -4,7 +4,6 @@
 
 mod common;
 
-use std::path::PathBuf;
 use std::process::Command;
 
 use common::{assert_no_ansi, stderr_writes, Writes};
@@ -17,13 +16,6 @@ fn bin(name: &str) -> Command {
         "ddl-synth" => env!("CARGO_BIN_EXE_ddl-synth"),
         other => panic!("no binary {other}"),
     })
-}
-
-fn scratch(name: &str) -> PathBuf {
-    let d = std::env::temp_dir().join(format!("ddl-hygiene-{name}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&d);
-    std::fs::create_dir_all(&d).unwrap();
-    d
 }
 
 /// The process failed, wrote its error in exactly one write, and that write holds `needle`.
@@ -58,7 +50,8 @@ fn usage_errors_are_one_write_without_colour() {
 
 #[test]
 fn run_time_errors_are_one_line_in_one_write_without_colour() {
-    let dir = scratch("runtime");
+    let tmp = ddl_testkit::scratch("hygiene-runtime");
+    let dir = tmp.path();
     let missing = dir.join("no-such-dir");
     let m = missing.to_str().unwrap();
     for (tool, args) in [
@@ -77,12 +70,12 @@ fn run_time_errors_are_one_line_in_one_write_without_colour() {
         let line = w.stderr.iter().find(|s| s.contains("error")).unwrap();
         assert_eq!(line.matches('\n').count(), 1, "{tool}: {}", w.all());
     }
-    std::fs::remove_dir_all(&dir).unwrap();
 }
 
 #[test]
 fn progress_and_summaries_carry_no_colour() {
-    let dir = scratch("progress");
+    let tmp = ddl_testkit::scratch("hygiene-progress");
+    let dir = tmp.path();
     let tree = dir.join("tree");
     let out = dir.join("shards");
     let mut synth = bin("ddl-synth");
@@ -129,5 +122,4 @@ fn progress_and_summaries_carry_no_colour() {
         "{}",
         w.all()
     );
-    std::fs::remove_dir_all(&dir).unwrap();
 }

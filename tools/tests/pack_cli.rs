@@ -1,25 +1,9 @@
 //! Runs the `ddl-pack` binary: pack, verify, damage detection and exit statuses.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Command, Output};
 
-fn tmpdir(name: &str) -> PathBuf {
-    let d = std::env::temp_dir().join(format!("ddl-pack-cli-{name}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&d);
-    std::fs::create_dir_all(&d).unwrap();
-    d
-}
-
-fn jpeg(w: u32, h: u32, seed: u32) -> Vec<u8> {
-    let img = image::RgbImage::from_fn(w, h, |x, y| {
-        image::Rgb([(x * 5 + seed) as u8, (y * 7) as u8, (x ^ y ^ seed) as u8])
-    });
-    let mut out = Vec::new();
-    image::codecs::jpeg::JpegEncoder::new_with_quality(&mut out, 90)
-        .encode_image(&img)
-        .unwrap();
-    out
-}
+use ddl_testkit::{jpeg, scratch};
 
 fn tree(root: &Path) {
     for (c, wnid) in ["n01000001", "n02000002"].iter().enumerate() {
@@ -28,7 +12,7 @@ fn tree(root: &Path) {
             std::fs::create_dir_all(&dir).unwrap();
             std::fs::write(
                 dir.join(format!("{i}.JPEG")),
-                jpeg(40 + i * 30, 50, c as u32 * 10 + i),
+                jpeg(40 + i as usize * 30, 50, c * 10 + i as usize),
             )
             .unwrap();
         }
@@ -55,7 +39,8 @@ fn text(o: &Output) -> String {
 
 #[test]
 fn pack_verify_and_detect_damage() {
-    let root = tmpdir("ok");
+    let tmp = scratch("pack-cli-ok");
+    let root = tmp.path();
     let input = root.join("in");
     tree(&input);
     let out = root.join("out");
@@ -102,7 +87,8 @@ fn pack_verify_and_detect_damage() {
 
 #[test]
 fn too_many_skips_fail_after_writing_the_report() {
-    let root = tmpdir("skips");
+    let tmp = scratch("pack-cli-skips");
+    let root = tmp.path();
     let input = root.join("in");
     tree(&input);
     std::fs::write(input.join("train/n01000001/empty.JPEG"), b"").unwrap();
@@ -150,7 +136,8 @@ fn max_short_side_below_the_smallest_training_size_is_refused() {
 
 #[test]
 fn another_directory_is_refused_by_name_and_force_never_touches_foreign_files() {
-    let root = tmpdir("foreign");
+    let tmp = scratch("pack-cli-foreign");
+    let root = tmp.path();
     let input = root.join("in");
     tree(&input);
     let out = root.join("out");
@@ -185,7 +172,8 @@ fn another_directory_is_refused_by_name_and_force_never_touches_foreign_files() 
 
 #[test]
 fn a_dangling_link_is_skipped_and_named() {
-    let root = tmpdir("dangling");
+    let tmp = scratch("pack-cli-dangling");
+    let root = tmp.path();
     let input = root.join("in");
     tree(&input);
     std::os::unix::fs::symlink(

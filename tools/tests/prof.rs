@@ -4,47 +4,15 @@
 
 mod common;
 
-use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::Command;
 
 use common::{mpirun, mpirun_output};
-use ddl_loader::manifest::{ClassInfo, Manifest, ShardInfo, SplitInfo};
-use ddl_loader::shard::{cached_bytes, ShardReader, ShardWriter};
+use ddl_loader::shard::{cached_bytes, ShardReader};
+use ddl_testkit::{jpeg, scratch, write_manifest, write_shards, Record};
 use serde_json::Value;
 
 const PROF: &str = env!("CARGO_BIN_EXE_ddl-prof");
-
-/// A fresh scratch directory for one test.
-fn scratch(name: &str) -> PathBuf {
-    let d = std::env::temp_dir().join(format!("ddl-prof-test-{}-{name}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&d);
-    std::fs::create_dir_all(&d).unwrap();
-    d
-}
-
-/// A real JPEG of `w` x `h` pixels whose content depends on `seed`.
-fn jpeg(w: usize, h: usize, seed: usize) -> Vec<u8> {
-    let mut rgb = vec![0u8; w * h * 3];
-    for y in 0..h {
-        for x in 0..w {
-            let i = (y * w + x) * 3;
-            rgb[i] = ((x * 7 + seed * 31) % 256) as u8;
-            rgb[i + 1] = ((y * 5 + seed * 17) % 256) as u8;
-            rgb[i + 2] = (((x ^ y) + seed) % 256) as u8;
-        }
-    }
-    let img = turbojpeg::Image {
-        pixels: rgb.as_slice(),
-        width: w,
-        pitch: w * 3,
-        height: h,
-        format: turbojpeg::PixelFormat::RGB,
-    };
-    turbojpeg::compress(img, 85, turbojpeg::Subsamp::Sub2x2)
-        .unwrap()
-        .to_vec()
-}
 
 /// Packs `shards` train shards of `per_shard` JPEGs (4 classes) into `dir` with a manifest.
 fn make_shards(dir: &Path, shards: usize, per_shard: usize) {
@@ -54,51 +22,28 @@ fn make_shards(dir: &Path, shards: usize, per_shard: usize) {
 /// [`make_shards`], where records numbered in `junk` hold bytes that are not an image (with a
 /// valid checksum).
 fn make_shards_with_junk(dir: &Path, shards: usize, per_shard: usize, junk: &[usize]) {
-    let mut infos = Vec::new();
-    for s in 0..shards {
-        let file = format!("train-{s:05}.ddl");
-        let mut w = ShardWriter::create(&dir.join(&file)).unwrap();
-        for k in 0..per_shard {
-            let n = s * per_shard + k;
-            let (iw, ih) = (160 + (n * 37) % 200, 140 + (n * 53) % 180);
-            let bytes = if junk.contains(&n) {
-                b"this record is not a JPEG".to_vec()
-            } else {
-                jpeg(iw, ih, n)
-            };
-            w.push(&bytes, (n % 4) as u32, ih as u16, iw as u16)
-                .unwrap();
-        }
-        let sum = w.finish().unwrap();
-        infos.push(ShardInfo {
-            file,
-            records: sum.records,
-            bytes: sum.bytes,
-            crc32c: sum.crc32c,
-            node: s,
-        });
-    }
-    let mut splits = BTreeMap::new();
-    splits.insert(
-        "train".to_string(),
-        SplitInfo {
-            records: (shards * per_shard) as u64,
-            shards: infos,
-        },
-    );
-    let m = Manifest {
-        format_version: 1,
-        classes: (0..4)
-            .map(|c| ClassInfo {
-                wnid: format!("n{c:08}"),
-                label: c,
-            })
-            .collect(),
-        splits,
-        pack: serde_json::json!({"generator": "tools/tests/prof.rs"}),
-        nodes: shards,
-    };
-    m.save(dir).unwrap();
+    let records: Vec<Vec<Record>> = (0..shards)
+        .map(|s| {
+            (0..per_shard)
+                .map(|k| {
+                    let n = s * per_shard + k;
+                    let (iw, ih) = (160 + (n * 37) % 200, 140 + (n * 53) % 180);
+                    let label = (n % 4) as u32;
+                    if junk.contains(&n) {
+                        Record {
+                            bytes: b"this record is not a JPEG".to_vec(),
+                            label,
+                            size: (ih as u16, iw as u16),
+                        }
+                    } else {
+                        Record::jpeg(jpeg(iw, ih, n), label)
+                    }
+                })
+                .collect()
+        })
+        .collect();
+    let split = write_shards(dir, "train", &records, shards);
+    write_manifest(dir, 4, vec![("train", split)], shards);
 }
 
 fn run(args: &[&str]) -> std::process::Output {
@@ -122,7 +67,8 @@ fn positive(v: &Value, key: &str) -> f64 {
 
 #[test]
 fn profile_json_trace_and_plots() {
-    let dir = scratch("main");
+    let tmp = scratch("prof-main");
+    let dir = tmp.path();
     let shards = dir.join("shards");
     std::fs::create_dir_all(&shards).unwrap();
     make_shards(&shards, 2, 24);
@@ -281,13 +227,13 @@ fn profile_json_trace_and_plots() {
     ]);
     let p = std::fs::read(&png).unwrap();
     assert!(p.len() > 1000 && p.starts_with(b"\x89PNG\r\n\x1a\n"));
-    std::fs::remove_dir_all(&dir).unwrap();
 }
 
 #[test]
 fn cold_run_drops_pages_and_reads_once() {
-    let dir = scratch("cold");
-    make_shards(&dir, 1, 20);
+    let tmp = scratch("prof-cold");
+    let dir = tmp.path();
+    make_shards(dir, 1, 20);
     let shard = dir.join("train-00000.ddl");
     // Precondition: the shard is in the page cache, so a drop has something to drop.
     std::hint::black_box(std::fs::read(&shard).unwrap());
@@ -339,12 +285,12 @@ fn cold_run_drops_pages_and_reads_once() {
         storage as f64 >= 0.99 * bytes && bytes > 0.0,
         "read {bytes} bytes but only {storage} from storage: {read}"
     );
-    std::fs::remove_dir_all(&dir).unwrap();
 }
 
 #[test]
 fn plot_training_metrics() {
-    let dir = scratch("metrics");
+    let tmp = scratch("prof-metrics");
+    let dir = tmp.path();
     let metrics = dir.join("metrics.jsonl");
     let mut text = String::new();
     for step in 1..=30u32 {
@@ -400,13 +346,13 @@ fn plot_training_metrics() {
         .unwrap();
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("line 2"));
-    std::fs::remove_dir_all(&dir).unwrap();
 }
 
 #[test]
 fn bad_arguments_are_clear_errors() {
-    let dir = scratch("nosplit");
-    make_shards(&dir, 1, 4);
+    let tmp = scratch("prof-nosplit");
+    let dir = tmp.path();
+    make_shards(dir, 1, 4);
     let out = Command::new(PROF)
         .args([dir.to_str().unwrap(), "--split", "val", "--seconds", "0.1"])
         .output()
@@ -433,13 +379,13 @@ fn bad_arguments_are_clear_errors() {
         .unwrap();
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("must end in .svg or .png"));
-    std::fs::remove_dir_all(&dir).unwrap();
 }
 
 #[test]
 fn mpirun_profiles_every_rank() {
-    let dir = scratch("mpi");
-    make_shards(&dir, 4, 8);
+    let tmp = scratch("prof-mpi");
+    let dir = tmp.path();
+    make_shards(dir, 4, 8);
     let json = dir.join("nodes.json");
     let out = mpirun_output(mpirun(2).arg(PROF).args([
         dir.to_str().unwrap(),
@@ -473,13 +419,13 @@ fn mpirun_profiles_every_rank() {
         assert_eq!(n["dataset"]["records"], 16);
         positive(&n["verdict"], "node_images_per_s");
     }
-    std::fs::remove_dir_all(&dir).unwrap();
 }
 
 #[test]
 fn every_flag_is_checked_before_anything_is_measured() {
-    let dir = scratch("flags");
-    make_shards(&dir, 1, 8);
+    let tmp = scratch("prof-flags");
+    let dir = tmp.path();
+    make_shards(dir, 1, 8);
     let d = dir.to_str().unwrap();
     let missing = dir.join("no-such-dir").join("prof.json");
     for (args, status, needle) in [
@@ -516,7 +462,6 @@ fn every_flag_is_checked_before_anything_is_measured() {
             .any(|l| l.contains(" threads ") && l.contains(" images/s"));
         assert!(!progress, "{args:?} measured first: {err}");
     }
-    std::fs::remove_dir_all(&dir).unwrap();
 }
 
 /// Flips a byte in the middle of record `record` of `shard`, so its checksum fails.
@@ -532,9 +477,10 @@ fn damage_record(shard: &Path, record: usize) {
 
 #[test]
 fn bad_records_are_reported_or_fail_as_the_flag_says() {
-    let dir = scratch("bad");
+    let tmp = scratch("prof-bad");
+    let dir = tmp.path();
     // Record 5 is not a JPEG (checksum valid); record 12 is damaged on disk.
-    make_shards_with_junk(&dir, 1, 24, &[5]);
+    make_shards_with_junk(dir, 1, 24, &[5]);
     damage_record(&dir.join("train-00000.ddl"), 12);
     let d = dir.to_str().unwrap();
     let json = dir.join("bad.json");
@@ -613,5 +559,4 @@ fn bad_records_are_reported_or_fail_as_the_flag_says() {
         err.contains("train-00000.ddl: record ") && err.contains("ddl-pack --verify"),
         "{err}"
     );
-    std::fs::remove_dir_all(&dir).unwrap();
 }

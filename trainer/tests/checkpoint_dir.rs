@@ -45,7 +45,8 @@ fn base(data: &Path, ckpt: &Path) -> TrainConfig {
 
 #[test]
 fn a_run_never_mixes_with_or_deletes_another_runs_checkpoints() {
-    let dir = common::scratch("ckdir");
+    let tmp = ddl_testkit::scratch("ckdir");
+    let dir = tmp.path();
     let data = dir.join("data");
     common::make_dataset(&data, 3, 4, 0, 1, 0, 24);
     let ckpt = dir.join("ckpt");
@@ -117,7 +118,6 @@ fn a_run_never_mixes_with_or_deletes_another_runs_checkpoints() {
     let ck = Checkpoint::read(&ckpt.join(checkpoint::file_name(2))).unwrap();
     assert_eq!(ck.meta.flags["seed"], 8);
     assert_eq!(contents(&ckpt).len(), 2);
-    std::fs::remove_dir_all(&dir).unwrap();
 }
 
 /// A tmpfs mounted for the test, unmounted when dropped.
@@ -149,7 +149,8 @@ impl Drop for Tmpfs {
 
 #[test]
 fn full_disk_leaves_no_partial_file_and_resume_makes_room() {
-    let dir = common::scratch("fulldisk");
+    let tmp = ddl_testkit::scratch("fulldisk");
+    let dir = tmp.path();
     let data = dir.join("data");
     common::make_dataset(&data, 3, 4, 0, 1, 0, 24);
     let disk = dir.join("disk");
@@ -205,5 +206,4 @@ fn full_disk_leaves_no_partial_file_and_resume_makes_room() {
     let names: Vec<String> = contents(&ckpt).into_iter().map(|(n, _)| n).collect();
     assert_eq!(names, vec![checkpoint::file_name(6)]);
     drop(fs);
-    std::fs::remove_dir_all(&dir).unwrap();
 }

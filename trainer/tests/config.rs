@@ -19,7 +19,8 @@ fn err(cfg: &TrainConfig) -> String {
 
 #[test]
 fn bad_flags_are_named() {
-    let dir = common::scratch("config");
+    let tmp = ddl_testkit::scratch("config");
+    let dir = tmp.path();
     let data = dir.join("data");
     common::make_dataset(&data, 3, 4, 0, 2, 0, 24);
     let ok = common::config(&data, "convnet_nobn", 2, "cpu:1");
@@ -28,7 +29,7 @@ fn bad_flags_are_named() {
     c.data = dir.join("missing");
     assert!(err(&c).contains("--data"));
     let mut c = ok.clone();
-    c.data = dir.clone();
+    c.data = dir.to_path_buf();
     assert!(err(&c).contains("--data"), "a directory without manifest");
     // A GPU this machine does not have.
     let mut c = ok.clone();
@@ -110,7 +111,6 @@ fn bad_flags_are_named() {
     for e in errors {
         assert!(e.contains("--residency"), "{e}");
     }
-    std::fs::remove_dir_all(&dir).unwrap();
 }
 
 /// Sets one out-of-range value in a valid configuration.

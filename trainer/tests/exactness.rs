@@ -38,10 +38,11 @@ fn assert_close(a: &[(String, Vec<f32>)], b: &[(String, Vec<f32>)], what: &str) 
 
 #[test]
 fn two_ranks_two_replicas_match_one_big_batch() {
-    let dir = common::scratch("exact");
+    let tmp = ddl_testkit::scratch("exact");
+    let dir = tmp.path();
     let data = dir.join("data");
     common::make_dataset(&data, 4, 24, 0, 2, 0, 36);
-    let want = reference(&data, &dir);
+    let want = reference(&data, dir);
     // The initial weights must have moved, or the comparison proves nothing.
     let init = {
         let mut cfg = common::config(&data, "convnet_nobn", 4 * B, "cpu:1");
@@ -93,5 +94,4 @@ fn two_ranks_two_replicas_match_one_big_batch() {
     let got = common::read_dump(&out);
     let differs = std::panic::catch_unwind(|| assert_close(&got, &want, "half batch")).is_err();
     assert!(differs, "a run on different samples matched the reference");
-    std::fs::remove_dir_all(&dir).unwrap();
 }

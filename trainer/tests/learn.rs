@@ -11,7 +11,8 @@ use ddl_trainer::{train, RankInfo};
 
 #[test]
 fn resnet_small_learns_and_reports() {
-    let dir = common::scratch("learn");
+    let tmp = ddl_testkit::scratch("learn");
+    let dir = tmp.path();
     let data = dir.join("data");
     common::make_dataset(&data, 4, 48, 12, 2, 2, 40);
     let mut cfg = common::config(&data, "resnet_small", 8, "cpu:2");
@@ -81,5 +82,4 @@ fn resnet_small_learns_and_reports() {
         1.0,
         "4 classes: top-5 is always right"
     );
-    std::fs::remove_dir_all(&dir).unwrap();
 }

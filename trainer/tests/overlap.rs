@@ -18,7 +18,8 @@ fn auto_overlaps_backward_on_gpus_and_across_nodes() {
 
 #[test]
 fn backward_overlap_gives_the_same_weights() {
-    let dir = common::scratch("overlap");
+    let tmp = ddl_testkit::scratch("overlap");
+    let dir = tmp.path();
     let data = dir.join("data");
     // 4 classes x 16 = 64 records; batch 4 x 2 replicas x 2 ranks = 16 per step.
     common::make_dataset(&data, 4, 16, 0, 2, 0, 36);
@@ -44,5 +45,4 @@ fn backward_overlap_gives_the_same_weights() {
             "{model}: backward != off"
         );
     }
-    std::fs::remove_dir_all(&dir).unwrap();
 }

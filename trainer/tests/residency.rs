@@ -7,7 +7,8 @@ mod common;
 
 #[test]
 fn ranks_as_nodes_with_uneven_shards() {
-    let dir = common::scratch("residency");
+    let tmp = ddl_testkit::scratch("residency");
+    let dir = tmp.path();
     let data = dir.join("data");
     // 3 train shards of 16 records: node 0 holds 32, node 1 holds 16. 3 val shards of 3.
     common::make_dataset(&data, 4, 12, 3, 3, 3, 32);
@@ -37,5 +38,4 @@ fn ranks_as_nodes_with_uneven_shards() {
             .count(),
         2
     );
-    std::fs::remove_dir_all(&dir).unwrap();
 }

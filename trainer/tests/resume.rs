@@ -11,7 +11,8 @@ use ddl_trainer::config::Overlap;
 
 #[test]
 fn resume_is_bitwise_exact() {
-    let dir = common::scratch("resume");
+    let tmp = ddl_testkit::scratch("resume");
+    let dir = tmp.path();
     let data = dir.join("data");
     // 4 classes x 20 = 80 records; batch 4 x 2 replicas x 2 ranks = 16 per step: 5 steps/epoch.
     common::make_dataset(&data, 4, 20, 2, 2, 1, 36);
@@ -86,5 +87,4 @@ fn resume_is_bitwise_exact() {
     assert!(s.warnings[0].contains("damaged"));
     assert!(s.resumed_from.unwrap().ends_with(checkpoint::file_name(7)));
     assert!(std::fs::read(dir.join("fallback.bin")).unwrap() == want);
-    std::fs::remove_dir_all(&dir).unwrap();
 }

@@ -14,7 +14,8 @@ use serde_json::Value;
 
 #[test]
 fn traced_run_writes_chrome_trace_with_replica_spans() {
-    let dir = common::scratch("trace");
+    let tmp = ddl_testkit::scratch("trace");
+    let dir = tmp.path();
     let data = dir.join("data");
     common::make_dataset(&data, 2, 16, 4, 1, 1, 32);
     let mut cfg = common::config(&data, "resnet_small", 4, "cpu:2");
@@ -106,5 +107,4 @@ fn traced_run_writes_chrome_trace_with_replica_spans() {
             && m["tid"] == tid
             && m["args"]["name"] == format!("replica {r}")));
     }
-    std::fs::remove_dir_all(&dir).unwrap();
 }

@@ -2,49 +2,19 @@
 
 #![allow(dead_code)] // each test binary uses a different subset
 
-use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
-use ddl_loader::manifest::{ClassInfo, Manifest, ShardInfo, SplitInfo};
 use ddl_loader::sampler::{Sampler, SamplerConfig, Tail};
-use ddl_loader::shard::ShardWriter;
+use ddl_testkit::{write_manifest, write_shards, Record, TempDir};
 
 /// RGB colour of each class in the solid-colour datasets.
 pub const PALETTE: [[u8; 3]; 4] = [[220, 30, 30], [30, 200, 40], [40, 60, 210], [230, 220, 40]];
 
-/// A scratch directory removed on drop.
-pub struct Scratch(pub PathBuf);
-
-impl Scratch {
-    /// A fresh, empty directory named after the test.
-    pub fn new(name: &str) -> Scratch {
-        let dir = std::env::temp_dir().join(format!("ddl-loader-{name}-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir).unwrap();
-        Scratch(dir)
-    }
-
-    /// The directory.
-    pub fn path(&self) -> &Path {
-        &self.0
-    }
-}
-
-impl Drop for Scratch {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
-
 /// A scratch directory under the build's own temporary directory (`CARGO_TARGET_TMPDIR`, on
 /// the disk of `target/`), for tests that evict files from the page cache: a tmpfs `/tmp`
 /// keeps every page.
-pub fn disk_scratch(name: &str) -> Scratch {
-    let dir = Path::new(env!("CARGO_TARGET_TMPDIR"))
-        .join(format!("ddl-loader-{name}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
-    Scratch(dir)
+pub fn disk_scratch(name: &str) -> TempDir {
+    ddl_testkit::scratch_in(Path::new(env!("CARGO_TARGET_TMPDIR")), name)
 }
 
 /// Drops `path` from the page cache (`fdatasync`, then `posix_fadvise(POSIX_FADV_DONTNEED)`)
@@ -69,16 +39,7 @@ pub fn evict(path: &Path) {
 
 /// Encodes a `w` x `h` RGB image as a JPEG (4:4:4, quality 95).
 pub fn jpeg(rgb: &[u8], w: usize, h: usize) -> Vec<u8> {
-    let img = turbojpeg::Image {
-        pixels: rgb,
-        width: w,
-        pitch: w * 3,
-        height: h,
-        format: turbojpeg::PixelFormat::RGB,
-    };
-    turbojpeg::compress(img, 95, turbojpeg::Subsamp::None)
-        .unwrap()
-        .to_vec()
+    ddl_testkit::encode_jpeg(rgb, w, h, 95, ddl_testkit::Subsamp::None)
 }
 
 /// A solid-colour JPEG.
@@ -107,43 +68,21 @@ pub fn solid_record(k: usize) -> TestRecord {
 /// split `split` under `dir`, plus a manifest for `nodes` nodes.
 pub fn write_dataset(dir: &Path, split: &str, records: &[TestRecord], shards: usize, nodes: usize) {
     let per = records.len().div_ceil(shards);
-    let mut infos = Vec::new();
-    for (s, chunk) in records.chunks(per).enumerate() {
-        let file = format!("{split}-{s:05}.ddl");
-        let mut w = ShardWriter::create(&dir.join(&file)).unwrap();
-        for (bytes, label, h, wd) in chunk {
-            w.push(bytes, *label, *h, *wd).unwrap();
-        }
-        let sum = w.finish().unwrap();
-        infos.push(ShardInfo {
-            file,
-            records: sum.records,
-            bytes: sum.bytes,
-            crc32c: sum.crc32c,
-            node: s % nodes,
-        });
-    }
-    let mut splits = BTreeMap::new();
-    splits.insert(
-        split.to_string(),
-        SplitInfo {
-            records: records.len() as u64,
-            shards: infos,
-        },
-    );
-    let manifest = Manifest {
-        format_version: 1,
-        classes: (0..4)
-            .map(|i| ClassInfo {
-                wnid: format!("n{i:08}"),
-                label: i,
-            })
-            .collect(),
-        splits,
-        pack: serde_json::json!({"test": true}),
-        nodes,
-    };
-    manifest.save(dir).unwrap();
+    let shards: Vec<Vec<Record>> = records
+        .chunks(per)
+        .map(|chunk| {
+            chunk
+                .iter()
+                .map(|(bytes, label, h, w)| Record {
+                    bytes: bytes.clone(),
+                    label: *label,
+                    size: (*h, *w),
+                })
+                .collect()
+        })
+        .collect();
+    let info = write_shards(dir, split, &shards, nodes);
+    write_manifest(dir, PALETTE.len(), vec![(split, info)], nodes);
 }
 
 /// Writes a solid-colour dataset of `n` records.

@@ -3,16 +3,14 @@
 
 #![allow(dead_code)]
 
-use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::Arc;
 
 use ddl_comm::{thread_group, Topology, Transport};
 use ddl_trainer::{train, RankInfo, TrainSummary};
 
 use clap::ValueEnum;
-use ddl_loader::manifest::{ClassInfo, Manifest, ShardInfo, SplitInfo};
-use ddl_loader::shard::ShardWriter;
+use ddl_testkit::{write_manifest, write_shards, Record};
 use ddl_trainer::model::ModelKind;
 use ddl_trainer::TrainConfig;
 
@@ -38,21 +36,25 @@ fn jpeg(class: usize, i: usize, size: u32) -> Vec<u8> {
     let vertical = class % 2 == 0;
     let w = size + (rnd() * 16.0) as u32;
     let h = size;
-    let img = image::RgbImage::from_fn(w, h, |x, y| {
-        let t = if vertical { x } else { y } as f32;
-        let stripe = if (t / period) as u32 % 2 == 0 {
-            1.0
-        } else {
-            0.6
-        };
-        let px = |c: usize| (base[c] * jitter * stripe).clamp(0.0, 255.0) as u8;
-        image::Rgb([px(0), px(1), px(2)])
-    });
-    let mut out = Vec::new();
-    image::codecs::jpeg::JpegEncoder::new_with_quality(&mut out, 90)
-        .encode_image(&img)
-        .expect("encode jpeg");
-    out
+    let rgb: Vec<u8> = (0..h)
+        .flat_map(|y| (0..w).map(move |x| (x, y)))
+        .flat_map(|(x, y)| {
+            let t = if vertical { x } else { y } as f32;
+            let stripe = if (t / period) as u32 % 2 == 0 {
+                1.0
+            } else {
+                0.6
+            };
+            (0..3).map(move |c| (base[c] * jitter * stripe).clamp(0.0, 255.0) as u8)
+        })
+        .collect();
+    ddl_testkit::encode_jpeg(
+        &rgb,
+        w as usize,
+        h as usize,
+        90,
+        ddl_testkit::Subsamp::Sub2x2,
+    )
 }
 
 /// Writes `dir` with `train_per_class` train and `val_per_class` val images of each of
@@ -68,7 +70,7 @@ pub fn make_dataset(
 ) {
     let _ = std::fs::remove_dir_all(dir);
     std::fs::create_dir_all(dir).unwrap();
-    let mut splits = BTreeMap::new();
+    let mut splits = Vec::new();
     for (split, per_class, shards, offset) in [
         ("train", train_per_class, train_shards, 0usize),
         ("val", val_per_class, val_shards, 1_000_000),
@@ -76,61 +78,15 @@ pub fn make_dataset(
         if per_class == 0 {
             continue;
         }
-        // Interleave classes so every shard holds all of them.
-        let items: Vec<(usize, usize)> = (0..per_class)
-            .flat_map(|i| (0..classes).map(move |c| (c, i)))
-            .collect();
-        let mut infos = Vec::new();
-        for s in 0..shards {
-            let file = format!("{split}-{s:05}.ddl");
-            let mut w = ShardWriter::create(&dir.join(&file)).unwrap();
-            for (k, &(c, i)) in items.iter().enumerate() {
-                if k % shards == s {
-                    let bytes = jpeg(c, i + offset, size);
-                    let img = image::load_from_memory(&bytes).unwrap();
-                    w.push(&bytes, c as u32, img.height() as u16, img.width() as u16)
-                        .unwrap();
-                }
-            }
-            let sum = w.finish().unwrap();
-            infos.push(ShardInfo {
-                file,
-                records: sum.records,
-                bytes: sum.bytes,
-                crc32c: sum.crc32c,
-                node: 0,
-            });
+        // Interleave classes so every shard holds all of them; record k goes to shard k % shards.
+        let mut records: Vec<Vec<Record>> = vec![Vec::new(); shards];
+        let items = (0..per_class).flat_map(|i| (0..classes).map(move |c| (c, i)));
+        for (k, (c, i)) in items.enumerate() {
+            records[k % shards].push(Record::jpeg(jpeg(c, i + offset, size), c as u32));
         }
-        let records = infos.iter().map(|i| i.records).sum();
-        splits.insert(
-            split.to_string(),
-            SplitInfo {
-                records,
-                shards: infos,
-            },
-        );
+        splits.push((split, write_shards(dir, split, &records, 1)));
     }
-    let manifest = Manifest {
-        format_version: 1,
-        classes: (0..classes)
-            .map(|c| ClassInfo {
-                wnid: format!("n{c:08}"),
-                label: c as u32,
-            })
-            .collect(),
-        splits,
-        pack: serde_json::json!({"generator": "ddl-trainer tests"}),
-        nodes: 1,
-    };
-    manifest.save(dir).unwrap();
-}
-
-/// A scratch directory unique to this test process and `name`.
-pub fn scratch(name: &str) -> PathBuf {
-    let d = std::env::temp_dir().join(format!("ddl-trainer-test-{}-{name}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&d);
-    std::fs::create_dir_all(&d).unwrap();
-    d
+    write_manifest(dir, classes, splits, 1);
 }
 
 /// A quiet CPU configuration on `data` for tests.

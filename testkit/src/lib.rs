@@ -1,0 +1,161 @@
+//! ddl-testkit: what ddl's tests share, so that every crate's tests build their fixtures the
+//! same way: scratch directories ([`scratch`]), real JPEGs ([`jpeg`]), and shards with a
+//! manifest written through ddl-loader's own writer ([`write_shards`], [`write_manifest`]).
+
+#![warn(missing_docs)]
+
+use std::collections::BTreeMap;
+use std::path::Path;
+
+use ddl_loader::manifest::{ClassInfo, Manifest, ShardInfo, SplitInfo};
+use ddl_loader::shard::ShardWriter;
+pub use tempfile::TempDir;
+pub use turbojpeg::Subsamp;
+
+/// A fresh, empty scratch directory named after `name`, removed with everything in it when
+/// dropped.
+pub fn scratch(name: &str) -> TempDir {
+    tempfile::Builder::new()
+        .prefix(&format!("ddl-{name}-"))
+        .tempdir()
+        .expect("a scratch directory in the temporary directory")
+}
+
+/// [`scratch`] inside `parent`, e.g. `env!("CARGO_TARGET_TMPDIR")` for files that must live on
+/// a disk rather than a tmpfs (page-cache eviction tests).
+pub fn scratch_in(parent: &Path, name: &str) -> TempDir {
+    tempfile::Builder::new()
+        .prefix(&format!("ddl-{name}-"))
+        .tempdir_in(parent)
+        .expect("a scratch directory")
+}
+
+/// Encodes `w` x `h` RGB pixels as a baseline JPEG of `quality` with chroma `subsamp`.
+pub fn encode_jpeg(rgb: &[u8], w: usize, h: usize, quality: i32, subsamp: Subsamp) -> Vec<u8> {
+    let image = turbojpeg::Image {
+        pixels: rgb,
+        width: w,
+        pitch: w * 3,
+        height: h,
+        format: turbojpeg::PixelFormat::RGB,
+    };
+    turbojpeg::compress(image, quality, subsamp)
+        .expect("libjpeg-turbo encodes RGB")
+        .to_vec()
+}
+
+/// A real `w` x `h` JPEG (4:2:0, quality 85) whose pixels depend on `seed`: gradients and an
+/// xor pattern, so that decoders and resizers have edges and colour to work on.
+pub fn jpeg(w: usize, h: usize, seed: usize) -> Vec<u8> {
+    let mut rgb = vec![0u8; w * h * 3];
+    for y in 0..h {
+        for x in 0..w {
+            let i = (y * w + x) * 3;
+            rgb[i] = ((x * 7 + seed * 31) % 256) as u8;
+            rgb[i + 1] = ((y * 5 + seed * 17) % 256) as u8;
+            rgb[i + 2] = (((x ^ y) + seed) % 256) as u8;
+        }
+    }
+    encode_jpeg(&rgb, w, h, 85, Subsamp::Sub2x2)
+}
+
+/// One record to write into a test shard.
+#[derive(Clone, Debug)]
+pub struct Record {
+    /// The record's bytes (normally a JPEG).
+    pub bytes: Vec<u8>,
+    /// Class label.
+    pub label: u32,
+    /// Height and width stored in the index row.
+    pub size: (u16, u16),
+}
+
+impl Record {
+    /// A JPEG record: its size is read from the JPEG's header.
+    pub fn jpeg(bytes: Vec<u8>, label: u32) -> Record {
+        let header = turbojpeg::read_header(&bytes).expect("a JPEG header");
+        Record {
+            size: (header.height as u16, header.width as u16),
+            bytes,
+            label,
+        }
+    }
+}
+
+/// Writes one shard file `{split}-{index:05}.ddl` per element of `shards` into `dir`, shard
+/// `s` owned by node `s % nodes`, and returns the split's entry for the manifest.
+pub fn write_shards(dir: &Path, split: &str, shards: &[Vec<Record>], nodes: usize) -> SplitInfo {
+    let infos: Vec<ShardInfo> = shards
+        .iter()
+        .enumerate()
+        .map(|(s, records)| {
+            let file = format!("{split}-{s:05}.ddl");
+            let mut w = ShardWriter::create(&dir.join(&file)).expect("create a test shard");
+            for r in records {
+                w.push(&r.bytes, r.label, r.size.0, r.size.1)
+                    .expect("append a test record");
+            }
+            let sum = w.finish().expect("finish a test shard");
+            ShardInfo {
+                file,
+                records: sum.records,
+                bytes: sum.bytes,
+                crc32c: sum.crc32c,
+                node: s % nodes,
+            }
+        })
+        .collect();
+    SplitInfo {
+        records: infos.iter().map(|i| i.records).sum(),
+        shards: infos,
+    }
+}
+
+/// Writes `dir/manifest.json` for `classes` classes (wnids `n00000000`, `n00000001`, ...),
+/// the given splits and `nodes` nodes.
+pub fn write_manifest(dir: &Path, classes: usize, splits: Vec<(&str, SplitInfo)>, nodes: usize) {
+    let manifest = Manifest {
+        format_version: 1,
+        classes: (0..classes)
+            .map(|c| ClassInfo {
+                wnid: format!("n{c:08}"),
+                label: c as u32,
+            })
+            .collect(),
+        splits: splits
+            .into_iter()
+            .map(|(name, split)| (name.to_string(), split))
+            .collect::<BTreeMap<_, _>>(),
+        pack: serde_json::json!({"generator": "ddl-testkit"}),
+        nodes,
+    };
+    manifest.save(dir).expect("write the test manifest");
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn shards_and_manifest_read_back() {
+        let dir = scratch("testkit");
+        let records: Vec<Record> = (0..5)
+            .map(|i| Record::jpeg(jpeg(40 + i, 30, i), i as u32 % 2))
+            .collect();
+        let split = write_shards(
+            dir.path(),
+            "train",
+            &[records[..3].to_vec(), records[3..].to_vec()],
+            2,
+        );
+        assert_eq!(split.records, 5);
+        assert_eq!(split.shards[1].node, 1);
+        write_manifest(dir.path(), 2, vec![("train", split)], 2);
+        let m = Manifest::load(dir.path()).unwrap();
+        assert_eq!(m.num_classes(), 2);
+        let r = ddl_loader::shard::ShardReader::open(&dir.path().join("train-00000.ddl")).unwrap();
+        assert_eq!(r.len(), 3);
+        assert_eq!(r.record(2).unwrap().bytes, &records[2].bytes[..]);
+        assert_eq!(records[1].size, (30, 41));
+    }
+}
