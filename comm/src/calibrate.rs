@@ -206,7 +206,7 @@ fn ring_curve(
 ///   `max_bytes`, timed like the benchmark: stored as the model's [`MpiCurve`] for this
 ///   layout, since Open MPI's own implementation is outside the round model.
 ///
-/// Each sweep runs `passes` times, per size the median ([`sweep`]). A tier that this layout
+/// Each sweep runs `passes` times, per size the median. A tier that this layout
 /// cannot measure copies the other one (noted in `source`).
 pub fn calibrate(world: &World, max_bytes: usize, passes: usize) -> Result<CostModel> {
     let t: Arc<dyn Transport> = world.transport();

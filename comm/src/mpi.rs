@@ -5,7 +5,7 @@
 //! polling `MPI_Test` until the operation timeout; a peer that never answers makes the call
 //! fail with [`CommError::Timeout`] instead of hanging. After such an error the job is in an
 //! undefined state (cancelled requests may still touch the buffers of the failed call): the
-//! caller must end it with [`World::abort`].
+//! caller must end it with [`World::abort`](crate::world::World::abort).
 //!
 //! Polling: while every rank has a core of its own, a waiting rank spins on `MPI_Test`
 //! (lowest latency). When a node runs more ranks than the machine has cores (oversubscribed,

@@ -19,9 +19,9 @@ use crate::size;
 #[derive(Debug, Parser)]
 #[command(name = "ddl-pack", version)]
 pub struct Args {
-    /// Input directory: train/<wnid>/*.JPEG and val/ (class folders, or flat with
-    /// LOC_val_solution.csv / the devkit ground truth), or <wnid>.tar files, or an outer tar
-    /// of <wnid>.tar files.
+    /// Input directory: train/WNID/*.JPEG and val/ (class folders, or flat with
+    /// LOC_val_solution.csv / the devkit ground truth), or WNID.tar files, or an outer tar of
+    /// WNID.tar files.
     #[arg(required_unless_present = "verify")]
     pub input: Option<PathBuf>,
 

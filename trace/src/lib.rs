@@ -3,7 +3,7 @@
 //! Spans are recorded as "complete" (`"ph": "X"`) events with a name, a category, a start
 //! time and a duration in microseconds, a process id (the MPI rank, see [`set_pid`]) and a
 //! small per-thread id; every thread that records gets a `thread_name` metadata (`"ph": "M"`)
-//! event. [`write`] produces the JSON object format (`{"traceEvents": [...]}`) that Perfetto
+//! event. [`write`](fn@write) produces the JSON object format (`{"traceEvents": [...]}`) that Perfetto
 //! (ui.perfetto.dev) and `chrome://tracing` open.
 //!
 //! Timestamps (`ts`) are microseconds since the Unix epoch: the wall clock read once, at the
@@ -20,7 +20,7 @@
 //! Buffers: each thread owns a buffer (created on its first event and reached through a
 //! `thread_local`) that only that thread appends to, so the lock taken per event is never
 //! contended while recording. Every buffer is also registered in a global sink, which keeps it
-//! after its thread exits: [`write`] therefore sees the events of finished threads *and* of
+//! after its thread exits: [`write`](fn@write) therefore sees the events of finished threads *and* of
 //! threads that are still alive (for example a rayon pool), without any flush call.
 //!
 //! ```
@@ -50,7 +50,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 /// Largest number of numeric arguments one span carries; further ones are dropped.
 pub const MAX_ARGS: usize = 3;
 
-/// Errors of [`write`].
+/// Errors of [`write`](fn@write).
 #[derive(Debug, thiserror::Error)]
 pub enum TraceError {
     /// Creating or writing the trace file failed.
@@ -127,7 +127,7 @@ struct Event {
     args: Args,
 }
 
-/// One thread's buffer; only its own thread appends, [`write`] and [`clear`] read it.
+/// One thread's buffer; only its own thread appends, [`write`](fn@write) and [`clear`] read it.
 #[derive(Debug)]
 struct ThreadBuf {
     tid: u32,
@@ -180,7 +180,7 @@ pub fn is_enabled() -> bool {
 }
 
 /// Sets the trace's process id, normally the MPI rank (default 0). Applies to every event
-/// at [`write`] time.
+/// at [`write`](fn@write) time.
 pub fn set_pid(pid: u32) {
     PID.store(pid, Ordering::Relaxed);
 }

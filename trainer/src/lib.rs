@@ -8,7 +8,7 @@
 //!   linear scaling, warmup, step or cosine decay.
 //! - [`checkpoint`]: atomic, checksummed checkpoints that resume bit-exactly.
 //! - [`config`]: the run's configuration (the `ddl-train` flags) and the types of its flags.
-//! - [`train`]: the per-rank driver used by `ddl-train` (and by tests over in-process ranks).
+//! - [`train`](mod@train): the per-rank driver used by `ddl-train` (and by tests over in-process ranks).
 //! - [`metrics`]: JSON-lines metrics.
 //! - [`signal`]: SIGTERM/SIGINT stop a run after a step, with a checkpoint to resume from.
 //! - [`run_flags`]: which flags a resumed run must share with its checkpoint.

@@ -3,7 +3,7 @@
 //!
 //! [`StopRequest::install`] registers both signals (through signal-hook): the first one only
 //! sets a flag, a second one exits at once with status 128 + signal. The training loop reads
-//! the flag after every step and the ranks agree on it collectively ([`crate::train`] folds it
+//! the flag after every step and the ranks agree on it collectively ([`crate::train`](mod@crate::train) folds it
 //! into a tiny allreduce), so that every rank stops after the same step even when the signal
 //! reached only some of them; rank 0 then writes a checkpoint and every rank says where to
 //! resume.

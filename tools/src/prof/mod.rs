@@ -11,12 +11,12 @@
 //! | stage | what one item is | measured how |
 //! |---|---|---|
 //! | `read` | one record's bytes, `pread` from its shard file into a buffer | page cache (RAM), or storage after [`drop_page_cache`] with `--cold` (each record read at most once then) |
-//! | `check` | [`Dataset::record`]: index row, bounds, crc32c of the mapped bytes | mapped shards in RAM (with `--cold`: the sampled records, brought in untimed first) |
-//! | `decode_full` | JPEG header + full-resolution decode to RGB ([`JpegDecoder`], `DecodeMode::Full`) | records copied to RAM first |
+//! | `check` | [`Dataset::record`](ddl_loader::dataset::Dataset::record): index row, bounds, crc32c of the mapped bytes | mapped shards in RAM (with `--cold`: the sampled records, brought in untimed first) |
+//! | `decode_full` | JPEG header + full-resolution decode to RGB ([`JpegDecoder`](ddl_loader::decode::JpegDecoder), `DecodeMode::Full`) | records copied to RAM first |
 //! | `decode_scaled` | header + crop geometry + DCT-scaled decode of the whole image (`DecodeMode::Scaled`) | same |
 //! | `decode_region` | header + crop geometry + scaled decode of the crop's region only (`DecodeMode::Region`, what the pipeline runs) | same |
 //! | `crop_resize` | crop + antialiased resize to `size`² ([`Transformer::apply`] to uint8 minus the `decode_region` work on the same image, in thread CPU time, timed back to back) | derived |
-//! | `normalize` | normalize + collate: [`Normalizer::write_chw`] of one resized image into its slot of a float32 batch buffer | resized images in RAM |
+//! | `normalize` | normalize + collate: [`Normalizer::write_chw`](ddl_loader::transform::Normalizer::write_chw) of one resized image into its slot of a float32 batch buffer | resized images in RAM |
 //! | `queue` | hand-off of batch-sized messages through a bounded channel (`std::sync::mpsc::sync_channel`, the crossbeam algorithm std adopted), recycled through a free list like the pipeline's buffers; `threads` producers, one consumer | counted in images (batches × batch) |
 //!
 //! With `T` threads every stage runs on `T` threads at once, each on its own share of the

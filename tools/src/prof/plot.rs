@@ -22,7 +22,7 @@ impl<T, E: std::fmt::Debug> PlotResult<T> for std::result::Result<T, E> {
     }
 }
 
-/// Checks that `path` names a plot format [`plot_scaling`] and [`plot_metrics`] can write
+/// Checks that `path` names a plot format [`plot_scaling`] and [`plot_metrics`](super::plot_metrics) can write
 /// (`.svg` or `.png`).
 pub fn check_plot_path(path: &Path) -> Result<()> {
     backend_of(path).map(|_| ())

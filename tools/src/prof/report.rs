@@ -180,7 +180,7 @@ pub struct Verdict {
 /// Everything one profile run measured.
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct Report {
-    /// [`SCHEMA_VERSION`].
+    /// [`SCHEMA_VERSION`](super::SCHEMA_VERSION).
     pub schema_version: u32,
     /// Unit of each kind of field.
     pub units: BTreeMap<String, String>,
