@@ -17,9 +17,9 @@ type SeenBadRecords = (BTreeSet<(PathBuf, usize)>, Vec<BadRecordSeen>);
 
 /// Collects the bad records met from every thread and applies `--on-bad-record fail`.
 pub(crate) struct BadLog {
-    pub(crate) policy: OnBadRecord,
-    pub(crate) dir: PathBuf,
-    pub(crate) seen: Mutex<SeenBadRecords>,
+    policy: OnBadRecord,
+    dir: PathBuf,
+    seen: Mutex<SeenBadRecords>,
 }
 
 impl BadLog {

@@ -25,7 +25,7 @@ pub(crate) struct Tally {
     pub(crate) images: u64,
     pub(crate) bytes: u64,
     /// For derived stages: time attributed to the stage, in nanoseconds.
-    pub(crate) attributed_ns: u64,
+    attributed_ns: u64,
 }
 
 /// Runs `work(thread, deadline)` for `stage` on `threads` scoped threads (named
@@ -263,7 +263,7 @@ impl Prof<'_> {
     }
 
     /// Notes that sample image `img` cannot be decoded (the stage then leaves it out).
-    pub(crate) fn bad_sample(&self, img: &SampleImage, e: impl std::fmt::Display) -> Result<()> {
+    fn bad_sample(&self, img: &SampleImage, e: impl std::fmt::Display) -> Result<()> {
         self.bad.met(
             &self.paths[img.file as usize],
             img.record,

@@ -48,7 +48,7 @@ pub(crate) struct Shared {
 }
 
 impl Shared {
-    pub(crate) fn aborted(&self, replica: usize) -> Result<()> {
+    fn aborted(&self, replica: usize) -> Result<()> {
         if self.abort.load(Ordering::SeqCst) {
             return Err(TrainError::Replica {
                 replica,

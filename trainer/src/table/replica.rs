@@ -71,7 +71,7 @@ impl Replica {
         }
     }
 
-    pub(crate) fn step(&mut self, lr: f64, seq: u64, loss_scale: f64) -> Result<Msg> {
+    fn step(&mut self, lr: f64, seq: u64, loss_scale: f64) -> Result<Msg> {
         let wait_start = Instant::now();
         let it = self.data.as_mut().ok_or_else(|| TrainError::Replica {
             replica: self.index,
@@ -222,7 +222,7 @@ impl Replica {
     /// Copies the gradients of bucket `k` into this replica's flat buffer, sums it along the
     /// tree and, on replica 0, copies the node sum to host and hands it to the communication
     /// thread.
-    pub(crate) fn hand_off(&self, k: usize, seq: u64) -> Result<()> {
+    fn hand_off(&self, k: usize, seq: u64) -> Result<()> {
         let _guard = tch::no_grad_guard();
         let bucket = &self.layout.buckets[k];
         let _span = ddl_trace::span_args(
@@ -274,7 +274,7 @@ impl Replica {
             })
     }
 
-    pub(crate) fn eval(&mut self, it: BatchIter, valid: &ValidCount) -> Result<EvalSums> {
+    fn eval(&mut self, it: BatchIter, valid: &ValidCount) -> Result<EvalSums> {
         let _guard = tch::no_grad_guard();
         let mut sums = EvalSums::default();
         let amp = self.cfg.precision != Precision::Fp32 && self.device.is_cuda();
@@ -310,7 +310,7 @@ impl Replica {
         Ok(sums)
     }
 
-    pub(crate) fn state(&self, full: bool) -> Result<ReplicaState> {
+    fn state(&self, full: bool) -> Result<ReplicaState> {
         let _guard = tch::no_grad_guard();
         let all = |ts: &[Tensor]| -> Result<Vec<Vec<f32>>> {
             if full {
@@ -330,7 +330,7 @@ impl Replica {
         })
     }
 
-    pub(crate) fn set_state(&mut self, s: &ReplicaState) -> Result<()> {
+    fn set_state(&mut self, s: &ReplicaState) -> Result<()> {
         let _guard = tch::no_grad_guard();
         let check = |what: &str, got: usize, want: usize| {
             if got != want {
@@ -379,7 +379,7 @@ impl Replica {
         Ok(())
     }
 
-    pub(crate) fn checksum(&self) -> Result<u32> {
+    fn checksum(&self) -> Result<u32> {
         let mut crc = 0u32;
         for p in &self.params {
             let v = tensor_to_vec(p)?;
