@@ -194,17 +194,6 @@ pub enum Precision {
     Fp16,
 }
 
-impl Precision {
-    /// Name as on the command line.
-    pub fn name(self) -> &'static str {
-        match self {
-            Precision::Fp32 => "fp32",
-            Precision::Bf16 => "bf16",
-            Precision::Fp16 => "fp16",
-        }
-    }
-}
-
 /// How the gradient reduction overlaps the replicas' work (see [`crate::table`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
 #[serde(rename_all = "lowercase")]

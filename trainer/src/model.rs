@@ -39,17 +39,6 @@ pub enum ModelKind {
 }
 
 impl ModelKind {
-    /// All models, in the order `--help` lists them.
-    pub const ALL: [ModelKind; 7] = [
-        ModelKind::Resnet18,
-        ModelKind::Resnet34,
-        ModelKind::Resnet50,
-        ModelKind::Resnet101,
-        ModelKind::Resnet152,
-        ModelKind::ResnetSmall,
-        ModelKind::ConvnetNobn,
-    ];
-
     /// The name used on the command line.
     pub fn name(self) -> &'static str {
         match self {
