@@ -54,17 +54,14 @@ pub const MULTICOLOR: TagRange = TagRange::after(RING, "multicolor", 2 * MAX_COL
 /// Recursive halving/doubling: fold, halve, double, unfold.
 pub const RHD: TagRange = TagRange::after(MULTICOLOR, "rhd", 4);
 
-/// World bootstrap: the node leader tells its node the node index and count.
-pub const WORLD: TagRange = TagRange::after(RHD, "world bootstrap", 1);
-
 /// Control plane ([`crate::collective`]): a message's length, then its bytes.
-pub const CONTROL: TagRange = TagRange::after(WORLD, "control plane", 2);
+pub const CONTROL: TagRange = TagRange::after(RHD, "control plane", 2);
 
 /// ddl-bench's ping-pong (ping, pong).
 pub const PINGPONG: TagRange = TagRange::after(CONTROL, "ping-pong", 2);
 
 /// Every range of the registry, in tag order.
-pub const ALL: [TagRange; 6] = [RING, MULTICOLOR, RHD, WORLD, CONTROL, PINGPONG];
+pub const ALL: [TagRange; 5] = [RING, MULTICOLOR, RHD, CONTROL, PINGPONG];
 
 #[cfg(test)]
 mod tests {

@@ -9,11 +9,11 @@ use std::time::Duration;
 use mpi::environment::Threading;
 use mpi::ffi;
 
+use crate::collective;
 use crate::error::{CommError, Result};
 use crate::mpi::{check, Env, MpiTransport, Polling};
-use crate::tags;
 use crate::topology::Topology;
-use crate::transport::{Op, Transport, DEFAULT_TIMEOUT};
+use crate::transport::DEFAULT_TIMEOUT;
 
 /// The MPI job: initialises MPI, exposes the world transport and the node layout
 /// (`MPI_Comm_split_type(MPI_COMM_TYPE_SHARED)`). MPI is finalised when the `World` and
@@ -80,31 +80,21 @@ impl World {
         node.set_polling(polling);
         // Leaders (local rank 0) number the nodes in world-rank order.
         let leaders = world.split_raw(if node.rank == 0 { 0 } else { 1 }, world.rank as c_int)?;
-        let mut info = [0u64; 2];
-        if node.rank == 0 {
-            info = [leaders.rank as u64, leaders.size as u64];
-        }
-        // Broadcast (node index, node count) from the leader within the node.
-        if node.size > 1 {
-            let mut bytes = [0u8; 16];
-            if node.rank == 0 {
-                bytes[..8].copy_from_slice(&info[0].to_le_bytes());
-                bytes[8..].copy_from_slice(&info[1].to_le_bytes());
-                let mut ops: Vec<Op<'_>> = (1..node.size)
-                    .map(|r| Op::Send {
-                        to: r,
-                        tag: tags::WORLD.tag(0),
-                        data: &bytes[..],
-                    })
-                    .collect();
-                node.exchange(&mut ops)?;
-            } else {
-                node.recv(0, tags::WORLD.tag(0), &mut bytes)?;
-                info = [
-                    u64::from_le_bytes(bytes[..8].try_into().expect("8 bytes")),
-                    u64::from_le_bytes(bytes[8..].try_into().expect("8 bytes")),
-                ];
-            }
+        // The leader tells the other ranks of its node (node index, node count).
+        let leader_info = [leaders.rank as u64, leaders.size as u64];
+        let bytes = collective::broadcast_bytes(
+            &node,
+            leader_info.iter().flat_map(|v| v.to_le_bytes()).collect(),
+        )?;
+        let info: Vec<u64> = bytes
+            .chunks_exact(8)
+            .map(|c| u64::from_le_bytes(c.try_into().expect("8 bytes")))
+            .collect();
+        if info.len() != 2 {
+            return Err(CommError::InvalidArgument(format!(
+                "node leader sent {} values for (node index, node count)",
+                info.len()
+            )));
         }
         // Uniform layout: every node has the same number of ranks and ranks are node-contiguous.
         let mine = [info[0], node.size as u64];
