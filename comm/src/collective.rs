@@ -40,10 +40,21 @@ pub fn recv_bytes(t: &dyn Transport, from: usize) -> Result<Vec<u8>> {
 
 /// Rank 0's `data` on every rank (bit-exact); the other ranks' argument is ignored.
 pub fn broadcast_bytes(t: &dyn Transport, data: Vec<u8>) -> Result<Vec<u8>> {
-    if t.rank() != 0 {
-        return recv_bytes(t, 0);
+    broadcast_bytes_from(t, 0, data)
+}
+
+/// Rank `root`'s `data` on every rank (bit-exact); the other ranks' argument is ignored.
+pub fn broadcast_bytes_from(t: &dyn Transport, root: usize, data: Vec<u8>) -> Result<Vec<u8>> {
+    if root >= t.size() {
+        return Err(CommError::InvalidArgument(format!(
+            "broadcast root {root} is not a rank of a group of {}",
+            t.size()
+        )));
     }
-    for r in 1..t.size() {
+    if t.rank() != root {
+        return recv_bytes(t, root);
+    }
+    for r in (0..t.size()).filter(|&r| r != root) {
         send_bytes(t, r, &data)?;
     }
     Ok(data)
@@ -145,6 +156,19 @@ mod tests {
         for out in on_ranks(3, |t| broadcast_bytes(t, payload(t.rank())).unwrap()) {
             assert_eq!(out, payload(0));
         }
+    }
+
+    #[test]
+    fn broadcast_from_any_root_gives_every_rank_its_bytes() {
+        for root in 0..3 {
+            for out in on_ranks(3, |t| {
+                broadcast_bytes_from(t, root, payload(t.rank())).unwrap()
+            }) {
+                assert_eq!(out, payload(root));
+            }
+        }
+        let err = on_ranks(2, |t| broadcast_bytes_from(t, 2, Vec::new()).unwrap_err());
+        assert!(err[0].to_string().contains("root 2"), "{}", err[0]);
     }
 
     #[test]

@@ -26,10 +26,11 @@ use mpi::ffi;
 use crate::error::{CommError, Result};
 use crate::transport::{check_peer, Op, Transport, MAX_TAG};
 
-/// Keeps MPI initialised while any communicator built on it is alive; finalises on drop.
+/// Keeps MPI initialised while any communicator built on it is alive; finalises on drop when
+/// ddl initialised it (MPI started by someone else, e.g. mpi4py, is left to them).
 pub(crate) struct Env {
-    /// MPI stays initialised while this lives.
-    pub(crate) _universe: Universe,
+    /// MPI stays initialised while this lives (`None`: not ours to finalise).
+    pub(crate) _universe: Option<Universe>,
     /// Held around every MPI call when the library lacks MPI_THREAD_MULTIPLE.
     pub(crate) serial: Option<Mutex<()>>,
     /// The thread level MPI granted.

@@ -46,18 +46,40 @@ impl World {
     }
 
     /// Initialises MPI; blocking point-to-point operations fail after `timeout`.
+    ///
+    /// When MPI is already initialised (by mpi4py or the host program), ddl joins it instead:
+    /// it works on a duplicate of `MPI_COMM_WORLD` (its messages never meet the host's) at the
+    /// thread level the host chose, and leaves finalising MPI to the host.
     pub fn init_with_timeout(timeout: Duration) -> Result<World> {
-        let (universe, threading) = mpi::initialize_with_threading(Threading::Multiple)
-            .ok_or_else(|| CommError::Unsupported("MPI is already initialised".into()))?;
+        let (universe, threading) = if mpi::environment::is_initialized() {
+            let mut level: c_int = 0;
+            // SAFETY: MPI is initialised.
+            check("MPI_Query_thread", unsafe {
+                ffi::MPI_Query_thread(&mut level)
+            })?;
+            (None, threading_of(level))
+        } else {
+            let (universe, threading) = mpi::initialize_with_threading(Threading::Multiple)
+                .ok_or_else(|| CommError::Unsupported("MPI is already initialised".into()))?;
+            (Some(universe), threading)
+        };
         let serial = (threading != Threading::Multiple).then(|| Mutex::new(()));
+        let joined = universe.is_none();
         let env = Arc::new(Env {
             _universe: universe,
             serial,
             threading,
         });
         // SAFETY: extern static of the MPI binding.
-        let world_comm = unsafe { ffi::RSMPI_COMM_WORLD };
-        let world = MpiTransport::wrap(env.clone(), world_comm, false, timeout)?;
+        let mut world_comm = unsafe { ffi::RSMPI_COMM_WORLD };
+        if joined {
+            let _g = env.lock();
+            // SAFETY: collective over MPI_COMM_WORLD; the duplicate is freed by the transport.
+            check("MPI_Comm_dup", unsafe {
+                ffi::MPI_Comm_dup(ffi::RSMPI_COMM_WORLD, &mut world_comm)
+            })?;
+        }
+        let world = MpiTransport::wrap(env.clone(), world_comm, joined, timeout)?;
         // SAFETY: extern static of the MPI binding.
         let mut node_comm = unsafe { ffi::RSMPI_COMM_NULL };
         {
@@ -188,10 +210,31 @@ impl World {
         mpi::environment::processor_name().unwrap_or_default()
     }
 
+    /// Whether ddl joined an MPI that the host program had initialised (see
+    /// [`World::init_with_timeout`]).
+    pub fn joined(&self) -> bool {
+        self.world.env._universe.is_none()
+    }
+
     /// Aborts every process of the job with exit code `code` (MPI_Abort on MPI_COMM_WORLD).
     pub fn abort(&self, code: i32) -> ! {
         // SAFETY: MPI is initialised.
         unsafe { ffi::MPI_Abort(ffi::RSMPI_COMM_WORLD, code) };
         std::process::exit(code)
     }
+}
+
+/// The [`Threading`] level of an `MPI_THREAD_*` constant.
+fn threading_of(level: c_int) -> Threading {
+    // SAFETY: extern statics of the MPI binding.
+    let raw = unsafe {
+        [
+            (ffi::RSMPI_THREAD_MULTIPLE, Threading::Multiple),
+            (ffi::RSMPI_THREAD_SERIALIZED, Threading::Serialized),
+            (ffi::RSMPI_THREAD_FUNNELED, Threading::Funneled),
+        ]
+    };
+    raw.into_iter()
+        .find(|&(r, _)| r == level)
+        .map_or(Threading::Single, |(_, t)| t)
 }

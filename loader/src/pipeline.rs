@@ -17,7 +17,8 @@
 //! Memory: `replicas * (prefetch + 1) + min(workers, 2)` batch buffers (the queued ones, one
 //! held by each consumer, one or two being filled) plus one output image and one decoded
 //! region per worker, on top of the mapped shards. A consumer that keeps more than one batch
-//! of its replica alive eats into this budget and, past it, stalls the pipeline.
+//! of its replica alive eats into this budget and, past it, stalls the pipeline unless it
+//! gives the pool more buffers ([`Pipeline::add_buffers`]).
 //!
 //! Dropping the [`Pipeline`] stops it promptly: workers abandon the batch they are on after
 //! at most one image each, and the dispatcher and sequencer threads are joined.
@@ -154,6 +155,22 @@ struct Buffers {
     records: Vec<usize>,
     /// Per-slot outcome (see `SLOT_*`).
     status: Vec<u8>,
+}
+
+impl Buffers {
+    /// Zeroed storage for `batch` images of `image_len` values each.
+    fn new(output: Output, batch: usize, image_len: usize) -> Buffers {
+        Buffers {
+            images: match output {
+                Output::F32Nchw => Images::F32(vec![0.0; batch * image_len]),
+                Output::U8Nhwc => Images::U8(vec![0; batch * image_len]),
+            },
+            labels: vec![0; batch],
+            indices: vec![0; batch],
+            records: Vec::with_capacity(batch),
+            status: vec![SLOT_OK; batch],
+        }
+    }
 }
 
 const SLOT_OK: u8 = 0;
@@ -419,16 +436,7 @@ impl Pipeline {
                     })?;
                 let free = unbounded::<Buffers>();
                 for _ in 0..replicas * (cfg.prefetch + 1) + cfg.workers.min(2) {
-                    let _ = free.0.send(Buffers {
-                        images: match cfg.output {
-                            Output::F32Nchw => Images::F32(vec![0.0; batch * image_len]),
-                            Output::U8Nhwc => Images::U8(vec![0; batch * image_len]),
-                        },
-                        labels: vec![0; batch],
-                        indices: vec![0; batch],
-                        records: Vec::with_capacity(batch),
-                        status: vec![SLOT_OK; batch],
-                    });
+                    let _ = free.0.send(Buffers::new(cfg.output, batch, image_len));
                 }
                 (Arc::new(pool), free)
             }
@@ -515,6 +523,20 @@ impl Pipeline {
             delivered: 0,
             expected: self.expected,
             finished: false,
+        }
+    }
+
+    /// Adds `n` batch buffers to the pool, for a consumer that keeps `n` more batches alive
+    /// than the one per replica the pool is sized for (see the module documentation). They
+    /// stay in the pool, also for later epochs started with [`Pipeline::next_epoch`].
+    pub fn add_buffers(&self, n: usize) {
+        let batch = self.shared.sampler.config().batch_per_replica;
+        for _ in 0..n {
+            let _ = self.free.0.send(Buffers::new(
+                self.shared.cfg.output,
+                batch,
+                self.shared.image_len,
+            ));
         }
     }
 

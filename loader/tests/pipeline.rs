@@ -469,3 +469,22 @@ fn next_epoch_reuses_the_pipeline_and_matches_a_fresh_start() {
     assert_eq!(reused, fresh(1, 0));
     assert_eq!(reused_resumed, fresh(2, 2));
 }
+
+#[test]
+fn a_consumer_keeping_every_batch_is_fed_when_it_adds_buffers() {
+    let dir = scratch("keep");
+    solid_dataset(dir.path(), 40, 2);
+    let ds = open(dir.path());
+    let cfg = config(Output::U8Nhwc, Augment::Train, 1, OnBadRecord::Replace);
+    let p = Pipeline::start(ds, sampler(40, 1, 2, Tail::Drop, 5), cfg, 0, 0).unwrap();
+    // 20 batches against a pool of 1 * (2 + 1) + 1 buffers: without more buffers the
+    // dispatcher would wait forever for one of the kept batches to come back.
+    let mut kept: Vec<Batch> = Vec::new();
+    for batch in p.replica(0) {
+        p.add_buffers(1);
+        kept.push(batch.unwrap());
+    }
+    assert_eq!(kept.len(), 20);
+    let steps: Vec<usize> = kept.iter().map(|b| b.step).collect();
+    assert_eq!(steps, (0..20).collect::<Vec<_>>());
+}

@@ -1,0 +1,484 @@
+"""``ddl.dist``: ddl's allreduce (multi-color, multi-dimensional ring, ring, halving/doubling
+or MPI's own, chosen per call by a cost model) for PyTorch tensors and training loops.
+
+Two ways to use it in a training script::
+
+    import ddl.dist as dd
+    dd.init()                                    # under mpirun / srun, or alone (1 rank)
+
+    # 1. keep torch.distributed (gloo) for DDP's bookkeeping, let ddl reduce the gradients
+    model = torch.nn.parallel.DistributedDataParallel(model)
+    model.register_comm_hook(None, dd.allreduce_hook)
+
+    # 2. or without torch.distributed at all (Horovod style)
+    dd.broadcast_parameters(model)
+    opt = dd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), model)
+
+Reductions run on one ddl communication thread, in the order they are submitted (the same
+order on every rank), while backward goes on. CUDA tensors are staged through pinned host
+memory. A rank that dies makes the others raise :class:`ddl.DistError` within the timeout
+given to :func:`init` (under ``mpirun`` the launcher usually ends the job first), except
+with ``algorithm="mpi"``: MPI_Allreduce blocks with no timeout, so there only the launcher
+ends the job. After a DistError the job cannot go on: exit, or call :func:`abort`.
+"""
+
+import atexit
+import operator
+import queue
+import threading
+from typing import Any, Callable, Dict, Iterable, List, Optional
+
+import torch
+import torch.distributed
+
+from . import _ddl
+from ._ddl import DistError
+
+__all__ = [
+    "DistError",
+    "DistributedOptimizer",
+    "abort",
+    "allreduce_",
+    "allreduce_async_",
+    "allreduce_hook",
+    "barrier",
+    "broadcast_",
+    "broadcast_parameters",
+    "init",
+    "is_initialized",
+    "local_rank",
+    "local_size",
+    "node",
+    "nodes",
+    "rank",
+    "size",
+]
+
+ALGORITHMS = ("auto", "multicolor", "multiring", "ring", "rhd", "mpi")
+_GradBucket = torch.distributed.GradBucket
+_DTYPES = {torch.float32: "float32", torch.float16: "float16", torch.bfloat16: "bfloat16"}
+
+
+def init(timeout: float = 60.0) -> None:
+    """Starts MPI for ddl, once per process (later calls return at once).
+
+    Works under ``mpirun`` / ``srun``, alone (a one-rank job), and beside an MPI already
+    initialised by mpi4py (ddl then uses a duplicate of its world communicator and leaves
+    finalising to mpi4py). ``timeout``: seconds after which a blocking operation waiting on
+    a dead or stuck peer raises :class:`ddl.DistError`.
+    """
+    first = not _ddl.dist_initialized()
+    _ddl.dist_init(float(timeout))
+    if first:
+        atexit.register(_shutdown)
+
+
+def _shutdown() -> None:
+    """At interpreter exit: finishes queued reductions, stops the communication thread, then
+    releases ddl's communicators (finalising MPI if ddl started it)."""
+    global _comm
+    with _comm_lock:
+        comm, _comm = _comm, None
+    if comm is not None:
+        comm.jobs.put(None)
+        comm.thread.join()
+    _ddl.dist_finalize()
+
+
+def is_initialized() -> bool:
+    """Whether :func:`init` has run in this process."""
+    return _ddl.dist_initialized()
+
+
+def _info() -> tuple:
+    return _ddl.dist_info()
+
+
+def rank() -> int:
+    """This process's rank in the job."""
+    return _info()[0]
+
+
+def size() -> int:
+    """The number of ranks in the job."""
+    return _info()[1]
+
+
+def local_rank() -> int:
+    """This process's rank among the ranks of its node."""
+    return _info()[2]
+
+
+def local_size() -> int:
+    """The number of ranks on this node."""
+    return _info()[3]
+
+
+def node() -> int:
+    """The index of this process's node."""
+    return _info()[4]
+
+
+def nodes() -> int:
+    """The number of nodes in the job."""
+    return _info()[5]
+
+
+def barrier() -> None:
+    """Blocks until every rank has entered the barrier (after the reductions this rank
+    submitted before it: the barrier runs on the ddl communication thread, in order)."""
+    _comm_thread().run(_ddl.barrier)
+
+
+def abort(code: int = 1) -> None:
+    """Ends every process of the job with exit code ``code`` (MPI_Abort)."""
+    _ddl.abort(int(code))
+
+
+def _check_algorithm(algorithm: str) -> None:
+    if algorithm not in ALGORITHMS and not algorithm.startswith(("multicolor:", "multiring:")):
+        raise ValueError(f"algorithm: {algorithm!r} is not one of {ALGORITHMS}")
+
+
+def _reduce_host(t: torch.Tensor, average: bool, algorithm: str) -> None:
+    """Reduces a contiguous CPU tensor in place (GIL released inside)."""
+    _ddl.allreduce(t.data_ptr(), t.numel(), _DTYPES[t.dtype], average, algorithm)
+
+
+class _Staging:
+    """Reusable pinned (CUDA) or plain (non-contiguous CPU) host buffers, per dtype."""
+
+    def __init__(self) -> None:
+        self.buffers: Dict[torch.dtype, torch.Tensor] = {}
+
+    def host(self, like: torch.Tensor) -> torch.Tensor:
+        buf = self.buffers.get(like.dtype)
+        if buf is None or buf.numel() < like.numel():
+            buf = torch.empty(like.numel(), dtype=like.dtype,
+                              pin_memory=like.is_cuda and torch.cuda.is_available())
+            self.buffers[like.dtype] = buf
+        return buf[: like.numel()]
+
+
+def _reduce_any(t: torch.Tensor, average: bool, algorithm: str, staging: _Staging) -> None:
+    """Reduces ``t`` in place wherever it lives (staged through host memory if needed)."""
+    if t.is_cuda:
+        host = staging.host(t)
+        stream = torch.cuda.Stream(t.device)
+        stream.wait_stream(torch.cuda.current_stream(t.device))
+        with torch.cuda.stream(stream):
+            host.copy_(t.reshape(-1), non_blocking=True)
+            stream.synchronize()
+            _reduce_host(host, average, algorithm)
+            t.copy_(host.view_as(t), non_blocking=True)
+            stream.synchronize()
+    elif t.is_contiguous():
+        _reduce_host(t, average, algorithm)
+    else:
+        host = staging.host(t)
+        host.copy_(t.reshape(-1))
+        _reduce_host(host, average, algorithm)
+        t.copy_(host.view_as(t))
+
+
+def _validate(t: torch.Tensor, algorithm: str) -> None:
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"tensor: expected a torch.Tensor, got {type(t).__name__}")
+    if t.dtype not in _DTYPES:
+        raise TypeError(f"tensor: dtype {t.dtype} is not float32, float16 or bfloat16")
+    if t.device.type not in ("cpu", "cuda"):
+        raise TypeError(f"tensor: device {t.device} is not a CPU or CUDA device")
+    _check_algorithm(algorithm)
+
+
+class _CommThread:
+    """The ddl communication thread: runs reductions in submission order."""
+
+    def __init__(self) -> None:
+        self.jobs: "queue.Queue[Optional[Callable[[], None]]]" = queue.Queue()
+        self.staging = _Staging()
+        # Held while a job runs, on this thread or inline on a caller's (see `run`).
+        self.running = threading.Lock()
+        # Jobs queued and not yet finished, under its own lock so that queueing never waits
+        # for a running job.
+        self.pending = 0
+        self.counting = threading.Lock()
+        self.thread = threading.Thread(target=self._run, name="ddl-comm", daemon=True)
+        self.thread.start()
+
+    def _run(self) -> None:
+        # Jobs write into tensors that may require grad (parameters): no autograd here.
+        with torch.no_grad():
+            while True:
+                job = self.jobs.get()
+                if job is None:
+                    return
+                with self.running:
+                    job()
+                with self.counting:
+                    self.pending -= 1
+
+    def _put(self, job: Callable[[], None]) -> None:
+        with self.counting:
+            self.pending += 1
+        self.jobs.put(job)
+
+    def run(self, fn: Callable[[], Any]) -> Any:
+        """Runs ``fn`` after every job queued before it and returns its result: inline on the
+        calling thread when nothing is queued or running (no thread hand-off, which costs
+        tens of microseconds per call), otherwise queued and waited for."""
+        with self.running:
+            with self.counting:
+                idle = self.pending == 0
+            if idle:
+                with torch.no_grad():
+                    return fn()
+        return self.call(fn).wait()
+
+    def call(self, fn: Callable[[], Any]) -> "torch.futures.Future":
+        """Queues ``fn``; the future completes with its result (or its error)."""
+        fut: torch.futures.Future = torch.futures.Future()
+
+        def job() -> None:
+            try:
+                fut.set_result(fn())
+            except BaseException as e:  # delivered to whoever waits on the future
+                fut.set_exception(e)
+
+        self._put(job)
+        return fut
+
+    def submit(self, t: torch.Tensor, average: bool, algorithm: str,
+               then: Optional[Callable[[torch.Tensor], Any]] = None) -> "torch.futures.Future":
+        """Queues a reduction of ``t``; the future completes with ``t`` (or its error)."""
+        fut: torch.futures.Future = torch.futures.Future()
+        ready = None
+        if t.is_cuda:
+            # The reduction must see the values the current stream is still producing.
+            ready = torch.cuda.Event()
+            ready.record(torch.cuda.current_stream(t.device))
+
+        def job() -> None:
+            try:
+                if ready is not None:
+                    ready.synchronize()
+                _reduce_any(t, average, algorithm, self.staging)
+                fut.set_result(then(t) if then is not None else t)
+            except BaseException as e:  # delivered to whoever waits on the future
+                fut.set_exception(e)
+
+        self._put(job)
+        return fut
+
+
+_comm: Optional[_CommThread] = None
+_comm_lock = threading.Lock()
+
+
+def _comm_thread() -> _CommThread:
+    global _comm
+    with _comm_lock:
+        if _comm is None:
+            if not is_initialized():
+                raise RuntimeError("ddl.dist is not initialised: call ddl.dist.init() first")
+            _comm = _CommThread()
+        return _comm
+
+
+def allreduce_(tensor: torch.Tensor, average: bool = True,
+               algorithm: str = "auto") -> torch.Tensor:
+    """Sums ``tensor`` over all ranks in place (``average``: then divides by the rank count)
+    and returns it. float32, float16 or bfloat16 (half types are reduced in float32 and
+    rounded once), CPU or CUDA; results are bitwise identical on every rank. ``algorithm``:
+    ``auto`` (the cost model picks), ``multicolor``, ``multiring``, ``ring``, ``rhd``,
+    ``mpi``. Every rank must make the same calls in the same order."""
+    _validate(tensor, algorithm)
+    comm = _comm_thread()
+
+    def job() -> torch.Tensor:
+        _reduce_any(tensor, average, algorithm, comm.staging)
+        return tensor
+
+    return comm.run(job)
+
+
+def allreduce_async_(tensor: torch.Tensor, average: bool = True,
+                     algorithm: str = "auto") -> "torch.futures.Future":
+    """As :func:`allreduce_`, on the ddl communication thread: returns a
+    ``torch.futures.Future`` completed with ``tensor`` once it holds the result. Do not touch
+    the tensor before then."""
+    _validate(tensor, algorithm)
+    return _comm_thread().submit(tensor, average, algorithm)
+
+
+def _check_root(root: int) -> int:
+    """``root`` as a rank of this job (ValueError naming it otherwise)."""
+    try:
+        root = operator.index(root)
+    except TypeError:
+        raise TypeError(f"root: expected an int rank, got {type(root).__name__}") from None
+    if not 0 <= root < size():
+        raise ValueError(f"root: {root} is not a rank of {size()} ranks")
+    return root
+
+
+def broadcast_(tensor: torch.Tensor, root: int = 0) -> torch.Tensor:
+    """Copies rank ``root``'s ``tensor`` into ``tensor`` on every rank (any dtype) and
+    returns it."""
+    if not isinstance(tensor, torch.Tensor):
+        raise TypeError(f"tensor: expected a torch.Tensor, got {type(tensor).__name__}")
+    comm = _comm_thread()
+    root = _check_root(root)
+
+    def job() -> torch.Tensor:
+        host = tensor.detach().to("cpu").contiguous() if (
+            tensor.is_cuda or not tensor.is_contiguous()) else tensor.detach()
+        nbytes = host.numel() * host.element_size()
+        _ddl.broadcast(host.data_ptr(), nbytes, root)
+        if host.data_ptr() != tensor.data_ptr():
+            tensor.copy_(host)
+        return tensor
+
+    return comm.run(job)
+
+
+def broadcast_parameters(model: "torch.nn.Module | Iterable[torch.Tensor]", root: int = 0) -> None:
+    """Copies rank ``root``'s parameters and buffers (a module's ``state_dict`` or an
+    iterable of tensors) to every rank, so that all replicas start from the same weights."""
+    if isinstance(model, torch.nn.Module):
+        tensors = list(model.state_dict().values())
+    else:
+        tensors = list(model)
+    for t in tensors:
+        broadcast_(t, root)
+
+
+# No postponed annotations in this module: DDP's register_comm_hook compares the hook's
+# annotations with the objects dist.GradBucket and Future[Tensor], not with strings.
+def allreduce_hook(state: Any, bucket: _GradBucket) -> torch.futures.Future[torch.Tensor]:
+    """A DistributedDataParallel communication hook: averages each gradient bucket with
+    ddl's allreduce on the ddl communication thread, overlapped with the rest of backward.
+
+    ``model.register_comm_hook(None, ddl.dist.allreduce_hook)``; pass an algorithm name as
+    the state (``register_comm_hook("multicolor", ...)``) to fix the algorithm."""
+    algorithm = state if isinstance(state, str) else "auto"
+    tensor = bucket.buffer()
+    _validate(tensor, algorithm)
+    return _comm_thread().submit(tensor, True, algorithm)
+
+
+class DistributedOptimizer:
+    """Wraps an optimizer so that gradients are averaged over all ranks with ddl's allreduce,
+    bucket by bucket while backward still runs (no ``torch.distributed`` needed).
+
+    Gradients are grouped in buckets of about ``bucket_cap_mb`` MiB in reverse parameter
+    order (the order backward produces them); a bucket is submitted to the ddl communication
+    thread once all its gradients exist and every earlier bucket has been submitted, so every
+    rank submits the same buckets in the same order. ``step()`` waits for the reductions,
+    then steps the wrapped optimizer. One backward per step (no gradient accumulation).
+
+    Example::
+
+        opt = dd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), model)
+        dd.broadcast_parameters(model)
+        loss.backward(); opt.step(); opt.zero_grad()
+    """
+
+    def __init__(self, optimizer: torch.optim.Optimizer, model: torch.nn.Module,
+                 average: bool = True, algorithm: str = "auto",
+                 bucket_cap_mb: float = 25.0) -> None:
+        _check_algorithm(algorithm)
+        _comm_thread()  # fails now, not in the middle of backward, when init() has not run
+        self.optimizer = optimizer
+        self.average, self.algorithm = average, algorithm
+        params = [p for p in model.parameters() if p.requires_grad]
+        if not params:
+            raise ValueError("model: no parameters require gradients")
+        cap = max(1, int(bucket_cap_mb * 2**20))
+        self._buckets: List[List[torch.nn.Parameter]] = [[]]
+        used = 0
+        for p in reversed(params):
+            nbytes = p.numel() * p.element_size()
+            current = self._buckets[-1]
+            if current and (used + nbytes > cap or current[0].dtype != p.dtype
+                            or current[0].device != p.device):
+                self._buckets.append([])
+                used = 0
+            self._buckets[-1].append(p)
+            used += nbytes
+        self._bucket_of = {id(p): i for i, b in enumerate(self._buckets) for p in b}
+        self._lock = threading.Lock()
+        self._reset()
+        self._hooks = [p.register_post_accumulate_grad_hook(self._grad_ready) for p in params]
+
+    def _reset(self) -> None:
+        self._ready = [0] * len(self._buckets)
+        self._submitted = 0
+        self._pending: List[tuple] = []
+
+    def _grad_ready(self, p: torch.Tensor) -> None:
+        with self._lock:
+            i = self._bucket_of[id(p)]
+            if i < self._submitted:
+                raise RuntimeError(
+                    "DistributedOptimizer: a second backward before step() (gradient "
+                    "accumulation is not supported)"
+                )
+            self._ready[i] += 1
+            while (self._submitted < len(self._buckets)
+                   and self._ready[self._submitted] == len(self._buckets[self._submitted])):
+                self._submit(self._submitted)
+
+    def _submit(self, i: int) -> None:
+        params = self._buckets[i]
+        grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in params]
+        flat = torch.cat([g.reshape(-1) for g in grads])
+        fut = _comm_thread().submit(flat, self.average, self.algorithm)
+        self._pending.append((params, fut))
+        self._submitted += 1
+
+    def synchronize(self) -> None:
+        """Submits buckets whose gradients never came (unused parameters: zeros) and waits
+        until every gradient holds its average."""
+        with self._lock:
+            while self._submitted < len(self._buckets):
+                self._submit(self._submitted)
+            pending, self._pending = self._pending, []
+            self._ready = [0] * len(self._buckets)
+            self._submitted = 0
+        for params, fut in pending:
+            flat = fut.wait()
+            offset = 0
+            for p in params:
+                n = p.numel()
+                if p.grad is None:
+                    p.grad = torch.zeros_like(p)
+                p.grad.copy_(flat[offset:offset + n].view_as(p))
+                offset += n
+
+    def step(self, closure: Optional[Callable[[], float]] = None) -> Optional[float]:
+        """Waits for the gradient averages, then steps the wrapped optimizer."""
+        self.synchronize()
+        return self.optimizer.step(closure)
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        """As the wrapped optimizer's ``zero_grad``."""
+        self.optimizer.zero_grad(set_to_none=set_to_none)
+
+    @property
+    def param_groups(self) -> List[Dict[str, Any]]:
+        """The wrapped optimizer's parameter groups (for learning-rate schedules)."""
+        return self.optimizer.param_groups
+
+    @property
+    def state(self) -> Any:
+        """The wrapped optimizer's state."""
+        return self.optimizer.state
+
+    def state_dict(self) -> Dict[str, Any]:
+        """The wrapped optimizer's ``state_dict``."""
+        return self.optimizer.state_dict()
+
+    def load_state_dict(self, state_dict: Dict[str, Any]) -> None:
+        """As the wrapped optimizer's ``load_state_dict``."""
+        self.optimizer.load_state_dict(state_dict)

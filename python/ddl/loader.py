@@ -1,0 +1,300 @@
+"""``ddl.Loader``: ddl's RAM-resident decoding pipeline as a PyTorch iterable."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import replace
+from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
+
+import numpy as np
+import torch
+
+from . import _ddl, _placement
+
+IMAGENET_MEAN = (0.485, 0.456, 0.406)
+IMAGENET_STD = (0.229, 0.224, 0.225)
+
+_LAYOUTS = ("NCHW", "NHWC")
+_DEVICES = ("cpu", "cuda")
+
+
+def _tensor(array: Any) -> torch.Tensor:
+    # numpy.asarray reads the array interface and keeps the Rust batch alive as the array's
+    # base; torch.from_numpy keeps the array alive: no copy on the way.
+    return torch.from_numpy(np.asarray(array))
+
+
+class Loader:
+    """Batches of one split of a ``ddl-pack`` shard directory, decoded and augmented on Rust
+    threads (no worker processes, the GIL released while waiting).
+
+    Each iteration yields ``(images, labels)``: ``images`` is a ``torch.Tensor`` of shape
+    ``[B, 3, S, S]`` (``layout="NCHW"``) or ``[B, S, S, 3]`` (``"NHWC"``), float32 normalised
+    with ``mean``/``std`` or raw uint8 RGB (``dtype="uint8"``); ``labels`` is int64 ``[B]``.
+    Tensors share memory with ddl's batch buffers: keep them as long as you like (they stay
+    valid); once freed, their buffers are reused.
+
+    Arguments:
+        path: directory written by ``ddl-pack`` (holds ``manifest.json``).
+        split: ``"train"`` (random-resized crop and flip, shuffled) or ``"val"`` (resize to
+            ``resize`` = ``ceil(8/7 S)`` and center crop, in order, every record exactly once
+            over all ranks; the last batch may be short).
+        batch_size: images per batch of this rank.
+        image_size: output side S in pixels.
+        workers: decode threads of this rank.
+        seed: seed of the order and the augmentation (the same on every rank).
+        rank, world_size: this process's position; default: ``ddl.dist`` when initialised,
+            else ``torch.distributed``, else the MPI / Slurm / torchrun environment, else 0/1.
+            Ranks on one node share that node's shards (each node maps 1/nodes of them).
+        drop_last: train only: drop the incomplete last step (else it wraps around).
+        dtype: ``"float32"`` (normalised) or ``"uint8"`` (raw pixels, normalise on the GPU).
+        layout: ``"NCHW"`` or ``"NHWC"`` (a view, never a copy).
+        device: ``"cpu"`` or ``"cuda"``/``"cuda:N"``: batches are copied to the GPU from pinned
+            memory on a side stream, one batch ahead of the step that uses it.
+        on_bad_record: ``"replace"`` (by the next good record of the epoch), ``"skip"`` (the
+            batch is one shorter) or ``"fail"`` (raise ``ddl.DdlError``). Val never scores a
+            stand-in: ``"replace"`` skips there.
+        prefetch: ready batches queued ahead of the consumer.
+        mean, std: normalisation (0-1 scale) of float32 output.
+        resize: val only: shorter side before the center crop (0: ``ceil(8/7 S)``).
+        populate: pre-fault this node's shards into RAM at start.
+
+    Like a ``DataLoader`` with ``DistributedSampler``, call ``set_epoch(epoch)`` before each
+    epoch; ``state_dict()`` / ``load_state_dict()`` resume exactly mid-epoch.
+
+    Example::
+
+        loader = ddl.Loader("shards/", split="train", batch_size=64, image_size=224)
+        for epoch in range(epochs):
+            loader.set_epoch(epoch)
+            for images, labels in loader:
+                ...
+    """
+
+    def __init__(
+        self,
+        path: "str | os.PathLike[str]",
+        split: str = "train",
+        batch_size: int = 64,
+        image_size: int = 224,
+        workers: int = 8,
+        seed: int = 0,
+        rank: Optional[int] = None,
+        world_size: Optional[int] = None,
+        drop_last: bool = True,
+        dtype: str = "float32",
+        layout: str = "NCHW",
+        device: "str | torch.device" = "cpu",
+        on_bad_record: str = "replace",
+        prefetch: int = 2,
+        mean: Sequence[float] = IMAGENET_MEAN,
+        std: Sequence[float] = IMAGENET_STD,
+        resize: int = 0,
+        populate: bool = False,
+    ) -> None:
+        path = os.fspath(path)
+        if not os.path.isdir(path):
+            raise FileNotFoundError(f"path: {path!r} is not a directory of ddl shards")
+        if not os.path.exists(os.path.join(path, "manifest.json")):
+            raise FileNotFoundError(
+                f"path: {os.path.join(path, 'manifest.json')!r} not found (pack the images "
+                "with ddl-pack first)"
+            )
+        if layout not in _LAYOUTS:
+            raise ValueError(f"layout: {layout!r} is not one of {_LAYOUTS}")
+        try:
+            self.device = torch.device(device)
+        except (RuntimeError, TypeError) as e:
+            raise ValueError(f"device: {device!r} is not a device ({e})") from None
+        if self.device.type not in _DEVICES:
+            raise ValueError(f"device: {device!r} is not a CPU or CUDA device")
+        if self.device.type == "cuda" and not torch.cuda.is_available():
+            raise ValueError(f"device: {device!r} requested but CUDA is not available")
+        for name, value in (("batch_size", batch_size), ("image_size", image_size),
+                            ("workers", workers), ("prefetch", prefetch)):
+            if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+                raise ValueError(f"{name}: must be a positive integer, got {value!r}")
+        if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
+            raise ValueError(f"seed: must be a non-negative integer, got {seed!r}")
+        if len(mean) != 3 or len(std) != 3:
+            raise ValueError("mean, std: three channel values each")
+        place = _placement.current()
+        if rank is not None or world_size is not None:
+            size = place.world_size if world_size is None else world_size
+            me = place.rank if rank is None else rank
+            if not (isinstance(me, int) and isinstance(size, int) and 0 <= me < size):
+                raise ValueError(f"rank, world_size: rank {me!r} of {size!r} is out of range")
+            if size != place.world_size or me != place.rank:
+                # Explicit positions: each rank its own node unless the launcher says otherwise.
+                place = _placement.Placement(me, size, 0, 1, me, size, "arguments")
+        self.placement = place
+        self.path, self.split, self.batch_size = path, split, batch_size
+        self.image_size, self.dtype, self.layout = image_size, dtype, layout
+        self.seed = seed
+        self._core = _ddl.Loader(
+            path, split, batch_size, image_size, workers, seed, place.node, place.nodes,
+            place.local_rank, place.local_size, drop_last, dtype, prefetch, on_bad_record,
+            resize, [float(v) for v in mean], [float(v) for v in std], populate,
+        )
+        self._epoch = 0
+        self._start_step = 0
+        self._next_step = 0
+        self._iterating = False
+        self._completed = False
+
+    @property
+    def classes(self) -> List[str]:
+        """The class wnids in label order (label ``i`` is ``classes[i]``)."""
+        return self._core.classes
+
+    @property
+    def num_classes(self) -> int:
+        """The number of classes."""
+        return len(self._core.classes)
+
+    def __len__(self) -> int:
+        """Batches this rank gets per epoch (the same on every rank for train)."""
+        return self._core.steps_per_epoch()
+
+    def set_epoch(self, epoch: int) -> None:
+        """Selects the epoch the next iteration runs (its order and augmentation). A loader
+        restored with ``load_state_dict`` resumes mid-epoch when set to the saved epoch."""
+        if isinstance(epoch, bool) or not isinstance(epoch, int) or epoch < 0:
+            raise ValueError(f"epoch: must be a non-negative integer, got {epoch!r}")
+        if epoch != self._epoch:
+            self._start_step = 0
+        self._epoch = epoch
+        self._completed = False
+
+    def state_dict(self) -> Dict[str, Any]:
+        """Where the loader is: the epoch and the batches of it already delivered (after a
+        completed epoch: the next epoch, step 0), plus what must match on resume (seed, batch
+        size, world size, rank)."""
+        if self._completed and not self._iterating:
+            epoch, step = self._epoch + 1, 0  # this epoch is done: resume with the next one
+        else:
+            epoch = self._epoch
+            step = self._next_step if self._iterating else self._start_step
+        return {
+            "epoch": epoch,
+            "step": step,
+            "seed": self.seed,
+            "batch_size": self.batch_size,
+            "world_size": self.placement.world_size,
+            "rank": self.placement.rank,
+            "split": self.split,
+        }
+
+    def load_state_dict(self, state: Dict[str, Any]) -> None:
+        """Resumes at ``state``: the next iteration yields exactly the batches the saved
+        loader had not yet delivered. Raises ValueError when the seed, batch size, world size
+        or split differ (those batches would not be the same)."""
+        for key in ("seed", "batch_size", "world_size", "split"):
+            mine = self.state_dict()[key]
+            if state.get(key) != mine:
+                raise ValueError(
+                    f"load_state_dict: {key} is {state.get(key)!r} in the state but "
+                    f"{mine!r} in this loader"
+                )
+        step = int(state["step"])
+        if not 0 <= step <= len(self):
+            raise ValueError(f"load_state_dict: step {step} beyond the epoch's {len(self)}")
+        self._core.stop()
+        self._iterating = False
+        self._completed = False
+        self._epoch = int(state["epoch"])
+        self._start_step = step
+
+    def stats(self) -> Dict[str, Any]:
+        """Since the first batch: ``images``, ``batches``, ``seconds``, ``images_per_s``,
+        ``wait_s`` and ``wait_fraction`` (time the consumer waited for batches) and
+        ``bad_records`` (``(file, record, reason)`` of each bad record met)."""
+        return dict(self._core.stats())
+
+    def __iter__(self) -> Iterator[Tuple[torch.Tensor, torch.Tensor]]:
+        source = self._batches()
+        if self.device.type == "cuda":
+            source = _CudaPrefetcher(source, self.device)
+        return self._deliver(source)
+
+    def _batches(self) -> Iterator[Tuple[torch.Tensor, torch.Tensor, int]]:
+        """The epoch's batches from ``_start_step`` on, with their steps, as CPU tensors."""
+        self._core.start(self._epoch, self._start_step)
+        channels_first = self.dtype == "float32"
+        want_first = self.layout == "NCHW"
+        while True:
+            item = self._core.next()
+            if item is None:
+                return
+            images, labels, _indices, step = item
+            images = _tensor(images)
+            if channels_first != want_first:
+                images = images.permute(0, 3, 1, 2) if want_first else images.permute(0, 2, 3, 1)
+            yield images, _tensor(labels), step
+
+    def _deliver(self, source: Iterator[Tuple[torch.Tensor, torch.Tensor, int]]
+                 ) -> Iterator[Tuple[torch.Tensor, torch.Tensor]]:
+        """Hands batches to the caller, counting those delivered (for ``state_dict``)."""
+        self._next_step = self._start_step
+        self._iterating = True
+        self._completed = False
+        try:
+            for images, labels, step in source:
+                self._next_step = step + 1
+                yield images, labels
+        finally:
+            finished = self._next_step >= len(self)
+            self._iterating = False
+            # A completed epoch starts over from its beginning when iterated again; a
+            # broken-off one resumes where the consumer stopped.
+            self._start_step = 0 if finished else self._next_step
+            self._completed = finished
+            # The pipeline stays: the next epoch reuses its threads and batch buffers.
+
+    def __repr__(self) -> str:
+        p = self.placement
+        return (
+            f"ddl.Loader({self.path!r}, split={self.split!r}, batch_size={self.batch_size}, "
+            f"image_size={self.image_size}, dtype={self.dtype!r}, layout={self.layout!r}, "
+            f"rank={p.rank}, world_size={p.world_size}, nodes={p.nodes}, batches={len(self)})"
+        )
+
+
+class _CudaPrefetcher:
+    """Copies each batch to the GPU through pinned memory on a side stream, one batch ahead."""
+
+    def __init__(self, batches: Iterator[Tuple[torch.Tensor, torch.Tensor, int]],
+                 device: torch.device) -> None:
+        self.batches = batches
+        self.device = device
+        self.stream = torch.cuda.Stream(device)
+        self.ahead: Optional[Tuple[torch.Tensor, torch.Tensor, int, Any]] = None
+        self._advance()
+
+    def _advance(self) -> None:
+        try:
+            images, labels, step = next(self.batches)
+        except StopIteration:
+            self.ahead = None
+            return
+        with torch.cuda.stream(self.stream):
+            pinned = (images.pin_memory(), labels.pin_memory())
+            on_gpu = tuple(t.to(self.device, non_blocking=True) for t in pinned)
+            done = torch.cuda.Event()
+            done.record(self.stream)
+        # The pinned copies must live until the transfer has finished.
+        self.ahead = (on_gpu[0], on_gpu[1], step, (done, pinned))
+
+    def __iter__(self) -> "_CudaPrefetcher":
+        return self
+
+    def __next__(self) -> Tuple[torch.Tensor, torch.Tensor, int]:
+        if self.ahead is None:
+            raise StopIteration
+        images, labels, step, (done, _pinned) = self.ahead
+        current = torch.cuda.current_stream(self.device)
+        current.wait_event(done)
+        images.record_stream(current)
+        labels.record_stream(current)
+        self._advance()
+        return images, labels, step

@@ -1,0 +1,225 @@
+//! `ddl.dist`'s engine: the MPI world of this process (one per process, started on demand) and
+//! ddl's allreduce on raw tensor memory. The Python side passes a tensor's address, element
+//! count and dtype; the reduction runs with the GIL released.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use ddl_comm::collective::broadcast_bytes_from;
+use ddl_comm::{bf16, f16, Algorithm, Allreducer, Transport, World};
+use pyo3::exceptions::{PyRuntimeError, PyValueError};
+use pyo3::prelude::*;
+
+use crate::errors::comm_error;
+
+/// The process's MPI world and its allreducers, one per algorithm name.
+struct Dist {
+    world: World,
+    reducers: Mutex<HashMap<String, Arc<Allreducer>>>,
+}
+
+/// The process's world once `dist_init` ran; taken again by `dist_finalize`.
+static DIST: Mutex<State> = Mutex::new(State::Uninitialised);
+
+/// Where the process is in MPI's life: MPI can be started once and never restarted.
+enum State {
+    Uninitialised,
+    Running(Arc<Dist>),
+    Finalised,
+}
+
+fn state() -> MutexGuard<'static, State> {
+    DIST.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+fn dist() -> PyResult<Arc<Dist>> {
+    match &*state() {
+        State::Running(d) => Ok(Arc::clone(d)),
+        State::Uninitialised => Err(PyRuntimeError::new_err(
+            "ddl.dist is not initialised: call ddl.dist.init() first",
+        )),
+        State::Finalised => Err(PyRuntimeError::new_err(
+            "ddl.dist was finalised at interpreter exit; MPI cannot be restarted",
+        )),
+    }
+}
+
+/// Starts MPI (or joins an MPI already started, e.g. by mpi4py) once per process; later calls
+/// return at once. Blocking operations fail after `timeout` seconds.
+#[pyfunction]
+pub fn dist_init(py: Python<'_>, timeout: f64) -> PyResult<()> {
+    if !(timeout.is_finite() && timeout > 0.0) {
+        return Err(PyValueError::new_err(format!(
+            "timeout: must be a positive number of seconds, got {timeout}"
+        )));
+    }
+    py.detach(|| {
+        let mut s = state();
+        match &*s {
+            State::Running(_) => return Ok(()),
+            State::Finalised => {
+                return Err(PyRuntimeError::new_err(
+                    "ddl.dist was finalised; MPI cannot be restarted",
+                ))
+            }
+            State::Uninitialised => {}
+        }
+        let world =
+            World::init_with_timeout(Duration::from_secs_f64(timeout)).map_err(comm_error)?;
+        *s = State::Running(Arc::new(Dist {
+            world,
+            reducers: Mutex::new(HashMap::new()),
+        }));
+        Ok(())
+    })
+}
+
+/// Releases ddl's communicators and finalises MPI if ddl started it (run at interpreter exit,
+/// after the communication thread has stopped).
+#[pyfunction]
+pub fn dist_finalize(py: Python<'_>) {
+    let taken = std::mem::replace(&mut *state(), State::Finalised);
+    py.detach(move || drop(taken));
+}
+
+/// Whether `dist_init` has run in this process.
+#[pyfunction]
+pub fn dist_initialized() -> bool {
+    matches!(&*state(), State::Running(_))
+}
+
+/// `(rank, size, local_rank, local_size, node, nodes, joined)` of this process.
+#[pyfunction]
+pub fn dist_info() -> PyResult<(usize, usize, usize, usize, usize, usize, bool)> {
+    let d = dist()?;
+    let w = &d.world;
+    Ok((
+        w.rank(),
+        w.size(),
+        w.local_rank(),
+        w.local_size(),
+        w.node_index(),
+        w.node_count(),
+        w.joined(),
+    ))
+}
+
+/// The allreducer of `algorithm` (built on first use; construction is local).
+fn reducer(d: &Dist, algorithm: &str) -> PyResult<Arc<Allreducer>> {
+    let mut map = d.reducers.lock().unwrap_or_else(|p| p.into_inner());
+    if let Some(r) = map.get(algorithm) {
+        return Ok(Arc::clone(r));
+    }
+    let parsed: Algorithm = algorithm
+        .parse()
+        .map_err(|e| PyValueError::new_err(format!("algorithm {algorithm:?}: {e}")))?;
+    let transport: Arc<dyn Transport> = d.world.transport();
+    let r = Arc::new(
+        Allreducer::new(transport, parsed, d.world.topology())
+            .map_err(|e| PyValueError::new_err(format!("algorithm {algorithm:?}: {e}")))?,
+    );
+    map.insert(algorithm.to_string(), Arc::clone(&r));
+    Ok(r)
+}
+
+/// Sums `numel` elements of `dtype` ("float32", "float16", "bfloat16") at host address `ptr`
+/// over all ranks, in place; with `average`, divides by the rank count.
+///
+/// The caller guarantees that `ptr` points to `numel` contiguous, writable elements that stay
+/// alive and untouched until this returns (`ddl.dist` passes a contiguous CPU tensor's
+/// `data_ptr()`).
+#[pyfunction]
+pub fn allreduce(
+    py: Python<'_>,
+    ptr: usize,
+    numel: usize,
+    dtype: &str,
+    average: bool,
+    algorithm: &str,
+) -> PyResult<()> {
+    let d = dist()?;
+    let r = reducer(&d, algorithm)?;
+    if numel == 0 {
+        return Ok(());
+    }
+    if ptr == 0 {
+        return Err(PyValueError::new_err("tensor: null data pointer"));
+    }
+    let result = match dtype {
+        // SAFETY: the caller's contract above; the GIL is released but the tensor is kept
+        // alive and unused by the Python caller until this returns.
+        "float32" => py.detach(|| r.allreduce_f32(unsafe { slice(ptr, numel) }, average)),
+        "float16" => py.detach(|| r.allreduce::<f16>(unsafe { slice(ptr, numel) }, average)),
+        "bfloat16" => py.detach(|| r.allreduce::<bf16>(unsafe { slice(ptr, numel) }, average)),
+        other => {
+            return Err(PyValueError::new_err(format!(
+                "tensor dtype {other} is not float32, float16 or bfloat16"
+            )))
+        }
+    };
+    result.map_err(comm_error)
+}
+
+/// `numel` elements of `T` at `ptr`.
+///
+/// # Safety
+///
+/// `ptr` must point to `numel` initialised, aligned, writable `T`s not aliased for `'a`.
+unsafe fn slice<'a, T>(ptr: usize, numel: usize) -> &'a mut [T] {
+    // SAFETY: as documented above.
+    unsafe { std::slice::from_raw_parts_mut(ptr as *mut T, numel) }
+}
+
+/// Copies `nbytes` at host address `ptr` on rank `root` into the same place on every rank
+/// (same contract as [`allreduce`]).
+#[pyfunction]
+pub fn broadcast(py: Python<'_>, ptr: usize, nbytes: usize, root: usize) -> PyResult<()> {
+    let d = dist()?;
+    let t = d.world.transport();
+    if root >= t.size() {
+        return Err(PyValueError::new_err(format!(
+            "root: {root} is not a rank of {} ranks",
+            t.size()
+        )));
+    }
+    if nbytes > 0 && ptr == 0 {
+        return Err(PyValueError::new_err("tensor: null data pointer"));
+    }
+    py.detach(|| {
+        // SAFETY: the caller's contract (see `allreduce`).
+        let buf: &mut [u8] = if nbytes == 0 {
+            &mut []
+        } else {
+            unsafe { slice(ptr, nbytes) }
+        };
+        let data = if t.rank() == root {
+            buf.to_vec()
+        } else {
+            Vec::new()
+        };
+        let got = broadcast_bytes_from(&*t, root, data).map_err(comm_error)?;
+        if got.len() != buf.len() {
+            return Err(PyValueError::new_err(format!(
+                "broadcast: rank {root} sent {} bytes, this rank's tensor has {}",
+                got.len(),
+                buf.len()
+            )));
+        }
+        buf.copy_from_slice(&got);
+        Ok(())
+    })
+}
+
+/// Blocks until every rank has called `barrier`.
+#[pyfunction]
+pub fn barrier(py: Python<'_>) -> PyResult<()> {
+    let t = dist()?.world.transport();
+    py.detach(|| t.barrier()).map_err(comm_error)
+}
+
+/// Aborts every process of the job with exit code `code` (MPI_Abort).
+#[pyfunction]
+pub fn abort(code: i32) -> PyResult<()> {
+    dist()?.world.abort(code)
+}

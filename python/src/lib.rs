@@ -1,0 +1,34 @@
+//! The extension module `ddl._ddl` behind the Python package `ddl`: the pipeline
+//! ([`loader::Loader`]), map-style shard access ([`shards::Shards`]) and the allreduce
+//! ([`dist`]). Importing it starts nothing: MPI starts in `dist_init`.
+
+#![warn(missing_docs)]
+
+mod batch;
+mod dist;
+mod errors;
+mod loader;
+mod shards;
+
+use pyo3::prelude::*;
+
+/// The module `ddl._ddl`.
+#[pymodule]
+fn _ddl(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    let py = m.py();
+    m.add_class::<loader::Loader>()?;
+    m.add_class::<shards::Shards>()?;
+    m.add_class::<batch::BatchArray>()?;
+    m.add("DdlError", py.get_type::<errors::DdlError>())?;
+    m.add("ShardError", py.get_type::<errors::ShardError>())?;
+    m.add("DistError", py.get_type::<errors::DistError>())?;
+    m.add_function(wrap_pyfunction!(dist::dist_init, m)?)?;
+    m.add_function(wrap_pyfunction!(dist::dist_initialized, m)?)?;
+    m.add_function(wrap_pyfunction!(dist::dist_finalize, m)?)?;
+    m.add_function(wrap_pyfunction!(dist::dist_info, m)?)?;
+    m.add_function(wrap_pyfunction!(dist::allreduce, m)?)?;
+    m.add_function(wrap_pyfunction!(dist::broadcast, m)?)?;
+    m.add_function(wrap_pyfunction!(dist::barrier, m)?)?;
+    m.add_function(wrap_pyfunction!(dist::abort, m)?)?;
+    Ok(())
+}

@@ -1,0 +1,433 @@
+//! `ddl._ddl.Loader`: one process's view of ddl's pipeline (the Python class `ddl.Loader`
+//! adds the PyTorch conventions on top of it).
+
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use ddl_loader::dataset::{Dataset, OpenOptions, Residency};
+use ddl_loader::manifest::Manifest;
+use ddl_loader::pipeline::{
+    Augment, OnBadRecord, Output, Pipeline, PipelineConfig, ReplicaBatches,
+};
+use ddl_loader::sampler::{Sampler, SamplerConfig, Tail};
+use pyo3::exceptions::PyValueError;
+use pyo3::prelude::*;
+use pyo3::types::PyDict;
+
+use crate::batch::{BatchArray, HeldBatch, Part};
+use crate::errors::{loader_error, DdlError};
+
+/// The running epoch: the pipeline and this process's stream of its batches.
+struct Run {
+    pipeline: Pipeline,
+    batches: ReplicaBatches,
+    /// Extra buffers given to the pool for batches the caller keeps alive.
+    extra_buffers: usize,
+    /// Bad records of this run already copied to `Loader::bad_seen`.
+    bad_reported: usize,
+}
+
+/// Counters for `stats()`.
+#[derive(Default)]
+struct Timing {
+    images: u64,
+    batches: u64,
+    wait: Duration,
+    first: Option<Instant>,
+}
+
+/// What `Loader` needs once its node's shards are open.
+struct Opened {
+    dataset: Arc<Dataset>,
+    sampler: Sampler,
+    pipeline: PipelineConfig,
+}
+
+/// One process's loader over one split (see `ddl.Loader` for the documented API).
+#[pyclass(module = "ddl._ddl")]
+pub struct Loader {
+    /// None when this node holds no records of the split (a small val split over many nodes).
+    opened: Option<Opened>,
+    classes: Vec<String>,
+    split: String,
+    /// Streams (ranks) on this node and this process's stream.
+    ranks_in_node: usize,
+    rank_in_node: usize,
+    batch_size: usize,
+    /// Records of this node (val trims the wrapped padding with it).
+    node_records: usize,
+    run: Mutex<Option<Run>>,
+    held: Arc<AtomicUsize>,
+    timing: Mutex<Timing>,
+    bad_seen: Mutex<Vec<(String, usize, String)>>,
+}
+
+fn value_error(arg: &str, why: impl std::fmt::Display) -> PyErr {
+    PyValueError::new_err(format!("{arg}: {why}"))
+}
+
+#[pymethods]
+impl Loader {
+    /// Opens this node's shards of `split` in `path` and prepares the sampler and pipeline.
+    #[new]
+    #[pyo3(signature = (path, split, batch_size, image_size, workers, seed, node, nodes,
+        rank_in_node, ranks_in_node, drop_last, dtype, prefetch, on_bad_record, resize,
+        mean, std, populate))]
+    #[allow(clippy::too_many_arguments)]
+    fn new(
+        py: Python<'_>,
+        path: PathBuf,
+        split: String,
+        batch_size: usize,
+        image_size: u32,
+        workers: usize,
+        seed: u64,
+        node: usize,
+        nodes: usize,
+        rank_in_node: usize,
+        ranks_in_node: usize,
+        drop_last: bool,
+        dtype: &str,
+        prefetch: usize,
+        on_bad_record: &str,
+        resize: u32,
+        mean: [f32; 3],
+        std: [f32; 3],
+        populate: bool,
+    ) -> PyResult<Loader> {
+        let positive = [
+            ("batch_size", batch_size),
+            ("image_size", image_size as usize),
+            ("workers", workers),
+            ("prefetch", prefetch),
+            ("world size", nodes * ranks_in_node),
+        ];
+        if let Some((arg, v)) = positive.iter().find(|(_, v)| *v == 0) {
+            return Err(value_error(arg, format!("must be positive, got {v}")));
+        }
+        if node >= nodes || rank_in_node >= ranks_in_node {
+            return Err(value_error(
+                "rank",
+                format!(
+                    "node {node} of {nodes}, local rank {rank_in_node} of {ranks_in_node}: out of range"
+                ),
+            ));
+        }
+        let output = match dtype {
+            "float32" => Output::F32Nchw,
+            "uint8" => Output::U8Nhwc,
+            other => {
+                return Err(value_error(
+                    "dtype",
+                    format!("{other:?} is not \"float32\" or \"uint8\""),
+                ))
+            }
+        };
+        let on_bad = match on_bad_record {
+            "skip" => OnBadRecord::Skip,
+            "replace" => OnBadRecord::Replace,
+            "fail" => OnBadRecord::Fail,
+            other => {
+                return Err(value_error(
+                    "on_bad_record",
+                    format!("{other:?} is not \"skip\", \"replace\" or \"fail\""),
+                ))
+            }
+        };
+        // "val" gets the eval transform and order; any other split trains.
+        let train = split != "val";
+        let manifest = Manifest::load(&path).map_err(loader_error)?;
+        if !manifest.splits.contains_key(&split) {
+            let have: Vec<&str> = manifest.splits.keys().map(String::as_str).collect();
+            return Err(value_error(
+                "split",
+                format!(
+                    "{}: no split {split:?} (the manifest has {})",
+                    path.display(),
+                    have.join(", ")
+                ),
+            ));
+        }
+        let shards = manifest.splits[&split].shards.len();
+        if nodes > shards && train {
+            return Err(value_error(
+                "world size",
+                format!(
+                    "{nodes} nodes but split {split:?} of {} has {shards} shards: every node needs one",
+                    path.display()
+                ),
+            ));
+        }
+        let classes = manifest.classes.iter().map(|c| c.wnid.clone()).collect();
+        let per_node = Dataset::records_per_node(&manifest, &split, nodes);
+        let node_records = per_node[node] as usize;
+        let augment = if train {
+            Augment::Train
+        } else {
+            Augment::Eval {
+                resize: if resize > 0 {
+                    resize
+                } else {
+                    (image_size * 8).div_ceil(7)
+                },
+            }
+        };
+        let pipeline = PipelineConfig {
+            image_size,
+            output,
+            augment,
+            workers,
+            prefetch,
+            seed,
+            // A bad val record is left out, never scored through a stand-in (as ddl-train).
+            on_bad_record: match (train, on_bad) {
+                (false, OnBadRecord::Replace) => OnBadRecord::Skip,
+                (_, rule) => rule,
+            },
+            mean,
+            std,
+        };
+        // A shard truncated in the middle of an epoch still ends the process with SIGBUS
+        // (nothing can be read in its place), but first names the shard on stderr.
+        ddl_loader::fault::report_sigbus()
+            .map_err(|e| DdlError::new_err(format!("installing the SIGBUS report: {e}")))?;
+        let opened = if node_records == 0 {
+            None
+        } else {
+            let residency = Residency { node, nodes };
+            let opts = OpenOptions {
+                populate,
+                ..OpenOptions::default()
+            };
+            let dataset = py
+                .detach(|| Dataset::open(&path, &split, residency, &opts))
+                .map_err(loader_error)?;
+            let min_node = if train {
+                per_node.iter().copied().min().unwrap_or(0) as usize
+            } else {
+                node_records
+            };
+            let sampler = Sampler::try_new(
+                dataset.len(),
+                min_node,
+                SamplerConfig {
+                    seed,
+                    ranks_in_node,
+                    rank_in_node,
+                    replicas: 1,
+                    batch_per_replica: batch_size,
+                    tail: if train && drop_last {
+                        Tail::Drop
+                    } else {
+                        Tail::Pad
+                    },
+                    shuffle: train,
+                },
+            )
+            .map_err(loader_error)?;
+            Some(Opened {
+                dataset: Arc::new(dataset),
+                sampler,
+                pipeline,
+            })
+        };
+        Ok(Loader {
+            opened,
+            classes,
+            split,
+            ranks_in_node,
+            rank_in_node,
+            batch_size,
+            node_records,
+            run: Mutex::new(None),
+            held: Arc::new(AtomicUsize::new(0)),
+            timing: Mutex::new(Timing::default()),
+            bad_seen: Mutex::new(Vec::new()),
+        })
+    }
+
+    /// Batches per epoch for this process.
+    fn steps_per_epoch(&self) -> usize {
+        match &self.opened {
+            None => 0,
+            Some(_) if self.split == "val" => {
+                // Val: the steps in which this rank has at least one real (not padding) record:
+                // step s does when (s * ranks + rank) * batch < records.
+                let batches = self.node_records.div_ceil(self.batch_size);
+                batches
+                    .saturating_sub(self.rank_in_node)
+                    .div_ceil(self.ranks_in_node)
+            }
+            Some(o) => o.sampler.steps_per_epoch(),
+        }
+    }
+
+    /// The class wnids in label order.
+    #[getter]
+    fn classes(&self) -> Vec<String> {
+        self.classes.clone()
+    }
+
+    /// Records of the split on this node.
+    #[getter]
+    fn node_records(&self) -> usize {
+        self.node_records
+    }
+
+    /// Starts (or restarts) iteration at `(epoch, start_step)`; stops the previous run.
+    fn start(&self, py: Python<'_>, epoch: u64, start_step: usize) -> PyResult<()> {
+        let Some(o) = &self.opened else {
+            return Ok(());
+        };
+        let steps = self.steps_per_epoch();
+        if start_step > steps {
+            return Err(value_error(
+                "start step",
+                format!("{start_step} is beyond the epoch's {steps} steps"),
+            ));
+        }
+        // A shard rewritten or truncated since it was mapped is an exception here, at the
+        // epoch's start, rather than a SIGBUS in the middle of it.
+        o.dataset.check_unchanged().map_err(loader_error)?;
+        let previous = self.run.lock().unwrap_or_else(|p| p.into_inner()).take();
+        let (pipeline, extra) = py
+            .detach(|| match previous {
+                Some(r) => r
+                    .pipeline
+                    .next_epoch(epoch, start_step)
+                    .map(|p| (p, r.extra_buffers)),
+                None => Pipeline::start(
+                    Arc::clone(&o.dataset),
+                    o.sampler.clone(),
+                    o.pipeline.clone(),
+                    epoch,
+                    start_step,
+                )
+                .map(|p| (p, 0)),
+            })
+            .map_err(loader_error)?;
+        let batches = pipeline.replica(0);
+        *self.run.lock().unwrap_or_else(|p| p.into_inner()) = Some(Run {
+            pipeline,
+            batches,
+            extra_buffers: extra,
+            bad_reported: 0,
+        });
+        Ok(())
+    }
+
+    /// The next batch as `(images, labels, indices, step)` arrays, or None at the epoch's end.
+    /// Blocks with the GIL released.
+    fn next(
+        &self,
+        py: Python<'_>,
+    ) -> PyResult<Option<(BatchArray, BatchArray, BatchArray, usize)>> {
+        let steps = self.steps_per_epoch();
+        let mut guard = self.run.lock().unwrap_or_else(|p| p.into_inner());
+        let Some(run) = guard.as_mut() else {
+            return Ok(None);
+        };
+        // The pool holds one batch per consumer; give it one more buffer for every further
+        // batch the caller still keeps alive, so that keeping batches never stalls the pipeline.
+        let kept = self.held.load(Ordering::SeqCst).saturating_sub(1);
+        if kept > run.extra_buffers {
+            run.pipeline.add_buffers(kept - run.extra_buffers);
+            run.extra_buffers = kept;
+        }
+        let t0 = Instant::now();
+        let item = py.detach(|| {
+            loop {
+                match run.batches.next() {
+                    Some(Ok(b)) if b.step >= steps => continue, // val: padding-only steps
+                    other => return other,
+                }
+            }
+        });
+        let waited = t0.elapsed();
+        self.note_bad_records(run);
+        let Some(batch) = item.transpose().map_err(loader_error)? else {
+            return Ok(None);
+        };
+        let step = batch.step;
+        let rows = if self.split == "val" {
+            let real = self.real_rows(step);
+            real - batch.dropped_among_first(real)
+        } else {
+            batch.len()
+        };
+        let mut timing = self.timing.lock().unwrap_or_else(|p| p.into_inner());
+        timing.first.get_or_insert(t0);
+        timing.wait += waited;
+        timing.images += rows as u64;
+        timing.batches += 1;
+        let held = HeldBatch::new(batch, rows, Arc::clone(&self.held));
+        Ok(Some((
+            BatchArray::new(Arc::clone(&held), Part::Images),
+            BatchArray::new(Arc::clone(&held), Part::Labels),
+            BatchArray::new(held, Part::Indices),
+            step,
+        )))
+    }
+
+    /// Stops the running epoch (its threads are joined; batches already lent stay valid).
+    fn stop(&self, py: Python<'_>) {
+        let run = self.run.lock().unwrap_or_else(|p| p.into_inner()).take();
+        py.detach(move || drop(run));
+    }
+
+    /// Batches lent to Python and still alive.
+    fn batches_alive(&self) -> usize {
+        self.held.load(Ordering::SeqCst)
+    }
+
+    /// Throughput and waiting since the first batch, and the bad records met.
+    fn stats<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        if let Some(run) = self.run.lock().unwrap_or_else(|p| p.into_inner()).as_mut() {
+            self.note_bad_records(run);
+        }
+        let t = self.timing.lock().unwrap_or_else(|p| p.into_inner());
+        let elapsed = t.first.map_or(0.0, |f| f.elapsed().as_secs_f64());
+        let wait = t.wait.as_secs_f64();
+        let bad = self.bad_seen.lock().unwrap_or_else(|p| p.into_inner());
+        let d = PyDict::new(py);
+        d.set_item("images", t.images)?;
+        d.set_item("batches", t.batches)?;
+        d.set_item("seconds", elapsed)?;
+        d.set_item(
+            "images_per_s",
+            if elapsed > 0.0 {
+                t.images as f64 / elapsed
+            } else {
+                0.0
+            },
+        )?;
+        d.set_item("wait_s", wait)?;
+        d.set_item(
+            "wait_fraction",
+            if elapsed > 0.0 { wait / elapsed } else { 0.0 },
+        )?;
+        d.set_item("bad_records", bad.clone())?;
+        Ok(d)
+    }
+}
+
+impl Loader {
+    /// Real (not wrapped-around padding) rows of this process's val batch at `step`.
+    fn real_rows(&self, step: usize) -> usize {
+        let first = (step * self.ranks_in_node + self.rank_in_node) * self.batch_size;
+        self.node_records.saturating_sub(first).min(self.batch_size)
+    }
+
+    /// Appends the run's bad records not yet seen to `bad_seen`.
+    fn note_bad_records(&self, run: &mut Run) {
+        let mut seen = self.bad_seen.lock().unwrap_or_else(|p| p.into_inner());
+        let new = run.pipeline.bad_records_since(run.bad_reported);
+        run.bad_reported += new.len();
+        seen.extend(
+            new.into_iter()
+                .map(|b| (b.file.display().to_string(), b.record, b.reason)),
+        );
+    }
+}

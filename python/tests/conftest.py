@@ -1,0 +1,82 @@
+"""Shared fixtures of the ddl Python tests: real JPEG datasets packed by the built binaries,
+and a launcher for scripts under ``mpirun``."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+from typing import List, Optional, Sequence
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+BIN = ROOT / "target" / "release"
+SCRIPTS = Path(__file__).resolve().parent / "scripts"
+#: Longest any launched job may run: far above what each needs, so only a hang reaches it.
+JOB_TIMEOUT = 300
+
+
+def binary(name: str) -> Path:
+    """A workspace binary; fails the test with a hint when it was not built."""
+    path = BIN / name
+    if not path.exists():
+        pytest.fail(f"{path} not built: run `make build` first")
+    return path
+
+
+def pack(out: Path, classes: int, per_class: int, val_per_class: int, shards: int,
+         seed: int = 0, side: int = 96) -> Path:
+    """Writes a ddl-synth tree of real JPEGs under ``out`` and packs it; returns the shards."""
+    tree, packed = out / "imagenet", out / "shards"
+    subprocess.run(
+        [binary("ddl-synth"), tree, "--classes", str(classes), "--per-class", str(per_class),
+         "--val-per-class", str(val_per_class), "--seed", str(seed), "--min-side", "48",
+         "--max-side", "128"],
+        check=True, capture_output=True)
+    subprocess.run(
+        [binary("ddl-pack"), tree, "-o", packed, "--shards", str(shards),
+         "--max-short-side", str(side)],
+        check=True, capture_output=True)
+    return packed
+
+
+@pytest.fixture(scope="session")
+def shards(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """4 classes x 24 train + 7 val images in 4 train shards (val: one shard per 7 images)."""
+    return pack(tmp_path_factory.mktemp("data"), classes=4, per_class=24, val_per_class=7,
+                shards=4)
+
+
+class Job:
+    """The outcome of a launched job."""
+
+    def __init__(self, returncode: int, stdout: str, stderr: str) -> None:
+        self.returncode, self.stdout, self.stderr = returncode, stdout, stderr
+
+    @property
+    def output(self) -> str:
+        return self.stdout + self.stderr
+
+
+def mpirun(np: int, script: str, args: Sequence[str] = (), timeout: float = JOB_TIMEOUT,
+           env: Optional[dict] = None) -> Job:
+    """Runs ``tests/scripts/<script>`` with ``np`` ranks under mpirun, in a session of its own
+    (so the whole job can be killed if it hangs), and returns its outcome."""
+    cmd: List[str] = ["mpirun", "--oversubscribe", "--bind-to", "none", "-np", str(np)]
+    if os.getuid() == 0:
+        cmd.append("--allow-run-as-root")
+    cmd += [sys.executable, str(SCRIPTS / script), *map(str, args)]
+    full_env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
+    full_env.update(env or {})
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env=full_env, start_new_session=True)
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        out, err = proc.communicate()
+        pytest.fail(f"mpirun -np {np} {script} hung past {timeout} s:\n{out}\n{err}")
+    return Job(proc.returncode, out, err)

@@ -1,0 +1,185 @@
+"""Tests of ``ddl.dist``: exact allreduce for every algorithm and dtype, broadcast, futures,
+equivalence with torch DDP, the three ways to initialise, a rank killed mid-job, and the
+exceptions for bad arguments.
+
+Each case runs a script of ``tests/scripts`` (under ``mpirun``, or alone for a one-rank job),
+which asserts inside and prints an ``ok`` line; the test checks the return code and parses
+that line, or compares the weights the script saved.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Dict, Sequence
+
+import pytest
+import torch
+
+from conftest import SCRIPTS, Job, mpirun
+
+#: Hang limit of the short jobs here (seconds): each needs well under half of it.
+SHORT = 120
+
+
+def alone(script: str, args: Sequence[str] = (), timeout: float = SHORT) -> Job:
+    """Runs ``tests/scripts/<script>`` as a plain process (no mpirun: a one-rank MPI job)."""
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(("OMPI_COMM_WORLD_", "PMIX_", "OMPI_MCA_"))}
+    env.update(OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
+    try:
+        proc = subprocess.run([sys.executable, str(SCRIPTS / script), *map(str, args)],
+                              capture_output=True, text=True, env=env, timeout=timeout)
+    except subprocess.TimeoutExpired as e:
+        pytest.fail(f"{script} hung past {timeout} s:\n{e.stdout}\n{e.stderr}")
+    return Job(proc.returncode, proc.stdout, proc.stderr)
+
+
+def ok_lines(job: Job, prefix: str) -> list:
+    """The script's success lines (``PREFIX ok ...``, found wherever mpirun put them); fails
+    with the job's output when the job did not succeed."""
+    assert job.returncode == 0, f"exit code {job.returncode}:\n{job.output}"
+    return re.findall(rf"{prefix} ok [^\n]*?(?=\n|{prefix} ok|$)", job.stdout)
+
+
+def free_port() -> int:
+    """A TCP port nobody listens on now (for torch.distributed's rendezvous)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+# 1. allreduce_, allreduce_async_, broadcast_ ----------------------------------------------
+
+@pytest.mark.parametrize("np_", [2, 3])
+def test_collectives_exact_and_identical_on_every_rank(np_: int) -> None:
+    """Every algorithm x dtype x size (1, 7, 1001, 300001 elements), sum and mean, equals the
+    exact result bitwise; non-contiguous tensors, futures and broadcasts from the first and
+    last rank too; all ranks end with the same digest of every result."""
+    job = mpirun(np_, "dist_allreduce.py", timeout=SHORT)
+    lines = ok_lines(job, "dist_allreduce")
+    parsed = [re.fullmatch(r"dist_allreduce ok rank=(\d+) size=(\d+) checks=(\d+) "
+                           r"digest=([0-9a-f]{8})", line) for line in lines]
+    assert all(parsed), lines
+    assert sorted(int(m[1]) for m in parsed) == list(range(np_)), job.output
+    assert {int(m[2]) for m in parsed} == {np_}
+    # 6 algorithms x 3 dtypes x 4 sizes x 2 (sum, mean); 3 algorithms x 3 dtypes x 2 shapes
+    # + 1 parameter non-contiguous; 5 futures; 2 roots x 6 broadcasts.
+    assert {int(m[3]) for m in parsed} == {6 * 3 * 4 * 2 + 3 * 3 * 2 + 1 + 5 + 2 * 6}
+    assert len({m[4] for m in parsed}) == 1, f"ranks disagree:\n{job.output}"
+
+
+# 2. DDP equivalence -----------------------------------------------------------------------
+
+def _flat(state: Dict[str, torch.Tensor]) -> torch.Tensor:
+    return torch.cat([v.reshape(-1).double() for v in state.values()])
+
+
+def _relative(a: Dict[str, torch.Tensor], b: Dict[str, torch.Tensor]) -> float:
+    """max |a - b| / max |b| over all weights (same names required)."""
+    assert sorted(a) == sorted(b), f"different weights: {sorted(a)} vs {sorted(b)}"
+    fa, fb = _flat({k: a[k] for k in sorted(a)}), _flat({k: b[k] for k in sorted(b)})
+    return float((fa - fb).abs().max() / fb.abs().max())
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory: pytest.TempPathFactory) -> Dict[str, Dict[str, torch.Tensor]]:
+    """Final weights of the dist_ddp.py runs: torch DDP (gloo) with and without ddl's hook,
+    and ddl's DistributedOptimizer (with and without averaging), 2 ranks, 5 SGD steps."""
+    out = tmp_path_factory.mktemp("ddp")
+    env = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port())}
+    for mode in ("torch", "ddl"):
+        lines = ok_lines(mpirun(2, "dist_ddp.py", [mode, out], timeout=SHORT, env=env),
+                         "dist_ddp")
+        assert len(lines) == 2, lines
+    return {p.stem: torch.load(p) for p in sorted(out.glob("*.pt"))}
+
+
+@pytest.mark.parametrize("name", ["hook", "hook_direct", "ddl"])
+def test_ddp_equivalence(trained: Dict[str, Dict[str, torch.Tensor]], name: str) -> None:
+    """DDP + ddl.dist.allreduce_hook and DistributedOptimizer + broadcast_parameters end
+    where torch DDP's own allreduce does, and averaging matters (no averaging ends far)."""
+    ddp = trained["ddp"]
+    assert _relative(trained[name], ddp) <= 1e-6
+    assert _relative(trained["local"], ddp) > 1e-3, "averaging made no difference"
+
+
+def test_distributed_optimizer_unused_parameters(
+        trained: Dict[str, Dict[str, torch.Tensor]]) -> None:
+    """A parameter no rank uses and one only the last rank uses: DistributedOptimizer does not
+    hang and matches DDP(find_unused_parameters=True); the never-used one stays put."""
+    ours, theirs = trained["ddl_unused"], trained["ddp_unused"]
+    assert _relative(ours, theirs) <= 1e-6
+    assert torch.equal(ours["never"], torch.full((40,), 0.5))
+    assert not torch.equal(ours["sometimes"], torch.full((10,), 0.25))
+    assert _relative(ours, trained["ddp"] | {"never": ours["never"],
+                                             "sometimes": ours["sometimes"]}) > 1e-4
+
+
+# 3. init() three ways ---------------------------------------------------------------------
+
+def test_init_alone_is_one_rank_identity() -> None:
+    """Without mpirun: rank 0 of 1, every allreduce is the identity; importing ddl and
+    ddl.dist did not start MPI, init() did."""
+    lines = ok_lines(alone("dist_init.py", ["alone"]), "dist_init")
+    assert lines == ["dist_init ok mode=alone rank=0 size=1"]
+
+
+@pytest.mark.parametrize("mode", ["mpirun", "mpi4py"])
+def test_init_under_mpirun(mode: str) -> None:
+    """Under mpirun (alone, or after mpi4py initialised MPI): ranks and sums agree with the
+    launcher's and mpi4py's, and every interpreter exits cleanly."""
+    job = mpirun(2, "dist_init.py", [mode], timeout=SHORT)
+    lines = ok_lines(job, "dist_init")
+    assert sorted(lines) == [f"dist_init ok mode={mode} rank={r} size=2" for r in range(2)]
+    assert "MPI_ERR" not in job.output and "Traceback" not in job.output, job.output
+
+
+# 4. a rank dies ---------------------------------------------------------------------------
+
+@pytest.mark.parametrize("np_,algorithm", [(3, "auto"), (2, "mpi")])
+def test_killed_rank_ends_the_job(np_: int, algorithm: str) -> None:
+    """Rank 1 exits with code 3 in the middle of a loop of allreduces: mpirun ends the job at
+    once (survivors included, even ones blocked in MPI_Allreduce) with that code and names the
+    process."""
+    start = time.monotonic()
+    job = mpirun(np_, "dist_kill.py", [algorithm, 1, 5], timeout=SHORT)
+    elapsed = time.monotonic() - start
+    assert job.returncode == 3, f"exit code {job.returncode}:\n{job.output}"
+    assert "victim rank 1 exits at iteration 10" in job.stdout
+    assert "finished" not in job.stdout, job.output
+    assert re.search(r"Process name: \[\[\d+,\d+\],1\]\s+Exit code:\s+3", job.output), job.output
+    assert elapsed < SHORT / 2, f"took {elapsed:.0f} s"
+
+
+def test_killed_rank_raises_dist_error_in_survivors() -> None:
+    """With mpirun told not to end the job (orte_abort_on_non_zero_status=0), each survivor
+    raises ddl.DistError within init(timeout=5), naming the operation, itself and the dead
+    peer, instead of hanging. (Open MPI 4.1's mpirun then exits 0 whatever the ranks' codes,
+    so the survivors' lines are the evidence.)"""
+    start = time.monotonic()
+    job = mpirun(3, "dist_kill.py", ["ring", 1, 5], timeout=SHORT,
+                 env={"OMPI_MCA_orte_abort_on_non_zero_status": "0"})
+    elapsed = time.monotonic() - start
+    assert "victim rank 1 exits at iteration 10" in job.stdout, job.output
+    assert "finished" not in job.stdout, job.output
+    for r in (0, 2):
+        assert re.search(rf"survivor rank {r}: DistError: \w+ on rank {r}: timed out after 5s "
+                         r"waiting for peer 1", job.stdout), job.output
+    assert elapsed < SHORT / 2, f"took {elapsed:.0f} s"
+
+
+# 5. bad arguments -------------------------------------------------------------------------
+
+def test_bad_arguments_raise_clear_errors() -> None:
+    """Not initialised -> RuntimeError saying to call init(); int64 and other dtypes ->
+    TypeError naming the dtype; unknown algorithm -> ValueError naming it; broadcast root out
+    of range -> ValueError (see dist_errors.py for every case)."""
+    lines = ok_lines(alone("dist_errors.py"), "dist_errors")
+    assert len(lines) == 1
+    assert int(lines[0].split("cases=")[1]) >= 25, lines

@@ -1,0 +1,271 @@
+"""ddl.Loader: the same pixels as ddl-train's pipeline, exact resume, every val record once,
+zero-copy batches that stay valid, bounded memory, and clear errors for bad input."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+from pathlib import Path
+from typing import Dict, List, Tuple
+
+import numpy as np
+import pytest
+import torch
+
+import ddl
+from conftest import BIN
+
+Batches = List[Tuple[torch.Tensor, torch.Tensor]]
+
+
+def collect(loader: ddl.Loader, epoch: int = 0) -> Batches:
+    loader.set_epoch(epoch)
+    return [(x.clone(), y.clone()) for x, y in loader]
+
+
+def rust_batches(shards: Path, out: Path, dtype: str, **kw: object) -> Tuple[np.ndarray, np.ndarray, List[int]]:
+    """What ddl-train's loader produces for one rank (tools/examples/loader_dump.rs)."""
+    exe = BIN / "examples" / "loader_dump"
+    if not exe.exists():
+        pytest.fail(f"{exe} not built: run `cargo build --release --workspace --all-targets`")
+    args = [str(exe), str(shards), str(out), "--dtype", dtype]
+    for k, v in kw.items():
+        args += [f"--{k.replace('_', '-')}", str(v)]
+    subprocess.run(args, check=True, capture_output=True)
+    rows = json.loads((out / "batches.json").read_text())["rows"]
+    images = np.fromfile(out / "images.bin", dtype=np.float32 if dtype == "float32" else np.uint8)
+    labels = np.fromfile(out / "labels.bin", dtype=np.int64)
+    return images, labels, rows
+
+
+@pytest.mark.parametrize("split", ["train", "val"])
+@pytest.mark.parametrize("dtype", ["float32", "uint8"])
+def test_pixels_equal_the_rust_pipeline(shards: Path, tmp_path: Path, split: str, dtype: str) -> None:
+    images, labels, rows = rust_batches(shards, tmp_path, dtype, split=split, batch=8, size=40,
+                                        workers=1, seed=7, epoch=3)
+    layout = "NCHW" if dtype == "float32" else "NHWC"
+    loader = ddl.Loader(shards, split=split, batch_size=8, image_size=40, workers=2, seed=7,
+                        dtype=dtype, layout=layout)
+    got = collect(loader, epoch=3)
+    assert [len(y) for _, y in got] == rows
+    assert len(loader) == len(rows)
+    assert np.array_equal(np.concatenate([x.numpy().ravel() for x, _ in got]), images)
+    assert np.array_equal(np.concatenate([y.numpy() for _, y in got]), labels)
+
+
+def test_pixels_equal_the_rust_pipeline_for_every_placement(
+        shards: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # rank 1 of 2 on one node (the launcher says so): both ranks share the node's shards.
+    for k, v in {"OMPI_COMM_WORLD_RANK": "1", "OMPI_COMM_WORLD_SIZE": "2",
+                 "OMPI_COMM_WORLD_LOCAL_RANK": "1", "OMPI_COMM_WORLD_LOCAL_SIZE": "2"}.items():
+        monkeypatch.setenv(k, v)
+    shared = ddl.Loader(shards, batch_size=4, image_size=32, workers=1, seed=1)
+    assert (shared.placement.node, shared.placement.nodes, shared.placement.local_rank) == (0, 1, 1)
+    images, _, rows = rust_batches(shards, tmp_path / "a", "float32", batch=4, size=32, seed=1,
+                                   rank_in_node=1, ranks_in_node=2)
+    got = collect(shared)
+    assert [len(y) for _, y in got] == rows
+    assert np.array_equal(np.concatenate([x.numpy().ravel() for x, _ in got]), images)
+    # rank 1 of 2 given explicitly, no launcher: a node of its own holding every second shard.
+    monkeypatch.undo()
+    own = ddl.Loader(shards, batch_size=4, image_size=32, workers=1, seed=1, rank=1, world_size=2)
+    assert (own.placement.node, own.placement.nodes) == (1, 2)
+    images, _, rows = rust_batches(shards, tmp_path / "b", "float32", batch=4, size=32, seed=1,
+                                   node=1, nodes=2)
+    got = collect(own)
+    assert [len(y) for _, y in got] == rows
+    assert np.array_equal(np.concatenate([x.numpy().ravel() for x, _ in got]), images)
+
+
+def test_batches_do_not_depend_on_workers_and_change_with_epoch(shards: Path) -> None:
+    one = collect(ddl.Loader(shards, batch_size=8, image_size=32, workers=1))
+    three = collect(ddl.Loader(shards, batch_size=8, image_size=32, workers=3, prefetch=4))
+    assert len(one) == len(three) > 1
+    for (x1, y1), (x3, y3) in zip(one, three):
+        assert torch.equal(x1, x3) and torch.equal(y1, y3)
+    other = collect(ddl.Loader(shards, batch_size=8, image_size=32, workers=1), epoch=1)
+    assert not all(torch.equal(a[1], b[1]) for a, b in zip(one, other))
+
+
+def test_state_dict_resumes_with_exactly_the_remaining_batches(shards: Path) -> None:
+    full = collect(ddl.Loader(shards, batch_size=8, image_size=32, workers=2), epoch=2)
+    loader = ddl.Loader(shards, batch_size=8, image_size=32, workers=2)
+    loader.set_epoch(2)
+    it = iter(loader)
+    for _ in range(3):
+        next(it)
+    state = loader.state_dict()
+    assert (state["epoch"], state["step"]) == (2, 3)
+    restored = ddl.Loader(shards, batch_size=8, image_size=32, workers=1)
+    restored.load_state_dict(state)
+    restored.set_epoch(2)
+    rest = [(x.clone(), y.clone()) for x, y in restored]
+    assert len(rest) == len(full) - 3
+    for (x, y), (fx, fy) in zip(rest, full[3:]):
+        assert torch.equal(x, fx) and torch.equal(y, fy)
+    # The epoch ended: its state says "the next epoch, from its first batch".
+    assert (restored.state_dict()["epoch"], restored.state_dict()["step"]) == (3, 0)
+    restored.set_epoch(3)
+    assert len(list(restored)) == len(full)
+    with pytest.raises(ValueError, match="batch_size"):
+        ddl.Loader(shards, batch_size=4, image_size=32).load_state_dict(state)
+
+
+def image_hashes(batches: Batches) -> List[str]:
+    return [hashlib.sha1(x.numpy().tobytes()).hexdigest() for xs, _ in batches for x in xs]
+
+
+@pytest.mark.parametrize("world", [2, 3])
+def test_val_covers_every_record_once(shards: Path, world: int) -> None:
+    single = image_hashes(collect(ddl.Loader(shards, split="val", batch_size=4, image_size=32)))
+    assert len(single) == len(ddl.Shards(shards, "val"))
+    parts = [image_hashes(collect(ddl.Loader(shards, split="val", batch_size=4, image_size=32,
+                                             rank=r, world_size=world)))
+             for r in range(world)]
+    assert sorted(h for p in parts for h in p) == sorted(single)
+
+
+def test_kept_tensors_keep_their_contents(shards: Path) -> None:
+    loader = ddl.Loader(shards, batch_size=8, image_size=32, workers=2, prefetch=1)
+    kept, copies = [], []
+    for epoch in range(3):
+        loader.set_epoch(epoch)
+        for x, y in loader:
+            kept.append((x, y))
+            copies.append((x.clone(), y.clone()))
+    # More batches are alive than the pipeline has buffers: none was recycled under them.
+    assert len(kept) > 3 * (1 + 1) + 2
+    for (x, y), (cx, cy) in zip(kept, copies):
+        assert torch.equal(x, cx) and torch.equal(y, cy)
+    del x, y
+    kept.clear()
+    assert loader._core.batches_alive() == 0
+
+
+def rss_bytes() -> int:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) * 1024
+    raise AssertionError("no VmRSS in /proc/self/status")
+
+
+def test_memory_stays_bounded_when_batches_are_dropped(shards: Path) -> None:
+    loader = ddl.Loader(shards, batch_size=8, image_size=64, workers=2)
+    batch_bytes = 8 * 3 * 64 * 64 * 4
+    loader.set_epoch(0)
+    for _ in loader:
+        pass
+    after_first = rss_bytes()
+    for epoch in range(1, 11):
+        loader.set_epoch(epoch)
+        for x, y in loader:
+            assert x.shape == (8, 3, 64, 64)
+    growth = rss_bytes() - after_first
+    # Ten epochs of ~30 batches each: a leak of one batch per step would be 30x this bound.
+    assert growth < 10 * batch_bytes, f"RSS grew by {growth} bytes over 10 epochs"
+
+
+def test_layouts_are_views_of_the_same_pixels(shards: Path) -> None:
+    nhwc = collect(ddl.Loader(shards, batch_size=4, image_size=32, dtype="uint8", layout="NHWC"))
+    nchw = collect(ddl.Loader(shards, batch_size=4, image_size=32, dtype="uint8", layout="NCHW"))
+    assert nhwc[0][0].shape == (4, 32, 32, 3) and nchw[0][0].shape == (4, 3, 32, 32)
+    assert nhwc[0][0].dtype == torch.uint8
+    assert torch.equal(nhwc[0][0].permute(0, 3, 1, 2), nchw[0][0])
+
+
+def test_metadata_and_stats(shards: Path) -> None:
+    loader = ddl.Loader(shards, batch_size=8, image_size=32)
+    assert loader.classes == ddl.Shards(shards).classes and loader.num_classes == 4
+    n = sum(len(y) for _, y in loader)
+    assert n == len(loader) * 8
+    stats = loader.stats()
+    assert stats["images"] == n and stats["images_per_s"] > 0 and stats["bad_records"] == []
+    assert 0 <= stats["wait_fraction"] <= 1
+
+
+@pytest.mark.parametrize("kwargs, error, names", [
+    ({"split": "test"}, ValueError, "split"),
+    ({"batch_size": 0}, ValueError, "batch_size"),
+    ({"workers": -1}, ValueError, "workers"),
+    ({"dtype": "int8"}, ValueError, "dtype"),
+    ({"layout": "CHW"}, ValueError, "layout"),
+    ({"on_bad_record": "ignore"}, ValueError, "on_bad_record"),
+    ({"device": "tpu"}, ValueError, "device"),
+    ({"rank": 2, "world_size": 2}, ValueError, "rank"),
+    ({"rank": 0, "world_size": 9}, ValueError, "shards"),
+])
+def test_bad_arguments_name_the_argument(shards: Path, kwargs: Dict[str, object],
+                                         error: type, names: str) -> None:
+    with pytest.raises(error, match=names):
+        ddl.Loader(shards, **kwargs)
+
+
+def test_missing_directory_names_the_path(tmp_path: Path) -> None:
+    with pytest.raises(FileNotFoundError, match="nowhere"):
+        ddl.Loader(tmp_path / "nowhere")
+    with pytest.raises(FileNotFoundError, match="manifest.json"):
+        ddl.Loader(tmp_path)
+
+
+def damaged_copy(shards: Path, dest: Path) -> Path:
+    shutil.copytree(shards, dest)
+    return dest
+
+
+def test_truncated_shard_is_a_shard_error_naming_the_file(shards: Path, tmp_path: Path) -> None:
+    copy = damaged_copy(shards, tmp_path / "shards")
+    victim = copy / "train-00001.ddl"
+    with open(victim, "r+b") as f:
+        f.truncate(os.path.getsize(victim) // 2)
+    with pytest.raises(ddl.ShardError, match="train-00001.ddl"):
+        ddl.Loader(copy)
+    with pytest.raises(ddl.ShardError, match="train-00001.ddl"):
+        ddl.Shards(copy)
+
+
+def corrupt_record(copy: Path, split: str, index: int) -> Tuple[str, int]:
+    """Flips bytes inside record ``index``'s JPEG; returns (shard file, record in shard)."""
+    records = ddl.Shards(copy, split)
+    jpeg = records[index][0]
+    for f in records.files:
+        data = bytearray(Path(f).read_bytes())
+        at = data.find(jpeg)
+        if at >= 0:
+            for k in range(at + len(jpeg) // 2, at + len(jpeg) // 2 + 16):
+                data[k] ^= 0xFF
+            Path(f).write_bytes(bytes(data))
+            break
+    bad = ddl.Shards(copy, split).verify()
+    assert len(bad) == 1 and bad[0][0].endswith(".ddl"), bad
+    return bad[0][0], bad[0][1]
+
+
+def test_corrupt_record_is_reported_and_replaced_or_fails(shards: Path, tmp_path: Path) -> None:
+    copy = damaged_copy(shards, tmp_path / "shards")
+    file, record = corrupt_record(copy, "train", 5)
+    loader = ddl.Loader(copy, batch_size=8, image_size=32, on_bad_record="replace")
+    sizes = [len(y) for _, y in loader]
+    assert sizes == [8] * len(loader)
+    bad = loader.stats()["bad_records"]
+    assert [(b[0], b[1]) for b in bad] == [(file, record)] and "checksum" in bad[0][2]
+    with pytest.raises(ddl.DdlError, match=f"record {record}"):
+        for _ in ddl.Loader(copy, batch_size=8, image_size=32, on_bad_record="fail"):
+            pass
+    with pytest.raises(ddl.ShardError, match=os.path.basename(file)):
+        ddl.Shards(copy)[5]
+
+
+def test_shard_replaced_between_epochs_is_a_shard_error(shards: Path, tmp_path: Path) -> None:
+    copy = damaged_copy(shards, tmp_path / "shards")
+    loader = ddl.Loader(copy, batch_size=8, image_size=32)
+    assert len(list(loader)) == len(loader)
+    victim = copy / "train-00002.ddl"
+    data = victim.read_bytes()
+    victim.unlink()
+    victim.write_bytes(data)  # same bytes, another file: no longer the one mapped
+    loader.set_epoch(1)
+    with pytest.raises(ddl.ShardError, match="train-00002.ddl"):
+        next(iter(loader))

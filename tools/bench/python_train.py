@@ -1,0 +1,154 @@
+"""A PyTorch data-parallel training loop on CPU, fed and reduced by ddl or by the usual PyTorch
+pieces, one process per rank under mpirun (torchvision resnet18, SGD with momentum,
+cross-entropy, one intra-op thread per rank).
+
+--loader ddl          ddl.Loader over SHARDS (train split, RandomResizedCrop SIZE + flip +
+                      normalize, float32 NCHW), --workers decode threads per rank
+--loader torchvision  ImageFolder(TREE/train) with RandomResizedCrop(SIZE), RandomHorizontalFlip,
+                      ToTensor, Normalize; DistributedSampler; DataLoader(--workers processes,
+                      persistent, drop_last)
+--loader fixed        one batch made once in memory and used at every step (no loader)
+--comm ddl            ddl.dist: broadcast_parameters + DistributedOptimizer (no torch.distributed)
+--comm ddl-ddp        DistributedDataParallel (gloo process group for its bookkeeping) with
+                      ddl.dist.allreduce_hook as its communication hook
+--comm gloo           DistributedDataParallel over torch.distributed gloo (MASTER_ADDR=127.0.0.1)
+--comm none           no gradient averaging (each rank trains alone: the compute and loader only)
+
+Runs WARMUP steps, then times STEPS steps. Every rank prints one JSON line: images and seconds
+of its timed steps, and the time it spent waiting for batches (data_s), in forward + backward
+(fwd_bwd_s: for DDP that includes its overlapped reductions) and inside optimizer.step
+(step_s: for --comm ddl that includes waiting for the last reductions).
+Total images/s of the job = sum of images / slowest rank's seconds (tools/bench/python.sh).
+Usage: mpirun -np 2 -x MASTER_ADDR=127.0.0.1 -x MASTER_PORT=29511 python python_train.py
+           --loader ddl --data bench-out/shards-80 --comm ddl [--steps 25] [--warmup 5]
+           [--batch 32] [--size 64] [--workers 2] [--algorithm auto]
+"""
+import argparse
+import json
+import os
+import time
+
+import torch
+import torch.nn.functional as F
+import torchvision
+
+MEAN, STD = [0.485, 0.456, 0.406], [0.229, 0.224, 0.225]
+
+
+def env_rank():
+    return (int(os.environ.get("OMPI_COMM_WORLD_RANK", "0")),
+            int(os.environ.get("OMPI_COMM_WORLD_SIZE", "1")))
+
+
+def batches(args, rank, size, num_classes):
+    """An endless stream of (images, labels), epoch after epoch."""
+    if args.loader == "fixed":
+        g = torch.Generator().manual_seed(rank)
+        x = torch.randn(args.batch, 3, args.size, args.size, generator=g)
+        y = torch.randint(0, num_classes, (args.batch,), generator=g)
+        while True:
+            yield x, y
+    elif args.loader == "ddl":
+        import ddl
+        loader = ddl.Loader(args.data, split="train", batch_size=args.batch,
+                            image_size=args.size, workers=args.workers, seed=0)
+        epoch = 0
+        while True:
+            loader.set_epoch(epoch)
+            yield from loader
+            epoch += 1
+    else:
+        from torchvision import datasets, transforms
+        tf = transforms.Compose([
+            transforms.RandomResizedCrop(args.size),
+            transforms.RandomHorizontalFlip(),
+            transforms.ToTensor(),
+            transforms.Normalize(MEAN, STD),
+        ])
+        ds = datasets.ImageFolder(os.path.join(args.data, "train"), tf)
+        sampler = torch.utils.data.distributed.DistributedSampler(
+            ds, num_replicas=size, rank=rank, shuffle=True, seed=0, drop_last=True)
+        dl = torch.utils.data.DataLoader(ds, batch_size=args.batch, sampler=sampler,
+                                         num_workers=args.workers, drop_last=True,
+                                         persistent_workers=True)
+        epoch = 0
+        while True:
+            sampler.set_epoch(epoch)
+            yield from dl
+            epoch += 1
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--loader", choices=("ddl", "torchvision", "fixed"), required=True)
+    ap.add_argument("--comm", choices=("ddl", "ddl-ddp", "gloo", "none"), required=True)
+    ap.add_argument("--data", default="")
+    ap.add_argument("--steps", type=int, default=25)
+    ap.add_argument("--warmup", type=int, default=5)
+    ap.add_argument("--batch", type=int, default=32)
+    ap.add_argument("--size", type=int, default=64)
+    ap.add_argument("--workers", type=int, default=2)
+    ap.add_argument("--classes", type=int, default=100)
+    ap.add_argument("--algorithm", default="auto")
+    args = ap.parse_args()
+    torch.set_num_threads(1)
+    rank, size = env_rank()
+
+    if args.comm in ("ddl", "ddl-ddp"):
+        import ddl.dist as dd
+        dd.init()
+        rank, size = dd.rank(), dd.size()
+    if args.comm in ("gloo", "ddl-ddp"):
+        import torch.distributed as tdist
+        tdist.init_process_group("gloo", rank=rank, world_size=size)
+
+    torch.manual_seed(0)
+    model = torchvision.models.resnet18(num_classes=args.classes)
+    sgd = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9, weight_decay=5e-5)
+    opt = sgd
+    if args.comm == "ddl":
+        dd.broadcast_parameters(model)
+        opt = dd.DistributedOptimizer(sgd, model, algorithm=args.algorithm)
+    elif args.comm in ("gloo", "ddl-ddp"):
+        model = torch.nn.parallel.DistributedDataParallel(model)
+        if args.comm == "ddl-ddp":
+            model.register_comm_hook(args.algorithm, dd.allreduce_hook)
+    model.train()
+
+    it = batches(args, rank, size, args.classes)
+    data_s = step_s = fb_s = 0.0
+    images = 0
+    start = None
+    for i in range(args.warmup + args.steps):
+        if i == args.warmup:
+            start = time.perf_counter()
+            data_s = step_s = fb_s = 0.0
+            images = 0
+        t0 = time.perf_counter()
+        x, y = next(it)
+        t1 = time.perf_counter()
+        loss = F.cross_entropy(model(x), y)
+        opt.zero_grad()
+        loss.backward()
+        t2 = time.perf_counter()
+        opt.step()
+        t3 = time.perf_counter()
+        data_s += t1 - t0
+        step_s += t3 - t2
+        fb_s += t2 - t1
+        images += x.shape[0]
+        del x, y
+    seconds = time.perf_counter() - start
+    print(json.dumps({
+        "peer": f"{args.loader}+{args.comm}", "loader": args.loader, "comm": args.comm,
+        "rank": rank, "ranks": size, "workers": args.workers, "batch": args.batch,
+        "size": args.size, "steps": args.steps, "images": images, "seconds": seconds,
+        "images_per_s": images / seconds, "data_s": data_s, "fwd_bwd_s": fb_s, "step_s": step_s,
+        "loss": loss.item(),
+    }), flush=True)
+    if args.comm in ("gloo", "ddl-ddp"):
+        tdist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
