@@ -26,6 +26,7 @@
 //! ([`occupants`]) unless it continues them (`--resume`) or moves them aside first
 //! ([`move_aside`], `--restart`); nothing deletes a checkpoint another run wrote.
 
+use std::collections::BTreeMap;
 use std::ffi::CString;
 use std::fs::{self, File};
 use std::io::{Read, Write};
@@ -86,6 +87,21 @@ pub struct CheckpointMeta {
     /// older checkpoints).
     #[serde(default)]
     pub data_fingerprint: Option<u32>,
+    /// Class names (WordNet ids) in label order, for exporting the model (absent in older
+    /// checkpoints).
+    #[serde(default)]
+    pub class_names: Option<Vec<String>>,
+    /// Validation top-1 of these weights, when the run evaluated them at this step.
+    #[serde(default)]
+    pub val_top1: Option<f64>,
+    /// Validation top-5 of these weights, when the run evaluated them at this step.
+    #[serde(default)]
+    pub val_top5: Option<f64>,
+    /// The `num_batches_tracked` of each BatchNorm (by prefix) in the `--init-from` file the
+    /// run started from (empty from scratch): an export adds the global step to it (see
+    /// [`crate::weights`]).
+    #[serde(default)]
+    pub batches_tracked_base: BTreeMap<String, i64>,
     /// Tensors in data order.
     pub tensors: Vec<TensorEntry>,
 }
@@ -418,6 +434,10 @@ mod tests {
                 flags: serde_json::json!({"seed": 0}),
                 nodes: Some(1),
                 data_fingerprint: None,
+                class_names: Some(vec!["a".into(), "b".into(), "c".into()]),
+                val_top1: None,
+                val_top5: None,
+                batches_tracked_base: BTreeMap::new(),
                 tensors: vec![
                     TensorEntry {
                         name: "param/a".into(),

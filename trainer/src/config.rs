@@ -96,6 +96,15 @@ pub struct TrainConfig {
     pub allreduce: Algorithm,
     /// Write final replica-0 weights here (`--dump-weights`).
     pub dump_weights: Option<PathBuf>,
+    /// Write the final model here as a torchvision-compatible `.safetensors` file
+    /// (`--export`; see [`crate::weights`]).
+    pub export: Option<PathBuf>,
+    /// Start from the weights of this `.safetensors` file, with torchvision's names
+    /// (`--init-from`), unless `--resume` finds a checkpoint.
+    pub init_from: Option<PathBuf>,
+    /// Re-initialise the classifier head instead of loading it from `--init-from`
+    /// (`--reset-head`: fine-tuning on another class count).
+    pub reset_head: bool,
     /// Compare replica checksums every epoch (`--check-replicas`).
     pub check_replicas: bool,
     /// How the ranks of a node share the dataset (`--residency`).
@@ -163,6 +172,9 @@ impl Default for TrainConfig {
             max_steps: None,
             allreduce: Algorithm::Auto,
             dump_weights: None,
+            export: None,
+            init_from: None,
+            reset_head: false,
             check_replicas: false,
             residency: ResidencyMode::Node,
             overlap: None,
@@ -178,6 +190,23 @@ impl Default for TrainConfig {
             verbose: true,
             stop: StopRequest::default(),
         }
+    }
+}
+
+impl TrainConfig {
+    /// The shorter side of the eval resize: `--eval-resize`, or the image size x 8/7 (256 for
+    /// 224) when it is 0.
+    pub fn eval_resize_px(&self) -> u32 {
+        eval_resize_px(self.image_size, self.eval_resize)
+    }
+}
+
+/// The shorter side of the eval resize for `--image-size` and `--eval-resize` (0: x 8/7).
+pub fn eval_resize_px(image_size: u32, eval_resize: u32) -> u32 {
+    if eval_resize > 0 {
+        eval_resize
+    } else {
+        (image_size * 8).div_ceil(7)
     }
 }
 

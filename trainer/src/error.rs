@@ -39,6 +39,10 @@ pub enum TrainError {
         /// What is wrong with it.
         message: String,
     },
+    /// A weights file (`--init-from`, `--export`, `ddl-export`, `ddl-predict`) is unreadable
+    /// or does not fit the model; names the file and the tensor.
+    #[error(transparent)]
+    Weights(#[from] crate::weights::WeightsError),
     /// Model replicas (inside this rank or across ranks) hold different weights.
     #[error("replica mismatch: {0}")]
     ReplicaMismatch(String),

@@ -13,6 +13,9 @@
 //! - [`signal`]: SIGTERM/SIGINT stop a run after a step, with a checkpoint to resume from.
 //! - [`run_flags`]: which flags a resumed run must share with its checkpoint.
 //! - [`validate`]: range checks of the numeric flags and the batch-memory estimate.
+//! - [`weights`]: models in and out: torchvision-compatible state dicts in `.safetensors`
+//!   files (`--export`, `--init-from`), [`export`] of checkpoints (`ddl-export`) and
+//!   [`predict`]ion (`ddl-predict`).
 //!
 //! # Launching
 //!
@@ -51,15 +54,18 @@ pub mod config;
 pub mod console;
 pub mod device;
 pub mod error;
+pub mod export;
 pub mod metrics;
 pub mod model;
 pub mod optim;
+pub mod predict;
 pub mod run_flags;
 pub mod schedule;
 pub mod signal;
 pub mod table;
 pub mod train;
 pub mod validate;
+pub mod weights;
 
 pub use config::TrainConfig;
 pub use error::{Result, TrainError};

@@ -119,6 +119,19 @@ struct Cli {
     /// Write the final replica-0 weights as raw f32 LE to FILE (+ FILE.json index).
     #[arg(long)]
     dump_weights: Option<PathBuf>,
+    /// Write the final model to FILE (.safetensors) with torchvision's keys, shapes and dtypes,
+    /// so that torchvision.models.NAME(num_classes=C).load_state_dict(load_file(FILE)) works,
+    /// and ddl's metadata: classes, eval transform, flags, final val top-1/top-5.
+    #[arg(long, value_name = "FILE")]
+    export: Option<PathBuf>,
+    /// Start from the weights in FILE (.safetensors with torchvision's names, e.g. a state
+    /// dict saved from torchvision or a ddl export); a checkpoint --resume finds comes first.
+    #[arg(long, value_name = "FILE")]
+    init_from: Option<PathBuf>,
+    /// With --init-from: re-initialise the classifier head (fc) instead of loading it, to
+    /// fine-tune on a dataset with other classes.
+    #[arg(long, requires = "init_from")]
+    reset_head: bool,
     /// Compare replica parameter checksums (inside and across ranks) every epoch.
     #[arg(long)]
     check_replicas: bool,
@@ -201,6 +214,9 @@ impl Cli {
             max_steps: self.max_steps,
             allreduce: self.allreduce,
             dump_weights: self.dump_weights,
+            export: self.export,
+            init_from: self.init_from,
+            reset_head: self.reset_head,
             check_replicas: self.check_replicas,
             residency: self.residency,
             overlap: match self.overlap.as_str() {

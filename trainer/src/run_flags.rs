@@ -89,6 +89,15 @@ pub const FREE: &[(&str, &str)] = &[
     ("restart", "how this run starts"),
     ("allow_new_layout", "how this run starts"),
     ("dump_weights", "output only"),
+    ("export", "output only"),
+    (
+        "init_from",
+        "only the first step's weights, which a resumed run takes from its checkpoint",
+    ),
+    (
+        "reset_head",
+        "only the first step's weights, which a resumed run takes from its checkpoint",
+    ),
     ("check_replicas", "a check, changes nothing"),
     ("eval", "evaluation does not train"),
     ("eval_resize", "evaluation does not train"),

@@ -9,6 +9,7 @@ use crate::error::{Result, TrainError};
 use crate::run_flags::{self, LayoutCheck};
 use crate::table::ReplicaState;
 
+use super::weights_io::EvalAt;
 use super::Run;
 
 /// Encodes u64 values as bytes (for the control plane).
@@ -147,6 +148,7 @@ impl Run<'_> {
             }
         }
         let (loss_scale, good_steps) = self.table.loss_scale();
+        let evaluated = self.last_eval.filter(|e| e.step == global);
         let ck = Checkpoint {
             meta: CheckpointMeta {
                 model: self.cfg.model.name().to_string(),
@@ -161,6 +163,10 @@ impl Run<'_> {
                 flags: serde_json::to_value(self.cfg).unwrap_or_default(),
                 nodes: Some(self.plan.residency.nodes),
                 data_fingerprint: Some(self.plan.data_fingerprint),
+                class_names: Some(self.class_names()),
+                val_top1: evaluated.and_then(|e| e.top1),
+                val_top5: evaluated.and_then(|e| e.top5),
+                batches_tracked_base: self.batches_tracked_base.clone(),
                 tensors,
             },
             data,
@@ -296,6 +302,14 @@ impl Run<'_> {
         }
         self.table
             .set_loss_scale(ck.meta.loss_scale, ck.meta.good_steps);
+        self.batches_tracked_base = ck.meta.batches_tracked_base.clone();
+        if ck.meta.val_top1.is_some() {
+            self.last_eval = Some(EvalAt {
+                step: ck.meta.global_step,
+                top1: ck.meta.val_top1,
+                top5: ck.meta.val_top5,
+            });
+        }
         if self.is_root() && self.cfg.verbose {
             println!(
                 "resume: {} (epoch {}, step {}, global step {})",

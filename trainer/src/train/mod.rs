@@ -29,9 +29,11 @@ use crate::table::{BatchIter, EvalSums, Table, TableConfig};
 
 mod checkpoints;
 mod plan;
+mod weights_io;
 
 use checkpoints::{bytes_to_u64s, u64s_to_bytes};
 use plan::{plan, Plan};
+use weights_io::EvalAt;
 
 /// Where this process sits in the job.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -103,6 +105,11 @@ struct Run<'a> {
     bad_unpublished: Vec<(BadRecordUse, BadRecord)>,
     /// Global step of the last checkpoint written.
     last_checkpoint: Option<u64>,
+    /// The last evaluation's accuracies and the step of the weights it measured.
+    last_eval: Option<EvalAt>,
+    /// `num_batches_tracked` of each BatchNorm in the `--init-from` file (empty from scratch):
+    /// an export adds the global step to it.
+    batches_tracked_base: std::collections::BTreeMap<String, i64>,
 }
 
 /// Where a bad record was met.
@@ -293,6 +300,8 @@ pub fn train(
         bad_seen: HashSet::new(),
         bad_unpublished: Vec::new(),
         last_checkpoint: None,
+        last_eval: None,
+        batches_tracked_base: Default::default(),
     };
     run.go()
 }
@@ -309,10 +318,16 @@ impl Run<'_> {
     fn go(mut self) -> Result<TrainSummary> {
         let (mut epoch, mut step, mut global) = (0u64, 0u64, 0u64);
         self.claim_checkpoint_dir()?;
+        let mut resumed = false;
         if self.cfg.resume {
             if let Some((e, s, g)) = self.resume()? {
                 (epoch, step, global) = (e, s, g);
+                resumed = true;
             }
+        }
+        // A run continued from its checkpoint has its weights already.
+        if let Some(path) = self.cfg.init_from.clone().filter(|_| !resumed) {
+            self.init_from(&path)?;
         }
         if let Some(path) = &self.cfg.metrics {
             if self.is_root() {
@@ -413,6 +428,13 @@ impl Run<'_> {
                 self.check_replicas()?;
             }
             let record = self.epoch_record(epoch, &acc, epoch_s, val)?;
+            if record.val_top1.is_some() {
+                self.last_eval = Some(EvalAt {
+                    step: global,
+                    top1: record.val_top1,
+                    top5: record.val_top5,
+                });
+            }
             self.summary.bad_records_train += record.bad_records;
             self.summary.bad_records_eval += record.val_bad_records.unwrap_or(0);
             if record.bad_records + record.val_bad_records.unwrap_or(0) > 0 {
@@ -450,6 +472,9 @@ impl Run<'_> {
             if self.is_root() {
                 self.dump_weights(path)?;
             }
+        }
+        if let Some(path) = &self.cfg.export {
+            self.export(path, epoch, global)?;
         }
         Ok(self.summary)
     }
@@ -630,11 +655,7 @@ impl Run<'_> {
                     shuffle: false,
                 },
             )?;
-            let resize = if self.cfg.eval_resize > 0 {
-                self.cfg.eval_resize
-            } else {
-                (self.cfg.image_size * 8).div_ceil(7)
-            };
+            let resize = self.cfg.eval_resize_px();
             let on_bad = match self.cfg.on_bad_record {
                 OnBadRecord::Fail => OnBadRecord::Fail,
                 OnBadRecord::Replace | OnBadRecord::Skip => OnBadRecord::Skip,

@@ -9,6 +9,7 @@ use crate::config::{ResidencyMode, TrainConfig};
 use crate::error::{Result, TrainError};
 use crate::schedule::{Decay, DecayKind};
 use crate::validate;
+use crate::weights;
 
 use super::RankInfo;
 
@@ -60,6 +61,22 @@ pub(super) fn plan(cfg: &TrainConfig, rank: usize, world: usize, info: RankInfo)
             "--restart",
             "starts over, --resume continues: give one of them",
         ));
+    }
+    if cfg.reset_head && cfg.init_from.is_none() {
+        return Err(TrainError::config("--reset-head", "needs --init-from"));
+    }
+    // Only rank 0 writes the model.
+    if let Some(path) = cfg.export.as_ref().filter(|_| rank == 0) {
+        weights::file::check_destination(path).map_err(|m| TrainError::config("--export", m))?;
+    }
+    // Rank 0 reads the file and hands it to the others (see `Run::init_from`).
+    if let Some(path) = cfg.init_from.as_ref().filter(|_| rank == 0) {
+        if !path.is_file() {
+            return Err(TrainError::config(
+                "--init-from",
+                format!("{} is not a file", path.display()),
+            ));
+        }
     }
     if !cfg.data.is_dir() {
         return Err(TrainError::config(

@@ -1,0 +1,202 @@
+//! A run's model in and out: `--init-from` loads weights with torchvision's names before the
+//! first step, `--export` writes the final model as a torchvision-compatible safetensors file
+//! (see [`crate::weights`]).
+
+use std::path::Path;
+
+use ddl_loader::pipeline::{IMAGENET_MEAN, IMAGENET_STD};
+
+use crate::error::{Result, TrainError};
+use crate::table::ReplicaState;
+use crate::weights::meta::ModelMeta;
+use crate::weights::{self, file, Spec, StateDict, WeightsError};
+
+use super::Run;
+
+/// The validation accuracy of the weights after `step` global steps.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub(super) struct EvalAt {
+    /// Global step of the weights evaluated.
+    pub(super) step: u64,
+    /// Top-1 accuracy (`None` when no val image was scored).
+    pub(super) top1: Option<f64>,
+    /// Top-5 accuracy.
+    pub(super) top5: Option<f64>,
+}
+
+impl Run<'_> {
+    /// `--init-from`: every replica starts from the weights and BatchNorm statistics of `path`
+    /// (the classifier head from the seed instead with `--reset-head`), momentum zero. Rank 0
+    /// reads the file and broadcasts its bytes, so only rank 0 needs to see it; every rank then
+    /// checks it the same way, so a bad file fails every rank before the first step, naming
+    /// the key.
+    pub(super) fn init_from(&mut self, path: &Path) -> Result<()> {
+        let read = if self.is_root() {
+            Some(std::fs::read(path).map_err(|source| WeightsError::Io {
+                path: path.to_path_buf(),
+                source,
+            }))
+        } else {
+            None
+        };
+        let payload = match &read {
+            Some(Ok(bytes)) => [&[0u8][..], bytes].concat(),
+            Some(Err(e)) => [&[1u8][..], e.to_string().as_bytes()].concat(),
+            None => Vec::new(),
+        };
+        drop(read);
+        let payload = self.comm.broadcast_bytes(payload)?;
+        let bytes = match payload.split_first() {
+            Some((0, bytes)) => bytes,
+            Some((_, message)) => {
+                return Err(TrainError::FromRoot(
+                    String::from_utf8_lossy(message).into_owned(),
+                ))
+            }
+            None => return Err(TrainError::FromRoot("--init-from: nothing received".into())),
+        };
+        let (dict, metadata) = file::parse(bytes, path)?;
+        let model = self.cfg.model.name();
+        if let Some(meta) = ModelMeta::from_map(&metadata, path)? {
+            if meta.model != model {
+                return Err(WeightsError::Metadata {
+                    path: path.to_path_buf(),
+                    key: "model".into(),
+                    message: format!(
+                        "the file holds a {}, this run trains --model {model}",
+                        meta.model
+                    ),
+                }
+                .into());
+            }
+        }
+        let layout = self.table.layout().clone();
+        dict.check(&Spec::of_layout(model, &layout), path, self.cfg.reset_head)?;
+        let initial = self.table.states()?.swap_remove(0);
+        let reset = self.cfg.reset_head;
+        let params: Vec<Vec<f32>> = layout
+            .params
+            .iter()
+            .zip(initial.params)
+            .map(|(p, seeded)| match dict.f32_values(&p.name) {
+                Some(v) if !(reset && weights::is_head(&p.name)) => v,
+                _ => seeded,
+            })
+            .collect();
+        let buffers: Vec<Vec<f32>> = layout
+            .buffers
+            .iter()
+            .zip(initial.buffers)
+            .map(|((name, _), seeded)| dict.f32_values(name).unwrap_or(seeded))
+            .collect();
+        for r in 0..self.table.replicas() {
+            self.table.set_state(
+                r,
+                ReplicaState {
+                    params: params.clone(),
+                    momentum: initial.momentum.clone(),
+                    buffers: buffers.clone(),
+                },
+            )?;
+        }
+        self.batches_tracked_base = dict.batches_tracked();
+        if self.is_root() && self.cfg.verbose {
+            let head = if reset {
+                format!(
+                    ", classifier head re-initialised for {} classes",
+                    self.plan.manifest.num_classes()
+                )
+            } else {
+                String::new()
+            };
+            println!(
+                "init-from: {} ({} tensors of {model}{head})",
+                path.display(),
+                dict.tensors.len()
+            );
+        }
+        Ok(())
+    }
+
+    /// `--export`: writes the final model to `path` (rank 0), with the validation accuracy of
+    /// exactly these weights in its metadata. Collective: when the last evaluation was not of
+    /// the weights after `global` steps (a run cut short by `--max-steps`, or one that trained
+    /// no step), every rank evaluates them first.
+    pub(super) fn export(&mut self, path: &Path, epoch: u64, global: u64) -> Result<()> {
+        let evaluated = match self.last_eval.filter(|e| e.step == global) {
+            Some(e) => Some(e),
+            None => {
+                let sums = self.evaluate(epoch)?.filter(|v| v.count > 0.0);
+                let at = sums.map(|v| EvalAt {
+                    step: global,
+                    top1: Some(v.top1 / v.count),
+                    top5: Some(v.top5 / v.count),
+                });
+                if let (Some(at), Some(v)) = (at, sums) {
+                    if self.is_root() && self.cfg.verbose {
+                        println!(
+                            "final evaluation after global step {global}: val top-1 {:.2}%  \
+                             top-5 {:.2}%  ({} images)",
+                            at.top1.unwrap_or(0.0) * 100.0,
+                            at.top5.unwrap_or(0.0) * 100.0,
+                            v.count
+                        );
+                    }
+                    self.last_eval = Some(at);
+                }
+                at
+            }
+        };
+        if !self.is_root() {
+            return Ok(());
+        }
+        let states = self.table.states()?;
+        let layout = self.table.layout();
+        let model = self.cfg.model.name();
+        let base = &self.batches_tracked_base;
+        let dict = StateDict::from_ddl(
+            &Spec::of_layout(model, layout),
+            layout,
+            &states[0].params,
+            &states[0].buffers,
+            &|bn| base.get(bn).copied().unwrap_or(0) + global as i64,
+        );
+        let meta = ModelMeta {
+            model: model.to_string(),
+            classes: self.class_names(),
+            image_size: self.cfg.image_size,
+            eval_resize: self.cfg.eval_resize_px(),
+            mean: IMAGENET_MEAN,
+            std: IMAGENET_STD,
+            ddl_version: env!("CARGO_PKG_VERSION").to_string(),
+            flags: Some(serde_json::to_value(self.cfg).unwrap_or_default()),
+            global_step: Some(global),
+            val_top1: evaluated.and_then(|e| e.top1),
+            val_top5: evaluated.and_then(|e| e.top5),
+            batchnorm_statistics: Some(weights::EXPORTED_STATISTICS.to_string()),
+        };
+        file::write(path, &dict, &meta.to_map())?;
+        if self.cfg.verbose {
+            let pct = |v: Option<f64>| v.map_or("-".to_string(), |v| format!("{:.2}%", v * 100.0));
+            println!(
+                "export: {} ({model}, {} classes, {} tensors, val top-1 {} top-5 {})",
+                path.display(),
+                meta.classes.len(),
+                dict.tensors.len(),
+                pct(meta.val_top1),
+                pct(meta.val_top5)
+            );
+        }
+        Ok(())
+    }
+
+    /// The class names (WordNet ids) in label order.
+    pub(super) fn class_names(&self) -> Vec<String> {
+        self.plan
+            .manifest
+            .classes
+            .iter()
+            .map(|c| c.wnid.clone())
+            .collect()
+    }
+}
