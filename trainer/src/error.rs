@@ -42,7 +42,7 @@ pub enum TrainError {
     /// A weights file (`--init-from`, `--export`, `ddl-export`, `ddl-predict`) is unreadable
     /// or does not fit the model; names the file and the tensor.
     #[error(transparent)]
-    Weights(#[from] crate::weights::WeightsError),
+    Weights(Box<crate::weights::WeightsError>),
     /// Model replicas (inside this rank or across ranks) hold different weights.
     #[error("replica mismatch: {0}")]
     ReplicaMismatch(String),
@@ -132,6 +132,12 @@ pub enum TrainError {
         /// The checkpoint to resume from, if the run has a checkpoint directory.
         checkpoint: Option<PathBuf>,
     },
+}
+
+impl From<crate::weights::WeightsError> for TrainError {
+    fn from(e: crate::weights::WeightsError) -> Self {
+        TrainError::Weights(Box::new(e))
+    }
 }
 
 /// `bytes` in MiB for messages.

@@ -154,14 +154,15 @@ impl Classifier {
         dict.check(&Spec::of_layout(kind.name(), &layout), path, false)?;
         let _guard = tch::no_grad_guard();
         for (name, mut var) in vs.variables() {
-            let entry = dict.tensors.get(&name).ok_or_else(|| {
-                TrainError::Weights(WeightsError::Missing {
+            let entry = dict
+                .tensors
+                .get(&name)
+                .ok_or_else(|| WeightsError::Missing {
                     path: path.to_path_buf(),
                     key: name.clone(),
                     model: kind.name().into(),
                     more: 0,
-                })
-            })?;
+                })?;
             let values = entry.to_f32().unwrap_or_default();
             let host = Tensor::f_from_slice(&values)?.f_view(var.size().as_slice())?;
             var.f_copy_(&host)?;
@@ -264,6 +265,9 @@ pub fn image_files(inputs: &[std::path::PathBuf]) -> Result<Vec<std::path::PathB
     Ok(out)
 }
 
+/// What became of one image: its most probable classes, or why it could not be read.
+pub type Outcome<'a> = std::result::Result<&'a [Prediction], &'a str>;
+
 /// The transformed images and logits of the images a [`Classifier::classify_files`] call
 /// classified, in order (for `--save-tensors`).
 #[derive(Clone, Debug, Default, PartialEq)]
@@ -286,7 +290,7 @@ impl Classifier {
         batch: usize,
         k: usize,
         keep: bool,
-        each: &mut dyn FnMut(&Path, std::result::Result<&[Prediction], &str>),
+        each: &mut dyn FnMut(&Path, Outcome<'_>),
     ) -> Result<Kept> {
         let mut transform = self.transform()?;
         let len = transform.image_len();

@@ -4,9 +4,11 @@
 
 use std::path::Path;
 
+use clap::ValueEnum;
 use ddl_loader::pipeline::{IMAGENET_MEAN, IMAGENET_STD};
 
 use crate::error::{Result, TrainError};
+use crate::model::ModelKind;
 use crate::table::ReplicaState;
 use crate::weights::meta::ModelMeta;
 use crate::weights::{self, file, Spec, StateDict, WeightsError};
@@ -57,18 +59,17 @@ impl Run<'_> {
         };
         let (dict, metadata) = file::parse(bytes, path)?;
         let model = self.cfg.model.name();
-        if let Some(meta) = ModelMeta::from_map(&metadata, path)? {
-            if meta.model != model {
-                return Err(WeightsError::Metadata {
-                    path: path.to_path_buf(),
-                    key: "model".into(),
-                    message: format!(
-                        "the file holds a {}, this run trains --model {model}",
-                        meta.model
-                    ),
-                }
-                .into());
+        // A ddl file names its architecture: say so rather than list mismatching shapes. Other
+        // tools' metadata (anything that is not one of ddl's model names) is not ours to read.
+        let named = metadata.get("model").map(String::as_str);
+        if let Some(other) = named.filter(|m| ModelKind::from_str(m, false).is_ok() && *m != model)
+        {
+            return Err(WeightsError::Metadata {
+                path: path.to_path_buf(),
+                key: "model".into(),
+                message: format!("the file holds a {other}, this run trains --model {model}"),
             }
+            .into());
         }
         let layout = self.table.layout().clone();
         dict.check(&Spec::of_layout(model, &layout), path, self.cfg.reset_head)?;

@@ -88,10 +88,11 @@ pub enum WeightsError {
     },
     /// A tensor has another shape than the model's.
     #[error(
-        "{}: tensor {key} has shape {}, {model} needs {}{hint}",
+        "{}: tensor {key} has shape {}, {model} needs {}{}",
         .path.display(),
         Shape(.found),
-        Shape(.expected)
+        Shape(.expected),
+        head_hint(.key)
     )]
     Shape {
         /// The file.
@@ -104,8 +105,6 @@ pub enum WeightsError {
         found: Vec<usize>,
         /// The model's shape.
         expected: Vec<usize>,
-        /// What to do about it (e.g. `--reset-head` for the classifier).
-        hint: String,
     },
     /// A tensor has another dtype than torchvision's (float32, int64 for
     /// `num_batches_tracked`).
@@ -134,6 +133,15 @@ pub enum WeightsError {
         /// What is wrong.
         message: String,
     },
+}
+
+/// What to do about a classifier head of another shape: another class count.
+fn head_hint(key: &str) -> &'static str {
+    if super::is_head(key) {
+        " (the classifier head: pass --reset-head to re-initialise it for this dataset's classes)"
+    } else {
+        ""
+    }
 }
 
 /// ` (and N more KIND)` when `more` > 0.

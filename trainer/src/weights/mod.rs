@@ -314,20 +314,12 @@ impl StateDict {
             // torch saves num_batches_tracked as a 0-d tensor; accept a 1-element one too.
             let shape_ok = e.shape == k.shape || (k.role == Role::BatchesTracked && e.numel() == 1);
             if !shape_ok {
-                let hint = if is_head(&k.name) {
-                    " (the classifier head: pass --reset-head to re-initialise it for this \
-                     dataset's classes)"
-                        .to_string()
-                } else {
-                    String::new()
-                };
                 return Err(WeightsError::Shape {
                     path: path.to_path_buf(),
                     key: k.name.clone(),
                     model: spec.model.clone(),
                     found: e.shape.clone(),
                     expected: k.shape.clone(),
-                    hint,
                 });
             }
         }
@@ -343,7 +335,7 @@ impl StateDict {
         let unexpected: Vec<&String> = self
             .tensors
             .keys()
-            .filter(|k| !known.contains(k.as_str()) && !(skip_head && is_head(k)))
+            .filter(|k| !(known.contains(k.as_str()) || (skip_head && is_head(k))))
             .collect();
         if let Some(first) = unexpected.first() {
             return Err(WeightsError::Unexpected {
