@@ -7,7 +7,9 @@
 #
 #   trainer/bench/finetune.sh [OUT]
 #
-# Environment: SEEDS ("1 2 3"), EPOCHS (3), B_PER_CLASS (50), BIN (target/release).
+# Environment: SEEDS ("1 2 3"), EPOCHS (3), B_PER_CLASS (50: train images per class of set B),
+# LR_FLAGS (the learning rate of the set-B runs, "--base-lr 0.4": peak 0.05 at the global batch
+# of 32), BIN (target/release).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 out=${1:-bench-out/finetune}
@@ -21,8 +23,11 @@ data() { # name classes per-class val-per-class seed
   "$bin/ddl-synth" "$out/$1" --classes "$2" --per-class "$3" --val-per-class "$4" --seed "$5"
   "$bin/ddl-pack" "$out/$1" -o "$out/$1-shards" --shards 4 --max-short-side 96
 }
+pc=${B_PER_CLASS:-50}
 data a 10 160 30 1
-data b 6 "${B_PER_CLASS:-50}" 30 2
+data "b$pc" 6 "$pc" 30 2
+runs=$out/b$pc-runs${LR_FLAGS:+-$(echo "$LR_FLAGS" | tr -d ' -')}
+mkdir -p "$runs"
 common=(--model resnet_small --image-size 64 --devices cpu:1 --workers 1)
 [ -f "$out/a.safetensors" ] || "${mpirun[@]}" "$bin/ddl-train" --data "$out/a-shards" "${common[@]}" \
   --batch 32 --epochs 4 --warmup-epochs 1 --base-lr 0.4 --export "$out/a.safetensors"
@@ -30,12 +35,13 @@ for seed in ${SEEDS:-1 2 3}; do
   for start in scratch tuned; do
     init=()
     [ "$start" = tuned ] && init=(--init-from "$out/a.safetensors" --reset-head)
-    "${mpirun[@]}" "$bin/ddl-train" --data "$out/b-shards" "${common[@]}" --batch 16 \
-      --epochs "${EPOCHS:-3}" --warmup-epochs 0 --schedule cosine --base-lr 0.4 --seed "$seed" \
-      --metrics "$out/$start-$seed.jsonl" --quiet "${init[@]}"
+    rm -f "$runs/$start-$seed.jsonl"
+    "${mpirun[@]}" "$bin/ddl-train" --data "$out/b$pc-shards" "${common[@]}" --batch 16 \
+      --epochs "${EPOCHS:-3}" --warmup-epochs 0 --schedule cosine ${LR_FLAGS:---base-lr 0.4} --seed "$seed" \
+      --metrics "$runs/$start-$seed.jsonl" --quiet "${init[@]}"
   done
 done
-python3 - "$out" <<'PY'
+python3 - "$runs" <<'PY'
 import glob, json, os, statistics, sys
 curves = {}
 for path in sorted(glob.glob(os.path.join(sys.argv[1], "*-*.jsonl"))):
