@@ -1,5 +1,5 @@
 //! Models in and out of ddl: a model's weights exactly as torchvision's `state_dict()` holds
-//! them, and `.safetensors` files of them ([`file`]) with ddl's metadata ([`meta`]).
+//! them, and `.safetensors` files of them ([`mod@file`]) with ddl's metadata ([`meta`]).
 //!
 //! ddl's variable names are torchvision's (`conv1.weight`, `layer1.0.bn1.running_var`,
 //! `layer2.0.downsample.0.weight`, `fc.bias`, ...), so a [`StateDict`] of a torchvision
