@@ -15,6 +15,7 @@ import zlib
 import torch
 
 import ddl.dist as dd
+from _job import run_job
 
 ALGORITHMS = ("auto", "multicolor", "multiring", "ring", "rhd", "mpi")
 DTYPES = (torch.float32, torch.float16, torch.bfloat16)
@@ -179,13 +180,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    try:
-        main()
-    except BaseException:
-        # One failing rank must not leave the others waiting for it: end the whole job.
-        import traceback
-        traceback.print_exc()
-        sys.stderr.flush()
-        if dd.is_initialized():
-            dd.abort(1)
-        raise
+    run_job(main)

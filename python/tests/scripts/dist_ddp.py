@@ -28,6 +28,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 import ddl.dist as dd
+from _job import run_job
 
 STEPS = 5
 BATCH = 8
@@ -189,13 +190,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    try:
-        main()
-    except BaseException:
-        # One failing rank must not leave the others waiting for it: end the whole job.
-        import traceback
-        traceback.print_exc()
-        sys.stderr.flush()
-        if dd.is_initialized():
-            dd.abort(1)
-        raise
+    run_job(main)

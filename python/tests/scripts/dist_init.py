@@ -32,6 +32,7 @@ import torch  # noqa: E402
 
 import ddl  # noqa: E402
 import ddl.dist as dd  # noqa: E402
+from _job import run_job  # noqa: E402
 
 ALGORITHMS = ("auto", "multicolor", "multiring", "ring", "rhd", "mpi")
 DTYPES = (torch.float32, torch.float16, torch.bfloat16)
@@ -105,13 +106,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    try:
-        main()
-    except BaseException:
-        # One failing rank must not leave the others waiting for it: end the whole job.
-        import traceback
-        traceback.print_exc()
-        sys.stderr.flush()
-        if dd.is_initialized():
-            dd.abort(1)
-        raise
+    run_job(main)
