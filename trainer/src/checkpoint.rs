@@ -125,6 +125,21 @@ impl Checkpoint {
             .map(|i| self.data[i].as_slice())
     }
 
+    /// Copies of the tensors called `names`, in order; the error names the first one missing.
+    pub fn tensors(
+        &self,
+        names: impl IntoIterator<Item = String>,
+    ) -> std::result::Result<Vec<Vec<f32>>, String> {
+        names
+            .into_iter()
+            .map(|name| {
+                self.get(&name)
+                    .map(<[f32]>::to_vec)
+                    .ok_or_else(|| format!("tensor {name} missing"))
+            })
+            .collect()
+    }
+
     /// Serialises the checkpoint.
     pub fn to_bytes(&self) -> Result<Vec<u8>> {
         let header = serde_json::to_vec(&self.meta).map_err(|e| TrainError::Checkpoint {

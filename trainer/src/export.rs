@@ -73,21 +73,17 @@ pub fn export_checkpoint(from: &Path, to: &Path, data: Option<&Path>) -> Result<
         )));
     }
     let layout = weights::layout_of(kind, m.classes, image_size);
-    let get = |name: String| {
-        ck.get(&name)
-            .map(<[f32]>::to_vec)
-            .ok_or_else(|| bad(format!("tensor {name} missing")))
-    };
-    let params = layout
-        .params
-        .iter()
-        .map(|p| get(format!("param/{}", p.name)))
-        .collect::<Result<Vec<_>>>()?;
-    let buffers = layout
-        .buffers
-        .iter()
-        .map(|(n, _)| get(format!("buffer/0/0/{n}")))
-        .collect::<Result<Vec<_>>>()?;
+    let params = ck
+        .tensors(layout.params.iter().map(|p| format!("param/{}", p.name)))
+        .map_err(bad)?;
+    let buffers = ck
+        .tensors(
+            layout
+                .buffers
+                .iter()
+                .map(|(n, _)| format!("buffer/0/0/{n}")),
+        )
+        .map_err(bad)?;
     let spec = Spec::of_layout(kind.name(), &layout);
     for (p, v) in layout.params.iter().zip(&params) {
         if v.len() != p.numel {

@@ -1,11 +1,24 @@
-"""What every multi-rank test script shares: run ``main`` and, if it fails on one rank, end
-the whole job at once instead of leaving the other ranks waiting for that rank."""
+"""What the multi-rank test scripts share: one-write output lines, the dtypes ddl.dist
+reduces, and running ``main`` so that a failure on one rank ends the whole job at once instead
+of leaving the other ranks waiting for that rank."""
 
 import sys
 import traceback
 from typing import Callable
 
+import torch
+
 import ddl.dist as dd
+
+#: The dtypes ``ddl.dist.allreduce_`` reduces.
+DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+
+
+def say(line: str) -> None:
+    """Writes ``line`` to stdout in one write, so mpirun does not interleave it with other
+    ranks' lines."""
+    sys.stdout.write(line + "\n")
+    sys.stdout.flush()
 
 
 def run_job(main: Callable[[], None]) -> None:

@@ -15,17 +15,9 @@ import zlib
 import torch
 
 import ddl.dist as dd
-from _job import run_job
+from _job import DTYPES, run_job, say
 
-ALGORITHMS = ("auto", "multicolor", "multiring", "ring", "rhd", "mpi")
-DTYPES = (torch.float32, torch.float16, torch.bfloat16)
-
-
-def say(line: str) -> None:
-    """Writes ``line`` to stdout in one write, so mpirun does not interleave it with other
-    ranks' lines."""
-    sys.stdout.write(line + "\n")
-    sys.stdout.flush()
+ALGORITHMS = dd.ALGORITHMS
 
 
 def values(rank: int, n: int, dtype: torch.dtype) -> torch.Tensor:

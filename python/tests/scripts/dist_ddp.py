@@ -28,7 +28,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 import ddl.dist as dd
-from _job import run_job
+from _job import run_job, say
 
 STEPS = 5
 BATCH = 8
@@ -59,13 +59,6 @@ class Net(nn.Module):
         if self.unused and rank == self.ranks - 1:
             x = x + self.sometimes
         return x
-
-
-def say(line: str) -> None:
-    """Writes ``line`` to stdout in one write, so mpirun does not interleave it with other
-    ranks' lines."""
-    sys.stdout.write(line + "\n")
-    sys.stdout.flush()
 
 
 def batches(rank: int):

@@ -7,22 +7,15 @@ message names the offending value. Prints ``dist_errors ok cases=N`` on success.
 from __future__ import annotations
 
 import re
-import sys
 from typing import Callable, Type
 
 import torch
 
 import ddl
 import ddl.dist as dd
+from _job import say
 
 CASES = 0
-
-
-def say(line: str) -> None:
-    """Writes ``line`` to stdout in one write, so mpirun does not interleave it with other
-    ranks' lines."""
-    sys.stdout.write(line + "\n")
-    sys.stdout.flush()
 
 
 def raises(exc: Type[BaseException], pattern: str, fn: Callable[[], object], what: str) -> None:

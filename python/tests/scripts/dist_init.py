@@ -32,17 +32,9 @@ import torch  # noqa: E402
 
 import ddl  # noqa: E402
 import ddl.dist as dd  # noqa: E402
-from _job import run_job  # noqa: E402
+from _job import DTYPES, run_job, say  # noqa: E402
 
-ALGORITHMS = ("auto", "multicolor", "multiring", "ring", "rhd", "mpi")
-DTYPES = (torch.float32, torch.float16, torch.bfloat16)
-
-
-def say(line: str) -> None:
-    """Writes ``line`` to stdout in one write, so mpirun does not interleave it with other
-    ranks' lines."""
-    sys.stdout.write(line + "\n")
-    sys.stdout.flush()
+ALGORITHMS = dd.ALGORITHMS
 
 
 def launcher_world() -> tuple:

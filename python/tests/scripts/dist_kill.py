@@ -17,16 +17,10 @@ import torch
 
 import ddl
 import ddl.dist as dd
+from _job import say
 
 ITERATIONS = 200
 DEATH = 10
-
-
-def say(line: str) -> None:
-    """Writes ``line`` to stdout in one write, so mpirun does not interleave it with other
-    ranks' lines."""
-    sys.stdout.write(line + "\n")
-    sys.stdout.flush()
 
 
 def main() -> None:

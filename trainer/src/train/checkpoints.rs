@@ -268,29 +268,23 @@ impl Run<'_> {
             self.summary.warnings.push(w);
         }
         let layout = self.table.layout().clone();
-        let get = |name: String| {
-            ck.get(&name)
-                .map(<[f32]>::to_vec)
-                .ok_or_else(|| bad(format!("tensor {name} missing")))
-        };
-        let params = layout
-            .params
-            .iter()
-            .map(|p| get(format!("param/{}", p.name)))
-            .collect::<Result<Vec<_>>>()?;
-        let momentum = layout
-            .params
-            .iter()
-            .map(|p| get(format!("momentum/{}", p.name)))
-            .collect::<Result<Vec<_>>>()?;
+        let params = ck
+            .tensors(layout.params.iter().map(|p| format!("param/{}", p.name)))
+            .map_err(bad)?;
+        let momentum = ck
+            .tensors(layout.params.iter().map(|p| format!("momentum/{}", p.name)))
+            .map_err(bad)?;
         let rank = self.rank();
         for r in 0..self.table.replicas() {
             let (cr, ci) = (rank % ck.meta.ranks.max(1), r % ck.meta.replicas.max(1));
-            let buffers = layout
-                .buffers
-                .iter()
-                .map(|(n, _)| get(format!("buffer/{cr}/{ci}/{n}")))
-                .collect::<Result<Vec<_>>>()?;
+            let buffers = ck
+                .tensors(
+                    layout
+                        .buffers
+                        .iter()
+                        .map(|(n, _)| format!("buffer/{cr}/{ci}/{n}")),
+                )
+                .map_err(bad)?;
             self.table.set_state(
                 r,
                 ReplicaState {
