@@ -38,7 +38,14 @@ pub enum Algorithm {
         /// or more (at most 16) when two or more dimensions exceed 1, otherwise 1.
         segments: usize,
     },
-    /// The transport's MPI_Allreduce (MPI transport only).
+    /// Node shared memory: every rank copies chunks of `chunk_bytes` into a region all ranks
+    /// map, sums its share of each chunk there and copies the others' sums back (all ranks
+    /// on one node only).
+    Shm {
+        /// Chunk per rank, in bytes.
+        chunk_bytes: usize,
+    },
+    /// The transport's MPI_Allreduce, in place on the caller's buffer (MPI transport only).
     Mpi,
     /// Chosen per call by the cost model from the buffer size and topology.
     Auto,
@@ -46,15 +53,29 @@ pub enum Algorithm {
 
 impl Algorithm {
     /// Names accepted by `FromStr`.
-    pub const NAMES: [&'static str; 6] = ["ring", "rhd", "multicolor", "multiring", "mpi", "auto"];
+    pub const NAMES: [&'static str; 7] = [
+        "ring",
+        "rhd",
+        "multicolor",
+        "multiring",
+        "shm",
+        "mpi",
+        "auto",
+    ];
 
-    /// The short name (`ring`, `rhd`, `multicolor`, `multiring`, `mpi`, `auto`).
+    /// The shared-memory algorithm with its default chunk.
+    pub const SHM: Algorithm = Algorithm::Shm {
+        chunk_bytes: crate::allreduce::shm::DEFAULT_CHUNK_BYTES,
+    };
+
+    /// The short name (`ring`, `rhd`, `multicolor`, `multiring`, `shm`, `mpi`, `auto`).
     pub fn name(&self) -> &'static str {
         match self {
             Algorithm::Ring => "ring",
             Algorithm::Rhd => "rhd",
             Algorithm::Multicolor { .. } => "multicolor",
             Algorithm::Multiring { .. } => "multiring",
+            Algorithm::Shm { .. } => "shm",
             Algorithm::Mpi => "mpi",
             Algorithm::Auto => "auto",
         }
@@ -76,6 +97,9 @@ impl fmt::Display for Algorithm {
                 }
                 Ok(())
             }
+            Algorithm::Shm { chunk_bytes } if *self != Algorithm::SHM => {
+                write!(f, "shm:{chunk_bytes}")
+            }
             other => f.write_str(other.name()),
         }
     }
@@ -90,7 +114,8 @@ fn parse_usize(s: &str, what: &str) -> Result<usize, CommError> {
 impl FromStr for Algorithm {
     type Err = CommError;
 
-    /// Parses `ring`, `rhd`, `mpi`, `auto`, `multicolor[:COLORS[:CHUNK_BYTES]]` and
+    /// Parses `ring`, `rhd`, `mpi`, `auto`, `shm[:CHUNK_BYTES]`,
+    /// `multicolor[:COLORS[:CHUNK_BYTES]]` and
     /// `multiring[:D1xD2x...[:SEGMENTS]]` (e.g. `multiring:4x8x8`, `multiring:4x2:8`, or
     /// `multiring::8` for the topology's dimensions in 8 segments).
     fn from_str(s: &str) -> Result<Self, Self::Err> {
@@ -102,6 +127,10 @@ impl FromStr for Algorithm {
             ("rhd", None) => Ok(Algorithm::Rhd),
             ("mpi", None) => Ok(Algorithm::Mpi),
             ("auto", None) => Ok(Algorithm::Auto),
+            ("shm", None) => Ok(Algorithm::SHM),
+            ("shm", Some(c)) => Ok(Algorithm::Shm {
+                chunk_bytes: parse_usize(c, "chunk bytes")?,
+            }),
             ("multicolor", rest) => {
                 let mut colors = DEFAULT_COLORS;
                 let mut chunk_bytes = DEFAULT_CHUNK_BYTES;

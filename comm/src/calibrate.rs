@@ -8,7 +8,7 @@ use std::time::Instant;
 use crate::algorithm::Algorithm;
 use crate::allreduce::Allreducer;
 use crate::collective::max_on_root;
-use crate::cost::{CostModel, MpiCurve, Tier};
+use crate::cost::{CostModel, MeasuredCurve, Tier};
 use crate::error::{CommError, Result};
 use crate::tags::PINGPONG;
 use crate::topology::Topology;
@@ -115,78 +115,106 @@ fn calibration_iters(bytes: usize) -> usize {
     }
 }
 
-/// Median over `iters` calls of the slowest rank's time of an allreduce of `buf` with `ar`,
-/// timed as `ddl-bench allreduce` times it (five untimed calls, its default `--warmup`,
-/// then a barrier before each timed call); every rank of `t` must call this. The result is
-/// meaningful on rank 0 of `t`.
-fn allreduce_time(
-    t: &Arc<dyn Transport>,
-    ar: &Allreducer,
-    buf: &mut [f32],
-    iters: usize,
-) -> Result<f64> {
-    for _ in 0..5 {
-        ar.allreduce_f32(buf, true)?;
-    }
-    let mut times = Vec::with_capacity(iters);
-    for _ in 0..iters {
-        t.barrier()?;
-        let start = Instant::now();
-        ar.allreduce_f32(buf, true)?;
-        times.push(start.elapsed().as_secs_f64());
-    }
-    let mut slowest = max_on_root(&**t, &times)?;
-    Ok(median(&mut slowest))
+/// Calls timed per benchmark size: `iters` from 64 MiB up, more for smaller messages
+/// (`iters x 64 MiB / bytes`, at most 10,000), so that every size is timed over a similar
+/// span and small ones over many calls. `tools/bench/mpi_allreduce.c` uses the same rule.
+pub fn calls_for(bytes: usize, iters: usize) -> usize {
+    (iters.saturating_mul(64 << 20) / bytes.max(1)).clamp(iters, iters.max(10_000))
 }
 
-/// Times of an `algo` allreduce over `t` in `topo` at each of `sizes` (see
-/// [`allreduce_time`]), swept `passes` times over all sizes; per size the median of the
-/// passes, so that a burst of load from other tenants of the machine, which lasts seconds,
-/// spoils one pass rather than the curve. Like the benchmark, every size is a prefix of one
-/// buffer of the largest size and one [`Allreducer`] serves all sizes: a fresh buffer per
+/// Mean seconds per call of `calls` back-to-back allreduces of `buf` with `ar` on the
+/// slowest rank, after `warmup` untimed calls and a barrier: the statistic of OSU's
+/// `osu_allreduce`, of nccl-tests and of `tools/bench/mpi_allreduce.c`. Like those loops the
+/// calls sum without averaging (the buffer is zeroed first, so it stays finite). Every rank
+/// of `t` must call this; rank 0 of `t` gets the time.
+pub fn mean_call_time(
+    t: &dyn Transport,
+    ar: &Allreducer,
+    buf: &mut [f32],
+    warmup: usize,
+    calls: usize,
+) -> Result<f64> {
+    buf.fill(0.0);
+    for _ in 0..warmup {
+        ar.allreduce_f32(buf, false)?;
+    }
+    t.barrier()?;
+    let start = Instant::now();
+    for _ in 0..calls.max(1) {
+        ar.allreduce_f32(buf, false)?;
+    }
+    let mean = start.elapsed().as_secs_f64() / calls.max(1) as f64;
+    Ok(max_on_root(t, &[mean])?[0])
+}
+
+/// Times of each of `algos` over `t` in `topo` at each of `sizes` (five warm-up calls, then
+/// [`mean_call_time`]), swept `passes` times over all sizes, the algorithms taking turns at
+/// each size so that they meet the same load; per size the median of the passes, so that a
+/// burst of load from other tenants of the machine, which lasts seconds, spoils one pass
+/// rather than the curve. Like the benchmark, every size is a prefix of one buffer of the
+/// largest size and one [`Allreducer`] per algorithm serves all sizes: a fresh buffer per
 /// size made the 4 MiB ring at np 2 take 3x its benchmark time (2.8 against 0.94 ms, median
-/// of three passes). Every rank of `t` must call this; rank 0 of `t` gets the times.
+/// of three passes). An algorithm this group cannot run (`shm` across nodes) gets `None`.
+/// Every rank of `t` must call this; rank 0 of `t` gets the times.
 fn sweep(
     t: &Arc<dyn Transport>,
-    algo: &Algorithm,
+    algos: &[Algorithm],
     topo: Topology,
     sizes: &[usize],
     passes: usize,
-) -> Result<Vec<f64>> {
-    let ar = Allreducer::new(t.clone(), algo.clone(), topo)?;
-    let mut buf = vec![1.0f32; sizes.iter().copied().max().unwrap_or(0) / 4];
-    let mut times = vec![Vec::with_capacity(passes); sizes.len()];
-    for _ in 0..passes.max(1) {
-        for (&bytes, ts) in sizes.iter().zip(times.iter_mut()) {
-            let data = &mut buf[..bytes / 4];
-            ts.push(allreduce_time(t, &ar, data, calibration_iters(bytes))?);
+) -> Result<Vec<Option<Vec<f64>>>> {
+    let mut reducers = Vec::with_capacity(algos.len());
+    for algo in algos {
+        let ar = Allreducer::new(t.clone(), algo.clone(), topo)?;
+        // The first call sets up what the algorithm needs (shm's region).
+        match ar.allreduce_f32(&mut [0.0], false) {
+            Ok(()) => reducers.push(Some(ar)),
+            Err(CommError::Unsupported(_)) => reducers.push(None),
+            Err(e) => return Err(e),
         }
     }
-    Ok(times.iter_mut().map(|ts| median(ts)).collect())
-}
-
-/// Transfer time per byte at several buffer sizes, from ring allreduce times over `t`
-/// ([`sweep`]; inverting the ring formula `2(p-1) alpha + 2(p-1)/p n beta + (p-1)/p n gamma`
-/// at each size). Every rank of `t` must call this; rank 0 of `t` gets the curve.
-fn ring_curve(
-    t: &Arc<dyn Transport>,
-    sizes: &[usize],
-    passes: usize,
-    alpha: f64,
-    gamma: f64,
-) -> Result<Vec<(usize, f64)>> {
-    let p = t.size() as f64;
-    let times = sweep(t, &Algorithm::Ring, Topology::flat(t.size()), sizes, passes)?;
-    Ok(sizes
+    let mut buf = vec![0.0f32; sizes.iter().copied().max().unwrap_or(0) / 4];
+    let mut times = vec![vec![Vec::with_capacity(passes); sizes.len()]; algos.len()];
+    for _ in 0..passes.max(1) {
+        for (i, &bytes) in sizes.iter().enumerate() {
+            for (ar, ts) in reducers.iter().zip(times.iter_mut()) {
+                if let Some(ar) = ar {
+                    let data = &mut buf[..bytes / 4];
+                    ts[i].push(mean_call_time(&**t, ar, data, 5, calibration_iters(bytes))?);
+                }
+            }
+        }
+    }
+    Ok(reducers
         .iter()
         .zip(times)
-        .map(|(&bytes, time)| {
+        .map(|(ar, ts)| {
+            ar.as_ref()
+                .map(|_| ts.into_iter().map(|mut v| median(&mut v)).collect())
+        })
+        .collect())
+}
+
+/// Transfer time per byte at each of `sizes` from the times of a ring allreduce over `p`
+/// ranks, inverting the ring formula `2(p-1) alpha + 2(p-1)/p n beta + (p-1)/p n gamma`.
+fn beta_curve(
+    p: usize,
+    sizes: &[usize],
+    times: &[f64],
+    alpha: f64,
+    gamma: f64,
+) -> Vec<(usize, f64)> {
+    let p = p as f64;
+    sizes
+        .iter()
+        .zip(times)
+        .map(|(&bytes, &time)| {
             let n = bytes as f64;
             let moved = 2.0 * (p - 1.0) / p * n;
             let beta = (time - 2.0 * (p - 1.0) * alpha - (p - 1.0) / p * n * gamma) / moved;
             (bytes, beta.max(1e-13))
         })
-        .collect())
+        .collect()
 }
 
 /// Measures the cost model under MPI, in the layout the benchmarks will run in (same
@@ -202,8 +230,10 @@ fn ring_curve(
 ///   ranks being node-contiguous); `curve_ranks` records each ring's size. The sweep
 ///   doubles the size from 64 KiB to 64 MiB (the 1-32 MiB range is where the buffers
 ///   leave the caches), then quadruples it;
+/// - `shm` over each node's ranks (where they share memory): one f32 (the synchronisation)
+///   and the benchmark's sizes, stored as the model's `shm` curve;
 /// - MPI_Allreduce itself (ddl's `mpi`) at the benchmark's sizes, 4 KiB x 4^k up to
-///   `max_bytes`, timed like the benchmark: stored as the model's [`MpiCurve`] for this
+///   `max_bytes`, timed like the benchmark: stored as the model's [`MeasuredCurve`] for this
 ///   layout, since Open MPI's own implementation is outside the round model.
 ///
 /// Each sweep runs `passes` times, per size the median. A tier that this layout
@@ -252,18 +282,51 @@ pub fn calibrate(world: &World, max_bytes: usize, passes: usize) -> Result<CostM
     let mut inter = (topo.nodes > 1)
         .then(|| measure(topo.ranks_per_node, "inter"))
         .transpose()?;
+    let (mut shm_sync, mut shm_points) = (0.0, Vec::new());
     if let Some(tier) = intra.as_mut() {
+        // The ring over each node's ranks and `shm`, taking turns: auto chooses between
+        // them on one node, so they are measured under the same load.
         let node: Arc<dyn Transport> = Arc::from(t.split(world.node_index(), world.local_rank())?);
-        tier.beta_curve = ring_curve(&node, &curve_sizes, passes, tier.alpha, gamma)?;
+        let mut sizes: Vec<usize> = [4].into_iter().chain(mpi_sizes.iter().copied()).collect();
+        sizes.extend(&curve_sizes);
+        sizes.sort_unstable();
+        sizes.dedup();
+        let algos = [Algorithm::Ring, Algorithm::SHM];
+        let [ring, shm] = <[Option<Vec<f64>>; 2]>::try_from(sweep(
+            &node,
+            &algos,
+            Topology::flat(node.size()),
+            &sizes,
+            passes,
+        )?)
+        .expect("one result per algorithm");
+        let ring = ring.expect("the ring runs on any group");
+        let at = |times: &[f64], b: usize| times[sizes.binary_search(&b).expect("swept size")];
+        let ring_times: Vec<f64> = curve_sizes.iter().map(|&b| at(&ring, b)).collect();
+        tier.beta_curve = beta_curve(node.size(), &curve_sizes, &ring_times, tier.alpha, gamma);
         tier.curve_ranks = node.size();
-        // Rank 0 of the world is rank 0 of node 0: its curve is the one kept.
+        if let Some(shm) = shm {
+            shm_sync = at(&shm, 4);
+            shm_points = mpi_sizes.iter().map(|&b| (b, at(&shm, b))).collect();
+        }
+        // Rank 0 of the world is rank 0 of node 0: its curves are the ones kept.
         t.barrier()?;
     }
     if let Some(tier) = inter.as_mut() {
-        tier.beta_curve = ring_curve(&t, &curve_sizes, passes, tier.alpha, gamma)?;
+        let ring = sweep(
+            &t,
+            &[Algorithm::Ring],
+            Topology::flat(t.size()),
+            &curve_sizes,
+            passes,
+        )?;
+        let ring = ring[0].as_ref().expect("the ring runs on any group");
+        tier.beta_curve = beta_curve(t.size(), &curve_sizes, ring, tier.alpha, gamma);
         tier.curve_ranks = t.size();
     }
-    let mpi_times = sweep(&t, &Algorithm::Mpi, topo, &mpi_sizes, passes)?;
+    let mpi_times = sweep(&t, &[Algorithm::Mpi], topo, &mpi_sizes, passes)?
+        .remove(0)
+        .expect("MPI_Allreduce runs on any MPI group");
     let mpi_points = mpi_sizes.iter().copied().zip(mpi_times).collect();
     let host = world.processor_name();
     let cores = std::thread::available_parallelism().map_or(1, |c| c.get());
@@ -298,7 +361,13 @@ pub fn calibrate(world: &World, max_bytes: usize, passes: usize) -> Result<CostM
             curve_sizes.last().copied().unwrap_or(0)
         ),
         copy,
-        mpi: Some(MpiCurve {
+        shm_sync,
+        shm: (!shm_points.is_empty()).then(|| MeasuredCurve {
+            nodes: 1,
+            ranks_per_node: topo.ranks_per_node,
+            points: shm_points,
+        }),
+        mpi: Some(MeasuredCurve {
             nodes: topo.nodes,
             ranks_per_node: topo.ranks_per_node,
             points: mpi_points,

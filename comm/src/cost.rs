@@ -8,6 +8,7 @@ use serde::{Deserialize, Serialize};
 use crate::algorithm::Algorithm;
 use crate::allreduce::multicolor::schedule;
 use crate::allreduce::ring::{segment_offset, segments_for};
+use crate::allreduce::shm::WHOLE_BYTES;
 use crate::error::{CommError, Result};
 use crate::topology::Topology;
 
@@ -168,22 +169,22 @@ pub fn open_mpi_choice(ranks: usize, bytes: usize) -> OpenMpiAllreduce {
     }
 }
 
-/// MPI_Allreduce as `ddl-bench calibrate` measured it in one layout: not derived from the
-/// tiers but timed, because Open MPI's internals (its own ring over TCP, blocking progress
-/// that polls and yields, temporary buffers allocated per call) are outside the round model.
+/// An allreduce that `ddl-bench calibrate` timed in one layout instead of deriving it from the
+/// tiers: MPI_Allreduce, because Open MPI's internals (its own ring over TCP, blocking
+/// progress that polls and yields) are outside the round model, and `shm`, whose copies run
+/// at cache speed or memory speed depending on the size and on how many ranks share a core.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-pub struct MpiCurve {
+pub struct MeasuredCurve {
     /// Nodes of the layout the curve was measured in.
     pub nodes: usize,
     /// Ranks per node of that layout.
     pub ranks_per_node: usize,
-    /// `(bytes, seconds)` of one call (ddl's `mpi` algorithm: send copy included), sorted
-    /// by size.
+    /// `(bytes, seconds)` of one call, sorted by size.
     pub points: Vec<(usize, f64)>,
 }
 
-impl MpiCurve {
-    /// Seconds of one MPI_Allreduce of `bytes`: log(time) interpolated linearly in
+impl MeasuredCurve {
+    /// Seconds of one call of `bytes`: log(time) interpolated linearly in
     /// log(bytes) between the measured points; below the smallest point its time (the
     /// latency floor), above the largest its time per byte. `None` without points.
     pub fn time(&self, bytes: usize) -> Option<f64> {
@@ -216,12 +217,24 @@ pub struct CostModel {
     /// Seconds per byte of a memory copy (0: unknown, `intra.gamma` is used).
     #[serde(default)]
     pub copy: f64,
-    /// Measured MPI_Allreduce times (see [`MpiCurve`]); `Mpi` is predicted from them in
+    /// Measured MPI_Allreduce times (see [`MeasuredCurve`]); `Mpi` is predicted from them in
     /// their layout. Absent (older files, presets, other layouts): Open MPI's decision
     /// rules over the tiers ([`open_mpi_choice`]).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub mpi: Option<MpiCurve>,
+    pub mpi: Option<MeasuredCurve>,
+    /// Seconds of one synchronisation of a node's ranks through shared memory (a whole
+    /// `shm` allreduce of one f32, as `calibrate` times it); 0: unknown,
+    /// [`DEFAULT_SHM_SYNC`] is used.
+    #[serde(default)]
+    pub shm_sync: f64,
+    /// Measured `shm` times (default chunk) in one node's layout; `shm` is predicted from
+    /// them there, elsewhere from its copies and synchronisations.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub shm: Option<MeasuredCurve>,
 }
+
+/// Shared-memory synchronisation time assumed when none was measured.
+pub const DEFAULT_SHM_SYNC: f64 = 1e-6;
 
 impl Default for CostModel {
     /// A conservative shared-memory / 10 GbE guess, used when nothing was measured.
@@ -232,6 +245,8 @@ impl Default for CostModel {
             source: "default".into(),
             copy: 0.0,
             mpi: None,
+            shm_sync: 0.0,
+            shm: None,
         }
     }
 }
@@ -247,6 +262,8 @@ impl CostModel {
             source: "preset minsky".into(),
             copy: 0.0,
             mpi: None,
+            shm_sync: 0.0,
+            shm: None,
         }
     }
 
@@ -458,10 +475,9 @@ impl CostModel {
             .sum()
     }
 
-    /// Seconds of MPI_Allreduce: from the measured curve when it was taken in `topo`'s
-    /// layout; otherwise as Open MPI 4.1's `tuned` component runs it for a sum of floats
-    /// ([`open_mpi_choice`]), plus the two copies of the buffer around it (ddl's send copy
-    /// and Open MPI's copy of the send buffer into the receive buffer).
+    /// Seconds of MPI_Allreduce in place: from the measured curve when it was taken in
+    /// `topo`'s layout; otherwise as Open MPI 4.1's `tuned` component runs it for a sum of
+    /// floats ([`open_mpi_choice`]).
     fn mpi_time(&self, bytes: usize, n: f64, topo: Topology) -> f64 {
         let measured = self
             .mpi
@@ -472,11 +488,41 @@ impl CostModel {
             return t;
         }
         let p = topo.ranks();
-        let algorithm = match open_mpi_choice(p, bytes) {
+        match open_mpi_choice(p, bytes) {
             OpenMpiAllreduce::RecursiveDoubling => self.recursive_time(n, topo, false),
             OpenMpiAllreduce::Ring => self.multiring_time(&[p], 1, n, topo),
+        }
+    }
+
+    /// Seconds of the shared-memory allreduce in chunks of `chunk_bytes` per rank (infinite
+    /// across nodes, where it cannot run): the measured curve in its layout, otherwise one
+    /// synchronisation per chunk plus copying the others' parts in, summing the rank's part
+    /// over all ranks and copying the other parts out.
+    fn shm_time(&self, chunk_bytes: usize, n: f64, topo: Topology) -> f64 {
+        if topo.nodes > 1 {
+            return f64::INFINITY;
+        }
+        let measured = self
+            .shm
+            .as_ref()
+            .filter(|c| c.ranks_per_node == topo.ranks_per_node && c.nodes == 1)
+            .filter(|_| chunk_bytes == crate::allreduce::shm::DEFAULT_CHUNK_BYTES)
+            .and_then(|c| c.time(n as usize));
+        if let Some(t) = measured {
+            return t;
+        }
+        let p = topo.ranks() as f64;
+        let sync = if self.shm_sync > 0.0 {
+            self.shm_sync
+        } else {
+            DEFAULT_SHM_SYNC
         };
-        algorithm + 2.0 * n * self.copy_per_byte()
+        let (copy, gamma) = (self.copy_per_byte(), self.intra.gamma);
+        if n <= WHOLE_BYTES as f64 {
+            return sync + n * copy + (p - 1.0) * n * gamma;
+        }
+        let chunks = (n / chunk_bytes.max(1) as f64).ceil();
+        sync * chunks + (p - 1.0) / p * n * (2.0 * copy + gamma)
     }
 
     /// Predicted seconds of one allreduce of `bytes` (f32) with `algorithm` over `topo`.
@@ -486,7 +532,7 @@ impl CostModel {
     /// its latency, the larger of its node-local transfer time (busiest rank) and its node
     /// link time (busiest link, the chunks of all ranks of the node that cross it in that
     /// round), then the additions. `Mpi` is calibrated, not derived: the measured
-    /// MPI_Allreduce curve of the model file in its layout ([`MpiCurve`]), else the rounds of
+    /// MPI_Allreduce curve of the model file in its layout ([`MeasuredCurve`]), else the rounds of
     /// the algorithm Open MPI 4.1 picks. `Auto` is the best prediction.
     pub fn predict(&self, algorithm: &Algorithm, bytes: usize, topo: Topology) -> f64 {
         let n = bytes as f64;
@@ -510,6 +556,7 @@ impl CostModel {
                 colors,
                 chunk_bytes,
             } => self.multicolor_time(*colors, *chunk_bytes, n, topo),
+            Algorithm::Shm { chunk_bytes } => self.shm_time(*chunk_bytes, n, topo),
             Algorithm::Mpi => self.mpi_time(bytes, n, topo),
             Algorithm::Auto => {
                 let best = self.choose(bytes, topo);
@@ -518,9 +565,17 @@ impl CostModel {
         }
     }
 
-    /// The algorithm (ring, rhd, multiring over the topology, or multicolor with default
-    /// parameters) with the smallest predicted time for `bytes` over `topo`.
+    /// The algorithm (ring, rhd, multiring over the topology, multicolor with default
+    /// parameters, or on one node `shm`) with the smallest predicted time for `bytes` over
+    /// `topo`.
     pub fn choose(&self, bytes: usize, topo: Topology) -> Algorithm {
+        self.choose_where(bytes, topo, true)
+    }
+
+    /// As [`CostModel::choose`], with `shm` among the candidates only when `shared_memory`
+    /// (the ranks were found to share a node's memory, or have not been probed yet).
+    pub fn choose_where(&self, bytes: usize, topo: Topology, shared_memory: bool) -> Algorithm {
+        let shm = (shared_memory && topo.nodes == 1).then_some(Algorithm::SHM);
         let candidates = [
             Algorithm::Ring,
             Algorithm::Rhd,
@@ -532,7 +587,9 @@ impl CostModel {
                 colors: crate::algorithm::DEFAULT_COLORS,
                 chunk_bytes: crate::algorithm::DEFAULT_CHUNK_BYTES,
             },
-        ];
+        ]
+        .into_iter()
+        .chain(shm);
         let mut best = Algorithm::Ring;
         let mut best_t = f64::INFINITY;
         for a in candidates {

@@ -19,6 +19,7 @@ pub mod collective;
 pub mod cost;
 pub mod error;
 pub mod mpi;
+mod shm;
 pub mod tags;
 pub mod thread;
 pub mod topology;
@@ -27,7 +28,7 @@ pub mod world;
 
 pub use algorithm::Algorithm;
 pub use allreduce::{Allreducer, Element};
-pub use cost::{CostModel, MpiCurve, Tier};
+pub use cost::{CostModel, MeasuredCurve, Tier};
 pub use error::{CommError, Result};
 /// Half-precision types accepted by [`Allreducer::allreduce`] (re-exported from `half`).
 pub use half::{bf16, f16};

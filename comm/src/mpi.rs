@@ -95,6 +95,37 @@ pub(crate) fn check(op: &'static str, code: c_int) -> Result<()> {
     })
 }
 
+/// The value of `MPI_IN_PLACE` in the MPI library this process runs with, which rsmpi does
+/// not export: `(void *) 1` in Open MPI, `(void *) -1` in MPICH and its derivatives (Intel
+/// MPI, MVAPICH, Cray MPICH), told apart by `MPI_Get_library_version`; `None` for another
+/// library.
+fn mpi_in_place() -> Option<*mut c_void> {
+    static IN_PLACE: std::sync::OnceLock<Option<isize>> = std::sync::OnceLock::new();
+    let value = IN_PLACE.get_or_init(|| {
+        let mut buf = vec![0 as c_char; 8192];
+        let mut len: c_int = 0;
+        // SAFETY: the buffer holds MPI_MAX_LIBRARY_VERSION_STRING (<= 8192) chars; callable
+        // before and after MPI_Init.
+        unsafe { ffi::MPI_Get_library_version(buf.as_mut_ptr(), &mut len) };
+        let bytes: Vec<u8> = buf[..len.max(0) as usize]
+            .iter()
+            .map(|&c| c as u8)
+            .collect();
+        let version = String::from_utf8_lossy(&bytes);
+        if version.contains("Open MPI") {
+            Some(1)
+        } else if ["MPICH", "Intel(R) MPI", "MVAPICH"]
+            .iter()
+            .any(|name| version.contains(name))
+        {
+            Some(-1)
+        } else {
+            None
+        }
+    });
+    value.map(|v| v as *mut c_void)
+}
+
 fn to_c_int(op: &'static str, what: &str, v: usize) -> Result<c_int> {
     c_int::try_from(v).map_err(|_| {
         CommError::InvalidArgument(format!("{op}: {what} {v} exceeds MPI's int range"))
@@ -114,8 +145,6 @@ pub struct MpiTransport {
     /// [`Polling::Backoff`] when true.
     backoff: AtomicBool,
     requests: Mutex<Vec<ffi::MPI_Request>>,
-    /// Send-side copy for MPI_Allreduce (reused between calls).
-    allreduce_send: Mutex<Vec<f32>>,
     /// MPI itself, kept initialised while this communicator lives.
     pub(crate) env: Arc<Env>,
 }
@@ -175,7 +204,6 @@ impl MpiTransport {
             timeout_ns: AtomicU64::new(u64::try_from(timeout.as_nanos()).unwrap_or(u64::MAX)),
             backoff: AtomicBool::new(false),
             requests: Mutex::new(Vec::new()),
-            allreduce_send: Mutex::new(Vec::new()),
             env,
         })
     }
@@ -433,23 +461,24 @@ impl Transport for MpiTransport {
         true
     }
 
-    /// MPI_Allreduce (blocking: the operation timeout does not apply to it).
+    /// MPI_Allreduce in place on `buf` (blocking: the operation timeout does not apply to
+    /// it).
     fn native_allreduce_f32(&self, buf: &mut [f32]) -> Result<()> {
         if buf.is_empty() {
             return Ok(());
         }
         let n = to_c_int("MPI_Allreduce", "element count", buf.len())?;
-        let mut send = self
-            .allreduce_send
-            .lock()
-            .unwrap_or_else(|e| e.into_inner());
-        send.clear();
-        send.extend_from_slice(buf);
+        let in_place = mpi_in_place().ok_or_else(|| {
+            CommError::Unsupported(
+                "the mpi algorithm knows MPI_IN_PLACE of Open MPI and MPICH-derived libraries only"
+                    .into(),
+            )
+        })?;
         let _g = self.env.lock();
-        // SAFETY: both buffers hold n floats.
+        // SAFETY: `buf` holds n floats; MPI_IN_PLACE makes it both input and output.
         check("MPI_Allreduce", unsafe {
             ffi::MPI_Allreduce(
-                send.as_ptr().cast::<c_void>(),
+                in_place,
                 buf.as_mut_ptr().cast::<c_void>(),
                 n,
                 ffi::RSMPI_FLOAT,

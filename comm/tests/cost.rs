@@ -1,6 +1,6 @@
 //! Cost model: formulas, choice, presets and JSON round trip.
 
-use ddl_comm::{Algorithm, CostModel, MpiCurve, Tier, Topology};
+use ddl_comm::{Algorithm, CostModel, MeasuredCurve, Tier, Topology};
 
 fn tier(alpha: f64, beta: f64, gamma: f64) -> Tier {
     Tier::new("t", alpha, beta, gamma)
@@ -14,6 +14,8 @@ fn two_tier() -> CostModel {
         source: "test".into(),
         copy: 0.0,
         mpi: None,
+        shm_sync: 0.0,
+        shm: None,
     }
 }
 
@@ -38,6 +40,8 @@ fn beta_curve_interpolates_in_log_size_and_clamps() {
         source: "test".into(),
         copy: 0.0,
         mpi: None,
+        shm_sync: 0.0,
+        shm: None,
     };
     let n = 16 << 20;
     let expect = 2.0 * 3.0 * (1e-6 + n as f64 / 4.0 * 1e-9);
@@ -177,7 +181,7 @@ fn mpi_is_predicted_from_its_measured_curve_in_its_layout() {
     let mut m = two_tier();
     let topo = Topology::new(2, 4);
     let rules = m.predict(&Algorithm::Mpi, 16 << 20, topo);
-    m.mpi = Some(MpiCurve {
+    m.mpi = Some(MeasuredCurve {
         nodes: 2,
         ranks_per_node: 4,
         points: vec![(4 << 10, 1e-4), (1 << 20, 1e-3), (16 << 20, 4e-2)],
@@ -233,6 +237,8 @@ fn shared_memory_chunks_pay_the_per_byte_cost_of_their_whole_buffer() {
         source: "test".into(),
         copy: 0.0,
         mpi: None,
+        shm_sync: 0.0,
+        shm: None,
     };
     let (curved, flat) = (model(curved), model(flat));
     let topo = Topology::flat(2);

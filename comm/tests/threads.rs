@@ -68,6 +68,9 @@ fn algorithms(p: usize) -> Vec<Algorithm> {
             dims: vec![],
             segments: 3,
         },
+        Algorithm::SHM,
+        // Chunks of 32 f32: many chunks per call, each slot reused many times.
+        Algorithm::Shm { chunk_bytes: 128 },
         Algorithm::Auto,
     ];
     // A genuinely multi-dimensional ring where p factors.
@@ -421,6 +424,13 @@ fn invalid_configurations_are_rejected() {
     )
     .expect_err("dims");
     assert!(matches!(err, CommError::InvalidArgument(_)));
+    let err = Allreducer::new(
+        t.clone(),
+        Algorithm::Shm { chunk_bytes: 64 },
+        Topology::flat(1),
+    )
+    .expect_err("chunk");
+    assert!(err.to_string().contains("shm"), "{err}");
     let err = Allreducer::new(t, Algorithm::Ring, Topology::new(2, 2)).expect_err("topology");
     assert!(matches!(err, CommError::InvalidArgument(_)));
 }
@@ -459,6 +469,12 @@ fn algorithm_names_parse_and_print() {
         chunk_bytes: 4096,
     };
     assert_eq!(a.to_string().parse::<Algorithm>().expect("round trip"), a);
+    assert_eq!("shm".parse::<Algorithm>().expect("shm"), Algorithm::SHM);
+    assert_eq!(Algorithm::SHM.to_string(), "shm");
+    let a = Algorithm::Shm { chunk_bytes: 4096 };
+    assert_eq!(a.to_string(), "shm:4096");
+    assert_eq!(a.to_string().parse::<Algorithm>().expect("round trip"), a);
+    assert!("shm:0".parse::<Algorithm>().is_err());
     assert!("tree".parse::<Algorithm>().is_err());
     assert!("multiring:4x0".parse::<Algorithm>().is_err());
 }

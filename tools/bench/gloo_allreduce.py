@@ -1,8 +1,9 @@
 #!/usr/bin/env python3
 """torch.distributed (gloo, CPU float32) allreduce: the peer of `ddl-bench allreduce`.
 
-Same sizes, iteration scheme and output as ddl-bench: for each size, warmup calls, then
-timed calls each preceded by a barrier; time = median over iterations of the slowest rank.
+Same sizes, statistic and output as ddl-bench and tools/bench/mpi_allreduce.c: for each
+size, warmup calls, a barrier, then N back-to-back timed calls of an in-place sum; time = the
+mean of the N calls on the slowest rank, N = clamp(iters x 64 MiB / bytes, iters, 10000).
 Prints one JSON line per size: algo, ranks, bytes, time_us, algbw_gbps, busbw_gbps, correct
 (integer-valued data, compared exactly with the sequential sum).
 
@@ -12,7 +13,6 @@ import argparse
 import json
 import os
 import socket
-import statistics
 import time
 
 import torch
@@ -43,26 +43,24 @@ def worker(rank, args, port):
         expected = sum(fill(n, r, salt) for r in range(p))
         ok = torch.tensor([0.0 if torch.equal(buf, expected) else 1.0])
         dist.all_reduce(ok)
-        data = torch.ones(n, dtype=torch.float32)
+        data = torch.zeros(n, dtype=torch.float32)
         for _ in range(args.warmup):
             dist.all_reduce(data)
-            data /= p
-        times = []
-        for _ in range(args.iters):
-            dist.barrier()
-            t0 = time.perf_counter()
+        calls = min(max(args.iters * (64 << 20) // nbytes, args.iters), max(args.iters, 10000))
+        dist.barrier()
+        t0 = time.perf_counter()
+        for _ in range(calls):
             dist.all_reduce(data)
-            data /= p  # same work as ddl-bench's average=true
-            times.append(time.perf_counter() - t0)
-        t = torch.tensor(times, dtype=torch.float64)
+        t = torch.tensor([(time.perf_counter() - t0) / calls], dtype=torch.float64)
         dist.all_reduce(t, op=dist.ReduceOp.MAX)
         if rank == 0:
-            med = statistics.median(t.tolist())
+            med = t.item()
             algbw = nbytes / med / 1e9
             print(json.dumps({
                 "algo": "gloo",
                 "ranks": p,
                 "bytes": nbytes,
+                "calls": calls,
                 "time_us": med * 1e6,
                 "algbw_gbps": algbw,
                 "busbw_gbps": algbw * 2 * (p - 1) / p,

@@ -3,12 +3,12 @@
 
 use std::io::Write;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
-use ddl_comm::calibrate::median;
+use ddl_comm::calibrate::{calls_for, mean_call_time};
 use ddl_comm::World;
-use ddl_comm::{collective, Algorithm, Allreducer, CostModel, Topology, Transport};
+use ddl_comm::{Algorithm, Allreducer, CostModel, Topology, Transport};
 use serde::Serialize;
 
 use crate::size::parse_size;
@@ -38,7 +38,7 @@ pub struct AllreduceOpts {
     pub factor: usize,
     /// Untimed calls per size.
     pub warmup: usize,
-    /// Timed calls per size (the median is reported).
+    /// Timed calls per size from 1 MiB up; more below ([`calls_for`]).
     pub iters: usize,
     /// Cost model for `auto` and for the predicted column.
     pub model: CostModel,
@@ -105,7 +105,10 @@ pub struct AllreduceRow {
     pub ranks: usize,
     /// Message size in bytes.
     pub bytes: usize,
-    /// Median over iterations of the slowest rank's time, microseconds.
+    /// Timed calls.
+    pub calls: usize,
+    /// Mean time per call of the timed calls, back to back, on the slowest rank,
+    /// microseconds ([`mean_call_time`]).
     pub time_us: f64,
     /// bytes / time, GB/s (10^9).
     pub algbw_gbps: f64,
@@ -153,7 +156,7 @@ pub fn allreduce(
     if rank == 0 && !json {
         writeln!(
             out,
-            "# ddl-bench allreduce: {p} ranks ({} node(s) x {}), warmup {}, iters {}; time = median over iterations of the slowest rank",
+            "# ddl-bench allreduce: {p} ranks ({} node(s) x {}), warmup {}, iters {}; time = mean of back-to-back calls on the slowest rank",
             topo.nodes, topo.ranks_per_node, opts.warmup, opts.iters
         )?;
         if opts.predict {
@@ -190,23 +193,11 @@ pub fn allreduce(
             let mut flags = [bad.min(1) as f32];
             mpi.allreduce_f32(&mut flags, false)?;
             let correct = flags[0] == 0.0;
-            // Timing (averaging keeps values bounded).
-            let data = &mut buf[..n];
-            for _ in 0..opts.warmup {
-                ar.allreduce_f32(data, true)?;
-            }
-            let mut times = Vec::with_capacity(opts.iters);
-            for _ in 0..opts.iters {
-                t.barrier()?;
-                let start = Instant::now();
-                ar.allreduce_f32(data, true)?;
-                times.push(start.elapsed().as_secs_f64());
-            }
-            let mut slowest = collective::max_on_root(&*t, &times)?;
+            let calls = calls_for(bytes, opts.iters);
+            let time = mean_call_time(&*t, &ar, &mut buf[..n], opts.warmup, calls)?;
             if rank != 0 {
                 continue;
             }
-            let time = median(&mut slowest);
             let algbw = bytes as f64 / time / 1e9;
             let busbw = algbw * 2.0 * (p as f64 - 1.0) / p as f64;
             let predicted = opts.predict.then(|| opts.model.predict(algo, bytes, topo));
@@ -214,6 +205,7 @@ pub fn allreduce(
                 algo: algo.to_string(),
                 ranks: p,
                 bytes,
+                calls,
                 time_us: time * 1e6,
                 algbw_gbps: algbw,
                 busbw_gbps: busbw,

@@ -3,10 +3,14 @@
 pub(crate) mod multicolor;
 mod rhd;
 pub(crate) mod ring;
+pub(crate) mod shm;
 mod util;
 
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::{Arc, Mutex};
 
+use half::slice::HalfFloatSliceExt;
 use half::{bf16, f16};
 
 use crate::algorithm::Algorithm;
@@ -16,6 +20,10 @@ use crate::topology::Topology;
 use crate::transport::Transport;
 use multicolor::MulticolorPlan;
 pub(crate) use ring::{MAX_DIMS, MAX_SEGMENTS};
+use shm::ShmAllreduce;
+
+/// Largest chunk of the shared-memory algorithm (its region holds two per rank).
+pub(crate) const MAX_SHM_CHUNK: usize = 64 << 20;
 
 /// Most colors of the multicolor algorithm.
 pub(crate) const MAX_COLORS: usize = 1024;
@@ -36,6 +44,12 @@ pub trait Element: sealed::Sealed + Copy + Send + Sync + 'static {
     fn from_f32(v: f32) -> Self;
     /// The slice itself when the type is f32 (no conversion needed).
     fn as_f32_mut(buf: &mut [Self]) -> Option<&mut [f32]>;
+    /// The slice itself when the type is f32.
+    fn as_f32(buf: &[Self]) -> Option<&[f32]>;
+    /// Widens `src` into `dst` (same length).
+    fn widen(src: &[Self], dst: &mut [f32]);
+    /// Rounds `src` into `dst` (same length).
+    fn narrow(src: &[f32], dst: &mut [Self]);
 }
 
 impl Element for f32 {
@@ -47,6 +61,15 @@ impl Element for f32 {
     }
     fn as_f32_mut(buf: &mut [Self]) -> Option<&mut [f32]> {
         Some(buf)
+    }
+    fn as_f32(buf: &[Self]) -> Option<&[f32]> {
+        Some(buf)
+    }
+    fn widen(src: &[Self], dst: &mut [f32]) {
+        dst.copy_from_slice(src);
+    }
+    fn narrow(src: &[f32], dst: &mut [Self]) {
+        dst.copy_from_slice(src);
     }
 }
 
@@ -60,6 +83,15 @@ impl Element for f16 {
     fn as_f32_mut(_: &mut [Self]) -> Option<&mut [f32]> {
         None
     }
+    fn as_f32(_: &[Self]) -> Option<&[f32]> {
+        None
+    }
+    fn widen(src: &[Self], dst: &mut [f32]) {
+        src.convert_to_f32_slice(dst);
+    }
+    fn narrow(src: &[f32], dst: &mut [Self]) {
+        dst.convert_from_f32_slice(src);
+    }
 }
 
 impl Element for bf16 {
@@ -72,6 +104,15 @@ impl Element for bf16 {
     fn as_f32_mut(_: &mut [Self]) -> Option<&mut [f32]> {
         None
     }
+    fn as_f32(_: &[Self]) -> Option<&[f32]> {
+        None
+    }
+    fn widen(src: &[Self], dst: &mut [f32]) {
+        src.convert_to_f32_slice(dst);
+    }
+    fn narrow(src: &[f32], dst: &mut [Self]) {
+        dst.convert_from_f32_slice(src);
+    }
 }
 
 /// Reusable buffers: grown on first use, never shrunk, so steady-state calls allocate
@@ -81,7 +122,14 @@ struct Scratch {
     recv: Vec<f32>,
     widened: Vec<f32>,
     steps: Vec<ring::Step>,
+    /// The shared-memory region, once probed and found.
+    shm: Option<ShmAllreduce>,
 }
+
+/// Whether the ranks share a node's memory: not yet probed, yes or no (same on all ranks).
+const SHM_UNKNOWN: u8 = 0;
+const SHM_YES: u8 = 1;
+const SHM_NO: u8 = 2;
 
 /// Allreduce entry point: one per transport, shared by reference; calls are serialised.
 ///
@@ -97,7 +145,14 @@ pub struct Allreducer {
     dims: Vec<usize>,
     multicolor: Option<MulticolorPlan>,
     scratch: Mutex<Scratch>,
+    /// [`SHM_UNKNOWN`], [`SHM_YES`] or [`SHM_NO`]: known after the first `shm` call.
+    shm_probe: AtomicU8,
+    /// `auto`'s choices by (bytes, shared memory allowed): the model is asked once per size.
+    choices: Mutex<HashMap<(usize, bool), Algorithm>>,
 }
+
+/// Most sizes whose `auto` choice is remembered (the memo starts over beyond).
+const MAX_CHOICES: usize = 1024;
 
 impl std::fmt::Debug for Allreducer {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -176,6 +231,14 @@ impl Allreducer {
             )),
             _ => None,
         };
+        if let Algorithm::Shm { chunk_bytes } = algorithm {
+            if !(crate::shm::LINE..=MAX_SHM_CHUNK).contains(&chunk_bytes) {
+                return Err(CommError::InvalidArgument(format!(
+                    "shm needs chunks of {} bytes to {MAX_SHM_CHUNK} bytes, got {chunk_bytes}",
+                    crate::shm::LINE
+                )));
+            }
+        }
         if algorithm == Algorithm::Mpi && !transport.has_native_allreduce() {
             return Err(CommError::Unsupported(
                 "the mpi algorithm needs the MPI transport".into(),
@@ -189,6 +252,8 @@ impl Allreducer {
             dims,
             multicolor,
             scratch: Mutex::new(Scratch::default()),
+            shm_probe: AtomicU8::new(SHM_UNKNOWN),
+            choices: Mutex::new(HashMap::new()),
         })
     }
 
@@ -207,44 +272,77 @@ impl Allreducer {
         self.topology
     }
 
-    /// The algorithm a call with `bytes` of f32 data runs (resolves `auto`).
+    /// The algorithm a call with `bytes` of f32 data runs (resolves `auto`; `shm` only where
+    /// the ranks share memory, which the first call finds out).
     pub fn resolve(&self, bytes: usize) -> Algorithm {
         match &self.algorithm {
-            Algorithm::Auto => self.model.choose(bytes, self.topology),
+            Algorithm::Auto => {
+                let shared = self.shm_probe.load(Ordering::Relaxed) != SHM_NO;
+                let mut choices = self.choices.lock().unwrap_or_else(|e| e.into_inner());
+                if let Some(a) = choices.get(&(bytes, shared)) {
+                    return a.clone();
+                }
+                if choices.len() >= MAX_CHOICES {
+                    choices.clear();
+                }
+                let a = self.model.choose_where(bytes, self.topology, shared);
+                choices.insert((bytes, shared), a.clone());
+                a
+            }
             other => other.clone(),
         }
     }
 
     /// Sums `buf` over all ranks in place; with `average`, divides by the rank count.
     pub fn allreduce_f32(&self, buf: &mut [f32], average: bool) -> Result<()> {
-        let mut guard = self.scratch.lock().unwrap_or_else(|e| e.into_inner());
-        let scratch = &mut *guard;
-        self.run(buf, &mut scratch.recv, &mut scratch.steps)?;
-        if average {
-            let p = self.transport.size() as f32;
-            for v in buf.iter_mut() {
-                *v /= p;
-            }
-        }
-        Ok(())
+        self.allreduce(buf, average)
     }
 
     /// Sums a buffer of f32, f16 or bf16 over all ranks in place (f16/bf16 are reduced in
     /// f32 and rounded once); with `average`, divides by the rank count before rounding.
+    ///
+    /// `shm` moves f16 / bf16 as themselves; the other algorithms, `mpi` included (MPI has
+    /// no half-precision types), widen the buffer to f32 in a reused scratch buffer, reduce
+    /// that in place and round back.
     pub fn allreduce<T: Element>(&self, buf: &mut [T], average: bool) -> Result<()> {
-        if let Some(f) = T::as_f32_mut(buf) {
-            return self.allreduce_f32(f, average);
+        let t = &*self.transport;
+        if t.size() == 1 || buf.is_empty() {
+            return Ok(());
         }
         let mut guard = self.scratch.lock().unwrap_or_else(|e| e.into_inner());
+        let scratch = &mut *guard;
+        let mut algorithm = self.resolve(4 * buf.len());
+        if let Algorithm::Shm { chunk_bytes } = algorithm {
+            if let Some(shm) = self.shared_memory(&mut scratch.shm, chunk_bytes)? {
+                return shm.allreduce(t, buf, average);
+            }
+            if self.algorithm != Algorithm::Auto {
+                return Err(CommError::Unsupported(
+                    "the shm algorithm needs every rank on one node, with a writable /dev/shm"
+                        .into(),
+                ));
+            }
+            algorithm = self.resolve(4 * buf.len());
+        }
         let Scratch {
             recv,
             widened,
             steps,
-        } = &mut *guard;
+            ..
+        } = scratch;
+        let p = t.size() as f32;
+        if let Some(f) = T::as_f32_mut(buf) {
+            self.run(&algorithm, f, recv, steps)?;
+            if average {
+                for v in f.iter_mut() {
+                    *v /= p;
+                }
+            }
+            return Ok(());
+        }
         widened.clear();
         widened.extend(buf.iter().map(|v| v.to_f32()));
-        self.run(widened, recv, steps)?;
-        let p = self.transport.size() as f32;
+        self.run(&algorithm, widened, recv, steps)?;
         for (d, s) in buf.iter_mut().zip(widened.iter()) {
             *d = T::from_f32(if average { *s / p } else { *s });
         }
@@ -261,16 +359,35 @@ impl Allreducer {
         self.allreduce(buf, average)
     }
 
-    fn run(&self, buf: &mut [f32], recv: &mut Vec<f32>, steps: &mut Vec<ring::Step>) -> Result<()> {
-        let t = &*self.transport;
-        if t.size() == 1 || buf.is_empty() {
-            return Ok(());
+    /// The shared-memory allreduce, probed (collectively) on first use: `None` when the
+    /// ranks do not share one node's memory.
+    fn shared_memory<'a>(
+        &self,
+        slot: &'a mut Option<ShmAllreduce>,
+        chunk_bytes: usize,
+    ) -> Result<Option<&'a mut ShmAllreduce>> {
+        if self.shm_probe.load(Ordering::Relaxed) == SHM_UNKNOWN {
+            *slot = ShmAllreduce::create(&*self.transport, chunk_bytes)?;
+            let found = if slot.is_some() { SHM_YES } else { SHM_NO };
+            self.shm_probe.store(found, Ordering::Relaxed);
         }
+        Ok(slot.as_mut())
+    }
+
+    /// Runs `algorithm` (resolved, not `shm`) on an f32 buffer.
+    fn run(
+        &self,
+        algorithm: &Algorithm,
+        buf: &mut [f32],
+        recv: &mut Vec<f32>,
+        steps: &mut Vec<ring::Step>,
+    ) -> Result<()> {
+        let t = &*self.transport;
         let bytes = std::mem::size_of_val(buf);
-        match self.resolve(bytes) {
+        match algorithm {
             Algorithm::Ring => ring::multiring(t, &[t.size()], 1, buf, recv, steps),
             Algorithm::Multiring { segments, .. } => {
-                let segments = ring::segments_for(&self.dims, bytes, segments);
+                let segments = ring::segments_for(&self.dims, bytes, *segments);
                 ring::multiring(t, &self.dims, segments, buf, recv, steps)
             }
             Algorithm::Rhd => rhd::allreduce(t, buf, recv),
@@ -282,7 +399,9 @@ impl Allreducer {
                 multicolor::allreduce(t, plan, buf, recv)
             }
             Algorithm::Mpi => t.native_allreduce_f32(buf),
-            Algorithm::Auto => unreachable!("resolve never returns auto"),
+            Algorithm::Shm { .. } | Algorithm::Auto => {
+                unreachable!("shm runs on its own path and resolve never returns auto")
+            }
         }
     }
 }

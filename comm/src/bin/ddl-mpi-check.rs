@@ -1,8 +1,9 @@
 //! ddl-mpi-check: MPI self-check of ddl-comm (run under mpirun; driven by `comm/tests/mpi.rs`,
 //! also useful to validate a cluster's MPI set-up).
 //!
-//! `ddl-mpi-check allreduce`: every algorithm on awkward sizes (0, 1, < ranks, odd, 1 MiB + 3)
-//! compared bitwise with MPI_Allreduce, f16 included; node layout sanity; split, barrier.
+//! `ddl-mpi-check allreduce`: every algorithm (`shm` across the processes of this node
+//! included) on awkward sizes (0, 1, < ranks, odd, 1 MiB + 3) compared bitwise with
+//! MPI_Allreduce, f16 included; node layout sanity; split, barrier.
 //! `ddl-mpi-check timeout`: rank 0 receives from rank 1, which never sends: the receive must
 //! fail within the timeout with an error naming `recv` and `peer 1`.
 //! `ddl-mpi-check abort`: rank 0 aborts the job with code [`ABORT_CODE`] (7) while rank 1
@@ -42,6 +43,8 @@ fn allreduce_checks(world: &World) -> Result<(), String> {
         "multicolor",
         "multicolor:2:64",
         "multiring",
+        "shm",
+        "shm:4096",
         "auto",
         "mpi",
     ]

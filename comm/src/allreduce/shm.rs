@@ -1,0 +1,317 @@
+//! Node shared-memory allreduce: the ranks of one node meet in a [`SharedRegion`] instead of
+//! sending messages.
+//!
+//! The buffer is processed in chunks of `chunk_bytes` per rank, each cut into one part per
+//! rank. For each chunk every rank copies the parts the others sum into its input slot and
+//! announces it; then each rank sums its own part over all ranks (its own values straight
+//! from its buffer, the others' from their slots), in rank order, writing the sums into its
+//! buffer and its result slot; then each rank copies the other ranks' sums into its buffer,
+//! while the next chunk is being announced. Buffers of at most [`WHOLE_BYTES`] are summed
+//! whole by every rank, in the same order, with one synchronisation per call.
+//!
+//! Every rank reads its buffer once and writes it once; the slots are small (two chunks per
+//! rank), so they stay in the caches and the copies between ranks never reach memory. An
+//! element's sum is computed by one rank in a fixed order (or by every rank in the same
+//! order), so all ranks end bitwise identical. f16 and bf16 travel as themselves (half the
+//! bytes of f32) and are summed in f32 and rounded once.
+//!
+//! Ranks synchronise through counters in their own segments (acquire / release atomics): how
+//! many chunks each has announced and summed. Slots are reused every [`SLOTS`] chunks (see
+//! [`ShmAllreduce::allreduce`] for why one wait per chunk suffices). A waiting rank spins
+//! briefly, then yields its core (the ranks may outnumber the cores), and gives up with
+//! [`CommError::Timeout`] naming the rank it waited for after the transport's timeout.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Instant;
+
+use super::util::{add_into, part};
+use super::Element;
+use crate::error::{CommError, Result};
+use crate::shm::{SharedRegion, LINE};
+use crate::transport::Transport;
+
+/// Default chunk per rank, in bytes.
+pub const DEFAULT_CHUNK_BYTES: usize = 512 << 10;
+
+/// Buffers of at most this many bytes are summed whole by every rank (one synchronisation).
+pub const WHOLE_BYTES: usize = 16 << 10;
+
+/// Input and result slots per rank: chunk `j` uses slot `j % SLOTS`.
+const SLOTS: usize = 2;
+
+/// Parts of a chunk start at multiples of this many elements (128 bytes of f32).
+const PART_ALIGN: usize = 32;
+
+/// Elements summed per block of the reduction (the accumulator stays in L1).
+const BLOCK: usize = 1024;
+
+/// Polls of a counter before a waiting rank starts yielding its core.
+const SPINS: u32 = 128;
+
+/// The counters of one rank, each on its own line of its segment.
+#[derive(Clone, Copy)]
+enum Counter {
+    /// Chunks whose input this rank has written.
+    Announced = 0,
+    /// Chunks whose own part this rank has summed into its result slot.
+    Reduced = 1,
+}
+
+/// Bytes of the counter lines at the start of every segment.
+const COUNTER_BYTES: usize = 2 * LINE;
+
+/// The shared-memory allreduce of one group: the region and how far this rank has got.
+pub(crate) struct ShmAllreduce {
+    region: SharedRegion,
+    chunk_bytes: usize,
+    result_bytes: usize,
+    /// Chunks this rank has started over all calls (the counters' next targets).
+    chunks_started: u64,
+}
+
+impl std::fmt::Debug for ShmAllreduce {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ShmAllreduce")
+            .field("chunk_bytes", &self.chunk_bytes)
+            .field("chunks_started", &self.chunks_started)
+            .finish()
+    }
+}
+
+/// Elements of part `i` of a chunk of `len` elements cut into `p` parts that start at
+/// multiples of [`PART_ALIGN`].
+fn aligned_part(len: usize, p: usize, i: usize) -> std::ops::Range<usize> {
+    let units = part(&(0..len.div_ceil(PART_ALIGN)), p, i);
+    (units.start * PART_ALIGN).min(len)..(units.end * PART_ALIGN).min(len)
+}
+
+impl ShmAllreduce {
+    /// Collective over `t`: the shared region for chunks of `chunk_bytes` per rank, or
+    /// `None` when the ranks do not all share one node's memory.
+    pub(crate) fn create(t: &dyn Transport, chunk_bytes: usize) -> Result<Option<ShmAllreduce>> {
+        let chunk_bytes = chunk_bytes.max(LINE).div_ceil(LINE) * LINE;
+        // The largest part of a chunk, whatever the element size.
+        let result_bytes = (chunk_bytes / LINE).div_ceil(t.size()) * LINE;
+        let segment = COUNTER_BYTES + SLOTS * (chunk_bytes + result_bytes);
+        Ok(
+            SharedRegion::create(t, segment)?.map(|region| ShmAllreduce {
+                region,
+                chunk_bytes,
+                result_bytes,
+                chunks_started: 0,
+            }),
+        )
+    }
+
+    fn counter(&self, q: usize, c: Counter) -> &AtomicU64 {
+        // SAFETY: counters lie at the start of every segment, LINE-aligned, zero-initialised,
+        // and are only ever accessed atomically.
+        unsafe {
+            &*self
+                .region
+                .segment(q)
+                .add(c as usize * LINE)
+                .cast::<AtomicU64>()
+        }
+    }
+
+    fn input<T>(&self, q: usize, slot: usize) -> *mut T {
+        // SAFETY: within rank q's segment (see `create`).
+        unsafe {
+            self.region
+                .segment(q)
+                .add(COUNTER_BYTES + slot * self.chunk_bytes)
+                .cast()
+        }
+    }
+
+    fn result<T>(&self, q: usize, slot: usize) -> *mut T {
+        // SAFETY: within rank q's segment (see `create`).
+        unsafe {
+            self.region
+                .segment(q)
+                .add(COUNTER_BYTES + SLOTS * self.chunk_bytes + slot * self.result_bytes)
+                .cast()
+        }
+    }
+
+    /// Waits until every rank's counter `c` reaches `target`.
+    fn wait_all(&self, t: &dyn Transport, c: Counter, target: u64) -> Result<()> {
+        let mut polls = 0u32;
+        let mut since: Option<Instant> = None;
+        for q in 0..t.size() {
+            let counter = self.counter(q, c);
+            while counter.load(Ordering::Acquire) < target {
+                polls = polls.wrapping_add(1);
+                if polls < SPINS {
+                    std::hint::spin_loop();
+                    continue;
+                }
+                std::thread::yield_now();
+                if polls % 64 == 0 {
+                    let start = *since.get_or_insert_with(Instant::now);
+                    if start.elapsed() > t.timeout() {
+                        return Err(CommError::Timeout {
+                            op: "shm allreduce",
+                            rank: t.rank(),
+                            peer: Some(q),
+                            timeout: t.timeout(),
+                        });
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Copies the other ranks' sums of chunk `j` (rank q's part, from its result slot) into
+    /// `chunk`.
+    fn copy_out<T: Element>(&self, p: usize, me: usize, j: u64, chunk: &mut [T]) {
+        let slot = (j % SLOTS as u64) as usize;
+        for q in (0..p).filter(|&q| q != me) {
+            let r = aligned_part(chunk.len(), p, q);
+            // SAFETY: rank q has published `Reduced` for chunk j, so its result slot holds
+            // the sums of its part, and rewrites it only after this rank announces j + 2.
+            unsafe {
+                std::ptr::copy_nonoverlapping(
+                    self.result::<T>(q, slot).cast_const(),
+                    chunk[r.clone()].as_mut_ptr(),
+                    r.len(),
+                )
+            };
+        }
+    }
+
+    /// Sums `buf` over all ranks of `t` in place (divided by the rank count with `average`).
+    /// Every rank must call it with the same length.
+    ///
+    /// Chunk j uses slot j % 2. A rank consumes what chunk j put in the slots (the inputs it
+    /// sums, the others' sums it copies out) before it announces chunk j + 2, and rewrites
+    /// its slots of chunk j only once every rank has announced j + 1 (inputs) or j + 2
+    /// (sums): so one wait per chunk suffices, and copying out chunk j - 1 overlaps the
+    /// other ranks' copying in of chunk j.
+    pub(crate) fn allreduce<T: Element>(
+        &mut self,
+        t: &dyn Transport,
+        buf: &mut [T],
+        average: bool,
+    ) -> Result<()> {
+        let (p, me) = (t.size(), t.rank());
+        let whole = std::mem::size_of_val(buf) <= WHOLE_BYTES;
+        let scale = average.then_some(p as f32);
+        let chunk_elems = self.chunk_bytes / std::mem::size_of::<T>();
+        let mut pending: Option<&mut [T]> = None;
+        for chunk in buf.chunks_mut(chunk_elems) {
+            let j = self.chunks_started;
+            self.chunks_started += 1;
+            let slot = (j % SLOTS as u64) as usize;
+            let len = chunk.len();
+            // Whole: every rank needs all of the chunk. Otherwise the others need only the
+            // parts they sum; this rank sums its own part straight from its buffer.
+            let shared = |q: usize| whole || q != me;
+            for q in (0..p).filter(|&q| shared(q)) {
+                let r = if whole {
+                    0..len
+                } else {
+                    aligned_part(len, p, q)
+                };
+                // SAFETY: the slot holds chunk_bytes >= len elements, which every rank has
+                // consumed (it announced j - 1 since).
+                unsafe {
+                    std::ptr::copy_nonoverlapping(
+                        chunk[r.clone()].as_ptr(),
+                        self.input::<T>(me, slot).add(r.start),
+                        r.len(),
+                    )
+                };
+                if whole {
+                    break;
+                }
+            }
+            self.counter(me, Counter::Announced)
+                .store(j + 1, Ordering::Release);
+            if let Some(prev) = pending.take() {
+                self.wait_all(t, Counter::Reduced, j)?;
+                self.copy_out(p, me, j - 1, prev);
+            }
+            self.wait_all(t, Counter::Announced, j + 1)?;
+            let out = chunk.as_mut_ptr();
+            let inputs: Vec<*const T> = (0..p)
+                .map(|q| {
+                    if shared(q) {
+                        self.input::<T>(q, slot).cast_const()
+                    } else {
+                        out.cast_const()
+                    }
+                })
+                .collect();
+            if whole {
+                // SAFETY: every input slot holds this chunk's `len` elements, unchanged until
+                // this rank announces j + 1.
+                unsafe { reduce(&inputs, 0..len, out, None, scale) };
+            } else {
+                // SAFETY: as above; this rank's own part is read from `out` block by block
+                // before the block's sums are written; the result slot holds any part and
+                // every rank has consumed its previous contents (they announced j).
+                let mine = aligned_part(len, p, me);
+                unsafe { reduce(&inputs, mine, out, Some(self.result::<T>(me, slot)), scale) };
+                self.counter(me, Counter::Reduced)
+                    .store(j + 1, Ordering::Release);
+                pending = Some(chunk);
+            }
+        }
+        if let Some(last) = pending {
+            let j = self.chunks_started;
+            self.wait_all(t, Counter::Reduced, j)?;
+            self.copy_out(p, me, j - 1, last);
+        }
+        Ok(())
+    }
+}
+
+/// Sums elements `range` of every input (in input order, in f32), divides by `scale` if
+/// given, and writes the result into `out[range]` and, if given, to `result[..range.len()]`.
+/// An input may be `out` itself: each block is read whole before its sums are written.
+///
+/// # Safety
+/// Every input and `out` must hold at least `range.end` elements that nobody else writes
+/// meanwhile, and `result` must hold `range.len()` elements that nobody else accesses.
+unsafe fn reduce<T: Element>(
+    inputs: &[*const T],
+    range: std::ops::Range<usize>,
+    out: *mut T,
+    result: Option<*mut T>,
+    scale: Option<f32>,
+) {
+    let mut acc = [0f32; BLOCK];
+    let mut wide = [0f32; BLOCK];
+    let mut start = range.start;
+    while start < range.end {
+        let n = BLOCK.min(range.end - start);
+        let acc = &mut acc[..n];
+        let input = |q: usize| std::slice::from_raw_parts(inputs[q].add(start), n);
+        T::widen(input(0), acc);
+        for q in 1..inputs.len() {
+            match T::as_f32(input(q)) {
+                Some(src) => add_into(acc, src),
+                None => {
+                    T::widen(input(q), &mut wide[..n]);
+                    add_into(acc, &wide[..n]);
+                }
+            }
+        }
+        if let Some(s) = scale {
+            for v in acc.iter_mut() {
+                *v /= s;
+            }
+        }
+        T::narrow(acc, std::slice::from_raw_parts_mut(out.add(start), n));
+        if let Some(result) = result {
+            T::narrow(
+                acc,
+                std::slice::from_raw_parts_mut(result.add(start - range.start), n),
+            );
+        }
+        start += n;
+    }
+}

@@ -1,0 +1,217 @@
+//! The shared-memory allreduce on in-process groups: exact and bitwise-identical sums in both
+//! of its modes (whole buffers and chunked reduce-scatter), half types travelling as
+//! themselves, a silent rank reported by name, and nothing left in /dev/shm.
+
+use std::sync::mpsc;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use ddl_comm::{
+    bf16, f16, thread_group, thread_group_with_timeout, Algorithm, Allreducer, CommError, Topology,
+    Transport,
+};
+
+/// Runs `f(rank, transport)` on one thread per rank of a fresh group; results in rank order.
+fn on_ranks<R: Send + 'static>(
+    p: usize,
+    f: impl Fn(usize, Arc<dyn Transport>) -> R + Send + Sync + 'static,
+) -> Vec<R> {
+    let f = Arc::new(f);
+    let handles: Vec<_> = thread_group(p)
+        .into_iter()
+        .enumerate()
+        .map(|(r, t)| {
+            let f = f.clone();
+            std::thread::spawn(move || f(r, Arc::new(t)))
+        })
+        .collect();
+    handles
+        .into_iter()
+        .map(|h| h.join().expect("rank thread"))
+        .collect()
+}
+
+/// Integer-valued data: sums are exact in any order.
+fn input(rank: usize, len: usize, salt: usize) -> Vec<f32> {
+    (0..len)
+        .map(|i| ((i * 7919 + rank * 104_729 + salt * 31) % 2001) as f32 - 1000.0)
+        .collect()
+}
+
+fn bits<T: Copy>(v: &[T], to_bits: impl Fn(T) -> u32) -> Vec<u32> {
+    v.iter().map(|&x| to_bits(x)).collect()
+}
+
+/// Buffer lengths (f32) around the modes' edges: summed whole up to 16 KiB, chunked above,
+/// with chunks of 4 KiB (many, and a short last one) and of the default size.
+const LENGTHS: [usize; 5] = [1, 4096, 4097, 25_003, 300_001];
+
+#[test]
+fn sums_are_exact_and_identical_on_every_rank() {
+    for p in [2, 3, 5] {
+        for algo in [Algorithm::SHM, Algorithm::Shm { chunk_bytes: 4096 }] {
+            let a = algo.clone();
+            let results = on_ranks(p, move |r, t| {
+                let ar = Allreducer::new(t, a.clone(), Topology::flat(p)).expect("allreducer");
+                LENGTHS
+                    .iter()
+                    .enumerate()
+                    .flat_map(|(salt, &len)| {
+                        let mut sum = input(r, len, salt);
+                        ar.allreduce_f32(&mut sum, false).expect("sum");
+                        let mut mean = input(r, len, salt);
+                        ar.allreduce_f32(&mut mean, true).expect("mean");
+                        [sum, mean]
+                    })
+                    .collect::<Vec<_>>()
+            });
+            for (k, &len) in LENGTHS.iter().enumerate() {
+                let inputs: Vec<Vec<f32>> = (0..p).map(|r| input(r, len, k)).collect();
+                let sum: Vec<f32> = (0..len)
+                    .map(|i| inputs.iter().map(|v| v[i]).sum())
+                    .collect();
+                let mean: Vec<f32> = sum.iter().map(|v| v / p as f32).collect();
+                for (r, res) in results.iter().enumerate() {
+                    let what = format!("{algo} p={p} len={len} rank {r}");
+                    assert_eq!(
+                        bits(&res[2 * k], f32::to_bits),
+                        bits(&sum, f32::to_bits),
+                        "{what} sum"
+                    );
+                    assert_eq!(
+                        bits(&res[2 * k + 1], f32::to_bits),
+                        bits(&mean, f32::to_bits),
+                        "{what} mean"
+                    );
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn half_types_travel_as_themselves_and_round_once() {
+    // Integer data: the f32 sum is exact, so every algorithm rounds the same value once and
+    // shm (which moves f16 / bf16) must equal rhd (which widens the buffer) bitwise.
+    let p = 4;
+    let results = on_ranks(p, move |r, t| {
+        let shm = Allreducer::new(
+            t.clone(),
+            Algorithm::Shm { chunk_bytes: 2048 },
+            Topology::flat(p),
+        )
+        .expect("shm");
+        let rhd = Allreducer::new(t, Algorithm::Rhd, Topology::flat(p)).expect("rhd");
+        let mut out = Vec::new();
+        for (salt, len) in [3usize, 5000, 20_011].into_iter().enumerate() {
+            for average in [false, true] {
+                let src = input(r, len, salt);
+                let mut a: Vec<f16> = src.iter().map(|&v| f16::from_f32(v)).collect();
+                let mut b = a.clone();
+                shm.allreduce_f16(&mut a, average).expect("shm f16");
+                rhd.allreduce_f16(&mut b, average).expect("rhd f16");
+                let mut c: Vec<bf16> = src.iter().map(|&v| bf16::from_f32(v)).collect();
+                let mut d = c.clone();
+                shm.allreduce_bf16(&mut c, average).expect("shm bf16");
+                rhd.allreduce_bf16(&mut d, average).expect("rhd bf16");
+                out.push((
+                    bits(&a, |v| v.to_bits().into()),
+                    bits(&b, |v| v.to_bits().into()),
+                    bits(&c, |v| v.to_bits().into()),
+                    bits(&d, |v| v.to_bits().into()),
+                ));
+            }
+        }
+        out
+    });
+    for (r, res) in results.iter().enumerate() {
+        for (k, (a, b, c, d)) in res.iter().enumerate() {
+            assert_eq!(a, b, "rank {r} case {k}: f16 shm vs rhd");
+            assert_eq!(c, d, "rank {r} case {k}: bf16 shm vs rhd");
+            assert_eq!(
+                a, &results[0][k].0,
+                "rank {r} case {k}: f16 differs from rank 0"
+            );
+        }
+    }
+}
+
+#[test]
+fn a_silent_rank_is_named_within_the_timeout() {
+    let timeout = Duration::from_millis(300);
+    let group = thread_group_with_timeout(3, timeout);
+    let (done_tx, done_rx) = mpsc::channel::<()>();
+    let mut handles = Vec::new();
+    let mut done_rx = Some(done_rx);
+    for (r, t) in group.into_iter().enumerate() {
+        let done_tx = done_tx.clone();
+        let done_rx = if r == 2 { done_rx.take() } else { None };
+        handles.push(std::thread::spawn(move || {
+            let ar = Allreducer::new(Arc::new(t), Algorithm::SHM, Topology::flat(3))
+                .expect("allreducer");
+            // All three meet once (this also sets up the region), then rank 2 goes silent.
+            let mut buf = vec![1.0f32; 50_000];
+            ar.allreduce_f32(&mut buf, false).expect("first call");
+            if let Some(rx) = done_rx {
+                // Stay alive (the region and transport too) until the others have failed.
+                rx.recv().expect("ranks 0 and 1 report");
+                rx.recv().expect("ranks 0 and 1 report");
+                return None;
+            }
+            let start = Instant::now();
+            let err = ar
+                .allreduce_f32(&mut buf, false)
+                .expect_err("rank 2 is silent");
+            done_tx.send(()).expect("rank 2 listens");
+            Some((start.elapsed(), err))
+        }));
+    }
+    for (r, h) in handles.into_iter().enumerate() {
+        let Some((elapsed, err)) = h.join().expect("thread") else {
+            continue;
+        };
+        assert!(elapsed < timeout * 10, "rank {r} took {elapsed:?}");
+        assert!(
+            matches!(
+                err,
+                CommError::Timeout {
+                    peer: Some(2),
+                    op: "shm allreduce",
+                    ..
+                }
+            ),
+            "rank {r}: expected a timeout naming peer 2, got {err}"
+        );
+    }
+}
+
+#[test]
+fn nothing_is_left_in_dev_shm() {
+    let prefix = format!("ddl-{}-", std::process::id());
+    let ours = || {
+        std::fs::read_dir("/dev/shm")
+            .map(|d| {
+                d.filter_map(|e| e.ok())
+                    .filter(|e| e.file_name().to_string_lossy().starts_with(&prefix))
+                    .count()
+            })
+            .unwrap_or(0)
+    };
+    let sums = on_ranks(3, |r, t| {
+        // Two allreducers on one group: two regions, used alternately.
+        let a = Allreducer::new(t.clone(), Algorithm::SHM, Topology::flat(3)).expect("a");
+        let b = Allreducer::new(t, Algorithm::Auto, Topology::flat(3)).expect("b");
+        let mut x = vec![r as f32; 10_000];
+        let mut y = vec![1.0f32; 100];
+        a.allreduce_f32(&mut x, false).expect("a");
+        b.allreduce_f32(&mut y, false).expect("b");
+        a.allreduce_f32(&mut x, false).expect("a again");
+        (x[0], y[0], b.resolve(400).name())
+    });
+    for (x, y, auto) in sums {
+        assert_eq!((x, y), (9.0, 3.0));
+        // The default cost model puts shm ahead of the message-based algorithms on one node.
+        assert_eq!(auto, "shm");
+    }
+    assert_eq!(ours(), 0, "a region's file was left in /dev/shm");
+}

@@ -1,0 +1,89 @@
+#!/usr/bin/env python3
+"""The allreduce tables of BENCHMARKS.md from the JSON lines of tools/bench/mpi_allreduce.c
+("mpi-c"), `ddl-bench allreduce --json` and tools/bench/gloo_allreduce.py.
+
+    tools/bench/allreduce_table.py bench-out/allreduce-{c,ddl,gloo}.jsonl
+
+Per rank count, one row per size: the median time (us) of every algorithm over the runs, then
+  best/C     the C loop's time over the fastest ddl algorithm's (> 1: ddl is faster),
+  auto/best  auto's time over the fastest algorithm's (<= 1.05: auto picked well),
+  mpi/C      the C loop's time over ddl's `mpi` (~1: ddl's baseline is not handicapped),
+  best/gloo  gloo's time over the fastest ddl algorithm's,
+  bw         the memcpy of the buffer on every rank at once over the fastest algorithm's time
+             (the fraction of the memory-bandwidth bound it reaches).
+A `*` marks a result that was not bitwise equal to the exact sum / MPI_Allreduce.
+"""
+import json
+import statistics
+import sys
+from collections import defaultdict
+
+ORDER = ["mpi-c", "ring", "rhd", "multicolor", "multiring", "shm", "mpi", "auto", "gloo"]
+DDL = ["ring", "rhd", "multicolor", "multiring", "shm", "mpi"]
+
+
+def size(b):
+    for unit, shift in (("MiB", 20), ("KiB", 10)):
+        if b >= 1 << shift and b % (1 << shift) == 0:
+            return f"{b >> shift} {unit}"
+    return f"{b} B"
+
+
+def main(paths):
+    times = defaultdict(list)
+    memcpy = defaultdict(list)
+    correct = defaultdict(lambda: True)
+    resolved = defaultdict(set)
+    for path in paths:
+        try:
+            lines = open(path).read().splitlines()
+        except FileNotFoundError:
+            continue
+        for line in lines:
+            r = json.loads(line)
+            algo = r["algo"].split(":")[0]
+            key = (r["ranks"], r["bytes"], algo)
+            times[key].append(r["time_us"])
+            correct[key] = correct[key] and r["correct"]
+            if "memcpy_us" in r:
+                memcpy[(r["ranks"], r["bytes"])].append(r["memcpy_us"])
+            if r.get("resolved"):
+                resolved[key].add(r["resolved"].split(":")[0])
+    med = {k: statistics.median(v) for k, v in times.items()}
+    for np_ in sorted({k[0] for k in med}):
+        algos = [a for a in ORDER if any(k[0] == np_ and k[2] == a for k in med)]
+        runs = max(len(v) for k, v in times.items() if k[0] == np_)
+        print(f"\n# np {np_}: time per call, us (median of {runs} runs)")
+        head = ["size"] + [("C loop" if a == "mpi-c" else a) for a in algos] + \
+            ["best/C", "auto/best", "mpi/C", "best/gloo", "bw"]
+        print("| " + " | ".join(head) + " |")
+        print("|" + "---|" * len(head))
+        for b in sorted({k[1] for k in med if k[0] == np_}):
+            row = [size(b)]
+            for a in algos:
+                t = med.get((np_, b, a))
+                cell = "-" if t is None else f"{t:.1f}" if t < 100 else f"{t:.0f}"
+                if t is not None and not correct[(np_, b, a)]:
+                    cell += "*"
+                if a == "auto" and resolved[(np_, b, a)]:
+                    cell += " (" + ",".join(sorted(resolved[(np_, b, a)])) + ")"
+                row.append(cell)
+            ddl = {a: med[(np_, b, a)] for a in DDL if (np_, b, a) in med}
+            best_algo = min(ddl, key=ddl.get) if ddl else None
+            best = ddl.get(best_algo)
+            c = med.get((np_, b, "mpi-c"))
+            auto = med.get((np_, b, "auto"))
+            mpi = med.get((np_, b, "mpi"))
+            gloo = med.get((np_, b, "gloo"))
+            mc = memcpy.get((np_, b))
+            ratio = lambda x, y: "-" if x is None or y is None else f"{x / y:.2f}x"
+            row.append(ratio(c, best) + (f" ({best_algo})" if best_algo else ""))
+            row.append(ratio(auto, best))
+            row.append(ratio(c, mpi))
+            row.append(ratio(gloo, best))
+            row.append("-" if not mc or best is None else f"{statistics.median(mc) / best:.2f}")
+            print("| " + " | ".join(row) + " |")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
