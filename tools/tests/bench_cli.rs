@@ -70,3 +70,44 @@ fn under_mpirun_each_rank_refuses_in_one_whole_line() {
         }
     }
 }
+
+#[test]
+fn sim_takes_the_class_count_and_compares_with_ddls_22k_run() {
+    let sim = |args: &[&str]| {
+        let mut cmd = Command::new(BENCH);
+        cmd.args(["sim", "--step-compute-ms", "280", "--preset", "minsky"])
+            .args(args);
+        stderr_writes(cmd)
+    };
+    let w = sim(&["--model", "resnet101", "--classes", "21841"]);
+    assert!(w.status.success(), "{}", w.all());
+    assert!(
+        w.stdout
+            .contains("resnet101 with 21841 classes (87.3M params, 349.0 MB fp32)"),
+        "{}",
+        w.all()
+    );
+    assert!(
+        w.stdout
+            .contains("DDL's published 88% scaling efficiency (ResNet-101, ImageNet-22k"),
+        "{}",
+        w.all()
+    );
+    let w = sim(&["--model", "resnet50"]);
+    assert!(w.status.success(), "{}", w.all());
+    assert!(w.stdout.contains("(25.6M params"), "{}", w.all());
+    assert!(w.stdout.contains("vs DDL 95%"), "{}", w.all());
+    for (args, status, needle) in [
+        (vec!["--classes", "1"], 2, "--classes"),
+        (
+            vec!["--model", "vgg16"],
+            1,
+            "--model \"vgg16\" is not one of resnet18",
+        ),
+    ] {
+        let w = sim(&args);
+        assert_eq!(w.status.code(), Some(status), "{args:?}: {}", w.all());
+        assert!(w.stdout.is_empty(), "{args:?}: {}", w.all());
+        assert!(w.stderr_text().contains(needle), "{args:?}: {}", w.all());
+    }
+}

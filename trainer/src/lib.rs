@@ -12,6 +12,7 @@
 //! - [`metrics`]: JSON-lines metrics.
 //! - [`signal`]: SIGTERM/SIGINT stop a run after a step, with a checkpoint to resume from.
 //! - [`run_flags`]: which flags a resumed run must share with its checkpoint.
+//! - [`memory`]: the parameter copies and gradient buckets a rank holds (`ddl-plan`).
 //! - [`validate`]: range checks of the numeric flags and the batch-memory estimate.
 //! - [`weights`]: models in and out: torchvision-compatible state dicts in `.safetensors`
 //!   files (`--export`, `--init-from`), [`export`] of checkpoints (`ddl-export`) and
@@ -55,6 +56,7 @@ pub mod console;
 pub mod device;
 pub mod error;
 pub mod export;
+pub mod memory;
 pub mod metrics;
 pub mod model;
 pub mod optim;

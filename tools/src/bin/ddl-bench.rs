@@ -102,6 +102,10 @@ enum Cmd {
         /// resnet18, resnet34, resnet50, resnet101, resnet152.
         #[arg(long, default_value = "resnet50")]
         model: String,
+        /// Classes of the model's head (parameters: backbone + features x classes + classes;
+        /// 21841 for ImageNet-22k).
+        #[arg(long, default_value_t = 1000, value_parser = clap::value_parser!(u64).range(2..))]
+        classes: u64,
         /// Compute time of one training step per GPU, ms.
         #[arg(long)]
         step_compute_ms: f64,
@@ -216,14 +220,16 @@ fn run(cli: Cli) -> Result<()> {
             nodes,
             gpus_per_node,
             model,
+            classes,
             step_compute_ms,
             preset,
             model_file,
             overlap,
             json,
         } => {
-            let params = bench::model_params(&model)
-                .with_context(|| format!("unknown model {model:?} (resnet18/34/50/101/152)"))?;
+            let params = bench::model_params(&model, classes).with_context(|| {
+                format!("--model {model:?} is not one of {}", bench::SIM_MODELS)
+            })?;
             if nodes == 0
                 || gpus_per_node == 0
                 || step_compute_ms.is_nan()
@@ -248,15 +254,14 @@ fn run(cli: Cli) -> Result<()> {
                     writeln!(out, "{}", serde_json::to_string(r)?)?;
                 }
             } else {
-                bench::print_sim(
-                    &mut out,
-                    &rows,
+                let setup = bench::SimSetup {
                     nodes,
-                    gpus_per_node,
-                    &model,
-                    &cost,
+                    gpus: gpus_per_node,
+                    model: &model,
+                    classes,
                     overlap,
-                )?;
+                };
+                bench::print_sim(&mut out, &rows, &setup, &cost)?;
             }
         }
     }

@@ -5,6 +5,9 @@ use std::collections::HashMap;
 
 use tch::nn;
 
+use crate::config::Overlap;
+use crate::model::{self, ModelKind, Network};
+
 /// One parameter of the model in the flat gradient buffer.
 #[derive(Clone, Debug)]
 pub struct ParamInfo {
@@ -52,6 +55,44 @@ impl Layout {
     /// `bucket_bytes` (a larger parameter gets a bucket of its own).
     pub fn new(vs: &nn::VarStore, bucket_bytes: usize) -> Layout {
         Self::staged(vs, bucket_bytes, &|_| 0)
+    }
+
+    /// The layout the table reduces `model` (built in `vs`) with under `overlap`: one bucket
+    /// (`off`), buckets of about `bucket_bytes` (`pipeline`), and cut at the model's stage
+    /// boundaries as well (`backward`).
+    pub fn for_overlap(
+        vs: &nn::VarStore,
+        model: &dyn Network,
+        overlap: Overlap,
+        bucket_bytes: usize,
+    ) -> Layout {
+        match overlap {
+            Overlap::Off => Layout::new(vs, usize::MAX),
+            Overlap::Pipeline => Layout::new(vs, bucket_bytes),
+            Overlap::Backward => Layout::staged(vs, bucket_bytes, &|name| model.stage_of(name)),
+        }
+    }
+
+    /// [`Layout::for_overlap`] of `kind` with `classes` classes, built once on the CPU in a
+    /// throwaway variable store: the plan of a run without its data or devices (`ddl-plan`).
+    pub fn of_model(
+        kind: ModelKind,
+        classes: i64,
+        image_size: u32,
+        overlap: Overlap,
+        bucket_bytes: usize,
+    ) -> Layout {
+        let vs = nn::VarStore::new(tch::Device::Cpu);
+        let _guard = tch::no_grad_guard();
+        let model = model::build(kind, &vs.root(), classes, image_size);
+        Layout::for_overlap(&vs, model.as_ref(), overlap, bucket_bytes)
+    }
+
+    /// Index of the largest bucket (0 for a layout without buckets).
+    pub fn largest_bucket(&self) -> usize {
+        (0..self.buckets.len())
+            .max_by_key(|&k| self.buckets[k].len)
+            .unwrap_or(0)
     }
 
     /// As [`Layout::new`], and a bucket never holds parameters of two stages: `stage_of` maps

@@ -379,12 +379,27 @@ impl Replica {
         Ok(())
     }
 
+    /// crc32c of the parameters' f32 little-endian bytes, in parameter order, read in chunks:
+    /// whole copies of a 21k-class head (179 MB as floats, again as bytes) would raise the
+    /// run's peak memory by two head copies.
     fn checksum(&self) -> Result<u32> {
+        const CHUNK: i64 = 1 << 20;
         let mut crc = 0u32;
+        let mut floats = Vec::new();
+        let mut bytes = Vec::new();
         for p in &self.params {
-            let v = tensor_to_vec(p)?;
-            let bytes: Vec<u8> = v.iter().flat_map(|x| x.to_le_bytes()).collect();
-            crc = crc32c::crc32c_append(crc, &bytes);
+            let flat = p.f_detach()?.f_to_kind(Kind::Float)?.f_flatten(0, -1)?;
+            let n = flat.numel() as i64;
+            let mut start = 0;
+            while start < n {
+                let len = CHUNK.min(n - start);
+                floats.resize(len as usize, 0f32);
+                to_host(&flat.f_narrow(0, start, len)?, &mut floats)?;
+                bytes.clear();
+                bytes.extend(floats.iter().flat_map(|x| x.to_le_bytes()));
+                crc = crc32c::crc32c_append(crc, &bytes);
+                start += len;
+            }
         }
         Ok(crc)
     }

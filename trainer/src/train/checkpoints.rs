@@ -108,27 +108,29 @@ impl Run<'_> {
             "train",
             &[("epoch", epoch as i64), ("step", global as i64)],
         );
-        let states = self.table.states()?;
+        let mut states = self.table.states()?;
         let gathered = self.comm.gather_bytes(encode_buffers(&states))?;
         let Some(gathered) = gathered else {
             return Ok(());
         };
         let layout = self.table.layout();
         let mut tensors = Vec::new();
+        // Moved, not copied: with a 21k-class head the weights and momentum are 700 MB.
+        let full = std::mem::take(&mut states[0]);
         let mut data = Vec::new();
-        for (i, p) in layout.params.iter().enumerate() {
+        for (p, values) in layout.params.iter().zip(full.params) {
             tensors.push(TensorEntry {
                 name: format!("param/{}", p.name),
                 shape: p.shape.clone(),
             });
-            data.push(states[0].params[i].clone());
+            data.push(values);
         }
-        for (i, p) in layout.params.iter().enumerate() {
+        for (p, values) in layout.params.iter().zip(full.momentum) {
             tensors.push(TensorEntry {
                 name: format!("momentum/{}", p.name),
                 shape: p.shape.clone(),
             });
-            data.push(states[0].momentum[i].clone());
+            data.push(values);
         }
         let replicas = self.table.replicas();
         for (rank, bytes) in gathered.iter().enumerate() {

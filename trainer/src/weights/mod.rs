@@ -29,9 +29,9 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
 
 use safetensors::Dtype;
-use tch::nn;
 
-use crate::model::{self, ModelKind};
+use crate::config::Overlap;
+use crate::model::ModelKind;
 use crate::table::{Layout, ParamInfo};
 
 pub use error::WeightsError;
@@ -181,10 +181,7 @@ impl Spec {
 /// The parameter and buffer layout of `kind` (built once on the CPU, in a throwaway variable
 /// store).
 pub fn layout_of(kind: ModelKind, classes: i64, image_size: u32) -> Layout {
-    let vs = nn::VarStore::new(tch::Device::Cpu);
-    let _guard = tch::no_grad_guard();
-    let _model = model::build(kind, &vs.root(), classes, image_size);
-    Layout::new(&vs, usize::MAX)
+    Layout::of_model(kind, classes, image_size, Overlap::Off, usize::MAX)
 }
 
 /// One tensor of a state dict: dtype, shape and little-endian bytes, as a safetensors file
