@@ -2,6 +2,8 @@
 //! bad input, determinism across thread counts, resume after an interrupted run, ownership of
 //! the output directory, and verify.
 
+mod common;
+
 use std::collections::BTreeMap;
 use std::io::Write;
 use std::path::Path;
@@ -12,6 +14,8 @@ use ddl_loader::pack::{self, NoProgress, PackOptions, PackReport, ShardCount};
 use ddl_loader::shard::ShardReader;
 use ddl_loader::LoaderError;
 use turbojpeg::{Colorspace, Image, PixelFormat, Subsamp};
+
+use common::tar_of;
 
 /// A fresh, empty directory under the system temp dir.
 /// Deterministic smooth-plus-noise pixels.
@@ -434,18 +438,6 @@ fn flat_val_with_devkit_and_synsets() {
     let labels: Vec<u32> = records(&out, "val").iter().map(|r| r.0).collect();
     // Sorted by (label, name): labels of images 2,4 (n01 -> 0), 3 (n02 -> 1), 1,5 (n03 -> 2).
     assert_eq!(labels, [0, 0, 1, 2, 2]);
-}
-
-fn tar_of(entries: &[(String, Vec<u8>)]) -> Vec<u8> {
-    let mut b = tar::Builder::new(Vec::new());
-    for (name, data) in entries {
-        let mut h = tar::Header::new_gnu();
-        h.set_size(data.len() as u64);
-        h.set_mode(0o644);
-        h.set_cksum();
-        b.append_data(&mut h, name, data.as_slice()).unwrap();
-    }
-    b.into_inner().unwrap()
 }
 
 fn synset_tar(wnid: &str, n: usize, seed: u32) -> Vec<u8> {

@@ -254,6 +254,45 @@ pub fn mpirun_train(np: usize, shards: &Path) -> Command {
     cmd
 }
 
+/// The training flags of `make demo` (resnet_small at 64 px, one CPU replica per rank, four
+/// epochs), added to [`mpirun_train`] by [`demo_train`].
+const DEMO_TRAIN_FLAGS: [&str; 12] = [
+    "--image-size",
+    "64",
+    "--batch",
+    "32",
+    "--devices",
+    "cpu:1",
+    "--epochs",
+    "4",
+    "--warmup-epochs",
+    "1",
+    "--base-lr",
+    "0.4",
+];
+
+/// Runs `make demo`'s training under `mpirun -np 2` on `shards` with `--metrics metrics`, and
+/// returns its last epoch line.
+pub fn demo_train(shards: &Path, metrics: &Path) -> serde_json::Value {
+    run_ok(
+        mpirun_train(2, shards)
+            .args(DEMO_TRAIN_FLAGS)
+            .arg("--metrics")
+            .arg(metrics),
+    );
+    last_epoch(metrics)
+}
+
+/// The last `"type": "epoch"` line of a ddl-train `--metrics` file.
+fn last_epoch(metrics: &Path) -> serde_json::Value {
+    std::fs::read_to_string(metrics)
+        .unwrap_or_else(|e| panic!("reading {}: {e}", metrics.display()))
+        .lines()
+        .map(|l| serde_json::from_str::<serde_json::Value>(l).expect("a JSON metrics line"))
+        .rfind(|v| v["type"] == "epoch")
+        .expect("epoch lines")
+}
+
 /// What [`synth_and_pack`] writes: a `ddl-synth` tree and its shards.
 pub struct SynthSpec {
     /// Classes.

@@ -1,10 +1,7 @@
 //! The demo learns: `make demo`'s configuration under a real `mpirun -np 2` reaches high
 //! validation accuracy. In a file of its own so that no other test competes for the cores.
 
-use std::fs;
-
-use ddl_tests::{mpirun_train, run_ok, scratch, synth_and_pack, SynthSpec};
-use serde_json::Value;
+use ddl_tests::{demo_train, scratch, synth_and_pack, SynthSpec};
 
 /// The demo itself (10 ddl-synth classes, resnet_small on CPU, `mpirun -np 2`, four epochs)
 /// learns: validation top-1 ends far above the 10% of chance.
@@ -23,31 +20,7 @@ fn demo_learns_ten_classes_under_mpirun_np2() {
         },
     );
     let metrics = tmp.path().join("metrics.jsonl");
-    run_ok(
-        mpirun_train(2, &shards)
-            .args([
-                "--image-size",
-                "64",
-                "--batch",
-                "32",
-                "--devices",
-                "cpu:1",
-                "--epochs",
-                "4",
-                "--warmup-epochs",
-                "1",
-                "--base-lr",
-                "0.4",
-            ])
-            .arg("--metrics")
-            .arg(&metrics),
-    );
-    let last_epoch: Value = fs::read_to_string(&metrics)
-        .unwrap()
-        .lines()
-        .map(|l| serde_json::from_str::<Value>(l).unwrap())
-        .rfind(|v| v["type"] == "epoch")
-        .expect("epoch lines");
+    let last_epoch = demo_train(&shards, &metrics);
     let top1 = last_epoch["val_top1"].as_f64().unwrap();
     assert!(
         top1 >= 0.8,

@@ -3,7 +3,7 @@
 use std::fs;
 use std::process::Command;
 
-use ddl_tests::{bin, run_ok, scratch};
+use ddl_tests::{bin, printed, run, run_ok, scratch};
 
 fn synth(out: &std::path::Path, seed: u64) {
     run_ok(Command::new(bin("ddl-synth")).arg(out).args([
@@ -100,4 +100,84 @@ fn same_seed_same_bytes_other_seed_other_bytes() {
     );
     assert_eq!(a, b);
     assert_ne!(a, c);
+}
+
+#[test]
+fn tars_layout_is_22k_style_and_packs_with_its_odd_members_handled() {
+    let tmp = scratch("synth-tars");
+    let out = tmp.path().join("tars");
+    run_ok(Command::new(bin("ddl-synth")).arg(&out).args([
+        "--layout",
+        "tars",
+        "--classes",
+        "4",
+        "--per-class",
+        "6",
+        "--min-side",
+        "40",
+        "--max-side",
+        "60",
+    ]));
+    let all = files(&out);
+    let names: Vec<&str> = all.iter().map(|(p, _)| p.as_str()).collect();
+    assert_eq!(
+        names,
+        [
+            "n10000000.tar",
+            "n10001000.tar",
+            "n10002000.tar",
+            "n10003000.tar"
+        ],
+        "one tar per synset, no val split"
+    );
+    let mut sizes = Vec::new();
+    for (name, bytes) in &all {
+        let mut members = Vec::new();
+        for e in tar::Archive::new(bytes.as_slice()).entries().unwrap() {
+            members.push(e.unwrap().path().unwrap().display().to_string());
+        }
+        sizes.push(members.iter().filter(|m| m.ends_with(".JPEG")).count());
+        let wnid = name.trim_end_matches(".tar");
+        assert!(members.iter().all(|m| m.starts_with(wnid)), "{members:?}");
+    }
+    // Uneven class sizes around --per-class (odd members included: a PNG and a cut-short JPEG
+    // named .JPEG, and one text file).
+    assert!(sizes.iter().all(|n| (3..=11).contains(n)), "{sizes:?}");
+    assert!(sizes.iter().any(|&n| n != sizes[0]), "{sizes:?}");
+
+    let r = run_ok(
+        Command::new(bin("ddl-pack"))
+            .arg(&out)
+            .arg("-o")
+            .arg(tmp.path().join("shards"))
+            .args(["--shards", "1", "--val-per-class", "1"])
+            .args(["--max-short-side", "32", "--max-skip-fraction", "0.2"]),
+    );
+    let report: serde_json::Value =
+        serde_json::from_slice(&fs::read(tmp.path().join("shards/pack-report.json")).unwrap())
+            .unwrap();
+    let skipped = report["skipped"].as_array().unwrap();
+    assert_eq!(skipped.len(), 1, "{}", printed(&r));
+    assert!(skipped[0]["path"]
+        .as_str()
+        .unwrap()
+        .ends_with("_truncated.JPEG"));
+    let ignored = report["ignored_files"].as_array().unwrap();
+    assert_eq!(ignored.len(), 1);
+    assert!(ignored[0]["path"].as_str().unwrap().ends_with("_notes.txt"));
+    let images: u64 = sizes.iter().map(|&n| n as u64).sum();
+    let records = report["splits"]["train"]["records"].as_u64().unwrap()
+        + report["splits"]["val"]["records"].as_u64().unwrap();
+    assert_eq!(
+        records,
+        images - 1,
+        "the PNG is converted, the cut JPEG skipped"
+    );
+    assert_eq!(report["val_split"]["val_inputs"], 4, "one per class");
+
+    let r = run(Command::new(bin("ddl-synth"))
+        .arg(tmp.path().join("x"))
+        .args(["--layout", "tars", "--val-per-class", "2"]));
+    assert!(!r.status.success());
+    assert!(printed(&r).contains("--val-per-class"), "{}", printed(&r));
 }

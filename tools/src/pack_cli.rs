@@ -9,6 +9,7 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Context, Result};
 use clap::Parser;
 use ddl_loader::pack::convert::{ConvertOptions, MIN_SHORT_SIDE};
+use ddl_loader::pack::split::{ValRule, ValSplit};
 use ddl_loader::pack::{self, PackOptions, PackProgress, ShardCount};
 
 use crate::cli::stderr_line;
@@ -18,10 +19,11 @@ use crate::size;
 /// directory.
 #[derive(Debug, Parser)]
 #[command(name = "ddl-pack", version)]
+#[command(group = clap::ArgGroup::new("val").args(["val_fraction", "val_per_class"]))]
 pub struct Args {
-    /// Input directory: train/WNID/*.JPEG and val/ (class folders, or flat with
+    /// Input: a directory holding train/WNID/*.JPEG and val/ (class folders, or flat with
     /// LOC_val_solution.csv / the devkit ground truth), or WNID.tar files, or an outer tar of
-    /// WNID.tar files.
+    /// WNID.tar files; or that outer tar itself (fall11_whole.tar, winter21_whole.tar).
     #[arg(required_unless_present = "verify")]
     pub input: Option<PathBuf>,
 
@@ -74,6 +76,26 @@ pub struct Args {
     /// ILSVRC synset list (one wnid per line in ILSVRC id order) for the devkit ground truth.
     #[arg(long, value_name = "FILE")]
     pub synsets: Option<PathBuf>,
+
+    /// Drop classes with fewer than N usable inputs (image-named files or tar members, counted
+    /// before decoding and before a --val-* split); the report lists them with their counts.
+    #[arg(long, value_name = "N", default_value_t = 0)]
+    pub min_per_class: u64,
+
+    /// Hold out this fraction (0 < F < 1) of an input without a val split as the val split:
+    /// an image goes to val by a hash of (--val-seed, wnid, file name), whatever the thread
+    /// count, tar order or --shards.
+    #[arg(long, value_name = "F")]
+    pub val_fraction: Option<f64>,
+
+    /// Hold out the N images of each class with the smallest hash of (--val-seed, wnid, file
+    /// name) as the val split (at most all but one per class).
+    #[arg(long, value_name = "N")]
+    pub val_per_class: Option<u64>,
+
+    /// Seed of the --val-fraction / --val-per-class hash.
+    #[arg(long, value_name = "SEED", requires = "val")]
+    pub val_seed: Option<u64>,
 
     /// Number of nodes recorded in the manifest (shard s belongs to node s % P).
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u64).range(1..))]
@@ -237,6 +259,18 @@ pub fn run(args: Args) -> Result<()> {
             args.max_skip_fraction
         );
     }
+    let val_split = match (args.val_fraction, args.val_per_class) {
+        (Some(f), None) => Some(ValRule::Fraction(f)),
+        (None, Some(n)) => Some(ValRule::PerClass(n)),
+        _ => None,
+    }
+    .map(|rule| ValSplit {
+        rule,
+        seed: args.val_seed.unwrap_or(0),
+    });
+    if let Some(vs) = &val_split {
+        vs.validate().map_err(anyhow::Error::msg)?;
+    }
     let opts = PackOptions {
         input,
         output,
@@ -252,6 +286,8 @@ pub fn run(args: Args) -> Result<()> {
         },
         classes: args.classes,
         synsets: args.synsets,
+        min_per_class: args.min_per_class,
+        val_split,
         nodes: args.nodes as usize,
         threads: args.threads,
         max_skip_fraction: args.max_skip_fraction,
@@ -271,6 +307,20 @@ pub fn run(args: Args) -> Result<()> {
             s.copied,
             s.reencoded,
             s.resized
+        );
+    }
+    if let Some(v) = &report.val_split {
+        println!(
+            "val held out by {}: {} inputs to val, {} to train (seed {})",
+            v.rule, v.val_inputs, v.train_inputs, v.seed
+        );
+    }
+    if !report.dropped_classes.is_empty() {
+        println!(
+            "dropped {} classes with fewer than {} usable inputs (--min-per-class; listed in \
+             the report)",
+            report.dropped_classes.len(),
+            report.min_per_class
         );
     }
     for s in report.skipped.iter().take(SHOWN) {

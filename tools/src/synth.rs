@@ -1,10 +1,16 @@
 //! `ddl-synth`: writes a small ImageNet-style tree of real JPEGs whose content depends on the
 //! class, so that packing, loading and training run end to end without ImageNet.
 //!
-//! Layout written (the ILSVRC-2012 / Kaggle conventions that `ddl-pack` reads):
-//! `OUT/train/<wnid>/<wnid>_<i>.JPEG`, `OUT/val/ILSVRC2012_val_<8 digits>.JPEG` (flat) and
-//! `OUT/LOC_val_solution.csv` (`ImageId,PredictionString`, first token of the prediction string
-//! is the wnid).
+//! Layouts written (conventions that `ddl-pack` reads):
+//! - [`Layout::Tree`], ILSVRC-2012 / Kaggle: `OUT/train/<wnid>/<wnid>_<i>.JPEG`,
+//!   `OUT/val/ILSVRC2012_val_<8 digits>.JPEG` (flat) and `OUT/LOC_val_solution.csv`
+//!   (`ImageId,PredictionString`, first token of the prediction string is the wnid).
+//! - [`Layout::Tars`], ImageNet-22k: `OUT/<wnid>.tar` per class holding `<wnid>_<i>.JPEG`, no
+//!   validation split. Class sizes are uneven (between half and one and a half times
+//!   `per_class`, at least 1), and the first three classes' tars each hold one odd member, as
+//!   the real tars do now and then: class 0 a non-image file (`<wnid>_notes.txt`, which
+//!   ddl-pack ignores), class 1 a JPEG cut short (`<wnid>_truncated.JPEG`, skipped and
+//!   reported), class 2 a PNG under a JPEG name (`<wnid>_png.JPEG`, converted).
 //!
 //! Each class has its own hue, stripe orientation and stripe frequency; every image gets a random
 //! size (sides 200-500), phase, brightness, noise and a distractor rectangle. Encodings vary the
@@ -12,21 +18,33 @@
 //! 75-95, and a few grayscale images.
 
 use std::fs;
-use std::io::Write;
+use std::io::{Cursor, Write};
 use std::path::Path;
 
 use anyhow::{Context, Result};
 use rayon::prelude::*;
 use turbojpeg::{Compressor, Image, PixelFormat, Subsamp};
 
+/// Which layout to write (see the module documentation).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]
+pub enum Layout {
+    /// ILSVRC-2012 folder tree with a flat, CSV-labelled validation folder.
+    #[default]
+    Tree,
+    /// One ImageNet-22k-style tar per class, no validation split.
+    Tars,
+}
+
 /// What to generate.
 #[derive(Clone, Debug)]
 pub struct SynthConfig {
+    /// Layout.
+    pub layout: Layout,
     /// Number of classes.
     pub classes: usize,
-    /// Training images per class.
+    /// Training images per class (the mean, for [`Layout::Tars`]).
     pub per_class: usize,
-    /// Validation images per class.
+    /// Validation images per class ([`Layout::Tree`] only).
     pub val_per_class: usize,
     /// Seed of every random choice; the same seed gives byte-identical files.
     pub seed: u64,
@@ -39,6 +57,7 @@ pub struct SynthConfig {
 impl Default for SynthConfig {
     fn default() -> Self {
         SynthConfig {
+            layout: Layout::Tree,
             classes: 10,
             per_class: 100,
             val_per_class: 20,
@@ -56,6 +75,8 @@ pub struct SynthSummary {
     pub train_images: usize,
     /// Validation JPEGs written.
     pub val_images: usize,
+    /// Odd tar members written ([`Layout::Tars`]: a text file, a cut-short JPEG, a PNG).
+    pub odd_files: usize,
     /// Bytes of all JPEGs written.
     pub bytes: u64,
 }
@@ -196,8 +217,8 @@ fn write_file(path: &Path, bytes: &[u8]) -> Result<()> {
         .with_context(|| format!("writing {}", path.display()))
 }
 
-/// Writes the tree under `out` (created if missing). Parallel over images with rayon; the output
-/// does not depend on the thread count.
+/// Writes the layout under `out` (created if missing). Parallel with rayon; the output does not
+/// depend on the thread count.
 pub fn generate(out: &Path, cfg: &SynthConfig) -> Result<SynthSummary> {
     anyhow::ensure!(cfg.classes > 0, "--classes must be at least 1");
     anyhow::ensure!(
@@ -206,6 +227,92 @@ pub fn generate(out: &Path, cfg: &SynthConfig) -> Result<SynthSummary> {
         cfg.min_side,
         cfg.max_side
     );
+    match cfg.layout {
+        Layout::Tree => generate_tree(out, cfg),
+        Layout::Tars => generate_tars(out, cfg),
+    }
+}
+
+/// Number of images of class `class` in [`Layout::Tars`]: between half and one and a half times
+/// `per_class`, at least 1.
+pub fn tar_class_size(cfg: &SynthConfig, class: usize) -> usize {
+    let spread = SplitMix::new(cfg.seed ^ 0x7A25 ^ ((class as u64) << 20)).next_u64();
+    (cfg.per_class / 2 + (spread % (cfg.per_class as u64 + 1)) as usize).max(1)
+}
+
+/// The odd member of class `class`'s tar, if it has one: (name, bytes).
+fn odd_member(cfg: &SynthConfig, class: usize) -> Result<Option<(String, Vec<u8>)>> {
+    let w = wnid(class);
+    Ok(match class {
+        0 => Some((
+            format!("{w}_notes.txt"),
+            b"not an image: ddl-pack ignores it\n".to_vec(),
+        )),
+        1 => {
+            let jpeg = render(cfg, class, image_seed(cfg.seed, 2, class, 0))?;
+            Some((
+                format!("{w}_truncated.JPEG"),
+                jpeg[..jpeg.len() / 2].to_vec(),
+            ))
+        }
+        2 => {
+            let jpeg = render(cfg, class, image_seed(cfg.seed, 2, class, 0))?;
+            let img = image::load_from_memory(&jpeg).context("decoding a generated JPEG")?;
+            let mut png = Cursor::new(Vec::new());
+            img.write_to(&mut png, image::ImageFormat::Png)
+                .context("encoding a PNG")?;
+            Some((format!("{w}_png.JPEG"), png.into_inner()))
+        }
+        _ => None,
+    })
+}
+
+/// Writes one tar per class (see the module documentation).
+fn generate_tars(out: &Path, cfg: &SynthConfig) -> Result<SynthSummary> {
+    fs::create_dir_all(out).with_context(|| format!("creating {}", out.display()))?;
+    let per_class: Vec<(usize, usize, u64)> = (0..cfg.classes)
+        .into_par_iter()
+        .map(|c| -> Result<(usize, usize, u64)> {
+            let path = out.join(format!("{}.tar", wnid(c)));
+            let file =
+                fs::File::create(&path).with_context(|| format!("creating {}", path.display()))?;
+            let mut tar = tar::Builder::new(std::io::BufWriter::new(file));
+            let mut append = |name: &str, data: &[u8]| {
+                let mut h = tar::Header::new_gnu();
+                h.set_size(data.len() as u64);
+                h.set_mode(0o644);
+                h.set_mtime(0);
+                h.set_cksum();
+                tar.append_data(&mut h, name, data)
+                    .with_context(|| format!("writing {name} into {}", path.display()))
+            };
+            let n = tar_class_size(cfg, c);
+            let mut bytes = 0;
+            for i in 0..n {
+                let jpeg = render(cfg, c, image_seed(cfg.seed, 0, c, i))?;
+                append(&format!("{}_{i}.JPEG", wnid(c)), &jpeg)?;
+                bytes += jpeg.len() as u64;
+            }
+            let odd = odd_member(cfg, c)?;
+            if let Some((name, data)) = &odd {
+                append(name, data)?;
+            }
+            tar.into_inner()
+                .and_then(|mut w| w.flush())
+                .with_context(|| format!("writing {}", path.display()))?;
+            Ok((n, usize::from(odd.is_some()), bytes))
+        })
+        .collect::<Result<_>>()?;
+    Ok(SynthSummary {
+        train_images: per_class.iter().map(|c| c.0).sum(),
+        val_images: 0,
+        odd_files: per_class.iter().map(|c| c.1).sum(),
+        bytes: per_class.iter().map(|c| c.2).sum(),
+    })
+}
+
+/// Writes the ILSVRC tree (see the module documentation).
+fn generate_tree(out: &Path, cfg: &SynthConfig) -> Result<SynthSummary> {
     let train = out.join("train");
     let val = out.join("val");
     for c in 0..cfg.classes {
@@ -252,6 +359,7 @@ pub fn generate(out: &Path, cfg: &SynthConfig) -> Result<SynthSummary> {
     Ok(SynthSummary {
         train_images: train_jobs.len(),
         val_images: val_jobs.len(),
+        odd_files: 0,
         bytes: train_bytes + val_bytes,
     })
 }

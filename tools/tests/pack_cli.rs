@@ -191,3 +191,71 @@ fn a_dangling_link_is_skipped_and_named() {
         "{t}"
     );
 }
+
+#[test]
+fn conflicting_or_bad_val_split_flags_are_refused_by_name() {
+    let tmp = scratch("pack-cli-val-flags");
+    let root = tmp.path();
+    let input = root.join("in");
+    tree(&input);
+    let out = root.join("out");
+    let (i, o) = (input.to_str().unwrap(), out.to_str().unwrap());
+    for (args, code, flags) in [
+        (
+            &["--val-fraction", "0.1", "--val-per-class", "5"][..],
+            2,
+            &["--val-fraction", "--val-per-class"][..],
+        ),
+        (&["--val-seed", "3"], 2, &["--val-seed", "--val-fraction"]),
+        (&["--val-fraction", "1.5"], 1, &["--val-fraction 1.5"]),
+        (&["--val-per-class", "0"], 1, &["--val-per-class"]),
+        // The input has a val split of its own.
+        (&["--val-fraction", "0.1"], 1, &["--val-fraction", "val"]),
+        (&["--min-per-class", "99"], 1, &["--min-per-class 99"]),
+    ] {
+        let r = pack(&[&[i, "-o", o][..], args].concat());
+        assert_eq!(r.status.code(), Some(code), "{args:?}: {}", text(&r));
+        for f in flags {
+            assert!(text(&r).contains(f), "{args:?}: no {f:?} in {}", text(&r));
+        }
+    }
+    assert!(!out.exists(), "a refused pack writes nothing");
+}
+
+#[test]
+fn an_outer_tar_file_is_an_input_and_the_split_is_printed() {
+    let tmp = scratch("pack-cli-outer-tar");
+    let root = tmp.path();
+    let mut outer = tar::Builder::new(Vec::new());
+    for (c, wnid) in ["n01000001", "n02000002"].iter().enumerate() {
+        let mut inner = tar::Builder::new(Vec::new());
+        for k in 0..10 {
+            let jpeg = jpeg(30, 30, c * 10 + k);
+            let mut h = tar::Header::new_gnu();
+            h.set_size(jpeg.len() as u64);
+            h.set_cksum();
+            inner
+                .append_data(&mut h, format!("{wnid}_{k}.JPEG"), jpeg.as_slice())
+                .unwrap();
+        }
+        let inner = inner.into_inner().unwrap();
+        let mut h = tar::Header::new_gnu();
+        h.set_size(inner.len() as u64);
+        h.set_cksum();
+        outer
+            .append_data(&mut h, format!("{wnid}.tar"), inner.as_slice())
+            .unwrap();
+    }
+    let whole = root.join("fall11_whole.tar");
+    std::fs::write(&whole, outer.into_inner().unwrap()).unwrap();
+    let out = root.join("out");
+    let (i, o) = (whole.to_str().unwrap(), out.to_str().unwrap());
+    let r = pack(&[i, "-o", o, "--shards", "1", "--val-per-class", "3"]);
+    assert!(r.status.success(), "{}", text(&r));
+    let t = text(&r);
+    assert!(
+        t.contains("train: 14 records") && t.contains("val: 6 records"),
+        "{t}"
+    );
+    assert!(t.contains("6 inputs to val, 14 to train"), "{t}");
+}

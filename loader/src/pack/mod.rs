@@ -9,10 +9,15 @@
 //! and whole-file checksum still match and redoes only the rest, which gives the same output
 //! as an uninterrupted run. The same file lists every file the pack writes: the packer removes
 //! or replaces nothing else (see `output.rs` and `loader/FORMAT.md`).
+//!
+//! Memory: the input index (one [`Item`] per input) and per-class counts; converted images are
+//! held one window at a time, and per-shard outcomes keep no per-class data.
 
+mod classes;
 pub mod convert;
 mod output;
 pub mod source;
+pub mod split;
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -28,6 +33,7 @@ use crate::shard::{tmp_path, ShardReader, ShardWriter};
 use convert::{convert, ConvertOptions, How, Skip, SkipReason, MIN_SHORT_SIDE};
 use output::{save_state, Claim, DoneShard, Identity, PackState};
 use source::{discover, Inputs, Item, SourceOptions};
+use split::{ValSplit, ValSplitReport};
 
 /// File name of the pack report inside the output directory.
 pub const REPORT_FILE: &str = "pack-report.json";
@@ -64,6 +70,10 @@ pub struct PackOptions {
     pub classes: Option<PathBuf>,
     /// ILSVRC synset list for the devkit validation ground truth.
     pub synsets: Option<PathBuf>,
+    /// Drop classes with fewer usable inputs than this (0 keeps all).
+    pub min_per_class: u64,
+    /// Carve a validation split out of an input that has none.
+    pub val_split: Option<ValSplit>,
     /// Number of nodes the shards are assigned to in the manifest (shard `s` -> node `s % P`).
     pub nodes: usize,
     /// Worker threads; 0 = one per core.
@@ -92,6 +102,8 @@ impl PackOptions {
             },
             classes: None,
             synsets: None,
+            min_per_class: 0,
+            val_split: None,
             nodes: 1,
             threads: 0,
             max_skip_fraction: 0.001,
@@ -196,6 +208,15 @@ pub struct PackReport {
     pub splits: BTreeMap<String, SplitReport>,
     /// Inputs of classes left out by `--classes`, by wnid.
     pub ignored_classes: BTreeMap<String, u64>,
+    /// `--min-per-class` (0: no class dropped).
+    #[serde(default)]
+    pub min_per_class: u64,
+    /// Classes dropped by `--min-per-class`, with their usable input counts.
+    #[serde(default)]
+    pub dropped_classes: BTreeMap<String, u64>,
+    /// The validation split carved by `--val-fraction` / `--val-per-class`, if any.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub val_split: Option<ValSplitReport>,
     /// Files that were not inputs (wrong extension, unlabelled validation images).
     pub ignored_files: Vec<IgnoredFile>,
     /// Every skipped input, in split and input order.
@@ -325,9 +346,19 @@ fn parse_shard_name(name: &str) -> Option<(&str, usize)> {
 struct ShardOutcome {
     info: ShardInfo,
     done: DoneShard,
-    per_label: Vec<u64>,
     /// Kept from a previous run rather than produced now.
     kept: bool,
+}
+
+/// Records per label of one shard, added to its split's totals as soon as the shard is done
+/// (so that memory does not grow with shards x classes).
+type LabelCounts = Vec<u64>;
+
+/// Adds a shard's `per_label` records to `totals`.
+fn add_counts(totals: &mut [u64], per_label: &[u64]) {
+    for (t, n) in totals.iter_mut().zip(per_label) {
+        *t += n;
+    }
 }
 
 struct SplitPlan<'a> {
@@ -371,11 +402,22 @@ pub fn pack(opts: &PackOptions, progress: &dyn PackProgress) -> Result<PackRepor
         .build()
         .map_err(|e| LoaderError::io("start threads", &opts.output, std::io::Error::other(e)))?;
     let threads = pool.current_num_threads();
+    if let Some(vs) = &opts.val_split {
+        vs.validate().map_err(|reason| LoaderError::Input {
+            path: opts.input.clone(),
+            reason,
+        })?;
+    }
     let sopts = SourceOptions {
         classes: opts.classes.clone(),
         synsets: opts.synsets.clone(),
+        min_per_class: opts.min_per_class,
     };
-    let inputs = pool.install(|| discover(&opts.input, &sopts))?;
+    let mut inputs = pool.install(|| discover(&opts.input, &sopts))?;
+    let val_split = match &opts.val_split {
+        Some(vs) => Some(split::carve(&mut inputs, vs, &opts.input)?),
+        None => None,
+    };
     let out = &opts.output;
 
     let plans: Vec<SplitPlan<'_>> = inputs
@@ -411,7 +453,7 @@ pub fn pack(opts: &PackOptions, progress: &dyn PackProgress) -> Result<PackRepor
         .flat_map(|p| (0..p.shards).map(move |s| (p, s)))
         .filter(|(p, s)| state.shards.contains_key(&shard_file_name(&p.name, *s)))
         .collect();
-    let kept: Vec<Option<ShardOutcome>> = pool.install(|| {
+    let kept: Vec<Option<(ShardOutcome, LabelCounts)>> = pool.install(|| {
         candidates
             .par_iter()
             .map(|(p, s)| {
@@ -421,10 +463,18 @@ pub fn pack(opts: &PackOptions, progress: &dyn PackProgress) -> Result<PackRepor
             .collect()
     });
     let mut outcomes: BTreeMap<(String, usize), ShardOutcome> = BTreeMap::new();
+    let mut class_records: BTreeMap<String, Vec<u64>> = plans
+        .iter()
+        .map(|p| (p.name.clone(), vec![0u64; inputs.classes.len()]))
+        .collect();
     let mut kept_inputs = 0u64;
     for ((p, s), o) in candidates.into_iter().zip(kept) {
-        if let Some(o) = o {
+        if let Some((o, per_label)) = o {
             kept_inputs += p.items.len().saturating_sub(s).div_ceil(p.shards) as u64;
+            add_counts(
+                class_records.get_mut(&p.name).expect("a plan's split"),
+                &per_label,
+            );
             outcomes.insert((p.name.clone(), s), o);
         }
     }
@@ -444,7 +494,11 @@ pub fn pack(opts: &PackOptions, progress: &dyn PackProgress) -> Result<PackRepor
             if outcomes.contains_key(&(p.name.clone(), s)) {
                 continue;
             }
-            let o = pack_shard(&pool, out, p, s, &inputs, opts, window, progress)?;
+            let (o, per_label) = pack_shard(&pool, out, p, s, &inputs, opts, window, progress)?;
+            add_counts(
+                class_records.get_mut(&p.name).expect("a plan's split"),
+                &per_label,
+            );
             state.shards.insert(o.info.file.clone(), o.done.clone());
             save_state(out, &state)?;
             outcomes.insert((p.name.clone(), s), o);
@@ -472,11 +526,12 @@ pub fn pack(opts: &PackOptions, progress: &dyn PackProgress) -> Result<PackRepor
             classes: inputs
                 .classes
                 .iter()
+                .zip(&class_records[&p.name])
                 .enumerate()
-                .map(|(l, w)| ClassCount {
+                .map(|(l, (w, &records))| ClassCount {
                     wnid: w.clone(),
                     label: l as u32,
-                    records: 0,
+                    records,
                     skipped: 0,
                 })
                 .collect(),
@@ -490,9 +545,6 @@ pub fn pack(opts: &PackOptions, progress: &dyn PackProgress) -> Result<PackRepor
             rep.copied += o.done.copied;
             rep.reencoded += o.done.reencoded;
             rep.resized += o.done.resized;
-            for (l, n) in o.per_label.iter().enumerate() {
-                rep.classes[l].records += n;
-            }
             for (i, reason, detail) in &o.done.skipped {
                 let item = &p.items[*i as usize];
                 rep.classes[item.label as usize].skipped += 1;
@@ -536,6 +588,9 @@ pub fn pack(opts: &PackOptions, progress: &dyn PackProgress) -> Result<PackRepor
         classes: inputs.classes.len(),
         splits: splits_report,
         ignored_classes: inputs.ignored_classes.clone(),
+        min_per_class: opts.min_per_class,
+        dropped_classes: inputs.dropped_classes.clone(),
+        val_split: val_split.clone(),
         ignored_files: inputs
             .ignored_files
             .iter()
@@ -588,6 +643,9 @@ pub fn pack(opts: &PackOptions, progress: &dyn PackProgress) -> Result<PackRepor
             "resize_filter": "lanczos3",
             "order": "per split, inputs sorted by (label, name); input i goes to shard i % shards",
             "plans": plans.iter().map(|p| (p.name.clone(), p.plan.clone())).collect::<BTreeMap<_, _>>(),
+            "min_per_class": opts.min_per_class,
+            "dropped_classes": inputs.dropped_classes.len(),
+            "val_split": val_split,
         }),
         nodes: opts.nodes,
     };
@@ -605,7 +663,7 @@ fn kept_shard(
     state: &PackState,
     inputs: &Inputs,
     nodes: usize,
-) -> Option<ShardOutcome> {
+) -> Option<(ShardOutcome, LabelCounts)> {
     let done = state.shards.get(file)?;
     if done.plan != p.plan {
         return None;
@@ -624,7 +682,7 @@ fn kept_shard(
         *per_label.get_mut(reader.row(i).label as usize)? += 1;
     }
     let done = done.clone();
-    Some(ShardOutcome {
+    let outcome = ShardOutcome {
         info: ShardInfo {
             file: file.to_string(),
             records: done.records,
@@ -633,9 +691,9 @@ fn kept_shard(
             node: s % nodes,
         },
         done,
-        per_label,
         kept: true,
-    })
+    };
+    Some((outcome, per_label))
 }
 
 /// Converts one input.
@@ -655,7 +713,7 @@ fn process(
     convert(&bytes, copts)
 }
 
-/// Produces shard `s` of plan `p`.
+/// Produces shard `s` of plan `p`; returns it with its records per label.
 #[allow(clippy::too_many_arguments)]
 fn pack_shard(
     pool: &rayon::ThreadPool,
@@ -666,7 +724,7 @@ fn pack_shard(
     opts: &PackOptions,
     window: usize,
     progress: &dyn PackProgress,
-) -> Result<ShardOutcome> {
+) -> Result<(ShardOutcome, LabelCounts)> {
     let file = shard_file_name(&p.name, s);
     let path = out.join(&file);
     let idx: Vec<usize> = (s..p.items.len()).step_by(p.shards).collect();
@@ -713,7 +771,7 @@ fn pack_shard(
     done.records = summary.records;
     done.bytes = summary.bytes;
     done.crc32c = summary.crc32c;
-    Ok(ShardOutcome {
+    let outcome = ShardOutcome {
         info: ShardInfo {
             file,
             records: summary.records,
@@ -722,9 +780,9 @@ fn pack_shard(
             node: s % opts.nodes,
         },
         done,
-        per_label,
         kept: false,
-    })
+    };
+    Ok((outcome, per_label))
 }
 
 /// What [`verify`] found.

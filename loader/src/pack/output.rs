@@ -104,6 +104,17 @@ impl Identity {
             let text = list.as_ref().and_then(|p| std::fs::read(p).ok());
             h.bytes(text.as_deref().unwrap_or(b"-"));
         }
+        // Hashed only when given, so that packs without them keep their earlier identity.
+        let mut selection = String::new();
+        if opts.min_per_class > 0 {
+            selection.push_str(&format!(" --min-per-class {}", opts.min_per_class));
+        }
+        if let Some(vs) = &opts.val_split {
+            selection.push_str(&format!(" {}", vs.describe()));
+        }
+        if !selection.is_empty() {
+            h.bytes(selection.as_bytes());
+        }
         let mut describe = format!(
             "{} with {shards} --max-short-side {} --quality {}{} --nodes {}",
             input.display(),
@@ -119,6 +130,7 @@ impl Identity {
         if let Some(c) = &opts.classes {
             describe.push_str(&format!(" --classes {}", c.display()));
         }
+        describe.push_str(&selection);
         Identity {
             fingerprint: format!("{:016x}", h.0),
             describe,

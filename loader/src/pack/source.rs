@@ -1,12 +1,13 @@
 //! Finding the packer's inputs: ImageNet-1k folder trees, flat validation folders labelled by
 //! `LOC_val_solution.csv` or the devkit ground truth, and ImageNet-22k per-synset tars (on disk
-//! or nested in an outer `fall11_whole.tar` / `winter21_whole.tar`).
+//! or nested in an outer `fall11_whole.tar` / `winter21_whole.tar`, which may also be given as
+//! the input itself).
 //!
 //! Tars are indexed with the tar crate (headers only, seeking over member data); members are
 //! later read with positioned reads at the recorded offsets, so nested tars are never unpacked
 //! and each member can be read independently.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, HashMap};
 use std::fs::File;
 use std::io::{Read, Seek, SeekFrom};
 use std::os::unix::fs::FileExt;
@@ -14,6 +15,7 @@ use std::path::{Path, PathBuf};
 
 use rayon::prelude::*;
 
+use super::classes;
 use crate::error::{LoaderError, Result};
 
 /// File name extensions (lower case) taken as images; other files are counted as ignored.
@@ -63,6 +65,8 @@ pub struct SourceOptions {
     /// ILSVRC synset list for the devkit ground truth: line k (1-based) holds the wnid of
     /// ILSVRC id k, optionally followed by text.
     pub synsets: Option<PathBuf>,
+    /// Drop classes with fewer usable inputs than this (0 keeps all; see `classes.rs`).
+    pub min_per_class: u64,
 }
 
 /// Everything found under an input directory.
@@ -80,6 +84,8 @@ pub struct Inputs {
     pub layouts: BTreeMap<String, String>,
     /// Inputs of classes left out by `--classes`, by wnid.
     pub ignored_classes: BTreeMap<String, u64>,
+    /// Classes dropped by `--min-per-class`, with their usable input counts.
+    pub dropped_classes: BTreeMap<String, u64>,
     /// Files that are not images by their extension (and validation images without a label),
     /// with the reason.
     pub ignored_files: Vec<(String, String)>,
@@ -144,19 +150,33 @@ fn name_link(path: &Path, e: std::io::Error) -> std::io::Error {
     }
 }
 
-/// Source of one class of one split while scanning, before labels are known.
-struct Found {
-    wnid: String,
-    name: String,
-    size: u64,
-    loc: Loc,
-}
+/// An input found while scanning, before labels are known: its `label` is the index of its
+/// wnid in [`Scan::wnids`] (one string per class rather than one per input, so that the index
+/// of 14 M inputs costs one [`Item`] each).
+type Found = Item;
 
 #[derive(Default)]
 struct Scan {
     dirs: Vec<PathBuf>,
     archives: Vec<PathBuf>,
     ignored_files: Vec<(String, String)>,
+    /// Every wnid seen, by scan index.
+    wnids: Vec<String>,
+    /// Scan index of each wnid.
+    wnid_ids: HashMap<String, u32>,
+}
+
+impl Scan {
+    /// The scan index of `wnid`, registering it when new.
+    fn wnid_id(&mut self, wnid: &str) -> u32 {
+        if let Some(&id) = self.wnid_ids.get(wnid) {
+            return id;
+        }
+        let id = self.wnids.len() as u32;
+        self.wnids.push(wnid.to_string());
+        self.wnid_ids.insert(wnid.to_string(), id);
+        id
+    }
 }
 
 fn is_image_name(name: &str) -> bool {
@@ -283,6 +303,7 @@ fn scan_tree(root: &Path, scan: &mut Scan) -> Result<Vec<Found>> {
     for (wnid, files) in classes.into_iter().zip(listed) {
         let dir = scan.dirs.len() as u32;
         scan.dirs.push(root.join(&wnid));
+        let class = scan.wnid_id(&wnid);
         for e in files? {
             if e.is_dir() {
                 continue;
@@ -296,7 +317,7 @@ fn scan_tree(root: &Path, scan: &mut Scan) -> Result<Vec<Found>> {
             }
             let (size, loc) = file_input(&e, dir);
             found.push(Found {
-                wnid: wnid.clone(),
+                label: class,
                 name: e.name,
                 size,
                 loc,
@@ -387,6 +408,7 @@ fn add_synset_members(
     prefix: &str,
     members: Vec<Member>,
 ) {
+    let class = scan.wnid_id(wnid);
     for (name, offset, size) in members {
         let full = format!("{prefix}{name}");
         if !is_image_name(&name) {
@@ -396,7 +418,7 @@ fn add_synset_members(
             continue;
         }
         found.push(Found {
-            wnid: wnid.to_string(),
+            label: class,
             name: full,
             size,
             loc: Loc::Archive { archive, offset },
@@ -618,7 +640,7 @@ fn scan_flat_val(
         };
         let (size, loc) = file_input(&e, dir);
         found.push(Found {
-            wnid,
+            label: scan.wnid_id(&wnid),
             name: e.name,
             size,
             loc,
@@ -662,24 +684,42 @@ fn scan_split_dir(dir: &Path, scan: &mut Scan) -> Result<Option<(Vec<Found>, Str
     Ok(None)
 }
 
-/// Finds the inputs under `input` (see the module documentation for the layouts).
-pub fn discover(input: &Path, opts: &SourceOptions) -> Result<Inputs> {
-    if !input.is_dir() {
-        return Err(input_err(input, "is not a directory"));
-    }
-    let mut scan = Scan::default();
-    let mut found: BTreeMap<String, Vec<Found>> = BTreeMap::new();
-    let mut layouts = BTreeMap::new();
+/// Scans `input` when it is a file: a per-synset tar or an outer tar of them.
+fn scan_tar_file(input: &Path, scan: &mut Scan) -> Result<(Vec<Found>, String)> {
+    let name = input
+        .file_name()
+        .and_then(|n| n.to_str())
+        .filter(|n| n.ends_with(".tar"))
+        .ok_or_else(|| {
+            input_err(
+                input,
+                "is neither a directory nor a .tar file (an outer tar such as \
+                 fall11_whole.tar, or one <wnid>.tar)",
+            )
+        })?;
+    let dir = input.parent().unwrap_or(Path::new(""));
+    let f = scan_tars(dir, &[name.to_string()], scan)?;
+    Ok((f, format!("tar file {}", input.display())))
+}
+
+/// Scans an input directory: `train/` and `val/`, or the directory itself as the training set.
+fn scan_input_dir(
+    input: &Path,
+    opts: &SourceOptions,
+    scan: &mut Scan,
+    found: &mut BTreeMap<String, Vec<Found>>,
+    layouts: &mut BTreeMap<String, String>,
+) -> Result<()> {
     let train = input.join("train");
     let val = input.join("val");
     if train.is_dir() {
-        if let Some((f, l)) = scan_split_dir(&train, &mut scan)? {
+        if let Some((f, l)) = scan_split_dir(&train, scan)? {
             found.insert("train".into(), f);
             layouts.insert("train".into(), l);
         }
     } else if !val.is_dir() {
         // No train/ or val/: the input itself is the training set (class folders or tars).
-        if let Some((f, l)) = scan_split_dir(input, &mut scan)? {
+        if let Some((f, l)) = scan_split_dir(input, scan)? {
             found.insert("train".into(), f);
             layouts.insert("train".into(), l);
         }
@@ -687,13 +727,30 @@ pub fn discover(input: &Path, opts: &SourceOptions) -> Result<Inputs> {
     if val.is_dir() {
         let entries = list_dir(&val)?;
         if entries.iter().any(Entry::is_dir) {
-            found.insert("val".into(), scan_tree(&val, &mut scan)?);
+            found.insert("val".into(), scan_tree(&val, scan)?);
             layouts.insert("val".into(), format!("class folders in {}", val.display()));
         } else if !entries.is_empty() {
-            let (f, l) = scan_flat_val(input, &val, entries, opts, &mut scan)?;
+            let (f, l) = scan_flat_val(input, &val, entries, opts, scan)?;
             found.insert("val".into(), f);
             layouts.insert("val".into(), l);
         }
+    }
+    Ok(())
+}
+
+/// Finds the inputs under `input` (see the module documentation for the layouts).
+pub fn discover(input: &Path, opts: &SourceOptions) -> Result<Inputs> {
+    let mut scan = Scan::default();
+    let mut found: BTreeMap<String, Vec<Found>> = BTreeMap::new();
+    let mut layouts = BTreeMap::new();
+    if input.is_dir() {
+        scan_input_dir(input, opts, &mut scan, &mut found, &mut layouts)?;
+    } else if input.exists() {
+        let (f, l) = scan_tar_file(input, &mut scan)?;
+        found.insert("train".into(), f);
+        layouts.insert("train".into(), l);
+    } else {
+        return Err(input_err(input, "does not exist"));
     }
     if found.values().all(|f| f.is_empty()) {
         return Err(input_err(
@@ -702,62 +759,75 @@ pub fn discover(input: &Path, opts: &SourceOptions) -> Result<Inputs> {
              outer tar of <wnid>.tar files",
         ));
     }
-    let classes: Vec<String> = match &opts.classes {
+    let listed = match &opts.classes {
         Some(path) => {
             let list = read_wnid_list(path)?;
-            let mut seen = BTreeSet::new();
-            for w in &list {
-                if !seen.insert(w) {
-                    return Err(input_err(path, format!("class {w} is listed twice")));
-                }
-            }
-            if list.is_empty() {
-                return Err(input_err(path, "lists no classes"));
-            }
-            list
+            classes::check_list(path, &list)?;
+            Some(list)
         }
-        None => {
-            let from = found
-                .get("train")
-                .filter(|f| !f.is_empty())
-                .or_else(|| found.get("val"))
-                .expect("some split has images");
-            let set: BTreeSet<&str> = from.iter().map(|f| f.wnid.as_str()).collect();
-            set.into_iter().map(String::from).collect()
-        }
+        None => None,
     };
-    let label_of: HashMap<&str, u32> = classes
+    // Usable inputs per class, in the split the classes come from.
+    let from = found
+        .get("train")
+        .filter(|f| !f.is_empty())
+        .or_else(|| found.get("val"))
+        .expect("some split has images");
+    let mut per_id = vec![0u64; scan.wnids.len()];
+    for f in from {
+        per_id[f.label as usize] += 1;
+    }
+    let counts: BTreeMap<String, u64> = scan
+        .wnids
+        .iter()
+        .zip(per_id)
+        .filter(|(_, n)| *n > 0)
+        .map(|(w, n)| (w.clone(), n))
+        .collect();
+    let selection = classes::select(input, listed, &counts, opts.min_per_class)?;
+    // Scan index -> label (None: not a kept class).
+    let label_of: HashMap<&str, u32> = selection
+        .classes
         .iter()
         .enumerate()
         .map(|(i, w)| (w.as_str(), i as u32))
         .collect();
+    let relabel: Vec<Option<u32>> = scan
+        .wnids
+        .iter()
+        .map(|w| label_of.get(w.as_str()).copied())
+        .collect();
     let mut ignored_classes = BTreeMap::new();
     let mut splits = BTreeMap::new();
-    for (split, f) in found {
-        let mut items: Vec<Item> = Vec::with_capacity(f.len());
-        for x in f {
-            match label_of.get(x.wnid.as_str()) {
-                Some(&label) => items.push(Item {
-                    label,
-                    name: x.name,
-                    size: x.size,
-                    loc: x.loc,
-                }),
-                None => *ignored_classes.entry(x.wnid).or_insert(0u64) += 1,
+    for (split, mut items) in found {
+        // Relabelled in place: the index is never held twice.
+        items.retain_mut(|it| match relabel[it.label as usize] {
+            Some(label) => {
+                it.label = label;
+                true
             }
-        }
-        items.sort_by(|a, b| (a.label, &a.name).cmp(&(b.label, &b.name)));
+            None => {
+                let wnid = &scan.wnids[it.label as usize];
+                if !selection.dropped.contains_key(wnid) {
+                    *ignored_classes.entry(wnid.clone()).or_insert(0u64) += 1;
+                }
+                false
+            }
+        });
+        items.shrink_to_fit();
+        items.sort_unstable_by(|a, b| (a.label, &a.name, a.size).cmp(&(b.label, &b.name, b.size)));
         if !items.is_empty() {
             splits.insert(split, items);
         }
     }
     Ok(Inputs {
-        classes,
+        classes: selection.classes,
         splits,
         dirs: scan.dirs,
         archives: scan.archives,
         layouts,
         ignored_classes,
+        dropped_classes: selection.dropped,
         ignored_files: scan.ignored_files,
     })
 }

@@ -1,30 +1,36 @@
-//! `ddl-synth OUT --classes N --per-class M --val-per-class K [--seed S]`: writes a small
-//! ImageNet-style tree of real JPEGs (see `ddl_tools::synth`).
+//! `ddl-synth OUT [--layout tree|tars] --classes N --per-class M --val-per-class K [--seed S]`:
+//! writes a small ImageNet-style tree, or ImageNet-22k-style per-synset tars, of real JPEGs
+//! (see `ddl_tools::synth`).
 
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Instant;
 
-use anyhow::Result;
+use anyhow::{bail, Result};
 use clap::Parser;
 use ddl_tools::cli;
-use ddl_tools::synth::{generate, SynthConfig};
+use ddl_tools::synth::{generate, Layout, SynthConfig};
 
-/// Write a small ImageNet-style tree of real, class-dependent JPEGs.
+/// Write a small ImageNet-style tree (or ImageNet-22k-style tars) of real, class-dependent
+/// JPEGs.
 #[derive(Parser, Debug)]
 #[command(name = "ddl-synth", version)]
 struct Args {
-    /// Output directory (train/, val/, LOC_val_solution.csv).
+    /// Output directory (tree: train/, val/, LOC_val_solution.csv; tars: WNID.tar files).
     out: PathBuf,
+    /// tree: ILSVRC-2012 folders with a flat val/; tars: one WNID.tar per class (uneven class
+    /// sizes, a few odd members, no val split), like ImageNet-22k.
+    #[arg(long, value_enum, default_value_t = Layout::Tree)]
+    layout: Layout,
     /// Number of classes.
     #[arg(long, default_value_t = 10)]
     classes: usize,
-    /// Training images per class.
+    /// Training images per class (tars: the mean).
     #[arg(long, default_value_t = 100)]
     per_class: usize,
-    /// Validation images per class.
-    #[arg(long, default_value_t = 20)]
-    val_per_class: usize,
+    /// Validation images per class (tree only; default 20).
+    #[arg(long)]
+    val_per_class: Option<usize>,
     /// Seed: the same seed writes byte-identical files.
     #[arg(long, default_value_t = 0)]
     seed: u64,
@@ -41,10 +47,17 @@ fn main() -> ExitCode {
 }
 
 fn run(args: Args) -> Result<()> {
+    if args.layout == Layout::Tars && args.val_per_class.is_some() {
+        bail!(
+            "--val-per-class: --layout tars writes no val split (ImageNet-22k has none); \
+             ddl-pack --val-fraction or --val-per-class holds one out"
+        );
+    }
     let cfg = SynthConfig {
+        layout: args.layout,
         classes: args.classes,
         per_class: args.per_class,
-        val_per_class: args.val_per_class,
+        val_per_class: args.val_per_class.unwrap_or(20),
         seed: args.seed,
         min_side: args.min_side,
         max_side: args.max_side,
@@ -52,9 +65,10 @@ fn run(args: Args) -> Result<()> {
     let start = Instant::now();
     let summary = generate(&args.out, &cfg)?;
     cli::stderr_line(&format!(
-        "ddl-synth: {} train + {} val JPEGs, {:.1} MiB, in {} ({:.1} s)",
+        "ddl-synth: {} train + {} val JPEGs and {} odd files, {:.1} MiB, in {} ({:.1} s)",
         summary.train_images,
         summary.val_images,
+        summary.odd_files,
         summary.bytes as f64 / (1 << 20) as f64,
         args.out.display(),
         start.elapsed().as_secs_f64()

@@ -1,0 +1,98 @@
+//! Which classes a pack keeps, in which label order: every class found (sorted by wnid), or
+//! the `--classes FILE` list in its order; then `--min-per-class N` drops the classes with
+//! fewer than N usable inputs.
+//!
+//! "Usable" is counted when the classes are chosen, before anything is decoded: the inputs of
+//! the class in the split the classes come from (the training split, or the validation split
+//! of an input without one), that is, its files or tar members with an image file name. A
+//! member that later fails to decode still counts (labels must be fixed before the first shard
+//! is written, so that a resumed pack plans the same shards). With a held-out split
+//! (`--val-fraction`, `--val-per-class`) the count is taken before the split is carved.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::Path;
+
+use crate::error::{LoaderError, Result};
+
+/// The classes kept, in label order, and those `--min-per-class` dropped.
+#[derive(Debug, Default)]
+pub(crate) struct Selection {
+    /// Kept wnids in label order.
+    pub classes: Vec<String>,
+    /// Dropped wnids with their usable input counts.
+    pub dropped: BTreeMap<String, u64>,
+}
+
+/// Checks a `--classes` list read from `path`: not empty, no wnid twice.
+pub(crate) fn check_list(path: &Path, list: &[String]) -> Result<()> {
+    let mut seen = BTreeSet::new();
+    for w in list {
+        if !seen.insert(w) {
+            return Err(LoaderError::Input {
+                path: path.to_path_buf(),
+                reason: format!("class {w} is listed twice"),
+            });
+        }
+    }
+    if list.is_empty() {
+        return Err(LoaderError::Input {
+            path: path.to_path_buf(),
+            reason: "lists no classes".into(),
+        });
+    }
+    Ok(())
+}
+
+/// Chooses the classes: `listed` (from `--classes`) in its order, or else every wnid of
+/// `counts` in sorted order; then drops those with fewer than `min` usable inputs (`counts`:
+/// usable inputs by wnid). Fails, naming `input` and the flag, when no class is left.
+pub(crate) fn select(
+    input: &Path,
+    listed: Option<Vec<String>>,
+    counts: &BTreeMap<String, u64>,
+    min: u64,
+) -> Result<Selection> {
+    let candidates = listed.unwrap_or_else(|| counts.keys().cloned().collect());
+    let mut sel = Selection::default();
+    for w in candidates {
+        let n = counts.get(&w).copied().unwrap_or(0);
+        if n < min {
+            sel.dropped.insert(w, n);
+        } else {
+            sel.classes.push(w);
+        }
+    }
+    if sel.classes.is_empty() {
+        return Err(LoaderError::Input {
+            path: input.to_path_buf(),
+            reason: format!(
+                "--min-per-class {min} drops every class: the largest has {} usable inputs",
+                counts.values().max().copied().unwrap_or(0)
+            ),
+        });
+    }
+    Ok(sel)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn min_per_class_drops_small_classes_and_keeps_the_order() {
+        let counts: BTreeMap<String, u64> = [("a", 5), ("b", 2), ("c", 9)]
+            .into_iter()
+            .map(|(w, n)| (w.to_string(), n))
+            .collect();
+        let p = Path::new("in");
+        let s = select(p, None, &counts, 3).unwrap();
+        assert_eq!(s.classes, ["a", "c"]);
+        assert_eq!(s.dropped, BTreeMap::from([("b".to_string(), 2)]));
+        let listed = vec!["c".to_string(), "z".into(), "b".into(), "a".into()];
+        let s = select(p, Some(listed), &counts, 1).unwrap();
+        assert_eq!(s.classes, ["c", "b", "a"]);
+        assert_eq!(s.dropped, BTreeMap::from([("z".to_string(), 0)]));
+        let e = select(p, None, &counts, 10).unwrap_err().to_string();
+        assert!(e.contains("--min-per-class 10") && e.contains("9"), "{e}");
+    }
+}

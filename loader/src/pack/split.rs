@@ -1,0 +1,251 @@
+//! Holding out a validation split from an input that has none (`--val-fraction`,
+//! `--val-per-class`): ImageNet-22k ships one tar per synset and no validation set.
+//!
+//! Every training input gets a 64-bit key, [`key`]: FNV-1a 64 over the length-delimited seed
+//! (8 bytes, little-endian), the wnid and the input's file name (the last `/`-separated part of
+//! its name: a tar member's name inside its synset tar, a folder tree's file name), then the
+//! SplitMix64 finaliser. The key depends on nothing else — not the thread count, the order of
+//! the tars, `--shards`, the outer tar, nor any other synset — so:
+//!
+//! - `--val-fraction F`: an input is held out when `(key >> 11) / 2^53 < F`. Its split is a
+//!   function of (seed, wnid, file name) alone: adding synsets or images never moves another.
+//! - `--val-per-class N`: the N inputs of each class with the smallest keys (ties broken by
+//!   name) are held out, at most all but one, so every class keeps a training input. The choice
+//!   depends on the class's own inputs only (the same in any order); adding synsets moves
+//!   nothing in other classes.
+//!
+//! The choice is made among the inputs that discovery found (image file names), before any is
+//! decoded: an input that later fails to decode is skipped from the split it was given, and the
+//! report lists it there. Each input is in exactly one split, so train and val never share one.
+
+use serde::{Deserialize, Serialize};
+
+use super::source::{Inputs, Item};
+use super::Fnv;
+use crate::error::{LoaderError, Result};
+
+/// The key function, in words, as the manifest and the report record it.
+pub const HASH: &str = "splitmix64_finalize(fnv1a64(seed as u64 little-endian, wnid, file name; \
+                        each field followed by its length as u64 little-endian))";
+
+/// Which inputs of a class go to the validation split.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum ValRule {
+    /// Inputs whose key, as a fraction of 2^64, is below this (0 < F < 1).
+    Fraction(f64),
+    /// The N inputs of each class with the smallest keys (at most all but one).
+    PerClass(u64),
+}
+
+/// A validation split carved from the training inputs.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct ValSplit {
+    /// Which inputs.
+    pub rule: ValRule,
+    /// Seed of the key; another seed holds out other inputs.
+    pub seed: u64,
+}
+
+impl ValSplit {
+    /// The command-line flag that asked for this split.
+    pub fn flag(&self) -> &'static str {
+        match self.rule {
+            ValRule::Fraction(_) => "--val-fraction",
+            ValRule::PerClass(_) => "--val-per-class",
+        }
+    }
+
+    /// The flags in words, e.g. `--val-fraction 0.05 --val-seed 0`.
+    pub fn describe(&self) -> String {
+        let value = match self.rule {
+            ValRule::Fraction(f) => f.to_string(),
+            ValRule::PerClass(n) => n.to_string(),
+        };
+        format!("{} {value} --val-seed {}", self.flag(), self.seed)
+    }
+
+    /// Checks the value: a fraction strictly between 0 and 1, a per-class count of at least 1.
+    pub fn validate(&self) -> std::result::Result<(), String> {
+        match self.rule {
+            ValRule::Fraction(f) if !(f > 0.0 && f < 1.0) => Err(format!(
+                "--val-fraction {f} must be strictly between 0 and 1"
+            )),
+            ValRule::PerClass(0) => Err("--val-per-class must be at least 1".into()),
+            _ => Ok(()),
+        }
+    }
+}
+
+/// The held-out split as the manifest (`pack.val_split`) and the report record it.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct ValSplitReport {
+    /// "fraction" or "per-class".
+    pub rule: String,
+    /// `--val-fraction`, for the rule "fraction".
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub fraction: Option<f64>,
+    /// `--val-per-class`, for the rule "per-class".
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub per_class: Option<u64>,
+    /// `--val-seed`.
+    pub seed: u64,
+    /// The key function ([`HASH`]).
+    pub hash: String,
+    /// Training inputs (before decoding).
+    pub train_inputs: u64,
+    /// Held-out inputs (before decoding).
+    pub val_inputs: u64,
+}
+
+/// Finalises a 64-bit hash so that every output bit depends on every input bit (SplitMix64).
+fn finalize(mut z: u64) -> u64 {
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    z ^ (z >> 31)
+}
+
+/// The file name a key is taken over: the last `/`-separated part of an input's name.
+fn file_name(name: &str) -> &str {
+    name.rsplit('/').next().unwrap_or(name)
+}
+
+/// The key of the input named `name` of class `wnid` under `seed` (see the module
+/// documentation).
+pub fn key(seed: u64, wnid: &str, name: &str) -> u64 {
+    let mut h = Fnv::new();
+    h.bytes(&seed.to_le_bytes());
+    h.bytes(wnid.as_bytes());
+    h.bytes(file_name(name).as_bytes());
+    finalize(h.0)
+}
+
+/// Whether `key` falls in the held-out fraction `f`.
+fn below(key: u64, f: f64) -> bool {
+    ((key >> 11) as f64) * (1.0 / (1u64 << 53) as f64) < f
+}
+
+/// Which of one class's `items` are held out.
+fn held_out(items: &[Item], wnid: &str, vs: &ValSplit) -> Vec<bool> {
+    match vs.rule {
+        ValRule::Fraction(f) => items
+            .iter()
+            .map(|it| below(key(vs.seed, wnid, &it.name), f))
+            .collect(),
+        ValRule::PerClass(n) => {
+            let mut order: Vec<(u64, &str, usize)> = items
+                .iter()
+                .enumerate()
+                .map(|(i, it)| (key(vs.seed, wnid, &it.name), it.name.as_str(), i))
+                .collect();
+            order.sort_unstable();
+            let take = (n as usize).min(items.len().saturating_sub(1));
+            let mut out = vec![false; items.len()];
+            for &(_, _, i) in &order[..take] {
+                out[i] = true;
+            }
+            out
+        }
+    }
+}
+
+/// Moves the held-out inputs of `inputs`' training split into a new "val" split; both stay in
+/// (label, name) order. Refused, naming the flag, when the input has a validation split of its
+/// own (`input` names the input in the error).
+pub(crate) fn carve(
+    inputs: &mut Inputs,
+    vs: &ValSplit,
+    input: &std::path::Path,
+) -> Result<ValSplitReport> {
+    if let Some(layout) = inputs.layouts.get("val") {
+        return Err(LoaderError::Input {
+            path: input.to_path_buf(),
+            reason: format!(
+                "{} carves a validation split from inputs that have none, but this input has \
+                 one ({layout}); drop {} to pack the input's own val split",
+                vs.flag(),
+                vs.flag()
+            ),
+        });
+    }
+    let items = inputs.splits.remove("train").unwrap_or_default();
+    let mut train = Vec::with_capacity(items.len());
+    let mut val = Vec::new();
+    let mut rest = items.into_iter().peekable();
+    while let Some(first) = rest.next() {
+        let label = first.label;
+        let mut class = vec![first];
+        while let Some(it) = rest.next_if(|it| it.label == label) {
+            class.push(it);
+        }
+        let chosen = held_out(&class, &inputs.classes[label as usize], vs);
+        for (it, v) in class.into_iter().zip(chosen) {
+            if v {
+                val.push(it);
+            } else {
+                train.push(it);
+            }
+        }
+    }
+    let report = ValSplitReport {
+        rule: match vs.rule {
+            ValRule::Fraction(_) => "fraction",
+            ValRule::PerClass(_) => "per-class",
+        }
+        .into(),
+        fraction: match vs.rule {
+            ValRule::Fraction(f) => Some(f),
+            ValRule::PerClass(_) => None,
+        },
+        per_class: match vs.rule {
+            ValRule::PerClass(n) => Some(n),
+            ValRule::Fraction(_) => None,
+        },
+        seed: vs.seed,
+        hash: HASH.into(),
+        train_inputs: train.len() as u64,
+        val_inputs: val.len() as u64,
+    };
+    inputs.layouts.insert(
+        "val".into(),
+        format!("held out of the training inputs by {}", vs.describe()),
+    );
+    for (name, split) in [("train", train), ("val", val)] {
+        if !split.is_empty() {
+            inputs.splits.insert(name.into(), split);
+        }
+    }
+    Ok(report)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn key_uses_the_file_name_only_and_spreads_evenly() {
+        assert_eq!(
+            key(0, "n01", "n01.tar/n01_5.JPEG"),
+            key(0, "n01", "n01_5.JPEG")
+        );
+        assert_ne!(key(0, "n01", "a.JPEG"), key(1, "n01", "a.JPEG"));
+        assert_ne!(key(0, "n01", "a.JPEG"), key(0, "n02", "a.JPEG"));
+        let held = (0..20_000)
+            .filter(|i| below(key(7, "n01", &format!("n01_{i}.JPEG")), 0.1))
+            .count();
+        assert!((1_800..2_200).contains(&held), "{held} of 20000 at 0.1");
+    }
+
+    #[test]
+    fn flags_are_checked() {
+        let bad = ValSplit {
+            rule: ValRule::Fraction(1.0),
+            seed: 0,
+        };
+        assert!(bad.validate().unwrap_err().contains("--val-fraction"));
+        let bad = ValSplit {
+            rule: ValRule::PerClass(0),
+            seed: 0,
+        };
+        assert!(bad.validate().unwrap_err().contains("--val-per-class"));
+    }
+}
