@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use crate::algorithm::Algorithm;
-use crate::allreduce::Allreducer;
+use crate::allreduce::{Allreducer, Element};
 use crate::collective::max_on_root;
 use crate::cost::{CostModel, MeasuredCurve, Tier};
 use crate::error::{CommError, Result};
@@ -127,21 +127,21 @@ pub fn calls_for(bytes: usize, iters: usize) -> usize {
 /// `osu_allreduce`, of nccl-tests and of `tools/bench/mpi_allreduce.c`. Like those loops the
 /// calls sum without averaging (the buffer is zeroed first, so it stays finite). Every rank
 /// of `t` must call this; rank 0 of `t` gets the time.
-pub fn mean_call_time(
+pub fn mean_call_time<T: Element>(
     t: &dyn Transport,
     ar: &Allreducer,
-    buf: &mut [f32],
+    buf: &mut [T],
     warmup: usize,
     calls: usize,
 ) -> Result<f64> {
-    buf.fill(0.0);
+    buf.fill(T::from_f32(0.0));
     for _ in 0..warmup {
-        ar.allreduce_f32(buf, false)?;
+        ar.allreduce(buf, false)?;
     }
     t.barrier()?;
     let start = Instant::now();
     for _ in 0..calls.max(1) {
-        ar.allreduce_f32(buf, false)?;
+        ar.allreduce(buf, false)?;
     }
     let mean = start.elapsed().as_secs_f64() / calls.max(1) as f64;
     Ok(max_on_root(t, &[mean])?[0])
@@ -149,9 +149,11 @@ pub fn mean_call_time(
 
 /// Times of each of `algos` over `t` in `topo` at each of `sizes` (five warm-up calls, then
 /// [`mean_call_time`]), swept `passes` times over all sizes, the algorithms taking turns at
-/// each size so that they meet the same load; per size the median of the passes, so that a
-/// burst of load from other tenants of the machine, which lasts seconds, spoils one pass
-/// rather than the curve. Like the benchmark, every size is a prefix of one buffer of the
+/// each size so that they meet the same load; per size the fastest pass, so that bursts of
+/// load from other tenants of the machine, which last seconds, spoil no point unless they
+/// cover every pass. (Other tenants hurt `shm` most: they evict the slots it keeps in the
+/// shared cache. A calibration in such a burst timed `shm` at np 2 and 16 MiB at 7.9 ms,
+/// against 1.4-1.7 ms in the benchmark minutes later.) Like the benchmark, every size is a prefix of one buffer of the
 /// largest size and one [`Allreducer`] per algorithm serves all sizes: a fresh buffer per
 /// size made the 4 MiB ring at np 2 take 3x its benchmark time (2.8 against 0.94 ms, median
 /// of three passes). An algorithm this group cannot run (`shm` across nodes) gets `None`.
@@ -189,8 +191,11 @@ fn sweep(
         .iter()
         .zip(times)
         .map(|(ar, ts)| {
-            ar.as_ref()
-                .map(|_| ts.into_iter().map(|mut v| median(&mut v)).collect())
+            ar.as_ref().map(|_| {
+                ts.into_iter()
+                    .map(|v| v.into_iter().fold(f64::INFINITY, f64::min))
+                    .collect()
+            })
         })
         .collect())
 }
@@ -236,7 +241,7 @@ fn beta_curve(
 ///   `max_bytes`, timed like the benchmark: stored as the model's [`MeasuredCurve`] for this
 ///   layout, since Open MPI's own implementation is outside the round model.
 ///
-/// Each sweep runs `passes` times, per size the median. A tier that this layout
+/// Each sweep runs `passes` times, per size the fastest pass. A tier that this layout
 /// cannot measure copies the other one (noted in `source`).
 pub fn calibrate(world: &World, max_bytes: usize, passes: usize) -> Result<CostModel> {
     let t: Arc<dyn Transport> = world.transport();
@@ -354,7 +359,7 @@ pub fn calibrate(world: &World, max_bytes: usize, passes: usize) -> Result<CostM
         intra,
         inter,
         source: format!(
-            "ddl-bench calibrate on {host}, {} ranks ({}x{}), {cores} usable core(s) per rank, ring curves and MPI_Allreduce to {} bytes, median of {passes} passes{note}",
+            "ddl-bench calibrate on {host}, {} ranks ({}x{}), {cores} usable core(s) per rank, ring curves, shm and MPI_Allreduce to {} bytes, fastest of {passes} passes{note}",
             world.size(),
             topo.nodes,
             topo.ranks_per_node,
@@ -362,7 +367,7 @@ pub fn calibrate(world: &World, max_bytes: usize, passes: usize) -> Result<CostM
         ),
         copy,
         shm_sync,
-        shm: (!shm_points.is_empty()).then(|| MeasuredCurve {
+        shm: (!shm_points.is_empty()).then_some(MeasuredCurve {
             nodes: 1,
             ranks_per_node: topo.ranks_per_node,
             points: shm_points,

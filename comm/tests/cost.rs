@@ -161,19 +161,46 @@ fn mpi_follows_open_mpi_decision_rules() {
     assert_eq!(open_mpi_choice(4, 4 << 10), RecursiveDoubling);
     assert_eq!(open_mpi_choice(8, 16 << 20), Ring);
     assert_eq!(open_mpi_choice(64, 64 << 10), RecursiveDoubling);
-    // The model runs the ring plus two buffer copies.
+    // In place, MPI_Allreduce is the ring itself: no copy of the buffer around it.
     let mut m = CostModel::minsky();
     m.copy = 1e-10;
     let topo = Topology::flat(8);
     let n = 16 << 20;
     let ring = m.predict(&Algorithm::Ring, n, topo);
     let mpi = m.predict(&Algorithm::Mpi, n, topo);
-    assert!(
-        (mpi - ring - 2.0 * n as f64 * 1e-10).abs() < 1e-12,
-        "{mpi} vs {ring}"
-    );
+    assert!((mpi - ring).abs() < 1e-12, "{mpi} vs {ring}");
     // Small messages: recursive doubling, log2(8) = 3 rounds instead of the ring's 14.
     assert!(m.predict(&Algorithm::Mpi, 4096, topo) < m.predict(&Algorithm::Ring, 4096, topo));
+}
+
+#[test]
+fn shm_runs_on_one_node_only_and_is_read_from_its_curve() {
+    let mut m = two_tier();
+    let one = Topology::flat(4);
+    let two = Topology::new(2, 2);
+    assert_eq!(m.predict(&Algorithm::SHM, 1 << 20, two), f64::INFINITY);
+    assert_ne!(m.choose(1 << 20, two), Algorithm::SHM);
+    // Without a curve: one synchronisation per chunk plus the copies and the additions.
+    m.copy = 1e-10;
+    m.shm_sync = 1e-6;
+    let n = 4 << 20;
+    let chunks = (n / ddl_comm::allreduce::shm::DEFAULT_CHUNK_BYTES) as f64;
+    let expect = chunks * 1e-6 + 0.75 * n as f64 * (2.0 * 1e-10 + 1e-10);
+    let got = m.predict(&Algorithm::SHM, n, one);
+    assert!((got - expect).abs() < 1e-12, "{got} vs {expect}");
+    // With a curve measured in this layout, its points; auto takes shm where it is fastest,
+    // and not where shared memory was found missing.
+    m.shm = Some(MeasuredCurve {
+        nodes: 1,
+        ranks_per_node: 4,
+        points: vec![(4096, 1e-6), (1 << 20, 5e-5)],
+    });
+    assert_eq!(m.predict(&Algorithm::SHM, 4096, one), 1e-6);
+    assert_eq!(m.choose(4096, one), Algorithm::SHM);
+    assert_ne!(m.choose_where(4096, one, false), Algorithm::SHM);
+    // Another chunk size is not what the curve measured: the formula again.
+    let other = Algorithm::Shm { chunk_bytes: 4096 };
+    assert_ne!(m.predict(&other, 4096, one), 1e-6);
 }
 
 #[test]

@@ -2,7 +2,7 @@
 # Allreduce on one node: every ddl algorithm against the peers a user would pick, side by side
 # on the same cores: Open MPI's own in-place MPI_Allreduce in a plain C loop
 # (tools/bench/mpi_allreduce.c, built here with mpicc, as OSU and nccl-tests measure it) and
-# torch.distributed gloo, plus a plain memcpy of the buffer on every rank at once (the
+# torch.distributed gloo, plus one in-place pass over the buffer on every rank at once (the
 # memory-bandwidth bound). All three print the same statistic: the mean of N back-to-back
 # calls on the slowest rank (N = clamp(iters x 64 MiB / bytes, iters, 10000)).
 #   tools/bench/allreduce.sh [OUT_DIR]      (called by `make bench` with bench-out/)
@@ -25,7 +25,10 @@ python=${PYTHON:-.venv/bin/python}
 bench=target/release/ddl-bench
 peer=target/peers/mpi_allreduce
 lock=(); [ -n "${ALLREDUCE_LOCK:-}" ] && lock=(flock "$ALLREDUCE_LOCK")
-mpirun=(mpirun --allow-run-as-root --oversubscribe)
+cores=$(nproc)
+# Open MPI binds each rank to a core unless the ranks outnumber the cores; --oversubscribe
+# (which also unbinds and makes its waits yield) only then, for the peer and ddl alike.
+mpirun_for() { if [ "$1" -gt "$cores" ]; then echo "mpirun --allow-run-as-root --oversubscribe"; else echo "mpirun --allow-run-as-root"; fi; }
 mkdir -p "$out" "$(dirname "$peer")"
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 [ -x "$bench" ] || cargo build --release -p ddl-tools --bin ddl-bench
@@ -39,19 +42,18 @@ min_bytes=$(bytes_of "$min")
 max_bytes=$(bytes_of "$max")
 
 for f in ddl c gloo; do : > "$out/allreduce-$f.jsonl"; done
-for np in $nps; do
-  echo "allreduce: np $np: ddl-bench calibrate -> $out/model-np$np.json" >&2
-  "${lock[@]}" "${mpirun[@]}" -np "$np" "$bench" calibrate -o "$out/model-np$np.json" \
-    --max-bytes "$max" >/dev/null
-done
 for run in $(seq "$runs"); do
   for np in $nps; do
-    echo "allreduce: run $run, np $np: C loop, ddl-bench ($algos), gloo" >&2
-    "${lock[@]}" "${mpirun[@]}" -np "$np" "$peer" --min-bytes "$min_bytes" \
+    # Calibrated afresh every run (auto's choices come from it), so that a calibration
+    # spoiled by a burst of load from other tenants spoils one run, not the median.
+    echo "allreduce: run $run, np $np: calibrate, C loop, ddl-bench ($algos), gloo" >&2
+    "${lock[@]}" $(mpirun_for "$np") -np "$np" "$bench" calibrate -o "$out/model-np$np-run$run.json" \
+      --max-bytes "$max" >/dev/null
+    "${lock[@]}" $(mpirun_for "$np") -np "$np" "$peer" --min-bytes "$min_bytes" \
       --max-bytes "$max_bytes" --iters "$iters" | grep '^{' >> "$out/allreduce-c.jsonl"
-    "${lock[@]}" "${mpirun[@]}" -np "$np" "$bench" allreduce --json --algos "$algos" \
+    "${lock[@]}" $(mpirun_for "$np") -np "$np" "$bench" allreduce --json --algos "$algos" \
       --min-bytes "$min" --max-bytes "$max" --iters "$iters" \
-      --model-file "$out/model-np$np.json" | grep '^{' >> "$out/allreduce-ddl.jsonl"
+      --model-file "$out/model-np$np-run$run.json" | grep '^{' >> "$out/allreduce-ddl.jsonl"
     if "$python" -c "import torch.distributed" 2>/dev/null; then
       "${lock[@]}" "$python" tools/bench/gloo_allreduce.py --ranks "$np" --min-bytes "$min_bytes" \
         --max-bytes "$max_bytes" --iters "$iters" | grep '^{' >> "$out/allreduce-gloo.jsonl"

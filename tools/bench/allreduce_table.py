@@ -9,8 +9,8 @@ Per rank count, one row per size: the median time (us) of every algorithm over t
   auto/best  auto's time over the fastest algorithm's (<= 1.05: auto picked well),
   mpi/C      the C loop's time over ddl's `mpi` (~1: ddl's baseline is not handicapped),
   best/gloo  gloo's time over the fastest ddl algorithm's,
-  bw         the memcpy of the buffer on every rank at once over the fastest algorithm's time
-             (the fraction of the memory-bandwidth bound it reaches).
+  bw         one in-place pass over the buffer (buf[i] *= s) on every rank at once over the
+             fastest algorithm's time: the fraction of the memory-bandwidth bound it reaches.
 A `*` marks a result that was not bitwise equal to the exact sum / MPI_Allreduce.
 """
 import json
@@ -31,7 +31,7 @@ def size(b):
 
 def main(paths):
     times = defaultdict(list)
-    memcpy = defaultdict(list)
+    bound = defaultdict(list)
     correct = defaultdict(lambda: True)
     resolved = defaultdict(set)
     for path in paths:
@@ -45,8 +45,8 @@ def main(paths):
             key = (r["ranks"], r["bytes"], algo)
             times[key].append(r["time_us"])
             correct[key] = correct[key] and r["correct"]
-            if "memcpy_us" in r:
-                memcpy[(r["ranks"], r["bytes"])].append(r["memcpy_us"])
+            if "pass_us" in r:
+                bound[(r["ranks"], r["bytes"])].append(r["pass_us"])
             if r.get("resolved"):
                 resolved[key].add(r["resolved"].split(":")[0])
     med = {k: statistics.median(v) for k, v in times.items()}
@@ -75,7 +75,7 @@ def main(paths):
             auto = med.get((np_, b, "auto"))
             mpi = med.get((np_, b, "mpi"))
             gloo = med.get((np_, b, "gloo"))
-            mc = memcpy.get((np_, b))
+            mc = bound.get((np_, b))
             ratio = lambda x, y: "-" if x is None or y is None else f"{x / y:.2f}x"
             row.append(ratio(c, best) + (f" ({best_algo})" if best_algo else ""))
             row.append(ratio(auto, best))

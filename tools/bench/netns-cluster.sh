@@ -10,7 +10,9 @@
 #   tools/bench/netns-cluster.sh setup [NODES] [RATE]   # default 2 nodes, 1gbit
 #   tools/bench/netns-cluster.sh mpirun NP ARGS...      # mpirun over the namespaces (NP/NODES per node)
 #   tools/bench/netns-cluster.sh bench [OUT_DIR]        # calibrate + allreduce tables (NETNS_RUNS, medians)
-#                                                        # with the model's prediction per row
+#                                                        # with the model's prediction per row, and
+#                                                        # against Open MPI's in-place C loop
+#                                                        # (tools/bench/mpi_allreduce.c, alternating)
 #       env: NETNS_RANKS_PER_NODE (4, the reference systems' GPUs per node), NETNS_RUNS (3), NETNS_ITERS (5), NETNS_MAX_BYTES (64MiB),
 #            NETNS_MIN_BYTES (1MiB), NETNS_ALGOS, NETNS_SKIP_CALIBRATE=1 (reuse OUT/netns-model.json),
 #            NETNS_LOCK=FILE (run each mpirun under `flock FILE`, on a machine shared with others)
@@ -105,8 +107,15 @@ bench() {
     echo "netns-cluster: calibrate ($np ranks, $nodes nodes)"
     run_mpi "$np" "$bin" calibrate -o "$out/netns-model.json" --max-bytes "${NETNS_MAX_BYTES:-64MiB}"
   fi
+  local peer=$PWD/target/peers/mpi_allreduce
+  mkdir -p "$(dirname "$peer")"
+  mpicc -O2 -Wall -o "$peer" tools/bench/mpi_allreduce.c
   : > "$out/allreduce-netns.jsonl"
+  : > "$out/allreduce-netns-c.jsonl"
   for run in $(seq "${NETNS_RUNS:-3}"); do
+    echo "netns-cluster: run $run: Open MPI's in-place C loop"
+    run_mpi "$np" "$peer" --min-bytes "${NETNS_MIN_BYTES:-1MiB}" --max-bytes "${NETNS_MAX_BYTES:-64MiB}" \
+      --iters "${NETNS_ITERS:-5}" --warmup 1 | grep '^{' >> "$out/allreduce-netns-c.jsonl"
     echo "netns-cluster: allreduce table, run $run (measured vs the model's prediction)"
     run_mpi "$np" "$bin" allreduce --algos "${NETNS_ALGOS:-ring,rhd,multicolor,multiring,mpi,auto}" \
       --min-bytes "${NETNS_MIN_BYTES:-1MiB}" --max-bytes "${NETNS_MAX_BYTES:-64MiB}" --iters "${NETNS_ITERS:-5}" \
@@ -130,6 +139,7 @@ for (algo, b), rs in sorted(rows.items()):
     spread = f"{min(ts):.1f}-{max(ts):.1f}"
     print(f"{algo:>22} {b:>10} {len(rs):>4} {t:>9.1f} {spread:>15} {bw:>7.3f} {x:>6} {pred:>9.1f} {t / pred:>9.2f}{ran}")
 PY
+  python3 tools/bench/allreduce_table.py "$out/allreduce-netns-c.jsonl" "$out/allreduce-netns.jsonl"
 }
 
 case "${1:-}" in

@@ -8,7 +8,7 @@ use std::time::Duration;
 use anyhow::{bail, Context, Result};
 use ddl_comm::calibrate::{calls_for, mean_call_time};
 use ddl_comm::World;
-use ddl_comm::{Algorithm, Allreducer, CostModel, Topology, Transport};
+use ddl_comm::{bf16, f16, Algorithm, Allreducer, CostModel, Element, Topology, Transport};
 use serde::Serialize;
 
 use crate::size::parse_size;
@@ -44,6 +44,8 @@ pub struct AllreduceOpts {
     pub model: CostModel,
     /// Print the model's prediction and measured / predicted per row (a model file was given).
     pub predict: bool,
+    /// Element type of the buffers.
+    pub dtype: Dtype,
 }
 
 impl AllreduceOpts {
@@ -101,6 +103,8 @@ impl AllreduceOpts {
 pub struct AllreduceRow {
     /// Algorithm (as given).
     pub algo: String,
+    /// Element type.
+    pub dtype: Dtype,
     /// Number of ranks.
     pub ranks: usize,
     /// Message size in bytes.
@@ -127,17 +131,43 @@ pub struct AllreduceRow {
     pub ratio: Option<f64>,
 }
 
-/// Integer-valued test data: sums are exact in any order, so every algorithm must match
-/// MPI_Allreduce bitwise.
-fn fill(buf: &mut [f32], rank: usize, salt: usize) {
+/// Integer-valued test data: sums are exact in f32 in any order (and rounded once to f16 /
+/// bf16), so every algorithm must match MPI_Allreduce bitwise.
+fn fill<T: Element>(buf: &mut [T], rank: usize, salt: usize) {
     for (i, v) in buf.iter_mut().enumerate() {
-        *v = ((i * 7919 + rank * 104_729 + salt * 31) % 2001) as f32 - 1000.0;
+        *v = T::from_f32(((i * 7919 + rank * 104_729 + salt * 31) % 2001) as f32 - 1000.0);
     }
+}
+
+/// The element type of `ddl-bench allreduce --dtype`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Dtype {
+    /// 32-bit float.
+    F32,
+    /// IEEE half precision (summed in f32, rounded once).
+    F16,
+    /// bfloat16 (summed in f32, rounded once).
+    Bf16,
 }
 
 /// Runs the allreduce table on the MPI world; rank 0 writes the table (or JSON lines) to
 /// `out` and returns the rows (other ranks return an empty list).
 pub fn allreduce(
+    world: &World,
+    opts: &AllreduceOpts,
+    json: bool,
+    out: &mut dyn Write,
+) -> Result<Vec<AllreduceRow>> {
+    match opts.dtype {
+        Dtype::F32 => allreduce_of::<f32>(world, opts, json, out),
+        Dtype::F16 => allreduce_of::<f16>(world, opts, json, out),
+        Dtype::Bf16 => allreduce_of::<bf16>(world, opts, json, out),
+    }
+}
+
+/// [`allreduce`] on buffers of `T`.
+fn allreduce_of<T: Element + Default>(
     world: &World,
     opts: &AllreduceOpts,
     json: bool,
@@ -149,9 +179,10 @@ pub fn allreduce(
     let rank = world.rank();
     opts.validate()?;
     let sizes = opts.sizes();
-    let max_elems = sizes.last().copied().unwrap_or(0) / 4;
-    let mut buf = vec![0f32; max_elems];
-    let mut reference = vec![0f32; max_elems];
+    let size = std::mem::size_of::<T>();
+    let max_elems = sizes.last().copied().unwrap_or(0) / size;
+    let mut buf = vec![T::default(); max_elems];
+    let mut reference = vec![T::default(); max_elems];
     let mpi = Allreducer::with_model(t.clone(), Algorithm::Mpi, topo, opts.model.clone())?;
     if rank == 0 && !json {
         writeln!(
@@ -177,18 +208,18 @@ pub fn allreduce(
         let ar = Allreducer::with_model(t.clone(), algo.clone(), topo, opts.model.clone())
             .with_context(|| format!("algorithm {algo}"))?;
         for (salt, &bytes) in sizes.iter().enumerate() {
-            let n = bytes / 4;
+            let n = bytes / size;
             // Correctness against MPI_Allreduce.
             let check = &mut buf[..n];
             fill(check, rank, salt);
             let refv = &mut reference[..n];
             fill(refv, rank, salt);
-            mpi.allreduce_f32(refv, false)?;
-            ar.allreduce_f32(check, false)?;
+            mpi.allreduce(refv, false)?;
+            ar.allreduce(check, false)?;
             let bad = check
                 .iter()
                 .zip(refv.iter())
-                .filter(|(a, b)| a.to_bits() != b.to_bits())
+                .filter(|(a, b)| a.to_f32().to_bits() != b.to_f32().to_bits())
                 .count();
             let mut flags = [bad.min(1) as f32];
             mpi.allreduce_f32(&mut flags, false)?;
@@ -203,6 +234,7 @@ pub fn allreduce(
             let predicted = opts.predict.then(|| opts.model.predict(algo, bytes, topo));
             let row = AllreduceRow {
                 algo: algo.to_string(),
+                dtype: opts.dtype,
                 ranks: p,
                 bytes,
                 calls,

@@ -3,7 +3,7 @@
 pub(crate) mod multicolor;
 mod rhd;
 pub(crate) mod ring;
-pub(crate) mod shm;
+pub mod shm;
 mod util;
 
 use std::collections::HashMap;
@@ -232,6 +232,12 @@ impl Allreducer {
             _ => None,
         };
         if let Algorithm::Shm { chunk_bytes } = algorithm {
+            if topology.nodes > 1 {
+                return Err(CommError::Unsupported(format!(
+                    "shm needs every rank on one node; the topology has {} nodes",
+                    topology.nodes
+                )));
+            }
             if !(crate::shm::LINE..=MAX_SHM_CHUNK).contains(&chunk_bytes) {
                 return Err(CommError::InvalidArgument(format!(
                     "shm needs chunks of {} bytes to {MAX_SHM_CHUNK} bytes, got {chunk_bytes}",

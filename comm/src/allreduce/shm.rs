@@ -18,10 +18,14 @@
 //! Ranks synchronise through counters in their own segments (acquire / release atomics): how
 //! many chunks each has announced and summed. Slots are reused every [`SLOTS`] chunks (see
 //! [`ShmAllreduce::allreduce`] for why one wait per chunk suffices). A waiting rank spins
-//! briefly, then yields its core (the ranks may outnumber the cores), and gives up with
-//! [`CommError::Timeout`] naming the rank it waited for after the transport's timeout.
+//! briefly, then yields its core. When the ranks outnumber the cores it does not spin, and
+//! after [`YIELDS`] yields it sleeps on the counter (a futex in the shared region, woken by
+//! the rank that publishes it): yielding ranks keep their cores busy, so the kernel never
+//! moves a rank with work onto them, and on 2 cores a run of 3 or 4 ranks could fall into
+//! rounds 4x slower. It gives up with [`CommError::Timeout`] naming the rank it waited for
+//! after the transport's timeout.
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::time::Instant;
 
 use super::util::{add_into, part};
@@ -45,10 +49,22 @@ const PART_ALIGN: usize = 32;
 /// Elements summed per block of the reduction (the accumulator stays in L1).
 const BLOCK: usize = 1024;
 
-/// Polls of a counter before a waiting rank starts yielding its core.
+/// Polls of a counter before a waiting rank starts yielding its core, while every rank has a
+/// core of its own. When the ranks outnumber the cores a waiting rank yields at once: its
+/// spinning would take the core from a rank that has work to do.
 const SPINS: u32 = 128;
 
-/// The counters of one rank, each on its own line of its segment.
+/// Yields of a waiting rank before it sleeps on the counter, when the ranks outnumber the
+/// cores. Measured at 3 and 4 ranks on 2 cores (1-16 MiB): 4 or 64 yields made every call
+/// pay wake-ups (1 MiB at 4 ranks: 340-450 us), 1024 let half of the runs fall into rounds of
+/// yielding ranks (850-870 us), 256 kept all runs at 200-250 us.
+const YIELDS: u32 = 256;
+
+/// Longest sleep on a counter before the waiting rank looks again (and checks its timeout).
+const SLEEP: std::time::Duration = std::time::Duration::from_millis(5);
+
+/// The counters of one rank, each on its own line of its segment (the counter in the first
+/// half, how many ranks sleep on it in the second).
 #[derive(Clone, Copy)]
 enum Counter {
     /// Chunks whose input this rank has written.
@@ -65,6 +81,11 @@ pub(crate) struct ShmAllreduce {
     region: SharedRegion,
     chunk_bytes: usize,
     result_bytes: usize,
+    /// Polls before yielding ([`SPINS`], or 0 when the ranks outnumber the cores).
+    spins: u32,
+    /// Whether a waiting rank goes to sleep after [`YIELDS`] yields (the ranks outnumber
+    /// the cores).
+    sleep: bool,
     /// Chunks this rank has started over all calls (the counters' next targets).
     chunks_started: u64,
 }
@@ -93,11 +114,16 @@ impl ShmAllreduce {
         // The largest part of a chunk, whatever the element size.
         let result_bytes = (chunk_bytes / LINE).div_ceil(t.size()) * LINE;
         let segment = COUNTER_BYTES + SLOTS * (chunk_bytes + result_bytes);
+        let cores = std::thread::available_parallelism().map_or(1, |c| c.get());
+        let oversubscribed = t.size() > cores;
+        let spins = if oversubscribed { 0 } else { SPINS };
         Ok(
             SharedRegion::create(t, segment)?.map(|region| ShmAllreduce {
                 region,
                 chunk_bytes,
                 result_bytes,
+                spins,
+                sleep: oversubscribed,
                 chunks_started: 0,
             }),
         )
@@ -135,7 +161,31 @@ impl ShmAllreduce {
         }
     }
 
-    /// Waits until every rank's counter `c` reaches `target`.
+    /// How many ranks sleep on counter `c` of rank `q` (the line's second half).
+    fn sleepers(&self, q: usize, c: Counter) -> &AtomicU32 {
+        // SAFETY: the second half of the counter's line, zero-initialised, only accessed
+        // atomically.
+        unsafe {
+            &*self
+                .region
+                .segment(q)
+                .add(c as usize * LINE + LINE / 2)
+                .cast::<AtomicU32>()
+        }
+    }
+
+    /// Sets this rank's counter `c` to `value` and wakes the ranks sleeping on it.
+    fn publish(&self, me: usize, c: Counter, value: u64) {
+        let counter = self.counter(me, c);
+        counter.store(value, Ordering::SeqCst);
+        if self.sleepers(me, c).load(Ordering::SeqCst) > 0 {
+            futex_wake(counter);
+        }
+    }
+
+    /// Waits until every rank's counter `c` reaches `target`: spinning, then yielding the
+    /// core, then (when the ranks outnumber the cores) sleeping on the counter, so that a
+    /// waiting rank leaves its core to the ranks with work to do.
     fn wait_all(&self, t: &dyn Transport, c: Counter, target: u64) -> Result<()> {
         let mut polls = 0u32;
         let mut since: Option<Instant> = None;
@@ -143,12 +193,22 @@ impl ShmAllreduce {
             let counter = self.counter(q, c);
             while counter.load(Ordering::Acquire) < target {
                 polls = polls.wrapping_add(1);
-                if polls < SPINS {
+                if polls < self.spins {
                     std::hint::spin_loop();
                     continue;
                 }
-                std::thread::yield_now();
-                if polls % 64 == 0 {
+                if self.sleep && polls >= self.spins + YIELDS {
+                    let sleepers = self.sleepers(q, c);
+                    sleepers.fetch_add(1, Ordering::SeqCst);
+                    let seen = counter.load(Ordering::SeqCst);
+                    if seen < target {
+                        futex_wait(counter, seen);
+                    }
+                    sleepers.fetch_sub(1, Ordering::SeqCst);
+                } else {
+                    std::thread::yield_now();
+                }
+                if polls % 16 == 0 {
                     let start = *since.get_or_insert_with(Instant::now);
                     if start.elapsed() > t.timeout() {
                         return Err(CommError::Timeout {
@@ -228,20 +288,19 @@ impl ShmAllreduce {
                     break;
                 }
             }
-            self.counter(me, Counter::Announced)
-                .store(j + 1, Ordering::Release);
+            self.publish(me, Counter::Announced, j + 1);
             if let Some(prev) = pending.take() {
                 self.wait_all(t, Counter::Reduced, j)?;
                 self.copy_out(p, me, j - 1, prev);
             }
             self.wait_all(t, Counter::Announced, j + 1)?;
             let out = chunk.as_mut_ptr();
-            let inputs: Vec<*const T> = (0..p)
+            let inputs: Vec<usize> = (0..p)
                 .map(|q| {
                     if shared(q) {
-                        self.input::<T>(q, slot).cast_const()
+                        self.input::<u8>(q, slot) as usize
                     } else {
-                        out.cast_const()
+                        out as usize
                     }
                 })
                 .collect();
@@ -255,8 +314,7 @@ impl ShmAllreduce {
                 // every rank has consumed its previous contents (they announced j).
                 let mine = aligned_part(len, p, me);
                 unsafe { reduce(&inputs, mine, out, Some(self.result::<T>(me, slot)), scale) };
-                self.counter(me, Counter::Reduced)
-                    .store(j + 1, Ordering::Release);
+                self.publish(me, Counter::Reduced, j + 1);
                 pending = Some(chunk);
             }
         }
@@ -269,15 +327,16 @@ impl ShmAllreduce {
     }
 }
 
-/// Sums elements `range` of every input (in input order, in f32), divides by `scale` if
-/// given, and writes the result into `out[range]` and, if given, to `result[..range.len()]`.
+/// Sums elements `range` of every input (given as the address of its element 0) in input
+/// order, in f32, divides by `scale` if given, and writes the result into `out[range]` and,
+/// if given, to `result[..range.len()]`.
 /// An input may be `out` itself: each block is read whole before its sums are written.
 ///
 /// # Safety
 /// Every input and `out` must hold at least `range.end` elements that nobody else writes
 /// meanwhile, and `result` must hold `range.len()` elements that nobody else accesses.
 unsafe fn reduce<T: Element>(
-    inputs: &[*const T],
+    inputs: &[usize],
     range: std::ops::Range<usize>,
     out: *mut T,
     result: Option<*mut T>,
@@ -289,7 +348,7 @@ unsafe fn reduce<T: Element>(
     while start < range.end {
         let n = BLOCK.min(range.end - start);
         let acc = &mut acc[..n];
-        let input = |q: usize| std::slice::from_raw_parts(inputs[q].add(start), n);
+        let input = |q: usize| std::slice::from_raw_parts((inputs[q] as *const T).add(start), n);
         T::widen(input(0), acc);
         for q in 1..inputs.len() {
             match T::as_f32(input(q)) {
@@ -313,5 +372,51 @@ unsafe fn reduce<T: Element>(
             );
         }
         start += n;
+    }
+}
+
+/// The futex word of `counter`: its low 32 bits.
+fn futex_word(counter: &AtomicU64) -> *mut u32 {
+    let low = usize::from(cfg!(target_endian = "big"));
+    // SAFETY: within the counter's 8 bytes.
+    unsafe { counter.as_ptr().cast::<u32>().add(low) }
+}
+
+/// Sleeps while the low 32 bits of `counter` still equal those of `seen` (at most [`SLEEP`]);
+/// returns early on a wake-up, a signal or a changed value (the caller looks again). Not
+/// `FUTEX_PRIVATE`: the ranks are processes sharing the region.
+fn futex_wait(counter: &AtomicU64, seen: u64) {
+    let timeout = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: SLEEP.as_nanos() as libc::c_long,
+    };
+    // SAFETY: the futex word lies within the counter, valid for the call; the kernel only
+    // reads it.
+    unsafe {
+        libc::syscall(
+            libc::SYS_futex,
+            futex_word(counter),
+            libc::FUTEX_WAIT,
+            seen as u32,
+            &timeout as *const libc::timespec,
+            std::ptr::null::<u32>(),
+            0,
+        );
+    }
+}
+
+/// Wakes every rank sleeping on `counter` ([`futex_wait`]).
+fn futex_wake(counter: &AtomicU64) {
+    // SAFETY: as in `futex_wait`.
+    unsafe {
+        libc::syscall(
+            libc::SYS_futex,
+            futex_word(counter),
+            libc::FUTEX_WAKE,
+            i32::MAX,
+            std::ptr::null::<libc::timespec>(),
+            std::ptr::null::<u32>(),
+            0,
+        );
     }
 }

@@ -23,9 +23,13 @@ struct Cli {
 enum Cmd {
     /// Allreduce table per algorithm and size, nccl-tests style (run under mpirun).
     Allreduce {
-        /// Comma-separated algorithms: ring, rhd, multicolor[:K[:CHUNK]], multiring[:AxB..], mpi, auto.
-        #[arg(long, default_value = "ring,rhd,multicolor,multiring,mpi")]
+        /// Comma-separated algorithms: ring, rhd, multicolor[:K[:CHUNK]], multiring[:AxB..],
+        /// shm[:CHUNK], mpi, auto.
+        #[arg(long, default_value = "ring,rhd,multicolor,multiring,shm,mpi")]
         algos: String,
+        /// Element type of the buffers (f16 / bf16 are summed in f32 and rounded once).
+        #[arg(long, value_enum, default_value_t = bench::Dtype::F32)]
+        dtype: bench::Dtype,
         /// Smallest message, at least 4 bytes (one f32): e.g. 4096, 4KiB; KiB/MiB/GiB and K/M/G
         /// are powers of 1024, KB/MB/GB powers of 1000.
         #[arg(long, default_value = "4KiB", value_parser = bench::parse_message_bytes)]
@@ -39,7 +43,8 @@ enum Cmd {
         /// Untimed calls per size.
         #[arg(long, default_value_t = 5)]
         warmup: usize,
-        /// Timed calls per size (median reported; at least 1).
+        /// Timed calls per size from 64 MiB up, more below (iters x 64 MiB / size, at most
+        /// 10,000); the mean per call of the slowest rank is reported. At least 1.
         #[arg(long, default_value_t = 20, value_parser = clap::value_parser!(u64).range(1..))]
         iters: u64,
         /// One JSON object per row instead of the table.
@@ -64,8 +69,8 @@ enum Cmd {
         /// powers of 1024, KB/MB/GB powers of 1000).
         #[arg(long, default_value = "64MiB", value_parser = bench::parse_message_bytes)]
         max_bytes: usize,
-        /// Sweeps over all sizes (ring curves and MPI_Allreduce); per size the median.
-        #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u64).range(1..))]
+        /// Sweeps over all sizes (ring curves, shm and MPI_Allreduce); per size the fastest.
+        #[arg(long, default_value_t = 5, value_parser = clap::value_parser!(u64).range(1..))]
         passes: u64,
     },
     /// Predict one allreduce's time from a cost model (JSON line: algo, resolved = what
@@ -143,6 +148,7 @@ fn run(cli: Cli) -> Result<()> {
     match cli.cmd {
         Cmd::Allreduce {
             algos,
+            dtype,
             min_bytes,
             max_bytes,
             step_factor,
@@ -170,6 +176,7 @@ fn run(cli: Cli) -> Result<()> {
                 iters: iters as usize,
                 model,
                 predict,
+                dtype,
             };
             // Every flag is checked before MPI starts: a refusal is one line per rank.
             opts.validate()?;
