@@ -21,6 +21,7 @@ from typing import Dict, Sequence
 import pytest
 import torch
 
+import ddl.dist as dist
 from conftest import SCRIPTS, Job, mpirun
 
 #: Hang limit of the short jobs here (seconds): each needs well under half of it.
@@ -68,9 +69,10 @@ def test_collectives_exact_and_identical_on_every_rank(np_: int) -> None:
     assert all(parsed), lines
     assert sorted(int(m[1]) for m in parsed) == list(range(np_)), job.output
     assert {int(m[2]) for m in parsed} == {np_}
-    # 6 algorithms x 3 dtypes x 4 sizes x 2 (sum, mean); 3 algorithms x 3 dtypes x 2 shapes
-    # + 1 parameter non-contiguous; 5 futures; 2 roots x 6 broadcasts.
-    assert {int(m[3]) for m in parsed} == {6 * 3 * 4 * 2 + 3 * 3 * 2 + 1 + 5 + 2 * 6}
+    # Every algorithm x 3 dtypes x 4 sizes x 2 (sum, mean); 3 algorithms x 3 dtypes x 2
+    # shapes + 1 parameter non-contiguous; 5 futures; 2 roots x 6 broadcasts.
+    algorithms = len(dist.ALGORITHMS)
+    assert {int(m[3]) for m in parsed} == {algorithms * 3 * 4 * 2 + 3 * 3 * 2 + 1 + 5 + 2 * 6}
     assert len({m[4] for m in parsed}) == 1, f"ranks disagree:\n{job.output}"
 
 

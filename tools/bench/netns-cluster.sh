@@ -14,7 +14,8 @@
 #                                                        # against Open MPI's in-place C loop
 #                                                        # (tools/bench/mpi_allreduce.c, alternating)
 #       env: NETNS_RANKS_PER_NODE (4, the reference systems' GPUs per node), NETNS_RUNS (3), NETNS_ITERS (5), NETNS_MAX_BYTES (64MiB),
-#            NETNS_MIN_BYTES (1MiB), NETNS_ALGOS, NETNS_SKIP_CALIBRATE=1 (reuse OUT/netns-model.json),
+#            NETNS_MIN_BYTES (1MiB), NETNS_STEP_FACTOR (4), NETNS_ALGOS,
+#            NETNS_SKIP_CALIBRATE=1 (reuse OUT/netns-model.json),
 #            NETNS_LOCK=FILE (run each mpirun under `flock FILE`, on a machine shared with others)
 #   tools/bench/netns-cluster.sh teardown
 #
@@ -115,11 +116,12 @@ bench() {
   for run in $(seq "${NETNS_RUNS:-3}"); do
     echo "netns-cluster: run $run: Open MPI's in-place C loop"
     run_mpi "$np" "$peer" --min-bytes "${NETNS_MIN_BYTES:-1MiB}" --max-bytes "${NETNS_MAX_BYTES:-64MiB}" \
-      --iters "${NETNS_ITERS:-5}" --warmup 1 | grep '^{' >> "$out/allreduce-netns-c.jsonl"
+      --iters "${NETNS_ITERS:-5}" --warmup 1 --step-factor "${NETNS_STEP_FACTOR:-4}" \
+      | grep '^{' >> "$out/allreduce-netns-c.jsonl"
     echo "netns-cluster: allreduce table, run $run (measured vs the model's prediction)"
     run_mpi "$np" "$bin" allreduce --algos "${NETNS_ALGOS:-ring,rhd,multicolor,multiring,mpi,auto}" \
       --min-bytes "${NETNS_MIN_BYTES:-1MiB}" --max-bytes "${NETNS_MAX_BYTES:-64MiB}" --iters "${NETNS_ITERS:-5}" \
-      --warmup 1 --model-file "$out/netns-model.json" --json | grep '^{' >> "$out/allreduce-netns.jsonl"
+      --step-factor "${NETNS_STEP_FACTOR:-4}" --warmup 1 --model-file "$out/netns-model.json" --json | grep '^{' >> "$out/allreduce-netns.jsonl"
   done
   python3 - "$out/allreduce-netns.jsonl" <<'PY'
 import collections, json, statistics, sys

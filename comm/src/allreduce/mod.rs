@@ -346,12 +346,17 @@ impl Allreducer {
             }
             return Ok(());
         }
-        widened.clear();
-        widened.extend(buf.iter().map(|v| v.to_f32()));
+        // Slice conversions (F16C where the CPU has it): element by element they cost 10 ms
+        // per 4 MiB of f16.
+        widened.resize(buf.len(), 0.0);
+        T::widen(buf, widened);
         self.run(&algorithm, widened, recv, steps)?;
-        for (d, s) in buf.iter_mut().zip(widened.iter()) {
-            *d = T::from_f32(if average { *s / p } else { *s });
+        if average {
+            for v in widened.iter_mut() {
+                *v /= p;
+            }
         }
+        T::narrow(widened, buf);
         Ok(())
     }
 
