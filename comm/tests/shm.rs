@@ -6,30 +6,10 @@ use std::sync::mpsc;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use ddl_comm::{
-    bf16, f16, thread_group, thread_group_with_timeout, Algorithm, Allreducer, CommError, Topology,
-    Transport,
-};
+use ddl_comm::{bf16, f16, thread_group_with_timeout, Algorithm, Allreducer, CommError, Topology};
 
-/// Runs `f(rank, transport)` on one thread per rank of a fresh group; results in rank order.
-fn on_ranks<R: Send + 'static>(
-    p: usize,
-    f: impl Fn(usize, Arc<dyn Transport>) -> R + Send + Sync + 'static,
-) -> Vec<R> {
-    let f = Arc::new(f);
-    let handles: Vec<_> = thread_group(p)
-        .into_iter()
-        .enumerate()
-        .map(|(r, t)| {
-            let f = f.clone();
-            std::thread::spawn(move || f(r, Arc::new(t)))
-        })
-        .collect();
-    handles
-        .into_iter()
-        .map(|h| h.join().expect("rank thread"))
-        .collect()
-}
+mod common;
+use common::on_ranks;
 
 /// Integer-valued data: sums are exact in any order.
 fn input(rank: usize, len: usize, salt: usize) -> Vec<f32> {

@@ -10,25 +10,8 @@ use ddl_comm::{
 use half::{bf16, f16};
 use proptest::prelude::*;
 
-/// Runs `f(rank, transport)` on one thread per rank and returns the results in rank order.
-fn on_ranks<R: Send + 'static>(
-    n: usize,
-    f: impl Fn(usize, Arc<dyn Transport>) -> R + Send + Sync + 'static,
-) -> Vec<R> {
-    let f = Arc::new(f);
-    let handles: Vec<_> = thread_group(n)
-        .into_iter()
-        .enumerate()
-        .map(|(r, t)| {
-            let f = f.clone();
-            std::thread::spawn(move || f(r, Arc::new(t)))
-        })
-        .collect();
-    handles
-        .into_iter()
-        .map(|h| h.join().expect("rank thread panicked"))
-        .collect()
-}
+mod common;
+use common::on_ranks;
 
 /// Deterministic per-rank input: small integers (exact sums) or fractional values.
 fn input(rank: usize, len: usize, seed: u64, integers: bool) -> Vec<f32> {

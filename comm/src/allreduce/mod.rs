@@ -73,47 +73,34 @@ impl Element for f32 {
     }
 }
 
-impl Element for f16 {
-    fn to_f32(self) -> f32 {
-        f16::to_f32(self)
-    }
-    fn from_f32(v: f32) -> Self {
-        f16::from_f32(v)
-    }
-    fn as_f32_mut(_: &mut [Self]) -> Option<&mut [f32]> {
-        None
-    }
-    fn as_f32(_: &[Self]) -> Option<&[f32]> {
-        None
-    }
-    fn widen(src: &[Self], dst: &mut [f32]) {
-        src.convert_to_f32_slice(dst);
-    }
-    fn narrow(src: &[f32], dst: &mut [Self]) {
-        dst.convert_from_f32_slice(src);
-    }
+/// f16 and bf16: widened to f32 and rounded back with the `half` crate's conversions.
+macro_rules! half_element {
+    ($t:ty) => {
+        impl Element for $t {
+            fn to_f32(self) -> f32 {
+                <$t>::to_f32(self)
+            }
+            fn from_f32(v: f32) -> Self {
+                <$t>::from_f32(v)
+            }
+            fn as_f32_mut(_: &mut [Self]) -> Option<&mut [f32]> {
+                None
+            }
+            fn as_f32(_: &[Self]) -> Option<&[f32]> {
+                None
+            }
+            fn widen(src: &[Self], dst: &mut [f32]) {
+                src.convert_to_f32_slice(dst);
+            }
+            fn narrow(src: &[f32], dst: &mut [Self]) {
+                dst.convert_from_f32_slice(src);
+            }
+        }
+    };
 }
 
-impl Element for bf16 {
-    fn to_f32(self) -> f32 {
-        bf16::to_f32(self)
-    }
-    fn from_f32(v: f32) -> Self {
-        bf16::from_f32(v)
-    }
-    fn as_f32_mut(_: &mut [Self]) -> Option<&mut [f32]> {
-        None
-    }
-    fn as_f32(_: &[Self]) -> Option<&[f32]> {
-        None
-    }
-    fn widen(src: &[Self], dst: &mut [f32]) {
-        src.convert_to_f32_slice(dst);
-    }
-    fn narrow(src: &[f32], dst: &mut [Self]) {
-        dst.convert_from_f32_slice(src);
-    }
-}
+half_element!(f16);
+half_element!(bf16);
 
 /// Reusable buffers: grown on first use, never shrunk, so steady-state calls allocate
 /// nothing.
