@@ -31,14 +31,15 @@ use crate::transport::{check_peer, Op, Transport, MAX_TAG};
 pub(crate) struct Env {
     /// MPI stays initialised while this lives (`None`: not ours to finalise).
     pub(crate) _universe: Option<Universe>,
-    /// Held around every MPI call when the library lacks MPI_THREAD_MULTIPLE.
+    /// Held around every MPI call unless MPI granted MPI_THREAD_MULTIPLE (ddl asks for
+    /// MPI_THREAD_SERIALIZED; a host that initialised MPI may have chosen MULTIPLE).
     pub(crate) serial: Option<Mutex<()>>,
     /// The thread level MPI granted.
     pub(crate) threading: Threading,
 }
 
 impl Env {
-    /// Serialises MPI calls when the library lacks MPI_THREAD_MULTIPLE.
+    /// Serialises MPI calls unless MPI granted MPI_THREAD_MULTIPLE.
     pub(crate) fn lock(&self) -> Option<MutexGuard<'_, ()>> {
         self.serial
             .as_ref()

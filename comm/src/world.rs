@@ -40,12 +40,20 @@ impl std::fmt::Debug for World {
 }
 
 impl World {
-    /// Initialises MPI (requesting MPI_THREAD_MULTIPLE) with the default 60 s timeout.
+    /// Initialises MPI (requesting MPI_THREAD_SERIALIZED, see [`World::init_with_timeout`])
+    /// with the default 60 s timeout.
     pub fn init() -> Result<World> {
         World::init_with_timeout(DEFAULT_TIMEOUT)
     }
 
     /// Initialises MPI; blocking point-to-point operations fail after `timeout`.
+    ///
+    /// ddl asks for MPI_THREAD_SERIALIZED and holds one lock of its own around every MPI
+    /// call, so any of its threads may communicate. It does not ask for MPI_THREAD_MULTIPLE:
+    /// Open MPI then takes locks inside every call, which made a 4 KiB MPI_Allreduce 6%
+    /// slower (BENCHMARKS.md). Two threads must not run the blocking `mpi` algorithm on two
+    /// different communicators at once (the first holds the lock until its peers join it);
+    /// ddl's trainer and Python package reduce on one thread, in order.
     ///
     /// When MPI is already initialised (by mpi4py or the host program), ddl joins it instead:
     /// it works on a duplicate of `MPI_COMM_WORLD` (its messages never meet the host's) at the
@@ -59,7 +67,7 @@ impl World {
             })?;
             (None, threading_of(level))
         } else {
-            let (universe, threading) = mpi::initialize_with_threading(Threading::Multiple)
+            let (universe, threading) = mpi::initialize_with_threading(Threading::Serialized)
                 .ok_or_else(|| CommError::Unsupported("MPI is already initialised".into()))?;
             (Some(universe), threading)
         };
@@ -190,7 +198,8 @@ impl World {
         self.world.polling()
     }
 
-    /// The thread level MPI granted (`Multiple` unless the library lacks it).
+    /// The thread level MPI granted (`Serialized` when ddl initialised MPI, the host's level
+    /// when it joined).
     pub fn threading(&self) -> Threading {
         self.world.env.threading
     }

@@ -245,6 +245,44 @@ fn half_precision_reduced_in_f32() {
 }
 
 #[test]
+fn half_precision_beyond_one_widening_block_is_exact() {
+    // 600,001 elements: more than two of the blocks (256 Ki elements) in which the message
+    // algorithms widen f16 / bf16, with a ragged last one. Integers up to 1000 at 3 ranks sum
+    // exactly in f16 (< 2048) and bf16 (bf16 holds integers up to 256 exactly: scaled to fit).
+    let p = 3;
+    let len = 600_001;
+    for algo in [Algorithm::Ring, Algorithm::Rhd] {
+        let res = on_ranks(p, {
+            let algo = algo.clone();
+            move |r, t| {
+                let ar = Allreducer::new(t, algo.clone(), Topology::flat(p)).expect("allreducer");
+                let src = input(r, len, 11, true);
+                let mut h: Vec<f16> = src.iter().map(|&v| f16::from_f32(v / 2.0)).collect();
+                let mut b: Vec<bf16> = src.iter().map(|&v| bf16::from_f32(v / 16.0)).collect();
+                ar.allreduce_f16(&mut h, false).expect("f16");
+                ar.allreduce_bf16(&mut b, false).expect("bf16");
+                (h, b)
+            }
+        });
+        let inputs: Vec<Vec<f32>> = (0..p).map(|r| input(r, len, 11, true)).collect();
+        for i in 0..len {
+            let h: f32 = inputs
+                .iter()
+                .map(|x| f16::from_f32(x[i] / 2.0).to_f32())
+                .sum();
+            let b: f32 = inputs
+                .iter()
+                .map(|x| bf16::from_f32(x[i] / 16.0).to_f32())
+                .sum();
+            for (r, (hs, bs)) in res.iter().enumerate() {
+                assert_eq!(hs[i], f16::from_f32(h), "{algo} f16 rank {r} element {i}");
+                assert_eq!(bs[i], bf16::from_f32(b), "{algo} bf16 rank {r} element {i}");
+            }
+        }
+    }
+}
+
+#[test]
 fn recv_times_out_naming_op_and_peer() {
     let timeout = Duration::from_millis(300);
     let mut group = thread_group_with_timeout(2, timeout);

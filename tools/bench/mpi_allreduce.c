@@ -4,12 +4,14 @@
  *   mpicc -O2 -o target/mpi_allreduce tools/bench/mpi_allreduce.c
  *   mpirun -np 2 target/mpi_allreduce [--min-bytes B] [--max-bytes B] [--step-factor F]
  *                                     [--iters N] [--warmup N] [--nonblocking]
+ *                                     [--thread-multiple]
  *
  * For each size (float32, MPI_SUM): one correctness call on integer-valued data (compared
  * exactly with the sum every rank can compute), `--warmup` untimed calls, a barrier, then
  * N back-to-back timed calls of
  *     MPI_Allreduce(MPI_IN_PLACE, buf, n, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD)
- * (or MPI_Iallreduce + MPI_Wait with --nonblocking). time = the mean of the N calls on the
+ * (or MPI_Iallreduce + MPI_Wait with --nonblocking; --thread-multiple initialises MPI with
+ * MPI_Init_thread(MPI_THREAD_MULTIPLE) instead of MPI_Init, to price that thread level). time = the mean of the N calls on the
  * slowest rank: ddl-bench's statistic. N = clamp(iters * 64 MiB / bytes, iters, 10000), the
  * same rule as ddl-bench, so small messages are timed over many calls.
  * pass_us: N passes of STREAM's scale kernel in place (buf[i] *= s) over a buffer of the same
@@ -60,7 +62,14 @@ static void allreduce(float *buf, int n, int nonblocking) {
 }
 
 int main(int argc, char **argv) {
-    MPI_Init(&argc, &argv);
+    int thread_multiple = 0;
+    for (int a = 1; a < argc; a++) thread_multiple |= strcmp(argv[a], "--thread-multiple") == 0;
+    if (thread_multiple) {
+        int provided;
+        MPI_Init_thread(&argc, &argv, MPI_THREAD_MULTIPLE, &provided);
+    } else {
+        MPI_Init(&argc, &argv);
+    }
     int rank, p;
     MPI_Comm_rank(MPI_COMM_WORLD, &rank);
     MPI_Comm_size(MPI_COMM_WORLD, &p);
@@ -72,6 +81,7 @@ int main(int argc, char **argv) {
             nonblocking = 1;
             continue;
         }
+        if (strcmp(flag, "--thread-multiple") == 0) continue;
         if (a + 1 >= argc) {
             fprintf(stderr, "mpi_allreduce: %s needs a value\n", flag);
             MPI_Abort(MPI_COMM_WORLD, 2);
@@ -98,7 +108,8 @@ int main(int argc, char **argv) {
         fprintf(stderr, "mpi_allreduce: cannot allocate %zu bytes\n", max_bytes);
         MPI_Abort(MPI_COMM_WORLD, 1);
     }
-    const char *algo = nonblocking ? "mpi-c-iallreduce" : "mpi-c";
+    const char *algo = nonblocking ? (thread_multiple ? "mpi-c-iallreduce-mt" : "mpi-c-iallreduce")
+                                   : (thread_multiple ? "mpi-c-mt" : "mpi-c");
     int salt = 0;
     for (size_t bytes = min_bytes / 4 * 4; bytes <= max_bytes; bytes *= factor, salt++) {
         int n = (int)(bytes / 4);

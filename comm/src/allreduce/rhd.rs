@@ -3,7 +3,8 @@
 
 use std::ops::Range;
 
-use super::util::{add_into, ensure_len, RawBuf};
+use super::element::add_into;
+use super::util::{ensure_len, RawBuf};
 use crate::error::Result;
 use crate::tags::RHD;
 use crate::transport::{f32_bytes, f32_bytes_mut, Op, Transport};

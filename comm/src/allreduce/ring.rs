@@ -3,7 +3,8 @@
 
 use std::ops::Range;
 
-use super::util::{add_into, ensure_len, part, RawBuf};
+use super::element::add_into;
+use super::util::{ensure_len, part, RawBuf};
 use crate::error::Result;
 use crate::tags::RING;
 use crate::transport::{Op, Transport};

@@ -28,7 +28,7 @@
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::time::Instant;
 
-use super::util::{add_into, part};
+use super::util::part;
 use super::Element;
 use crate::error::{CommError, Result};
 use crate::shm::{SharedRegion, LINE};
@@ -343,7 +343,6 @@ unsafe fn reduce<T: Element>(
     scale: Option<f32>,
 ) {
     let mut acc = [0f32; BLOCK];
-    let mut wide = [0f32; BLOCK];
     let mut start = range.start;
     while start < range.end {
         let n = BLOCK.min(range.end - start);
@@ -351,13 +350,7 @@ unsafe fn reduce<T: Element>(
         let input = |q: usize| std::slice::from_raw_parts((inputs[q] as *const T).add(start), n);
         T::widen(input(0), acc);
         for q in 1..inputs.len() {
-            match T::as_f32(input(q)) {
-                Some(src) => add_into(acc, src),
-                None => {
-                    T::widen(input(q), &mut wide[..n]);
-                    add_into(acc, &wide[..n]);
-                }
-            }
+            T::add_to(acc, input(q));
         }
         if let Some(s) = scale {
             for v in acc.iter_mut() {

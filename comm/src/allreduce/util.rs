@@ -57,14 +57,6 @@ impl RawBuf {
     }
 }
 
-/// `dst[i] += src[i]`.
-#[inline]
-pub(crate) fn add_into(dst: &mut [f32], src: &[f32]) {
-    for (d, s) in dst.iter_mut().zip(src) {
-        *d += *s;
-    }
-}
-
 /// Grows `v` to at least `n` elements (never shrinks, so steady state allocates nothing).
 pub(crate) fn ensure_len(v: &mut Vec<f32>, n: usize) {
     if v.len() < n {
