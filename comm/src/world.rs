@@ -49,9 +49,8 @@ impl World {
     /// Initialises MPI; blocking point-to-point operations fail after `timeout`.
     ///
     /// ddl asks for MPI_THREAD_SERIALIZED and holds one lock of its own around every MPI
-    /// call, so any of its threads may communicate. It does not ask for MPI_THREAD_MULTIPLE:
-    /// Open MPI then takes locks inside every call, which made a 4 KiB MPI_Allreduce 6%
-    /// slower (BENCHMARKS.md). Two threads must not run the blocking `mpi` algorithm on two
+    /// call, so any of its threads may communicate. It does not ask for MPI_THREAD_MULTIPLE,
+    /// which it does not need. Two threads must not run the blocking `mpi` algorithm on two
     /// different communicators at once (the first holds the lock until its peers join it);
     /// ddl's trainer and Python package reduce on one thread, in order.
     ///
@@ -59,6 +58,28 @@ impl World {
     /// it works on a duplicate of `MPI_COMM_WORLD` (its messages never meet the host's) at the
     /// thread level the host chose, and leaves finalising MPI to the host.
     pub fn init_with_timeout(timeout: Duration) -> Result<World> {
+        World::init_at(timeout, Threading::Serialized)
+    }
+
+    /// Initialises MPI at MPI_THREAD_SINGLE, for a program that runs one thread only (a
+    /// benchmark): Open MPI 4.1 takes locks inside every call at any higher level, which made
+    /// a 4 KiB MPI_Allreduce at 2 ranks about 15% slower (BENCHMARKS.md). Refused when the
+    /// process already runs more than one thread; the program must start none later that
+    /// calls ddl or MPI. Otherwise as [`World::init_with_timeout`].
+    pub fn init_single_threaded(timeout: Duration) -> Result<World> {
+        if let Some(threads) = process_threads() {
+            if threads > 1 {
+                return Err(CommError::Unsupported(format!(
+                    "MPI_THREAD_SINGLE needs a process with one thread; this one runs {threads}"
+                )));
+            }
+        }
+        World::init_at(timeout, Threading::Single)
+    }
+
+    /// Initialises MPI requesting thread level `requested` (or joins it, see
+    /// [`World::init_with_timeout`]).
+    fn init_at(timeout: Duration, requested: Threading) -> Result<World> {
         let (universe, threading) = if mpi::environment::is_initialized() {
             let mut level: c_int = 0;
             // SAFETY: MPI is initialised.
@@ -67,7 +88,7 @@ impl World {
             })?;
             (None, threading_of(level))
         } else {
-            let (universe, threading) = mpi::initialize_with_threading(Threading::Serialized)
+            let (universe, threading) = mpi::initialize_with_threading(requested)
                 .ok_or_else(|| CommError::Unsupported("MPI is already initialised".into()))?;
             (Some(universe), threading)
         };
@@ -231,6 +252,11 @@ impl World {
         unsafe { ffi::MPI_Abort(ffi::RSMPI_COMM_WORLD, code) };
         std::process::exit(code)
     }
+}
+
+/// The number of threads of this process (Linux: `/proc/self/task`); `None` where unknown.
+fn process_threads() -> Option<usize> {
+    std::fs::read_dir("/proc/self/task").ok().map(|d| d.count())
 }
 
 /// The [`Threading`] level of an `MPI_THREAD_*` constant.

@@ -72,3 +72,21 @@ fn abort_ends_the_job_with_its_code() {
     assert_eq!(out.status.code(), Some(7), "{}", text(&out));
     assert!(!text(&out).contains("CHECK OK"), "{}", text(&out));
 }
+
+#[test]
+fn single_threaded_mpi_is_refused_beside_other_threads() {
+    // The test harness runs this test on a thread of its own beside the main thread; one more
+    // is held open so that the count cannot be 1. MPI must not start (it would be initialised
+    // at MPI_THREAD_SINGLE in a threaded process).
+    let (stop, parked) = std::sync::mpsc::channel::<()>();
+    let helper = std::thread::spawn(move || parked.recv().ok());
+    let err = ddl_comm::World::init_single_threaded(std::time::Duration::from_secs(5))
+        .expect_err("MPI_THREAD_SINGLE in a process with threads");
+    assert!(
+        err.to_string().contains("MPI_THREAD_SINGLE needs a process with one thread"),
+        "{err}"
+    );
+    assert!(!mpi::environment::is_initialized(), "MPI was initialised");
+    stop.send(()).unwrap();
+    helper.join().unwrap();
+}

@@ -18,7 +18,9 @@ nps=${ALLREDUCE_NPS:-2 3 4}
 min=${ALLREDUCE_MIN_BYTES:-4KiB}
 max=${ALLREDUCE_MAX_BYTES:-64MiB}
 iters=${ALLREDUCE_ITERS:-5}
-algos=${ALLREDUCE_ALGOS:-ring,rhd,multicolor,multiring,shm,mpi,auto}
+# auto last, right after shm (its usual pick): ddl-bench times the algorithms in this order,
+# size by size.
+algos=${ALLREDUCE_ALGOS:-ring,rhd,multicolor,multiring,mpi,shm,auto}
 runs=${BENCH_RUNS:-3}
 python=${PYTHON:-.venv/bin/python}
 [ -x "$python" ] || python=python3

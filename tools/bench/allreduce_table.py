@@ -6,7 +6,9 @@
 
 Per rank count, one row per size: the median time (us) of every algorithm over the runs, then
   best/C     the C loop's time over the fastest ddl algorithm's (> 1: ddl is faster),
-  auto/best  auto's time over the fastest algorithm's (<= 1.05: auto picked well),
+  auto/best  per run, auto's time over the fastest algorithm's in the same run (ddl-bench times
+             them size by size, next to each other), median over the runs (<= 1.05: auto
+             picked well); a run is the k-th line of a (ranks, size, algorithm) in the files,
   mpi/C      the C loop's time over ddl's `mpi` (~1: ddl's baseline is not handicapped),
   best/gloo  gloo's time over the fastest ddl algorithm's,
   bw         one in-place pass over the buffer (buf[i] *= s) on every rank at once over the
@@ -30,7 +32,7 @@ def size(b):
 
 
 def main(paths):
-    times = defaultdict(list)
+    times = defaultdict(list)  # (ranks, bytes, algo) -> time of run 0, 1, ...
     bound = defaultdict(list)
     correct = defaultdict(lambda: True)
     resolved = defaultdict(set)
@@ -72,13 +74,15 @@ def main(paths):
             best_algo = min(ddl, key=ddl.get) if ddl else None
             best = ddl.get(best_algo)
             c = med.get((np_, b, "mpi-c"))
-            auto = med.get((np_, b, "auto"))
+            pairs = zip(times.get((np_, b, "auto"), []), times.get((np_, b, best_algo), []))
+            per_run = [a / t for a, t in pairs]
+            auto_best = f"{statistics.median(per_run):.2f}x" if per_run else "-"
             mpi = med.get((np_, b, "mpi"))
             gloo = med.get((np_, b, "gloo"))
             mc = bound.get((np_, b))
             ratio = lambda x, y: "-" if x is None or y is None else f"{x / y:.2f}x"
             row.append(ratio(c, best) + (f" ({best_algo})" if best_algo else ""))
-            row.append(ratio(auto, best))
+            row.append(auto_best)
             row.append(ratio(c, mpi))
             row.append(ratio(gloo, best))
             row.append("-" if not mc or best is None else f"{statistics.median(mc) / best:.2f}")

@@ -203,11 +203,20 @@ fn allreduce_of<T: Element + Default>(
         }
         writeln!(out)?;
     }
+    let reducers = opts
+        .algos
+        .iter()
+        .map(|algo| {
+            Allreducer::with_model(t.clone(), algo.clone(), topo, opts.model.clone())
+                .with_context(|| format!("algorithm {algo}"))
+        })
+        .collect::<Result<Vec<_>>>()?;
     let mut rows = Vec::new();
-    for algo in &opts.algos {
-        let ar = Allreducer::with_model(t.clone(), algo.clone(), topo, opts.model.clone())
-            .with_context(|| format!("algorithm {algo}"))?;
-        for (salt, &bytes) in sizes.iter().enumerate() {
+    // Size by size, the algorithms taking turns: `auto` is timed next to the algorithm it
+    // picks, under the same load (one after the other over all sizes, minutes apart on a
+    // shared machine, they met different bursts of other tenants' load).
+    for (salt, &bytes) in sizes.iter().enumerate() {
+        for (algo, ar) in opts.algos.iter().zip(&reducers) {
             let n = bytes / size;
             // Correctness against MPI_Allreduce.
             let check = &mut buf[..n];
@@ -225,7 +234,7 @@ fn allreduce_of<T: Element + Default>(
             mpi.allreduce_f32(&mut flags, false)?;
             let correct = flags[0] == 0.0;
             let calls = calls_for(bytes, opts.iters);
-            let time = mean_call_time(&*t, &ar, &mut buf[..n], opts.warmup, calls)?;
+            let time = mean_call_time(&*t, ar, &mut buf[..n], opts.warmup, calls)?;
             if rank != 0 {
                 continue;
             }

@@ -88,6 +88,8 @@ pub(crate) struct ShmAllreduce {
     sleep: bool,
     /// Chunks this rank has started over all calls (the counters' next targets).
     chunks_started: u64,
+    /// Where the inputs of the chunk being summed start (reused: no allocation per call).
+    inputs: Vec<usize>,
 }
 
 impl std::fmt::Debug for ShmAllreduce {
@@ -125,6 +127,7 @@ impl ShmAllreduce {
                 spins,
                 sleep: oversubscribed,
                 chunks_started: 0,
+                inputs: Vec::with_capacity(t.size()),
             }),
         )
     }
@@ -295,15 +298,15 @@ impl ShmAllreduce {
             }
             self.wait_all(t, Counter::Announced, j + 1)?;
             let out = chunk.as_mut_ptr();
-            let inputs: Vec<usize> = (0..p)
-                .map(|q| {
-                    if shared(q) {
-                        self.input::<u8>(q, slot) as usize
-                    } else {
-                        out as usize
-                    }
-                })
-                .collect();
+            let mut inputs = std::mem::take(&mut self.inputs);
+            inputs.clear();
+            inputs.extend((0..p).map(|q| {
+                if shared(q) {
+                    self.input::<u8>(q, slot) as usize
+                } else {
+                    out as usize
+                }
+            }));
             if whole {
                 // SAFETY: every input slot holds this chunk's `len` elements, unchanged until
                 // this rank announces j + 1.
@@ -317,6 +320,7 @@ impl ShmAllreduce {
                 self.publish(me, Counter::Reduced, j + 1);
                 pending = Some(chunk);
             }
+            self.inputs = inputs;
         }
         if let Some(last) = pending {
             let j = self.chunks_started;

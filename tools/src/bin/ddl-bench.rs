@@ -180,7 +180,8 @@ fn run(cli: Cli) -> Result<()> {
             };
             // Every flag is checked before MPI starts: a refusal is one line per rank.
             opts.validate()?;
-            let world = World::init_with_timeout(Duration::from_secs(timeout_s))?;
+            // One thread calls MPI and no other runs: the level of the C loop it is compared with.
+            let world = World::init_single_threaded(Duration::from_secs(timeout_s))?;
             if let Err(e) = bench::allreduce(&world, &opts, json, &mut out) {
                 abort_with(&world, &e);
             }
@@ -190,7 +191,7 @@ fn run(cli: Cli) -> Result<()> {
             max_bytes,
             passes,
         } => {
-            let world = World::init_with_timeout(bench::DEFAULT_BENCH_TIMEOUT)?;
+            let world = World::init_single_threaded(bench::DEFAULT_BENCH_TIMEOUT)?;
             match ddl_comm::calibrate::calibrate(&world, max_bytes, passes as usize) {
                 Ok(model) => {
                     if world.rank() == 0 {
