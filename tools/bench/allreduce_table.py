@@ -5,11 +5,14 @@
     tools/bench/allreduce_table.py bench-out/allreduce-{c,ddl,gloo}.jsonl
 
 Per rank count, one row per size: the median time (us) of every algorithm over the runs, then
+three ratios taken per run and reported as the median over the runs (run k is the k-th line of
+a (ranks, size, algorithm) in the files; the script runs the C loop right before ddl-bench,
+and ddl-bench times the algorithms size by size, next to each other), the fastest ddl
+algorithm being the one with the lowest median:
   best/C     the C loop's time over the fastest ddl algorithm's (> 1: ddl is faster),
-  auto/best  per run, auto's time over the fastest algorithm's in the same run (ddl-bench times
-             them size by size, next to each other), median over the runs (<= 1.05: auto
-             picked well); a run is the k-th line of a (ranks, size, algorithm) in the files,
+  auto/best  auto's time over the fastest algorithm's (<= 1.05: auto picked well),
   mpi/C      the C loop's time over ddl's `mpi` (~1: ddl's baseline is not handicapped),
+and two of the medians:
   best/gloo  gloo's time over the fastest ddl algorithm's,
   bw         one in-place pass over the buffer (buf[i] *= s) on every rank at once over the
              fastest algorithm's time: the fraction of the memory-bandwidth bound it reaches.
@@ -29,6 +32,14 @@ def size(b):
         if b >= 1 << shift and b % (1 << shift) == 0:
             return f"{b >> shift} {unit}"
     return f"{b} B"
+
+
+def paired_ratio(xs, ys):
+    """The median over the runs of x / y, run k of x against run k of y ("-" if either is
+    missing): the host's slow phases last minutes and hit both sides of a run alike."""
+    if not xs or not ys:
+        return "-"
+    return f"{statistics.median(x / y for x, y in zip(xs, ys)):.2f}x"
 
 
 def main(paths):
@@ -74,16 +85,14 @@ def main(paths):
             best_algo = min(ddl, key=ddl.get) if ddl else None
             best = ddl.get(best_algo)
             c = med.get((np_, b, "mpi-c"))
-            pairs = zip(times.get((np_, b, "auto"), []), times.get((np_, b, best_algo), []))
-            per_run = [a / t for a, t in pairs]
-            auto_best = f"{statistics.median(per_run):.2f}x" if per_run else "-"
+            paired = lambda x, y: paired_ratio(times.get((np_, b, x)), times.get((np_, b, y)))
             mpi = med.get((np_, b, "mpi"))
             gloo = med.get((np_, b, "gloo"))
             mc = bound.get((np_, b))
             ratio = lambda x, y: "-" if x is None or y is None else f"{x / y:.2f}x"
-            row.append(ratio(c, best) + (f" ({best_algo})" if best_algo else ""))
-            row.append(auto_best)
-            row.append(ratio(c, mpi))
+            row.append(paired("mpi-c", best_algo) + (f" ({best_algo})" if best_algo else ""))
+            row.append(paired("auto", best_algo))
+            row.append(paired("mpi-c", "mpi"))
             row.append(ratio(gloo, best))
             row.append("-" if not mc or best is None else f"{statistics.median(mc) / best:.2f}")
             print("| " + " | ".join(row) + " |")
