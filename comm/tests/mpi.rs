@@ -83,7 +83,8 @@ fn single_threaded_mpi_is_refused_beside_other_threads() {
     let err = ddl_comm::World::init_single_threaded(std::time::Duration::from_secs(5))
         .expect_err("MPI_THREAD_SINGLE in a process with threads");
     assert!(
-        err.to_string().contains("MPI_THREAD_SINGLE needs a process with one thread"),
+        err.to_string()
+            .contains("MPI_THREAD_SINGLE needs a process with one thread"),
         "{err}"
     );
     assert!(!mpi::environment::is_initialized(), "MPI was initialised");
