@@ -34,8 +34,6 @@ pub trait Element: sealed::Sealed + Copy + Send + Sync + 'static {
     fn from_f32(v: f32) -> Self;
     /// The slice itself when the type is f32 (no conversion needed).
     fn as_f32_mut(buf: &mut [Self]) -> Option<&mut [f32]>;
-    /// The slice itself when the type is f32.
-    fn as_f32(buf: &[Self]) -> Option<&[f32]>;
     /// Widens `src` into `dst` (same length).
     fn widen(src: &[Self], dst: &mut [f32]);
     /// Rounds `src` into `dst` (same length).
@@ -52,9 +50,6 @@ impl Element for f32 {
         v
     }
     fn as_f32_mut(buf: &mut [Self]) -> Option<&mut [f32]> {
-        Some(buf)
-    }
-    fn as_f32(buf: &[Self]) -> Option<&[f32]> {
         Some(buf)
     }
     fn widen(src: &[Self], dst: &mut [f32]) {
@@ -76,9 +71,6 @@ impl Element for f16 {
         f16::from_f32(v)
     }
     fn as_f32_mut(_: &mut [Self]) -> Option<&mut [f32]> {
-        None
-    }
-    fn as_f32(_: &[Self]) -> Option<&[f32]> {
         None
     }
     fn widen(src: &[Self], dst: &mut [f32]) {
@@ -126,9 +118,6 @@ impl Element for bf16 {
         bf16::from_f32(v)
     }
     fn as_f32_mut(_: &mut [Self]) -> Option<&mut [f32]> {
-        None
-    }
-    fn as_f32(_: &[Self]) -> Option<&[f32]> {
         None
     }
     fn widen(src: &[Self], dst: &mut [f32]) {

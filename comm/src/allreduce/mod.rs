@@ -241,7 +241,7 @@ impl Allreducer {
                 // Straight to MPI_Allreduce: no scratch to lock.
                 t.native_allreduce_f32(f)?;
                 if average {
-                    f.iter_mut().for_each(|v| *v /= p);
+                    divide(f, p);
                 }
                 return Ok(());
             }
@@ -269,9 +269,7 @@ impl Allreducer {
         if let Some(f) = T::as_f32_mut(buf) {
             self.run(&algorithm, f, recv, steps)?;
             if average {
-                for v in f.iter_mut() {
-                    *v /= p;
-                }
+                divide(f, p);
             }
             return Ok(());
         }
@@ -283,9 +281,7 @@ impl Allreducer {
             T::widen(part, wide);
             self.run(&algorithm, wide, recv, steps)?;
             if average {
-                for v in wide.iter_mut() {
-                    *v /= p;
-                }
+                divide(wide, p);
             }
             T::narrow(wide, part);
         }
@@ -346,5 +342,12 @@ impl Allreducer {
                 unreachable!("shm runs on its own path and resolve never returns auto")
             }
         }
+    }
+}
+
+/// `buf[i] /= p` (the mean of a sum over `p` ranks).
+fn divide(buf: &mut [f32], p: f32) {
+    for v in buf.iter_mut() {
+        *v /= p;
     }
 }
