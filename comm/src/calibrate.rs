@@ -1,6 +1,6 @@
 //! Calibration of the [`CostModel`] under MPI: ping-pong per tier, the reduction and copy
-//! costs, ring allreduce curves and MPI_Allreduce itself, measured in the layout the job runs
-//! in. `ddl-bench calibrate` is its command line.
+//! costs, ring allreduce curves and every algorithm `auto` chooses between, measured in the
+//! layout the job runs in. `ddl-bench calibrate` is its command line.
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -8,7 +8,7 @@ use std::time::Instant;
 use crate::algorithm::Algorithm;
 use crate::allreduce::{Allreducer, Element};
 use crate::collective::max_on_root;
-use crate::cost::{CostModel, MeasuredCurve, Tier};
+use crate::cost::{auto_candidates, CostModel, MeasuredCurve, Tier};
 use crate::error::{CommError, Result};
 use crate::tags::PINGPONG;
 use crate::topology::Topology;
@@ -234,12 +234,13 @@ fn beta_curve(
 ///   from the flat ring over all ranks (every step of which crosses each node link once,
 ///   ranks being node-contiguous); `curve_ranks` records each ring's size. The sweep
 ///   doubles the size from 64 KiB to 64 MiB (the 1-32 MiB range is where the buffers
-///   leave the caches), then quadruples it;
-/// - `shm` over each node's ranks (where they share memory): one f32 (the synchronisation)
-///   and the benchmark's sizes, stored as the model's `shm` curve;
-/// - MPI_Allreduce itself (ddl's `mpi`) at the benchmark's sizes, 4 KiB x 4^k up to
-///   `max_bytes`, timed like the benchmark: stored as the model's [`MeasuredCurve`] for this
-///   layout, since Open MPI's own implementation is outside the round model.
+///   leave the caches), then quadruples it. `shm` of one f32 over each node's ranks (where
+///   they share memory) gives the synchronisation time;
+/// - every algorithm `auto` chooses between here ([`auto_candidates`]: the ring, rhd,
+///   multiring, multicolor, `mpi`, and `shm` on one node) at the benchmark's sizes, 4 KiB x
+///   4^k up to `max_bytes`, taking turns at each size, timed like the benchmark: the model's
+///   [`MeasuredCurve`]s for this layout, so that `auto` picks what ran fastest, not what the
+///   formulas (which serve `ddl-bench sim`'s other layouts) say.
 ///
 /// Each sweep runs `passes` times, per size the fastest pass. A tier that this layout
 /// cannot measure copies the other one (noted in `source`).
@@ -265,7 +266,7 @@ pub fn calibrate(world: &World, max_bytes: usize, passes: usize) -> Result<CostM
         .map(|k| 1usize << k)
         .filter(|&b| b <= max_bytes.max(64 << 10))
         .collect();
-    let mpi_sizes: Vec<usize> = (12..=30)
+    let auto_sizes: Vec<usize> = (12..=30)
         .step_by(2)
         .map(|k| 1usize << k)
         .filter(|&b| b <= max_bytes.max(4 << 10))
@@ -287,32 +288,23 @@ pub fn calibrate(world: &World, max_bytes: usize, passes: usize) -> Result<CostM
     let mut inter = (topo.nodes > 1)
         .then(|| measure(topo.ranks_per_node, "inter"))
         .transpose()?;
-    let (mut shm_sync, mut shm_points) = (0.0, Vec::new());
+    let mut shm_sync = 0.0;
     if let Some(tier) = intra.as_mut() {
-        // The ring over each node's ranks and `shm`, taking turns: auto chooses between
-        // them on one node, so they are measured under the same load.
         let node: Arc<dyn Transport> = Arc::from(t.split(world.node_index(), world.local_rank())?);
-        let mut sizes: Vec<usize> = [4].into_iter().chain(mpi_sizes.iter().copied()).collect();
-        sizes.extend(&curve_sizes);
-        sizes.sort_unstable();
-        sizes.dedup();
-        let algos = [Algorithm::Ring, Algorithm::SHM];
+        let sizes: Vec<usize> = [4].into_iter().chain(curve_sizes.iter().copied()).collect();
         let [ring, shm] = <[Option<Vec<f64>>; 2]>::try_from(sweep(
             &node,
-            &algos,
+            &[Algorithm::Ring, Algorithm::SHM],
             Topology::flat(node.size()),
             &sizes,
             passes,
         )?)
         .expect("one result per algorithm");
         let ring = ring.expect("the ring runs on any group");
-        let at = |times: &[f64], b: usize| times[sizes.binary_search(&b).expect("swept size")];
-        let ring_times: Vec<f64> = curve_sizes.iter().map(|&b| at(&ring, b)).collect();
-        tier.beta_curve = beta_curve(node.size(), &curve_sizes, &ring_times, tier.alpha, gamma);
+        tier.beta_curve = beta_curve(node.size(), &curve_sizes, &ring[1..], tier.alpha, gamma);
         tier.curve_ranks = node.size();
         if let Some(shm) = shm {
-            shm_sync = at(&shm, 4);
-            shm_points = mpi_sizes.iter().map(|&b| (b, at(&shm, b))).collect();
+            shm_sync = shm[0];
         }
         // Rank 0 of the world is rank 0 of node 0: its curves are the ones kept.
         t.barrier()?;
@@ -329,10 +321,19 @@ pub fn calibrate(world: &World, max_bytes: usize, passes: usize) -> Result<CostM
         tier.beta_curve = beta_curve(t.size(), &curve_sizes, ring, tier.alpha, gamma);
         tier.curve_ranks = t.size();
     }
-    let mpi_times = sweep(&t, &[Algorithm::Mpi], topo, &mpi_sizes, passes)?
-        .remove(0)
-        .expect("MPI_Allreduce runs on any MPI group");
-    let mpi_points = mpi_sizes.iter().copied().zip(mpi_times).collect();
+    let candidates = auto_candidates(topo, true, t.has_native_allreduce());
+    let measured = candidates
+        .iter()
+        .zip(sweep(&t, &candidates, topo, &auto_sizes, passes)?)
+        .filter_map(|(algo, times)| {
+            Some(MeasuredCurve {
+                algorithm: algo.to_string(),
+                nodes: topo.nodes,
+                ranks_per_node: topo.ranks_per_node,
+                points: auto_sizes.iter().copied().zip(times?).collect(),
+            })
+        })
+        .collect();
     let host = world.processor_name();
     let cores = std::thread::available_parallelism().map_or(1, |c| c.get());
     let (intra, inter, note) = match (intra, inter) {
@@ -359,23 +360,15 @@ pub fn calibrate(world: &World, max_bytes: usize, passes: usize) -> Result<CostM
         intra,
         inter,
         source: format!(
-            "ddl-bench calibrate on {host}, {} ranks ({}x{}), {cores} usable core(s) per rank, ring curves, shm and MPI_Allreduce to {} bytes, fastest of {passes} passes{note}",
+            "ddl-bench calibrate on {host}, {} ranks ({}x{}), {cores} usable core(s) per rank, ring curves to {} bytes, auto's candidates to {} bytes, fastest of {passes} passes{note}",
             world.size(),
             topo.nodes,
             topo.ranks_per_node,
-            curve_sizes.last().copied().unwrap_or(0)
+            curve_sizes.last().copied().unwrap_or(0),
+            auto_sizes.last().copied().unwrap_or(0)
         ),
         copy,
         shm_sync,
-        shm: (!shm_points.is_empty()).then_some(MeasuredCurve {
-            nodes: 1,
-            ranks_per_node: topo.ranks_per_node,
-            points: shm_points,
-        }),
-        mpi: Some(MeasuredCurve {
-            nodes: topo.nodes,
-            ranks_per_node: topo.ranks_per_node,
-            points: mpi_points,
-        }),
+        measured,
     })
 }

@@ -169,12 +169,16 @@ pub fn open_mpi_choice(ranks: usize, bytes: usize) -> OpenMpiAllreduce {
     }
 }
 
-/// An allreduce that `ddl-bench calibrate` timed in one layout instead of deriving it from the
-/// tiers: MPI_Allreduce, because Open MPI's internals (its own ring over TCP, blocking
-/// progress that polls and yields) are outside the round model, and `shm`, whose copies run
-/// at cache speed or memory speed depending on the size and on how many ranks share a core.
+/// One allreduce algorithm as `ddl-bench calibrate` timed it in one layout: `auto` chooses
+/// from these curves, measured, not assumed. Formulas miss what decides the winner on a real
+/// machine: Open MPI's internals, polling and yielding when ranks share cores, TCP and its
+/// shaper, copies at cache or memory speed (on the emulated 2 x 4 cluster the formulas
+/// predicted rhd at 1 MiB at 9.7 ms; it took 17-18 ms, slower than `mpi`'s 14.4).
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct MeasuredCurve {
+    /// The algorithm timed, as it prints (`ring`, `rhd`, `multiring`, `multicolor:4:1048576`,
+    /// `shm`, `mpi`): a curve serves that algorithm with exactly those parameters.
+    pub algorithm: String,
     /// Nodes of the layout the curve was measured in.
     pub nodes: usize,
     /// Ranks per node of that layout.
@@ -217,20 +221,16 @@ pub struct CostModel {
     /// Seconds per byte of a memory copy (0: unknown, `intra.gamma` is used).
     #[serde(default)]
     pub copy: f64,
-    /// Measured MPI_Allreduce times (see [`MeasuredCurve`]); `Mpi` is predicted from them in
-    /// their layout. Absent (older files, presets, other layouts): Open MPI's decision
-    /// rules over the tiers ([`open_mpi_choice`]).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub mpi: Option<MeasuredCurve>,
     /// Seconds of one synchronisation of a node's ranks through shared memory (a whole
     /// `shm` allreduce of one f32, as `calibrate` times it); 0: unknown,
     /// [`DEFAULT_SHM_SYNC`] is used.
     #[serde(default)]
     pub shm_sync: f64,
-    /// Measured `shm` times (default chunk) in one node's layout; `shm` is predicted from
-    /// them there, elsewhere from its copies and synchronisations.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub shm: Option<MeasuredCurve>,
+    /// Algorithms timed by `calibrate` in the job's layout (see [`MeasuredCurve`]): where a
+    /// curve matches an algorithm and a layout it is the prediction; the formulas serve the
+    /// other layouts (the simulator's) and algorithms not timed. Absent in presets.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub measured: Vec<MeasuredCurve>,
 }
 
 /// Shared-memory synchronisation time assumed when none was measured.
@@ -244,9 +244,8 @@ impl Default for CostModel {
             inter: Tier::new("10gbe", 20e-6, 1.0 / 1.1e9, 1.0 / 5e9),
             source: "default".into(),
             copy: 0.0,
-            mpi: None,
             shm_sync: 0.0,
-            shm: None,
+            measured: Vec::new(),
         }
     }
 }
@@ -261,9 +260,8 @@ impl CostModel {
             inter: Tier::new("infiniband-edr", 5e-6, 1.0 / 12e9, 1.0 / 200e9),
             source: "preset minsky".into(),
             copy: 0.0,
-            mpi: None,
             shm_sync: 0.0,
-            shm: None,
+            measured: Vec::new(),
         }
     }
 
@@ -475,18 +473,9 @@ impl CostModel {
             .sum()
     }
 
-    /// Seconds of MPI_Allreduce in place: from the measured curve when it was taken in
-    /// `topo`'s layout; otherwise as Open MPI 4.1's `tuned` component runs it for a sum of
-    /// floats ([`open_mpi_choice`]).
+    /// Seconds of MPI_Allreduce in place where it was not measured: the rounds of what Open
+    /// MPI 4.1's `tuned` component runs for a sum of floats ([`open_mpi_choice`]).
     fn mpi_time(&self, bytes: usize, n: f64, topo: Topology) -> f64 {
-        let measured = self
-            .mpi
-            .as_ref()
-            .filter(|c| c.nodes == topo.nodes && c.ranks_per_node == topo.ranks_per_node)
-            .and_then(|c| c.time(bytes));
-        if let Some(t) = measured {
-            return t;
-        }
         let p = topo.ranks();
         match open_mpi_choice(p, bytes) {
             OpenMpiAllreduce::RecursiveDoubling => self.recursive_time(n, topo, false),
@@ -494,22 +483,13 @@ impl CostModel {
         }
     }
 
-    /// Seconds of the shared-memory allreduce in chunks of `chunk_bytes` per rank (infinite
-    /// across nodes, where it cannot run): the measured curve in its layout, otherwise one
-    /// synchronisation per chunk plus copying the others' parts in, summing the rank's part
-    /// over all ranks and copying the other parts out.
+    /// Seconds of the shared-memory allreduce in chunks of `chunk_bytes` per rank where it was
+    /// not measured (infinite across nodes, where it cannot run): one synchronisation per
+    /// chunk plus copying the others' parts in, summing the rank's part over all ranks and
+    /// copying the other parts out.
     fn shm_time(&self, chunk_bytes: usize, n: f64, topo: Topology) -> f64 {
         if topo.nodes > 1 {
             return f64::INFINITY;
-        }
-        let measured = self
-            .shm
-            .as_ref()
-            .filter(|c| c.ranks_per_node == topo.ranks_per_node && c.nodes == 1)
-            .filter(|_| chunk_bytes == crate::allreduce::shm::DEFAULT_CHUNK_BYTES)
-            .and_then(|c| c.time(n as usize));
-        if let Some(t) = measured {
-            return t;
         }
         let p = topo.ranks() as f64;
         let sync = if self.shm_sync > 0.0 {
@@ -525,20 +505,37 @@ impl CostModel {
         sync * chunks + (p - 1.0) / p * n * (2.0 * copy + gamma)
     }
 
+    /// The measured time of `algorithm` at `bytes` in `topo`'s layout, if `calibrate` timed it
+    /// there.
+    fn measured_time(&self, algorithm: &Algorithm, bytes: usize, topo: Topology) -> Option<f64> {
+        let name = algorithm.to_string();
+        self.measured
+            .iter()
+            .find(|c| {
+                c.algorithm == name
+                    && c.nodes == topo.nodes
+                    && c.ranks_per_node == topo.ranks_per_node
+            })
+            .and_then(|c| c.time(bytes))
+    }
+
     /// Predicted seconds of one allreduce of `bytes` (f32) with `algorithm` over `topo`.
     ///
-    /// Each algorithm is modelled as the sequence of lock-step rounds it runs (the pipeline
-    /// segments of multiring and the chunk schedule of multicolor included): a round costs
-    /// its latency, the larger of its node-local transfer time (busiest rank) and its node
-    /// link time (busiest link, the chunks of all ranks of the node that cross it in that
-    /// round), then the additions. `Mpi` is calibrated, not derived: the measured
-    /// MPI_Allreduce curve of the model file in its layout ([`MeasuredCurve`]), else the rounds of
-    /// the algorithm Open MPI 4.1 picks. `Auto` is the best prediction.
+    /// Measured where `calibrate` timed the algorithm in this layout ([`MeasuredCurve`]).
+    /// Otherwise each algorithm is modelled as the sequence of lock-step rounds it runs (the
+    /// pipeline segments of multiring and the chunk schedule of multicolor included): a round
+    /// costs its latency, the larger of its node-local transfer time (busiest rank) and its
+    /// node link time (busiest link, the chunks of all ranks of the node that cross it in that
+    /// round), then the additions; `Mpi` as the rounds of the algorithm Open MPI 4.1 picks.
+    /// `Auto` is the best prediction among [`auto_candidates`] (`shm` and `mpi` included).
     pub fn predict(&self, algorithm: &Algorithm, bytes: usize, topo: Topology) -> f64 {
         let n = bytes as f64;
         let p = topo.ranks();
         if p <= 1 || bytes == 0 {
             return 0.0;
+        }
+        if let Some(t) = self.measured_time(algorithm, bytes, topo) {
+            return t;
         }
         match algorithm {
             Algorithm::Ring => self.multiring_time(&[p], 1, n, topo),
@@ -565,40 +562,63 @@ impl CostModel {
         }
     }
 
-    /// The algorithm (ring, rhd, multiring over the topology, multicolor with default
-    /// parameters, or on one node `shm`) with the smallest predicted time for `bytes` over
-    /// `topo`.
+    /// The algorithm with the smallest predicted time for `bytes` over `topo` among all of
+    /// [`auto_candidates`] (`shm` on one node, `mpi`): what `auto` runs under MPI on a node
+    /// whose ranks share memory.
     pub fn choose(&self, bytes: usize, topo: Topology) -> Algorithm {
-        self.choose_where(bytes, topo, true)
+        self.choose_among(bytes, topo, &auto_candidates(topo, true, true))
     }
 
-    /// As [`CostModel::choose`], with `shm` among the candidates only when `shared_memory`
-    /// (the ranks were found to share a node's memory, or have not been probed yet).
-    pub fn choose_where(&self, bytes: usize, topo: Topology, shared_memory: bool) -> Algorithm {
-        let shm = (shared_memory && topo.nodes == 1).then_some(Algorithm::SHM);
-        let candidates = [
-            Algorithm::Ring,
-            Algorithm::Rhd,
-            Algorithm::Multiring {
-                dims: Vec::new(),
-                segments: 0,
-            },
-            Algorithm::Multicolor {
-                colors: crate::algorithm::DEFAULT_COLORS,
-                chunk_bytes: crate::algorithm::DEFAULT_CHUNK_BYTES,
-            },
-        ]
-        .into_iter()
-        .chain(shm);
+    /// The one of `candidates` with the smallest predicted time for `bytes` over `topo` (the
+    /// first of equals; the ring when there are none).
+    pub fn choose_among(
+        &self,
+        bytes: usize,
+        topo: Topology,
+        candidates: &[Algorithm],
+    ) -> Algorithm {
         let mut best = Algorithm::Ring;
         let mut best_t = f64::INFINITY;
         for a in candidates {
-            let t = self.predict(&a, bytes, topo);
+            let t = self.predict(a, bytes, topo);
             if t < best_t {
                 best_t = t;
-                best = a;
+                best = a.clone();
             }
         }
         best
     }
+}
+
+/// The algorithms `auto` chooses between over `topo`: ring, rhd, multiring over the topology
+/// and multicolor with default parameters; `shm` when all ranks are on one node and
+/// `shared_memory` (they were found to share its memory, or have not been probed yet); `mpi`
+/// when `native_allreduce` (the transport is MPI's). When `auto` runs `mpi` it blocks in
+/// MPI_Allreduce without ddl's operation timeout: a rank that dies still ends the job through
+/// mpirun (Open MPI's default), but one that stalls alive stalls the others, where the other
+/// algorithms fail after the timeout naming it.
+pub fn auto_candidates(
+    topo: Topology,
+    shared_memory: bool,
+    native_allreduce: bool,
+) -> Vec<Algorithm> {
+    let mut candidates = vec![
+        Algorithm::Ring,
+        Algorithm::Rhd,
+        Algorithm::Multiring {
+            dims: Vec::new(),
+            segments: 0,
+        },
+        Algorithm::Multicolor {
+            colors: crate::algorithm::DEFAULT_COLORS,
+            chunk_bytes: crate::algorithm::DEFAULT_CHUNK_BYTES,
+        },
+    ];
+    if shared_memory && topo.nodes == 1 {
+        candidates.push(Algorithm::SHM);
+    }
+    if native_allreduce {
+        candidates.push(Algorithm::Mpi);
+    }
+    candidates
 }

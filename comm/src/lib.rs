@@ -28,7 +28,7 @@ pub mod world;
 
 pub use algorithm::Algorithm;
 pub use allreduce::{Allreducer, Element};
-pub use cost::{CostModel, MeasuredCurve, Tier};
+pub use cost::{auto_candidates, CostModel, MeasuredCurve, Tier};
 pub use error::{CommError, Result};
 /// Half-precision types accepted by [`Allreducer::allreduce`] (re-exported from `half`).
 pub use half::{bf16, f16};

@@ -13,9 +13,8 @@ fn two_tier() -> CostModel {
         inter: tier(1e-5, 1e-8, 1e-10),
         source: "test".into(),
         copy: 0.0,
-        mpi: None,
         shm_sync: 0.0,
-        shm: None,
+        measured: Vec::new(),
     }
 }
 
@@ -39,9 +38,8 @@ fn beta_curve_interpolates_in_log_size_and_clamps() {
         inter: t,
         source: "test".into(),
         copy: 0.0,
-        mpi: None,
         shm_sync: 0.0,
-        shm: None,
+        measured: Vec::new(),
     };
     let n = 16 << 20;
     let expect = 2.0 * 3.0 * (1e-6 + n as f64 / 4.0 * 1e-9);
@@ -190,29 +188,44 @@ fn shm_runs_on_one_node_only_and_is_read_from_its_curve() {
     assert!((got - expect).abs() < 1e-12, "{got} vs {expect}");
     // With a curve measured in this layout, its points; auto takes shm where it is fastest,
     // and not where shared memory was found missing.
-    m.shm = Some(MeasuredCurve {
-        nodes: 1,
-        ranks_per_node: 4,
-        points: vec![(4096, 1e-6), (1 << 20, 5e-5)],
-    });
+    m.measured
+        .push(curve("shm", 1, 4, vec![(4096, 1e-6), (1 << 20, 5e-5)]));
     assert_eq!(m.predict(&Algorithm::SHM, 4096, one), 1e-6);
     assert_eq!(m.choose(4096, one), Algorithm::SHM);
-    assert_ne!(m.choose_where(4096, one, false), Algorithm::SHM);
+    let without_shm = ddl_comm::auto_candidates(one, false, true);
+    assert!(!without_shm.contains(&Algorithm::SHM));
+    assert_ne!(m.choose_among(4096, one, &without_shm), Algorithm::SHM);
     // Another chunk size is not what the curve measured: the formula again.
     let other = Algorithm::Shm { chunk_bytes: 4096 };
     assert_ne!(m.predict(&other, 4096, one), 1e-6);
 }
 
+/// A measured curve of `algorithm` in the layout `nodes` x `ranks_per_node`.
+fn curve(
+    algorithm: &str,
+    nodes: usize,
+    ranks_per_node: usize,
+    points: Vec<(usize, f64)>,
+) -> MeasuredCurve {
+    MeasuredCurve {
+        algorithm: algorithm.into(),
+        nodes,
+        ranks_per_node,
+        points,
+    }
+}
+
 #[test]
-fn mpi_is_predicted_from_its_measured_curve_in_its_layout() {
+fn a_measured_curve_is_the_prediction_in_its_layout() {
     let mut m = two_tier();
     let topo = Topology::new(2, 4);
-    let rules = m.predict(&Algorithm::Mpi, 16 << 20, topo);
-    m.mpi = Some(MeasuredCurve {
-        nodes: 2,
-        ranks_per_node: 4,
-        points: vec![(4 << 10, 1e-4), (1 << 20, 1e-3), (16 << 20, 4e-2)],
-    });
+    let formula = m.clone();
+    m.measured.push(curve(
+        "mpi",
+        2,
+        4,
+        vec![(4 << 10, 1e-4), (1 << 20, 1e-3), (16 << 20, 4e-2)],
+    ));
     let mpi = |bytes: usize| m.predict(&Algorithm::Mpi, bytes, topo);
     // At the measured sizes: the measured times.
     assert!((mpi(4 << 10) - 1e-4).abs() < 1e-15);
@@ -228,26 +241,83 @@ fn mpi_is_predicted_from_its_measured_curve_in_its_layout() {
         mpi(4 << 20)
     );
     assert!(mpi(1 << 20) < mpi(2 << 20) && mpi(2 << 20) < mpi(4 << 20));
-    // Another layout (the simulator's) falls back to Open MPI's decision rules.
+    assert_ne!(
+        mpi(16 << 20),
+        formula.predict(&Algorithm::Mpi, 16 << 20, topo)
+    );
+    // Another layout (the simulator's) and the other algorithms: the formulas.
     let other = Topology::new(4, 2);
-    let fallback = CostModel {
-        mpi: None,
-        ..m.clone()
-    };
     assert_eq!(
         m.predict(&Algorithm::Mpi, 16 << 20, other),
-        fallback.predict(&Algorithm::Mpi, 16 << 20, other)
+        formula.predict(&Algorithm::Mpi, 16 << 20, other)
     );
-    assert_ne!(mpi(16 << 20), rules);
-    // The curve survives the JSON round trip; a file without one (older) still loads.
+    assert_eq!(
+        m.predict(&Algorithm::Rhd, 16 << 20, topo),
+        formula.predict(&Algorithm::Rhd, 16 << 20, topo)
+    );
+    // A curve serves its algorithm with exactly its parameters, named as the algorithm prints.
+    let default_colors = Algorithm::Multicolor {
+        colors: 4,
+        chunk_bytes: 1 << 20,
+    };
+    let two_colors = Algorithm::Multicolor {
+        colors: 2,
+        chunk_bytes: 1 << 20,
+    };
+    m.measured.push(curve(
+        &default_colors.to_string(),
+        2,
+        4,
+        vec![(4 << 10, 7e-5)],
+    ));
+    assert_eq!(m.predict(&default_colors, 4 << 10, topo), 7e-5);
+    assert_eq!(
+        m.predict(&two_colors, 4 << 10, topo),
+        formula.predict(&two_colors, 4 << 10, topo)
+    );
+    // The curves survive the JSON round trip; a model without any writes no field.
     let text = serde_json::to_string(&m).expect("json");
     assert_eq!(serde_json::from_str::<CostModel>(&text).expect("parse"), m);
-    let old = serde_json::to_string(&fallback).expect("json");
-    assert!(!old.contains("\"mpi\""), "{old}");
+    let plain = serde_json::to_string(&formula).expect("json");
+    assert!(!plain.contains("measured"), "{plain}");
+}
+
+#[test]
+fn auto_picks_the_fastest_measured_algorithm_over_the_formulas() {
+    // The emulated 2 x 4 cluster's miss: the formulas made rhd the fastest at 1 MiB, where it
+    // took 17.5 ms and mpi 14.4. With every candidate measured, auto follows the measurements
+    // at and between the measured sizes.
+    let mut m = two_tier();
+    let topo = Topology::new(2, 4);
+    let sizes = [4 << 10, 64 << 10, 1 << 20, 16 << 20];
+    let times = [
+        ("ring", [601e-6, 993e-6, 15.9e-3, 258e-3]),
+        ("rhd", [240e-6, 558e-6, 17.5e-3, 168e-3]),
+        ("multiring", [294e-6, 573e-6, 18.2e-3, 155e-3]),
+        ("multicolor:4:1048576", [161e-6, 600e-6, 19e-3, 165e-3]),
+        ("mpi", [155e-6, 561e-6, 14.4e-3, 236e-3]),
+    ];
+    let candidates = ddl_comm::auto_candidates(topo, true, true);
+    assert_eq!(candidates.len(), 5, "no shm across nodes: {candidates:?}");
+    for (name, t) in times {
+        m.measured
+            .push(curve(name, 2, 4, sizes.iter().copied().zip(t).collect()));
+    }
+    let choose = |bytes: usize| m.choose_among(bytes, topo, &candidates).to_string();
+    assert_eq!(choose(4 << 10), "mpi");
+    assert_eq!(choose(64 << 10), "rhd");
+    assert_eq!(choose(1 << 20), "mpi");
+    assert_eq!(choose(16 << 20), "multiring");
+    // Between 1 and 16 MiB the curves cross: mpi first, multiring at the top.
+    assert_eq!(choose(2 << 20), "mpi");
+    assert_eq!(choose(12 << 20), "multiring");
+    // Without MPI's own allreduce (the thread transport) mpi is no candidate.
+    let no_mpi = ddl_comm::auto_candidates(topo, true, false);
     assert_eq!(
-        serde_json::from_str::<CostModel>(&old).expect("parse").mpi,
-        None
+        m.choose_among(4 << 10, topo, &no_mpi).to_string(),
+        "multicolor:4:1048576"
     );
+    assert_eq!(m.choose_among(1 << 20, topo, &no_mpi).to_string(), "ring");
 }
 
 #[test]
@@ -263,9 +333,8 @@ fn shared_memory_chunks_pay_the_per_byte_cost_of_their_whole_buffer() {
         inter: t,
         source: "test".into(),
         copy: 0.0,
-        mpi: None,
         shm_sync: 0.0,
-        shm: None,
+        measured: Vec::new(),
     };
     let (curved, flat) = (model(curved), model(flat));
     let topo = Topology::flat(2);

@@ -5,7 +5,7 @@ mod common;
 
 use std::process::Command;
 
-use common::{assert_no_ansi, assert_not_timed_out, mpirun, stderr_writes};
+use common::{assert_no_ansi, assert_not_timed_out, mpirun, mpirun_output, stderr_writes};
 
 const BENCH: &str = env!("CARGO_BIN_EXE_ddl-bench");
 
@@ -109,5 +109,117 @@ fn sim_takes_the_class_count_and_compares_with_ddls_22k_run() {
         assert_eq!(w.status.code(), Some(status), "{args:?}: {}", w.all());
         assert!(w.stdout.is_empty(), "{args:?}: {}", w.all());
         assert!(w.stderr_text().contains(needle), "{args:?}: {}", w.all());
+    }
+}
+
+#[test]
+fn calibrate_times_every_candidate_and_auto_runs_the_fastest() {
+    let dir = ddl_testkit::scratch("calibrate");
+    let model = dir.path().join("model.json");
+    let out = mpirun_output(mpirun(2).arg(BENCH).args([
+        "calibrate",
+        "--max-bytes",
+        "64KiB",
+        "--passes",
+        "1",
+        "-o",
+        model.to_str().expect("utf-8 path"),
+    ]));
+    let text = format!(
+        "{}\n{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(out.status.success(), "{text}");
+    let m = ddl_comm::CostModel::load(&model).expect("the model file loads");
+    // Every algorithm auto chooses between on one node under MPI, timed in this layout at
+    // 4, 16 and 64 KiB.
+    let mut names: Vec<&str> = m.measured.iter().map(|c| c.algorithm.as_str()).collect();
+    names.sort_unstable();
+    assert_eq!(
+        names,
+        [
+            "mpi",
+            "multicolor:4:1048576",
+            "multiring",
+            "rhd",
+            "ring",
+            "shm"
+        ],
+        "{text}"
+    );
+    for c in &m.measured {
+        assert_eq!((c.nodes, c.ranks_per_node), (1, 2), "{}", c.algorithm);
+        let sizes: Vec<usize> = c.points.iter().map(|p| p.0).collect();
+        assert_eq!(sizes, [4 << 10, 16 << 10, 64 << 10], "{}", c.algorithm);
+        assert!(
+            c.points.iter().all(|p| p.1 > 0.0 && p.1 < 1.0),
+            "{}: {:?}",
+            c.algorithm,
+            c.points
+        );
+    }
+    // auto with that model runs, at each size, the algorithm that was measured fastest.
+    let out = mpirun_output(mpirun(2).arg(BENCH).args([
+        "allreduce",
+        "--algos",
+        "auto",
+        "--min-bytes",
+        "4KiB",
+        "--max-bytes",
+        "64KiB",
+        "--iters",
+        "1",
+        "--json",
+        "--model-file",
+        model.to_str().expect("utf-8 path"),
+    ]));
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{stdout}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let rows: Vec<serde_json::Value> = stdout
+        .lines()
+        .filter(|l| l.starts_with('{'))
+        .map(|l| serde_json::from_str(l).expect("a JSON row"))
+        .collect();
+    assert_eq!(rows.len(), 3, "{stdout}");
+    for row in rows {
+        let bytes = row["bytes"].as_u64().expect("bytes") as usize;
+        let fastest = m
+            .measured
+            .iter()
+            .min_by(|a, b| {
+                let at = |c: &ddl_comm::MeasuredCurve| {
+                    c.points
+                        .iter()
+                        .find(|p| p.0 == bytes)
+                        .expect("measured size")
+                        .1
+                };
+                at(a).total_cmp(&at(b))
+            })
+            .expect("curves");
+        assert_eq!(
+            row["resolved"],
+            fastest.algorithm.as_str(),
+            "{bytes} bytes: {row}"
+        );
+        assert_eq!(row["correct"], true, "{row}");
+        // The prediction at a measured size is the measurement.
+        let predicted = row["predicted_us"].as_f64().expect("predicted_us");
+        let measured = fastest
+            .points
+            .iter()
+            .find(|p| p.0 == bytes)
+            .expect("size")
+            .1
+            * 1e6;
+        assert!(
+            (predicted - measured).abs() < 1e-6 * measured,
+            "{predicted} vs {measured}"
+        );
     }
 }

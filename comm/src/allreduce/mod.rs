@@ -14,7 +14,7 @@ use std::sync::{Arc, Mutex};
 use half::{bf16, f16};
 
 use crate::algorithm::Algorithm;
-use crate::cost::CostModel;
+use crate::cost::{auto_candidates, CostModel};
 use crate::error::{CommError, Result};
 use crate::topology::Topology;
 use crate::transport::Transport;
@@ -197,8 +197,9 @@ impl Allreducer {
         self.topology
     }
 
-    /// The algorithm a call with `bytes` of f32 data runs (resolves `auto`; `shm` only where
-    /// the ranks share memory, which the first call finds out).
+    /// The algorithm a call with `bytes` of f32 data runs (resolves `auto` among
+    /// [`auto_candidates`]: `shm` only where the ranks share memory, which the first call
+    /// finds out; `mpi` only over MPI).
     pub fn resolve(&self, bytes: usize) -> Algorithm {
         match &self.algorithm {
             Algorithm::Auto => {
@@ -210,7 +211,9 @@ impl Allreducer {
                 if choices.len() >= MAX_CHOICES {
                     choices.clear();
                 }
-                let a = self.model.choose_where(bytes, self.topology, shared);
+                let candidates =
+                    auto_candidates(self.topology, shared, self.transport.has_native_allreduce());
+                let a = self.model.choose_among(bytes, self.topology, &candidates);
                 choices.insert((bytes, shared), a.clone());
                 a
             }

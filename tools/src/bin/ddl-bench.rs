@@ -58,18 +58,19 @@ enum Cmd {
         #[arg(long, default_value_t = 120, value_parser = clap::value_parser!(u64).range(1..))]
         timeout_s: u64,
     },
-    /// Measure alpha/beta per tier (ping-pong), gamma (f32 add) and a beta curve per tier
-    /// (ring allreduce times up to --max-bytes); write JSON. Run it under the same mpirun
-    /// layout as the benchmark it should predict.
+    /// Measure alpha/beta per tier (ping-pong), gamma (f32 add), a beta curve per tier (ring
+    /// allreduce times up to --max-bytes) and every algorithm `auto` chooses between (4 KiB x
+    /// 4^k up to --max-bytes, taking turns); write JSON. Run it under the same mpirun layout
+    /// as the jobs whose `auto` it should steer.
     Calibrate {
         /// Output file.
         #[arg(short, long, default_value = "model.json")]
         output: PathBuf,
-        /// Largest ring allreduce timed for the beta curves (at least 4 bytes; KiB/MiB/GiB are
-        /// powers of 1024, KB/MB/GB powers of 1000).
+        /// Largest allreduce timed (at least 4 bytes; KiB/MiB/GiB are powers of 1024, KB/MB/GB
+        /// powers of 1000).
         #[arg(long, default_value = "64MiB", value_parser = bench::parse_message_bytes)]
         max_bytes: usize,
-        /// Sweeps over all sizes (ring curves, shm and MPI_Allreduce); per size the fastest.
+        /// Sweeps over all sizes (ring curves, auto's candidates); per size the fastest.
         #[arg(long, default_value_t = 5, value_parser = clap::value_parser!(u64).range(1..))]
         passes: u64,
     },
