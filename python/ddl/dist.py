@@ -18,15 +18,16 @@ Reductions run on one ddl communication thread, in the order they are submitted 
 order on every rank), while backward goes on. CUDA tensors are staged through pinned host
 memory. A rank that dies makes the others raise :class:`ddl.DistError` within the timeout
 given to :func:`init` (under ``mpirun`` the launcher usually ends the job first), except
-with ``algorithm="mpi"``: MPI_Allreduce blocks with no timeout, so there only the launcher
-ends the job. After a DistError the job cannot go on: exit, or call :func:`abort`.
+with ``algorithm="mpi"``, or ``"auto"`` at sizes where it picks ``mpi``: MPI_Allreduce blocks
+with no timeout, so there only the launcher ends the job. After a DistError the job cannot go on: exit, or call :func:`abort`.
 """
 
 import atexit
 import operator
+import os
 import queue
 import threading
-from typing import Any, Callable, Dict, Iterable, List, Optional
+from typing import Any, Callable, Dict, Iterable, List, Optional, Union
 
 import torch
 import torch.distributed
@@ -59,16 +60,20 @@ _GradBucket = torch.distributed.GradBucket
 _DTYPES = {torch.float32: "float32", torch.float16: "float16", torch.bfloat16: "bfloat16"}
 
 
-def init(timeout: float = 60.0) -> None:
+def init(timeout: float = 60.0,
+         cost_model: Optional[Union[str, "os.PathLike[str]"]] = None) -> None:
     """Starts MPI for ddl, once per process (later calls return at once).
 
     Works under ``mpirun`` / ``srun``, alone (a one-rank job), and beside an MPI already
     initialised by mpi4py (ddl then uses a duplicate of its world communicator and leaves
     finalising to mpi4py). ``timeout``: seconds after which a blocking operation waiting on
-    a dead or stuck peer raises :class:`ddl.DistError`.
+    a dead or stuck peer raises :class:`ddl.DistError`. ``cost_model``: a model file written
+    by ``mpirun ddl-bench calibrate`` in the job's layout; ``algorithm="auto"`` then runs, per
+    size, the algorithm measured fastest there (without it, the default model's formulas
+    decide). A file that cannot be read raises ValueError naming it.
     """
     first = not _ddl.dist_initialized()
-    _ddl.dist_init(float(timeout))
+    _ddl.dist_init(float(timeout), None if cost_model is None else os.fspath(cost_model))
     if first:
         atexit.register(_shutdown)
 
@@ -102,6 +107,15 @@ def rank() -> int:
 def size() -> int:
     """The number of ranks in the job."""
     return _info()[1]
+
+
+def resolve(nbytes: int, algorithm: str = "auto") -> str:
+    """The algorithm that ``algorithm`` runs for a tensor of ``nbytes`` bytes of float32
+    (halves count as their float32 size): for ``"auto"`` the cost model's pick at that size
+    (``shm`` only once a first reduction found the ranks sharing memory); another name
+    returns itself with its parameters (``"multicolor"`` -> ``"multicolor:4:1048576"``)."""
+    _check_algorithm(algorithm)
+    return _ddl.dist_resolve(algorithm, operator.index(nbytes))
 
 
 def local_rank() -> int:

@@ -3,11 +3,12 @@
 //! count and dtype; the reduction runs with the GIL released.
 
 use std::collections::HashMap;
+use std::path::PathBuf;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use ddl_comm::collective::broadcast_bytes_from;
-use ddl_comm::{bf16, f16, Algorithm, Allreducer, Transport, World};
+use ddl_comm::{bf16, f16, Algorithm, Allreducer, CostModel, Transport, World};
 use pyo3::exceptions::{PyRuntimeError, PyValueError};
 use pyo3::prelude::*;
 
@@ -16,6 +17,8 @@ use crate::errors::comm_error;
 /// The process's MPI world and its allreducers, one per algorithm name.
 struct Dist {
     world: World,
+    /// The cost model `auto` chooses with (from `init(cost_model=...)`, else the default).
+    model: CostModel,
     reducers: Mutex<HashMap<String, Arc<Allreducer>>>,
 }
 
@@ -46,14 +49,20 @@ fn dist() -> PyResult<Arc<Dist>> {
 }
 
 /// Starts MPI (or joins an MPI already started, e.g. by mpi4py) once per process; later calls
-/// return at once. Blocking operations fail after `timeout` seconds.
+/// return at once. Blocking operations fail after `timeout` seconds; `auto` chooses with the
+/// cost model in the file `cost_model` (written by `ddl-bench calibrate`), if given.
 #[pyfunction]
-pub fn dist_init(py: Python<'_>, timeout: f64) -> PyResult<()> {
+#[pyo3(signature = (timeout, cost_model=None))]
+pub fn dist_init(py: Python<'_>, timeout: f64, cost_model: Option<PathBuf>) -> PyResult<()> {
     if !(timeout.is_finite() && timeout > 0.0) {
         return Err(PyValueError::new_err(format!(
             "timeout: must be a positive number of seconds, got {timeout}"
         )));
     }
+    let model = match &cost_model {
+        Some(path) => CostModel::load(path).map_err(|e| PyValueError::new_err(e.to_string()))?,
+        None => CostModel::default(),
+    };
     py.detach(|| {
         let mut s = state();
         match &*s {
@@ -69,6 +78,7 @@ pub fn dist_init(py: Python<'_>, timeout: f64) -> PyResult<()> {
             World::init_with_timeout(Duration::from_secs_f64(timeout)).map_err(comm_error)?;
         *s = State::Running(Arc::new(Dist {
             world,
+            model,
             reducers: Mutex::new(HashMap::new()),
         }));
         Ok(())
@@ -116,11 +126,19 @@ fn reducer(d: &Dist, algorithm: &str) -> PyResult<Arc<Allreducer>> {
         .map_err(|e| PyValueError::new_err(format!("algorithm {algorithm:?}: {e}")))?;
     let transport: Arc<dyn Transport> = d.world.transport();
     let r = Arc::new(
-        Allreducer::new(transport, parsed, d.world.topology())
+        Allreducer::with_model(transport, parsed, d.world.topology(), d.model.clone())
             .map_err(|e| PyValueError::new_err(format!("algorithm {algorithm:?}: {e}")))?,
     );
     map.insert(algorithm.to_string(), Arc::clone(&r));
     Ok(r)
+}
+
+/// The algorithm that `algorithm` runs for a buffer of `nbytes` bytes of f32 (what `auto`
+/// picks there; another name is itself, parameters printed).
+#[pyfunction]
+pub fn dist_resolve(algorithm: &str, nbytes: usize) -> PyResult<String> {
+    let d = dist()?;
+    Ok(reducer(&d, algorithm)?.resolve(nbytes).to_string())
 }
 
 /// Sums `numel` elements of `dtype` ("float32", "float16", "bfloat16") at host address `ptr`

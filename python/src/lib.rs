@@ -26,6 +26,7 @@ fn _ddl(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(dist::dist_initialized, m)?)?;
     m.add_function(wrap_pyfunction!(dist::dist_finalize, m)?)?;
     m.add_function(wrap_pyfunction!(dist::dist_info, m)?)?;
+    m.add_function(wrap_pyfunction!(dist::dist_resolve, m)?)?;
     m.add_function(wrap_pyfunction!(dist::allreduce, m)?)?;
     m.add_function(wrap_pyfunction!(dist::broadcast, m)?)?;
     m.add_function(wrap_pyfunction!(dist::barrier, m)?)?;

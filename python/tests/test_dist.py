@@ -9,6 +9,7 @@ that line, or compares the weights the script saved.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import socket
@@ -140,6 +141,35 @@ def test_init_under_mpirun(mode: str) -> None:
     lines = ok_lines(job, "dist_init")
     assert sorted(lines) == [f"dist_init ok mode={mode} rank={r} size=2" for r in range(2)]
     assert "MPI_ERR" not in job.output and "Traceback" not in job.output, job.output
+
+
+def test_auto_follows_a_calibrated_cost_model(tmp_path: Path) -> None:
+    """init(cost_model=FILE): auto runs, per size, the algorithm the file measured fastest
+    in this layout (mpi among them), not the formulas' pick; a missing file is a ValueError
+    naming it, before MPI starts."""
+    def tier(name: str) -> dict:
+        return {"name": name, "alpha": 1e-6, "beta": 1e-9, "gamma": 1e-10}
+
+    sizes = [4 << 10, 64 << 10, 1 << 20, 16 << 20]
+    times = {  # seconds per call at each size; the fastest: ring, ring, mpi, rhd
+        "ring": [1e-5, 2e-5, 9e-4, 9e-3],
+        "rhd": [3e-5, 4e-5, 8e-4, 5e-3],
+        "multiring": [4e-5, 5e-5, 8e-4, 6e-3],
+        "multicolor:4:1048576": [5e-5, 6e-5, 9e-4, 7e-3],
+        "shm": [6e-5, 7e-5, 9e-4, 8e-3],
+        "mpi": [2e-5, 3e-5, 5e-4, 9e-3],
+    }
+    model = {
+        "intra": tier("intra"), "inter": tier("inter"), "source": "test", "copy": 0.0,
+        "shm_sync": 0.0,
+        "measured": [{"algorithm": a, "nodes": 1, "ranks_per_node": 2,
+                      "points": [[b, t] for b, t in zip(sizes, ts)]} for a, ts in times.items()],
+    }
+    path = tmp_path / "model.json"
+    path.write_text(json.dumps(model))
+    job = mpirun(2, "dist_cost_model.py", [path, tmp_path / "missing.json"], timeout=SHORT)
+    lines = ok_lines(job, "dist_cost_model")
+    assert len(lines) == 2, job.output
 
 
 # 4. a rank dies ---------------------------------------------------------------------------

@@ -4,7 +4,7 @@
 
 use std::sync::Arc;
 
-use ddl_comm::{collective, Algorithm, Allreducer, Topology, Transport};
+use ddl_comm::{collective, Algorithm, Allreducer, CostModel, Topology, Transport};
 
 use crate::error::Result;
 
@@ -15,14 +15,15 @@ pub struct Collective {
 }
 
 impl Collective {
-    /// Wraps `transport`, reducing gradients with `algorithm` (`Auto` consults the cost model
-    /// with `topology`).
+    /// Wraps `transport`, reducing gradients with `algorithm` (`Auto` consults `model` with
+    /// `topology`).
     pub fn new(
         transport: Arc<dyn Transport>,
         algorithm: Algorithm,
         topology: Topology,
+        model: CostModel,
     ) -> Result<Collective> {
-        let allreducer = Allreducer::new(transport.clone(), algorithm, topology)?;
+        let allreducer = Allreducer::with_model(transport.clone(), algorithm, topology, model)?;
         Ok(Collective {
             transport,
             allreducer,

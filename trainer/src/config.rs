@@ -94,6 +94,9 @@ pub struct TrainConfig {
     /// Allreduce algorithm (`--allreduce`).
     #[serde(serialize_with = "as_flag")]
     pub allreduce: Algorithm,
+    /// Cost model `auto` chooses with, from `ddl-bench calibrate` (`--cost-model`; none: the
+    /// default model's formulas).
+    pub cost_model: Option<PathBuf>,
     /// Write final replica-0 weights here (`--dump-weights`).
     pub dump_weights: Option<PathBuf>,
     /// Write the final model here as a torchvision-compatible `.safetensors` file
@@ -171,6 +174,7 @@ impl Default for TrainConfig {
             allow_new_layout: false,
             max_steps: None,
             allreduce: Algorithm::Auto,
+            cost_model: None,
             dump_weights: None,
             export: None,
             init_from: None,

@@ -116,6 +116,10 @@ struct Cli {
     /// cost model's pick per buffer size).
     #[arg(long, default_value = "auto")]
     allreduce: Algorithm,
+    /// Cost model for `--allreduce auto`: a file written by `mpirun ddl-bench calibrate` in
+    /// this job's layout, whose measured times decide per buffer size (default: formulas).
+    #[arg(long)]
+    cost_model: Option<PathBuf>,
     /// Write the final replica-0 weights as raw f32 LE to FILE (+ FILE.json index).
     #[arg(long)]
     dump_weights: Option<PathBuf>,
@@ -213,6 +217,7 @@ impl Cli {
             allow_new_layout: self.allow_new_layout,
             max_steps: self.max_steps,
             allreduce: self.allreduce,
+            cost_model: self.cost_model,
             dump_weights: self.dump_weights,
             export: self.export,
             init_from: self.init_from,

@@ -48,6 +48,10 @@ pub const TRAJECTORY: &[(&str, &str)] = &[
 pub const ROUNDING: &[(&str, &str)] = &[
     ("allreduce", "another summation order across ranks"),
     (
+        "cost_model",
+        "auto may pick other algorithms, so another summation order",
+    ),
+    (
         "bucket_mb",
         "other allreduce buffers, so another summation order",
     ),

@@ -62,6 +62,10 @@ fn bad_flags_are_named() {
         ("--label-smoothing", Box::new(|c| c.label_smoothing = 1.0)),
         ("--eval-resize", Box::new(|c| c.eval_resize = 8)),
         ("--restart", Box::new(|c| c.restart = true)),
+        (
+            "--cost-model",
+            Box::new(|c| c.cost_model = Some("/nonexistent/model.json".into())),
+        ),
         // (1000 prefetched + 1 + 1 in flight) batches of 2 x 3 x 8192^2 f32: 1.6 TB.
         (
             "--image-size",

@@ -11,7 +11,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use ddl_comm::{Topology, Transport};
+use ddl_comm::{CostModel, Topology, Transport};
 use ddl_loader::dataset::{Dataset, OpenOptions};
 use ddl_loader::pipeline::{Augment, BadRecord, OnBadRecord, Output, Pipeline, PipelineConfig};
 use ddl_loader::sampler::{Sampler, SamplerConfig, Tail};
@@ -161,7 +161,13 @@ pub fn train(
     let world = transport.size();
     transport.set_timeout(Duration::from_secs(cfg.comm_timeout_s.max(1)));
     let plan = plan(cfg, rank, world, info)?;
-    let comm = Collective::new(transport, cfg.allreduce.clone(), topology)?;
+    let model = match &cfg.cost_model {
+        Some(path) => {
+            CostModel::load(path).map_err(|e| TrainError::config("--cost-model", e.to_string()))?
+        }
+        None => CostModel::default(),
+    };
+    let comm = Collective::new(transport, cfg.allreduce.clone(), topology, model)?;
 
     // Every rank must have the same number of replicas: the sampler and the average assume it.
     let replicas = plan.devices.len();
