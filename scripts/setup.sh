@@ -54,8 +54,13 @@ if ! have_torch; then
   python=${PYTHON:-python3}
   command -v "$python" >/dev/null || die "python3 not found"
   [ -x "$venv/bin/python" ] || "$python" -m venv "$venv" || die "could not create the virtualenv $venv (python3-venv missing?)"
-  echo "setup: installing torch==$torch_version into $venv (a few GB, once)" >&2
-  "$venv/bin/pip" install -q --disable-pip-version-check "torch==$torch_version" || die "pip install torch==$torch_version failed"
+  # torch with its CUDA libraries takes about 7 GB installed; pip's cache would keep another
+  # copy of every wheel, so it is not used.
+  need_kb=$((9 * 1024 * 1024))
+  free_kb=$(df -Pk "$venv" | awk 'NR == 2 { print $4 }')
+  [ "$free_kb" -ge "$need_kb" ] || die "torch==$torch_version needs about 9 GB free for $venv; $(df -Ph "$venv" | awk 'NR == 2 { print $4 " are free on " $6 }')"
+  echo "setup: installing torch==$torch_version into $venv (about 7 GB, once)" >&2
+  "$venv/bin/pip" install -q --no-cache-dir --disable-pip-version-check "torch==$torch_version" || die "pip install torch==$torch_version failed"
   have_torch || die "torch $torch_version is not importable from $venv"
 fi
 have_py_packages() {
@@ -63,7 +68,7 @@ have_py_packages() {
 }
 if ! have_py_packages; then
   echo "setup: installing ${py_packages[*]} into $venv" >&2
-  "$venv/bin/pip" install -q --disable-pip-version-check "${py_packages[@]}" || die "pip install ${py_packages[*]} failed"
+  "$venv/bin/pip" install -q --no-cache-dir --disable-pip-version-check "${py_packages[@]}" || die "pip install ${py_packages[*]} failed"
   have_py_packages || die "${py_packages[*]} are not importable from $venv"
 fi
 

@@ -13,6 +13,28 @@ pub const DEFAULT_COLORS: usize = 4;
 /// than 64 KiB ones, because each step costs milliseconds of synchronisation there.
 pub const DEFAULT_CHUNK_BYTES: usize = 1024 * 1024;
 
+/// The allreduce between the nodes of [`Algorithm::Hierarchical`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Across {
+    /// [`Algorithm::Ring`].
+    Ring,
+    /// [`Algorithm::Rhd`].
+    Rhd,
+    /// [`Algorithm::Mpi`] (MPI transport only).
+    Mpi,
+}
+
+impl Across {
+    /// The algorithm run between the nodes.
+    pub fn algorithm(self) -> Algorithm {
+        match self {
+            Across::Ring => Algorithm::Ring,
+            Across::Rhd => Algorithm::Rhd,
+            Across::Mpi => Algorithm::Mpi,
+        }
+    }
+}
+
 /// An allreduce algorithm.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Algorithm {
@@ -45,6 +67,18 @@ pub enum Algorithm {
         /// Chunk per rank, in bytes.
         chunk_bytes: usize,
     },
+    /// Two tiers: `shm` within every node sums each rank's part of a chunk over the node,
+    /// `across` sums that part between the nodes (over the ranks of the same local index, all
+    /// node links busy at once), and `shm` hands the sums back. Buffers of at most
+    /// [`LEADER_BYTES`](crate::allreduce::hierarchical::LEADER_BYTES) cross the network once,
+    /// from each node's first rank. Needs the ranks of every node to share its memory. On one
+    /// node it is `shm`, with one rank per node `across` alone.
+    Hierarchical {
+        /// The allreduce between the nodes.
+        across: Across,
+        /// Chunk per rank of the node stage, in bytes.
+        chunk_bytes: usize,
+    },
     /// The transport's MPI_Allreduce, in place on the caller's buffer (MPI transport only).
     Mpi,
     /// Chosen per call by the cost model from the buffer size and topology.
@@ -53,12 +87,13 @@ pub enum Algorithm {
 
 impl Algorithm {
     /// Names accepted by `FromStr`.
-    pub const NAMES: [&'static str; 7] = [
+    pub const NAMES: [&'static str; 8] = [
         "ring",
         "rhd",
         "multicolor",
         "multiring",
         "shm",
+        "hierarchical",
         "mpi",
         "auto",
     ];
@@ -68,7 +103,16 @@ impl Algorithm {
         chunk_bytes: crate::allreduce::shm::DEFAULT_CHUNK_BYTES,
     };
 
-    /// The short name (`ring`, `rhd`, `multicolor`, `multiring`, `shm`, `mpi`, `auto`).
+    /// The hierarchical algorithm with `across` between the nodes and its default chunk.
+    pub const fn hierarchical(across: Across) -> Algorithm {
+        Algorithm::Hierarchical {
+            across,
+            chunk_bytes: crate::allreduce::hierarchical::DEFAULT_CHUNK_BYTES,
+        }
+    }
+
+    /// The short name (`ring`, `rhd`, `multicolor`, `multiring`, `shm`, `hierarchical`,
+    /// `mpi`, `auto`).
     pub fn name(&self) -> &'static str {
         match self {
             Algorithm::Ring => "ring",
@@ -76,6 +120,7 @@ impl Algorithm {
             Algorithm::Multicolor { .. } => "multicolor",
             Algorithm::Multiring { .. } => "multiring",
             Algorithm::Shm { .. } => "shm",
+            Algorithm::Hierarchical { .. } => "hierarchical",
             Algorithm::Mpi => "mpi",
             Algorithm::Auto => "auto",
         }
@@ -100,6 +145,16 @@ impl fmt::Display for Algorithm {
             Algorithm::Shm { chunk_bytes } if *self != Algorithm::SHM => {
                 write!(f, "shm:{chunk_bytes}")
             }
+            Algorithm::Hierarchical {
+                across,
+                chunk_bytes,
+            } => {
+                write!(f, "hierarchical:{}", across.algorithm().name())?;
+                if *chunk_bytes != crate::allreduce::hierarchical::DEFAULT_CHUNK_BYTES {
+                    write!(f, ":{chunk_bytes}")?;
+                }
+                Ok(())
+            }
             other => f.write_str(other.name()),
         }
     }
@@ -115,6 +170,7 @@ impl FromStr for Algorithm {
     type Err = CommError;
 
     /// Parses `ring`, `rhd`, `mpi`, `auto`, `shm[:CHUNK_BYTES]`,
+    /// `hierarchical[:ring|rhd|mpi[:CHUNK_BYTES]]` (`mpi` between the nodes by default),
     /// `multicolor[:COLORS[:CHUNK_BYTES]]` and
     /// `multiring[:D1xD2x...[:SEGMENTS]]` (e.g. `multiring:4x8x8`, `multiring:4x2:8`, or
     /// `multiring::8` for the topology's dimensions in 8 segments).
@@ -131,6 +187,27 @@ impl FromStr for Algorithm {
             ("shm", Some(c)) => Ok(Algorithm::Shm {
                 chunk_bytes: parse_usize(c, "chunk bytes")?,
             }),
+            ("hierarchical", rest) => {
+                let mut it = rest.unwrap_or("mpi").splitn(2, ':');
+                let across = match it.next().unwrap_or("").to_ascii_lowercase().as_str() {
+                    "ring" => Across::Ring,
+                    "rhd" => Across::Rhd,
+                    "mpi" | "" => Across::Mpi,
+                    other => {
+                        return Err(CommError::InvalidArgument(format!(
+                            "hierarchical: {other:?} cannot run between the nodes (expected ring, rhd or mpi)"
+                        )))
+                    }
+                };
+                let chunk_bytes = match it.next() {
+                    None => crate::allreduce::hierarchical::DEFAULT_CHUNK_BYTES,
+                    Some(c) => parse_usize(c, "chunk bytes")?,
+                };
+                Ok(Algorithm::Hierarchical {
+                    across,
+                    chunk_bytes,
+                })
+            }
             ("multicolor", rest) => {
                 let mut colors = DEFAULT_COLORS;
                 let mut chunk_bytes = DEFAULT_CHUNK_BYTES;

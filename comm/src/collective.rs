@@ -106,6 +106,13 @@ pub fn allgather_bytes(t: &dyn Transport, data: Vec<u8>) -> Result<Vec<Vec<u8>>>
     Ok(parts)
 }
 
+/// Whether every rank of `t` passed `yes` (the same answer on every rank).
+pub fn all(t: &dyn Transport, yes: bool) -> Result<bool> {
+    let verdict = gather_bytes(t, vec![u8::from(yes)])?
+        .map_or(Vec::new(), |v| vec![u8::from(v.iter().all(|b| b == &[1]))]);
+    Ok(broadcast_bytes(t, verdict)? == [1])
+}
+
 /// Rank 0 gets, per entry, the maximum of `local` over all ranks (the slowest rank's time,
 /// say); the other ranks get `local` back.
 pub fn max_on_root(t: &dyn Transport, local: &[f64]) -> Result<Vec<f64>> {

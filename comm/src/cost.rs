@@ -5,7 +5,7 @@ use std::path::Path;
 
 use serde::{Deserialize, Serialize};
 
-use crate::algorithm::Algorithm;
+use crate::algorithm::{Across, Algorithm};
 use crate::allreduce::multicolor::schedule;
 use crate::allreduce::ring::{segment_offset, segments_for};
 use crate::allreduce::shm::WHOLE_BYTES;
@@ -505,6 +505,27 @@ impl CostModel {
         sync * chunks + (p - 1.0) / p * n * (2.0 * copy + gamma)
     }
 
+    /// Seconds of the hierarchical allreduce where it was not measured: `shm` over one node's
+    /// ranks, then `across` between the nodes on the whole buffer (the node's ranks share its
+    /// link, so their parts cost what the whole buffer from one rank costs). On one node
+    /// `shm` alone, with one rank per node `across` alone, as it runs.
+    fn hierarchical_time(
+        &self,
+        across: Across,
+        chunk_bytes: usize,
+        bytes: usize,
+        topo: Topology,
+    ) -> f64 {
+        let node = Topology::flat(topo.ranks_per_node);
+        let nodes = Topology::new(topo.nodes, 1);
+        let within = if topo.ranks_per_node > 1 {
+            self.shm_time(chunk_bytes, bytes as f64, node)
+        } else {
+            0.0
+        };
+        within + self.predict(&across.algorithm(), bytes, nodes)
+    }
+
     /// The measured time of `algorithm` at `bytes` in `topo`'s layout, if `calibrate` timed it
     /// there.
     fn measured_time(&self, algorithm: &Algorithm, bytes: usize, topo: Topology) -> Option<f64> {
@@ -554,6 +575,10 @@ impl CostModel {
                 chunk_bytes,
             } => self.multicolor_time(*colors, *chunk_bytes, n, topo),
             Algorithm::Shm { chunk_bytes } => self.shm_time(*chunk_bytes, n, topo),
+            Algorithm::Hierarchical {
+                across,
+                chunk_bytes,
+            } => self.hierarchical_time(*across, *chunk_bytes, bytes, topo),
             Algorithm::Mpi => self.mpi_time(bytes, n, topo),
             Algorithm::Auto => {
                 let best = self.choose(bytes, topo);
@@ -591,9 +616,10 @@ impl CostModel {
 }
 
 /// The algorithms `auto` chooses between over `topo`: ring, rhd, multiring over the topology
-/// and multicolor with default parameters; `shm` when all ranks are on one node and
-/// `shared_memory` (they were found to share its memory, or have not been probed yet); `mpi`
-/// when `native_allreduce` (the transport is MPI's). When `auto` runs `mpi` it blocks in
+/// and multicolor with default parameters; where `shared_memory` (each node's ranks were found
+/// to share its memory, or have not been probed yet), `shm` when all ranks are on one node
+/// and `hierarchical` (`mpi` between the nodes over MPI, rhd otherwise) when several nodes
+/// hold several ranks each; `mpi` when `native_allreduce` (the transport is MPI's). When `auto` runs `mpi` it blocks in
 /// MPI_Allreduce without ddl's operation timeout: a rank that dies still ends the job through
 /// mpirun (Open MPI's default), but one that stalls alive stalls the others, where the other
 /// algorithms fail after the timeout naming it.
@@ -616,6 +642,14 @@ pub fn auto_candidates(
     ];
     if shared_memory && topo.nodes == 1 {
         candidates.push(Algorithm::SHM);
+    }
+    if shared_memory && topo.nodes > 1 && topo.ranks_per_node > 1 {
+        let across = if native_allreduce {
+            Across::Mpi
+        } else {
+            Across::Rhd
+        };
+        candidates.push(Algorithm::hierarchical(across));
     }
     if native_allreduce {
         candidates.push(Algorithm::Mpi);

@@ -5,7 +5,8 @@
 //!   MPI ([`mpi::MpiTransport`], started by [`World`]) and in-process threads
 //!   ([`thread_group`]). Every message tag belongs to one range of [`tags`].
 //! - [`Allreducer`]: allreduce of f32 / f16 / bf16 with the [`Algorithm`]s ring, rhd,
-//!   multicolor, multiring, mpi and auto; results are bitwise identical on all ranks.
+//!   multicolor, multiring, shm, hierarchical, mpi and auto; results are bitwise identical on
+//!   all ranks.
 //! - [`collective`]: broadcast, gather and allgather of bytes for the control plane.
 //! - [`CostModel`]: alpha-beta-gamma per tier, predicting each algorithm's time, and its
 //!   measurement under MPI ([`calibrate`]).
@@ -26,7 +27,7 @@ pub mod topology;
 pub mod transport;
 pub mod world;
 
-pub use algorithm::Algorithm;
+pub use algorithm::{Across, Algorithm};
 pub use allreduce::{Allreducer, Element};
 pub use cost::{auto_candidates, CostModel, MeasuredCurve, Tier};
 pub use error::{CommError, Result};

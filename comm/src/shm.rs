@@ -151,15 +151,13 @@ impl SharedRegion {
                 None,
             ),
         };
-        let verdicts =
-            announce.and_then(|_| collective::gather_bytes(t, vec![u8::from(map.is_some())]));
+        let verdict = announce.and_then(|_| collective::all(t, map.is_some()));
         if let Some(path) = &path {
             // The file is rank 0's own; every rank that could map it has, and the mappings
             // outlive its name.
             let _ = std::fs::remove_file(path);
         }
-        let verdict = verdicts?.map_or(Vec::new(), |v| vec![u8::from(v.iter().all(|b| b == &[1]))]);
-        let all_ok = collective::broadcast_bytes(t, verdict)? == [1];
+        let all_ok = verdict?;
         Ok(map.filter(|_| all_ok).map(|map| SharedRegion {
             map,
             segment_bytes,

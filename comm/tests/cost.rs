@@ -296,9 +296,23 @@ fn auto_picks_the_fastest_measured_algorithm_over_the_formulas() {
         ("multiring", [294e-6, 573e-6, 18.2e-3, 155e-3]),
         ("multicolor:4:1048576", [161e-6, 600e-6, 19e-3, 165e-3]),
         ("mpi", [155e-6, 561e-6, 14.4e-3, 236e-3]),
+        ("hierarchical:mpi", [300e-6, 900e-6, 20e-3, 140e-3]),
+        ("hierarchical:rhd", [400e-6, 1.2e-3, 25e-3, 170e-3]),
     ];
     let candidates = ddl_comm::auto_candidates(topo, true, true);
-    assert_eq!(candidates.len(), 5, "no shm across nodes: {candidates:?}");
+    let names: Vec<String> = candidates.iter().map(|a| a.to_string()).collect();
+    assert_eq!(
+        names,
+        [
+            "ring",
+            "rhd",
+            "multiring",
+            "multicolor:4:1048576",
+            "hierarchical:mpi",
+            "mpi"
+        ],
+        "no shm across nodes"
+    );
     for (name, t) in times {
         m.measured
             .push(curve(name, 2, 4, sizes.iter().copied().zip(t).collect()));
@@ -307,12 +321,20 @@ fn auto_picks_the_fastest_measured_algorithm_over_the_formulas() {
     assert_eq!(choose(4 << 10), "mpi");
     assert_eq!(choose(64 << 10), "rhd");
     assert_eq!(choose(1 << 20), "mpi");
-    assert_eq!(choose(16 << 20), "multiring");
-    // Between 1 and 16 MiB the curves cross: mpi first, multiring at the top.
+    assert_eq!(choose(16 << 20), "hierarchical:mpi");
+    // Between 1 and 16 MiB the curves cross: mpi first, hierarchical at the top.
     assert_eq!(choose(2 << 20), "mpi");
-    assert_eq!(choose(12 << 20), "multiring");
-    // Without MPI's own allreduce (the thread transport) mpi is no candidate.
+    assert_eq!(choose(12 << 20), "hierarchical:mpi");
+    // Where the nodes' ranks were found not to share memory, hierarchical is no candidate.
+    let apart = ddl_comm::auto_candidates(topo, false, true);
+    assert_eq!(
+        m.choose_among(16 << 20, topo, &apart).to_string(),
+        "multiring"
+    );
+    // Without MPI's own allreduce (the thread transport) mpi is no candidate, and the
+    // hierarchical algorithm runs rhd between the nodes.
     let no_mpi = ddl_comm::auto_candidates(topo, true, false);
+    assert!(no_mpi.contains(&"hierarchical:rhd".parse().expect("name")));
     assert_eq!(
         m.choose_among(4 << 10, topo, &no_mpi).to_string(),
         "multicolor:4:1048576"

@@ -9,14 +9,10 @@ use std::time::{Duration, Instant};
 use ddl_comm::{bf16, f16, thread_group_with_timeout, Algorithm, Allreducer, CommError, Topology};
 
 mod common;
+#[path = "common/exact.rs"]
+mod exact;
 use common::on_ranks;
-
-/// Integer-valued data: sums are exact in any order.
-fn input(rank: usize, len: usize, salt: usize) -> Vec<f32> {
-    (0..len)
-        .map(|i| ((i * 7919 + rank * 104_729 + salt * 31) % 2001) as f32 - 1000.0)
-        .collect()
-}
+use exact::{check_exact_sums, input};
 
 fn bits<T: Copy>(v: &[T], to_bits: impl Fn(T) -> u32) -> Vec<u32> {
     v.iter().map(|&x| to_bits(x)).collect()
@@ -30,41 +26,7 @@ const LENGTHS: [usize; 5] = [1, 4096, 4097, 25_003, 300_001];
 fn sums_are_exact_and_identical_on_every_rank() {
     for p in [2, 3, 5] {
         for algo in [Algorithm::SHM, Algorithm::Shm { chunk_bytes: 4096 }] {
-            let a = algo.clone();
-            let results = on_ranks(p, move |r, t| {
-                let ar = Allreducer::new(t, a.clone(), Topology::flat(p)).expect("allreducer");
-                LENGTHS
-                    .iter()
-                    .enumerate()
-                    .flat_map(|(salt, &len)| {
-                        let mut sum = input(r, len, salt);
-                        ar.allreduce_f32(&mut sum, false).expect("sum");
-                        let mut mean = input(r, len, salt);
-                        ar.allreduce_f32(&mut mean, true).expect("mean");
-                        [sum, mean]
-                    })
-                    .collect::<Vec<_>>()
-            });
-            for (k, &len) in LENGTHS.iter().enumerate() {
-                let inputs: Vec<Vec<f32>> = (0..p).map(|r| input(r, len, k)).collect();
-                let sum: Vec<f32> = (0..len)
-                    .map(|i| inputs.iter().map(|v| v[i]).sum())
-                    .collect();
-                let mean: Vec<f32> = sum.iter().map(|v| v / p as f32).collect();
-                for (r, res) in results.iter().enumerate() {
-                    let what = format!("{algo} p={p} len={len} rank {r}");
-                    assert_eq!(
-                        bits(&res[2 * k], f32::to_bits),
-                        bits(&sum, f32::to_bits),
-                        "{what} sum"
-                    );
-                    assert_eq!(
-                        bits(&res[2 * k + 1], f32::to_bits),
-                        bits(&mean, f32::to_bits),
-                        "{what} mean"
-                    );
-                }
-            }
+            check_exact_sums(&algo, Topology::flat(p), &LENGTHS);
         }
     }
 }

@@ -4,8 +4,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use ddl_comm::{
-    thread_group, thread_group_with_timeout, Algorithm, Allreducer, CommError, Op, Topology,
-    Transport,
+    thread_group, thread_group_with_timeout, Across, Algorithm, Allreducer, CommError, Op,
+    Topology, Transport,
 };
 use half::{bf16, f16};
 use proptest::prelude::*;
@@ -56,6 +56,13 @@ fn algorithms(p: usize) -> Vec<Algorithm> {
         Algorithm::Shm { chunk_bytes: 128 },
         Algorithm::Auto,
     ];
+    // Two tiers where the test topology has them (otherwise shm alone), the second in many
+    // short chunks.
+    v.push(Algorithm::hierarchical(Across::Ring));
+    v.push(Algorithm::Hierarchical {
+        across: Across::Rhd,
+        chunk_bytes: 128,
+    });
     // A genuinely multi-dimensional ring where p factors.
     for a in 2..p {
         if p % a == 0 {

@@ -55,7 +55,7 @@ __all__ = [
     "size",
 ]
 
-ALGORITHMS = ("auto", "shm", "multicolor", "multiring", "ring", "rhd", "mpi")
+ALGORITHMS = ("auto", "shm", "hierarchical", "multicolor", "multiring", "ring", "rhd", "mpi")
 _GradBucket = torch.distributed.GradBucket
 _DTYPES = {torch.float32: "float32", torch.float16: "float16", torch.bfloat16: "bfloat16"}
 
@@ -150,7 +150,8 @@ def abort(code: int = 1) -> None:
 
 
 def _check_algorithm(algorithm: str) -> None:
-    if algorithm not in ALGORITHMS and not algorithm.startswith(("multicolor:", "multiring:", "shm:")):
+    if algorithm not in ALGORITHMS and not algorithm.startswith(
+            ("multicolor:", "multiring:", "shm:", "hierarchical:")):
         raise ValueError(f"algorithm: {algorithm!r} is not one of {ALGORITHMS}")
 
 
@@ -305,7 +306,9 @@ def allreduce_(tensor: torch.Tensor, average: bool = True,
     and returns it. float32, float16 or bfloat16 (half types are reduced in float32 and
     rounded once), CPU or CUDA; results are bitwise identical on every rank. ``algorithm``:
     ``auto`` (the cost model picks), ``shm`` (the ranks of one node meet in shared memory),
-    ``multicolor``, ``multiring``, ``ring``, ``rhd``, ``mpi`` (MPI_Allreduce in place).
+    ``hierarchical`` (``shm`` within each node, MPI_Allreduce between the nodes; also
+    ``hierarchical:ring`` / ``hierarchical:rhd``), ``multicolor``, ``multiring``, ``ring``,
+    ``rhd``, ``mpi`` (MPI_Allreduce in place).
     Every rank must make the same calls in the same order."""
     _validate(tensor, algorithm)
     comm = _comm_thread()

@@ -8,7 +8,7 @@ use std::time::Duration;
 use anyhow::{bail, Context, Result};
 use ddl_comm::calibrate::{calls_for, mean_call_time};
 use ddl_comm::World;
-use ddl_comm::{bf16, f16, Algorithm, Allreducer, CostModel, Element, Topology, Transport};
+use ddl_comm::{bf16, f16, Across, Algorithm, Allreducer, CostModel, Element, Topology, Transport};
 use serde::Serialize;
 
 use crate::size::parse_size;
@@ -378,6 +378,7 @@ pub fn simulate(
             dims: Vec::new(),
             segments: 0,
         },
+        Algorithm::hierarchical(Across::Mpi),
         Algorithm::Auto,
     ];
     let in_node = model.predict(&Algorithm::Ring, bytes, Topology::flat(gpus_per_node));

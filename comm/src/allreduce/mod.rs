@@ -1,6 +1,7 @@
 //! Allreduce algorithms over any [`Transport`] and the [`Allreducer`] entry point.
 
 mod element;
+pub mod hierarchical;
 pub(crate) mod multicolor;
 mod rhd;
 pub(crate) mod ring;
@@ -13,12 +14,13 @@ use std::sync::{Arc, Mutex};
 
 use half::{bf16, f16};
 
-use crate::algorithm::Algorithm;
+use crate::algorithm::{Across, Algorithm};
 use crate::cost::{auto_candidates, CostModel};
 use crate::error::{CommError, Result};
 use crate::topology::Topology;
 use crate::transport::Transport;
 pub use element::Element;
+use hierarchical::Hierarchical;
 use multicolor::MulticolorPlan;
 pub(crate) use ring::{MAX_DIMS, MAX_SEGMENTS};
 use shm::ShmAllreduce;
@@ -43,9 +45,13 @@ struct Scratch {
     steps: Vec<ring::Step>,
     /// The shared-memory region, once probed and found.
     shm: Option<ShmAllreduce>,
+    /// The node regions and peer groups of the hierarchical algorithm, once probed and found
+    /// (boxed: it holds an [`Allreducer`] of its own).
+    hierarchical: Option<Box<Hierarchical>>,
 }
 
-/// Whether the ranks share a node's memory: not yet probed, yes or no (same on all ranks).
+/// Whether the ranks of each node share its memory: not yet probed, yes or no (same on all
+/// ranks). On one node `shm` probes it, on several `hierarchical`.
 const SHM_UNKNOWN: u8 = 0;
 const SHM_YES: u8 = 1;
 const SHM_NO: u8 = 2;
@@ -64,7 +70,8 @@ pub struct Allreducer {
     dims: Vec<usize>,
     multicolor: Option<MulticolorPlan>,
     scratch: Mutex<Scratch>,
-    /// [`SHM_UNKNOWN`], [`SHM_YES`] or [`SHM_NO`]: known after the first `shm` call.
+    /// [`SHM_UNKNOWN`], [`SHM_YES`] or [`SHM_NO`]: known after the first `shm` or
+    /// `hierarchical` call.
     shm_probe: AtomicU8,
     /// `auto`'s choices by (bytes, shared memory allowed): the model is asked once per size.
     choices: Mutex<HashMap<(usize, bool), Algorithm>>,
@@ -157,11 +164,18 @@ impl Allreducer {
                     topology.nodes
                 )));
             }
-            if !(crate::shm::LINE..=MAX_SHM_CHUNK).contains(&chunk_bytes) {
-                return Err(CommError::InvalidArgument(format!(
-                    "shm needs chunks of {} bytes to {MAX_SHM_CHUNK} bytes, got {chunk_bytes}",
-                    crate::shm::LINE
-                )));
+            check_shm_chunk(chunk_bytes)?;
+        }
+        if let Algorithm::Hierarchical {
+            across,
+            chunk_bytes,
+        } = algorithm
+        {
+            check_shm_chunk(chunk_bytes)?;
+            if across == Across::Mpi && !transport.has_native_allreduce() {
+                return Err(CommError::Unsupported(
+                    "hierarchical:mpi needs the MPI transport (hierarchical:ring or hierarchical:rhd run on any)".into(),
+                ));
             }
         }
         if algorithm == Algorithm::Mpi && !transport.has_native_allreduce() {
@@ -263,6 +277,22 @@ impl Allreducer {
             }
             algorithm = self.resolve(4 * buf.len());
         }
+        if let Algorithm::Hierarchical {
+            across,
+            chunk_bytes,
+        } = algorithm
+        {
+            if let Some(h) = self.node_groups(&mut scratch.hierarchical, across, chunk_bytes)? {
+                return h.allreduce(buf, average);
+            }
+            if self.algorithm != Algorithm::Auto {
+                return Err(CommError::Unsupported(
+                    "the hierarchical algorithm needs the ranks of every node to share its memory, with a writable /dev/shm"
+                        .into(),
+                ));
+            }
+            algorithm = self.resolve(4 * buf.len());
+        }
         let Scratch {
             recv,
             widened,
@@ -309,14 +339,31 @@ impl Allreducer {
         chunk_bytes: usize,
     ) -> Result<Option<&'a mut ShmAllreduce>> {
         if self.shm_probe.load(Ordering::Relaxed) == SHM_UNKNOWN {
-            *slot = ShmAllreduce::create(&*self.transport, chunk_bytes)?;
+            *slot = ShmAllreduce::create(&*self.transport, chunk_bytes, 0)?;
             let found = if slot.is_some() { SHM_YES } else { SHM_NO };
             self.shm_probe.store(found, Ordering::Relaxed);
         }
         Ok(slot.as_mut())
     }
 
-    /// Runs `algorithm` (resolved, not `shm`) on an f32 buffer.
+    /// The hierarchical algorithm's groups, probed (collectively) on first use: `None` when
+    /// the ranks of some node do not share its memory.
+    fn node_groups<'a>(
+        &self,
+        slot: &'a mut Option<Box<Hierarchical>>,
+        across: Across,
+        chunk_bytes: usize,
+    ) -> Result<Option<&'a mut Box<Hierarchical>>> {
+        if self.shm_probe.load(Ordering::Relaxed) == SHM_UNKNOWN {
+            *slot = Hierarchical::create(&*self.transport, self.topology, across, chunk_bytes)?
+                .map(Box::new);
+            let found = if slot.is_some() { SHM_YES } else { SHM_NO };
+            self.shm_probe.store(found, Ordering::Relaxed);
+        }
+        Ok(slot.as_mut())
+    }
+
+    /// Runs `algorithm` (resolved, not `shm` nor `hierarchical`) on an f32 buffer.
     fn run(
         &self,
         algorithm: &Algorithm,
@@ -341,11 +388,24 @@ impl Allreducer {
                 multicolor::allreduce(t, plan, buf, recv)
             }
             Algorithm::Mpi => t.native_allreduce_f32(buf),
-            Algorithm::Shm { .. } | Algorithm::Auto => {
-                unreachable!("shm runs on its own path and resolve never returns auto")
+            Algorithm::Shm { .. } | Algorithm::Hierarchical { .. } | Algorithm::Auto => {
+                unreachable!(
+                    "shm and hierarchical run on their own paths and resolve never returns auto"
+                )
             }
         }
     }
+}
+
+/// Checks a chunk size of `shm` or `hierarchical`.
+fn check_shm_chunk(chunk_bytes: usize) -> Result<()> {
+    if !(crate::shm::LINE..=MAX_SHM_CHUNK).contains(&chunk_bytes) {
+        return Err(CommError::InvalidArgument(format!(
+            "shm needs chunks of {} bytes to {MAX_SHM_CHUNK} bytes, got {chunk_bytes}",
+            crate::shm::LINE
+        )));
+    }
+    Ok(())
 }
 
 /// `buf[i] /= p` (the mean of a sum over `p` ranks).

@@ -15,9 +15,14 @@
 //! order), so all ranks end bitwise identical. f16 and bf16 travel as themselves (half the
 //! bytes of f32) and are summed in f32 and rounded once.
 //!
+//! The same chunks serve as the node stage of the hierarchical allreduce
+//! ([`ShmAllreduce::allreduce_across`]): each rank's node sums of its part go between the
+//! nodes (in f32) before the others copy them; small buffers are one part, the first rank's,
+//! so that they cross the network once per node.
+//!
 //! Ranks synchronise through counters in their own segments (acquire / release atomics): how
 //! many chunks each has announced and summed. Slots are reused every [`SLOTS`] chunks (see
-//! [`ShmAllreduce::allreduce`] for why one wait per chunk suffices). A waiting rank spins
+//! [`ShmAllreduce::run`] for why one wait per chunk suffices). A waiting rank spins
 //! briefly, then yields its core. When the ranks outnumber the cores it does not spin, and
 //! after [`YIELDS`] yields it sleeps on the counter (a futex in the shared region, woken by
 //! the rank that publishes it): yielding ranks keep their cores busy, so the kernel never
@@ -80,7 +85,11 @@ const COUNTER_BYTES: usize = 2 * LINE;
 pub(crate) struct ShmAllreduce {
     region: SharedRegion,
     chunk_bytes: usize,
+    /// Bytes of each result slot.
     result_bytes: usize,
+    /// Buffers of up to this many bytes are summed by rank 0 alone in the hierarchical node
+    /// stage (0 for `shm`).
+    leader_bytes: usize,
     /// Polls before yielding ([`SPINS`], or 0 when the ranks outnumber the cores).
     spins: u32,
     /// Whether a waiting rank goes to sleep after [`YIELDS`] yields (the ranks outnumber
@@ -90,6 +99,35 @@ pub(crate) struct ShmAllreduce {
     chunks_started: u64,
     /// Where the inputs of the chunk being summed start (reused: no allocation per call).
     inputs: Vec<usize>,
+    /// This rank's node sums of its part, in f32, on their way between the nodes (reused).
+    wide: Vec<f32>,
+}
+
+/// The stage between the nodes of the hierarchical allreduce: sums a rank's node sums (f32)
+/// with its peers on the other nodes, in place.
+pub(crate) type Across<'a> = dyn FnMut(&mut [f32]) -> Result<()> + 'a;
+
+/// How a chunk is shared out among the ranks of the node.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Mode {
+    /// Every rank sums all of it, in the same order (one synchronisation per chunk).
+    Whole,
+    /// Each rank sums one part ([`aligned_part`]) and the others copy its sums.
+    Parts,
+    /// Rank 0 sums all of it and the others copy its sums.
+    Leader,
+}
+
+impl Mode {
+    /// The elements of a chunk of `len` that rank `q` of `p` sums.
+    fn part(self, len: usize, p: usize, q: usize) -> std::ops::Range<usize> {
+        match self {
+            Mode::Whole => 0..len,
+            Mode::Parts => aligned_part(len, p, q),
+            Mode::Leader if q == 0 => 0..len,
+            Mode::Leader => len..len,
+        }
+    }
 }
 
 impl std::fmt::Debug for ShmAllreduce {
@@ -110,11 +148,18 @@ fn aligned_part(len: usize, p: usize, i: usize) -> std::ops::Range<usize> {
 
 impl ShmAllreduce {
     /// Collective over `t`: the shared region for chunks of `chunk_bytes` per rank, or
-    /// `None` when the ranks do not all share one node's memory.
-    pub(crate) fn create(t: &dyn Transport, chunk_bytes: usize) -> Result<Option<ShmAllreduce>> {
+    /// `None` when the ranks do not all share one node's memory. With `leader_bytes`, the
+    /// hierarchical node stage ([`ShmAllreduce::allreduce_across`]) sums buffers of up to that
+    /// many bytes (and at most a chunk) on rank 0 alone, so its result slots hold them.
+    pub(crate) fn create(
+        t: &dyn Transport,
+        chunk_bytes: usize,
+        leader_bytes: usize,
+    ) -> Result<Option<ShmAllreduce>> {
         let chunk_bytes = chunk_bytes.max(LINE).div_ceil(LINE) * LINE;
-        // The largest part of a chunk, whatever the element size.
-        let result_bytes = (chunk_bytes / LINE).div_ceil(t.size()) * LINE;
+        let leader_bytes = leader_bytes.min(chunk_bytes);
+        // The largest part of a chunk, whatever the element size, or a leader's whole buffer.
+        let result_bytes = ((chunk_bytes / LINE).div_ceil(t.size()) * LINE).max(leader_bytes);
         let segment = COUNTER_BYTES + SLOTS * (chunk_bytes + result_bytes);
         let cores = std::thread::available_parallelism().map_or(1, |c| c.get());
         let oversubscribed = t.size() > cores;
@@ -124,10 +169,12 @@ impl ShmAllreduce {
                 region,
                 chunk_bytes,
                 result_bytes,
+                leader_bytes,
                 spins,
                 sleep: oversubscribed,
                 chunks_started: 0,
                 inputs: Vec::with_capacity(t.size()),
+                wide: Vec::new(),
             }),
         )
     }
@@ -229,10 +276,10 @@ impl ShmAllreduce {
 
     /// Copies the other ranks' sums of chunk `j` (rank q's part, from its result slot) into
     /// `chunk`.
-    fn copy_out<T: Element>(&self, p: usize, me: usize, j: u64, chunk: &mut [T]) {
+    fn copy_out<T: Element>(&self, mode: Mode, p: usize, me: usize, j: u64, chunk: &mut [T]) {
         let slot = (j % SLOTS as u64) as usize;
         for q in (0..p).filter(|&q| q != me) {
-            let r = aligned_part(chunk.len(), p, q);
+            let r = mode.part(chunk.len(), p, q);
             // SAFETY: rank q has published `Reduced` for chunk j, so its result slot holds
             // the sums of its part, and rewrites it only after this rank announces j + 2.
             unsafe {
@@ -247,21 +294,58 @@ impl ShmAllreduce {
 
     /// Sums `buf` over all ranks of `t` in place (divided by the rank count with `average`).
     /// Every rank must call it with the same length.
-    ///
-    /// Chunk j uses slot j % 2. A rank consumes what chunk j put in the slots (the inputs it
-    /// sums, the others' sums it copies out) before it announces chunk j + 2, and rewrites
-    /// its slots of chunk j only once every rank has announced j + 1 (inputs) or j + 2
-    /// (sums): so one wait per chunk suffices, and copying out chunk j - 1 overlaps the
-    /// other ranks' copying in of chunk j.
     pub(crate) fn allreduce<T: Element>(
         &mut self,
         t: &dyn Transport,
         buf: &mut [T],
         average: bool,
     ) -> Result<()> {
+        let mode = if std::mem::size_of_val(buf) <= WHOLE_BYTES {
+            Mode::Whole
+        } else {
+            Mode::Parts
+        };
+        self.run(t, buf, mode, average.then_some(t.size() as f32), None)
+    }
+
+    /// The node stage of the hierarchical allreduce: sums `buf` over the ranks of `t` (one
+    /// node) part by part, passes each rank's node sums of its part, in f32, to `across`
+    /// (which sums them between the nodes, in place), divides them by `scale` if given and
+    /// hands them back to every rank of `t`. Buffers of at most the region's `leader_bytes`
+    /// are one part, rank 0's; the other ranks' parts are empty and `across` is not called
+    /// for them. Every rank must call it with the same length.
+    pub(crate) fn allreduce_across<T: Element>(
+        &mut self,
+        t: &dyn Transport,
+        buf: &mut [T],
+        scale: Option<f32>,
+        across: &mut Across<'_>,
+    ) -> Result<()> {
+        let mode = if std::mem::size_of_val(buf) <= self.leader_bytes {
+            Mode::Leader
+        } else {
+            Mode::Parts
+        };
+        self.run(t, buf, mode, scale, Some(across))
+    }
+
+    /// Runs the chunks of `buf` through the region (see [`Mode`]): summed over the ranks,
+    /// through `across` if given, divided by `scale` if given.
+    ///
+    /// Chunk j uses slot j % 2. A rank consumes what chunk j put in the slots (the inputs it
+    /// sums, the others' sums it copies out) before it announces chunk j + 2, and rewrites
+    /// its slots of chunk j only once every rank has announced j + 1 (inputs) or j + 2
+    /// (sums): so one wait per chunk suffices, and copying out chunk j - 1 overlaps the
+    /// other ranks' copying in of chunk j.
+    fn run<T: Element>(
+        &mut self,
+        t: &dyn Transport,
+        buf: &mut [T],
+        mode: Mode,
+        scale: Option<f32>,
+        mut across: Option<&mut Across<'_>>,
+    ) -> Result<()> {
         let (p, me) = (t.size(), t.rank());
-        let whole = std::mem::size_of_val(buf) <= WHOLE_BYTES;
-        let scale = average.then_some(p as f32);
         let chunk_elems = self.chunk_bytes / std::mem::size_of::<T>();
         let mut pending: Option<&mut [T]> = None;
         for chunk in buf.chunks_mut(chunk_elems) {
@@ -269,14 +353,15 @@ impl ShmAllreduce {
             self.chunks_started += 1;
             let slot = (j % SLOTS as u64) as usize;
             let len = chunk.len();
-            // Whole: every rank needs all of the chunk. Otherwise the others need only the
-            // parts they sum; this rank sums its own part straight from its buffer.
-            let shared = |q: usize| whole || q != me;
-            for q in (0..p).filter(|&q| shared(q)) {
-                let r = if whole {
-                    0..len
-                } else {
-                    aligned_part(len, p, q)
+            // Whole: every rank needs all of the chunk, which it copies once. Otherwise the
+            // others need only the parts they sum; this rank sums its own part straight from
+            // its buffer.
+            for q in 0..p {
+                let r = match mode {
+                    Mode::Whole if q > 0 => break,
+                    Mode::Whole => 0..len,
+                    _ if q == me => continue,
+                    _ => mode.part(len, p, q),
                 };
                 // SAFETY: the slot holds chunk_bytes >= len elements, which every rank has
                 // consumed (it announced j - 1 since).
@@ -287,64 +372,89 @@ impl ShmAllreduce {
                         r.len(),
                     )
                 };
-                if whole {
-                    break;
-                }
             }
             self.publish(me, Counter::Announced, j + 1);
             if let Some(prev) = pending.take() {
                 self.wait_all(t, Counter::Reduced, j)?;
-                self.copy_out(p, me, j - 1, prev);
+                self.copy_out(mode, p, me, j - 1, prev);
             }
             self.wait_all(t, Counter::Announced, j + 1)?;
             let out = chunk.as_mut_ptr();
             let mut inputs = std::mem::take(&mut self.inputs);
             inputs.clear();
             inputs.extend((0..p).map(|q| {
-                if shared(q) {
+                if mode == Mode::Whole || q != me {
                     self.input::<u8>(q, slot) as usize
                 } else {
                     out as usize
                 }
             }));
-            if whole {
-                // SAFETY: every input slot holds this chunk's `len` elements, unchanged until
-                // this rank announces j + 1.
-                unsafe { reduce(&inputs, 0..len, out, None, scale) };
-            } else {
-                // SAFETY: as above; this rank's own part is read from `out` block by block
-                // before the block's sums are written; the result slot holds any part and
-                // every rank has consumed its previous contents (they announced j).
-                let mine = aligned_part(len, p, me);
-                unsafe { reduce(&inputs, mine, out, Some(self.result::<T>(me, slot)), scale) };
-                self.publish(me, Counter::Reduced, j + 1);
-                pending = Some(chunk);
+            let mine = mode.part(len, p, me);
+            let result = self.result::<T>(me, slot);
+            let store = |acc: &mut [f32], at: usize| {
+                if let Some(s) = scale {
+                    super::divide(acc, s);
+                }
+                // SAFETY: `out` holds the chunk; the result slot holds any part and every
+                // rank has consumed its previous contents (they announced j).
+                unsafe {
+                    T::narrow(acc, std::slice::from_raw_parts_mut(out.add(at), acc.len()));
+                    if mode != Mode::Whole {
+                        let slot = result.add(at - mine.start);
+                        T::narrow(acc, std::slice::from_raw_parts_mut(slot, acc.len()));
+                    }
+                }
+            };
+            match across.as_deref_mut() {
+                Some(across) if !mine.is_empty() => {
+                    let mut wide = std::mem::take(&mut self.wide);
+                    wide.resize(mine.len(), 0.0);
+                    // SAFETY: every input holds this chunk's elements, unchanged until this
+                    // rank announces j + 1; this rank's own part is read from `out` before
+                    // anything is written to it.
+                    unsafe {
+                        reduce::<T>(&inputs, mine.clone(), |acc, at| {
+                            wide[at - mine.start..][..acc.len()].copy_from_slice(acc)
+                        })
+                    };
+                    let crossed = across(&mut wide);
+                    if crossed.is_ok() {
+                        store(&mut wide, mine.start);
+                    }
+                    self.wide = wide;
+                    crossed?;
+                }
+                // SAFETY: as above; each block of the own part is read whole before its sums
+                // are written.
+                _ => unsafe { reduce::<T>(&inputs, mine.clone(), store) },
             }
             self.inputs = inputs;
+            if mode == Mode::Whole {
+                continue;
+            }
+            self.publish(me, Counter::Reduced, j + 1);
+            pending = Some(chunk);
         }
         if let Some(last) = pending {
             let j = self.chunks_started;
             self.wait_all(t, Counter::Reduced, j)?;
-            self.copy_out(p, me, j - 1, last);
+            self.copy_out(mode, p, me, j - 1, last);
         }
         Ok(())
     }
 }
 
 /// Sums elements `range` of every input (given as the address of its element 0) in input
-/// order, in f32, divides by `scale` if given, and writes the result into `out[range]` and,
-/// if given, to `result[..range.len()]`.
-/// An input may be `out` itself: each block is read whole before its sums are written.
+/// order, in f32, block by block, handing each block's sums and the index of its first element
+/// to `store`. An input may be where `store` writes: each block is read whole before `store`
+/// sees it.
 ///
 /// # Safety
-/// Every input and `out` must hold at least `range.end` elements that nobody else writes
-/// meanwhile, and `result` must hold `range.len()` elements that nobody else accesses.
+/// Every input must hold at least `range.end` elements that nobody else writes meanwhile.
 unsafe fn reduce<T: Element>(
     inputs: &[usize],
     range: std::ops::Range<usize>,
-    out: *mut T,
-    result: Option<*mut T>,
-    scale: Option<f32>,
+    mut store: impl FnMut(&mut [f32], usize),
 ) {
     let mut acc = [0f32; BLOCK];
     let mut start = range.start;
@@ -356,18 +466,7 @@ unsafe fn reduce<T: Element>(
         for q in 1..inputs.len() {
             T::add_to(acc, input(q));
         }
-        if let Some(s) = scale {
-            for v in acc.iter_mut() {
-                *v /= s;
-            }
-        }
-        T::narrow(acc, std::slice::from_raw_parts_mut(out.add(start), n));
-        if let Some(result) = result {
-            T::narrow(
-                acc,
-                std::slice::from_raw_parts_mut(result.add(start - range.start), n),
-            );
-        }
+        store(acc, start);
         start += n;
     }
 }

@@ -2,7 +2,8 @@
 //! also useful to validate a cluster's MPI set-up).
 //!
 //! `ddl-mpi-check allreduce`: every algorithm (`shm` across the processes of this node
-//! included) on awkward sizes (0, 1, < ranks, odd, 1 MiB + 3) compared bitwise with
+//! included, and at 4+ ranks `hierarchical` with the node's ranks posing as two nodes) on
+//! awkward sizes (0, 1, < ranks, odd, 1 MiB + 3) compared bitwise with
 //! MPI_Allreduce, f16 included; node layout sanity; split, barrier.
 //! `ddl-mpi-check timeout`: rank 0 receives from rank 1, which never sends: the receive must
 //! fail within the timeout with an error naming `recv` and `peer 1`.
@@ -16,7 +17,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use ddl_comm::World;
-use ddl_comm::{f16, Algorithm, Allreducer, CommError, Transport};
+use ddl_comm::{f16, Algorithm, Allreducer, CommError, Topology, Transport};
 
 /// Exit code of `ddl-mpi-check abort`: distinctive, so that a crash or a timeout cannot pass
 /// for it.
@@ -37,7 +38,7 @@ fn allreduce_checks(world: &World) -> Result<(), String> {
     if world.node_index() >= world.node_count() || world.local_rank() >= world.local_size() {
         return Err(format!("bad node layout {world:?}"));
     }
-    let mut algos: Vec<Algorithm> = [
+    let mut algos: Vec<(Algorithm, Topology)> = [
         "ring",
         "rhd",
         "multicolor",
@@ -49,24 +50,38 @@ fn allreduce_checks(world: &World) -> Result<(), String> {
         "mpi",
     ]
     .iter()
-    .map(|s| s.parse().expect("known algorithm"))
+    .map(|s| (s.parse().expect("known algorithm"), world.topology()))
     .collect();
     if p == 4 {
-        algos.push(Algorithm::Multiring {
-            dims: vec![2, 2],
-            segments: 0,
-        });
-        algos.push(Algorithm::Multiring {
-            dims: vec![2, 2],
-            segments: 3,
-        });
+        for segments in [0, 3] {
+            algos.push((
+                Algorithm::Multiring {
+                    dims: vec![2, 2],
+                    segments,
+                },
+                world.topology(),
+            ));
+        }
+    }
+    if p >= 4 && p % 2 == 0 {
+        // This node's ranks posing as two nodes: each half meets in its own shared region,
+        // and the ranks of equal local index reduce between the halves over MPI.
+        let halves = Topology::new(2, p / 2);
+        for name in [
+            "hierarchical",
+            "hierarchical:ring",
+            "hierarchical:rhd:4096",
+            "auto",
+        ] {
+            algos.push((name.parse().expect("known algorithm"), halves));
+        }
     }
     let sizes = [0, 1, p.saturating_sub(1), 2 * p + 1, 1001, (1 << 18) + 3];
     let mpi =
         Allreducer::new(t.clone(), Algorithm::Mpi, world.topology()).map_err(|e| e.to_string())?;
-    for algo in &algos {
-        let ar = Allreducer::new(t.clone(), algo.clone(), world.topology())
-            .map_err(|e| e.to_string())?;
+    for (algo, topology) in &algos {
+        let ar = Allreducer::new(t.clone(), algo.clone(), *topology).map_err(|e| e.to_string())?;
+        let algo = format!("{algo} over {}x{}", topology.nodes, topology.ranks_per_node);
         for (salt, &len) in sizes.iter().enumerate() {
             let mut expect = input(world.rank(), len, salt);
             mpi.allreduce_f32(&mut expect, false)
