@@ -23,8 +23,9 @@ import statistics
 import sys
 from collections import defaultdict
 
-ORDER = ["mpi-c", "ring", "rhd", "multicolor", "multiring", "shm", "mpi", "auto", "gloo"]
-DDL = ["ring", "rhd", "multicolor", "multiring", "shm", "mpi"]
+ORDER = ["mpi-c", "ring", "rhd", "multicolor", "multiring", "shm", "hierarchical", "mpi", "auto",
+         "gloo"]
+DDL = ["ring", "rhd", "multicolor", "multiring", "shm", "hierarchical", "mpi"]
 
 
 def size(b):
