@@ -70,7 +70,7 @@ enum Cmd {
         /// powers of 1000).
         #[arg(long, default_value = "64MiB", value_parser = bench::parse_message_bytes)]
         max_bytes: usize,
-        /// Sweeps over all sizes (ring curves, auto's candidates); per size the lower quartile.
+        /// Sweeps over all sizes (ring curves, auto's candidates); per size the median.
         #[arg(long, default_value_t = 5, value_parser = clap::value_parser!(u64).range(1..))]
         passes: u64,
     },
