@@ -170,7 +170,7 @@ impl FromStr for Algorithm {
     type Err = CommError;
 
     /// Parses `ring`, `rhd`, `mpi`, `auto`, `shm[:CHUNK_BYTES]`,
-    /// `hierarchical[:ring|rhd|mpi[:CHUNK_BYTES]]` (`mpi` between the nodes by default),
+    /// `hierarchical[:ring|rhd|mpi[:CHUNK_BYTES]]` (rhd between the nodes by default),
     /// `multicolor[:COLORS[:CHUNK_BYTES]]` and
     /// `multiring[:D1xD2x...[:SEGMENTS]]` (e.g. `multiring:4x8x8`, `multiring:4x2:8`, or
     /// `multiring::8` for the topology's dimensions in 8 segments).
@@ -188,11 +188,11 @@ impl FromStr for Algorithm {
                 chunk_bytes: parse_usize(c, "chunk bytes")?,
             }),
             ("hierarchical", rest) => {
-                let mut it = rest.unwrap_or("mpi").splitn(2, ':');
+                let mut it = rest.unwrap_or("rhd").splitn(2, ':');
                 let across = match it.next().unwrap_or("").to_ascii_lowercase().as_str() {
                     "ring" => Across::Ring,
-                    "rhd" => Across::Rhd,
-                    "mpi" | "" => Across::Mpi,
+                    "rhd" | "" => Across::Rhd,
+                    "mpi" => Across::Mpi,
                     other => {
                         return Err(CommError::InvalidArgument(format!(
                             "hierarchical: {other:?} cannot run between the nodes (expected ring, rhd or mpi)"

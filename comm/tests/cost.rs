@@ -286,7 +286,8 @@ fn a_measured_curve_is_the_prediction_in_its_layout() {
 fn auto_picks_the_fastest_measured_algorithm_over_the_formulas() {
     // The emulated 2 x 4 cluster's miss: the formulas made rhd the fastest at 1 MiB, where it
     // took 17.5 ms and mpi 14.4. With every candidate measured, auto follows the measurements
-    // at and between the measured sizes.
+    // at and between the measured sizes: the hierarchical algorithm with MPI_Allreduce
+    // between the nodes for small buffers, with rhd at 1 MiB, multiring at the top.
     let mut m = two_tier();
     let topo = Topology::new(2, 4);
     let sizes = [4 << 10, 64 << 10, 1 << 20, 16 << 20];
@@ -296,50 +297,55 @@ fn auto_picks_the_fastest_measured_algorithm_over_the_formulas() {
         ("multiring", [294e-6, 573e-6, 18.2e-3, 155e-3]),
         ("multicolor:4:1048576", [161e-6, 600e-6, 19e-3, 165e-3]),
         ("mpi", [155e-6, 561e-6, 14.4e-3, 236e-3]),
-        ("hierarchical:mpi", [300e-6, 900e-6, 20e-3, 140e-3]),
-        ("hierarchical:rhd", [400e-6, 1.2e-3, 25e-3, 170e-3]),
+        ("hierarchical:mpi", [114e-6, 550e-6, 12.7e-3, 176e-3]),
+        ("hierarchical:rhd", [130e-6, 560e-6, 9.0e-3, 180e-3]),
     ];
     let candidates = ddl_comm::auto_candidates(topo, true, true);
     let names: Vec<String> = candidates.iter().map(|a| a.to_string()).collect();
-    assert_eq!(
-        names,
-        [
-            "ring",
-            "rhd",
-            "multiring",
-            "multicolor:4:1048576",
-            "hierarchical:mpi",
-            "mpi"
-        ],
-        "no shm across nodes"
-    );
+    let expected = [
+        "ring",
+        "rhd",
+        "multiring",
+        "multicolor:4:1048576",
+        "hierarchical:rhd",
+        "hierarchical:mpi",
+        "mpi",
+    ];
+    assert_eq!(names, expected, "no shm across nodes");
     for (name, t) in times {
         m.measured
             .push(curve(name, 2, 4, sizes.iter().copied().zip(t).collect()));
     }
     let choose = |bytes: usize| m.choose_among(bytes, topo, &candidates).to_string();
-    assert_eq!(choose(4 << 10), "mpi");
-    assert_eq!(choose(64 << 10), "rhd");
-    assert_eq!(choose(1 << 20), "mpi");
-    assert_eq!(choose(16 << 20), "hierarchical:mpi");
-    // Between 1 and 16 MiB the curves cross: mpi first, hierarchical at the top.
-    assert_eq!(choose(2 << 20), "mpi");
-    assert_eq!(choose(12 << 20), "hierarchical:mpi");
+    assert_eq!(choose(4 << 10), "hierarchical:mpi");
+    assert_eq!(choose(64 << 10), "hierarchical:mpi");
+    assert_eq!(choose(1 << 20), "hierarchical:rhd");
+    assert_eq!(choose(16 << 20), "multiring");
+    // Between 1 and 16 MiB the curves cross: hierarchical first, multiring at the top.
+    assert_eq!(choose(2 << 20), "hierarchical:rhd");
+    assert_eq!(choose(12 << 20), "multiring");
     // Where the nodes' ranks were found not to share memory, hierarchical is no candidate.
     let apart = ddl_comm::auto_candidates(topo, false, true);
-    assert_eq!(
-        m.choose_among(16 << 20, topo, &apart).to_string(),
-        "multiring"
-    );
-    // Without MPI's own allreduce (the thread transport) mpi is no candidate, and the
-    // hierarchical algorithm runs rhd between the nodes.
+    assert_eq!(m.choose_among(4 << 10, topo, &apart).to_string(), "mpi");
+    assert_eq!(m.choose_among(1 << 20, topo, &apart).to_string(), "mpi");
+    // Without MPI's own allreduce (the thread transport) neither mpi nor hierarchical:mpi is
+    // a candidate.
     let no_mpi = ddl_comm::auto_candidates(topo, true, false);
-    assert!(no_mpi.contains(&"hierarchical:rhd".parse().expect("name")));
+    let no_mpi_names: Vec<String> = no_mpi.iter().map(|a| a.to_string()).collect();
+    assert_eq!(no_mpi_names, expected[..5]);
     assert_eq!(
         m.choose_among(4 << 10, topo, &no_mpi).to_string(),
+        "hierarchical:rhd"
+    );
+    let apart_no_mpi = ddl_comm::auto_candidates(topo, false, false);
+    assert_eq!(
+        m.choose_among(4 << 10, topo, &apart_no_mpi).to_string(),
         "multicolor:4:1048576"
     );
-    assert_eq!(m.choose_among(1 << 20, topo, &no_mpi).to_string(), "ring");
+    assert_eq!(
+        m.choose_among(1 << 20, topo, &apart_no_mpi).to_string(),
+        "ring"
+    );
 }
 
 #[test]

@@ -164,7 +164,8 @@ fn what_it_cannot_run_is_refused_by_name() {
 #[test]
 fn names_parse_and_print() {
     for (text, across, chunk_bytes, printed) in [
-        ("hierarchical", Across::Mpi, 4 << 20, "hierarchical:mpi"),
+        ("hierarchical", Across::Rhd, 4 << 20, "hierarchical:rhd"),
+        ("hierarchical:mpi", Across::Mpi, 4 << 20, "hierarchical:mpi"),
         (
             "hierarchical:ring",
             Across::Ring,

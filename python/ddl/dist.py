@@ -306,8 +306,8 @@ def allreduce_(tensor: torch.Tensor, average: bool = True,
     and returns it. float32, float16 or bfloat16 (half types are reduced in float32 and
     rounded once), CPU or CUDA; results are bitwise identical on every rank. ``algorithm``:
     ``auto`` (the cost model picks), ``shm`` (the ranks of one node meet in shared memory),
-    ``hierarchical`` (``shm`` within each node, MPI_Allreduce between the nodes; also
-    ``hierarchical:ring`` / ``hierarchical:rhd``), ``multicolor``, ``multiring``, ``ring``,
+    ``hierarchical`` (``shm`` within each node, ``rhd`` between the nodes; also
+    ``hierarchical:mpi`` / ``hierarchical:ring``), ``multicolor``, ``multiring``, ``ring``,
     ``rhd``, ``mpi`` (MPI_Allreduce in place).
     Every rank must make the same calls in the same order."""
     _validate(tensor, algorithm)

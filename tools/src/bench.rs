@@ -378,7 +378,7 @@ pub fn simulate(
             dims: Vec::new(),
             segments: 0,
         },
-        Algorithm::hierarchical(Across::Mpi),
+        Algorithm::hierarchical(Across::Rhd),
         Algorithm::Auto,
     ];
     let in_node = model.predict(&Algorithm::Ring, bytes, Topology::flat(gpus_per_node));

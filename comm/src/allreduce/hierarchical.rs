@@ -1,4 +1,4 @@
-//! The hierarchical allreduce: `shm` within each node, ring / rhd / MPI_Allreduce between
+//! The hierarchical allreduce: `shm` within each node, rhd / ring / MPI_Allreduce between
 //! the nodes, `shm` back.
 //!
 //! Each node's ranks meet in their node's shared region ([`ShmAllreduce`]). Chunk by chunk,

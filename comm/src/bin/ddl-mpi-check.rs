@@ -69,6 +69,7 @@ fn allreduce_checks(world: &World) -> Result<(), String> {
         let halves = Topology::new(2, p / 2);
         for name in [
             "hierarchical",
+            "hierarchical:mpi",
             "hierarchical:ring",
             "hierarchical:rhd:4096",
             "auto",
