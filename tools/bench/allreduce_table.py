@@ -23,9 +23,17 @@ import statistics
 import sys
 from collections import defaultdict
 
-ORDER = ["mpi-c", "ring", "rhd", "multicolor", "multiring", "shm", "hierarchical", "mpi", "auto",
-         "gloo"]
-DDL = ["ring", "rhd", "multicolor", "multiring", "shm", "hierarchical", "mpi"]
+HIERARCHICAL = ["hierarchical:rhd", "hierarchical:mpi", "hierarchical:ring"]
+ORDER = ["mpi-c", "ring", "rhd", "multicolor", "multiring", "shm"] + HIERARCHICAL + \
+    ["mpi", "auto", "gloo"]
+DDL = ["ring", "rhd", "multicolor", "multiring", "shm"] + HIERARCHICAL + ["mpi"]
+
+
+def family(name):
+    """An algorithm's column: its name without parameters, but for the hierarchical
+    algorithm with what runs between the nodes (`hierarchical:rhd`)."""
+    parts = name.split(":")
+    return ":".join(parts[:2]) if parts[0] == "hierarchical" else parts[0]
 
 
 def size(b):
@@ -55,14 +63,14 @@ def main(paths):
             continue
         for line in lines:
             r = json.loads(line)
-            algo = r["algo"].split(":")[0]
+            algo = family(r["algo"])
             key = (r["ranks"], r["bytes"], algo)
             times[key].append(r["time_us"])
             correct[key] = correct[key] and r["correct"]
             if "pass_us" in r:
                 bound[(r["ranks"], r["bytes"])].append(r["pass_us"])
             if r.get("resolved"):
-                resolved[key].add(r["resolved"].split(":")[0])
+                resolved[key].add(family(r["resolved"]))
     med = {k: statistics.median(v) for k, v in times.items()}
     for np_ in sorted({k[0] for k in med}):
         algos = [a for a in ORDER if any(k[0] == np_ and k[2] == a for k in med)]
