@@ -618,10 +618,11 @@ impl CostModel {
 /// The algorithms `auto` chooses between over `topo`: ring, rhd, multiring over the topology
 /// and multicolor with default parameters; where `shared_memory` (each node's ranks were found
 /// to share its memory, or have not been probed yet), `shm` when all ranks are on one node
-/// and `hierarchical` when several nodes hold several ranks each, with rhd between the nodes
-/// and, when `native_allreduce` (the transport is MPI's), with `mpi` (faster for small
-/// messages, 1.4x slower at 1 MiB on the 2 x 4 cluster: Open MPI's two-rank ring over TCP);
-/// `mpi` when `native_allreduce`. When `auto` runs `mpi` it blocks in
+/// and `hierarchical` (rhd between the nodes) when several nodes hold several ranks each;
+/// `mpi` when `native_allreduce` (the transport is MPI's). Not `hierarchical:mpi`: on the
+/// 2 x 4 cluster it ran within 10% of `hierarchical` at 4-256 KiB and 1.35x slower at 1 MiB
+/// in the benchmark (Open MPI's two-rank ring over TCP, 12.7 against 9.4 ms), yet at 8.9 ms
+/// in calibration's short passes, so `auto` would take it where it loses. When `auto` runs `mpi` it blocks in
 /// MPI_Allreduce without ddl's operation timeout: a rank that dies still ends the job through
 /// mpirun (Open MPI's default), but one that stalls alive stalls the others, where the other
 /// algorithms fail after the timeout naming it.
@@ -647,9 +648,6 @@ pub fn auto_candidates(
     }
     if shared_memory && topo.nodes > 1 && topo.ranks_per_node > 1 {
         candidates.push(Algorithm::hierarchical(Across::Rhd));
-        if native_allreduce {
-            candidates.push(Algorithm::hierarchical(Across::Mpi));
-        }
     }
     if native_allreduce {
         candidates.push(Algorithm::Mpi);

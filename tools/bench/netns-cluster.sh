@@ -119,7 +119,7 @@ bench() {
       --iters "${NETNS_ITERS:-5}" --warmup 1 --step-factor "${NETNS_STEP_FACTOR:-4}" \
       | grep '^{' >> "$out/allreduce-netns-c.jsonl"
     echo "netns-cluster: allreduce table, run $run (measured vs the model's prediction)"
-    run_mpi "$np" "$bin" allreduce --algos "${NETNS_ALGOS:-ring,rhd,multicolor,multiring,hierarchical,mpi,auto}" \
+    run_mpi "$np" "$bin" allreduce --algos "${NETNS_ALGOS:-ring,rhd,multicolor,multiring,hierarchical,hierarchical:mpi,mpi,auto}" \
       --min-bytes "${NETNS_MIN_BYTES:-1MiB}" --max-bytes "${NETNS_MAX_BYTES:-64MiB}" --iters "${NETNS_ITERS:-5}" \
       --step-factor "${NETNS_STEP_FACTOR:-4}" --warmup 1 --model-file "$out/netns-model.json" --json | grep '^{' >> "$out/allreduce-netns.jsonl"
   done

@@ -47,11 +47,10 @@ pub(crate) struct Hierarchical {
     shm: ShmAllreduce,
     /// Its chunk per rank, in bytes (as asked for).
     chunk_bytes: usize,
-    /// This rank and its peers (same local index) on the other nodes.
-    peers: Arc<dyn Transport>,
-    /// The allreducers over `peers`, one per algorithm asked for between the nodes (`auto`
-    /// runs rhd at some sizes and MPI_Allreduce at others), made on first use.
-    across: Vec<(Across, Allreducer)>,
+    /// The algorithm between the nodes.
+    across: Across,
+    /// The allreduce between this rank and its peers (same local index) on the other nodes.
+    peers: Allreducer,
     /// Ranks in all (what a mean divides by).
     ranks: usize,
 }
@@ -60,19 +59,20 @@ impl std::fmt::Debug for Hierarchical {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Hierarchical")
             .field("node_ranks", &self.node.size())
-            .field("nodes", &self.peers.size())
             .field("chunk_bytes", &self.chunk_bytes)
+            .field("peers", &self.peers)
             .finish()
     }
 }
 
 impl Hierarchical {
     /// Collective over `t` laid out as `topology`: the node groups, their shared regions for
-    /// chunks of `chunk_bytes` and the peer groups, or `None` (on every rank) when some node's
-    /// ranks do not share memory.
+    /// chunks of `chunk_bytes` and the peer groups reducing with `across`, or `None` (on every
+    /// rank) when some node's ranks do not share memory.
     pub(crate) fn create(
         t: &dyn Transport,
         topology: Topology,
+        across: Across,
         chunk_bytes: usize,
     ) -> Result<Option<Hierarchical>> {
         let me = t.rank();
@@ -83,47 +83,39 @@ impl Hierarchical {
         if !collective::all(t, shm.is_some())? {
             return Ok(None);
         }
+        let peers = Allreducer::new(peers, across.algorithm(), Topology::flat(topology.nodes))?;
         Ok(shm.map(|shm| Hierarchical {
             node,
             shm,
             chunk_bytes,
+            across,
             peers,
-            across: Vec::new(),
             ranks: t.size(),
         }))
     }
 
-    /// The chunk per rank its region was made for.
-    pub(crate) fn chunk_bytes(&self) -> usize {
-        self.chunk_bytes
+    /// Whether it runs `across` between the nodes in chunks of `chunk_bytes`.
+    pub(crate) fn runs(&self, across: Across, chunk_bytes: usize) -> bool {
+        self.across == across && self.chunk_bytes == chunk_bytes
     }
 
-    /// Sums `buf` over all ranks in place (divided by the rank count with `average`), with
-    /// `across` between the nodes.
-    pub(crate) fn allreduce<T: Element>(
-        &mut self,
-        across: Across,
-        buf: &mut [T],
-        average: bool,
-    ) -> Result<()> {
-        let i = match self.across.iter().position(|(a, _)| *a == across) {
-            Some(i) => i,
-            None => {
-                let nodes = Topology::flat(self.peers.size());
-                let ar = Allreducer::new(self.peers.clone(), across.algorithm(), nodes)?;
-                self.across.push((across, ar));
-                self.across.len() - 1
-            }
-        };
-        let peers = &self.across[i].1;
-        if self.peers.size() == 1 {
-            return self.shm.allreduce(&*self.node, buf, average);
+    /// Sums `buf` over all ranks in place (divided by the rank count with `average`).
+    pub(crate) fn allreduce<T: Element>(&mut self, buf: &mut [T], average: bool) -> Result<()> {
+        let Hierarchical {
+            node,
+            shm,
+            peers,
+            ranks,
+            ..
+        } = self;
+        if peers.transport().size() == 1 {
+            return shm.allreduce(&**node, buf, average);
         }
-        if self.node.size() == 1 {
+        if node.size() == 1 {
             return peers.allreduce(buf, average);
         }
-        let scale = average.then_some(self.ranks as f32);
-        self.shm.allreduce_across(&*self.node, buf, scale, &mut |sums| {
+        let scale = average.then_some(*ranks as f32);
+        shm.allreduce_across(&**node, buf, scale, &mut |sums| {
             peers.allreduce_f32(sums, false)
         })
     }

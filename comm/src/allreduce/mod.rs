@@ -282,8 +282,8 @@ impl Allreducer {
             chunk_bytes,
         } = algorithm
         {
-            if let Some(h) = self.node_groups(&mut scratch.hierarchical, chunk_bytes)? {
-                return h.allreduce(across, buf, average);
+            if let Some(h) = self.node_groups(&mut scratch.hierarchical, across, chunk_bytes)? {
+                return h.allreduce(buf, average);
             }
             if self.algorithm != Algorithm::Auto {
                 return Err(CommError::Unsupported(
@@ -346,18 +346,19 @@ impl Allreducer {
         Ok(slot.as_mut())
     }
 
-    /// The hierarchical algorithm's groups and node regions for chunks of `chunk_bytes`,
-    /// probed (collectively) on first use and made anew (collectively: every rank resolves
-    /// the same algorithm) for another chunk: `None` when the ranks of some node do not share
+    /// The hierarchical algorithm's groups and node regions, probed (collectively) on first
+    /// use and made anew (collectively: every rank resolves the same algorithm) for another
+    /// algorithm between the nodes or chunk: `None` when the ranks of some node do not share
     /// its memory.
     fn node_groups<'a>(
         &self,
         slot: &'a mut Option<Box<Hierarchical>>,
+        across: Across,
         chunk_bytes: usize,
     ) -> Result<Option<&'a mut Box<Hierarchical>>> {
-        let stale = slot.as_ref().is_none_or(|h| h.chunk_bytes() != chunk_bytes);
+        let stale = slot.as_ref().is_none_or(|h| !h.runs(across, chunk_bytes));
         if stale && self.shm_probe.load(Ordering::Relaxed) != SHM_NO {
-            *slot = Hierarchical::create(&*self.transport, self.topology, chunk_bytes)?
+            *slot = Hierarchical::create(&*self.transport, self.topology, across, chunk_bytes)?
                 .map(Box::new);
             let found = if slot.is_some() { SHM_YES } else { SHM_NO };
             self.shm_probe.store(found, Ordering::Relaxed);
