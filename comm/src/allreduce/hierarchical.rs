@@ -27,14 +27,14 @@ use crate::transport::Transport;
 
 /// Default chunk per rank of the node stage, in bytes: each chunk's parts cross between the
 /// nodes in one blocking allreduce per rank, so chunks pay that latency. On the emulated
-/// 2 x 4 cluster (1 Gbit/s links) 16 MiB took 290 ms in chunks of 512 KiB, 216 in 2 MiB,
-/// 186 in 4 MiB and 190 in 8 MiB (4 MiB: 93, 60, 50, 49 ms).
+/// 2 x 4 cluster (1 Gbit/s links, MPI_Allreduce between the nodes) 16 MiB took 290 ms in
+/// chunks of 512 KiB, 216 in 2 MiB, 186 in 4 MiB and 190 in 8 MiB (4 MiB: 93, 60, 50, 49 ms).
 pub const DEFAULT_CHUNK_BYTES: usize = 4 << 20;
 
 /// Buffers of at most this many bytes (and at most a chunk) cross between the nodes once,
 /// from each node's first rank; larger ones in one part per rank. On the emulated 2 x 4
-/// cluster (8 ranks on 2 cores, 1 Gbit/s links; two launches each, ms) one rank per node
-/// against all four: 0.5 MiB 4.7-5.3 against 7.8-8.3, 1 MiB 11.9-13.5 against 19.4-19.9,
+/// cluster (8 ranks on 2 cores, 1 Gbit/s links, MPI_Allreduce between the nodes; two
+/// launches each, ms) one rank per node against all four: 0.5 MiB 4.7-5.3 against 7.8-8.3, 1 MiB 11.9-13.5 against 19.4-19.9,
 /// 2 MiB 26-29 against 29; level at 128-256 KiB.
 pub const LEADER_BYTES: usize = 1 << 20;
 
