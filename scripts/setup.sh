@@ -54,12 +54,12 @@ if ! have_torch; then
   python=${PYTHON:-python3}
   command -v "$python" >/dev/null || die "python3 not found"
   [ -x "$venv/bin/python" ] || "$python" -m venv "$venv" || die "could not create the virtualenv $venv (python3-venv missing?)"
-  # torch with its CUDA libraries takes about 7 GB installed; pip's cache would keep another
-  # copy of every wheel, so it is not used.
-  need_kb=$((9 * 1024 * 1024))
+  # torch with its CUDA libraries takes about 5 GB installed and 8 GB while its wheels are
+  # unpacked; pip's cache would keep another copy of every wheel, so it is not used.
+  need_kb=$((8 * 1024 * 1024))
   free_kb=$(df -Pk "$venv" | awk 'NR == 2 { print $4 }')
-  [ "$free_kb" -ge "$need_kb" ] || die "torch==$torch_version needs about 9 GB free for $venv; $(df -Ph "$venv" | awk 'NR == 2 { print $4 " are free on " $6 }')"
-  echo "setup: installing torch==$torch_version into $venv (about 7 GB, once)" >&2
+  [ "$free_kb" -ge "$need_kb" ] || die "torch==$torch_version needs about 8 GB free for $venv; $(df -Ph "$venv" | awk 'NR == 2 { print $4 " are free on " $6 }')"
+  echo "setup: installing torch==$torch_version into $venv (about 5 GB, once)" >&2
   "$venv/bin/pip" install -q --no-cache-dir --disable-pip-version-check "torch==$torch_version" || die "pip install torch==$torch_version failed"
   have_torch || die "torch $torch_version is not importable from $venv"
 fi
