@@ -622,10 +622,10 @@ impl CostModel {
 /// `mpi` when `native_allreduce` (the transport is MPI's). Not `hierarchical:mpi`: on the
 /// 2 x 4 cluster it ran within 10% of `hierarchical` at 4-256 KiB and 1.35x slower at 1 MiB
 /// in the benchmark (Open MPI's two-rank ring over TCP, 12.7 against 9.4 ms), yet at 8.9 ms
-/// in calibration's short passes, so `auto` would take it where it loses. When `auto` runs `mpi` it blocks in
-/// MPI_Allreduce without ddl's operation timeout: a rank that dies still ends the job through
-/// mpirun (Open MPI's default), but one that stalls alive stalls the others, where the other
-/// algorithms fail after the timeout naming it.
+/// in calibration's short passes, so `auto` would take it where it loses. When `auto` runs
+/// `mpi` it blocks in MPI_Allreduce without ddl's operation timeout: a rank that dies still
+/// ends the job through mpirun (Open MPI's default), but one that stalls alive stalls the
+/// others, where the other algorithms fail after the timeout naming it.
 pub fn auto_candidates(
     topo: Topology,
     shared_memory: bool,

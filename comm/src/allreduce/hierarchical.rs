@@ -34,8 +34,8 @@ pub const DEFAULT_CHUNK_BYTES: usize = 4 << 20;
 /// Buffers of at most this many bytes (and at most a chunk) cross between the nodes once,
 /// from each node's first rank; larger ones in one part per rank. On the emulated 2 x 4
 /// cluster (8 ranks on 2 cores, 1 Gbit/s links, MPI_Allreduce between the nodes; two
-/// launches each, ms) one rank per node against all four: 0.5 MiB 4.7-5.3 against 7.8-8.3, 1 MiB 11.9-13.5 against 19.4-19.9,
-/// 2 MiB 26-29 against 29; level at 128-256 KiB.
+/// launches each, ms) one rank per node against all four: 0.5 MiB 4.7-5.3 against 7.8-8.3,
+/// 1 MiB 11.9-13.5 against 19.4-19.9, 2 MiB 26-29 against 29; level at 128-256 KiB.
 pub const LEADER_BYTES: usize = 1 << 20;
 
 /// One rank's share of the hierarchical allreduce: its node's group and region, and its
@@ -45,10 +45,8 @@ pub(crate) struct Hierarchical {
     node: Box<dyn Transport>,
     /// The node's shared region.
     shm: ShmAllreduce,
-    /// Its chunk per rank, in bytes (as asked for).
+    /// Its chunk per rank, in bytes (as asked for: the region rounds it).
     chunk_bytes: usize,
-    /// The algorithm between the nodes.
-    across: Across,
     /// The allreduce between this rank and its peers (same local index) on the other nodes.
     peers: Allreducer,
     /// Ranks in all (what a mean divides by).
@@ -88,7 +86,6 @@ impl Hierarchical {
             node,
             shm,
             chunk_bytes,
-            across,
             peers,
             ranks: t.size(),
         }))
@@ -96,7 +93,7 @@ impl Hierarchical {
 
     /// Whether it runs `across` between the nodes in chunks of `chunk_bytes`.
     pub(crate) fn runs(&self, across: Across, chunk_bytes: usize) -> bool {
-        self.across == across && self.chunk_bytes == chunk_bytes
+        *self.peers.algorithm() == across.algorithm() && self.chunk_bytes == chunk_bytes
     }
 
     /// Sums `buf` over all ranks in place (divided by the rank count with `average`).

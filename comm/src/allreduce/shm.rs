@@ -105,7 +105,7 @@ pub(crate) struct ShmAllreduce {
 
 /// The stage between the nodes of the hierarchical allreduce: sums a rank's node sums (f32)
 /// with its peers on the other nodes, in place.
-pub(crate) type Across<'a> = dyn FnMut(&mut [f32]) -> Result<()> + 'a;
+pub(crate) type AcrossNodes<'a> = dyn FnMut(&mut [f32]) -> Result<()> + 'a;
 
 /// How a chunk is shared out among the ranks of the node.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -319,7 +319,7 @@ impl ShmAllreduce {
         t: &dyn Transport,
         buf: &mut [T],
         scale: Option<f32>,
-        across: &mut Across<'_>,
+        across: &mut AcrossNodes<'_>,
     ) -> Result<()> {
         let mode = if std::mem::size_of_val(buf) <= self.leader_bytes {
             Mode::Leader
@@ -343,7 +343,7 @@ impl ShmAllreduce {
         buf: &mut [T],
         mode: Mode,
         scale: Option<f32>,
-        mut across: Option<&mut Across<'_>>,
+        mut across: Option<&mut AcrossNodes<'_>>,
     ) -> Result<()> {
         let (p, me) = (t.size(), t.rank());
         let chunk_elems = self.chunk_bytes / std::mem::size_of::<T>();
