@@ -17,6 +17,7 @@ pub mod algorithm;
 pub mod allreduce;
 pub mod calibrate;
 pub mod collective;
+pub mod cores;
 pub mod cost;
 pub mod error;
 pub mod mpi;

@@ -8,7 +8,7 @@
 //! caller must end it with [`World::abort`](crate::world::World::abort).
 //!
 //! Polling: while every rank has a core of its own, a waiting rank spins on `MPI_Test`
-//! (lowest latency). When a node runs more ranks than the machine has cores (oversubscribed,
+//! (lowest latency). When a node runs more ranks than they have cores together (oversubscribed,
 //! or an emulated cluster on one machine), spinning ranks steal the cores of the ranks that
 //! copy and reduce, so a rank that has waited for a while sleeps between polls, for about a
 //! sixteenth of the time it has waited so far (at most [`MAX_IDLE_SLEEP`]). [`World`](crate::world::World) picks
@@ -64,8 +64,9 @@ pub enum Polling {
 }
 
 impl Polling {
-    /// The mode for `ranks_on_node` ranks sharing `cores` cores: `DDL_COMM_POLL` (`spin` or
-    /// `backoff`) if set, otherwise backoff exactly when the ranks outnumber the cores.
+    /// The mode for `ranks_on_node` ranks that may run on `cores` cores together
+    /// ([`crate::cores::node_cores`]): `DDL_COMM_POLL` (`spin` or `backoff`) if set, otherwise
+    /// backoff exactly when the ranks outnumber the cores.
     pub fn for_node(ranks_on_node: usize, cores: usize) -> Polling {
         match std::env::var("DDL_COMM_POLL").as_deref() {
             Ok("spin") => Polling::Spin,

@@ -10,6 +10,7 @@ use mpi::environment::Threading;
 use mpi::ffi;
 
 use crate::collective;
+use crate::cores;
 use crate::error::{CommError, Result};
 use crate::mpi::{check, Env, MpiTransport, Polling};
 use crate::topology::Topology;
@@ -125,8 +126,7 @@ impl World {
             })?;
         }
         let node = MpiTransport::wrap(env.clone(), node_comm, true, timeout)?;
-        let cores = std::thread::available_parallelism().map_or(1, |c| c.get());
-        let polling = Polling::for_node(node.size, cores);
+        let polling = Polling::for_node(node.size, cores::node_cores(&node)?);
         world.set_polling(polling);
         node.set_polling(polling);
         // Leaders (local rank 0) number the nodes in world-rank order.

@@ -5,19 +5,20 @@ use std::process::{Command, Output};
 /// Seconds an mpirun launch may take before `timeout` ends it.
 const LIMIT_S: u32 = 300;
 
-/// `mpirun -np NP ddl-mpi-check ARGS` under coreutils `timeout`, which runs the job in its own
-/// process group and signals the whole group after [`LIMIT_S`] seconds (and kills it 10 s
-/// later): a hang fails the test, with a message, instead of holding up CI.
+/// `mpirun --oversubscribe -np NP ddl-mpi-check ARGS` (see [`mpirun_with`]).
 fn mpirun(np: usize, args: &[&str]) -> Output {
+    mpirun_with(&["--oversubscribe"], np, args)
+}
+
+/// `mpirun FLAGS -np NP ddl-mpi-check ARGS` under coreutils `timeout`, which runs the job in
+/// its own process group and signals the whole group after [`LIMIT_S`] seconds (and kills it
+/// 10 s later): a hang fails the test, with a message, instead of holding up CI.
+fn mpirun_with(flags: &[&str], np: usize, args: &[&str]) -> Output {
     let out = Command::new("timeout")
         .args(["-k", "10", &LIMIT_S.to_string()])
-        .arg("mpirun")
-        .args([
-            "--allow-run-as-root",
-            "--oversubscribe",
-            "-np",
-            &np.to_string(),
-        ])
+        .args(["mpirun", "--allow-run-as-root"])
+        .args(flags)
+        .args(["-np", &np.to_string()])
         .arg(env!("CARGO_BIN_EXE_ddl-mpi-check"))
         .args(args)
         .output()
@@ -50,6 +51,30 @@ fn every_algorithm_matches_mpi_allreduce_on_1_to_5_ranks() {
             "np={np}: {all}"
         );
     }
+}
+
+#[test]
+fn ranks_with_a_core_each_spin_and_ranks_sharing_cores_back_off() {
+    let mask = ddl_comm::cores::affinity_mask();
+    let cpus: usize = mask.iter().map(|b| b.count_ones() as usize).sum();
+    // Bound to one core each (Open MPI's default for two ranks), each rank's own mask holds
+    // one core; the node's ranks have two: they must spin, not sleep between polls.
+    if cpus >= 2 {
+        let out = mpirun_with(&["--bind-to", "core"], 2, &["init"]);
+        let all = text(&out);
+        assert!(out.status.success(), "{all}");
+        assert!(
+            all.contains("CHECK OK init ranks=2") && all.contains("polling=Spin"),
+            "{all}"
+        );
+    }
+    // One rank more than the cores they may run on together.
+    let np = cpus + 1;
+    let out = mpirun_with(&["--oversubscribe", "--bind-to", "none"], np, &["init"]);
+    let all = text(&out);
+    assert!(out.status.success(), "{all}");
+    assert!(all.contains(&format!("CHECK OK init ranks={np}")), "{all}");
+    assert!(all.contains("polling=Backoff"), "{all}");
 }
 
 #[test]

@@ -9,7 +9,8 @@
 # Env: ALLREDUCE_NPS ("2 3 4"), ALLREDUCE_MIN_BYTES (4KiB), ALLREDUCE_MAX_BYTES (64MiB),
 #      ALLREDUCE_ITERS (5), ALLREDUCE_ALGOS (every ddl algorithm), BENCH_RUNS (alternating runs
 #      of C loop / ddl-bench / gloo; medians are reported; default 3), PYTHON,
-#      ALLREDUCE_LOCK=FILE (run each measurement under `flock FILE`, on a shared machine).
+#      ALLREDUCE_LOCK=FILE (run each measurement under `flock FILE`, on a shared machine),
+#      ALLREDUCE_PEER=FILE (the C loop built elsewhere, for a machine without mpicc).
 # Raw JSON lines land in OUT_DIR/allreduce-*.jsonl; the tables of BENCHMARKS.md are printed.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -25,7 +26,7 @@ runs=${BENCH_RUNS:-3}
 python=${PYTHON:-.venv/bin/python}
 [ -x "$python" ] || python=python3
 bench=target/release/ddl-bench
-peer=target/peers/mpi_allreduce
+peer=${ALLREDUCE_PEER:-target/peers/mpi_allreduce}
 lock=(); [ -n "${ALLREDUCE_LOCK:-}" ] && lock=(flock "$ALLREDUCE_LOCK")
 cores=$(nproc)
 # Open MPI binds each rank to a core unless the ranks outnumber the cores; --oversubscribe
@@ -34,7 +35,7 @@ mpirun_for() { if [ "$1" -gt "$cores" ]; then echo "mpirun --allow-run-as-root -
 mkdir -p "$out" "$(dirname "$peer")"
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 [ -x "$bench" ] || cargo build --release -p ddl-tools --bin ddl-bench
-mpicc -O2 -Wall -o "$peer" tools/bench/mpi_allreduce.c
+[ -n "${ALLREDUCE_PEER:-}" ] || mpicc -O2 -Wall -o "$peer" tools/bench/mpi_allreduce.c
 bytes_of() {
   "$python" -c "
 s='$1'.lower().replace('ib','').rstrip('b'); m={'k':1<<10,'m':1<<20,'g':1<<30}

@@ -35,6 +35,7 @@ use std::time::Instant;
 
 use super::util::part;
 use super::Element;
+use crate::cores;
 use crate::error::{CommError, Result};
 use crate::shm::{SharedRegion, LINE};
 use crate::transport::Transport;
@@ -161,8 +162,7 @@ impl ShmAllreduce {
         // The largest part of a chunk, whatever the element size, or a leader's whole buffer.
         let result_bytes = ((chunk_bytes / LINE).div_ceil(t.size()) * LINE).max(leader_bytes);
         let segment = COUNTER_BYTES + SLOTS * (chunk_bytes + result_bytes);
-        let cores = std::thread::available_parallelism().map_or(1, |c| c.get());
-        let oversubscribed = t.size() > cores;
+        let oversubscribed = cores::oversubscribed(t)?;
         let spins = if oversubscribed { 0 } else { SPINS };
         Ok(
             SharedRegion::create(t, segment)?.map(|region| ShmAllreduce {

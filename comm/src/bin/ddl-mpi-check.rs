@@ -9,8 +9,10 @@
 //! fail within the timeout with an error naming `recv` and `peer 1`.
 //! `ddl-mpi-check abort`: rank 0 aborts the job with code [`ABORT_CODE`] (7) while rank 1
 //! waits in a barrier; mpirun must end the job and exit with that code.
+//! `ddl-mpi-check init`: start MPI and pass a barrier.
 //!
-//! Prints `CHECK OK <mode>` on rank 0 when everything passed; exits non-zero otherwise.
+//! Prints `CHECK OK <mode>` on rank 0 (with the layout and how the ranks poll) when everything
+//! passed; exits non-zero otherwise.
 
 use std::process::ExitCode;
 use std::sync::Arc;
@@ -181,6 +183,7 @@ fn main() -> ExitCode {
     };
     let result = match mode.as_str() {
         "allreduce" => allreduce_checks(&world),
+        "init" => world.transport().barrier().map_err(|e| e.to_string()),
         "timeout" => timeout_check(&world),
         "abort" => {
             if world.rank() == 0 {
@@ -194,10 +197,11 @@ fn main() -> ExitCode {
         Ok(()) => {
             if world.rank() == 0 {
                 println!(
-                    "CHECK OK {mode} ranks={} nodes={} local_size={}",
+                    "CHECK OK {mode} ranks={} nodes={} local_size={} polling={:?}",
                     world.size(),
                     world.node_count(),
-                    world.local_size()
+                    world.local_size(),
+                    world.polling()
                 );
             }
             ExitCode::SUCCESS

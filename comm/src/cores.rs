@@ -1,0 +1,139 @@
+//! The cores the ranks of one node may run on together, to tell whether they share cores.
+//!
+//! A rank's own affinity mask is not enough: mpirun binds each rank to one core by default
+//! when a node runs two ranks or fewer (Open MPI), so every rank sees one core
+//! (`available_parallelism` says 1) although each owns a core of its own. Taking that for
+//! oversubscription made the waiting ranks sleep between polls, and on a 16-core VM the
+//! message algorithms ran 13-20x slower at 4-64 MiB (BENCHMARKS.md). The ranks pool their
+//! masks instead.
+
+use crate::collective::allgather_bytes;
+use crate::error::Result;
+use crate::transport::Transport;
+
+/// The calling thread's CPU affinity mask, one bit per CPU (bit `c % 8` of byte `c / 8`);
+/// the first `available_parallelism` CPUs if the kernel does not say.
+pub fn affinity_mask() -> Vec<u8> {
+    let cpus = libc::CPU_SETSIZE as usize;
+    // SAFETY: cpu_set_t is plain bits, all-zero is the empty set, and sched_getaffinity writes
+    // at most size_of::<cpu_set_t>() bytes into it.
+    let set = unsafe {
+        let mut set: libc::cpu_set_t = std::mem::zeroed();
+        (libc::sched_getaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &mut set) == 0)
+            .then_some(set)
+    };
+    let allowed = |c: usize| match &set {
+        // SAFETY: c < CPU_SETSIZE.
+        Some(set) => unsafe { libc::CPU_ISSET(c, set) },
+        None => c < std::thread::available_parallelism().map_or(1, |n| n.get()),
+    };
+    (0..cpus / 8)
+        .map(|byte| (0..8).fold(0u8, |b, bit| b | (u8::from(allowed(byte * 8 + bit)) << bit)))
+        .collect()
+}
+
+/// Collective over the ranks of one node: how many distinct CPUs they may run on together
+/// (the union of their affinity masks, at least 1).
+pub fn node_cores(node: &dyn Transport) -> Result<usize> {
+    let masks = allgather_bytes(node, affinity_mask())?;
+    let mut union = vec![0u8; masks.iter().map(Vec::len).max().unwrap_or(0)];
+    for mask in &masks {
+        for (u, b) in union.iter_mut().zip(mask) {
+            *u |= b;
+        }
+    }
+    Ok(union
+        .iter()
+        .map(|b| b.count_ones() as usize)
+        .sum::<usize>()
+        .max(1))
+}
+
+/// Collective over the ranks of one node: whether they outnumber the CPUs they may run on
+/// together, so that a waiting rank should give its core away rather than spin.
+pub fn oversubscribed(node: &dyn Transport) -> Result<bool> {
+    Ok(node.size() > node_cores(node)?)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::thread_group;
+
+    /// The CPUs this thread may run on.
+    fn allowed_cpus() -> Vec<usize> {
+        let mask = affinity_mask();
+        (0..mask.len() * 8)
+            .filter(|c| mask[c / 8] >> (c % 8) & 1 == 1)
+            .collect()
+    }
+
+    /// Pins the calling thread to `cpu`.
+    fn pin(cpu: usize) {
+        // SAFETY: a zeroed cpu_set_t is the empty set; cpu < CPU_SETSIZE.
+        unsafe {
+            let mut set: libc::cpu_set_t = std::mem::zeroed();
+            libc::CPU_SET(cpu, &mut set);
+            assert_eq!(
+                libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set),
+                0
+            );
+        }
+    }
+
+    /// `node_cores` on an in-process group whose rank r first pins its thread to
+    /// `cpus[r]`.
+    fn node_cores_pinned(cpus: &[usize]) -> Vec<usize> {
+        let group = thread_group(cpus.len());
+        std::thread::scope(|s| {
+            let handles: Vec<_> = group
+                .iter()
+                .zip(cpus)
+                .map(|(t, &cpu)| {
+                    s.spawn(move || {
+                        pin(cpu);
+                        assert_eq!(allowed_cpus(), vec![cpu]);
+                        node_cores(t).unwrap()
+                    })
+                })
+                .collect();
+            handles.into_iter().map(|h| h.join().unwrap()).collect()
+        })
+    }
+
+    #[test]
+    fn ranks_pinned_to_their_own_cores_count_them_all() {
+        let cpus = allowed_cpus();
+        assert!(!cpus.is_empty(), "this thread may run on no CPU?");
+        let own: Vec<usize> = cpus.iter().copied().take(4).collect();
+        assert_eq!(node_cores_pinned(&own), vec![own.len(); own.len()]);
+    }
+
+    #[test]
+    fn ranks_pinned_to_one_core_share_it() {
+        let cpu = allowed_cpus()[0];
+        assert_eq!(node_cores_pinned(&[cpu, cpu, cpu]), vec![1, 1, 1]);
+        let group = thread_group(3);
+        let verdicts: Vec<bool> = std::thread::scope(|s| {
+            let handles: Vec<_> = group
+                .iter()
+                .map(|t| {
+                    s.spawn(move || {
+                        pin(cpu);
+                        oversubscribed(t).unwrap()
+                    })
+                })
+                .collect();
+            handles.into_iter().map(|h| h.join().unwrap()).collect()
+        });
+        assert_eq!(verdicts, vec![true; 3]);
+    }
+
+    #[test]
+    fn an_unpinned_thread_sees_every_cpu_it_may_use() {
+        let cpus = allowed_cpus();
+        let parallelism = std::thread::available_parallelism().unwrap().get();
+        // available_parallelism also honours a cgroup CPU quota, which the mask does not.
+        assert!(cpus.len() >= parallelism, "{cpus:?} vs {parallelism}");
+    }
+}
