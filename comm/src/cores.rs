@@ -4,7 +4,7 @@
 //! when a node runs two ranks or fewer (Open MPI), so every rank sees one core
 //! (`available_parallelism` says 1) although each owns a core of its own. Taking that for
 //! oversubscription made the waiting ranks sleep between polls, and on a 16-core VM the
-//! message algorithms ran 13-20x slower at 4-64 MiB (BENCHMARKS.md). The ranks pool their
+//! message algorithms ran 13-21x slower at 16 and 64 MiB (BENCHMARKS.md). The ranks pool their
 //! masks instead.
 
 use crate::collective::allgather_bytes;
