@@ -57,10 +57,12 @@ fn every_algorithm_matches_mpi_allreduce_on_1_to_5_ranks() {
 fn ranks_with_a_core_each_spin_and_ranks_sharing_cores_back_off() {
     let mask = ddl_comm::cores::affinity_mask();
     let cpus: usize = mask.iter().map(|b| b.count_ones() as usize).sum();
-    // Bound to one core each (Open MPI's default for two ranks), each rank's own mask holds
-    // one core; the node's ranks have two: they must spin, not sleep between polls.
+    // Bound to one CPU each (as Open MPI binds two ranks by default, to a core each), each
+    // rank's own mask holds one CPU; the node's ranks have two: they must spin, not sleep
+    // between polls. Hardware threads count as CPUs, so that two threads of one core do too.
     if cpus >= 2 {
-        let out = mpirun_with(&["--bind-to", "core"], 2, &["init"]);
+        let bind = ["--use-hwthread-cpus", "--bind-to", "hwthread"];
+        let out = mpirun_with(&bind, 2, &["init"]);
         let all = text(&out);
         assert!(out.status.success(), "{all}");
         assert!(
@@ -68,13 +70,26 @@ fn ranks_with_a_core_each_spin_and_ranks_sharing_cores_back_off() {
             "{all}"
         );
     }
-    // One rank more than the cores they may run on together.
-    let np = cpus + 1;
-    let out = mpirun_with(&["--oversubscribe", "--bind-to", "none"], np, &["init"]);
+    // Two unbound ranks that share one CPU: mpirun and its ranks inherit this thread's mask.
+    let first = (0..mask.len() * 8)
+        .find(|c| mask[c / 8] >> (c % 8) & 1 == 1)
+        .expect("this thread may run on some CPU");
+    // SAFETY: a zeroed cpu_set_t is the empty set; `first` < CPU_SETSIZE.
+    unsafe {
+        let mut one: libc::cpu_set_t = std::mem::zeroed();
+        libc::CPU_SET(first, &mut one);
+        assert_eq!(
+            libc::sched_setaffinity(0, size_of::<libc::cpu_set_t>(), &one),
+            0
+        );
+    }
+    let out = mpirun_with(&["--oversubscribe", "--bind-to", "none"], 2, &["init"]);
     let all = text(&out);
     assert!(out.status.success(), "{all}");
-    assert!(all.contains(&format!("CHECK OK init ranks={np}")), "{all}");
-    assert!(all.contains("polling=Backoff"), "{all}");
+    assert!(
+        all.contains("CHECK OK init ranks=2") && all.contains("polling=Backoff"),
+        "{all}"
+    );
 }
 
 #[test]
