@@ -32,6 +32,26 @@ pub fn affinity_mask() -> Vec<u8> {
         .collect()
 }
 
+/// The CPUs in `mask` (at least 1).
+fn count(mask: &[u8]) -> usize {
+    mask.iter()
+        .map(|b| b.count_ones() as usize)
+        .sum::<usize>()
+        .max(1)
+}
+
+/// How many CPUs the calling thread may run on (its affinity mask).
+pub fn own_cpus() -> usize {
+    count(&affinity_mask())
+}
+
+/// How many CPUs the machine has online, whatever this process may run on.
+pub fn online_cpus() -> usize {
+    // SAFETY: sysconf has no preconditions.
+    let n = unsafe { libc::sysconf(libc::_SC_NPROCESSORS_ONLN) };
+    usize::try_from(n).unwrap_or(0).max(own_cpus())
+}
+
 /// Collective over the ranks of one node: how many distinct CPUs they may run on together
 /// (the union of their affinity masks, at least 1).
 pub fn node_cores(node: &dyn Transport) -> Result<usize> {
@@ -42,11 +62,7 @@ pub fn node_cores(node: &dyn Transport) -> Result<usize> {
             *u |= b;
         }
     }
-    Ok(union
-        .iter()
-        .map(|b| b.count_ones() as usize)
-        .sum::<usize>()
-        .max(1))
+    Ok(count(&union))
 }
 
 /// Collective over the ranks of one node: whether they outnumber the CPUs they may run on
@@ -127,6 +143,19 @@ mod tests {
             handles.into_iter().map(|h| h.join().unwrap()).collect()
         });
         assert_eq!(verdicts, vec![true; 3]);
+    }
+
+    #[test]
+    fn a_pinned_thread_owns_one_cpu_of_those_online() {
+        let cpu = allowed_cpus()[0];
+        let (own, online) = std::thread::spawn(move || {
+            pin(cpu);
+            (own_cpus(), online_cpus())
+        })
+        .join()
+        .unwrap();
+        assert_eq!(own, 1);
+        assert!(online >= allowed_cpus().len(), "{online}");
     }
 
     #[test]

@@ -25,6 +25,7 @@ pub struct World {
     node_index: usize,
     node_count: usize,
     uniform: bool,
+    node_cpus: usize,
 }
 
 impl std::fmt::Debug for World {
@@ -126,7 +127,8 @@ impl World {
             })?;
         }
         let node = MpiTransport::wrap(env.clone(), node_comm, true, timeout)?;
-        let polling = Polling::for_node(node.size, cores::node_cores(&node)?);
+        let node_cpus = cores::node_cores(&node)?;
+        let polling = Polling::for_node(node.size, node_cpus);
         world.set_polling(polling);
         node.set_polling(polling);
         // Leaders (local rank 0) number the nodes in world-rank order.
@@ -176,6 +178,7 @@ impl World {
             node_index: info[0] as usize,
             node_count: info[1] as usize,
             uniform,
+            node_cpus,
         })
     }
 
@@ -212,6 +215,12 @@ impl World {
     /// Number of processes on this node.
     pub fn local_size(&self) -> usize {
         self.node.size
+    }
+
+    /// How many CPUs the ranks of this node may run on together (the union of their affinity
+    /// masks: [`cores::node_cores`]).
+    pub fn node_cpus(&self) -> usize {
+        self.node_cpus
     }
 
     /// How the ranks wait for their requests ([`Polling::for_node`] of this node).
