@@ -40,9 +40,35 @@ fn count(mask: &[u8]) -> usize {
         .max(1)
 }
 
+/// The CPUs the calling thread may run on, in increasing order.
+pub fn allowed_cpus() -> Vec<usize> {
+    let mask = affinity_mask();
+    (0..mask.len() * 8)
+        .filter(|c| mask[c / 8] >> (c % 8) & 1 == 1)
+        .collect()
+}
+
 /// How many CPUs the calling thread may run on (its affinity mask).
 pub fn own_cpus() -> usize {
     count(&affinity_mask())
+}
+
+/// Restricts the calling thread, and what it starts from then on, to `cpu`.
+pub fn pin_thread(cpu: usize) -> std::io::Result<()> {
+    if cpu >= libc::CPU_SETSIZE as usize {
+        return Err(std::io::Error::from_raw_os_error(libc::EINVAL));
+    }
+    // SAFETY: a zeroed cpu_set_t is the empty set; cpu < CPU_SETSIZE.
+    let ok = unsafe {
+        let mut set: libc::cpu_set_t = std::mem::zeroed();
+        libc::CPU_SET(cpu, &mut set);
+        libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set) == 0
+    };
+    if ok {
+        Ok(())
+    } else {
+        Err(std::io::Error::last_os_error())
+    }
 }
 
 /// How many CPUs the machine has online, whatever this process may run on.
@@ -76,25 +102,9 @@ mod tests {
     use super::*;
     use crate::thread_group;
 
-    /// The CPUs this thread may run on.
-    fn allowed_cpus() -> Vec<usize> {
-        let mask = affinity_mask();
-        (0..mask.len() * 8)
-            .filter(|c| mask[c / 8] >> (c % 8) & 1 == 1)
-            .collect()
-    }
-
     /// Pins the calling thread to `cpu`.
     fn pin(cpu: usize) {
-        // SAFETY: a zeroed cpu_set_t is the empty set; cpu < CPU_SETSIZE.
-        unsafe {
-            let mut set: libc::cpu_set_t = std::mem::zeroed();
-            libc::CPU_SET(cpu, &mut set);
-            assert_eq!(
-                libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set),
-                0
-            );
-        }
+        pin_thread(cpu).unwrap_or_else(|e| panic!("pinning to CPU {cpu}: {e}"));
     }
 
     /// `node_cores` on an in-process group whose rank r first pins its thread to

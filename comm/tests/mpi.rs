@@ -2,6 +2,8 @@
 
 use std::process::{Command, Output};
 
+use ddl_comm::cores;
+
 /// Seconds an mpirun launch may take before `timeout` ends it.
 const LIMIT_S: u32 = 300;
 
@@ -55,12 +57,11 @@ fn every_algorithm_matches_mpi_allreduce_on_1_to_5_ranks() {
 
 #[test]
 fn ranks_with_a_core_each_spin_and_ranks_sharing_cores_back_off() {
-    let mask = ddl_comm::cores::affinity_mask();
-    let cpus: usize = mask.iter().map(|b| b.count_ones() as usize).sum();
+    let cpus = cores::allowed_cpus();
     // Bound to one CPU each (as Open MPI binds two ranks by default, to a core each), each
     // rank's own mask holds one CPU; the node's ranks have two: they must spin, not sleep
     // between polls. Hardware threads count as CPUs, so that two threads of one core do too.
-    if cpus >= 2 {
+    if cpus.len() >= 2 {
         let bind = ["--use-hwthread-cpus", "--bind-to", "hwthread"];
         let out = mpirun_with(&bind, 2, &["init"]);
         let all = text(&out);
@@ -71,18 +72,8 @@ fn ranks_with_a_core_each_spin_and_ranks_sharing_cores_back_off() {
         );
     }
     // Two unbound ranks that share one CPU: mpirun and its ranks inherit this thread's mask.
-    let first = (0..mask.len() * 8)
-        .find(|c| mask[c / 8] >> (c % 8) & 1 == 1)
-        .expect("this thread may run on some CPU");
-    // SAFETY: a zeroed cpu_set_t is the empty set; `first` < CPU_SETSIZE.
-    unsafe {
-        let mut one: libc::cpu_set_t = std::mem::zeroed();
-        libc::CPU_SET(first, &mut one);
-        assert_eq!(
-            libc::sched_setaffinity(0, size_of::<libc::cpu_set_t>(), &one),
-            0
-        );
-    }
+    let first = cpus[0];
+    cores::pin_thread(first).unwrap_or_else(|e| panic!("pinning to CPU {first}: {e}"));
     let out = mpirun_with(&["--oversubscribe", "--bind-to", "none"], 2, &["init"]);
     let all = text(&out);
     assert!(out.status.success(), "{all}");
