@@ -10,11 +10,14 @@
 //! - [`collective`]: broadcast, gather and allgather of bytes for the control plane.
 //! - [`CostModel`]: alpha-beta-gamma per tier, predicting each algorithm's time, and its
 //!   measurement under MPI ([`calibrate`]).
+//! - [`cores`] and [`Binding`]: the CPUs a node's ranks hold together, and the warning for
+//!   ranks the launcher bound to fewer CPUs than their busy threads.
 
 #![warn(missing_docs)]
 
 pub mod algorithm;
 pub mod allreduce;
+pub mod binding;
 pub mod calibrate;
 pub mod collective;
 pub mod cores;
@@ -30,6 +33,7 @@ pub mod world;
 
 pub use algorithm::{Across, Algorithm};
 pub use allreduce::{Allreducer, Element};
+pub use binding::Binding;
 pub use cost::{auto_candidates, CostModel, MeasuredCurve, Tier};
 pub use error::{CommError, Result};
 /// Half-precision types accepted by [`Allreducer::allreduce`] (re-exported from `half`).

@@ -9,6 +9,7 @@ use std::time::Duration;
 use mpi::environment::Threading;
 use mpi::ffi;
 
+use crate::binding::Binding;
 use crate::collective;
 use crate::cores;
 use crate::error::{CommError, Result};
@@ -217,10 +218,11 @@ impl World {
         self.node.size
     }
 
-    /// How many CPUs the ranks of this node may run on together (the union of their affinity
-    /// masks: [`cores::node_cores`]).
-    pub fn node_cpus(&self) -> usize {
-        self.node_cpus
+    /// How the launcher bound this rank and its node's ranks: this rank's CPUs, and how many
+    /// the node's ranks may run on together (the union of their affinity masks:
+    /// [`cores::node_cores`]).
+    pub fn binding(&self) -> Binding {
+        Binding::of_this_rank(self.node_cpus, self.node.size)
     }
 
     /// How the ranks wait for their requests ([`Polling::for_node`] of this node).

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import warnings
 from dataclasses import replace
 from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
 
@@ -16,6 +17,22 @@ IMAGENET_STD = (0.229, 0.224, 0.225)
 
 _LAYOUTS = ("NCHW", "NHWC")
 _DEVICES = ("cpu", "cuda")
+
+
+_binding_checked = False
+
+
+def _warn_binding(workers: int) -> None:
+    """Warns once per node (on its local rank 0) when ``ddl.dist`` is initialised and the
+    launcher bound this rank to fewer CPUs than its ``workers`` decode threads and its training
+    thread while the node's ranks leave CPUs unused (Open MPI's default binding)."""
+    global _binding_checked
+    if _binding_checked or not _ddl.dist_initialized() or _ddl.dist_info()[2] != 0:
+        return
+    _binding_checked = True
+    line = _ddl.dist_binding_warning(workers + 1)
+    if line is not None:
+        warnings.warn(f"ddl.Loader: {line}", RuntimeWarning, stacklevel=3)
 
 
 def _tensor(array: Any) -> torch.Tensor:
@@ -58,6 +75,10 @@ class Loader:
         mean, std: normalisation (0-1 scale) of float32 output.
         resize: val only: shorter side before the center crop (0: ``ceil(8/7 S)``).
         populate: pre-fault this node's shards into RAM at start.
+
+    With ``ddl.dist`` initialised, the first loader of a node warns (``RuntimeWarning``) when
+    the launcher bound its rank to fewer CPUs than ``workers + 1`` while the node's ranks leave
+    CPUs unused: give each rank its share of the cores (``mpirun --map-by slot:PE=N``).
 
     Like a ``DataLoader`` with ``DistributedSampler``, call ``set_epoch(epoch)`` before each
     epoch; ``state_dict()`` / ``load_state_dict()`` resume exactly mid-epoch.
@@ -136,6 +157,7 @@ class Loader:
             place.local_rank, place.local_size, drop_last, dtype, prefetch, on_bad_record,
             resize, [float(v) for v in mean], [float(v) for v in std], populate,
         )
+        _warn_binding(workers)
         self._epoch = 0
         self._start_step = 0
         self._next_step = 0

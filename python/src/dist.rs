@@ -115,6 +115,13 @@ pub fn dist_info() -> PyResult<(usize, usize, usize, usize, usize, usize, bool)>
     ))
 }
 
+/// The launcher-binding warning of this rank for `threads` busy threads (decode workers and
+/// training), or `None` when its node's ranks have the cores they need ([`ddl_comm::Binding`]).
+#[pyfunction]
+pub fn dist_binding_warning(threads: usize) -> PyResult<Option<String>> {
+    Ok(dist()?.world.binding().warning(threads))
+}
+
 /// The allreducer of `algorithm` (built on first use; construction is local).
 fn reducer(d: &Dist, algorithm: &str) -> PyResult<Arc<Allreducer>> {
     let mut map = d.reducers.lock().unwrap_or_else(|p| p.into_inner());

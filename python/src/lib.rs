@@ -27,6 +27,7 @@ fn _ddl(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(dist::dist_finalize, m)?)?;
     m.add_function(wrap_pyfunction!(dist::dist_info, m)?)?;
     m.add_function(wrap_pyfunction!(dist::dist_resolve, m)?)?;
+    m.add_function(wrap_pyfunction!(dist::dist_binding_warning, m)?)?;
     m.add_function(wrap_pyfunction!(dist::allreduce, m)?)?;
     m.add_function(wrap_pyfunction!(dist::broadcast, m)?)?;
     m.add_function(wrap_pyfunction!(dist::barrier, m)?)?;

@@ -62,10 +62,11 @@ class Job:
 
 
 def mpirun(np: int, script: str, args: Sequence[str] = (), timeout: float = JOB_TIMEOUT,
-           env: Optional[dict] = None) -> Job:
-    """Runs ``tests/scripts/<script>`` with ``np`` ranks under mpirun, in a session of its own
-    (so the whole job can be killed if it hangs), and returns its outcome."""
-    cmd: List[str] = ["mpirun", "--oversubscribe", "--bind-to", "none", "-np", str(np)]
+           env: Optional[dict] = None, bind: str = "none") -> Job:
+    """Runs ``tests/scripts/<script>`` with ``np`` ranks under mpirun (``--bind-to bind``), in
+    a session of its own (so the whole job can be killed if it hangs), and returns its
+    outcome."""
+    cmd: List[str] = ["mpirun", "--oversubscribe", "--bind-to", bind, "-np", str(np)]
     if os.getuid() == 0:
         cmd.append("--allow-run-as-root")
     cmd += [sys.executable, str(SCRIPTS / script), *map(str, args)]

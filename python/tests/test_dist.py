@@ -143,6 +143,23 @@ def test_init_under_mpirun(mode: str) -> None:
     assert "MPI_ERR" not in job.output and "Traceback" not in job.output, job.output
 
 
+@pytest.mark.skipif((os.cpu_count() or 1) < 2, reason="one CPU: nothing for mpirun to withhold")
+def test_loader_warns_once_when_mpirun_binds_the_rank_to_one_core(shards: Path) -> None:
+    """Under Open MPI's ``--bind-to core`` a one-rank job has one CPU for 2 decode workers and
+    training while the machine has more: the first loader warns, naming the fix, the second
+    does not repeat it; unbound, neither warns."""
+    job = mpirun(1, "dist_binding.py", [shards], timeout=SHORT, bind="core")
+    bound = ok_lines(job, "dist_binding")
+    assert bound == ["dist_binding ok rank=0 warnings=1 cpus=1"], job.output
+    warning = re.search(r"warning: ([^\n]*)", job.stdout)
+    assert warning is not None, job.output
+    assert warning.group(1).startswith("ddl.Loader: the launcher bound this node's 1 rank(s) "
+                                       "to 1 of its"), warning.group(1)
+    assert "3 busy threads" in warning.group(1) and "--map-by slot:PE=N" in warning.group(1)
+    unbound = ok_lines(mpirun(1, "dist_binding.py", [shards], timeout=SHORT), "dist_binding")
+    assert unbound == [f"dist_binding ok rank=0 warnings=0 cpus={len(os.sched_getaffinity(0))}"]
+
+
 def test_auto_follows_a_calibrated_cost_model(tmp_path: Path) -> None:
     """init(cost_model=FILE): auto runs, per size, the algorithm the file measured fastest
     in this layout (mpi among them), not the formulas' pick; a missing file is a ValueError

@@ -5,7 +5,7 @@ use std::process::Command;
 
 use ddl_tests::{bin, printed, run_ok, scratch, synth_and_pack, SynthSpec};
 
-/// What the warning starts with (`ddl_trainer::binding::warning`).
+/// What the warning starts with (`ddl_comm::Binding::warning`, prefixed by ddl-train).
 const WARNING: &str = "ddl-train: the launcher bound this node's 1 rank(s) to 1 of its";
 
 #[test]

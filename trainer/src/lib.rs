@@ -14,7 +14,6 @@
 //! - [`run_flags`]: which flags a resumed run must share with its checkpoint.
 //! - [`memory`]: the parameter copies and gradient buckets a rank holds (`ddl-plan`).
 //! - [`validate`]: range checks of the numeric flags and the batch-memory estimate.
-//! - [`binding`]: the warning for ranks the launcher bound to fewer CPUs than their threads.
 //! - [`weights`]: models in and out: torchvision-compatible state dicts in `.safetensors`
 //!   files (`--export`, `--init-from`), [`export`] of checkpoints (`ddl-export`) and
 //!   [`predict`]ion (`ddl-predict`).
@@ -50,7 +49,6 @@
 
 #![warn(missing_docs)]
 
-pub mod binding;
 pub mod checkpoint;
 pub mod collective;
 pub mod config;

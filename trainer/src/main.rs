@@ -8,12 +8,10 @@ use std::sync::Arc;
 
 use anyhow::Context;
 use clap::Parser;
-use ddl_comm::cores;
 use ddl_comm::Algorithm;
 use ddl_comm::Transport;
 use ddl_comm::World;
 use ddl_loader::pipeline::OnBadRecord;
-use ddl_trainer::binding::{self, Binding};
 use ddl_trainer::config::{Precision, ResidencyMode};
 use ddl_trainer::console::eprint_line;
 use ddl_trainer::device::DeviceSpec;
@@ -279,14 +277,8 @@ fn main() -> anyhow::Result<()> {
             .devices
             .resolve(info.rank_in_node, info.ranks_in_node)
             .map_or(1, |devices| devices.len());
-        let placed = Binding {
-            own: cores::own_cpus(),
-            node: world.node_cpus(),
-            online: cores::online_cpus(),
-            ranks: info.ranks_in_node,
-        };
-        if let Some(line) = binding::warning(placed, cfg.workers + replicas) {
-            eprint_line(&line);
+        if let Some(line) = world.binding().warning(cfg.workers + replicas) {
+            eprint_line(&format!("ddl-train: {line}"));
         }
     }
     match ddl_trainer::train(&cfg, transport, topology, info) {
