@@ -27,7 +27,10 @@ def _warn_binding(workers: int) -> None:
     launcher bound this rank to fewer CPUs than its ``workers`` decode threads and its training
     thread while the node's ranks leave CPUs unused (Open MPI's default binding)."""
     global _binding_checked
-    if _binding_checked or not _ddl.dist_initialized() or _ddl.dist_info()[2] != 0:
+    if _binding_checked or not _ddl.dist_initialized():
+        return
+    _rank, _size, local_rank, *_rest = _ddl.dist_info()
+    if local_rank != 0:
         return
     _binding_checked = True
     line = _ddl.dist_binding_warning(workers + 1)
