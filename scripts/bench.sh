@@ -1,14 +1,15 @@
 #!/usr/bin/env bash
 # `make bench`: the long benchmarks behind BENCHMARKS.md, ddl and its peers side by side on the
 # same files and the same cores, several runs each; prints medians and leaves every raw JSON line
-# in bench-out/. Sections: pack, loader, allreduce, python (BENCH_SECTIONS="pack loader allreduce
-# python"; python: the Python package against the Rust it binds and the PyTorch peers).
+# in bench-out/. Sections: pack, loader, allreduce, python, binding (BENCH_SECTIONS="pack loader
+# allreduce python binding"; python: the Python package against the Rust it binds and the PyTorch
+# peers; binding: one rank under mpirun --bind-to core against --bind-to none).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bin=${BENCH_BIN:-target/release}
 out=${BENCH_OUT:-bench-out}
 runs=${BENCH_RUNS:-3}
-sections=${BENCH_SECTIONS:-pack loader allreduce python}
+sections=${BENCH_SECTIONS:-pack loader allreduce python binding}
 classes=${BENCH_CLASSES:-100}
 per_class=${BENCH_PER_CLASS:-50}
 mkdir -p "$out"
@@ -116,5 +117,9 @@ fi
 if [[ " $sections " == *" python "* ]]; then
   echo "== python: the ddl package (ddl.Loader, ddl.dist) vs the Rust it binds and the PyTorch peers"
   BENCH_BIN="$bin" tools/bench/python.sh "$out"
+fi
+if [[ " $sections " == *" binding "* ]]; then
+  echo "== binding: ddl.Loader and ddl-train, one rank bound to one core vs unbound"
+  BENCH_BIN="$bin" tools/bench/binding.sh "$out"
 fi
 echo "bench: raw results in $out/"
