@@ -30,6 +30,7 @@ extern "C" {
     ) -> *mut c_char;
     fn ddl_backward(outputs: *const *mut c_void, grads: *const *mut c_void, n: i64) -> *mut c_char;
     fn ddl_set_grad(param: *mut c_void, grad: *const c_void) -> *mut c_char;
+    fn ddl_pin_memory(t: *const c_void, out: *mut *mut c_void) -> *mut c_char;
     fn ddl_set_cudnn(benchmark: bool, deterministic: bool);
 }
 
@@ -128,6 +129,16 @@ pub(super) fn backward(outputs: &[&Tensor], grads: &[&Tensor]) -> Result<(), Tch
     let g: Vec<*mut c_void> = grads.iter().map(|t| raw(t)).collect();
     // SAFETY: two arrays of live tensors of the same length.
     check(unsafe { ddl_backward(o.as_ptr(), g.as_ptr(), o.len() as i64) })
+}
+
+/// A pinned copy of the CPU tensor `t` (`t.pin_memory()`, without tch's deprecated device
+/// argument).
+pub(super) fn pin_memory(t: &Tensor) -> Result<Tensor, TchError> {
+    let mut out = std::ptr::null_mut();
+    // SAFETY: a live tensor; on success `out` is a tensor allocated with `new`, which
+    // `Tensor::from_ptr` takes over (tch frees it with `delete`).
+    check(unsafe { ddl_pin_memory(raw(t), &mut out) })?;
+    Ok(unsafe { Tensor::from_ptr(out as *mut torch_sys::C_tensor) })
 }
 
 /// `param.grad = grad`.

@@ -140,7 +140,7 @@ impl DeviceCtx {
     pub fn host_buffer(&self, n: usize, kind: Kind) -> Result<Tensor> {
         let t = Tensor::f_zeros([n as i64], (kind, Device::Cpu))?;
         Ok(if self.is_cuda() {
-            t.f_pin_memory(self.device)?
+            ffi::pin_memory(&t)?
         } else {
             t
         })

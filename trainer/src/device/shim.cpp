@@ -122,6 +122,11 @@ char* ddl_backward(at::Tensor* const* outputs, at::Tensor* const* grads, int64_t
   });
 }
 
+// A pinned (page-locked) copy of the CPU tensor `t`, for the default accelerator.
+char* ddl_pin_memory(const at::Tensor* t, at::Tensor** out) {
+  return guarded([&] { *out = new at::Tensor(t->pin_memory()); });
+}
+
 // param.grad = grad (autograd then accumulates into it in place).
 char* ddl_set_grad(at::Tensor* param, const at::Tensor* grad) {
   return guarded([&] { param->mutable_grad() = *grad; });
