@@ -7,7 +7,11 @@
 //! - [`Allreducer`]: allreduce of f32 / f16 / bf16 with the [`Algorithm`]s ring, rhd,
 //!   multicolor, multiring, shm, hierarchical, mpi and auto; results are bitwise identical on
 //!   all ranks.
+//! - [`Sharded`]: allgather and reduce-scatter of f32 buffers cut into [`Parts`] of any
+//!   lengths, ring or node shared memory, and the allreduce with `max` made of the two.
 //! - [`collective`]: broadcast, gather and allgather of bytes for the control plane.
+//! - [`Counted`]: a transport counting the bytes its rank sends; [`step`]: the collectives
+//!   and bytes of one training step, data-parallel or with the head split over the ranks.
 //! - [`CostModel`]: alpha-beta-gamma per tier, predicting each algorithm's time, and its
 //!   measurement under MPI ([`calibrate`]).
 //! - [`cores`] and [`Binding`]: the CPUs a node's ranks hold together, and the warning for
@@ -22,9 +26,13 @@ pub mod calibrate;
 pub mod collective;
 pub mod cores;
 pub mod cost;
+mod counted;
 pub mod error;
 pub mod mpi;
+mod parts;
+pub mod sharded;
 mod shm;
+pub mod step;
 pub mod tags;
 pub mod thread;
 pub mod topology;
@@ -35,9 +43,12 @@ pub use algorithm::{Across, Algorithm};
 pub use allreduce::{Allreducer, Element};
 pub use binding::Binding;
 pub use cost::{auto_candidates, CostModel, MeasuredCurve, Tier};
+pub use counted::Counted;
 pub use error::{CommError, Result};
 /// Half-precision types accepted by [`Allreducer::allreduce`] (re-exported from `half`).
 pub use half::{bf16, f16};
+pub use parts::Parts;
+pub use sharded::{Reduce, ShardAlgorithm, Sharded, ShardedOp};
 pub use thread::{thread_group, thread_group_with_timeout, ThreadTransport};
 pub use topology::Topology;
 pub use transport::{Op, Transport, DEFAULT_TIMEOUT};

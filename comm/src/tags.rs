@@ -60,8 +60,22 @@ pub const CONTROL: TagRange = TagRange::after(RHD, "control plane", 2);
 /// ddl-bench's ping-pong (ping, pong).
 pub const PINGPONG: TagRange = TagRange::after(CONTROL, "ping-pong", 2);
 
+/// The ring allgather ([`crate::sharded`]).
+pub const ALLGATHER: TagRange = TagRange::after(PINGPONG, "allgather", 1);
+
+/// The ring reduce-scatter ([`crate::sharded`]).
+pub const REDUCE_SCATTER: TagRange = TagRange::after(ALLGATHER, "reduce-scatter", 1);
+
 /// Every range of the registry, in tag order.
-pub const ALL: [TagRange; 5] = [RING, MULTICOLOR, RHD, CONTROL, PINGPONG];
+pub const ALL: [TagRange; 7] = [
+    RING,
+    MULTICOLOR,
+    RHD,
+    CONTROL,
+    PINGPONG,
+    ALLGATHER,
+    REDUCE_SCATTER,
+];
 
 #[cfg(test)]
 mod tests {

@@ -2,6 +2,8 @@
 
 use serde::{Deserialize, Serialize};
 
+use crate::error::{CommError, Result};
+
 /// How ranks map onto nodes: rank r sits on node `r / ranks_per_node`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Topology {
@@ -28,6 +30,19 @@ impl Topology {
     /// Total ranks.
     pub fn ranks(&self) -> usize {
         self.nodes * self.ranks_per_node
+    }
+
+    /// Checks that the layout has the `ranks` of the transport a collective runs over.
+    pub fn check_ranks(&self, ranks: usize) -> Result<()> {
+        if self.ranks() != ranks {
+            return Err(CommError::InvalidArgument(format!(
+                "topology {}x{} has {} ranks but the transport has {ranks}",
+                self.nodes,
+                self.ranks_per_node,
+                self.ranks()
+            )));
+        }
+        Ok(())
     }
 
     /// The node of `rank`.

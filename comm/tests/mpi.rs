@@ -56,6 +56,19 @@ fn every_algorithm_matches_mpi_allreduce_on_1_to_5_ranks() {
 }
 
 #[test]
+fn sharded_collectives_are_exact_on_1_to_8_ranks() {
+    for np in 1..=8 {
+        let out = mpirun(np, &["sharded"]);
+        let all = text(&out);
+        assert!(out.status.success(), "np={np}: {all}");
+        assert!(
+            all.contains(&format!("CHECK OK sharded ranks={np}")),
+            "np={np}: {all}"
+        );
+    }
+}
+
+#[test]
 fn ranks_with_a_core_each_spin_and_ranks_sharing_cores_back_off() {
     let cpus = cores::allowed_cpus();
     // Bound to one CPU each (as Open MPI binds two ranks by default, to a core each), each

@@ -11,25 +11,7 @@ use half::{bf16, f16};
 use proptest::prelude::*;
 
 mod common;
-use common::on_ranks;
-
-/// Deterministic per-rank input: small integers (exact sums) or fractional values.
-fn input(rank: usize, len: usize, seed: u64, integers: bool) -> Vec<f32> {
-    (0..len)
-        .map(|i| {
-            let mut x =
-                seed ^ ((rank as u64) << 32) ^ (i as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15);
-            x ^= x >> 29;
-            x = x.wrapping_mul(0xBF58_476D_1CE4_E5B9);
-            x ^= x >> 32;
-            if integers {
-                (x % 2001) as f32 - 1000.0
-            } else {
-                ((x % 1_000_000) as f32 / 1_000_000.0 - 0.5) * 3.0
-            }
-        })
-        .collect()
-}
+use common::{input, on_ranks};
 
 fn algorithms(p: usize) -> Vec<Algorithm> {
     let mut v = vec![

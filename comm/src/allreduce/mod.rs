@@ -6,7 +6,7 @@ pub(crate) mod multicolor;
 mod rhd;
 pub(crate) mod ring;
 pub mod shm;
-mod util;
+pub(crate) mod util;
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU8, Ordering};
@@ -19,6 +19,7 @@ use crate::cost::{auto_candidates, CostModel};
 use crate::error::{CommError, Result};
 use crate::topology::Topology;
 use crate::transport::Transport;
+pub(crate) use element::add_into;
 pub use element::Element;
 use hierarchical::Hierarchical;
 use multicolor::MulticolorPlan;
@@ -114,14 +115,7 @@ impl Allreducer {
         model: CostModel,
     ) -> Result<Allreducer> {
         let p = transport.size();
-        if topology.ranks() != p {
-            return Err(CommError::InvalidArgument(format!(
-                "topology {}x{} has {} ranks but the transport has {p}",
-                topology.nodes,
-                topology.ranks_per_node,
-                topology.ranks()
-            )));
-        }
+        topology.check_ranks(p)?;
         let dims = match &algorithm {
             Algorithm::Multiring { dims, .. } if !dims.is_empty() => dims.clone(),
             _ => topology.dims(),

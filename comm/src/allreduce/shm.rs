@@ -22,22 +22,15 @@
 //!
 //! Ranks synchronise through counters in their own segments (acquire / release atomics): how
 //! many chunks each has announced and summed. Slots are reused every [`SLOTS`] chunks (see
-//! [`ShmAllreduce::run`] for why one wait per chunk suffices). A waiting rank spins
-//! briefly, then yields its core. When the ranks outnumber the cores it does not spin, and
-//! after [`YIELDS`] yields it sleeps on the counter (a futex in the shared region, woken by
-//! the rank that publishes it): yielding ranks keep their cores busy, so the kernel never
-//! moves a rank with work onto them, and on 2 cores a run of 3 or 4 ranks could fall into
-//! rounds 4x slower. It gives up with [`CommError::Timeout`] naming the rank it waited for
-//! after the transport's timeout.
-
-use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
-use std::time::Instant;
+//! [`ShmAllreduce::run`] for why one wait per chunk suffices). A waiting rank spins, yields
+//! and, when the ranks outnumber the cores, sleeps ([`Pace`]). It gives up with
+//! [`CommError::Timeout`](crate::CommError::Timeout) naming the rank it waited for after the
+//! transport's timeout.
 
 use super::util::part;
 use super::Element;
-use crate::cores;
-use crate::error::{CommError, Result};
-use crate::shm::{SharedRegion, LINE};
+use crate::error::Result;
+use crate::shm::{Pace, SharedRegion, COUNTER_BYTES, LINE};
 use crate::transport::Transport;
 
 /// Default chunk per rank, in bytes.
@@ -55,22 +48,7 @@ const PART_ALIGN: usize = 32;
 /// Elements summed per block of the reduction (the accumulator stays in L1).
 const BLOCK: usize = 1024;
 
-/// Polls of a counter before a waiting rank starts yielding its core, while every rank has a
-/// core of its own. When the ranks outnumber the cores a waiting rank yields at once: its
-/// spinning would take the core from a rank that has work to do.
-const SPINS: u32 = 128;
-
-/// Yields of a waiting rank before it sleeps on the counter, when the ranks outnumber the
-/// cores. Measured at 3 and 4 ranks on 2 cores (1-16 MiB): 4 or 64 yields made every call
-/// pay wake-ups (1 MiB at 4 ranks: 340-450 us), 1024 let half of the runs fall into rounds of
-/// yielding ranks (850-870 us), 256 kept all runs at 200-250 us.
-const YIELDS: u32 = 256;
-
-/// Longest sleep on a counter before the waiting rank looks again (and checks its timeout).
-const SLEEP: std::time::Duration = std::time::Duration::from_millis(5);
-
-/// The counters of one rank, each on its own line of its segment (the counter in the first
-/// half, how many ranks sleep on it in the second).
+/// The counters of one rank (see [`SharedRegion::counter`]).
 #[derive(Clone, Copy)]
 enum Counter {
     /// Chunks whose input this rank has written.
@@ -79,8 +57,8 @@ enum Counter {
     Reduced = 1,
 }
 
-/// Bytes of the counter lines at the start of every segment.
-const COUNTER_BYTES: usize = 2 * LINE;
+/// What a waiting rank reports in a timeout.
+const OP: &str = "shm allreduce";
 
 /// The shared-memory allreduce of one group: the region and how far this rank has got.
 pub(crate) struct ShmAllreduce {
@@ -91,11 +69,8 @@ pub(crate) struct ShmAllreduce {
     /// Buffers of up to this many bytes are summed by rank 0 alone in the hierarchical node
     /// stage (0 for `shm`).
     leader_bytes: usize,
-    /// Polls before yielding ([`SPINS`], or 0 when the ranks outnumber the cores).
-    spins: u32,
-    /// Whether a waiting rank goes to sleep after [`YIELDS`] yields (the ranks outnumber
-    /// the cores).
-    sleep: bool,
+    /// How a waiting rank waits.
+    pace: Pace,
     /// Chunks this rank has started over all calls (the counters' next targets).
     chunks_started: u64,
     /// Where the inputs of the chunk being summed start (reused: no allocation per call).
@@ -162,33 +137,19 @@ impl ShmAllreduce {
         // The largest part of a chunk, whatever the element size, or a leader's whole buffer.
         let result_bytes = ((chunk_bytes / LINE).div_ceil(t.size()) * LINE).max(leader_bytes);
         let segment = COUNTER_BYTES + SLOTS * (chunk_bytes + result_bytes);
-        let oversubscribed = cores::oversubscribed(t)?;
-        let spins = if oversubscribed { 0 } else { SPINS };
+        let pace = Pace::of(t)?;
         Ok(
             SharedRegion::create(t, segment)?.map(|region| ShmAllreduce {
                 region,
                 chunk_bytes,
                 result_bytes,
                 leader_bytes,
-                spins,
-                sleep: oversubscribed,
+                pace,
                 chunks_started: 0,
                 inputs: Vec::with_capacity(t.size()),
                 wide: Vec::new(),
             }),
         )
-    }
-
-    fn counter(&self, q: usize, c: Counter) -> &AtomicU64 {
-        // SAFETY: counters lie at the start of every segment, LINE-aligned, zero-initialised,
-        // and are only ever accessed atomically.
-        unsafe {
-            &*self
-                .region
-                .segment(q)
-                .add(c as usize * LINE)
-                .cast::<AtomicU64>()
-        }
     }
 
     fn input<T>(&self, q: usize, slot: usize) -> *mut T {
@@ -211,67 +172,15 @@ impl ShmAllreduce {
         }
     }
 
-    /// How many ranks sleep on counter `c` of rank `q` (the line's second half).
-    fn sleepers(&self, q: usize, c: Counter) -> &AtomicU32 {
-        // SAFETY: the second half of the counter's line, zero-initialised, only accessed
-        // atomically.
-        unsafe {
-            &*self
-                .region
-                .segment(q)
-                .add(c as usize * LINE + LINE / 2)
-                .cast::<AtomicU32>()
-        }
-    }
-
     /// Sets this rank's counter `c` to `value` and wakes the ranks sleeping on it.
     fn publish(&self, me: usize, c: Counter, value: u64) {
-        let counter = self.counter(me, c);
-        counter.store(value, Ordering::SeqCst);
-        if self.sleepers(me, c).load(Ordering::SeqCst) > 0 {
-            futex_wake(counter);
-        }
+        self.region.publish(me, c as usize, value);
     }
 
-    /// Waits until every rank's counter `c` reaches `target`: spinning, then yielding the
-    /// core, then (when the ranks outnumber the cores) sleeping on the counter, so that a
-    /// waiting rank leaves its core to the ranks with work to do.
+    /// Waits until every rank's counter `c` reaches `target`.
     fn wait_all(&self, t: &dyn Transport, c: Counter, target: u64) -> Result<()> {
-        let mut polls = 0u32;
-        let mut since: Option<Instant> = None;
-        for q in 0..t.size() {
-            let counter = self.counter(q, c);
-            while counter.load(Ordering::Acquire) < target {
-                polls = polls.wrapping_add(1);
-                if polls < self.spins {
-                    std::hint::spin_loop();
-                    continue;
-                }
-                if self.sleep && polls >= self.spins + YIELDS {
-                    let sleepers = self.sleepers(q, c);
-                    sleepers.fetch_add(1, Ordering::SeqCst);
-                    let seen = counter.load(Ordering::SeqCst);
-                    if seen < target {
-                        futex_wait(counter, seen);
-                    }
-                    sleepers.fetch_sub(1, Ordering::SeqCst);
-                } else {
-                    std::thread::yield_now();
-                }
-                if polls % 16 == 0 {
-                    let start = *since.get_or_insert_with(Instant::now);
-                    if start.elapsed() > t.timeout() {
-                        return Err(CommError::Timeout {
-                            op: "shm allreduce",
-                            rank: t.rank(),
-                            peer: Some(q),
-                            timeout: t.timeout(),
-                        });
-                    }
-                }
-            }
-        }
-        Ok(())
+        self.region
+            .wait_all(t, 0..t.size(), c as usize, target, self.pace, OP)
     }
 
     /// Copies the other ranks' sums of chunk `j` (rank q's part, from its result slot) into
@@ -468,51 +377,5 @@ unsafe fn reduce<T: Element>(
         }
         store(acc, start);
         start += n;
-    }
-}
-
-/// The futex word of `counter`: its low 32 bits.
-fn futex_word(counter: &AtomicU64) -> *mut u32 {
-    let low = usize::from(cfg!(target_endian = "big"));
-    // SAFETY: within the counter's 8 bytes.
-    unsafe { counter.as_ptr().cast::<u32>().add(low) }
-}
-
-/// Sleeps while the low 32 bits of `counter` still equal those of `seen` (at most [`SLEEP`]);
-/// returns early on a wake-up, a signal or a changed value (the caller looks again). Not
-/// `FUTEX_PRIVATE`: the ranks are processes sharing the region.
-fn futex_wait(counter: &AtomicU64, seen: u64) {
-    let timeout = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: SLEEP.as_nanos() as libc::c_long,
-    };
-    // SAFETY: the futex word lies within the counter, valid for the call; the kernel only
-    // reads it.
-    unsafe {
-        libc::syscall(
-            libc::SYS_futex,
-            futex_word(counter),
-            libc::FUTEX_WAIT,
-            seen as u32,
-            &timeout as *const libc::timespec,
-            std::ptr::null::<u32>(),
-            0,
-        );
-    }
-}
-
-/// Wakes every rank sleeping on `counter` ([`futex_wait`]).
-fn futex_wake(counter: &AtomicU64) {
-    // SAFETY: as in `futex_wait`.
-    unsafe {
-        libc::syscall(
-            libc::SYS_futex,
-            futex_word(counter),
-            libc::FUTEX_WAKE,
-            i32::MAX,
-            std::ptr::null::<libc::timespec>(),
-            std::ptr::null::<u32>(),
-            0,
-        );
     }
 }

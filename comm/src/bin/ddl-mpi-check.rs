@@ -5,6 +5,9 @@
 //! included, and at 4+ ranks `hierarchical` with the node's ranks posing as two nodes) on
 //! awkward sizes (0, 1, < ranks, odd, 1 MiB + 3) compared bitwise with
 //! MPI_Allreduce, f16 included; node layout sanity; split, barrier.
+//! `ddl-mpi-check sharded`: allgather, reduce-scatter (sum and max) and the allreduce with
+//! `max` of every algorithm (`shm` across the processes of this node included) on awkward
+//! sizes and uneven parts (empty ones too), compared bitwise with the sequential results.
 //! `ddl-mpi-check timeout`: rank 0 receives from rank 1, which never sends: the receive must
 //! fail within the timeout with an error naming `recv` and `peer 1`.
 //! `ddl-mpi-check abort`: rank 0 aborts the job with code [`ABORT_CODE`] (7) while rank 1
@@ -19,7 +22,10 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use ddl_comm::World;
-use ddl_comm::{f16, Algorithm, Allreducer, CommError, Topology, Transport};
+use ddl_comm::{
+    f16, Algorithm, Allreducer, CommError, CostModel, Parts, Reduce, ShardAlgorithm, Sharded,
+    Topology, Transport,
+};
 
 /// Exit code of `ddl-mpi-check abort`: distinctive, so that a crash or a timeout cannot pass
 /// for it.
@@ -132,6 +138,80 @@ fn allreduce_checks(world: &World) -> Result<(), String> {
     Ok(())
 }
 
+/// Every rank's expected results of the sharded collectives on [`input`] under `parts`:
+/// (the allgather, this rank's sum, this rank's max, the max everywhere).
+fn sharded_expected(p: usize, me: usize, parts: &Parts, salt: usize) -> [Vec<f32>; 4] {
+    let len = parts.len();
+    let inputs: Vec<Vec<f32>> = (0..p).map(|r| input(r, len, salt)).collect();
+    let owner = |i: usize| (0..p).find(|&q| parts.range(q).contains(&i)).unwrap_or(0);
+    let gathered = (0..len).map(|i| inputs[owner(i)][i]).collect();
+    let sum: Vec<f32> = (0..len)
+        .map(|i| inputs.iter().map(|v| v[i]).sum())
+        .collect();
+    let max: Vec<f32> = (0..len)
+        .map(|i| inputs.iter().map(|v| v[i]).fold(f32::MIN, f32::max))
+        .collect();
+    let mine = parts.range(me);
+    [
+        gathered,
+        sum[mine.clone()].to_vec(),
+        max[mine].to_vec(),
+        max,
+    ]
+}
+
+fn sharded_checks(world: &World) -> Result<(), String> {
+    let t: Arc<dyn Transport> = world.transport();
+    let (p, me) = (world.size(), world.rank());
+    let mut cases: Vec<Parts> = [0, 1, p.saturating_sub(1), 2 * p + 1, 1001, (1 << 18) + 3]
+        .iter()
+        .map(|&len| Parts::even(len, p))
+        .collect();
+    // Uneven: rank q owns 37 q elements (rank 0 none), as a class count split unevenly.
+    cases.push(Parts::from_counts(
+        &(0..p).map(|q| 37 * q).collect::<Vec<_>>(),
+    ));
+    for name in ["ring", "shm", "shm:4096", "auto"] {
+        let algo: ShardAlgorithm = name.parse().map_err(|e: CommError| e.to_string())?;
+        let s = Sharded::new(t.clone(), algo, world.topology(), CostModel::default())
+            .map_err(|e| e.to_string())?;
+        for (salt, parts) in cases.iter().enumerate() {
+            let len = parts.len();
+            let mine = parts.range(me);
+            let mut gathered = vec![f32::NAN; len];
+            gathered[mine.clone()].copy_from_slice(&input(me, len, salt)[mine.clone()]);
+            let fail = |what: &str, e: CommError| format!("{name} {what} len {len}: {e}");
+            s.all_gather(&mut gathered, parts)
+                .map_err(|e| fail("allgather", e))?;
+            let mut sum = input(me, len, salt);
+            s.reduce_scatter(&mut sum, parts, Reduce::Sum)
+                .map_err(|e| fail("reduce-scatter", e))?;
+            let mut max = input(me, len, salt);
+            s.reduce_scatter(&mut max, parts, Reduce::Max)
+                .map_err(|e| fail("reduce-scatter max", e))?;
+            let mut all = input(me, len, salt);
+            s.allreduce_max(&mut all)
+                .map_err(|e| fail("allreduce max", e))?;
+            let got = [
+                gathered,
+                sum[mine.clone()].to_vec(),
+                max[mine].to_vec(),
+                all,
+            ];
+            let want = sharded_expected(p, me, parts, salt);
+            for (k, (g, w)) in got.iter().zip(&want).enumerate() {
+                if g.iter().zip(w).any(|(a, b)| a.to_bits() != b.to_bits()) || g.len() != w.len() {
+                    return Err(format!(
+                        "{name} len {len}: result {k} (allgather, sum, max, allreduce max) \
+                         differs on rank {me}"
+                    ));
+                }
+            }
+        }
+    }
+    t.barrier().map_err(|e| e.to_string())
+}
+
 fn timeout_check(world: &World) -> Result<(), String> {
     let t = world.transport();
     if world.size() < 2 {
@@ -183,6 +263,7 @@ fn main() -> ExitCode {
     };
     let result = match mode.as_str() {
         "allreduce" => allreduce_checks(&world),
+        "sharded" => sharded_checks(&world),
         "init" => world.transport().barrier().map_err(|e| e.to_string()),
         "timeout" => timeout_check(&world),
         "abort" => {
