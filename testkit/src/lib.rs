@@ -132,6 +132,59 @@ pub fn write_manifest(dir: &Path, classes: usize, splits: Vec<(&str, SplitInfo)>
     manifest.save(dir).expect("write the test manifest");
 }
 
+/// A `ddl-train --dump-weights` file: raw little-endian f32 and its `.json` index, as (name,
+/// values) in index order.
+pub fn read_dump(path: &Path) -> Vec<(String, Vec<f32>)> {
+    let raw: Vec<f32> = std::fs::read(path)
+        .unwrap_or_else(|e| panic!("reading {}: {e}", path.display()))
+        .chunks_exact(4)
+        .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+        .collect();
+    let index = format!("{}.json", path.display());
+    let index: serde_json::Value = serde_json::from_slice(
+        &std::fs::read(&index).unwrap_or_else(|e| panic!("reading {index}: {e}")),
+    )
+    .expect("a JSON index");
+    let tensors = index["tensors"].as_array().expect("a tensor list");
+    tensors
+        .iter()
+        .enumerate()
+        .map(|(k, t)| {
+            let start = t["offset"].as_u64().expect("an offset") as usize;
+            let end = tensors.get(k + 1).map_or(raw.len(), |n| {
+                n["offset"].as_u64().expect("an offset") as usize
+            });
+            let name = t["name"].as_str().expect("a name").to_string();
+            (name, raw[start..end].to_vec())
+        })
+        .collect()
+}
+
+/// The largest difference between the weights `a` and `b` (same names and sizes) relative to
+/// the largest weight of `b`: over all of them, and over those whose names start with
+/// `prefix`.
+pub fn relative_difference(
+    a: &[(String, Vec<f32>)],
+    b: &[(String, Vec<f32>)],
+    prefix: &str,
+) -> (f32, f32) {
+    assert_eq!(a.len(), b.len(), "different tensor counts");
+    let (mut d, mut s, mut pd, mut ps) = (0f32, 0f32, 0f32, 0f32);
+    for ((na, va), (nb, vb)) in a.iter().zip(b) {
+        assert_eq!((na, va.len()), (nb, vb.len()), "different tensors");
+        let diff = va
+            .iter()
+            .zip(vb)
+            .fold(0f32, |m, (x, y)| m.max((x - y).abs()));
+        let scale = vb.iter().fold(0f32, |m, x| m.max(x.abs()));
+        (d, s) = (d.max(diff), s.max(scale));
+        if na.starts_with(prefix) {
+            (pd, ps) = (pd.max(diff), ps.max(scale));
+        }
+    }
+    (d / s, pd / ps)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -3,7 +3,8 @@
 //! killed with SIGKILL (it resumes from its last periodic checkpoint), or preempted with SIGTERM
 //! (it stops after the step in flight, writes a checkpoint there and says how to resume). The
 //! resumed runs must really resume: they say from which checkpoint and run only the remaining
-//! steps.
+//! steps. The same holds with the classifier head split over the ranks (`--head-parallel`,
+//! whose checkpoints hold every rank's slice).
 
 use std::fs;
 use std::path::{Path, PathBuf};
@@ -20,8 +21,18 @@ use ddl_trainer::checkpoint::{self, Checkpoint};
 /// 160 images / (2 ranks x batch 8) = 10 steps per epoch, 3 epochs.
 const TOTAL_STEPS: u64 = 30;
 
-fn train_cmd(shards: &Path, ckpt: &Path, weights: &Path, every: u64) -> Command {
+/// Data-parallel, or with the head split over the ranks.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Mode {
+    DataParallel,
+    HeadParallel,
+}
+
+fn train_cmd(mode: Mode, shards: &Path, ckpt: &Path, weights: &Path, every: u64) -> Command {
     let mut cmd = mpirun_train(2, shards);
+    if mode == Mode::HeadParallel {
+        cmd.arg("--head-parallel");
+    }
     cmd.args([
         "--image-size",
         "32",
@@ -46,16 +57,22 @@ fn train_cmd(shards: &Path, ckpt: &Path, weights: &Path, every: u64) -> Command 
     cmd
 }
 
-/// The shards and the uninterrupted run's weights, made once for both tests.
+/// The shards and the uninterrupted run's weights, made once for both tests of a mode.
 struct Reference {
     _tmp: TempDir,
+    mode: Mode,
     shards: PathBuf,
     weights: Vec<u8>,
 }
 
-fn reference() -> &'static Reference {
-    static REF: OnceLock<Reference> = OnceLock::new();
-    REF.get_or_init(|| {
+fn reference(mode: Mode) -> &'static Reference {
+    static DP: OnceLock<Reference> = OnceLock::new();
+    static HP: OnceLock<Reference> = OnceLock::new();
+    let cell = match mode {
+        Mode::DataParallel => &DP,
+        Mode::HeadParallel => &HP,
+    };
+    cell.get_or_init(|| {
         let tmp = scratch("resume-reference");
         let shards = synth_and_pack(
             tmp.path(),
@@ -70,6 +87,7 @@ fn reference() -> &'static Reference {
         );
         let full = tmp.path().join("full.f32");
         run_ok(&mut train_cmd(
+            mode,
             &shards,
             &tmp.path().join("ckpt-full"),
             &full,
@@ -79,6 +97,7 @@ fn reference() -> &'static Reference {
         assert!(!weights.is_empty());
         Reference {
             _tmp: tmp,
+            mode,
             shards,
             weights,
         }
@@ -87,9 +106,8 @@ fn reference() -> &'static Reference {
 
 /// Resumes from `ckpt` and checks that the run says so, from `from_step`, runs only the steps
 /// left and ends with the reference's weights.
-fn resume_and_compare(ckpt: &Path, every: u64, from_step: u64, weights: &Path) {
-    let r = reference();
-    let mut cmd = train_cmd(&r.shards, ckpt, weights, every);
+fn resume_and_compare(r: &Reference, ckpt: &Path, every: u64, from_step: u64, weights: &Path) {
+    let mut cmd = train_cmd(r.mode, &r.shards, ckpt, weights, every);
     cmd.arg("--resume");
     let out = run_ok(&mut cmd);
     let stdout = String::from_utf8_lossy(&out.stdout);
@@ -139,13 +157,22 @@ fn wait_for(job: &mut Launched, what: &str, done: impl Fn() -> bool) {
 
 #[test]
 fn killed_job_resumes_to_bitwise_identical_weights() {
-    let r = reference();
+    killed_job_resumes(Mode::DataParallel);
+}
+
+#[test]
+fn killed_head_parallel_job_resumes_to_bitwise_identical_weights() {
+    killed_job_resumes(Mode::HeadParallel);
+}
+
+fn killed_job_resumes(mode: Mode) {
+    let r = reference(mode);
     let tmp = scratch("kill-resume");
 
     // The same job, killed (mpirun and both ranks, SIGKILL) once its first checkpoint exists.
     let ckpt = tmp.path().join("ckpt");
     let killed_weights = tmp.path().join("killed.f32");
-    let mut job = Launched::start(&mut train_cmd(&r.shards, &ckpt, &killed_weights, 3));
+    let mut job = Launched::start(&mut train_cmd(mode, &r.shards, &ckpt, &killed_weights, 3));
     wait_for(&mut job, "the first checkpoint", || {
         !checkpoints(&ckpt).is_empty()
     });
@@ -161,18 +188,27 @@ fn killed_job_resumes_to_bitwise_identical_weights() {
     // Leave a half-written checkpoint behind too, as a crash during a write would.
     fs::write(ckpt.join("ckpt-999999999999.ddlck.tmp"), b"partial").unwrap();
 
-    resume_and_compare(&ckpt, 3, newest, &tmp.path().join("resumed.f32"));
+    resume_and_compare(r, &ckpt, 3, newest, &tmp.path().join("resumed.f32"));
 }
 
 #[test]
 fn sigterm_to_one_rank_stops_all_after_a_step_and_resumes_bitwise() {
-    let r = reference();
+    sigterm_stops_and_resumes(Mode::DataParallel);
+}
+
+#[test]
+fn sigterm_to_a_head_parallel_job_stops_it_and_resumes_bitwise() {
+    sigterm_stops_and_resumes(Mode::HeadParallel);
+}
+
+fn sigterm_stops_and_resumes(mode: Mode) {
+    let r = reference(mode);
     let tmp = scratch("sigterm-resume");
     let ckpt = tmp.path().join("ckpt");
     let metrics = tmp.path().join("metrics.jsonl");
     let weights = tmp.path().join("stopped.f32");
     // Checkpoints only at epoch ends: the one the stop leaves must come from the stop.
-    let mut cmd = train_cmd(&r.shards, &ckpt, &weights, 0);
+    let mut cmd = train_cmd(mode, &r.shards, &ckpt, &weights, 0);
     cmd.arg("--metrics").arg(&metrics);
     let mut job = Launched::start(&mut cmd);
     let steps_done = || {
@@ -226,5 +262,5 @@ fn sigterm_to_one_rank_stops_all_after_a_step_and_resumes_bitwise() {
         assert_eq!((ck.meta.epoch, ck.meta.step), (step / 10, step % 10));
     }
 
-    resume_and_compare(&ckpt, 0, step, &tmp.path().join("resumed.f32"));
+    resume_and_compare(r, &ckpt, 0, step, &tmp.path().join("resumed.f32"));
 }

@@ -1,8 +1,9 @@
 //! Checkpoint files: one file per checkpoint, written by rank 0, holding everything a resumed
 //! run needs to continue bit-exactly.
 //!
-//! Contents: the parameters (identical on every replica of every rank), the SGD momentum
-//! (identical too), the BatchNorm running statistics of *every* replica of every rank (they
+//! Contents: the parameters (identical on every replica of every rank; under `--head-parallel`
+//! the head whole, assembled from every replica's slice of it, and the split in the header),
+//! the SGD momentum (identical too), the BatchNorm running statistics of *every* replica of every rank (they
 //! differ, since each replica normalises its own batches), the position (epoch, step within
 //! the epoch, global step), the fp16 loss-scaler state and the run's flags.
 //!
@@ -83,6 +84,10 @@ pub struct CheckpointMeta {
     /// Nodes sharing the data in the run that wrote it (absent in older checkpoints).
     #[serde(default)]
     pub nodes: Option<usize>,
+    /// Under `--head-parallel`: the classes of each replica's slice of the head, in replica
+    /// order (rank by rank); the whole head is stored, the slices one after the other.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub head_split: Option<Vec<usize>>,
     /// Fingerprint of the training data (classes and train shards of the manifest; absent in
     /// older checkpoints).
     #[serde(default)]
@@ -448,6 +453,7 @@ mod tests {
                 good_steps: 0,
                 flags: serde_json::json!({"seed": 0}),
                 nodes: Some(1),
+                head_split: None,
                 data_fingerprint: None,
                 class_names: Some(vec!["a".into(), "b".into(), "c".into()]),
                 val_top1: None,

@@ -1,33 +1,55 @@
 //! The collective operations the trainer needs across ranks: the gradient allreduce (through
-//! ddl-comm's [`Allreducer`], any algorithm) and ddl-comm's control-plane collectives of bytes
-//! ([`ddl_comm::collective`]) over the same transport.
+//! ddl-comm's [`Allreducer`], any algorithm), the allgather, reduce-scatter and `max`
+//! allreduce of a head split over the replicas (ddl-comm's [`Sharded`]) and ddl-comm's
+//! control-plane collectives of bytes ([`ddl_comm::collective`]) over the same transport,
+//! which counts the bytes this rank sends ([`Counted`]).
 
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
-use ddl_comm::{collective, Algorithm, Allreducer, CostModel, Topology, Transport};
+use ddl_comm::{
+    collective, Algorithm, Allreducer, CostModel, Counted, Parts, Reduce, ShardAlgorithm, Sharded,
+    Topology, Transport,
+};
 
 use crate::error::Result;
+use crate::table::Comm;
 
 /// Collectives over the ranks of a training job.
 pub struct Collective {
     transport: Arc<dyn Transport>,
     allreducer: Allreducer,
+    sharded: Sharded,
+    sent: Arc<AtomicU64>,
 }
 
 impl Collective {
-    /// Wraps `transport`, reducing gradients with `algorithm` (`Auto` consults `model` with
-    /// `topology`).
+    /// Wraps `transport`, reducing gradients with `algorithm` and running allgathers and
+    /// reduce-scatters with `sharded` (`auto` consults `model` with `topology`).
     pub fn new(
         transport: Arc<dyn Transport>,
         algorithm: Algorithm,
+        sharded: ShardAlgorithm,
         topology: Topology,
         model: CostModel,
     ) -> Result<Collective> {
-        let allreducer = Allreducer::with_model(transport.clone(), algorithm, topology, model)?;
+        let counted = Counted::new(transport);
+        let sent = counted.counter();
+        let transport: Arc<dyn Transport> = Arc::new(counted);
+        let allreducer =
+            Allreducer::with_model(transport.clone(), algorithm, topology, model.clone())?;
+        let sharded = Sharded::new(transport.clone(), sharded, topology, model)?;
         Ok(Collective {
             transport,
             allreducer,
+            sharded,
+            sent,
         })
+    }
+
+    /// Bytes this rank has sent to the others so far, in messages (see [`Counted`]).
+    pub fn bytes_sent(&self) -> u64 {
+        self.sent.load(Ordering::Relaxed)
     }
 
     /// This rank.
@@ -67,5 +89,23 @@ impl Collective {
     pub fn barrier(&self) -> Result<()> {
         self.transport.barrier()?;
         Ok(())
+    }
+}
+
+impl Comm for Collective {
+    fn allreduce_sum(&self, buf: &mut [f32]) -> Result<()> {
+        Collective::allreduce_sum(self, buf)
+    }
+
+    fn allreduce_max(&self, buf: &mut [f32]) -> Result<()> {
+        Ok(self.sharded.allreduce_max(buf)?)
+    }
+
+    fn all_gather(&self, buf: &mut [f32], parts: &Parts) -> Result<()> {
+        Ok(self.sharded.all_gather(buf, parts)?)
+    }
+
+    fn reduce_scatter(&self, buf: &mut [f32], parts: &Parts) -> Result<()> {
+        Ok(self.sharded.reduce_scatter(buf, parts, Reduce::Sum)?)
     }
 }

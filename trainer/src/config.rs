@@ -5,7 +5,7 @@ use std::fmt::Display;
 use std::path::PathBuf;
 
 use clap::ValueEnum;
-use ddl_comm::Algorithm;
+use ddl_comm::{Algorithm, ShardAlgorithm};
 use ddl_loader::pipeline::OnBadRecord;
 use serde::{Serialize, Serializer};
 
@@ -105,6 +105,12 @@ pub struct TrainConfig {
     /// Cost model `auto` chooses with, from `ddl-bench calibrate` (`--cost-model`; none: the
     /// default model's formulas).
     pub cost_model: Option<PathBuf>,
+    /// Split the classifier head by class over every replica of the job, the backbone staying
+    /// data-parallel (`--head-parallel`; see [`crate::table`]).
+    pub head_parallel: bool,
+    /// Allgather / reduce-scatter algorithm of `--head-parallel`'s exchanges (`--gather`).
+    #[serde(serialize_with = "as_flag")]
+    pub gather: ShardAlgorithm,
     /// Write final replica-0 weights here (`--dump-weights`).
     pub dump_weights: Option<PathBuf>,
     /// Write the final model here as a torchvision-compatible `.safetensors` file
@@ -186,6 +192,8 @@ impl Default for TrainConfig {
             max_steps: None,
             allreduce: Algorithm::Auto,
             cost_model: None,
+            head_parallel: false,
+            gather: ShardAlgorithm::Auto,
             dump_weights: None,
             export: None,
             init_from: None,

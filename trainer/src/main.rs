@@ -9,8 +9,8 @@ use std::sync::Arc;
 
 use anyhow::Context;
 use clap::Parser;
-use ddl_comm::Algorithm;
 use ddl_comm::Transport;
+use ddl_comm::{Algorithm, ShardAlgorithm};
 use ddl_loader::pipeline::OnBadRecord;
 use ddl_trainer::config::{Precision, ResidencyMode};
 use ddl_trainer::console::eprint_line;
@@ -133,6 +133,15 @@ struct Cli {
     /// this job's layout, whose measured times decide per buffer size (default: formulas).
     #[arg(long)]
     cost_model: Option<PathBuf>,
+    /// Split the classifier head (fc) by class over every replica of the job, the backbone
+    /// staying data-parallel: each step all-gathers the features and exchanges the softmax's
+    /// per-sample sums instead of allreducing the head's gradient (fewer bytes below a global
+    /// batch of about the class count; `ddl-plan --head-parallel` prints both).
+    #[arg(long)]
+    head_parallel: bool,
+    /// ring | shm | auto: the allgather and reduce-scatter of --head-parallel.
+    #[arg(long, default_value = "auto", requires = "head_parallel")]
+    gather: ShardAlgorithm,
     /// Write the final replica-0 weights as raw f32 LE to FILE (+ FILE.json index).
     #[arg(long)]
     dump_weights: Option<PathBuf>,
@@ -234,6 +243,8 @@ impl Cli {
             max_steps: self.max_steps,
             allreduce: self.allreduce,
             cost_model: self.cost_model,
+            head_parallel: self.head_parallel,
+            gather: self.gather,
             dump_weights: self.dump_weights,
             export: self.export,
             init_from: self.init_from,

@@ -31,6 +31,9 @@ pub struct StepRecord {
     pub compute_s: f64,
     /// Time rank 0 spent in allreduce calls.
     pub allreduce_s: f64,
+    /// Bytes rank 0 sent to the other ranks in the step's collectives, as messages (counted
+    /// where they leave the rank; shared memory and MPI_Allreduce move theirs unseen).
+    pub bytes_sent: u64,
 }
 
 /// One line per epoch (`"type": "epoch"`).

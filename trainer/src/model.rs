@@ -5,7 +5,9 @@
 //! Every model is a chain of stages ([`Network`]): the ResNets run stem, each residual block
 //! and the head (pool + fc) as stages; the convnet runs conv1, conv2 and the head. The full
 //! forward pass is the composition of the stages, so a staged forward/backward (the table's
-//! `--overlap backward`) computes exactly the same operations.
+//! `--overlap backward`) computes exactly the same operations. The head is the pooled
+//! features ([`Network::features`]) through one linear layer ([`Network::classifier`]), which
+//! `--head-parallel` runs apart, on the features of the whole global batch.
 
 use std::fmt;
 use std::marker::PhantomData;
@@ -70,11 +72,23 @@ pub trait Network: ModuleT {
     fn forward_stage(&self, stage: usize, xs: &Tensor, train: bool) -> Tensor;
     /// The stage owning the variable `name` (dotted, relative to the model's root path).
     fn stage_of(&self, name: &str) -> usize;
+    /// The input of the last stage reduced to the features the classifier reads, `[batch,
+    /// features]`: the last stage is `features(xs).apply(classifier())`.
+    fn features(&self, xs: &Tensor) -> Tensor;
+    /// The classifier: one linear layer over the features, created last (`fc`).
+    fn classifier(&self) -> &nn::Linear;
 }
 
 /// Runs all stages of `net` in order.
 fn chain(net: &dyn Network, xs: &Tensor, train: bool) -> Tensor {
     (0..net.stages()).fold(xs.shallow_clone(), |x, s| net.forward_stage(s, &x, train))
+}
+
+/// The features `net` computes from `xs`: every stage but the classifier.
+pub fn features_t(net: &dyn Network, xs: &Tensor, train: bool) -> Tensor {
+    let last = net.stages() - 1;
+    let x = (0..last).fold(xs.shallow_clone(), |x, s| net.forward_stage(s, &x, train));
+    net.features(&x)
 }
 
 /// A model built into a variable store; `forward_t(images, train)` returns logits.
@@ -99,23 +113,45 @@ pub struct StagedPass<'a> {
 
 impl<'a> StagedPass<'a> {
     /// Runs `net` forward on `xs`: as a chain of stages with the graph cut between them when
-    /// `staged`, else in one piece (a single stage).
+    /// `staged`, else in one piece (a single stage). The output is the logits.
     pub fn forward(net: &dyn Network, xs: &'a Tensor, train: bool, staged: bool) -> Result<Self> {
+        Self::run(net, xs, train, staged, true)
+    }
+
+    /// As [`StagedPass::forward`], without the classifier: the output is the features.
+    pub fn features(net: &dyn Network, xs: &'a Tensor, train: bool, staged: bool) -> Result<Self> {
+        Self::run(net, xs, train, staged, false)
+    }
+
+    fn run(
+        net: &dyn Network,
+        xs: &'a Tensor,
+        train: bool,
+        staged: bool,
+        classify: bool,
+    ) -> Result<Self> {
         let mut inputs = Vec::new();
         let mut outputs = Vec::new();
+        let last = net.stages() - 1;
         if staged {
             let mut x = xs.shallow_clone();
             for s in 0..net.stages() {
                 if s > 0 {
                     x = x.f_detach()?.set_requires_grad(true);
                 }
-                let y = net.forward_stage(s, &x, train);
+                let y = match s == last && !classify {
+                    true => net.features(&x),
+                    false => net.forward_stage(s, &x, train),
+                };
                 inputs.push(std::mem::replace(&mut x, y.shallow_clone()));
                 outputs.push(y);
             }
         } else {
             inputs.push(xs.shallow_clone());
-            outputs.push(net.forward_t(xs, train));
+            outputs.push(match classify {
+                true => net.forward_t(xs, train),
+                false => features_t(net, xs, train),
+            });
         }
         Ok(StagedPass {
             inputs,
@@ -129,8 +165,9 @@ impl<'a> StagedPass<'a> {
         self.outputs.len()
     }
 
-    /// The output of the last stage (the logits).
-    pub fn logits(&self) -> &Tensor {
+    /// The output of the last stage: the logits, or the features of a pass made by
+    /// [`StagedPass::features`].
+    pub fn output(&self) -> &Tensor {
         &self.outputs[self.outputs.len() - 1]
     }
 
@@ -440,8 +477,16 @@ impl Network for ResNet {
         } else if let Some(&(l, b)) = self.blocks.get(stage - 1) {
             self.layers[l][b].forward_t(xs, train)
         } else {
-            xs.adaptive_avg_pool2d([1, 1]).flat_view().apply(&self.fc)
+            self.features(xs).apply(&self.fc)
         }
+    }
+
+    fn features(&self, xs: &Tensor) -> Tensor {
+        xs.adaptive_avg_pool2d([1, 1]).flat_view()
+    }
+
+    fn classifier(&self) -> &nn::Linear {
+        &self.fc
     }
 
     fn stage_of(&self, name: &str) -> usize {
@@ -503,8 +548,16 @@ impl Network for ConvNet {
         match stage {
             0 => xs.apply(&self.conv1).relu(),
             1 => xs.apply(&self.conv2).relu(),
-            _ => xs.adaptive_avg_pool2d([1, 1]).flat_view().apply(&self.fc),
+            _ => self.features(xs).apply(&self.fc),
         }
+    }
+
+    fn features(&self, xs: &Tensor) -> Tensor {
+        xs.adaptive_avg_pool2d([1, 1]).flat_view()
+    }
+
+    fn classifier(&self) -> &nn::Linear {
+        &self.fc
     }
 
     fn stage_of(&self, name: &str) -> usize {

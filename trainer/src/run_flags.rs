@@ -60,6 +60,15 @@ pub const ROUNDING: &[(&str, &str)] = &[
         "other allreduce buffers, so another summation order",
     ),
     ("channels_last", "other convolution kernels"),
+    (
+        "head_parallel",
+        "the head's gradient from every sample on the replica owning each class, not summed \
+         over the replicas: another summation order",
+    ),
+    (
+        "gather",
+        "another allgather / reduce-scatter of --head-parallel, so another summation order",
+    ),
     ("deterministic", "other convolution algorithms on GPUs"),
     (
         "devices",

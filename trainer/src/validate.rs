@@ -107,6 +107,32 @@ pub fn ranges(cfg: &TrainConfig) -> Result<()> {
     Ok(())
 }
 
+/// `--head-parallel` splits `classes` classes over `replicas` replicas (every replica of the
+/// job): each needs a class, and every batch must have `--batch` images, as many as the
+/// allgather takes from every replica, which `--on-bad-record skip` cannot promise.
+pub fn head_split(cfg: &TrainConfig, classes: usize, replicas: usize) -> Result<()> {
+    if !cfg.head_parallel {
+        return Ok(());
+    }
+    if classes < replicas {
+        return Err(TrainError::config(
+            "--head-parallel",
+            format!(
+                "splits {classes} classes over {replicas} replicas (every replica of every rank): \
+                 each replica needs at least one class"
+            ),
+        ));
+    }
+    if cfg.on_bad_record == ddl_loader::pipeline::OnBadRecord::Skip {
+        return Err(TrainError::config(
+            "--on-bad-record",
+            "skip makes batches shorter than --batch, and --head-parallel gathers --batch images \
+             from every replica: use replace or fail",
+        ));
+    }
+    Ok(())
+}
+
 /// Bytes of the loader's batch buffers on one rank: `replicas x (prefetch + 1) + min(workers,
 /// 2)` buffers (see `ddl_loader::pipeline`) of `batch x 3 x size x size` values of
 /// `bytes_per_value` bytes (4 for f32 on CPUs, 1 for u8 sent to GPUs).

@@ -17,7 +17,7 @@ fn reference(data: &Path, dir: &Path) -> Vec<(String, Vec<f32>)> {
     cfg.max_steps = Some(STEPS);
     cfg.dump_weights = Some(dir.join("ref.bin"));
     common::run_ranks(&cfg, 1);
-    common::read_dump(&dir.join("ref.bin"))
+    ddl_testkit::read_dump(&dir.join("ref.bin"))
 }
 
 fn assert_close(a: &[(String, Vec<f32>)], b: &[(String, Vec<f32>)], what: &str) {
@@ -49,7 +49,7 @@ fn two_ranks_two_replicas_match_one_big_batch() {
         cfg.max_steps = Some(0);
         cfg.dump_weights = Some(dir.join("init.bin"));
         common::run_ranks(&cfg, 1);
-        common::read_dump(&dir.join("init.bin"))
+        ddl_testkit::read_dump(&dir.join("init.bin"))
     };
     let moved = init.iter().zip(&want).any(|((_, a), (_, b))| a != b);
     assert!(moved, "the reference run did not change the weights");
@@ -67,7 +67,7 @@ fn two_ranks_two_replicas_match_one_big_batch() {
             cfg.dump_weights = Some(out.clone());
             common::run_ranks(&cfg, 2);
             assert_close(
-                &common::read_dump(&out),
+                &ddl_testkit::read_dump(&out),
                 &want,
                 &format!("{algo} overlap={}", overlap.name()),
             );
@@ -83,7 +83,7 @@ fn two_ranks_two_replicas_match_one_big_batch() {
     let out = dir.join("channels-last.bin");
     cfg.dump_weights = Some(out.clone());
     common::run_ranks(&cfg, 2);
-    assert_close(&common::read_dump(&out), &want, "channels-last");
+    assert_close(&ddl_testkit::read_dump(&out), &want, "channels-last");
     // The comparison is sensitive: half the global batch (other samples) does not match.
     let mut cfg = common::config(&data, "convnet_nobn", B / 2, "cpu:2");
     cfg.max_steps = Some(STEPS);
@@ -91,7 +91,7 @@ fn two_ranks_two_replicas_match_one_big_batch() {
     let out = dir.join("half.bin");
     cfg.dump_weights = Some(out.clone());
     common::run_ranks(&cfg, 2);
-    let got = common::read_dump(&out);
+    let got = ddl_testkit::read_dump(&out);
     let differs = std::panic::catch_unwind(|| assert_close(&got, &want, "half batch")).is_err();
     assert!(differs, "a run on different samples matched the reference");
 }

@@ -72,6 +72,7 @@ fn plan(classes: i64) -> Layout {
         32,
         Overlap::Backward,
         BUCKET_BYTES,
+        false,
     )
 }
 

@@ -177,7 +177,7 @@ fn gradients(
     }
     let labels = Tensor::from_slice(&[1i64, 7]);
     let mut pass = StagedPass::forward(net.as_ref(), x, true, staged).unwrap();
-    pass.logits()
+    pass.output()
         .cross_entropy_loss::<Tensor>(&labels, None, Reduction::Mean, -100, 0.0)
         .backward();
     let stages = pass.stages();

@@ -1,12 +1,15 @@
 //! `ddl-plan --model M --classes N`: the parameter count, gradient buckets and model-state
-//! memory of a ddl-train run, without data or devices (see `ddl_trainer::memory`).
+//! memory of a ddl-train run, without data or devices, and for a job of `--ranks` x
+//! `--replicas` x `--batch` the memory and bytes sent per step data-parallel and with the head
+//! split over the replicas (`--head-parallel`), with the crossover global batch (see
+//! `ddl_trainer::memory`).
 
 use std::process::ExitCode;
 
 use clap::Parser;
 use ddl_trainer::config::Overlap;
 use ddl_trainer::console::eprint_line;
-use ddl_trainer::memory::{describe, PlanFor};
+use ddl_trainer::memory::{compare, describe, Job, PlanFor};
 use ddl_trainer::model::ModelKind;
 use ddl_trainer::table::Layout;
 
@@ -34,6 +37,17 @@ struct Args {
     /// Replicas per rank (for the per-rank memory of CPU replicas).
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u64).range(1..))]
     replicas: u64,
+    /// Ranks of the job (for the bytes sent per step).
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u64).range(1..))]
+    ranks: u64,
+    /// Images per replica per step (as ddl-train's --batch; global batch = this x replicas x
+    /// ranks).
+    #[arg(long, default_value_t = 32, value_parser = clap::value_parser!(u64).range(1..))]
+    batch: u64,
+    /// List the buckets of a run with the head split over the replicas (the comparison of the
+    /// two modes is printed either way).
+    #[arg(long)]
+    head_parallel: bool,
 }
 
 fn main() -> ExitCode {
@@ -58,15 +72,28 @@ fn run(args: &Args) -> anyhow::Result<String> {
         );
     }
     let bucket_bytes = (args.bucket_mb * 1024.0 * 1024.0) as usize;
-    let layout = Layout::of_model(
-        args.model,
-        args.classes,
-        args.image_size,
-        overlap,
-        bucket_bytes,
-    );
-    Ok(describe(
-        &layout,
+    let layout = |head_parallel| {
+        Layout::of_model(
+            args.model,
+            args.classes,
+            args.image_size,
+            overlap,
+            bucket_bytes,
+            head_parallel,
+        )
+    };
+    let (dp, hp) = (layout(false), layout(true));
+    let replicas = (args.ranks * args.replicas) as i64;
+    if replicas > args.classes {
+        anyhow::bail!(
+            "--ranks {} x --replicas {} replicas would split {} classes with some left without one",
+            args.ranks,
+            args.replicas,
+            args.classes
+        );
+    }
+    let plan = describe(
+        if args.head_parallel { &hp } else { &dp },
         &PlanFor {
             model: args.model.name(),
             classes: args.classes,
@@ -74,5 +101,11 @@ fn run(args: &Args) -> anyhow::Result<String> {
             bucket_bytes,
             replicas: args.replicas as usize,
         },
-    ))
+    );
+    let job = Job {
+        ranks: args.ranks as usize,
+        replicas: args.replicas as usize,
+        batch: args.batch as usize,
+    };
+    Ok(plan + &compare(&dp, &hp, job))
 }

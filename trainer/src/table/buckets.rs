@@ -1,6 +1,8 @@
 //! The flat layout: every parameter's place in the flat f32 buffers of a replica (weights,
 //! gradients, momentum) and the buckets they are cut into, in reduction order (the last layers
-//! first), at stage boundaries under `--overlap backward`.
+//! first), at stage boundaries under `--overlap backward`. Under `--head-parallel` the
+//! classifier head is left out ([`Layout::left_out`]): each replica holds a slice of it, whose
+//! gradient is its own and never reduced.
 
 use std::collections::HashMap;
 
@@ -58,6 +60,9 @@ pub struct Layout {
     pub buckets: Vec<Bucket>,
     /// Elements of the flat buffers: the parameters and the gaps that align them.
     pub total: usize,
+    /// Parameters left out of the flat buffers and the buckets, with their whole shapes, in
+    /// creation order (offsets 0): the classifier head under `--head-parallel`.
+    pub left_out: Vec<ParamInfo>,
 }
 
 impl Layout {
@@ -69,18 +74,33 @@ impl Layout {
 
     /// The layout the table reduces `model` (built in `vs`) with under `overlap`: one bucket
     /// (`off`), buckets of about `bucket_bytes` (`pipeline`), and cut at the model's stage
-    /// boundaries as well (`backward`).
+    /// boundaries as well (`backward`); with `head_parallel`, the classifier head left out.
     pub fn for_overlap(
         vs: &nn::VarStore,
         model: &dyn Network,
         overlap: Overlap,
         bucket_bytes: usize,
+        head_parallel: bool,
     ) -> Layout {
-        match overlap {
-            Overlap::Off => Layout::new(vs, usize::MAX),
-            Overlap::Pipeline => Layout::new(vs, bucket_bytes),
-            Overlap::Backward => Layout::staged(vs, bucket_bytes, &|name| model.stage_of(name)),
-        }
+        let bucketed = |name: &str| !(head_parallel && crate::weights::is_head(name));
+        let layout = match overlap {
+            Overlap::Off => Layout::cut(vs, usize::MAX, &|_| 0, &bucketed),
+            Overlap::Pipeline => Layout::cut(vs, bucket_bytes, &|_| 0, &bucketed),
+            Overlap::Backward => {
+                Layout::cut(vs, bucket_bytes, &|name| model.stage_of(name), &bucketed)
+            }
+        };
+        debug_assert!(
+            layout.left_out.is_empty() || layout.left_out.len() == 2,
+            "the head is one linear layer"
+        );
+        layout
+    }
+
+    /// Every parameter of the model in creation order: the bucketed ones, then those left out
+    /// (the head, which every model creates last).
+    pub fn model_params(&self) -> impl Iterator<Item = &ParamInfo> {
+        self.params.iter().chain(&self.left_out)
     }
 
     /// [`Layout::for_overlap`] of `kind` with `classes` classes, built once on the CPU in a
@@ -91,11 +111,12 @@ impl Layout {
         image_size: u32,
         overlap: Overlap,
         bucket_bytes: usize,
+        head_parallel: bool,
     ) -> Layout {
         let vs = nn::VarStore::new(tch::Device::Cpu);
         let _guard = tch::no_grad_guard();
         let model = model::build(kind, &vs.root(), classes, image_size);
-        Layout::for_overlap(&vs, model.as_ref(), overlap, bucket_bytes)
+        Layout::for_overlap(&vs, model.as_ref(), overlap, bucket_bytes, head_parallel)
     }
 
     /// Number of parameters (elements of every parameter, without the alignment gaps).
@@ -117,13 +138,24 @@ impl Layout {
         bucket_bytes: usize,
         stage_of: &dyn Fn(&str) -> usize,
     ) -> Layout {
+        Layout::cut(vs, bucket_bytes, stage_of, &|_| true)
+    }
+
+    /// As [`Layout::staged`] for the parameters `bucketed` accepts; the others go to
+    /// [`Layout::left_out`].
+    pub fn cut(
+        vs: &nn::VarStore,
+        bucket_bytes: usize,
+        stage_of: &dyn Fn(&str) -> usize,
+        bucketed: &dyn Fn(&str) -> bool,
+    ) -> Layout {
         let named = vs.variables();
         let by_ptr: HashMap<usize, &String> = named
             .iter()
             .map(|(n, t)| (t.data_ptr() as usize, n))
             .collect();
         let trainable = vs.trainable_variables();
-        let mut params: Vec<ParamInfo> = trainable
+        let params: Vec<ParamInfo> = trainable
             .iter()
             .map(|t| {
                 let shape = t.size();
@@ -140,11 +172,14 @@ impl Layout {
                 }
             })
             .collect();
+        let (mut params, left_out): (Vec<ParamInfo>, Vec<ParamInfo>) =
+            params.into_iter().partition(|p| bucketed(&p.name));
         let trainable_names: std::collections::HashSet<&str> =
             params.iter().map(|p| p.name.as_str()).collect();
         let mut buffers: Vec<(String, Vec<i64>)> = named
             .iter()
             .filter(|(n, _)| !trainable_names.contains(n.as_str()))
+            .filter(|(n, _)| !left_out.iter().any(|p| &p.name == *n))
             .map(|(n, t)| (n.clone(), t.size()))
             .collect();
         buffers.sort();
@@ -186,6 +221,7 @@ impl Layout {
             buffers,
             buckets,
             total: offset,
+            left_out,
         }
     }
 }

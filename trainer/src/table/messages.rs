@@ -10,6 +10,7 @@ use tch::Tensor;
 use crate::device::Event;
 use crate::error::{Result, TrainError};
 
+use super::head::exchange::{Exchange, Request};
 use super::{BatchIter, EvalSums, ReplicaState, ValidCount};
 
 pub(crate) enum Cmd {
@@ -38,6 +39,8 @@ pub(crate) struct StepCmd {
 pub(crate) enum Msg {
     /// Bucket k's node sum is in its host buffer once the event completes.
     Ready(usize, Event),
+    /// A head exchange to run across the ranks (`--head-parallel`).
+    Head(Request),
     StepDone {
         loss: f64,
         images: usize,
@@ -101,11 +104,17 @@ pub(crate) struct Shared {
     pub(crate) reduced_cv: Condvar,
     /// Host buffer of each bucket (none when the job has one rank).
     pub(crate) host: Vec<Mutex<HostBucket>>,
+    /// The exchanges of the head split over the replicas (`--head-parallel`).
+    pub(crate) head: Option<Exchange>,
     pub(crate) abort: AtomicBool,
 }
 
 impl Shared {
-    pub(crate) fn new(replicas: usize, host: Vec<Mutex<HostBucket>>) -> Shared {
+    pub(crate) fn new(
+        replicas: usize,
+        host: Vec<Mutex<HostBucket>>,
+        head: Option<Exchange>,
+    ) -> Shared {
         let done = Arc::new(Event::done());
         Shared {
             progress: Mutex::new(vec![(0, done.clone()); replicas]),
@@ -119,11 +128,13 @@ impl Shared {
             }),
             reduced_cv: Condvar::new(),
             host,
+            head,
             abort: AtomicBool::new(false),
         }
     }
 
-    fn aborted(&self, replica: usize) -> Result<()> {
+    /// Fails when another replica failed.
+    pub(crate) fn aborted(&self, replica: usize) -> Result<()> {
         if self.abort.load(Ordering::SeqCst) {
             return Err(TrainError::Replica {
                 replica,
@@ -138,6 +149,9 @@ impl Shared {
         let _p = self.progress.lock().map(|_| self.progress_cv.notify_all());
         let _c = self.copied.lock().map(|_| self.copied_cv.notify_all());
         let _r = self.reduced.lock().map(|_| self.reduced_cv.notify_all());
+        if let Some(head) = &self.head {
+            head.wake();
+        }
     }
 
     pub(crate) fn publish(&self, replica: usize, seq: u64, done: Event) {

@@ -38,10 +38,16 @@
 //!   of `off` and `pipeline` (a test checks it).
 //!
 //! The tree and the bucket order are fixed, so a run is deterministic on CPU in every mode.
+//!
+//! Under `--head-parallel` the classifier head is not in the buckets: every replica of the job
+//! holds a slice of its classes, and a step exchanges the features of the global batch and the
+//! softmax's sums instead of the head's gradient ([`head`]); the communication thread runs
+//! those exchanges across the ranks as it runs the buckets' allreduce.
 
 mod buckets;
 mod feed;
 mod flat;
+mod head;
 mod loss_scale;
 mod messages;
 mod replica;
@@ -52,6 +58,7 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use crossbeam_channel::{unbounded, Receiver, Sender};
+use ddl_comm::Parts;
 use ddl_loader::pipeline::Batch;
 use tch::nn;
 use tch::{Device, Kind, Tensor};
@@ -64,12 +71,29 @@ use crate::optim::{Sgd, SgdConfig};
 
 use feed::Feed;
 use flat::Flat;
+use head::exchange::Exchange;
+use head::HeadSlice;
 use loss_scale::LossScaler;
 use messages::{Cmd, HostBucket, Msg, Shared, StepCmd};
 use replica::Replica;
 use tensor_io::{from_host, tensor_to_vec, Normalizer};
 
 pub use buckets::{Bucket, Layout, ParamInfo, ALIGN};
+pub use head::HeadSplit;
+
+/// The collectives a table needs across the ranks, run on the thread that calls
+/// [`Table::step`] and [`Table::evaluate`] (the communication thread). Every rank makes the
+/// same calls in the same order.
+pub trait Comm {
+    /// Sums `buf` over the ranks, in place.
+    fn allreduce_sum(&self, buf: &mut [f32]) -> Result<()>;
+    /// The element-wise maximum of `buf` over the ranks, in place.
+    fn allreduce_max(&self, buf: &mut [f32]) -> Result<()>;
+    /// Every rank's part of `buf` to every rank.
+    fn all_gather(&self, buf: &mut [f32], parts: &Parts) -> Result<()>;
+    /// This rank's part of `buf` summed over the ranks (the other parts left undefined).
+    fn reduce_scatter(&self, buf: &mut [f32], parts: &Parts) -> Result<()>;
+}
 
 /// A source of batches for one replica (the loader's per-replica queue).
 pub type BatchIter = Box<dyn Iterator<Item = ddl_loader::Result<Batch>> + Send>;
@@ -108,6 +132,12 @@ pub struct TableConfig {
     pub ranks: usize,
     /// With `--synthetic-data`: images per replica of the batch made on each device.
     pub synthetic_batch: Option<usize>,
+    /// Images per replica of a training batch (and per rank of an evaluation batch).
+    pub batch: usize,
+    /// This rank's index among the `ranks`.
+    pub rank: usize,
+    /// Split the classifier head by class over every replica of the job.
+    pub head_parallel: bool,
 }
 
 /// Per-step measurements of one rank.
@@ -155,6 +185,11 @@ pub struct ReplicaState {
     pub momentum: Vec<Vec<f32>>,
     /// BatchNorm buffers in [`Layout::buffers`] order.
     pub buffers: Vec<Vec<f32>>,
+    /// Under `--head-parallel`: this replica's slice of every head parameter
+    /// ([`Layout::left_out`] order; every replica's, as the slices differ).
+    pub head: Vec<Vec<f32>>,
+    /// The momentum of the slice, same order.
+    pub head_momentum: Vec<Vec<f32>>,
 }
 
 /// The replicas of one rank and the machinery that keeps them in step.
@@ -196,6 +231,7 @@ impl Table {
             model.as_ref(),
             cfg.overlap,
             cfg.bucket_bytes,
+            cfg.head_parallel,
         ));
         let init: Vec<(String, Vec<f32>)> = {
             let vars = reference.variables();
@@ -206,7 +242,11 @@ impl Table {
             v.sort_by(|a, b| a.0.cmp(&b.0));
             v
         };
-        let shared = Arc::new(Shared::new(cfg.devices.len(), host_buckets(&cfg, &layout)?));
+        let shared = Arc::new(Shared::new(
+            cfg.devices.len(),
+            host_buckets(&cfg, &layout)?,
+            head_exchange(&cfg, &layout)?,
+        ));
         // Flat buffers, made here so that every replica gets handles to every one's gradients.
         let flats = cfg
             .devices
@@ -330,14 +370,10 @@ impl Table {
         Ok(())
     }
 
-    /// Runs one synchronous step with learning rate `lr`. `allreduce` sums a bucket across
-    /// ranks in place; with several ranks it is called from this thread, bucket by bucket, in a
-    /// fixed order (with one rank, never).
-    pub fn step(
-        &mut self,
-        lr: f64,
-        allreduce: &mut dyn FnMut(&mut [f32]) -> Result<()>,
-    ) -> Result<StepStats> {
+    /// Runs one synchronous step with learning rate `lr`. With several ranks `comm` sums the
+    /// buckets across ranks in place, called from this thread, bucket by bucket, in a fixed
+    /// order, and runs the head's exchanges under `--head-parallel` (with one rank, never).
+    pub fn step(&mut self, lr: f64, comm: &dyn Comm) -> Result<StepStats> {
         let start = Instant::now();
         let cmd = StepCmd {
             lr,
@@ -355,11 +391,12 @@ impl Table {
         while done < self.replicas() {
             match self.recv()? {
                 Msg::Ready(k, copied) => {
-                    if let Err(e) = reduce.bucket(&self.shared, k, &copied, allreduce) {
+                    if let Err(e) = reduce.bucket(&self.shared, k, &copied, comm) {
                         self.shared.abort();
                         return Err(e);
                     }
                 }
+                Msg::Head(request) => self.serve_head(request, comm)?,
                 Msg::StepDone {
                     loss,
                     images,
@@ -397,21 +434,79 @@ impl Table {
     }
 
     /// Evaluates replica 0 on `batches`, counting only the first `valid(batch)` images of each
-    /// (padding is left out), and returns the sums (not yet reduced across ranks).
-    pub fn evaluate(&self, batches: BatchIter, valid: ValidCount) -> Result<EvalSums> {
+    /// (padding is left out), and returns the sums (not yet reduced across ranks). Under
+    /// `--head-parallel` every replica of the job takes part (collective: every rank calls it,
+    /// a rank without val records with no batches), and `comm` runs the head's exchanges.
+    pub fn evaluate(
+        &self,
+        batches: BatchIter,
+        valid: ValidCount,
+        comm: &dyn Comm,
+    ) -> Result<EvalSums> {
         self.send(0, Cmd::Eval(batches, valid))?;
-        match self.recv()? {
-            Msg::Eval(s) => Ok(s),
-            _ => Err(TrainError::Replica {
-                replica: 0,
-                message: "unexpected reply to eval".into(),
-            }),
+        let taking_part = if self.cfg.head_parallel {
+            for r in 1..self.replicas() {
+                self.send(r, Cmd::Eval(Box::new(std::iter::empty()), Box::new(|_| 0)))?;
+            }
+            self.replicas()
+        } else {
+            1
+        };
+        let mut sums = EvalSums::default();
+        let mut done = 0;
+        while done < taking_part {
+            match self.recv()? {
+                Msg::Eval(s) => {
+                    // Only replica 0 scores images: the others' sums are zero.
+                    sums.loss += s.loss;
+                    sums.top1 += s.top1;
+                    sums.top5 += s.top5;
+                    sums.count += s.count;
+                    sums.skipped += s.skipped;
+                    done += 1;
+                }
+                Msg::Head(request) => self.serve_head(request, comm)?,
+                _ => {
+                    return Err(TrainError::Replica {
+                        replica: 0,
+                        message: "unexpected reply to eval".into(),
+                    })
+                }
+            }
         }
+        Ok(sums)
+    }
+
+    /// Runs a head exchange across the ranks for the replicas (see [`head::exchange`]).
+    fn serve_head(&self, request: head::exchange::Request, comm: &dyn Comm) -> Result<()> {
+        let served = match &self.shared.head {
+            Some(exchange) => exchange.serve(request, comm),
+            None => Err(TrainError::Replica {
+                replica: 0,
+                message: "a head exchange without --head-parallel".into(),
+            }),
+        };
+        if served.is_err() {
+            self.shared.abort();
+        }
+        served
+    }
+
+    /// How the head is split over the replicas of the job (`--head-parallel`).
+    pub fn head_split(&self) -> Option<HeadSplit> {
+        self.cfg
+            .head_parallel
+            .then(|| HeadSplit::new(self.cfg.classes as usize, self.cfg.global_replicas))
+    }
+
+    /// This rank's index among the ranks of the job.
+    pub fn rank(&self) -> usize {
+        self.cfg.rank
     }
 
     /// Host copies of every replica's state, in replica order. Parameters and momentum are
     /// identical on every replica, so only replica 0's are copied (`params` and `momentum`
-    /// are empty for the others).
+    /// are empty for the others); every replica's head slice is (`--head-parallel`).
     pub fn states(&self) -> Result<Vec<ReplicaState>> {
         let mut out = Vec::new();
         for r in 0..self.replicas() {
@@ -542,9 +637,17 @@ fn build_replica(
 ) -> Result<Replica> {
     let ctx = DeviceCtx::new(cfg.devices[index])?;
     let vs = nn::VarStore::new(ctx.device());
+    // Under --head-parallel, this replica's model has the classes of its slice.
+    let global = cfg.rank * cfg.devices.len() + index;
+    let split = cfg
+        .head_parallel
+        .then(|| HeadSplit::new(cfg.classes as usize, cfg.global_replicas));
+    let classes = split
+        .as_ref()
+        .map_or(cfg.classes, |s| s.classes(global).len() as i64);
     // Drawing this replica's (overwritten) initial values uses the global generator too.
     let init_guard = INIT_LOCK.lock().unwrap_or_else(|e| e.into_inner());
-    let model = model::build(cfg.model, &vs.root(), cfg.classes, cfg.image_size);
+    let model = model::build(cfg.model, &vs.root(), classes, cfg.image_size);
     drop(init_guard);
     let vars = vs.variables();
     let get = |name: &str| {
@@ -558,7 +661,12 @@ fn build_replica(
     {
         let _guard = tch::no_grad_guard();
         for (name, values) in init {
-            from_host(&mut get(name)?, values)?;
+            match &split {
+                Some(s) if crate::weights::is_head(name) => {
+                    from_host(&mut get(name)?, &s.slice(global, values))?
+                }
+                _ => from_host(&mut get(name)?, values)?,
+            }
         }
     }
     let mut params = layout
@@ -572,6 +680,10 @@ fn build_replica(
         .iter()
         .map(|(n, _)| get(n))
         .collect::<Result<Vec<_>>>()?;
+    let head = match split {
+        Some(s) => Some(HeadSlice::adopt(&vs, s.classes(global), ctx.device())?),
+        None => None,
+    };
     Ok(Replica {
         index,
         sgd: Sgd::new(cfg.sgd, ctx.device())?,
@@ -589,7 +701,31 @@ fn build_replica(
         grads,
         feed: Feed::None,
         tx,
+        head,
     })
+}
+
+/// The exchanges of the head under `--head-parallel`: with several ranks, over a host buffer
+/// (pinned for GPUs) that holds the largest of them, the features and labels of the global
+/// batch.
+fn head_exchange(cfg: &TableConfig, layout: &Layout) -> Result<Option<Exchange>> {
+    if !cfg.head_parallel {
+        return Ok(None);
+    }
+    let replicas = cfg.devices.len();
+    let host = if cfg.ranks > 1 {
+        let features = layout
+            .left_out
+            .iter()
+            .find_map(|p| p.shape.get(1).copied())
+            .unwrap_or(0) as usize;
+        let samples = cfg.ranks * replicas * cfg.batch;
+        let len = (samples * (features + 1)).max(3 * samples);
+        Some(DeviceCtx::new(cfg.devices[0])?.host_buffer(len, Kind::Float)?)
+    } else {
+        None
+    };
+    Ok(Some(Exchange::new(cfg.ranks, cfg.rank, replicas, host)))
 }
 
 /// The host buffer of every bucket, where the allreduce across ranks runs: pinned when the
@@ -641,7 +777,7 @@ impl BucketReduce {
         shared: &Shared,
         k: usize,
         copied: &crate::device::Event,
-        allreduce: &mut dyn FnMut(&mut [f32]) -> Result<()>,
+        comm: &dyn Comm,
     ) -> Result<()> {
         debug_assert_eq!(k, self.next);
         self.next += 1;
@@ -650,7 +786,7 @@ impl BucketReduce {
             let mut host = shared.host[k].lock().unwrap_or_else(|e| e.into_inner());
             let buf = host.as_mut_slice();
             let t0 = Instant::now();
-            allreduce(buf)?;
+            comm.allreduce_sum(buf)?;
             let took = t0.elapsed();
             self.time += took;
             ddl_trace::record(

@@ -16,6 +16,7 @@ use crate::optim::Sgd;
 use super::buckets::Layout;
 use super::feed::{Feed, StepBatch};
 use super::flat::{range, Flat};
+use super::head::HeadSlice;
 use super::messages::{Cmd, Msg, Shared, StepCmd};
 use super::tensor_io::{from_host, tensor_to_vec, to_host, BatchTensors, Normalizer};
 use super::{BatchIter, EvalSums, ReplicaState, TableConfig, ValidCount};
@@ -39,6 +40,8 @@ pub(crate) struct Replica {
     /// Host copy of the step's loss (pinned on a GPU).
     pub(crate) loss_host: Tensor,
     pub(crate) tx: Sender<Msg>,
+    /// This replica's slice of the head, under `--head-parallel`.
+    pub(crate) head: Option<HeadSlice>,
 }
 
 /// The factor a summed gradient is multiplied by, rounded to f32 once.
@@ -56,7 +59,11 @@ impl Replica {
                 }),
                 Cmd::Synthetic => self.synthetic().map(|_| None),
                 Cmd::Step(step) => self.step(step).map(Some),
-                Cmd::Eval(it, valid) => self.eval(it, &valid).map(|s| Some(Msg::Eval(s))),
+                Cmd::Eval(it, valid) => match self.head {
+                    Some(_) => self.eval_head(it, &valid),
+                    None => self.eval(it, &valid),
+                }
+                .map(|s| Some(Msg::Eval(s))),
                 Cmd::GetState { full } => self.state(full).map(|s| Some(Msg::State(Box::new(s)))),
                 Cmd::SetState(s) => self.set_state(&s).map(|_| None),
                 Cmd::Checksum => self.checksum().map(|c| Some(Msg::Checksum(c))),
@@ -127,30 +134,16 @@ impl Replica {
         let start = Instant::now();
         let replica = self.index as i64;
         let _ = self.flat.grads.f_zero_()?;
+        if let Some(head) = self.head.as_mut() {
+            head.zero_grad()?;
+        }
         let amp = self.ctx.autocast(self.cfg.precision);
         let staged = self.cfg.overlap == Overlap::Backward;
-        let mut pass = tch::autocast(amp, || {
-            model::StagedPass::forward(self.model.as_ref(), &batch.images, true, staged)
+        let model = self.model.as_ref();
+        let mut pass = tch::autocast(amp, || match self.head {
+            Some(_) => model::StagedPass::features(model, &batch.images, true, staged),
+            None => model::StagedPass::forward(model, &batch.images, true, staged),
         })?;
-        let loss = pass
-            .logits()
-            .f_to_kind(Kind::Float)?
-            .f_cross_entropy_loss::<Tensor>(
-                &batch.labels,
-                None,
-                Reduction::Mean,
-                -100,
-                self.cfg.label_smoothing,
-            )?;
-        self.ctx
-            .copy(&mut self.loss_host, &loss.f_detach()?.f_reshape([1])?)?;
-        let loss_read = self.ctx.record()?;
-        let scaled = if cmd.loss_scale != 1.0 {
-            loss.f_mul_scalar(cmd.loss_scale)?
-        } else {
-            loss
-        };
-        let stages = pass.stages();
         let backward_span = |s: usize| {
             ddl_trace::span_args(
                 "backward",
@@ -158,11 +151,35 @@ impl Replica {
                 &[("stage", s as i64), ("replica", replica)],
             )
         };
-        {
+        let stages = pass.stages();
+        let loss = if self.head.is_some() {
+            let (seed, loss) = self.head_step(pass.output(), &batch.labels, cmd)?;
+            let _span = backward_span(stages - 1);
+            crate::device::backward(&[pass.output()], &[&seed])?;
+            loss
+        } else {
+            let loss = pass
+                .output()
+                .f_to_kind(Kind::Float)?
+                .f_cross_entropy_loss::<Tensor>(
+                    &batch.labels,
+                    None,
+                    Reduction::Mean,
+                    -100,
+                    self.cfg.label_smoothing,
+                )?;
+            let scaled = if cmd.loss_scale != 1.0 {
+                loss.f_mul_scalar(cmd.loss_scale)?
+            } else {
+                loss.shallow_clone()
+            };
             let _span = backward_span(stages - 1);
             scaled.f_backward()?;
-        }
-        drop(scaled);
+            loss
+        };
+        self.ctx
+            .copy(&mut self.loss_host, &loss.f_detach()?.f_reshape([1])?)?;
+        let loss_read = self.ctx.record()?;
         // Backward of the earlier stages, last first; after each, hand over the buckets it
         // completed.
         let mut handed = 0;
@@ -288,6 +305,11 @@ impl Replica {
             self.sgd
                 .update(&mut params, &mut grads, &mut momentum, bucket.decayed)?;
         }
+        if let Some(head) = self.head.as_mut() {
+            let _span =
+                ddl_trace::span_args("head_update", "train", &[("replica", self.index as i64)]);
+            head.update(&self.sgd, f32_factor(1.0 / self.cfg.global_replicas as f64))?;
+        }
         Ok((waited, false))
     }
 
@@ -333,17 +355,9 @@ impl Replica {
         let mut sums = EvalSums::default();
         let amp = self.ctx.autocast(self.cfg.precision);
         for batch in it {
-            let batch = batch?;
-            // The first `real` slots are this rank's records (the rest is padding); bad ones
-            // among them were left out and the kept ones come first.
-            let real = valid(&batch);
-            let dropped = batch.dropped_among_first(real);
-            sums.skipped += dropped as f64;
-            let n = (real - dropped).min(batch.len()) as i64;
-            if n == 0 {
+            let Some((tensors, n)) = self.eval_inputs(batch?, valid, &mut sums)? else {
                 continue;
-            }
-            let tensors = BatchTensors::new(batch, device, &self.norm)?;
+            };
             let images = tensors.images().f_narrow(0, 0, n)?;
             let labels = tensors.labels().f_narrow(0, 0, n)?;
             let logits = tch::autocast(amp, || self.model.forward_t(&images, false))
@@ -359,11 +373,27 @@ impl Replica {
             let _ = sums_dev.f_add_(&part)?;
             sums.count += n as f64;
         }
-        let [loss, top1, top5] = [0, 1, 2].map(|i| sums_dev.double_value(&[i]));
-        sums.loss = loss;
-        sums.top1 = top1;
-        sums.top5 = top5;
-        Ok(sums)
+        Ok(read_sums(&sums_dev, sums))
+    }
+
+    /// An evaluation batch on the device and how many of its leading images count: the first
+    /// `valid(batch)` slots are this rank's records (the rest is padding), bad ones among them
+    /// were left out (counted in `sums`) and the kept ones come first. `None` when none count.
+    pub(crate) fn eval_inputs(
+        &self,
+        batch: ddl_loader::pipeline::Batch,
+        valid: &ValidCount,
+        sums: &mut EvalSums,
+    ) -> Result<Option<(BatchTensors, i64)>> {
+        let real = valid(&batch);
+        let dropped = batch.dropped_among_first(real);
+        sums.skipped += dropped as f64;
+        let n = (real - dropped).min(batch.len()) as i64;
+        if n == 0 {
+            return Ok(None);
+        }
+        let tensors = BatchTensors::new(batch, self.ctx.device(), &self.norm)?;
+        Ok(Some((tensors, n)))
     }
 
     fn state(&self, full: bool) -> Result<ReplicaState> {
@@ -378,6 +408,10 @@ impl Replica {
         let momentum = self
             .flat
             .momentum_views(&self.layout, self.cfg.channels_last)?;
+        let (head, head_momentum) = match &self.head {
+            Some(h) => h.state(&self.layout.left_out)?,
+            None => Default::default(),
+        };
         Ok(ReplicaState {
             params: all(&self.params)?,
             momentum: all(&momentum)?,
@@ -386,6 +420,8 @@ impl Replica {
                 .iter()
                 .map(tensor_to_vec)
                 .collect::<Result<_>>()?,
+            head,
+            head_momentum,
         })
     }
 
@@ -404,6 +440,16 @@ impl Replica {
         check("parameters", s.params.len(), self.params.len())?;
         check("momentum buffers", s.momentum.len(), self.params.len())?;
         check("buffers", s.buffers.len(), self.buffers.len())?;
+        if let Some(head) = &self.head {
+            let whole = &self.layout.left_out;
+            check("head parameters", s.head.len(), whole.len())?;
+            check("head momentum buffers", s.head_momentum.len(), whole.len())?;
+            head.set_state(whole, &s.head, &s.head_momentum)
+                .map_err(|message| TrainError::Replica {
+                    replica: self.index,
+                    message,
+                })?;
+        }
         let momentum = self
             .flat
             .momentum_views(&self.layout, self.cfg.channels_last)?;
@@ -459,6 +505,16 @@ impl Replica {
         }
         Ok(crc)
     }
+}
+
+/// `sums` with the loss, top-1 and top-5 sums an evaluation kept on the device (read here,
+/// once).
+pub(crate) fn read_sums(on_device: &Tensor, mut sums: EvalSums) -> EvalSums {
+    let [loss, top1, top5] = [0, 1, 2].map(|i| on_device.double_value(&[i]));
+    sums.loss = loss;
+    sums.top1 = top1;
+    sums.top5 = top5;
+    sums
 }
 
 /// Whether every element of `t` is finite (reads one flag from the device).

@@ -23,11 +23,11 @@ pub(super) fn bytes_to_u64s(b: &[u8]) -> Vec<u64> {
         .collect()
 }
 
-fn f32s_to_bytes(v: &[f32]) -> Vec<u8> {
+pub(super) fn f32s_to_bytes(v: &[f32]) -> Vec<u8> {
     v.iter().flat_map(|x| x.to_le_bytes()).collect()
 }
 
-fn bytes_to_f32s(b: &[u8]) -> Vec<f32> {
+pub(super) fn bytes_to_f32s(b: &[u8]) -> Vec<f32> {
     b.chunks_exact(4)
         .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
         .collect()
@@ -108,24 +108,22 @@ impl Run<'_> {
             "train",
             &[("epoch", epoch as i64), ("step", global as i64)],
         );
-        let mut states = self.table.states()?;
+        let (states, whole) = self.whole()?;
         let gathered = self.comm.gather_bytes(encode_buffers(&states))?;
-        let Some(gathered) = gathered else {
+        let (Some(gathered), Some(full)) = (gathered, whole) else {
             return Ok(());
         };
         let layout = self.table.layout();
         let mut tensors = Vec::new();
-        // Moved, not copied: with a 21k-class head the weights and momentum are 700 MB.
-        let full = std::mem::take(&mut states[0]);
         let mut data = Vec::new();
-        for (p, values) in layout.params.iter().zip(full.params) {
+        for (p, values) in layout.model_params().zip(full.params) {
             tensors.push(TensorEntry {
                 name: format!("param/{}", p.name),
                 shape: p.shape.clone(),
             });
             data.push(values);
         }
-        for (p, values) in layout.params.iter().zip(full.momentum) {
+        for (p, values) in layout.model_params().zip(full.momentum) {
             tensors.push(TensorEntry {
                 name: format!("momentum/{}", p.name),
                 shape: p.shape.clone(),
@@ -164,6 +162,7 @@ impl Run<'_> {
                 good_steps,
                 flags: serde_json::to_value(self.cfg).unwrap_or_default(),
                 nodes: Some(self.plan.residency.nodes),
+                head_split: self.table.head_split().map(|s| s.counts()),
                 data_fingerprint: Some(self.plan.data_fingerprint),
                 class_names: Some(self.class_names()),
                 val_top1: evaluated.and_then(|e| e.top1),
@@ -242,7 +241,16 @@ impl Run<'_> {
         );
         let mut refused = comparison.refused;
         let mut warnings = comparison.warnings;
-        if !comparison.layout.is_empty() {
+        let split = self.table.head_split().map(|s| s.counts());
+        if !comparison.layout.is_empty() && (split.is_some() || ck.meta.head_split.is_some()) {
+            let layout = comparison.layout.join(", ");
+            refused.push(format!(
+                "{layout}: the head is split over {} in the checkpoint and would be over {} in \
+                 this run; a run with --head-parallel resumes on its checkpoint's layout only",
+                split_name(ck.meta.head_split.as_deref()),
+                split_name(split.as_deref())
+            ));
+        } else if !comparison.layout.is_empty() {
             let layout = comparison.layout.join(", ");
             if self.cfg.allow_new_layout {
                 warnings.push(format!(
@@ -271,31 +279,26 @@ impl Run<'_> {
         }
         let layout = self.table.layout().clone();
         let params = ck
-            .tensors(layout.params.iter().map(|p| format!("param/{}", p.name)))
+            .tensors(layout.model_params().map(|p| format!("param/{}", p.name)))
             .map_err(bad)?;
         let momentum = ck
-            .tensors(layout.params.iter().map(|p| format!("momentum/{}", p.name)))
+            .tensors(
+                layout
+                    .model_params()
+                    .map(|p| format!("momentum/{}", p.name)),
+            )
             .map_err(bad)?;
         let rank = self.rank();
-        for r in 0..self.table.replicas() {
+        self.set_whole(&params, &momentum, &|r| {
             let (cr, ci) = (rank % ck.meta.ranks.max(1), r % ck.meta.replicas.max(1));
-            let buffers = ck
-                .tensors(
-                    layout
-                        .buffers
-                        .iter()
-                        .map(|(n, _)| format!("buffer/{cr}/{ci}/{n}")),
-                )
-                .map_err(bad)?;
-            self.table.set_state(
-                r,
-                ReplicaState {
-                    params: params.clone(),
-                    momentum: momentum.clone(),
-                    buffers,
-                },
-            )?;
-        }
+            ck.tensors(
+                layout
+                    .buffers
+                    .iter()
+                    .map(|(n, _)| format!("buffer/{cr}/{ci}/{n}")),
+            )
+            .map_err(bad)
+        })?;
         self.table
             .set_loss_scale(ck.meta.loss_scale, ck.meta.good_steps);
         self.batches_tracked_base = ck.meta.batches_tracked_base.clone();
@@ -322,23 +325,26 @@ impl Run<'_> {
     /// Writes replica 0's parameters and buffers as raw little-endian f32 to `path` and an
     /// index to `path.json`: `{"dtype": "f32", "tensors": [{"name", "shape", "offset"}]}` with
     /// offsets in elements.
-    pub(crate) fn dump_weights(&self, path: &Path) -> Result<()> {
-        let states = self.table.states()?;
+    /// Collective under `--head-parallel` (rank 0 gathers the head's slices).
+    pub(crate) fn dump_weights(&mut self, path: &Path) -> Result<()> {
+        let (_, whole) = self.whole()?;
+        let Some(whole) = whole.filter(|_| self.is_root()) else {
+            return Ok(());
+        };
         let layout = self.table.layout();
         let mut raw = Vec::new();
         let mut index = Vec::new();
         let mut offset = 0usize;
         let named = layout
-            .params
-            .iter()
+            .model_params()
             .map(|p| (&p.name, &p.shape))
-            .zip(states[0].params.iter())
+            .zip(whole.params.iter())
             .chain(
                 layout
                     .buffers
                     .iter()
                     .map(|(n, s)| (n, s))
-                    .zip(states[0].buffers.iter()),
+                    .zip(whole.buffers.iter()),
             );
         for ((name, shape), values) in named {
             index.push(serde_json::json!({"name": name, "shape": shape, "offset": offset}));
@@ -350,5 +356,16 @@ impl Run<'_> {
         let idx = PathBuf::from(format!("{}.json", path.display()));
         std::fs::write(&idx, serde_json::to_vec_pretty(&json).unwrap_or_default())
             .map_err(|e| TrainError::io(&idx, e))
+    }
+}
+
+/// How a checkpoint's or a run's head is split: "4 replicas (classes 3, 3, 2, 2)", or not.
+fn split_name(split: Option<&[usize]>) -> String {
+    match split {
+        Some(counts) => {
+            let c: Vec<String> = counts.iter().map(ToString::to_string).collect();
+            format!("{} replicas (classes {})", counts.len(), c.join(", "))
+        }
+        None => "no replicas (data-parallel head)".into(),
     }
 }

@@ -29,6 +29,7 @@ use crate::signal::StopSignal;
 use crate::table::{BatchIter, EvalSums, Table, TableConfig};
 
 mod checkpoints;
+mod head;
 mod plan;
 mod synthetic;
 mod weights_io;
@@ -172,7 +173,13 @@ pub fn train(
         }
         None => CostModel::default(),
     };
-    let comm = Collective::new(transport, cfg.allreduce.clone(), topology, model)?;
+    let comm = Collective::new(
+        transport,
+        cfg.allreduce.clone(),
+        cfg.gather.clone(),
+        topology,
+        model,
+    )?;
     let replicas = plan.devices.len();
     check_replica_counts(&comm, replicas)?;
     device::configure_backend(&plan.devices, cfg.deterministic);
@@ -244,7 +251,7 @@ pub fn train(
         plan.devices.clone(),
         plan.manifest.num_classes() as i64,
         info.nodes,
-        world,
+        (rank, world),
     );
     let overlap = table_cfg.overlap;
     let table = Table::new(table_cfg)?;
@@ -259,13 +266,18 @@ pub fn train(
     if rank == 0 && cfg.verbose {
         let devs: Vec<String> = plan.devices.iter().map(|d| format!("{d:?}")).collect();
         println!(
-            "ddl-train: {} on {} rank(s) x {} replica(s) [{}], {} classes, {} train images/node (min), \
+            "ddl-train: {} on {} rank(s) x {} replica(s) [{}], {} classes{}, {} train images/node (min), \
              global batch {}, peak lr {:.4}, {} steps/epoch, allreduce {}, overlap {}, {} bucket(s)",
             cfg.model,
             world,
             replicas,
             devs.join(","),
             plan.manifest.num_classes(),
+            if cfg.head_parallel {
+                format!(" (head split over {global_replicas} replicas, gather {})", cfg.gather)
+            } else {
+                String::new()
+            },
             min_node,
             global_batch,
             schedule.peak,
@@ -296,14 +308,14 @@ pub fn train(
     run.go()
 }
 
-/// The table of a rank of `ranks` (spread over `nodes`) with replicas on `devices`, training a
-/// model of `classes` classes as `cfg` says (`--overlap auto` resolved).
+/// The table of rank `rank` of `ranks` (spread over `nodes`) with replicas on `devices`,
+/// training a model of `classes` classes as `cfg` says (`--overlap auto` resolved).
 fn table_config(
     cfg: &TrainConfig,
     devices: Vec<tch::Device>,
     classes: i64,
     nodes: usize,
-    ranks: usize,
+    (rank, ranks): (usize, usize),
 ) -> TableConfig {
     let global_replicas = devices.len() * ranks;
     let gpus = devices.iter().any(|d| d.is_cuda());
@@ -328,6 +340,9 @@ fn table_config(
         global_replicas,
         ranks,
         synthetic_batch: cfg.synthetic_data.then_some(cfg.batch),
+        batch: cfg.batch,
+        rank,
+        head_parallel: cfg.head_parallel,
     }
 }
 
@@ -408,10 +423,9 @@ impl Run<'_> {
                     break;
                 }
                 let lr = self.schedule.lr(global);
-                let comm = &self.comm;
-                let stats = self
-                    .table
-                    .step(lr, &mut |buf: &mut [f32]| comm.allreduce_sum(buf))?;
+                let sent = self.comm.bytes_sent();
+                let stats = self.table.step(lr, &self.comm)?;
+                let sent = self.comm.bytes_sent() - sent;
                 if !stats.loss.is_finite() {
                     return Err(TrainError::NonFinite { step: global });
                 }
@@ -433,6 +447,7 @@ impl Run<'_> {
                         data_wait_s: secs(stats.data_wait),
                         compute_s: secs(stats.compute),
                         allreduce_s: secs(stats.allreduce),
+                        bytes_sent: sent,
                     })?;
                 }
                 if let Some(b) = &self.bar {
@@ -507,9 +522,7 @@ impl Run<'_> {
         let sums = self.table.checksums()?;
         self.summary.param_checksum = sums[0];
         if let Some(path) = &self.cfg.dump_weights {
-            if self.is_root() {
-                self.dump_weights(path)?;
-            }
+            self.dump_weights(path)?;
         }
         if let Some(path) = &self.cfg.export {
             self.export(path, epoch, global)?;
@@ -710,8 +723,15 @@ impl Run<'_> {
                 let first = (b.step * ranks + me) * batch;
                 node_records.saturating_sub(first).min(batch)
             });
-            sums = self.table.evaluate(Box::new(pipeline.replica(0)), valid)?;
+            sums = self
+                .table
+                .evaluate(Box::new(pipeline.replica(0)), valid, &self.comm)?;
             self.collect_bad_records(&pipeline, 0, BadRecordUse::Eval);
+        } else if self.cfg.head_parallel {
+            // Every replica of the job scores its classes for the others' images.
+            sums =
+                self.table
+                    .evaluate(Box::new(std::iter::empty()), Box::new(|_| 0), &self.comm)?;
         }
         let mut buf = [
             sums.loss as f32,

@@ -148,6 +148,7 @@ pub(super) fn plan(cfg: &TrainConfig, rank: usize, world: usize, info: RankInfo)
         ));
     }
     let devices = cfg.devices.resolve(info.rank_in_node, info.ranks_in_node)?;
+    validate::head_split(cfg, manifest.num_classes(), devices.len() * world)?;
     // GPUs get uint8 batches (normalised on the device), CPUs float32.
     let bytes_per_value = if devices.iter().any(|d| d.is_cuda()) {
         1

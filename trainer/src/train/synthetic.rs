@@ -36,6 +36,7 @@ pub(super) fn train(
     let comm = Collective::new(
         transport,
         cfg.allreduce.clone(),
+        cfg.gather.clone(),
         topology,
         CostModel::default(),
     )?;
@@ -43,7 +44,9 @@ pub(super) fn train(
     device::configure_backend(&devices, cfg.deterministic);
     let global_replicas = devices.len() * world;
     let classes = cfg.classes.unwrap_or(DEFAULT_CLASSES) as i64;
-    let mut table = Table::new(table_config(cfg, devices, classes, info.nodes, world))?;
+    validate::head_split(cfg, classes as usize, global_replicas)?;
+    let table_cfg = table_config(cfg, devices, classes, info.nodes, (rank, world));
+    let mut table = Table::new(table_cfg)?;
     table.attach_synthetic()?;
     let mut schedule = Schedule::new(
         cfg.base_lr,
@@ -65,7 +68,8 @@ pub(super) fn train(
         .unwrap_or(u64::from(cfg.epochs) * STEPS_PER_EPOCH);
     for step in 0..steps {
         let lr = schedule.lr(step);
-        let stats = table.step(lr, &mut |buf: &mut [f32]| comm.allreduce_sum(buf))?;
+        let sent = comm.bytes_sent();
+        let stats = table.step(lr, &comm)?;
         if !stats.loss.is_finite() {
             return Err(TrainError::NonFinite { step });
         }
@@ -80,6 +84,7 @@ pub(super) fn train(
                 data_wait_s: stats.data_wait.as_secs_f64(),
                 compute_s: stats.compute.as_secs_f64(),
                 allreduce_s: stats.allreduce.as_secs_f64(),
+                bytes_sent: comm.bytes_sent() - sent,
             })?;
         }
     }

@@ -9,7 +9,6 @@ use ddl_loader::pipeline::{IMAGENET_MEAN, IMAGENET_STD};
 
 use crate::error::{Result, TrainError};
 use crate::model::ModelKind;
-use crate::table::ReplicaState;
 use crate::weights::meta::ModelMeta;
 use crate::weights::{self, file, Spec, StateDict, WeightsError};
 
@@ -73,11 +72,11 @@ impl Run<'_> {
         }
         let layout = self.table.layout().clone();
         dict.check(&Spec::of_layout(model, &layout), path, self.cfg.reset_head)?;
-        let initial = self.table.states()?.swap_remove(0);
+        // Every rank has the whole seeded model: the seed draws the same values everywhere.
+        let initial = self.seeded()?;
         let reset = self.cfg.reset_head;
         let params: Vec<Vec<f32>> = layout
-            .params
-            .iter()
+            .model_params()
             .zip(initial.params)
             .map(|(p, seeded)| match dict.f32_values(&p.name) {
                 Some(v) if !(reset && weights::is_head(&p.name)) => v,
@@ -90,16 +89,7 @@ impl Run<'_> {
             .zip(initial.buffers)
             .map(|((name, _), seeded)| dict.f32_values(name).unwrap_or(seeded))
             .collect();
-        for r in 0..self.table.replicas() {
-            self.table.set_state(
-                r,
-                ReplicaState {
-                    params: params.clone(),
-                    momentum: initial.momentum.clone(),
-                    buffers: buffers.clone(),
-                },
-            )?;
-        }
+        self.set_whole(&params, &initial.momentum, &|_| Ok(buffers.clone()))?;
         self.batches_tracked_base = dict.batches_tracked();
         if self.is_root() && self.cfg.verbose {
             let head = if reset {
@@ -148,18 +138,18 @@ impl Run<'_> {
                 at
             }
         };
-        if !self.is_root() {
+        let (_, whole) = self.whole()?;
+        let Some(whole) = whole.filter(|_| self.is_root()) else {
             return Ok(());
-        }
-        let states = self.table.states()?;
+        };
         let layout = self.table.layout();
         let model = self.cfg.model.name();
         let base = &self.batches_tracked_base;
         let dict = StateDict::from_ddl(
             &Spec::of_layout(model, layout),
             layout,
-            &states[0].params,
-            &states[0].buffers,
+            &whole.params,
+            &whole.buffers,
             &|bn| base.get(bn).copied().unwrap_or(0) + global as i64,
         );
         let meta = ModelMeta {

@@ -100,7 +100,7 @@ impl Spec {
         // Modules in the order their first variable was created; inside a module torch
         // registers weight before bias (tch creates a linear's or convolution's bias first).
         let mut modules: Vec<(&str, Vec<&ParamInfo>)> = Vec::new();
-        for p in &layout.params {
+        for p in layout.model_params() {
             let prefix = p.name.rsplit_once('.').map_or("", |(m, _)| m);
             match modules.iter_mut().find(|(m, _)| *m == prefix) {
                 Some((_, ps)) => ps.push(p),
@@ -181,7 +181,7 @@ impl Spec {
 /// The parameter and buffer layout of `kind` (built once on the CPU, in a throwaway variable
 /// store).
 pub fn layout_of(kind: ModelKind, classes: i64, image_size: u32) -> Layout {
-    Layout::of_model(kind, classes, image_size, Overlap::Off, usize::MAX)
+    Layout::of_model(kind, classes, image_size, Overlap::Off, usize::MAX, false)
 }
 
 /// One tensor of a state dict: dtype, shape and little-endian bytes, as a safetensors file
@@ -246,7 +246,7 @@ pub struct StateDict {
 
 impl StateDict {
     /// The state dict of a model laid out as `spec`, from ddl's values: `params` in the order
-    /// of `layout.params`, `buffers` in the order of `layout.buffers` (as a replica's state or
+    /// of `layout.model_params()`, `buffers` in the order of `layout.buffers` (as a replica's state or
     /// a checkpoint holds them); `batches_tracked(bn)` gives the `num_batches_tracked` of the
     /// BatchNorm whose prefix is `bn` (e.g. `layer1.0.bn1`).
     pub fn from_ddl(
@@ -257,8 +257,7 @@ impl StateDict {
         batches_tracked: &dyn Fn(&str) -> i64,
     ) -> StateDict {
         let values: BTreeMap<&str, &Vec<f32>> = layout
-            .params
-            .iter()
+            .model_params()
             .map(|p| p.name.as_str())
             .zip(params)
             .chain(layout.buffers.iter().map(|(n, _)| n.as_str()).zip(buffers))

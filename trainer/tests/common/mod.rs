@@ -7,7 +7,7 @@ use std::path::Path;
 use std::sync::Arc;
 
 use ddl_comm::{thread_group, Topology, Transport};
-use ddl_trainer::{train, RankInfo, TrainSummary};
+use ddl_trainer::{train, RankInfo, TrainError, TrainSummary};
 
 use clap::ValueEnum;
 use ddl_testkit::{write_manifest, write_shards, Record};
@@ -110,34 +110,9 @@ pub fn config(data: &Path, model: &str, batch: usize, devices: &str) -> TrainCon
     }
 }
 
-/// Reads a `--dump-weights` file as (name, values) in index order.
-pub fn read_dump(path: &Path) -> Vec<(String, Vec<f32>)> {
-    let raw = std::fs::read(path).unwrap();
-    let idx: serde_json::Value =
-        serde_json::from_slice(&std::fs::read(format!("{}.json", path.display())).unwrap())
-            .unwrap();
-    let values: Vec<f32> = raw
-        .chunks_exact(4)
-        .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
-        .collect();
-    let tensors = idx["tensors"].as_array().unwrap();
-    let mut out = Vec::new();
-    for (k, t) in tensors.iter().enumerate() {
-        let start = t["offset"].as_u64().unwrap() as usize;
-        let end = tensors
-            .get(k + 1)
-            .map_or(values.len(), |n| n["offset"].as_u64().unwrap() as usize);
-        out.push((
-            t["name"].as_str().unwrap().to_string(),
-            values[start..end].to_vec(),
-        ));
-    }
-    out
-}
-
 /// Trains `cfg` on `ranks` ranks simulated by threads over the in-process transport (all on
-/// one node) and returns every rank's summary; only rank 0 dumps weights and writes metrics.
-pub fn run_all(cfg: &TrainConfig, ranks: usize) -> Vec<TrainSummary> {
+/// one node) and returns every rank's result; only rank 0 writes metrics.
+pub fn try_all(cfg: &TrainConfig, ranks: usize) -> Vec<ddl_trainer::Result<TrainSummary>> {
     let group = thread_group(ranks);
     std::thread::scope(|s| {
         let handles: Vec<_> = group
@@ -145,8 +120,9 @@ pub fn run_all(cfg: &TrainConfig, ranks: usize) -> Vec<TrainSummary> {
             .enumerate()
             .map(|(r, t)| {
                 let mut cfg = cfg.clone();
+                // Every rank is given the flags, as mpirun gives them; rank 0 writes the files
+                // (the weights gathered from every rank under --head-parallel).
                 if r != 0 {
-                    cfg.dump_weights = None;
                     cfg.metrics = None;
                 }
                 s.spawn(move || {
@@ -163,13 +139,31 @@ pub fn run_all(cfg: &TrainConfig, ranks: usize) -> Vec<TrainSummary> {
             .collect();
         handles
             .into_iter()
-            .map(|h| {
-                h.join()
-                    .expect("rank thread panicked")
-                    .expect("training failed")
-            })
+            .map(|h| h.join().expect("rank thread panicked"))
             .collect()
     })
+}
+
+/// The first error of `results` that a rank met for a reason of its own (not a peer gone).
+pub fn first_error(results: &[ddl_trainer::Result<TrainSummary>]) -> Option<&TrainError> {
+    results.iter().filter_map(|r| r.as_ref().err()).find(|e| {
+        !matches!(
+            e,
+            TrainError::Comm(ddl_comm::CommError::Disconnected { .. })
+        )
+    })
+}
+
+/// [`try_all`], every rank's summary; panics with the first rank's own error.
+pub fn run_all(cfg: &TrainConfig, ranks: usize) -> Vec<TrainSummary> {
+    let results = try_all(cfg, ranks);
+    if let Some(e) = first_error(&results) {
+        panic!("training failed: {e}");
+    }
+    results
+        .into_iter()
+        .map(|r| r.expect("training failed"))
+        .collect()
 }
 
 /// [`run_all`], returning rank 0's summary.
