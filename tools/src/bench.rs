@@ -7,8 +7,12 @@ use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
 use ddl_comm::calibrate::{calls_for, mean_call_time};
+use ddl_comm::step::{crossover_batch, HeadExchange, Step};
 use ddl_comm::World;
-use ddl_comm::{bf16, f16, Across, Algorithm, Allreducer, CostModel, Element, Topology, Transport};
+use ddl_comm::{
+    bf16, f16, Across, Algorithm, Allreducer, CostModel, Element, ShardAlgorithm, Topology,
+    Transport,
+};
 use serde::Serialize;
 
 use crate::size::parse_size;
@@ -289,7 +293,7 @@ pub const SIM_MODELS: &str = "resnet18, resnet34, resnet50, resnet101, resnet152
 
 /// torchvision's parameter count of `name` without its classifier, and the width of the
 /// features the classifier reads (512 for the BasicBlock ResNets, 2048 for the Bottleneck ones).
-fn backbone(name: &str) -> Option<(u64, u64)> {
+pub fn backbone(name: &str) -> Option<(u64, u64)> {
     match name {
         "resnet18" => Some((11_176_512, 512)),
         "resnet34" => Some((21_284_672, 512)),
@@ -298,13 +302,6 @@ fn backbone(name: &str) -> Option<(u64, u64)> {
         "resnet152" => Some((58_143_808, 2048)),
         _ => None,
     }
-}
-
-/// Parameter count of a model known to the simulator with a `classes`-way head: the backbone
-/// plus `features x classes` weights and `classes` biases (ResNet-101 at ImageNet-22k's 21,841
-/// classes: 87,252,369).
-pub fn model_params(name: &str, classes: u64) -> Option<u64> {
-    backbone(name).map(|(params, features)| params + (features + 1) * classes)
 }
 
 /// A scaling efficiency PowerAI DDL published for 64 nodes x 4 P100 GPUs (Cho et al. 2017,
@@ -334,6 +331,27 @@ pub fn published(model: &str, classes: u64) -> Published {
     }
 }
 
+/// What `ddl-bench sim` simulates: a model, its head and the batch per GPU.
+#[derive(Clone, Copy, Debug)]
+pub struct SimModel {
+    /// Parameters of the backbone (everything but the classifier).
+    pub backbone: u64,
+    /// Features the classifier reads.
+    pub features: u64,
+    /// Classes of the classifier.
+    pub classes: u64,
+    /// Images per GPU per step.
+    pub batch: usize,
+}
+
+impl SimModel {
+    /// Parameters of the whole model: the backbone plus `features x classes` weights and
+    /// `classes` biases (ResNet-101 at ImageNet-22k's 21,841 classes: 87,252,369).
+    pub fn params(&self) -> u64 {
+        self.backbone + (self.features + 1) * self.classes
+    }
+}
+
 /// One predicted row of `ddl-bench sim`.
 #[derive(Clone, Debug, Serialize)]
 pub struct SimRow {
@@ -341,8 +359,12 @@ pub struct SimRow {
     pub algo: String,
     /// Ranks (GPUs).
     pub ranks: usize,
-    /// Gradient bytes (fp32).
+    /// Gradient bytes allreduced (fp32): the whole model's, or the backbone's for `hybrid`.
     pub bytes: usize,
+    /// `hybrid` rows: predicted time of the head's exchange per step (allgather of the
+    /// features, the softmax's sums, reduce-scatter of their gradient), ms; on the critical
+    /// path, never overlapped.
+    pub exchange_ms: f64,
     /// Predicted allreduce time per step, ms.
     pub allreduce_ms: f64,
     /// Compute time per step, ms.
@@ -351,22 +373,25 @@ pub struct SimRow {
     pub efficiency: f64,
 }
 
-/// Predicts per-step allreduce time and scaling efficiency of every algorithm for a model of
-/// `params` fp32 parameters on `nodes x gpus_per_node` GPUs, in two layouts: one rank per GPU
-/// (`flat`), and ddl's layout of one rank per node whose GPUs' gradients are first summed
-/// inside the node (`node`: an intra-node allreduce over NVLink, then the algorithm over one
-/// rank per node). `overlap` is the fraction of the allreduce hidden behind backward compute.
+/// Predicts per-step allreduce time and scaling efficiency of every algorithm for `m` on
+/// `nodes x gpus_per_node` GPUs, in three layouts: one rank per GPU (`flat`); ddl's layout of
+/// one rank per node whose GPUs' gradients are first summed inside the node (`node`: an
+/// intra-node allreduce over NVLink, then the algorithm over one rank per node); and one rank
+/// per GPU with the head split by class over all GPUs (`hybrid`, ddl-train's
+/// `--head-parallel`): the algorithm allreduces the backbone's gradient only, and the head's
+/// exchange (ring or shared memory, as `auto` picks) is added in full. `overlap` is the
+/// fraction of the allreduce hidden behind backward compute.
 pub fn simulate(
     model: &CostModel,
     nodes: usize,
     gpus_per_node: usize,
-    params: u64,
+    m: SimModel,
     compute_ms: f64,
     overlap: f64,
 ) -> Vec<SimRow> {
     let flat = Topology::new(nodes, gpus_per_node);
     let per_node = Topology::new(nodes, 1);
-    let bytes = params as usize * 4;
+    let bytes = m.params() as usize * 4;
     let algos = [
         Algorithm::Ring,
         Algorithm::Rhd,
@@ -382,19 +407,35 @@ pub fn simulate(
         Algorithm::Auto,
     ];
     let in_node = model.predict(&Algorithm::Ring, bytes, Topology::flat(gpus_per_node));
+    let backbone = m.backbone as usize * 4;
+    let exchange = Step {
+        gradient_bytes: 0,
+        head: Some(HeadExchange {
+            features: m.features as usize,
+            global_batch: flat.ranks() * m.batch,
+        }),
+    }
+    .predict(model, &Algorithm::Auto, &ShardAlgorithm::Auto, flat)
+        * 1e3;
     let mut rows = Vec::new();
-    for (layout, topo, extra) in [("flat", flat, 0.0), ("node", per_node, in_node)] {
+    let layouts = [
+        ("flat", flat, bytes, 0.0, 0.0),
+        ("node", per_node, bytes, in_node, 0.0),
+        ("hybrid", flat, backbone, 0.0, exchange),
+    ];
+    for (layout, topo, bytes, extra, exchange_ms) in layouts {
         for a in &algos {
             let t = (model.predict(a, bytes, topo) + extra) * 1e3;
             let name = match a {
                 Algorithm::Auto => format!("auto={}", model.choose(bytes, topo)),
                 other => other.to_string(),
             };
-            let exposed = t * (1.0 - overlap.clamp(0.0, 1.0));
+            let exposed = t * (1.0 - overlap.clamp(0.0, 1.0)) + exchange_ms;
             rows.push(SimRow {
                 algo: format!("{layout}/{name}"),
                 ranks: flat.ranks(),
                 bytes,
+                exchange_ms,
                 allreduce_ms: t,
                 compute_ms,
                 efficiency: compute_ms / (compute_ms + exposed),
@@ -413,14 +454,14 @@ pub struct SimSetup<'a> {
     pub gpus: usize,
     /// Model name.
     pub model: &'a str,
-    /// Classes of its head.
-    pub classes: u64,
+    /// The model simulated.
+    pub shape: SimModel,
     /// Fraction of the allreduce hidden behind backward compute.
     pub overlap: f64,
 }
 
 /// Writes the `sim` table with DDL's published efficiency at 256 GPUs for the closest run
-/// ([`published`]) as the reference.
+/// ([`published`]) as the reference, and the crossover global batch of the `hybrid` rows.
 pub fn print_sim(
     out: &mut dyn Write,
     rows: &[SimRow],
@@ -431,20 +472,22 @@ pub fn print_sim(
         nodes,
         gpus,
         model: model_name,
-        classes,
+        shape,
         overlap,
     } = *setup;
+    let classes = shape.classes;
     let reference = published(model_name, classes);
     let target = reference.efficiency;
     let Some(first) = rows.first() else {
         return Ok(());
     };
+    let params = shape.params() as f64;
     writeln!(
         out,
         "# sim: {nodes} nodes x {gpus} GPUs = {} ranks, {model_name} with {classes} classes ({:.1}M params, {:.1} MB fp32), step compute {:.1} ms, cost model: {}",
         first.ranks,
-        first.bytes as f64 / 4e6,
-        first.bytes as f64 / 1e6,
+        params / 1e6,
+        params * 4.0 / 1e6,
         first.compute_ms,
         cost.source
     )?;
@@ -462,9 +505,18 @@ pub fn print_sim(
     )?;
     writeln!(
         out,
-        "# {:>28} {:>14} {:>12} {:>11} {:>12}",
+        "# hybrid = one rank per GPU, the head split by class over all GPUs (ddl-train --head-parallel): the backbone's {:.1} MB allreduced, and the features of the global batch of {} ({} per GPU) exchanged, never overlapped; it sends fewer bytes than flat below a global batch of {:.0}",
+        shape.backbone as f64 * 4.0 / 1e6,
+        first.ranks * shape.batch,
+        shape.batch,
+        crossover_batch(shape.features as usize, classes as usize)
+    )?;
+    writeln!(
+        out,
+        "# {:>28} {:>14} {:>12} {:>12} {:>11} {:>12}",
         "algo",
         "allreduce(ms)",
+        "exchange(ms)",
         "step(ms)",
         "efficiency",
         format!("vs DDL {:.0}%", target * 100.0)
@@ -472,9 +524,10 @@ pub fn print_sim(
     for r in rows {
         writeln!(
             out,
-            "  {:>28} {:>14.2} {:>12.2} {:>10.1}% {:>+11.1}pt",
+            "  {:>28} {:>14.2} {:>12.2} {:>12.2} {:>10.1}% {:>+11.1}pt",
             r.algo,
             r.allreduce_ms,
+            r.exchange_ms,
             r.compute_ms / r.efficiency,
             r.efficiency * 100.0,
             (r.efficiency - target) * 100.0
@@ -489,6 +542,18 @@ pub const DEFAULT_BENCH_TIMEOUT: Duration = Duration::from_secs(120);
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn model_params(name: &str, classes: u64) -> Option<u64> {
+        backbone(name).map(|(backbone, features)| {
+            SimModel {
+                backbone,
+                features,
+                classes,
+                batch: 1,
+            }
+            .params()
+        })
+    }
 
     #[test]
     fn parameter_counts_follow_the_head() {

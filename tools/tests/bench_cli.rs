@@ -93,6 +93,29 @@ fn sim_takes_the_class_count_and_compares_with_ddls_22k_run() {
         "{}",
         w.all()
     );
+    // With the head split over the GPUs: the backbone's 170 MB allreduced, the features of
+    // 256 x 32 images exchanged, fewer bytes than the head's gradient below ~21,809 images.
+    assert!(
+        w.stdout.contains("the backbone's 170.0 MB allreduced")
+            && w.stdout.contains("global batch of 8192 (32 per GPU)")
+            && w.stdout.contains("below a global batch of 21809"),
+        "{}",
+        w.all()
+    );
+    let efficiency = |prefix: &str| -> f64 {
+        let line = w
+            .stdout
+            .lines()
+            .find(|l| l.trim_start().starts_with(prefix))
+            .unwrap_or_else(|| panic!("no {prefix} row: {}", w.all()));
+        let pct = line.split_whitespace().find(|f| f.ends_with('%')).unwrap();
+        pct.trim_end_matches('%').parse().unwrap()
+    };
+    assert!(
+        efficiency("hybrid/ring") > efficiency("flat/ring"),
+        "{}",
+        w.all()
+    );
     let w = sim(&["--model", "resnet50"]);
     assert!(w.status.success(), "{}", w.all());
     assert!(w.stdout.contains("(25.6M params"), "{}", w.all());

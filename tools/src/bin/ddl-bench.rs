@@ -115,6 +115,10 @@ enum Cmd {
         /// Compute time of one training step per GPU, ms.
         #[arg(long)]
         step_compute_ms: f64,
+        /// Images per GPU per step (the hybrid rows exchange the features of the global
+        /// batch).
+        #[arg(long, default_value_t = 32, value_parser = clap::value_parser!(u64).range(1..))]
+        batch: u64,
         /// Cost-model preset (minsky, default).
         #[arg(long, conflicts_with = "model_file")]
         preset: Option<String>,
@@ -231,14 +235,21 @@ fn run(cli: Cli) -> Result<()> {
             model,
             classes,
             step_compute_ms,
+            batch,
             preset,
             model_file,
             overlap,
             json,
         } => {
-            let params = bench::model_params(&model, classes).with_context(|| {
+            let (backbone, features) = bench::backbone(&model).with_context(|| {
                 format!("--model {model:?} is not one of {}", bench::SIM_MODELS)
             })?;
+            let shape = bench::SimModel {
+                backbone,
+                features,
+                classes,
+                batch: batch as usize,
+            };
             if nodes == 0
                 || gpus_per_node == 0
                 || step_compute_ms.is_nan()
@@ -250,14 +261,8 @@ fn run(cli: Cli) -> Result<()> {
                 bail!("--overlap {overlap} is outside 0..=1 (a fraction of the allreduce)");
             }
             let cost = load_model(preset, model_file)?;
-            let rows = bench::simulate(
-                &cost,
-                nodes,
-                gpus_per_node,
-                params,
-                step_compute_ms,
-                overlap,
-            );
+            let rows =
+                bench::simulate(&cost, nodes, gpus_per_node, shape, step_compute_ms, overlap);
             if json {
                 for r in &rows {
                     writeln!(out, "{}", serde_json::to_string(r)?)?;
@@ -267,7 +272,7 @@ fn run(cli: Cli) -> Result<()> {
                     nodes,
                     gpus: gpus_per_node,
                     model: &model,
-                    classes,
+                    shape,
                     overlap,
                 };
                 bench::print_sim(&mut out, &rows, &setup, &cost)?;
