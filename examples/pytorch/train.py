@@ -21,7 +21,10 @@ every epoch:
         --arch resnet50 --batch-size 64 --epochs 90 --checkpoint ckpt.pt
 
 Add ``--resume ckpt.pt`` to continue a stopped run exactly where its checkpoint was written
-(mid-epoch after ``--max-steps``). As root, Open MPI's mpirun needs ``--allow-run-as-root``;
+(mid-epoch after ``--max-steps``). ``--head-parallel`` splits the classifier (``fc``) by class
+over the ranks (ddl.nn.ShardedLinearCrossEntropy; the backbone stays data-parallel), as
+``ddl-train --head-parallel`` does, e.g. for ImageNet-22k's 21,841 classes; each rank then
+checkpoints to ``ckpt.pt.rankN`` (its slice of the head). As root, Open MPI's mpirun needs ``--allow-run-as-root``;
 more ranks than cores need ``--oversubscribe``.
 """
 
@@ -40,6 +43,7 @@ import torchvision
 
 import ddl
 import ddl.dist as dd
+import ddl.nn
 
 
 def parse_args() -> argparse.Namespace:
@@ -68,6 +72,9 @@ def parse_args() -> argparse.Namespace:
                    help="stop once this many steps (counted from the start of training) are "
                    "done, with a checkpoint; 0: no limit")
     p.add_argument("--log-every", type=int, default=100, help="steps between progress lines")
+    p.add_argument("--head-parallel", action="store_true",
+                   help="split the classifier (fc) by class over the ranks; every rank "
+                   "checkpoints to CHECKPOINT.rankN")
     return p.parse_args()
 
 
@@ -102,18 +109,70 @@ def average_buffers(model: torch.nn.Module) -> None:
             dd.allreduce_(b, average=True)
 
 
-def save_checkpoint(path: str, model: torch.nn.Module, optimizer: dd.DistributedOptimizer,
-                    epoch: int, loader: ddl.Loader, args: argparse.Namespace) -> None:
-    """Rank 0 writes to a temporary file, then renames it: a crash never leaves half a file."""
-    state = {"model": model.state_dict(), "optimizer": optimizer.state_dict(),
-             "epoch": epoch, "loader": loader.state_dict(), "args": vars(args)}
+class Classifier:
+    """The loss and predictions of the model's classifier: its own ``fc`` (data-parallel), or
+    ``--head-parallel``'s head split over the ranks, which the model's features go to."""
+
+    def __init__(self, model: torch.nn.Module, classes: int, device: torch.device,
+                 split: bool) -> None:
+        self.head: "ddl.nn.ShardedLinearCrossEntropy | None" = None
+        if split:
+            fc = getattr(model, "fc", None)
+            if not isinstance(fc, torch.nn.Linear):
+                raise SystemExit("--head-parallel: the model has no linear `fc` classifier")
+            self.head = ddl.nn.ShardedLinearCrossEntropy(fc.in_features, classes,
+                                                         device=device)
+            model.fc = torch.nn.Identity()
+
+    def parameters(self) -> list:
+        """The head's slice (updated without averaging: its gradient is whole already)."""
+        return list(self.head.parameters()) if self.head is not None else []
+
+    def loss(self, out: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        if self.head is not None:
+            return self.head(out, labels)
+        return F.cross_entropy(out, labels)
+
+    def counts(self, out: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        """Top-1 hits, top-5 hits and the loss summed over the batch."""
+        if self.head is not None:
+            rank = self.head.target_rank(out, labels)
+            loss = self.head(out, labels) * len(labels)
+            return torch.stack([(rank < 1).sum(), (rank < 5).sum(), loss]).float()
+        logits = out.float()
+        top = logits.topk(min(5, logits.shape[1]), dim=1).indices
+        hit = top == labels[:, None]
+        return torch.stack([hit[:, 0].sum(), hit.any(dim=1).sum(),
+                            F.cross_entropy(logits, labels, reduction="sum")]).float()
+
+    def state_dict(self) -> Dict[str, Any]:
+        return self.head.state_dict() if self.head is not None else {}
+
+    def load_state_dict(self, state: Dict[str, Any]) -> None:
+        if self.head is not None:
+            self.head.load_state_dict(state)
+
+
+def checkpoint_path(path: str, args: argparse.Namespace) -> str:
+    """Where this rank checkpoints: PATH, or PATH.rankN under --head-parallel."""
+    return f"{path}.rank{dd.rank()}" if args.head_parallel else path
+
+
+def save_checkpoint(path: str, model: torch.nn.Module, classifier: Classifier,
+                    optimizer: dd.DistributedOptimizer, epoch: int, loader: ddl.Loader,
+                    args: argparse.Namespace) -> None:
+    """Writes to a temporary file, then renames it: a crash never leaves half a file."""
+    state = {"model": model.state_dict(), "head": classifier.state_dict(),
+             "optimizer": optimizer.state_dict(), "epoch": epoch,
+             "loader": loader.state_dict(), "args": vars(args)}
     tmp = f"{path}.tmp"
     torch.save(state, tmp)
     os.replace(tmp, path)
 
 
-def train_epoch(model: torch.nn.Module, loader: ddl.Loader, optimizer: dd.DistributedOptimizer,
-                epoch: int, peak_lr: float, args: argparse.Namespace,
+def train_epoch(model: torch.nn.Module, classifier: Classifier, loader: ddl.Loader,
+                optimizer: dd.DistributedOptimizer, epoch: int, peak_lr: float,
+                args: argparse.Namespace,
                 prepare: Callable[[torch.Tensor], torch.Tensor]) -> Tuple[float, int, float]:
     """One epoch (the rest of it after a mid-epoch resume); returns this rank's mean loss, the
     steps run and the seconds taken. Stops early at ``--max-steps``."""
@@ -131,7 +190,7 @@ def train_epoch(model: torch.nn.Module, loader: ddl.Loader, optimizer: dd.Distri
             logits = model(prepare(images))
             if isinstance(logits, tuple):  # GoogLeNet, Inception v3: (logits, auxiliary logits)
                 logits = logits[0]
-            loss = F.cross_entropy(logits, labels)
+            loss = classifier.loss(logits, labels)
         loss.backward()  # gradients are averaged over the ranks while backward runs
         optimizer.step()
         optimizer.zero_grad()
@@ -146,23 +205,36 @@ def train_epoch(model: torch.nn.Module, loader: ddl.Loader, optimizer: dd.Distri
 
 
 @torch.no_grad()
-def evaluate(model: torch.nn.Module, loader: ddl.Loader,
+def evaluate(model: torch.nn.Module, classifier: Classifier, loader: ddl.Loader,
              prepare: Callable[[torch.Tensor], torch.Tensor],
              args: argparse.Namespace) -> Dict[str, float]:
     """Top-1 and top-5 accuracy over the whole val split (each rank scores its share of the
-    records, then the counts are summed over the ranks)."""
+    records, then the counts are summed over the ranks). Under --head-parallel every rank
+    scores its classes for every rank's images: the ranks take turns until all are done."""
     model.eval()
     device = next(model.parameters()).device
     counts = torch.zeros(4, dtype=torch.float32, device=device)  # top1, top5, images, loss
-    for images, labels in loader:
+    batches = iter(loader)
+    while True:
+        batch = next(batches, None)
+        if classifier.head is not None:
+            more = torch.tensor([float(batch is not None)])
+            if dd.allreduce_(more, average=False).item() == 0:
+                break
+            if batch is None:  # this rank is done, the others are not: take part, empty
+                empty = torch.zeros(0, classifier.head.in_features, device=device)
+                classifier.counts(empty, torch.zeros(0, dtype=torch.long, device=device))
+                continue
+        elif batch is None:
+            break
+        images, labels = batch
         with torch.autocast(images.device.type, dtype=torch.bfloat16, enabled=args.amp):
-            logits = model(prepare(images)).float()
-        top = logits.topk(min(5, logits.shape[1]), dim=1).indices
-        hit = top == labels[:, None]
-        counts[0] += hit[:, 0].sum()
-        counts[1] += hit.any(dim=1).sum()
+            out = model(prepare(images)).float()
+        c = classifier.counts(out, labels)
+        counts[0] += c[0]
+        counts[1] += c[1]
         counts[2] += len(labels)
-        counts[3] += F.cross_entropy(logits, labels, reduction="sum")
+        counts[3] += c[2]
     dd.allreduce_(counts, average=False)
     top1, top5, n, loss = counts.tolist()
     return {"val_top1": top1 / max(n, 1), "val_top5": top5 / max(n, 1),
@@ -194,12 +266,14 @@ def main() -> None:
 
     model = torchvision.models.get_model(args.arch, weights=None,
                                          num_classes=train_loader.num_classes).to(device)
+    classifier = Classifier(model, train_loader.num_classes, device, args.head_parallel)
     if args.device == "cuda":
         model = model.to(memory_format=torch.channels_last)
     peak_lr = args.lr * args.batch_size * world / 256
+    # The backbone's gradients are averaged over the ranks; a split head's slice is not.
     optimizer = dd.DistributedOptimizer(
-        torch.optim.SGD(model.parameters(), lr=peak_lr, momentum=args.momentum,
-                        weight_decay=args.weight_decay), model)
+        torch.optim.SGD(list(model.parameters()) + classifier.parameters(), lr=peak_lr,
+                        momentum=args.momentum, weight_decay=args.weight_decay), model)
 
     if rank == 0:
         print(f"{args.arch}: {train_loader.num_classes} classes, {world} ranks x "
@@ -208,8 +282,9 @@ def main() -> None:
 
     start_epoch = 0
     if args.resume:
-        ckpt = torch.load(args.resume, map_location=device)
+        ckpt = torch.load(checkpoint_path(args.resume, args), map_location=device)
         model.load_state_dict(ckpt["model"])
+        classifier.load_state_dict(ckpt["head"])
         optimizer.load_state_dict(ckpt["optimizer"])
         train_loader.load_state_dict(ckpt["loader"])  # mid-epoch: the batches not yet seen
         start_epoch = ckpt["epoch"]
@@ -226,8 +301,8 @@ def main() -> None:
         first = train_loader.state_dict()["step"]  # > 0 when resumed mid-epoch
         if args.max_steps and epoch * len(train_loader) + first >= args.max_steps:
             break
-        loss, steps, seconds = train_epoch(model, train_loader, optimizer, epoch, peak_lr,
-                                           args, prepare)
+        loss, steps, seconds = train_epoch(model, classifier, train_loader, optimizer, epoch,
+                                           peak_lr, args, prepare)
         loss = dd.allreduce_(torch.tensor([loss]), average=True).item()
         images = steps * args.batch_size * world
         result = {"epoch": epoch + 1, "train_loss": loss, "train_images": images,
@@ -235,11 +310,11 @@ def main() -> None:
         average_buffers(model)
         stopped = first + steps < len(train_loader)  # --max-steps ended the epoch early
         if not stopped:
-            result.update(evaluate(model, val_loader, prepare, args))
-        if rank == 0 and args.checkpoint:
+            result.update(evaluate(model, classifier, val_loader, prepare, args))
+        if (rank == 0 or args.head_parallel) and args.checkpoint:
             # Stopped mid-epoch: resume in this epoch, at the loader's next batch.
-            save_checkpoint(args.checkpoint, model, optimizer, epoch if stopped else epoch + 1,
-                            train_loader, args)
+            save_checkpoint(checkpoint_path(args.checkpoint, args), model, classifier,
+                            optimizer, epoch if stopped else epoch + 1, train_loader, args)
         if rank == 0 and stopped:
             print(f"stopped in epoch {epoch + 1} after step {first + steps}/{len(train_loader)} "
                   f"(--max-steps {args.max_steps})", flush=True)

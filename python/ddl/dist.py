@@ -14,6 +14,10 @@ Two ways to use it in a training script::
     dd.broadcast_parameters(model)
     opt = dd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1), model)
 
+For a classifier head split by class over the ranks (:class:`ddl.nn.ShardedLinearCrossEntropy`),
+:func:`all_gather_` and :func:`reduce_scatter_` exchange rows of a tensor that each rank owns
+a part of.
+
 Reductions run on one ddl communication thread, in the order they are submitted (the same
 order on every rank), while backward goes on. CUDA tensors are staged through pinned host
 memory. A rank that dies makes the others raise :class:`ddl.DistError` within the timeout
@@ -27,7 +31,7 @@ import operator
 import os
 import queue
 import threading
-from typing import Any, Callable, Dict, Iterable, List, Optional, Union
+from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Union
 
 import torch
 import torch.distributed
@@ -39,6 +43,7 @@ __all__ = [
     "DistError",
     "DistributedOptimizer",
     "abort",
+    "all_gather_",
     "allreduce_",
     "allreduce_async_",
     "allreduce_hook",
@@ -52,10 +57,13 @@ __all__ = [
     "node",
     "nodes",
     "rank",
+    "reduce_scatter_",
     "size",
 ]
 
 ALGORITHMS = ("auto", "shm", "hierarchical", "multicolor", "multiring", "ring", "rhd", "mpi")
+#: The algorithms of :func:`all_gather_` and :func:`reduce_scatter_`.
+SHARD_ALGORITHMS = ("auto", "ring", "shm")
 _GradBucket = torch.distributed.GradBucket
 _DTYPES = {torch.float32: "float32", torch.float16: "float16", torch.bfloat16: "bfloat16"}
 
@@ -327,6 +335,98 @@ def allreduce_async_(tensor: torch.Tensor, average: bool = True,
     the tensor before then."""
     _validate(tensor, algorithm)
     return _comm_thread().submit(tensor, average, algorithm)
+
+
+def _rows(tensor: torch.Tensor, counts: Optional[Sequence[int]]) -> List[int]:
+    """Rows (along dim 0) of ``tensor`` each rank owns: ``counts``, or as even as possible
+    (the first ``rows % size()`` ranks one more)."""
+    if not isinstance(tensor, torch.Tensor):
+        raise TypeError(f"tensor: expected a torch.Tensor, got {type(tensor).__name__}")
+    if tensor.dtype != torch.float32:
+        raise TypeError(f"tensor: dtype {tensor.dtype} is not float32")
+    if tensor.device.type not in ("cpu", "cuda"):
+        raise TypeError(f"tensor: device {tensor.device} is not a CPU or CUDA device")
+    rows = tensor.shape[0] if tensor.dim() > 0 else 1
+    p = size()
+    if counts is None:
+        base, extra = divmod(rows, p)
+        return [base + (q < extra) for q in range(p)]
+    counts = [operator.index(c) for c in counts]
+    if len(counts) != p or any(c < 0 for c in counts) or sum(counts) != rows:
+        raise ValueError(f"counts: {counts} are not {p} row counts adding up to the tensor's "
+                         f"{rows} rows")
+    return counts
+
+
+def _on_host(t: torch.Tensor, staging: _Staging, fn: Callable[[torch.Tensor], None]) -> None:
+    """Runs ``fn`` on a contiguous CPU float32 tensor holding ``t``'s values, then copies the
+    result back into ``t`` if it was staged."""
+    if not t.is_cuda and t.is_contiguous():
+        fn(t)
+        return
+    host = staging.host(t)
+    host.copy_(t.reshape(-1))
+    fn(host)
+    t.copy_(host.view_as(t))
+
+
+def _check_shard_algorithm(algorithm: str) -> None:
+    if algorithm not in SHARD_ALGORITHMS and not algorithm.startswith("shm:"):
+        raise ValueError(f"algorithm: {algorithm!r} is not one of {SHARD_ALGORITHMS}")
+
+
+def all_gather_(tensor: torch.Tensor, counts: Optional[Sequence[int]] = None, *,
+                algorithm: str = "auto") -> torch.Tensor:
+    """Fills every other rank's rows of ``tensor`` (along its first dimension) with that
+    rank's, in place, and returns it: rank ``q`` owns ``counts[q]`` rows, in rank order (by
+    default as even as possible), and its own rows are its input. float32, CPU or CUDA; every
+    rank ends bitwise the same. ``algorithm``: ``auto`` (the cost model picks), ``ring``, or
+    ``shm`` (the ranks of one node meet in shared memory). Every rank must make the same calls
+    with the same ``counts``."""
+    rows = _rows(tensor, counts)
+    _check_shard_algorithm(algorithm)
+    comm = _comm_thread()
+
+    def job() -> torch.Tensor:
+        _on_host(tensor, comm.staging, lambda t: _ddl.sharded(
+            "all_gather", t.data_ptr(), t.numel(), rows, algorithm))
+        return tensor
+
+    return comm.run(job)
+
+
+def reduce_scatter_(tensor: torch.Tensor, counts: Optional[Sequence[int]] = None, *,
+                    algorithm: str = "auto") -> torch.Tensor:
+    """Sums ``tensor`` over all ranks into each rank's own rows (along its first dimension;
+    rank ``q`` owns ``counts[q]`` rows, in rank order, by default as even as possible), in
+    place, and returns the view of this rank's rows; the other rows are left undefined.
+    float32, CPU or CUDA. ``algorithm`` as in :func:`all_gather_`."""
+    rows = _rows(tensor, counts)
+    _check_shard_algorithm(algorithm)
+    comm = _comm_thread()
+    first = sum(rows[:rank()])
+
+    def job() -> torch.Tensor:
+        _on_host(tensor, comm.staging, lambda t: _ddl.sharded(
+            "reduce_scatter", t.data_ptr(), t.numel(), rows, algorithm))
+        return tensor.narrow(0, first, rows[rank()]) if tensor.dim() > 0 else tensor
+
+    return comm.run(job)
+
+
+def _allreduce_max_(tensor: torch.Tensor, *, algorithm: str = "auto") -> torch.Tensor:
+    """The element-wise maximum of ``tensor`` over all ranks, in place (float32), bitwise the
+    same on every rank: a reduce-scatter with ``max`` and an allgather."""
+    _rows(tensor, None)
+    _check_shard_algorithm(algorithm)
+    comm = _comm_thread()
+
+    def job() -> torch.Tensor:
+        _on_host(tensor, comm.staging, lambda t: _ddl.sharded(
+            "allreduce_max", t.data_ptr(), t.numel(), [], algorithm))
+        return tensor
+
+    return comm.run(job)
 
 
 def _check_root(root: int) -> int:

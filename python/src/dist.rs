@@ -14,12 +14,14 @@ use pyo3::prelude::*;
 
 use crate::errors::comm_error;
 
-/// The process's MPI world and its allreducers, one per algorithm name.
-struct Dist {
-    world: World,
+/// The process's MPI world and its allreducers and allgather / reduce-scatter engines, one per
+/// algorithm name.
+pub(crate) struct Dist {
+    pub(crate) world: World,
     /// The cost model `auto` chooses with (from `init(cost_model=...)`, else the default).
-    model: CostModel,
-    reducers: Mutex<HashMap<String, Arc<Allreducer>>>,
+    pub(crate) model: CostModel,
+    pub(crate) reducers: Mutex<HashMap<String, Arc<Allreducer>>>,
+    pub(crate) sharders: Mutex<HashMap<String, Arc<ddl_comm::Sharded>>>,
 }
 
 /// The process's world once `dist_init` ran; taken again by `dist_finalize`.
@@ -36,7 +38,7 @@ fn state() -> MutexGuard<'static, State> {
     DIST.lock().unwrap_or_else(|p| p.into_inner())
 }
 
-fn dist() -> PyResult<Arc<Dist>> {
+pub(crate) fn dist() -> PyResult<Arc<Dist>> {
     match &*state() {
         State::Running(d) => Ok(Arc::clone(d)),
         State::Uninitialised => Err(PyRuntimeError::new_err(
@@ -80,6 +82,7 @@ pub fn dist_init(py: Python<'_>, timeout: f64, cost_model: Option<PathBuf>) -> P
             world,
             model,
             reducers: Mutex::new(HashMap::new()),
+            sharders: Mutex::new(HashMap::new()),
         }));
         Ok(())
     })
@@ -122,22 +125,33 @@ pub fn dist_binding_warning(threads: usize) -> PyResult<Option<String>> {
     Ok(dist()?.world.binding().warning(threads))
 }
 
-/// The allreducer of `algorithm` (built on first use; construction is local).
-fn reducer(d: &Dist, algorithm: &str) -> PyResult<Arc<Allreducer>> {
-    let mut map = d.reducers.lock().unwrap_or_else(|p| p.into_inner());
+/// The engine of `algorithm` in `map`, built by `build` over the world on first use
+/// (construction is local).
+pub(crate) fn engine<T, A>(
+    map: &Mutex<HashMap<String, Arc<T>>>,
+    algorithm: &str,
+    build: impl FnOnce(A) -> ddl_comm::Result<T>,
+) -> PyResult<Arc<T>>
+where
+    A: std::str::FromStr<Err = ddl_comm::CommError>,
+{
+    let mut map = map.lock().unwrap_or_else(|p| p.into_inner());
     if let Some(r) = map.get(algorithm) {
         return Ok(Arc::clone(r));
     }
-    let parsed: Algorithm = algorithm
-        .parse()
-        .map_err(|e| PyValueError::new_err(format!("algorithm {algorithm:?}: {e}")))?;
-    let transport: Arc<dyn Transport> = d.world.transport();
-    let r = Arc::new(
-        Allreducer::with_model(transport, parsed, d.world.topology(), d.model.clone())
-            .map_err(|e| PyValueError::new_err(format!("algorithm {algorithm:?}: {e}")))?,
-    );
+    let bad =
+        |e: ddl_comm::CommError| PyValueError::new_err(format!("algorithm {algorithm:?}: {e}"));
+    let r = Arc::new(build(algorithm.parse().map_err(bad)?).map_err(bad)?);
     map.insert(algorithm.to_string(), Arc::clone(&r));
     Ok(r)
+}
+
+/// The allreducer of `algorithm` (built on first use).
+fn reducer(d: &Dist, algorithm: &str) -> PyResult<Arc<Allreducer>> {
+    engine(&d.reducers, algorithm, |parsed: Algorithm| {
+        let transport: Arc<dyn Transport> = d.world.transport();
+        Allreducer::with_model(transport, parsed, d.world.topology(), d.model.clone())
+    })
 }
 
 /// The algorithm that `algorithm` runs for a buffer of `nbytes` bytes of f32 (what `auto`
@@ -191,7 +205,7 @@ pub fn allreduce(
 /// # Safety
 ///
 /// `ptr` must point to `numel` initialised, aligned, writable `T`s not aliased for `'a`.
-unsafe fn slice<'a, T>(ptr: usize, numel: usize) -> &'a mut [T] {
+pub(crate) unsafe fn slice<'a, T>(ptr: usize, numel: usize) -> &'a mut [T] {
     // SAFETY: as documented above.
     unsafe { std::slice::from_raw_parts_mut(ptr as *mut T, numel) }
 }

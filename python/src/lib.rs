@@ -1,6 +1,7 @@
 //! The extension module `ddl._ddl` behind the Python package `ddl`: the pipeline
 //! ([`loader::Loader`]), map-style shard access ([`shards::Shards`]) and the allreduce
-//! ([`dist`]). Importing it starts nothing: MPI starts in `dist_init`.
+//! ([`dist`]) with the allgather and reduce-scatter ([`sharded`]). Importing it starts nothing:
+//! MPI starts in `dist_init`.
 
 #![warn(missing_docs)]
 
@@ -8,6 +9,7 @@ mod batch;
 mod dist;
 mod errors;
 mod loader;
+mod sharded;
 mod shards;
 
 use pyo3::prelude::*;
@@ -30,6 +32,7 @@ fn _ddl(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(dist::dist_binding_warning, m)?)?;
     m.add_function(wrap_pyfunction!(dist::allreduce, m)?)?;
     m.add_function(wrap_pyfunction!(dist::broadcast, m)?)?;
+    m.add_function(wrap_pyfunction!(sharded::sharded, m)?)?;
     m.add_function(wrap_pyfunction!(dist::barrier, m)?)?;
     m.add_function(wrap_pyfunction!(dist::abort, m)?)?;
     Ok(())

@@ -77,6 +77,18 @@ def test_collectives_exact_and_identical_on_every_rank(np_: int) -> None:
     assert len({m[4] for m in parsed}) == 1, f"ranks disagree:\n{job.output}"
 
 
+@pytest.mark.parametrize("np_", [2, 3])
+def test_sharded_head_matches_a_single_process_full_head(np_: int) -> None:
+    """all_gather_ and reduce_scatter_ exact on uneven rows (a rank owning none); the loss and
+    the gradients of ddl.nn.ShardedLinearCrossEntropy (23 classes, uneven batches, label
+    smoothing 0 and 0.1, grad 1 and 2.5) within 1e-5 of torch's cross-entropy over the whole
+    head in one process; its target_rank gives the whole head's."""
+    lines = ok_lines(mpirun(np_, "nn_sharded.py", timeout=SHORT), "nn_sharded")
+    ranks = sorted(int(re.search(r"rank=(\d+)", line)[1]) for line in lines)
+    assert ranks == list(range(np_)), lines
+    assert all(line.endswith("checks=12") for line in lines), lines
+
+
 # 2. DDP equivalence -----------------------------------------------------------------------
 
 def _flat(state: Dict[str, torch.Tensor]) -> torch.Tensor:

@@ -1,6 +1,7 @@
 """examples/pytorch/train.py under ``mpirun -np 2`` on CPU: it learns a 10-class ddl-synth set
-(val top-1 >= 80%), and a run stopped mid-epoch by ``--max-steps`` resumes from its
-checkpoint at the loader's next batch and ends where the uninterrupted run ends."""
+(val top-1 >= 80%), data-parallel and with the head split over the ranks (``--head-parallel``,
+every rank checkpointing its slice), and a run stopped mid-epoch by ``--max-steps`` resumes
+from its checkpoint at the loader's next batch and ends where the uninterrupted run ends."""
 
 from __future__ import annotations
 
@@ -57,6 +58,19 @@ def test_example_learns(full_run: Job) -> None:
     assert result["val_images"] == 300, result  # every val record once over the 2 ranks
     assert result["val_top1"] >= 0.80, full_run.output
     assert result["val_top5"] >= result["val_top1"]
+
+
+def test_example_learns_with_the_head_split_over_the_ranks(data: Path, tmp_path: Path) -> None:
+    ckpt = tmp_path / "ckpt.pt"
+    job = train(data, "--head-parallel", "--checkpoint", ckpt)
+    result = final(job)
+    assert result["val_images"] == 300, result
+    assert result["val_top1"] >= 0.80, job.output
+    assert result["val_top5"] >= result["val_top1"]
+    # Classes 0-4 on rank 0, 5-9 on rank 1: each rank's checkpoint holds its slice.
+    heads = [torch.load(f"{ckpt}.rank{r}")["head"] for r in range(2)]
+    assert [h["weight"].shape[0] for h in heads] == [5, 5]
+    assert "fc.weight" not in torch.load(f"{ckpt}.rank0")["model"]
 
 
 def test_example_resumes_mid_epoch(data: Path, full_run: Job, tmp_path: Path) -> None:
