@@ -42,7 +42,25 @@ impl std::fmt::Debug for World {
     }
 }
 
+/// Variables that MPI launchers set in the processes they start: Open MPI's mpirun, PMI
+/// (MPICH's hydra, Intel MPI), PMIx, and Slurm's srun.
+const LAUNCHER_VARS: [&str; 6] = [
+    "OMPI_COMM_WORLD_SIZE",
+    "PMI_SIZE",
+    "PMI_RANK",
+    "PMIX_RANK",
+    "MPI_LOCALNRANKS",
+    "SLURM_PROCID",
+];
+
 impl World {
+    /// Whether an MPI launcher (mpirun, mpiexec, srun) started this process. A program started
+    /// alone may run as a job of one rank without initialising MPI at all, which then needs no
+    /// MPI installation beyond the library it links.
+    pub fn launched() -> bool {
+        LAUNCHER_VARS.iter().any(|v| std::env::var_os(v).is_some())
+    }
+
     /// Initialises MPI (requesting MPI_THREAD_SERIALIZED, see [`World::init_with_timeout`])
     /// with the default 60 s timeout.
     pub fn init() -> Result<World> {

@@ -33,8 +33,16 @@ pub enum ResidencyMode {
 /// Everything a training run is configured with (the `ddl-train` flags).
 #[derive(Clone, Debug, Serialize)]
 pub struct TrainConfig {
-    /// Directory with `manifest.json` and the shards (`--data`).
+    /// Directory with `manifest.json` and the shards (`--data`; empty with `--synthetic-data`).
     pub data: PathBuf,
+    /// Train on one random batch held on each device instead of `data`: the model, the table
+    /// and the allreduce alone, for speed measurements (`--synthetic-data`).
+    pub synthetic_data: bool,
+    /// Classes of the synthetic data's model (`--classes`; with data, the manifest's).
+    pub classes: Option<usize>,
+    /// cuDNN's deterministic algorithms instead of its benchmark mode (`--deterministic`):
+    /// on a GPU, a resumed run is then bitwise the uninterrupted one.
+    pub deterministic: bool,
     /// Network (`--model`).
     pub model: ModelKind,
     /// Epochs to train (`--epochs`).
@@ -146,6 +154,9 @@ impl Default for TrainConfig {
     fn default() -> Self {
         TrainConfig {
             data: PathBuf::new(),
+            synthetic_data: false,
+            classes: None,
+            deterministic: false,
             model: ModelKind::Resnet50,
             epochs: 90,
             batch: 32,
@@ -266,14 +277,14 @@ impl Overlap {
     }
 }
 
-/// `--overlap auto`: backward when the replicas are GPUs (the communication thread has cores
-/// of its own) or the ranks span more than one node (the allreduce crosses a network and is
-/// worth hiding); off for CPU replicas on one node, where the allreduce is a shared-memory
-/// copy and the communication thread would only take cores from the replicas. Measured in
-/// BENCHMARKS.md (resnet18, 2 ranks x 1 CPU replica: 1 Gbit/s between two nodes, backward
-/// 1.19x the images/s of off; shared memory, 0.96x).
-pub fn auto_overlap(gpus: bool, nodes: usize) -> Overlap {
-    if gpus || nodes > 1 {
+/// `--overlap auto`: off when the job has one replica (there is nothing to reduce), else
+/// backward when the replicas are GPUs (the communication thread has cores of its own) or the
+/// ranks span more than one node (the allreduce crosses a network and is worth hiding); off for
+/// CPU replicas on one node, where the allreduce is a shared-memory copy and the communication
+/// thread would only take cores from the replicas. Measured in BENCHMARKS.md ("Overlap of the
+/// gradient allreduce with backward").
+pub fn auto_overlap(gpus: bool, nodes: usize, replicas_in_job: usize) -> Overlap {
+    if replicas_in_job > 1 && (gpus || nodes > 1) {
         Overlap::Backward
     } else {
         Overlap::Off

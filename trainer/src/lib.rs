@@ -56,6 +56,7 @@ pub mod console;
 pub mod device;
 pub mod error;
 pub mod export;
+pub mod job;
 pub mod memory;
 pub mod metrics;
 pub mod model;

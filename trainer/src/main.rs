@@ -1,6 +1,7 @@
 //! `ddl-train`: data-parallel training of an image classifier on packed shards.
 //!
-//! Runs as one process per node (or per GPU) under `mpirun`/`srun`, or alone.
+//! Runs as one process per node (or per GPU) under `mpirun`/`srun`, or alone (one rank,
+//! without MPI).
 
 use std::io::IsTerminal;
 use std::path::PathBuf;
@@ -10,23 +11,35 @@ use anyhow::Context;
 use clap::Parser;
 use ddl_comm::Algorithm;
 use ddl_comm::Transport;
-use ddl_comm::World;
 use ddl_loader::pipeline::OnBadRecord;
 use ddl_trainer::config::{Precision, ResidencyMode};
 use ddl_trainer::console::eprint_line;
 use ddl_trainer::device::DeviceSpec;
+use ddl_trainer::job::Job;
 use ddl_trainer::model::ModelKind;
 use ddl_trainer::schedule::DecayKind;
 use ddl_trainer::signal::StopRequest;
-use ddl_trainer::{RankInfo, TrainConfig, TrainError, TrainSummary};
+use ddl_trainer::{TrainConfig, TrainError, TrainSummary};
 
 /// Train an image classifier data-parallel on ddl shards.
 #[derive(Parser, Debug)]
 #[command(name = "ddl-train", version, about)]
 struct Cli {
     /// Directory with manifest.json and the shards written by ddl-pack.
+    #[arg(long, required_unless_present = "synthetic_data")]
+    data: Option<PathBuf>,
+    /// Train on one random batch held on each device, without data, evaluation or checkpoints:
+    /// times the model, the table and the allreduce alone (as a PyTorch loop on data already
+    /// on the GPU does).
     #[arg(long)]
-    data: PathBuf,
+    synthetic_data: bool,
+    /// Classes of the model with --synthetic-data (with data: the manifest's).
+    #[arg(long, requires = "synthetic_data")]
+    classes: Option<usize>,
+    /// cuDNN's deterministic algorithms instead of timing them for the fastest (benchmark mode,
+    /// the default): a resumed GPU run is then bitwise the uninterrupted one.
+    #[arg(long)]
+    deterministic: bool,
     /// The network.
     #[arg(long, value_enum, default_value_t = ModelKind::Resnet50)]
     model: ModelKind,
@@ -188,7 +201,10 @@ struct Cli {
 impl Cli {
     fn config(self, stop: StopRequest) -> anyhow::Result<TrainConfig> {
         Ok(TrainConfig {
-            data: self.data,
+            data: self.data.unwrap_or_default(),
+            synthetic_data: self.synthetic_data,
+            classes: self.classes,
+            deterministic: self.deterministic,
             model: self.model,
             epochs: self.epochs,
             batch: self.batch,
@@ -254,17 +270,11 @@ fn main() -> anyhow::Result<()> {
     // in a shard mapping names the shard.
     let stop = StopRequest::install().context("installing the SIGTERM/SIGINT handlers")?;
     ddl_loader::fault::report_sigbus().context("installing the SIGBUS report")?;
-    let world = World::init().context("initialising MPI")?;
-    let info = RankInfo {
-        node: world.node_index(),
-        nodes: world.node_count(),
-        rank_in_node: world.local_rank(),
-        ranks_in_node: world.local_size(),
-    };
-    let transport: Arc<dyn Transport> = world.transport();
-    let topology = world.topology();
-    let rank = world.rank();
-    let size = world.size();
+    let job = Job::start().context("initialising MPI")?;
+    let info = job.info();
+    let transport: Arc<dyn Transport> = job.transport();
+    let rank = transport.rank();
+    let size = transport.size();
     let trace = cli.trace.clone();
     if trace.is_some() {
         ddl_trace::set_pid(rank as u32);
@@ -277,11 +287,11 @@ fn main() -> anyhow::Result<()> {
             .devices
             .resolve(info.rank_in_node, info.ranks_in_node)
             .map_or(1, |devices| devices.len());
-        if let Some(line) = world.binding().warning(cfg.workers + replicas) {
+        if let Some(line) = job.binding_warning(cfg.workers + replicas) {
             eprint_line(&format!("ddl-train: {line}"));
         }
     }
-    match ddl_trainer::train(&cfg, transport, topology, info) {
+    match ddl_trainer::train(&cfg, transport, job.topology(), info) {
         Ok(summary) => {
             if let Some(path) = &trace {
                 let path = ddl_trace::rank_path(path, rank);
@@ -306,13 +316,13 @@ fn main() -> anyhow::Result<()> {
                 // Every rank stopped after the same step: leave MPI together, no abort.
                 eprint_line(&format!("ddl-train (rank {rank}): {e}"));
                 let code = signal.exit_code();
-                drop(world);
+                drop(job);
                 std::process::exit(code);
             }
             eprint_line(&format!("ddl-train (rank {rank}): error: {e}"));
             if size > 1 {
                 // Other ranks may be blocked in a collective: take the whole job down.
-                world.abort(1);
+                job.abort(1);
             }
             std::process::exit(1);
         }

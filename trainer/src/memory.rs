@@ -1,9 +1,10 @@
 //! What a rank holds for its model: the f32 copies of the parameters the table keeps, and the
 //! buckets its gradient is reduced in, as `ddl-plan` prints them before a run.
 //!
-//! Each replica keeps [`REPLICA_COPIES`] copies on its device (weights, autograd gradients, the
-//! flat gradient buffer the buckets are cut from, momentum) and each rank [`HOST_COPIES`] in
-//! host memory (the buckets' host buffers the allreduce runs on). A classifier head is part of
+//! Each replica keeps [`REPLICA_COPIES`] copies on its device (weights, gradients, momentum:
+//! three flat buffers the parameters and their gradients are views of) and each rank of a job
+//! of several ranks [`HOST_COPIES`] in host memory (the buckets' host buffers the allreduce
+//! runs on; a job of one rank keeps its gradients on the devices). A classifier head is part of
 //! the parameters like any layer: a 21,841-way ResNet-50 head adds 44.75 M parameters, so
 //! 179 MB to every copy.
 
@@ -13,12 +14,12 @@ use crate::config::Overlap;
 use crate::table::Layout;
 use crate::weights;
 
-/// f32 copies of the parameters each replica keeps on its device: weights, gradients, the flat
-/// gradient buffer and the momentum.
-pub const REPLICA_COPIES: u64 = 4;
+/// f32 copies of the parameters each replica keeps on its device: weights, gradients and
+/// momentum.
+pub const REPLICA_COPIES: u64 = 3;
 
-/// f32 copies of the parameters each rank keeps in host memory besides its replicas: the
-/// buckets' host buffers.
+/// f32 copies of the parameters each rank of a job of several ranks keeps in host memory
+/// besides its replicas: the buckets' host buffers.
 pub const HOST_COPIES: u64 = 1;
 
 /// Bytes of one f32 copy of the parameters of `layout`.
@@ -67,7 +68,7 @@ pub fn describe(layout: &Layout, plan: &PlanFor<'_>) -> String {
         "{}, {} classes: {} parameters, {:.1} MB f32 (head fc: {} parameters, {:.1} MB)",
         plan.model,
         plan.classes,
-        layout.total,
+        layout.parameters(),
         mb(copy),
         head,
         mb(head as u64 * 4)
@@ -103,9 +104,9 @@ pub fn describe(layout: &Layout, plan: &PlanFor<'_>) -> String {
     }
     let _ = writeln!(
         out,
-        "state: {REPLICA_COPIES} copies per replica (weights, gradients, flat gradient buffer, \
-         momentum) = {:.1} MB on its device, {HOST_COPIES} per rank (host buckets) = {:.1} MB; \
-         a rank of {} CPU replica(s): {:.1} MB",
+        "state: {REPLICA_COPIES} copies per replica (weights, gradients, momentum) = {:.1} MB on \
+         its device, {HOST_COPIES} per rank of a multi-rank job (host buckets) = {:.1} MB; a rank \
+         of {} CPU replica(s): {:.1} MB",
         mb(REPLICA_COPIES * copy),
         mb(HOST_COPIES * copy),
         plan.replicas,

@@ -26,7 +26,8 @@ pub struct StepRecord {
     pub images_per_s: f64,
     /// Mean time rank 0's replicas waited on the loader.
     pub data_wait_s: f64,
-    /// Mean forward + backward time of rank 0's replicas.
+    /// Mean time rank 0's replicas were busy: the step but for waiting on the loader and on
+    /// reduced gradients (on a GPU, that includes waiting for the device to compute the loss).
     pub compute_s: f64,
     /// Time rank 0 spent in allreduce calls.
     pub allreduce_s: f64,

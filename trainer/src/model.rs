@@ -83,8 +83,8 @@ pub type Model = Box<dyn Network>;
 /// A training forward pass kept for a backward pass that runs stage by stage, last first.
 /// The graph is cut between stages: the input of stage s > 0 is the detached output of stage
 /// s - 1, marked as requiring grad, so that the backward of stage s + 1 leaves the gradient of
-/// stage s's output in that input, and the backward of stage s sends it on with
-/// `sum(out_s * g)` (whose gradient with respect to `out_s` is exactly g).
+/// stage s's output in that input, and the backward of stage s starts from `out_s` seeded with
+/// it (`torch.autograd.backward(out_s, g)`).
 ///
 /// The pass holds the graph of its input, which may view a loader batch's memory: it borrows
 /// the input for `'a`, so that the batch cannot be released while the pass lives.
@@ -149,10 +149,7 @@ impl<'a> StagedPass<'a> {
                     stage + 1
                 ))
             })?;
-        self.outputs[stage]
-            .f_mul(&g)?
-            .f_sum(tch::Kind::Float)?
-            .f_backward()?;
+        crate::device::backward(&[&self.outputs[stage]], &[&g])?;
         self.inputs.truncate(stage + 1);
         self.outputs.truncate(stage + 1);
         Ok(())

@@ -1,7 +1,10 @@
 //! SGD with momentum (PyTorch semantics, no dampening), optional Nesterov, and weight decay
-//! that skips BatchNorm and bias parameters.
+//! that skips BatchNorm and bias parameters, applied a bucket at a time: the weights,
+//! gradients and momentum of a bucket are ranges of flat buffers (see [`crate::table::Layout`]),
+//! so an update is a handful of kernels whatever the number of parameters in it, as PyTorch's
+//! fused SGD does.
 
-use tch::{Device, Kind, Tensor};
+use tch::{Device, Tensor};
 
 use crate::error::Result;
 
@@ -32,29 +35,21 @@ pub fn decays(shape: &[i64]) -> bool {
     shape.len() >= 2
 }
 
-/// Momentum state of one replica.
+/// The optimizer of one replica. Its hyper-parameters and the learning rate live on the device
+/// as 0-dim tensors, so that no update uploads anything or waits for the device.
 #[derive(Debug)]
 pub struct Sgd {
     cfg: SgdConfig,
-    decay: Vec<bool>,
-    momentum: Vec<Tensor>,
-    /// 0-dim tensors on the device: weight decay, momentum, and the last `-lr` used, so that
-    /// every update is a few fused in-place kernels without temporaries.
-    wd_t: Tensor,
-    momentum_t: Tensor,
-    neg_lr: Option<(f64, Tensor)>,
-    device: Device,
+    wd: Tensor,
+    momentum: Tensor,
+    neg_lr: Tensor,
+    lr: Option<f64>,
 }
 
 impl Sgd {
-    /// Zero momentum for parameters of the given shapes on `device`. A zero buffer gives
-    /// exactly PyTorch's first step (`buf = grad`), since `0.9 * 0 + g == g`.
-    pub fn new(cfg: SgdConfig, shapes: &[Vec<i64>], device: Device) -> Result<Sgd> {
-        let decay = shapes.iter().map(|s| decays(s)).collect();
-        let momentum = shapes
-            .iter()
-            .map(|s| Tensor::f_zeros(s.as_slice(), (Kind::Float, device)))
-            .collect::<std::result::Result<Vec<_>, _>>()?;
+    /// The optimizer on `device`. Momentum buffers start at zero, which gives exactly
+    /// PyTorch's first step (`buf = grad`), since `0.9 * 0 + g == g`.
+    pub fn new(cfg: SgdConfig, device: Device) -> Result<Sgd> {
         let scalar = |v: f64| {
             Tensor::f_from_slice(&[v as f32])?
                 .f_reshape([])?
@@ -62,57 +57,52 @@ impl Sgd {
         };
         Ok(Sgd {
             cfg,
-            decay,
-            momentum,
-            wd_t: scalar(cfg.weight_decay)?,
-            momentum_t: scalar(cfg.momentum)?,
-            neg_lr: None,
-            device,
+            wd: scalar(cfg.weight_decay)?,
+            momentum: scalar(cfg.momentum)?,
+            neg_lr: scalar(0.0)?,
+            lr: None,
         })
     }
 
-    /// The momentum buffers, one per parameter in parameter order.
-    pub fn momentum(&self) -> &[Tensor] {
-        &self.momentum
+    /// Sets the learning rate of the next updates (a kernel on the device when it changes).
+    pub fn set_lr(&mut self, lr: f64) -> Result<()> {
+        if self.lr != Some(lr) {
+            let _ = self.neg_lr.f_fill_(f64::from(-lr as f32))?;
+            self.lr = Some(lr);
+        }
+        Ok(())
     }
 
-    /// Applies one update to parameter `i` given its (already averaged) gradient, which is
-    /// used as scratch space and left modified:
-    /// `g += wd * p` (decayed parameters only); `buf = momentum * buf + g`;
+    /// Updates one bucket given its (already averaged) gradient, which is used as scratch
+    /// space and left modified. `params`, `grads` and `momentum` are the bucket's ranges of
+    /// the flat buffers; the first `decayed` elements get weight decay:
+    /// `g += wd * p`; `buf = momentum * buf + g`;
     /// `p -= lr * (nesterov ? g + momentum * buf : buf)`.
     pub fn update(
-        &mut self,
-        i: usize,
-        param: &mut Tensor,
-        grad: &mut Tensor,
-        lr: f64,
+        &self,
+        params: &mut Tensor,
+        grads: &mut Tensor,
+        momentum: &mut Tensor,
+        decayed: usize,
     ) -> Result<()> {
         let _guard = tch::no_grad_guard();
-        let neg_lr = match &self.neg_lr {
-            Some((v, t)) if *v == lr => t.shallow_clone(),
-            _ => {
-                let t = Tensor::f_from_slice(&[-lr as f32])?
-                    .f_reshape([])?
-                    .f_to_device(self.device)?;
-                self.neg_lr = Some((lr, t.shallow_clone()));
-                t
-            }
-        };
-        if self.decay[i] && self.cfg.weight_decay != 0.0 {
-            let _ = grad.f_addcmul_(param, &self.wd_t)?;
+        if decayed > 0 && self.cfg.weight_decay != 0.0 {
+            let n = decayed as i64;
+            let _ = grads
+                .f_narrow(0, 0, n)?
+                .f_addcmul_(&params.f_narrow(0, 0, n)?, &self.wd)?;
         }
         if self.cfg.momentum != 0.0 {
-            let buf = &mut self.momentum[i];
-            let _ = buf.f_mul_scalar_(self.cfg.momentum)?;
-            let _ = buf.f_add_(grad)?;
+            let _ = momentum.f_mul_scalar_(self.cfg.momentum)?;
+            let _ = momentum.f_add_(grads)?;
             if self.cfg.nesterov {
-                let _ = grad.f_addcmul_(buf, &self.momentum_t)?;
-                let _ = param.f_addcmul_(grad, &neg_lr)?;
+                let _ = grads.f_addcmul_(momentum, &self.momentum)?;
+                let _ = params.f_addcmul_(grads, &self.neg_lr)?;
             } else {
-                let _ = param.f_addcmul_(buf, &neg_lr)?;
+                let _ = params.f_addcmul_(momentum, &self.neg_lr)?;
             }
         } else {
-            let _ = param.f_addcmul_(grad, &neg_lr)?;
+            let _ = params.f_addcmul_(grads, &self.neg_lr)?;
         }
         Ok(())
     }

@@ -60,6 +60,7 @@ pub const ROUNDING: &[(&str, &str)] = &[
         "other allreduce buffers, so another summation order",
     ),
     ("channels_last", "other convolution kernels"),
+    ("deterministic", "other convolution algorithms on GPUs"),
     (
         "devices",
         "other devices round differently (the replica count is checked from the layout)",
@@ -110,6 +111,14 @@ pub const FREE: &[(&str, &str)] = &[
     ("stage", "how the shards are loaded"),
     ("comm_timeout_s", "when a hung job fails"),
     ("verbose", "output only"),
+    (
+        "synthetic_data",
+        "a run on synthetic data writes no checkpoint",
+    ),
+    (
+        "classes",
+        "only with --synthetic-data, which writes no checkpoint",
+    ),
 ];
 
 /// The layout and data a checkpoint was written for, against this run's.

@@ -11,7 +11,7 @@ use ddl_comm::{thread_group, Algorithm, Allreducer, Op, Topology, Transport};
 use ddl_testkit::{write_manifest, write_shards, Record};
 use ddl_trainer::config::Overlap;
 use ddl_trainer::model::ModelKind;
-use ddl_trainer::table::Layout;
+use ddl_trainer::table::{Layout, ALIGN};
 use ddl_trainer::{train, RankInfo};
 
 const CLASSES: usize = 2000;
@@ -92,7 +92,7 @@ fn the_head_of_2000_classes_gets_a_bucket_of_its_own_and_the_buckets_cover_every
     let few = plan(10);
     let many = plan(CLASSES as i64);
     // The head is 64 x C weights and C biases; nothing else depends on C.
-    assert_eq!(many.total, few.total + 65 * (CLASSES - 10));
+    assert_eq!(many.parameters(), few.parameters() + 65 * (CLASSES - 10));
     let (b_many, b_few) = (buckets(&many), buckets(&few));
     // 10 classes: the head (650 parameters) is one bucket; 2,000: weight and bias apart.
     let mut head_few = b_few[0].1.clone();
@@ -114,7 +114,7 @@ fn the_head_of_2000_classes_gets_a_bucket_of_its_own_and_the_buckets_cover_every
             seen[i] += 1;
             let p = &many.params[i];
             assert_eq!(p.offset, end, "{}", p.name);
-            end += p.numel;
+            end += p.numel.next_multiple_of(ALIGN);
         }
         assert_eq!(end, b.start + b.len);
         next = end;

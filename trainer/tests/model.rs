@@ -2,7 +2,7 @@
 
 use ddl_trainer::model::{self, ModelKind, StagedPass};
 use ddl_trainer::optim::{Sgd, SgdConfig};
-use ddl_trainer::table::Layout;
+use ddl_trainer::table::{Layout, ALIGN};
 use tch::{nn, Device, Kind, Reduction, Tensor};
 
 fn layout(kind: ModelKind, classes: i64, size: u32) -> Layout {
@@ -25,7 +25,7 @@ fn torchvision_parameter_counts_and_names() {
         (ModelKind::Resnet50, 25_557_032),
     ] {
         let l = layout(kind, 1000, 64);
-        assert_eq!(l.total, count, "{kind}");
+        assert_eq!(l.parameters(), count, "{kind}");
         let names: Vec<&str> = l.params.iter().map(|p| p.name.as_str()).collect();
         for n in [
             "conv1.weight",
@@ -92,32 +92,57 @@ fn weight_decay_skips_batchnorm_and_bias() {
 }
 
 #[test]
+fn buckets_put_decayed_parameters_first_at_aligned_offsets() {
+    // 21,841 classes: the head's bias would leave every later parameter misaligned.
+    let l = layout(ModelKind::Resnet18, 21_841, 64);
+    for b in &l.buckets {
+        let decayed: Vec<bool> = b.params.iter().map(|&i| l.params[i].decay).collect();
+        assert!(decayed.windows(2).all(|w| w[0] >= w[1]), "{decayed:?}");
+        let end_of_decayed = b
+            .params
+            .iter()
+            .filter(|&&i| l.params[i].decay)
+            .map(|&i| l.params[i].offset + l.params[i].numel)
+            .max()
+            .unwrap_or(b.start);
+        assert!(b.decayed >= end_of_decayed - b.start && b.decayed <= b.len);
+        for &i in &b.params {
+            let p = &l.params[i];
+            assert_eq!(p.offset % ALIGN, 0, "{}", p.name);
+            assert!(p.offset >= b.start && p.offset + p.numel <= b.start + b.len);
+            assert_eq!(p.offset >= b.start + b.decayed, !p.decay, "{}", p.name);
+        }
+    }
+    assert_eq!(l.total % ALIGN, 0);
+}
+
+#[test]
 fn sgd_matches_pytorch_semantics() {
     let cfg = SgdConfig {
         momentum: 0.9,
         nesterov: false,
         weight_decay: 0.1,
     };
-    let shapes = vec![vec![2, 2], vec![2]];
-    let mut sgd = Sgd::new(cfg, &shapes, Device::Cpu).unwrap();
-    let mut w = Tensor::from_slice(&[1.0f32, 2.0, 3.0, 4.0]).view([2, 2]);
-    let mut b = Tensor::from_slice(&[1.0f32, -1.0]);
-    let mut gw = Tensor::zeros([2, 2], (Kind::Float, Device::Cpu));
-    let mut gb = Tensor::zeros([2], (Kind::Float, Device::Cpu));
+    let mut sgd = Sgd::new(cfg, Device::Cpu).unwrap();
+    sgd.set_lr(0.5).unwrap();
+    // One bucket: a 2x2 weight (decayed, first) and a bias of 2 (not decayed).
+    let mut p = Tensor::from_slice(&[1.0f32, 2.0, 3.0, 4.0, 1.0, -1.0]);
+    let mut m = Tensor::zeros([6], (Kind::Float, Device::Cpu));
+    let grad = |g: &[f32]| Tensor::from_slice(g);
     // Zero gradient: the decayed weight shrinks by lr * wd, the bias does not move.
-    sgd.update(0, &mut w, &mut gw, 0.5).unwrap();
-    sgd.update(1, &mut b, &mut gb, 0.5).unwrap();
-    let w1: Vec<f32> = Vec::try_from(&w.view([-1])).unwrap();
-    let b1: Vec<f32> = Vec::try_from(&b).unwrap();
-    assert_eq!(b1, vec![1.0, -1.0]);
-    for (x, x0) in w1.iter().zip([1.0f32, 2.0, 3.0, 4.0]) {
+    sgd.update(&mut p, &mut grad(&[0.0; 6]), &mut m, 4).unwrap();
+    let v: Vec<f32> = Vec::try_from(&p).unwrap();
+    assert_eq!(v[4..], [1.0, -1.0]);
+    for (x, x0) in v[..4].iter().zip([1.0f32, 2.0, 3.0, 4.0]) {
         assert!((x - x0 * 0.95).abs() < 1e-6);
     }
-    // Momentum: second step with gradient g on the bias: buf = g, p -= lr * g; third:
-    // buf = 0.9 g + g.
-    sgd.update(1, &mut b, &mut Tensor::from_slice(&[1.0f32, 1.0]), 0.5)
+    // Momentum on the bias (no decay, so the bucket's decayed part is empty here): the
+    // first step with gradient g gives buf = g, p -= lr * g; the second buf = 0.9 g + g.
+    let mut b = Tensor::from_slice(&[1.0f32, -1.0]);
+    let mut mb = Tensor::zeros([2], (Kind::Float, Device::Cpu));
+    sgd.update(&mut b, &mut grad(&[1.0, 1.0]), &mut mb, 0)
         .unwrap();
-    sgd.update(1, &mut b, &mut Tensor::from_slice(&[1.0f32, 1.0]), 0.5)
+    sgd.update(&mut b, &mut grad(&[1.0, 1.0]), &mut mb, 0)
         .unwrap();
     let b3: Vec<f32> = Vec::try_from(&b).unwrap();
     assert!((b3[0] - (1.0 - 0.5 - 0.5 * 1.9)).abs() < 1e-6, "{b3:?}");
@@ -128,13 +153,13 @@ fn sgd_matches_pytorch_semantics() {
             nesterov: true,
             weight_decay: 0.0,
         },
-        &[vec![1]],
         Device::Cpu,
     )
     .unwrap();
+    nest.set_lr(1.0).unwrap();
     let mut p = Tensor::from_slice(&[0.0f32]);
-    nest.update(0, &mut p, &mut Tensor::from_slice(&[1.0f32]), 1.0)
-        .unwrap();
+    let mut m = Tensor::zeros([1], (Kind::Float, Device::Cpu));
+    nest.update(&mut p, &mut grad(&[1.0]), &mut m, 1).unwrap();
     let v: Vec<f32> = Vec::try_from(&p).unwrap();
     assert!((v[0] + 1.9).abs() < 1e-6, "{v:?}");
 }
@@ -220,5 +245,5 @@ fn staged_buckets_follow_stage_boundaries() {
     assert_eq!(net.stage_of("layer1.0.conv1.weight"), 1);
     assert_eq!(net.stage_of("layer4.1.bn2.bias"), 8);
     assert_eq!(net.stage_of("layer2.0.downsample.1.weight"), 3);
-    assert_eq!(layout.total, 11_689_512);
+    assert_eq!(layout.parameters(), 11_689_512);
 }

@@ -11,9 +11,11 @@ use ddl_trainer::config::Overlap;
 
 #[test]
 fn auto_overlaps_backward_on_gpus_and_across_nodes() {
-    assert_eq!(auto_overlap(false, 1), Overlap::Off);
-    assert_eq!(auto_overlap(false, 2), Overlap::Backward);
-    assert_eq!(auto_overlap(true, 1), Overlap::Backward);
+    assert_eq!(auto_overlap(false, 1, 2), Overlap::Off);
+    assert_eq!(auto_overlap(false, 2, 2), Overlap::Backward);
+    assert_eq!(auto_overlap(true, 1, 2), Overlap::Backward);
+    // One replica in the whole job has nothing to reduce: no staged backward.
+    assert_eq!(auto_overlap(true, 1, 1), Overlap::Off);
 }
 
 #[test]

@@ -1,25 +1,27 @@
-//! Tracing a short run: with ddl-trace enabled, training on one rank with two CPU replicas
-//! writes a valid Chrome trace holding the eval and checkpoint spans and the data-wait, forward/backward and intra-node-sum spans
-//! of every replica and the allreduce of every bucket. ddl-trace is process-global, so this
-//! test lives in its own file (its own process).
+//! Tracing a short run: with ddl-trace enabled, training on two ranks (threads of this
+//! process) with two CPU replicas each writes a valid Chrome trace holding the eval and
+//! checkpoint spans and the data-wait, forward/backward and intra-node-sum spans of every
+//! replica and the allreduce of every bucket (a job of one rank has no allreduce: its
+//! gradients never leave the devices). ddl-trace is process-global, so this test lives in its
+//! own file (its own process), and every count is per rank times the ranks.
 
 mod common;
 
 use std::collections::BTreeSet;
-use std::sync::Arc;
 
-use ddl_comm::{thread_group, Topology, Transport};
-use ddl_trainer::{train, RankInfo};
 use serde_json::Value;
+
+/// Ranks of the traced job.
+const RANKS: usize = 2;
 
 #[test]
 fn traced_run_writes_chrome_trace_with_replica_spans() {
     let tmp = ddl_testkit::scratch("trace");
     let dir = tmp.path();
     let data = dir.join("data");
-    common::make_dataset(&data, 2, 16, 4, 1, 1, 32);
+    common::make_dataset(&data, 2, 32, 4, 1, 1, 32);
     let mut cfg = common::config(&data, "resnet_small", 4, "cpu:2");
-    // 32 records / (2 replicas x 4) = 4 steps: one epoch, then eval.
+    // 64 records / (2 ranks x 2 replicas x 4) = 4 steps: one epoch, then eval.
     cfg.max_steps = Some(4);
     cfg.eval = true;
     cfg.checkpoint_dir = Some(dir.join("ckpt"));
@@ -30,8 +32,7 @@ fn traced_run_writes_chrome_trace_with_replica_spans() {
 
     ddl_trace::set_thread_name("main");
     ddl_trace::enable();
-    let t: Arc<dyn Transport> = Arc::new(thread_group(1).pop().unwrap());
-    let summary = train(&cfg, t, Topology::new(1, 1), RankInfo::single()).unwrap();
+    let summary = common::run_ranks(&cfg, RANKS);
     ddl_trace::disable();
     assert_eq!(summary.global_steps, 4);
     let path = dir.join("trace.json");
@@ -77,8 +78,8 @@ fn traced_run_writes_chrome_trace_with_replica_spans() {
         assert_eq!(replicas_of(name), BTreeSet::from([0, 1]), "{name}");
     }
     // One data wait and one forward/backward per replica per step.
-    assert_eq!(named("forward_backward").len(), 8);
-    assert_eq!(named("data_wait").len(), 8);
+    assert_eq!(named("forward_backward").len(), RANKS * 8);
+    assert_eq!(named("data_wait").len(), RANKS * 8);
     // One allreduce per bucket per step, each naming its bucket and size.
     let allreduce = named("allreduce");
     let buckets: BTreeSet<i64> = allreduce
@@ -86,14 +87,14 @@ fn traced_run_writes_chrome_trace_with_replica_spans() {
         .map(|e| e["args"]["bucket"].as_i64().unwrap())
         .collect();
     assert!(buckets.len() > 1, "expected several buckets: {buckets:?}");
-    assert_eq!(allreduce.len(), 4 * buckets.len());
+    assert_eq!(allreduce.len(), RANKS * 4 * buckets.len());
     assert!(allreduce
         .iter()
         .all(|e| e["args"]["floats"].as_i64().unwrap() > 0));
     // Every replica sums every bucket every step.
-    assert_eq!(named("intra_node_sum").len(), 2 * 4 * buckets.len());
+    assert_eq!(named("intra_node_sum").len(), RANKS * 2 * 4 * buckets.len());
     assert!(!named("checkpoint").is_empty());
-    assert_eq!(named("eval").len(), 1);
+    assert_eq!(named("eval").len(), RANKS);
     // Replica spans come from threads named after their replica.
     for r in 0..2i64 {
         let tids: BTreeSet<u64> = named("forward_backward")
@@ -101,10 +102,11 @@ fn traced_run_writes_chrome_trace_with_replica_spans() {
             .filter(|e| e["args"]["replica"] == r)
             .map(|e| e["tid"].as_u64().unwrap())
             .collect();
-        assert_eq!(tids.len(), 1);
-        let tid = *tids.first().unwrap();
-        assert!(events.iter().any(|m| m["ph"] == "M"
-            && m["tid"] == tid
-            && m["args"]["name"] == format!("replica {r}")));
+        assert_eq!(tids.len(), RANKS);
+        for tid in tids {
+            assert!(events.iter().any(|m| m["ph"] == "M"
+                && m["tid"] == tid
+                && m["args"]["name"] == format!("replica {r}")));
+        }
     }
 }

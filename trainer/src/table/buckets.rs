@@ -1,5 +1,6 @@
-//! The gradient layout: every parameter's place in the flat f32 buffer (reverse parameter
-//! order) and the buckets it is cut into, at stage boundaries under `--overlap backward`.
+//! The flat layout: every parameter's place in the flat f32 buffers of a replica (weights,
+//! gradients, momentum) and the buckets they are cut into, in reduction order (the last layers
+//! first), at stage boundaries under `--overlap backward`.
 
 use std::collections::HashMap;
 
@@ -7,6 +8,11 @@ use tch::nn;
 
 use crate::config::Overlap;
 use crate::model::{self, ModelKind, Network};
+
+/// Every parameter starts at a multiple of this many elements (64 bytes) of the flat buffers,
+/// so that its views are aligned as vectorised kernels want them (a 21,841-class head's bias
+/// would leave every later parameter at an odd offset); the gaps are zeros that stay zero.
+pub const ALIGN: usize = 16;
 
 /// One parameter of the model in the flat gradient buffer.
 #[derive(Clone, Debug)]
@@ -23,13 +29,17 @@ pub struct ParamInfo {
     pub decay: bool,
 }
 
-/// A contiguous range of the flat buffer holding whole parameters.
+/// A contiguous range of the flat buffer holding whole parameters, those with weight decay
+/// first, so that the optimizer updates a bucket in a few whole-range operations.
 #[derive(Clone, Debug)]
 pub struct Bucket {
     /// First element.
     pub start: usize,
-    /// Number of elements.
+    /// Number of elements (with the alignment gaps).
     pub len: usize,
+    /// Leading elements of the bucket that belong to parameters with weight decay (and their
+    /// alignment gaps).
+    pub decayed: usize,
     /// Indices (into [`Layout::params`]) of the parameters in the bucket.
     pub params: Vec<usize>,
     /// The model stage whose backward completes the bucket's gradients (0 when the layout is
@@ -46,7 +56,7 @@ pub struct Layout {
     pub buffers: Vec<(String, Vec<i64>)>,
     /// Buckets in reduction order (the last layers first).
     pub buckets: Vec<Bucket>,
-    /// Total parameter elements.
+    /// Elements of the flat buffers: the parameters and the gaps that align them.
     pub total: usize,
 }
 
@@ -86,6 +96,11 @@ impl Layout {
         let _guard = tch::no_grad_guard();
         let model = model::build(kind, &vs.root(), classes, image_size);
         Layout::for_overlap(&vs, model.as_ref(), overlap, bucket_bytes)
+    }
+
+    /// Number of parameters (elements of every parameter, without the alignment gaps).
+    pub fn parameters(&self) -> usize {
+        self.params.iter().map(|p| p.numel).sum()
     }
 
     /// Index of the largest bucket (0 for a layout without buckets).
@@ -134,11 +149,10 @@ impl Layout {
             .collect();
         buffers.sort();
         let cap = (bucket_bytes / 4).max(1);
+        let padded = |n: usize| n.next_multiple_of(ALIGN);
         let mut buckets: Vec<Bucket> = Vec::new();
-        let mut offset = 0;
         for i in (0..params.len()).rev() {
-            params[i].offset = offset;
-            let n = params[i].numel;
+            let n = padded(params[i].numel);
             let stage = stage_of(&params[i].name);
             match buckets.last_mut() {
                 Some(b) if b.len + n <= cap && b.stage == stage => {
@@ -146,13 +160,26 @@ impl Layout {
                     b.params.push(i);
                 }
                 _ => buckets.push(Bucket {
-                    start: offset,
+                    start: 0,
                     len: n,
+                    decayed: 0,
                     params: vec![i],
                     stage,
                 }),
             }
-            offset += n;
+        }
+        // Offsets: buckets in reduction order, and in each the decayed parameters first.
+        let mut offset = 0;
+        for b in &mut buckets {
+            b.start = offset;
+            b.params.sort_by_key(|&i| !params[i].decay);
+            for &i in &b.params {
+                params[i].offset = offset;
+                offset += padded(params[i].numel);
+                if params[i].decay {
+                    b.decayed = offset - b.start;
+                }
+            }
         }
         Layout {
             params,

@@ -1,14 +1,22 @@
 //! The data-parallel table: one OS thread and one model replica per local device.
 //!
-//! Every step each replica thread pulls its own batch, runs forward and backward, and copies
-//! its gradients into a flat f32 buffer laid out in *reverse* parameter order and cut into
-//! buckets. Bucket by bucket, the replicas sum their buffers along a fixed binomial tree over
-//! the threads (replica r receives from r + 2^l at level l), replica 0 copies the node sum to
-//! host memory and hands the bucket to the rank's communication thread (the caller of
-//! [`Table::step`]), which allreduces it across ranks and scales it by 1 / (global replica
-//! count). Each replica applies the update of bucket k as soon as it is reduced. Every replica
-//! applies the same averaged gradient to the same weights, so replicas stay bitwise identical;
-//! BatchNorm running statistics stay per replica.
+//! Each replica keeps its weights, gradients and momentum in three flat f32 buffers laid out
+//! in *reverse* parameter order and cut into buckets ([`Layout`]); every parameter and its
+//! `.grad` are views of them, so backward writes the gradients straight into the buffer the
+//! buckets are reduced from. Every step each replica thread pulls its own batch, runs forward
+//! and backward and, bucket by bucket, the replicas sum their gradients along a fixed binomial
+//! tree over the threads (replica r adds the sum of r + 2^l at level l). With several ranks,
+//! replica 0 copies the node sum to the bucket's host buffer (pinned for GPUs, on a side
+//! stream) and hands it to the rank's communication thread (the caller of [`Table::step`]),
+//! which allreduces it across ranks; with one rank nothing leaves the device. Each replica
+//! then takes the reduced sum, scales it by 1 / (global replica count) and updates the bucket
+//! (a few operations on its ranges of the three buffers) as soon as it is reduced. Every
+//! replica applies the same averaged gradient to the same weights, so replicas stay bitwise
+//! identical; BatchNorm running statistics stay per replica.
+//!
+//! On a GPU the replica thread never waits for the device within a step: copies run on a
+//! side stream, batches arrive one step ahead (see `feed`), and the streams are ordered by
+//! events ([`crate::device`]); on the CPU the same code runs with every event complete.
 //!
 //! How much of this overlaps is [`Overlap`] (`--overlap`):
 //!
@@ -19,27 +27,27 @@
 //!   replica runs the model as a chain of stages ([`crate::model::Network`]: stem, each
 //!   residual block, head), cutting the graph between stages (the input of stage s is the
 //!   detached output of stage s-1, marked as requiring grad). Backward runs the loss through
-//!   the last stage, then for each earlier stage s backpropagates `sum(out_s * g)`, where g is
+//!   the last stage, then for each earlier stage s backpropagates from `out_s` seeded with
 //!   the gradient that arrived at stage s+1's input, so gradients flow into the same
 //!   operations as in one backward call. Buckets never span a stage boundary, and as soon as
 //!   the backward of a stage is done every bucket whose parameters all lie in stages already
-//!   done is summed, copied and handed to the communication thread, which allreduces it while
-//!   the replica runs the backward of the earlier stages. The gradient arriving at a stage
-//!   boundary is summed from the same two consumers (residual and main path, or one) as in a
-//!   single backward call, and two-term sums commute, so on CPU the gradients, and hence the
-//!   weights, are bitwise those of `off` and `pipeline` (a test checks it). On CUDA the
-//!   device-to-host copy of a bucket is issued from the replica thread, between stages.
+//!   done is summed and handed over, and allreduced while the replica runs the backward of
+//!   the earlier stages. The gradient arriving at a stage boundary is summed from the same
+//!   two consumers (residual and main path, or one) as in a single backward call, and
+//!   two-term sums commute, so on CPU the gradients, and hence the weights, are bitwise those
+//!   of `off` and `pipeline` (a test checks it).
 //!
 //! The tree and the bucket order are fixed, so a run is deterministic on CPU in every mode.
 
 mod buckets;
+mod feed;
+mod flat;
 mod loss_scale;
 mod messages;
 mod replica;
 mod tensor_io;
 
-use std::sync::atomic::AtomicBool;
-use std::sync::{Arc, Condvar, Mutex, RwLock};
+use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
@@ -49,16 +57,19 @@ use tch::nn;
 use tch::{Device, Kind, Tensor};
 
 use crate::config::{Overlap, Precision};
+use crate::device::DeviceCtx;
 use crate::error::{Result, TrainError};
 use crate::model::{self, ModelKind};
 use crate::optim::{Sgd, SgdConfig};
 
+use feed::Feed;
+use flat::Flat;
 use loss_scale::LossScaler;
-use messages::{Cmd, Msg, Shared};
+use messages::{Cmd, HostBucket, Msg, Shared, StepCmd};
 use replica::Replica;
-use tensor_io::{channels_last, from_host, tensor_to_vec};
+use tensor_io::{from_host, tensor_to_vec, Normalizer};
 
-pub use buckets::{Bucket, Layout, ParamInfo};
+pub use buckets::{Bucket, Layout, ParamInfo, ALIGN};
 
 /// A source of batches for one replica (the loader's per-replica queue).
 pub type BatchIter = Box<dyn Iterator<Item = ddl_loader::Result<Batch>> + Send>;
@@ -93,6 +104,10 @@ pub struct TableConfig {
     pub channels_last: bool,
     /// Total number of replicas over all ranks (the divisor of the gradient sum).
     pub global_replicas: usize,
+    /// Ranks of the job: with one, gradients never leave the devices.
+    pub ranks: usize,
+    /// With `--synthetic-data`: images per replica of the batch made on each device.
+    pub synthetic_batch: Option<usize>,
 }
 
 /// Per-step measurements of one rank.
@@ -191,71 +206,34 @@ impl Table {
             v.sort_by(|a, b| a.0.cmp(&b.0));
             v
         };
-        let init = Arc::new(init);
-        let n = cfg.devices.len();
-        let shared = Arc::new(Shared {
-            progress: Mutex::new(vec![0; n]),
-            progress_cv: Condvar::new(),
-            reduced: Mutex::new((0, false)),
-            reduced_cv: Condvar::new(),
-            host: layout
-                .buckets
-                .iter()
-                .map(|b| RwLock::new(vec![0f32; b.len]))
-                .collect(),
-            abort: AtomicBool::new(false),
-        });
+        let shared = Arc::new(Shared::new(cfg.devices.len(), host_buckets(&cfg, &layout)?));
+        // Flat buffers, made here so that every replica gets handles to every one's gradients.
+        let flats = cfg
+            .devices
+            .iter()
+            .map(|d| Flat::zeros(&layout, *d))
+            .collect::<Result<Vec<_>>>()?;
         let cfg = Arc::new(cfg);
-        // Flat gradient buffers, created here so that every thread gets handles to all of them.
-        let mut flats: Vec<Vec<Tensor>> = (0..n).map(|_| Vec::new()).collect();
-        for d in cfg.devices.iter() {
-            let t = Tensor::f_zeros([layout.total as i64], (Kind::Float, *d))?;
-            for f in flats.iter_mut() {
-                f.push(t.shallow_clone());
-            }
-        }
         let (msg_tx, msgs) = unbounded();
+        let (built_tx, built_rx) = unbounded::<Result<()>>();
+        let parts = ReplicaParts {
+            cfg: cfg.clone(),
+            layout: layout.clone(),
+            shared: shared.clone(),
+            init: Arc::new(init),
+            grads: flats.iter().map(|f| f.grads.shallow_clone()).collect(),
+            tx: msg_tx,
+        };
         let mut cmds = Vec::new();
         let mut handles = Vec::new();
-        let (built_tx, built_rx) = unbounded::<Result<()>>();
-        for (index, flats) in flats.into_iter().enumerate() {
+        for (index, flat) in flats.into_iter().enumerate() {
             let (tx, rx) = unbounded();
             cmds.push(tx);
-            let (cfg, layout, shared, init, msg_tx, built_tx) = (
-                cfg.clone(),
-                layout.clone(),
-                shared.clone(),
-                init.clone(),
-                msg_tx.clone(),
-                built_tx.clone(),
-            );
-            let handle = std::thread::Builder::new()
-                .name(format!("replica-{index}"))
-                .spawn(move || {
-                    ddl_trace::set_thread_name(format!("replica {index}"));
-                    let device = cfg.devices[index];
-                    let replica = Self::build_replica(
-                        index, device, cfg, layout, shared, &init, flats, msg_tx,
-                    );
-                    // The replica holds the initial values now; the host copy (a whole model,
-                    // 350 MB for ResNet-101 at 21,841 classes) goes with the last thread.
-                    drop(init);
-                    match replica {
-                        Ok(r) => {
-                            let _ = built_tx.send(Ok(()));
-                            r.run(rx)
-                        }
-                        Err(e) => {
-                            let _ = built_tx.send(Err(e));
-                        }
-                    }
-                })
-                .map_err(|e| TrainError::Replica {
-                    replica: index,
-                    message: format!("cannot spawn thread: {e}"),
-                })?;
-            handles.push(handle);
+            handles.push(parts.spawn(index, flat, rx, built_tx.clone())?);
         }
+        // The replicas hold the initial values now; the host copy (a whole model, 350 MB for
+        // ResNet-101 at 21,841 classes) goes with the last thread's handle.
+        drop(parts);
         let table = Table {
             loss_scale: LossScaler::new(cfg.precision),
             cfg,
@@ -266,82 +244,13 @@ impl Table {
             handles,
             seq: 0,
         };
-        for _ in 0..n {
+        for _ in 0..table.replicas() {
             built_rx.recv().map_err(|_| TrainError::Replica {
                 replica: 0,
                 message: "replica thread died".into(),
             })??;
         }
         Ok(table)
-    }
-
-    #[allow(clippy::too_many_arguments)]
-    fn build_replica(
-        index: usize,
-        device: Device,
-        cfg: Arc<TableConfig>,
-        layout: Arc<Layout>,
-        shared: Arc<Shared>,
-        init: &[(String, Vec<f32>)],
-        flats: Vec<Tensor>,
-        tx: Sender<Msg>,
-    ) -> Result<Replica> {
-        let vs = nn::VarStore::new(device);
-        // Drawing this replica's (overwritten) initial values uses the global generator too.
-        let init_guard = INIT_LOCK.lock().unwrap_or_else(|e| e.into_inner());
-        let model = model::build(cfg.model, &vs.root(), cfg.classes, cfg.image_size);
-        drop(init_guard);
-        let vars = vs.variables();
-        {
-            let _guard = tch::no_grad_guard();
-            for (name, values) in init {
-                let t = vars.get(name).ok_or_else(|| TrainError::Replica {
-                    replica: index,
-                    message: format!("variable {name} missing in replica"),
-                })?;
-                from_host(&mut t.shallow_clone(), values)?;
-            }
-            if cfg.channels_last {
-                for t in vars.values().filter(|t| t.dim() == 4) {
-                    t.shallow_clone().f_set_data(&channels_last(t)?)?;
-                }
-            }
-        }
-        let get = |name: &str| {
-            vars.get(name)
-                .map(|t| t.shallow_clone())
-                .ok_or_else(|| TrainError::Replica {
-                    replica: index,
-                    message: format!("variable {name} missing in replica"),
-                })
-        };
-        let params = layout
-            .params
-            .iter()
-            .map(|p| get(&p.name))
-            .collect::<Result<Vec<_>>>()?;
-        let buffers = layout
-            .buffers
-            .iter()
-            .map(|(n, _)| get(n))
-            .collect::<Result<Vec<_>>>()?;
-        let shapes: Vec<Vec<i64>> = layout.params.iter().map(|p| p.shape.clone()).collect();
-        let sgd = Sgd::new(cfg.sgd, &shapes, device)?;
-        Ok(Replica {
-            index,
-            device,
-            cfg,
-            layout,
-            shared,
-            _vs: vs,
-            model,
-            params,
-            buffers,
-            sgd,
-            flats,
-            data: None,
-            tx,
-        })
     }
 
     /// The flat layout of parameters, buffers and buckets.
@@ -412,70 +321,43 @@ impl Table {
         Ok(())
     }
 
+    /// Makes every replica train on one batch held on its device from now on
+    /// (`--synthetic-data`).
+    pub fn attach_synthetic(&self) -> Result<()> {
+        for r in 0..self.replicas() {
+            self.send(r, Cmd::Synthetic)?;
+        }
+        Ok(())
+    }
+
     /// Runs one synchronous step with learning rate `lr`. `allreduce` sums a bucket across
-    /// ranks in place (a no-op for a single rank); it is called from this thread, bucket by
-    /// bucket, in a fixed order.
+    /// ranks in place; with several ranks it is called from this thread, bucket by bucket, in a
+    /// fixed order (with one rank, never).
     pub fn step(
         &mut self,
         lr: f64,
         allreduce: &mut dyn FnMut(&mut [f32]) -> Result<()>,
     ) -> Result<StepStats> {
         let start = Instant::now();
-        let seq = self.seq;
-        let k_count = self.layout.buckets.len() as u64;
-        self.seq += k_count;
+        let cmd = StepCmd {
+            lr,
+            seq: self.seq,
+            loss_scale: self.loss_scale.scale(),
+            inv: 1.0 / (self.cfg.global_replicas as f64 * self.loss_scale.scale()),
+        };
+        self.seq += self.layout.buckets.len() as u64;
         for r in 0..self.replicas() {
-            self.send(
-                r,
-                Cmd::Step {
-                    lr,
-                    seq,
-                    loss_scale: self.loss_scale.scale(),
-                },
-            )?;
+            self.send(r, Cmd::Step(cmd))?;
         }
-        let inv = 1.0 / (self.cfg.global_replicas as f64 * self.loss_scale.scale());
-        let fp16 = self.cfg.precision == Precision::Fp16;
         let mut stats = StepStats::default();
         let mut done = 0;
-        let mut next_bucket = 0usize;
-        let mut finite = true;
-        let mut allreduce_time = Duration::ZERO;
+        let mut reduce = BucketReduce::new(cmd.seq, self.layout.buckets.len(), self.cfg.precision);
         while done < self.replicas() {
             match self.recv()? {
-                Msg::Ready(k) => {
-                    debug_assert_eq!(k, next_bucket);
-                    next_bucket += 1;
-                    {
-                        let mut host = self.shared.host[k]
-                            .write()
-                            .unwrap_or_else(|e| e.into_inner());
-                        let t0 = Instant::now();
-                        if let Err(e) = allreduce(&mut host) {
-                            self.shared.abort();
-                            return Err(e);
-                        }
-                        let took = t0.elapsed();
-                        allreduce_time += took;
-                        ddl_trace::record(
-                            "allreduce",
-                            "comm",
-                            t0,
-                            took,
-                            &[("bucket", k as i64), ("floats", host.len() as i64)],
-                        );
-                        let inv = inv as f32;
-                        for x in host.iter_mut() {
-                            *x *= inv;
-                        }
-                        if fp16 {
-                            finite &= host.iter().all(|x| x.is_finite());
-                        }
-                    }
-                    if !fp16 {
-                        self.shared.publish_reduced(seq + k as u64 + 1, false);
-                    } else if next_bucket as u64 == k_count {
-                        self.shared.publish_reduced(seq + k_count, !finite);
+                Msg::Ready(k, copied) => {
+                    if let Err(e) = reduce.bucket(&self.shared, k, &copied, allreduce) {
+                        self.shared.abort();
+                        return Err(e);
                     }
                 }
                 Msg::StepDone {
@@ -484,6 +366,7 @@ impl Table {
                     data_wait,
                     compute,
                     bad,
+                    skipped,
                 } => {
                     done += 1;
                     stats.loss += loss;
@@ -491,6 +374,7 @@ impl Table {
                     stats.data_wait += data_wait;
                     stats.compute += compute;
                     stats.bad_records += bad;
+                    stats.skipped |= skipped;
                 }
                 _ => {
                     return Err(TrainError::Replica {
@@ -504,10 +388,9 @@ impl Table {
         stats.loss /= f64::from(n);
         stats.data_wait /= n;
         stats.compute /= n;
-        stats.allreduce = allreduce_time;
-        stats.skipped = !finite;
-        if fp16 {
-            self.loss_scale.update(finite);
+        stats.allreduce = reduce.time;
+        if self.cfg.precision == Precision::Fp16 {
+            self.loss_scale.update(!stats.skipped);
         }
         stats.wall = start.elapsed();
         Ok(stats)
@@ -588,5 +471,205 @@ impl Drop for Table {
         for h in self.handles.drain(..) {
             let _ = h.join();
         }
+    }
+}
+
+/// What each replica thread is built from; [`ReplicaParts::spawn`] starts one.
+struct ReplicaParts {
+    cfg: Arc<TableConfig>,
+    layout: Arc<Layout>,
+    shared: Arc<Shared>,
+    /// The initial values of every variable, by name.
+    init: Arc<Vec<(String, Vec<f32>)>>,
+    /// Every replica's flat gradients.
+    grads: Vec<Tensor>,
+    tx: Sender<Msg>,
+}
+
+impl ReplicaParts {
+    /// Starts replica `index` on its thread; the thread reports on `built` whether it could
+    /// build the replica, then serves `rx`.
+    fn spawn(
+        &self,
+        index: usize,
+        flat: Flat,
+        rx: Receiver<Cmd>,
+        built: Sender<Result<()>>,
+    ) -> Result<JoinHandle<()>> {
+        let (cfg, layout, shared, init, tx) = (
+            self.cfg.clone(),
+            self.layout.clone(),
+            self.shared.clone(),
+            self.init.clone(),
+            self.tx.clone(),
+        );
+        let grads: Vec<Tensor> = self.grads.iter().map(|g| g.shallow_clone()).collect();
+        std::thread::Builder::new()
+            .name(format!("replica-{index}"))
+            .spawn(move || {
+                ddl_trace::set_thread_name(format!("replica {index}"));
+                let replica = build_replica(index, cfg, layout, shared, &init, flat, grads, tx);
+                drop(init);
+                match replica {
+                    Ok(r) => {
+                        let _ = built.send(Ok(()));
+                        r.run(rx)
+                    }
+                    Err(e) => {
+                        let _ = built.send(Err(e));
+                    }
+                }
+            })
+            .map_err(|e| TrainError::Replica {
+                replica: index,
+                message: format!("cannot spawn thread: {e}"),
+            })
+    }
+}
+
+/// Builds replica `index` on its device: the model with the initial values `init`, its
+/// parameters moved into `flat`.
+#[allow(clippy::too_many_arguments)]
+fn build_replica(
+    index: usize,
+    cfg: Arc<TableConfig>,
+    layout: Arc<Layout>,
+    shared: Arc<Shared>,
+    init: &[(String, Vec<f32>)],
+    flat: Flat,
+    grads: Vec<Tensor>,
+    tx: Sender<Msg>,
+) -> Result<Replica> {
+    let ctx = DeviceCtx::new(cfg.devices[index])?;
+    let vs = nn::VarStore::new(ctx.device());
+    // Drawing this replica's (overwritten) initial values uses the global generator too.
+    let init_guard = INIT_LOCK.lock().unwrap_or_else(|e| e.into_inner());
+    let model = model::build(cfg.model, &vs.root(), cfg.classes, cfg.image_size);
+    drop(init_guard);
+    let vars = vs.variables();
+    let get = |name: &str| {
+        vars.get(name)
+            .map(|t| t.shallow_clone())
+            .ok_or_else(|| TrainError::Replica {
+                replica: index,
+                message: format!("variable {name} missing in replica"),
+            })
+    };
+    {
+        let _guard = tch::no_grad_guard();
+        for (name, values) in init {
+            from_host(&mut get(name)?, values)?;
+        }
+    }
+    let mut params = layout
+        .params
+        .iter()
+        .map(|p| get(&p.name))
+        .collect::<Result<Vec<_>>>()?;
+    flat.adopt(&layout, &mut params, cfg.channels_last)?;
+    let buffers = layout
+        .buffers
+        .iter()
+        .map(|(n, _)| get(n))
+        .collect::<Result<Vec<_>>>()?;
+    Ok(Replica {
+        index,
+        sgd: Sgd::new(cfg.sgd, ctx.device())?,
+        norm: Normalizer::new(ctx.device(), cfg.channels_last)?,
+        loss_host: ctx.host_buffer(1, Kind::Float)?,
+        ctx,
+        cfg,
+        layout,
+        shared,
+        _vs: vs,
+        model,
+        params,
+        buffers,
+        flat,
+        grads,
+        feed: Feed::None,
+        tx,
+    })
+}
+
+/// The host buffer of every bucket, where the allreduce across ranks runs: pinned when the
+/// replicas are GPUs; none with one rank, whose gradients never leave the devices.
+fn host_buckets(cfg: &TableConfig, layout: &Layout) -> Result<Vec<Mutex<HostBucket>>> {
+    if cfg.ranks <= 1 {
+        return Ok(Vec::new());
+    }
+    let ctx = DeviceCtx::new(cfg.devices[0])?;
+    layout
+        .buckets
+        .iter()
+        .map(|b| {
+            Ok(Mutex::new(HostBucket::new(
+                ctx.host_buffer(b.len, Kind::Float)?,
+            )))
+        })
+        .collect()
+}
+
+/// The communication thread's part of a step: each bucket's node sum, once its copy to the
+/// host is done, allreduced across ranks and published to the replicas.
+struct BucketReduce {
+    seq: u64,
+    buckets: usize,
+    next: usize,
+    fp16: bool,
+    finite: bool,
+    /// Time spent in allreduce calls.
+    time: Duration,
+}
+
+impl BucketReduce {
+    fn new(seq: u64, buckets: usize, precision: Precision) -> BucketReduce {
+        BucketReduce {
+            seq,
+            buckets,
+            next: 0,
+            fp16: precision == Precision::Fp16,
+            finite: true,
+            time: Duration::ZERO,
+        }
+    }
+
+    /// Reduces bucket `k` (buckets come in order) and publishes it; with fp16, publishes the
+    /// whole step after its last bucket, skipped when any sum is not finite.
+    fn bucket(
+        &mut self,
+        shared: &Shared,
+        k: usize,
+        copied: &crate::device::Event,
+        allreduce: &mut dyn FnMut(&mut [f32]) -> Result<()>,
+    ) -> Result<()> {
+        debug_assert_eq!(k, self.next);
+        self.next += 1;
+        copied.synchronize()?;
+        {
+            let mut host = shared.host[k].lock().unwrap_or_else(|e| e.into_inner());
+            let buf = host.as_mut_slice();
+            let t0 = Instant::now();
+            allreduce(buf)?;
+            let took = t0.elapsed();
+            self.time += took;
+            ddl_trace::record(
+                "allreduce",
+                "comm",
+                t0,
+                took,
+                &[("bucket", k as i64), ("floats", buf.len() as i64)],
+            );
+            if self.fp16 {
+                self.finite &= buf.iter().all(|x| x.is_finite());
+            }
+        }
+        let done = crate::device::Event::done();
+        if !self.fp16 {
+            shared.publish_reduced(self.seq + k as u64 + 1, false, done);
+        } else if self.next == self.buckets {
+            shared.publish_reduced(self.seq + self.buckets as u64, !self.finite, done);
+        }
+        Ok(())
     }
 }

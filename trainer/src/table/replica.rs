@@ -5,22 +5,24 @@ use std::time::{Duration, Instant};
 
 use crossbeam_channel::{Receiver, Sender};
 use tch::nn;
-use tch::{Device, Kind, Reduction, Tensor};
+use tch::{Kind, Reduction, Tensor};
 
 use crate::config::{Overlap, Precision};
-use crate::device::{set_cuda_autocast_dtype, sync_device};
+use crate::device::{DeviceCtx, Event};
 use crate::error::{Result, TrainError};
 use crate::model;
 use crate::optim::Sgd;
 
 use super::buckets::Layout;
-use super::messages::{Cmd, Msg, Shared};
-use super::tensor_io::{from_host, tensor_to_vec, to_host, BatchTensors};
+use super::feed::{Feed, StepBatch};
+use super::flat::{range, Flat};
+use super::messages::{Cmd, Msg, Shared, StepCmd};
+use super::tensor_io::{from_host, tensor_to_vec, to_host, BatchTensors, Normalizer};
 use super::{BatchIter, EvalSums, ReplicaState, TableConfig, ValidCount};
 
 pub(crate) struct Replica {
     pub(crate) index: usize,
-    pub(crate) device: Device,
+    pub(crate) ctx: DeviceCtx,
     pub(crate) cfg: Arc<TableConfig>,
     pub(crate) layout: Arc<Layout>,
     pub(crate) shared: Arc<Shared>,
@@ -28,29 +30,32 @@ pub(crate) struct Replica {
     pub(crate) model: model::Model,
     pub(crate) params: Vec<Tensor>,
     pub(crate) buffers: Vec<Tensor>,
+    pub(crate) flat: Flat,
+    /// The flat gradients of every replica (shallow handles), own one at `index`.
+    pub(crate) grads: Vec<Tensor>,
     pub(crate) sgd: Sgd,
-    /// Flat gradient buffers of every replica (shallow handles), own one at `index`.
-    pub(crate) flats: Vec<Tensor>,
-    pub(crate) data: Option<BatchIter>,
+    pub(crate) norm: Normalizer,
+    pub(crate) feed: Feed,
+    /// Host copy of the step's loss (pinned on a GPU).
+    pub(crate) loss_host: Tensor,
     pub(crate) tx: Sender<Msg>,
+}
+
+/// The factor a summed gradient is multiplied by, rounded to f32 once.
+fn f32_factor(inv: f64) -> f64 {
+    f64::from(inv as f32)
 }
 
 impl Replica {
     pub(crate) fn run(mut self, rx: Receiver<Cmd>) {
-        if self.device.is_cuda() {
-            set_cuda_autocast_dtype(self.cfg.precision);
-        }
         for cmd in rx {
             let out = match cmd {
-                Cmd::Data(it) => {
-                    self.data = Some(it);
-                    Ok(None)
-                }
-                Cmd::Step {
-                    lr,
-                    seq,
-                    loss_scale,
-                } => self.step(lr, seq, loss_scale).map(Some),
+                Cmd::Data(it) => Feed::of(it, &self.ctx).map(|f| {
+                    self.feed = f;
+                    None
+                }),
+                Cmd::Synthetic => self.synthetic().map(|_| None),
+                Cmd::Step(step) => self.step(step).map(Some),
                 Cmd::Eval(it, valid) => self.eval(it, &valid).map(|s| Some(Msg::Eval(s))),
                 Cmd::GetState { full } => self.state(full).map(|s| Some(Msg::State(Box::new(s)))),
                 Cmd::SetState(s) => self.set_state(&s).map(|_| None),
@@ -71,48 +76,77 @@ impl Replica {
         }
     }
 
-    fn step(&mut self, lr: f64, seq: u64, loss_scale: f64) -> Result<Msg> {
-        let wait_start = Instant::now();
-        let it = self.data.as_mut().ok_or_else(|| TrainError::Replica {
+    fn synthetic(&mut self) -> Result<()> {
+        let c = &self.cfg;
+        let batch = c.synthetic_batch.ok_or_else(|| TrainError::Replica {
             replica: self.index,
-            message: "step requested before any data source was attached".into(),
+            message: "synthetic data asked of a table without a synthetic batch size".into(),
         })?;
-        let batch = it.next().ok_or_else(|| TrainError::Replica {
-            replica: self.index,
-            message: "loader queue ended early".into(),
-        })??;
-        let data_wait = wait_start.elapsed();
-        let replica = self.index as i64;
-        ddl_trace::record(
-            "data_wait",
-            "train",
-            wait_start,
+        self.feed = Feed::synthetic(
+            self.ctx.device(),
+            batch,
+            c.image_size,
+            c.classes,
+            &self.norm,
+        )?;
+        Ok(())
+    }
+
+    fn next_batch(&mut self) -> Result<StepBatch> {
+        let _span = ddl_trace::span_args("data_wait", "train", &[("replica", self.index as i64)]);
+        self.feed
+            .next(&self.ctx, &self.norm)
+            .ok_or_else(|| TrainError::Replica {
+                replica: self.index,
+                message: "loader queue ended early".into(),
+            })?
+    }
+
+    fn step(&mut self, cmd: StepCmd) -> Result<Msg> {
+        let start = Instant::now();
+        let batch = self.next_batch()?;
+        let data_wait = start.elapsed();
+        let loss_read = self.forward_backward(&batch, cmd)?;
+        let (reduce_wait, skipped) = self.update(cmd)?;
+        // The loss was copied right after forward: by now it has usually arrived.
+        loss_read.synchronize()?;
+        let loss = self.loss_host.f_double_value(&[0])?;
+        Ok(Msg::StepDone {
+            loss,
+            images: batch.len(),
             data_wait,
-            &[("replica", replica)],
-        );
-        let compute_start = Instant::now();
-        let tensors = BatchTensors::new(batch, self.device, self.cfg.channels_last)?;
-        for p in self.params.iter_mut() {
-            p.zero_grad();
-        }
-        let amp = self.cfg.precision != Precision::Fp32 && self.device.is_cuda();
+            compute: start.elapsed().saturating_sub(data_wait + reduce_wait),
+            bad: batch.skipped,
+            skipped,
+        })
+    }
+
+    /// Forward and backward of `batch`, handing every bucket over as soon as the backward of
+    /// its stage is done; returns the event after the loss was copied to the host.
+    fn forward_backward(&mut self, batch: &StepBatch, cmd: StepCmd) -> Result<Event> {
+        let start = Instant::now();
+        let replica = self.index as i64;
+        let _ = self.flat.grads.f_zero_()?;
+        let amp = self.ctx.autocast(self.cfg.precision);
         let staged = self.cfg.overlap == Overlap::Backward;
         let mut pass = tch::autocast(amp, || {
-            model::StagedPass::forward(self.model.as_ref(), tensors.images(), true, staged)
+            model::StagedPass::forward(self.model.as_ref(), &batch.images, true, staged)
         })?;
-        let logits = pass.logits();
-        let loss = logits
+        let loss = pass
+            .logits()
             .f_to_kind(Kind::Float)?
             .f_cross_entropy_loss::<Tensor>(
-                tensors.labels(),
+                &batch.labels,
                 None,
                 Reduction::Mean,
                 -100,
                 self.cfg.label_smoothing,
             )?;
-        let loss_value = loss.f_double_value(&[])?;
-        let scaled = if loss_scale != 1.0 {
-            loss.f_mul_scalar(loss_scale)?
+        self.ctx
+            .copy(&mut self.loss_host, &loss.f_detach()?.f_reshape([1])?)?;
+        let loss_read = self.ctx.record()?;
+        let scaled = if cmd.loss_scale != 1.0 {
+            loss.f_mul_scalar(cmd.loss_scale)?
         } else {
             loss
         };
@@ -132,7 +166,6 @@ impl Replica {
         // Backward of the earlier stages, last first; after each, hand over the buckets it
         // completed.
         let mut handed = 0;
-        let mut handing = Duration::ZERO;
         for s in (0..stages).rev() {
             if s + 1 < stages {
                 let _span = backward_span(s);
@@ -142,87 +175,25 @@ impl Replica {
                 .iter()
                 .take_while(|b| b.stage >= s)
                 .count();
-            if ready > 0 {
-                // A hand-off waits for the device anyway: count that wait as compute.
-                sync_device(self.device);
-                let t0 = Instant::now();
-                for k in handed..handed + ready {
-                    self.hand_off(k, seq)?;
-                }
-                handed += ready;
-                handing += t0.elapsed();
+            for k in handed..handed + ready {
+                self.hand_off(k, cmd)?;
             }
+            handed += ready;
         }
         drop(pass);
-        sync_device(self.device);
-        let compute = compute_start.elapsed().saturating_sub(handing);
         ddl_trace::record(
             "forward_backward",
             "train",
-            compute_start,
-            compute_start.elapsed(),
+            start,
+            start.elapsed(),
             &[("replica", replica)],
         );
-        let images_n = tensors.batch().len();
-        let bad = tensors.batch().skipped;
-        drop(tensors);
-
-        let _guard = tch::no_grad_guard();
-        let k_count = self.layout.buckets.len() as u64;
-        // Apply each bucket once it is reduced across ranks.
-        let defer = self.cfg.precision == Precision::Fp16;
-        for (k, bucket) in self.layout.buckets.iter().enumerate() {
-            let wait_for = if defer {
-                seq + k_count
-            } else {
-                seq + k as u64 + 1
-            };
-            let skip = {
-                let _span = ddl_trace::span_args(
-                    "wait_reduced",
-                    "reduce",
-                    &[("bucket", k as i64), ("replica", replica)],
-                );
-                self.shared.wait_reduced(self.index, wait_for)?
-            };
-            if skip {
-                break;
-            }
-            let _span = ddl_trace::span_args(
-                "sgd_update",
-                "train",
-                &[("bucket", k as i64), ("replica", replica)],
-            );
-            let mut flat =
-                self.flats[self.index].f_narrow(0, bucket.start as i64, bucket.len as i64)?;
-            {
-                let host = self.shared.host[k]
-                    .read()
-                    .unwrap_or_else(|e| e.into_inner());
-                from_host(&mut flat, &host)?;
-            }
-            for &i in &bucket.params {
-                let p = &self.layout.params[i];
-                let mut g = flat
-                    .f_narrow(0, (p.offset - bucket.start) as i64, p.numel as i64)?
-                    .f_view(p.shape.as_slice())?;
-                self.sgd.update(i, &mut self.params[i], &mut g, lr)?;
-            }
-        }
-        sync_device(self.device);
-        Ok(Msg::StepDone {
-            loss: loss_value,
-            images: images_n,
-            data_wait,
-            compute,
-            bad,
-        })
+        Ok(loss_read)
     }
 
-    /// Copies the gradients of bucket `k` into this replica's flat buffer, sums it along the
-    /// tree and, on replica 0, copies the node sum to host and hands it to the communication
-    /// thread.
-    fn hand_off(&self, k: usize, seq: u64) -> Result<()> {
+    /// Sums bucket `k` of the replicas' gradients along the tree (replica r adds the sum of
+    /// r + 2^l at level l); replica 0 then hands the node sum on ([`Replica::reduce`]).
+    fn hand_off(&self, k: usize, cmd: StepCmd) -> Result<()> {
         let _guard = tch::no_grad_guard();
         let bucket = &self.layout.buckets[k];
         let _span = ddl_trace::span_args(
@@ -230,54 +201,137 @@ impl Replica {
             "reduce",
             &[("bucket", k as i64), ("replica", self.index as i64)],
         );
-        let q = seq + k as u64 + 1;
-        let mut flat =
-            self.flats[self.index].f_narrow(0, bucket.start as i64, bucket.len as i64)?;
-        for &i in &bucket.params {
-            let p = &self.layout.params[i];
-            let mut dst = flat.f_narrow(0, (p.offset - bucket.start) as i64, p.numel as i64)?;
-            let g = self.params[i].grad();
-            if g.defined() {
-                dst.f_view(p.shape.as_slice())?.f_copy_(&g)?;
-            } else {
-                let _ = dst.f_zero_()?;
-            }
-        }
-        let n = self.flats.len();
+        let q = cmd.seq + k as u64 + 1;
+        let mut sum = range(&self.grads[self.index], bucket)?;
+        let n = self.grads.len();
         let mut level = 1;
         while level < n {
             if self.index % (2 * level) != 0 {
-                sync_device(self.device);
-                self.shared.publish(self.index, q);
+                self.shared.publish(self.index, q, self.ctx.record()?);
                 return Ok(());
             }
             let partner = self.index + level;
             if partner < n {
-                self.shared.wait_progress(self.index, partner, q)?;
-                let theirs =
-                    self.flats[partner].f_narrow(0, bucket.start as i64, bucket.len as i64)?;
-                let _ = flat.f_add_(&theirs.f_to_device(self.device)?)?;
+                let summed = self.shared.wait_progress(self.index, partner, q)?;
+                self.ctx.wait(&summed)?;
+                let theirs = range(&self.grads[partner], bucket)?;
+                let _ = sum.f_add_(&theirs.f_to_device(self.ctx.device())?)?;
             }
             level *= 2;
         }
-        // Replica 0: the node sum of this bucket goes to the communication thread.
-        let mut host = self.shared.host[k]
-            .write()
-            .unwrap_or_else(|e| e.into_inner());
-        to_host(&flat, &mut host)?;
-        drop(host);
+        self.reduce(k, q, &mut sum, cmd)
+    }
+
+    /// Replica 0, with the node sum of bucket `k`: with several ranks it goes to the bucket's
+    /// host buffer (copied on the side stream) and to the communication thread; with one rank
+    /// it is the reduced sum, averaged here, on the device.
+    fn reduce(&self, k: usize, q: u64, sum: &mut Tensor, cmd: StepCmd) -> Result<()> {
+        if self.shared.host.is_empty() {
+            let _ = sum.f_mul_scalar_(f32_factor(cmd.inv))?;
+            let last = k + 1 == self.layout.buckets.len();
+            let skip =
+                self.cfg.precision == Precision::Fp16 && last && !all_finite(&self.flat.grads)?;
+            self.shared.publish_reduced(q, skip, self.ctx.record()?);
+            return Ok(());
+        }
+        self.ctx.wait_side(&self.ctx.record()?)?;
+        let copied = {
+            let host = self.shared.host[k]
+                .lock()
+                .unwrap_or_else(|e| e.into_inner());
+            self.ctx
+                .copy_side(&mut host.tensor().shallow_clone(), sum)?
+        };
         self.tx
-            .send(Msg::Ready(k))
+            .send(Msg::Ready(k, copied))
             .map_err(|_| TrainError::Replica {
                 replica: 0,
                 message: "communication thread is gone".into(),
             })
     }
 
+    /// Applies each bucket once it is reduced; returns the time spent waiting for that, and
+    /// whether the step was skipped (fp16 overflow).
+    fn update(&mut self, cmd: StepCmd) -> Result<(Duration, bool)> {
+        let _guard = tch::no_grad_guard();
+        self.sgd.set_lr(cmd.lr)?;
+        let k_count = self.layout.buckets.len() as u64;
+        // fp16: no update before every bucket is known to be finite.
+        let defer = self.cfg.precision == Precision::Fp16;
+        let mut waited = Duration::ZERO;
+        let layout = self.layout.clone();
+        for (k, bucket) in layout.buckets.iter().enumerate() {
+            let q = cmd.seq + k as u64 + 1;
+            let t0 = Instant::now();
+            let (skip, reduced) = {
+                let _span = ddl_trace::span_args(
+                    "wait_reduced",
+                    "reduce",
+                    &[("bucket", k as i64), ("replica", self.index as i64)],
+                );
+                self.shared
+                    .wait_reduced(self.index, if defer { cmd.seq + k_count } else { q })?
+            };
+            waited += t0.elapsed();
+            if skip {
+                return Ok((waited, true));
+            }
+            let _span = ddl_trace::span_args(
+                "sgd_update",
+                "train",
+                &[("bucket", k as i64), ("replica", self.index as i64)],
+            );
+            let mut grads = range(&self.flat.grads, bucket)?;
+            self.fetch_reduced(k, q, &mut grads, &reduced, cmd)?;
+            let mut params = range(&self.flat.params, bucket)?;
+            let mut momentum = range(&self.flat.momentum, bucket)?;
+            self.sgd
+                .update(&mut params, &mut grads, &mut momentum, bucket.decayed)?;
+        }
+        Ok((waited, false))
+    }
+
+    /// Puts the reduced, averaged gradient of bucket `k` into this replica's range `grads`:
+    /// from the host buffer (several ranks), or from replica 0 (one rank; replica 0 itself
+    /// holds it already and waits until every other replica has copied it before its update
+    /// overwrites it).
+    fn fetch_reduced(
+        &self,
+        k: usize,
+        q: u64,
+        grads: &mut Tensor,
+        reduced: &Event,
+        cmd: StepCmd,
+    ) -> Result<()> {
+        if !self.shared.host.is_empty() {
+            {
+                let host = self.shared.host[k]
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner());
+                self.ctx.copy(grads, host.tensor())?;
+            }
+            let _ = grads.f_mul_scalar_(f32_factor(cmd.inv))?;
+        } else if self.index == 0 {
+            for copied in self.shared.wait_copied(q)? {
+                self.ctx.wait(&copied)?;
+            }
+        } else {
+            self.ctx.wait(reduced)?;
+            self.ctx
+                .copy(grads, &range(&self.grads[0], &self.layout.buckets[k])?)?;
+            self.shared
+                .publish_copied(self.index, q, self.ctx.record()?);
+        }
+        Ok(())
+    }
+
     fn eval(&mut self, it: BatchIter, valid: &ValidCount) -> Result<EvalSums> {
         let _guard = tch::no_grad_guard();
+        let device = self.ctx.device();
+        // Loss, top-1 and top-5 sums, kept on the device: read once at the end.
+        let mut sums_dev = Tensor::f_zeros([3], (Kind::Double, device))?;
         let mut sums = EvalSums::default();
-        let amp = self.cfg.precision != Precision::Fp32 && self.device.is_cuda();
+        let amp = self.ctx.autocast(self.cfg.precision);
         for batch in it {
             let batch = batch?;
             // The first `real` slots are this rank's records (the rest is padding); bad ones
@@ -289,7 +343,7 @@ impl Replica {
             if n == 0 {
                 continue;
             }
-            let tensors = BatchTensors::new(batch, self.device, self.cfg.channels_last)?;
+            let tensors = BatchTensors::new(batch, device, &self.norm)?;
             let images = tensors.images().f_narrow(0, 0, n)?;
             let labels = tensors.labels().f_narrow(0, 0, n)?;
             let logits = tch::autocast(amp, || self.model.forward_t(&images, false))
@@ -299,14 +353,16 @@ impl Replica {
             let k = self.cfg.classes.min(5);
             let (_, top) = logits.f_topk(k, -1, true, true)?;
             let hits = top.f_eq_tensor(&labels.f_unsqueeze(1)?)?;
-            sums.loss += loss.f_double_value(&[])?;
-            sums.top1 += hits
-                .f_narrow(1, 0, 1)?
-                .f_sum(Kind::Float)?
-                .f_double_value(&[])?;
-            sums.top5 += hits.f_sum(Kind::Float)?.f_double_value(&[])?;
+            let top1 = hits.f_narrow(1, 0, 1)?.f_sum(Kind::Float)?;
+            let top5 = hits.f_sum(Kind::Float)?;
+            let part = Tensor::f_stack(&[loss, top1, top5], 0)?.f_to_kind(Kind::Double)?;
+            let _ = sums_dev.f_add_(&part)?;
             sums.count += n as f64;
         }
+        let [loss, top1, top5] = [0, 1, 2].map(|i| sums_dev.double_value(&[i]));
+        sums.loss = loss;
+        sums.top1 = top1;
+        sums.top5 = top5;
         Ok(sums)
     }
 
@@ -319,9 +375,12 @@ impl Replica {
                 Ok(Vec::new())
             }
         };
+        let momentum = self
+            .flat
+            .momentum_views(&self.layout, self.cfg.channels_last)?;
         Ok(ReplicaState {
             params: all(&self.params)?,
-            momentum: all(self.sgd.momentum())?,
+            momentum: all(&momentum)?,
             buffers: self
                 .buffers
                 .iter()
@@ -345,12 +404,9 @@ impl Replica {
         check("parameters", s.params.len(), self.params.len())?;
         check("momentum buffers", s.momentum.len(), self.params.len())?;
         check("buffers", s.buffers.len(), self.buffers.len())?;
-        let momentum: Vec<Tensor> = self
-            .sgd
-            .momentum()
-            .iter()
-            .map(|t| t.shallow_clone())
-            .collect();
+        let momentum = self
+            .flat
+            .momentum_views(&self.layout, self.cfg.channels_last)?;
         for (t, v) in self
             .params
             .iter()
@@ -375,7 +431,7 @@ impl Replica {
             }
             from_host(&mut t.shallow_clone(), v)?;
         }
-        sync_device(self.device);
+        self.ctx.sync();
         Ok(())
     }
 
@@ -403,4 +459,9 @@ impl Replica {
         }
         Ok(crc)
     }
+}
+
+/// Whether every element of `t` is finite (reads one flag from the device).
+fn all_finite(t: &Tensor) -> Result<bool> {
+    Ok(t.f_isfinite()?.f_all()?.int64_value(&[]) != 0)
 }

@@ -61,11 +61,55 @@ pub(crate) fn tensor_to_vec(t: &Tensor) -> Result<Vec<f32>> {
     Ok(v)
 }
 
-/// A loader batch and the tensors made from it: images (NCHW f32, stored channels-last when
-/// asked) and labels (i64), on the replica's device. On the CPU the image tensor views the
-/// batch's buffer without a copy, so the guard owns both: the tensors are only lent out, a
-/// [`crate::model::StagedPass`] built on them borrows the guard, and the guard drops its tensors
-/// before the batch (fields drop in declaration order).
+/// Makes loader images into the tensors a replica computes on: uint8 NHWC pixels become
+/// normalized f32 on the device (the mean and std stay there), stored channels-last when asked.
+pub(crate) struct Normalizer {
+    mean: Tensor,
+    std: Tensor,
+    nhwc: bool,
+}
+
+impl Normalizer {
+    /// The normalizer of `device`; images stored channels-last when `nhwc`.
+    pub(crate) fn new(device: Device, nhwc: bool) -> Result<Normalizer> {
+        let on_device = |v: &[f32]| -> Result<Tensor> {
+            Ok(Tensor::f_from_slice(v)?
+                .f_view([1, 3, 1, 1])?
+                .f_to_device(device)?)
+        };
+        Ok(Normalizer {
+            mean: on_device(&IMAGENET_MEAN)?,
+            std: on_device(&IMAGENET_STD)?,
+            nhwc,
+        })
+    }
+
+    /// `[n, h, w, 3]` uint8 pixels (on the normalizer's device) as a normalized f32 NCHW
+    /// tensor: `(x / 255 - mean) / std`, as the loader's f32 output.
+    pub(crate) fn u8_nhwc(&self, pixels: &Tensor) -> Result<Tensor> {
+        let mut t = pixels.f_permute([0, 3, 1, 2])?.f_to_kind(Kind::Float)?;
+        let _ = t.f_div_scalar_(255.0)?;
+        let _ = t.f_sub_(&self.mean)?;
+        let _ = t.f_div_(&self.std)?;
+        self.layout(t)
+    }
+
+    /// `t` (4-D, NCHW) stored as the replica computes on it: channels-last or contiguous. A
+    /// uint8 NHWC batch is channels-last after the permute already, so then nothing is copied.
+    pub(crate) fn layout(&self, t: Tensor) -> Result<Tensor> {
+        Ok(if self.nhwc {
+            channels_last(&t)?
+        } else {
+            t.f_contiguous()?
+        })
+    }
+}
+
+/// A loader batch and the tensors made from it: images (NCHW f32) and labels (i64), on the
+/// replica's device. On the CPU the image tensor views the batch's buffer without a copy, so
+/// the guard owns both: the tensors are only lent out, a [`crate::model::StagedPass`] built on
+/// them borrows the guard, and the guard drops its tensors before the batch (fields drop in
+/// declaration order).
 pub(crate) struct BatchTensors {
     images: Tensor,
     labels: Tensor,
@@ -73,10 +117,10 @@ pub(crate) struct BatchTensors {
 }
 
 impl BatchTensors {
-    /// The tensors of `batch` on `device`, images stored channels-last when `nhwc`.
-    pub(crate) fn new(batch: Batch, device: Device, nhwc: bool) -> Result<BatchTensors> {
+    /// The tensors of `batch` on `device` (copied there and waited for when it is a GPU).
+    pub(crate) fn new(batch: Batch, device: Device, norm: &Normalizer) -> Result<BatchTensors> {
         let labels = Tensor::f_from_slice(&batch.labels)?.f_to_device(device)?;
-        let images = images_tensor(&batch.images, batch.shape(), device, nhwc)?;
+        let images = images_tensor(&batch.images, batch.shape(), device, norm)?;
         Ok(BatchTensors {
             images,
             labels,
@@ -101,49 +145,34 @@ impl BatchTensors {
 }
 
 /// The loader's `images` of `shape` (`[n, 3, h, w]` for f32, `[n, h, w, 3]` for u8) as a
-/// normalized f32 NCHW tensor on `device`, stored channels-last when `nhwc`. On the CPU the
-/// tensor may alias `images`.
-fn images_tensor(images: &Images, shape: [usize; 4], device: Device, nhwc: bool) -> Result<Tensor> {
-    let [n, a, b, c] = shape.map(|d| d as i64);
-    let t = match images {
-        Images::F32(v) => {
-            // SAFETY: `v` outlives the returned tensor (the caller keeps the batch alive).
-            let t = unsafe {
-                Tensor::from_blob(
-                    v.as_ptr() as *const u8,
-                    &[n, a, b, c],
-                    &[],
-                    Kind::Float,
-                    Device::Cpu,
-                )
-            };
-            t.f_to_device(device)?
-        }
-        Images::U8(v) => {
-            // SAFETY: as above.
-            let t = unsafe {
-                Tensor::from_blob(v.as_ptr(), &[n, a, b, c], &[], Kind::Uint8, Device::Cpu)
-            };
-            let mean = Tensor::f_from_slice(&IMAGENET_MEAN)?
-                .f_view([1, 3, 1, 1])?
-                .f_to_device(device)?;
-            let std = Tensor::f_from_slice(&IMAGENET_STD)?
-                .f_view([1, 3, 1, 1])?
-                .f_to_device(device)?;
-            t.f_to_device(device)?
-                .f_permute([0, 3, 1, 2])?
-                .f_to_kind(Kind::Float)?
-                .f_div_scalar(255.0)?
-                .f_sub(&mean)?
-                .f_div(&std)?
-        }
+/// host tensor viewing them (no copy).
+///
+/// # Safety
+/// The tensor must not outlive `images`.
+pub(crate) unsafe fn host_view(images: &Images, shape: [usize; 4]) -> Tensor {
+    let dims = shape.map(|d| d as i64);
+    let (ptr, kind) = match images {
+        Images::F32(v) => (v.as_ptr() as *const u8, Kind::Float),
+        Images::U8(v) => (v.as_ptr(), Kind::Uint8),
     };
-    // A uint8 NHWC batch is channels-last after the permute already: no copy then.
-    Ok(if nhwc {
-        channels_last(&t)?
-    } else {
-        t.f_contiguous()?
-    })
+    Tensor::from_blob(ptr, &dims, &[], kind, Device::Cpu)
+}
+
+/// The loader's `images` of `shape` as a normalized f32 NCHW tensor on `device` (see
+/// [`Normalizer`]). On the CPU an f32 tensor aliases `images`.
+fn images_tensor(
+    images: &Images,
+    shape: [usize; 4],
+    device: Device,
+    norm: &Normalizer,
+) -> Result<Tensor> {
+    // SAFETY: the caller keeps the batch (and so `images`) alive as long as the tensor.
+    let host = unsafe { host_view(images, shape) };
+    let t = host.f_to_device(device)?;
+    match images {
+        Images::F32(_) => norm.layout(t),
+        Images::U8(_) => norm.u8_nhwc(&t),
+    }
 }
 #[cfg(test)]
 mod tests {
@@ -176,8 +205,10 @@ mod tests {
         let (n, h, w) = (2usize, 3usize, 4usize);
         let u8s: Vec<u8> = (0..n * h * w * 3).map(|i| (i * 7 % 256) as u8).collect();
         let u8_images = Images::U8(u8s.clone());
-        let nchw = images_tensor(&u8_images, [n, h, w, 3], Device::Cpu, false).unwrap();
-        let nhwc = images_tensor(&u8_images, [n, h, w, 3], Device::Cpu, true).unwrap();
+        let plain = Normalizer::new(Device::Cpu, false).unwrap();
+        let cl = Normalizer::new(Device::Cpu, true).unwrap();
+        let nchw = images_tensor(&u8_images, [n, h, w, 3], Device::Cpu, &plain).unwrap();
+        let nhwc = images_tensor(&u8_images, [n, h, w, 3], Device::Cpu, &cl).unwrap();
         assert_eq!(nchw.size(), [2, 3, 3, 4]);
         assert!(nchw.is_contiguous());
         assert_eq!(nhwc.stride(), nhwc_strides(&nchw));
@@ -189,8 +220,8 @@ mod tests {
         assert!((got - want).abs() < 1e-5, "{got} vs {want}");
         let f32s: Vec<f32> = (0..n * 3 * h * w).map(|i| i as f32).collect();
         let f32_images = Images::F32(f32s);
-        let a = images_tensor(&f32_images, [n, 3, h, w], Device::Cpu, false).unwrap();
-        let b = images_tensor(&f32_images, [n, 3, h, w], Device::Cpu, true).unwrap();
+        let a = images_tensor(&f32_images, [n, 3, h, w], Device::Cpu, &plain).unwrap();
+        let b = images_tensor(&f32_images, [n, 3, h, w], Device::Cpu, &cl).unwrap();
         assert_eq!(b.stride(), nhwc_strides(&a));
         assert!(a.equal(&b));
     }

@@ -20,6 +20,7 @@ use crate::checkpoint::{self};
 use crate::collective::Collective;
 use crate::config::{auto_overlap, TrainConfig};
 use crate::console::eprint_line;
+use crate::device;
 use crate::error::{Result, TrainError};
 use crate::metrics::{EpochRecord, MetricsWriter, StepRecord};
 use crate::optim::SgdConfig;
@@ -29,6 +30,7 @@ use crate::table::{BatchIter, EvalSums, Table, TableConfig};
 
 mod checkpoints;
 mod plan;
+mod synthetic;
 mod weights_io;
 
 use checkpoints::{bytes_to_u64s, u64s_to_bytes};
@@ -157,9 +159,12 @@ pub fn train(
     topology: Topology,
     info: RankInfo,
 ) -> Result<TrainSummary> {
+    transport.set_timeout(Duration::from_secs(cfg.comm_timeout_s.max(1)));
+    if cfg.synthetic_data {
+        return synthetic::train(cfg, transport, topology, info);
+    }
     let rank = transport.rank();
     let world = transport.size();
-    transport.set_timeout(Duration::from_secs(cfg.comm_timeout_s.max(1)));
     let plan = plan(cfg, rank, world, info)?;
     let model = match &cfg.cost_model {
         Some(path) => {
@@ -168,17 +173,9 @@ pub fn train(
         None => CostModel::default(),
     };
     let comm = Collective::new(transport, cfg.allreduce.clone(), topology, model)?;
-
-    // Every rank must have the same number of replicas: the sampler and the average assume it.
     let replicas = plan.devices.len();
-    let counts = comm.allgather_bytes(u64s_to_bytes(&[replicas as u64]))?;
-    if counts.iter().any(|c| bytes_to_u64s(c) != [replicas as u64]) {
-        let all: Vec<u64> = counts.iter().flat_map(|c| bytes_to_u64s(c)).collect();
-        return Err(TrainError::config(
-            "--devices",
-            format!("ranks have different replica counts {all:?}"),
-        ));
-    }
+    check_replica_counts(&comm, replicas)?;
+    device::configure_backend(&plan.devices, cfg.deterministic);
     let global_replicas = replicas * world;
 
     let opts = OpenOptions {
@@ -242,28 +239,15 @@ pub fn train(
     if let Some(lr) = cfg.lr {
         schedule.peak = lr;
     }
-    let gpus = plan.devices.iter().any(|d| d.is_cuda());
-    let overlap = cfg
-        .overlap
-        .unwrap_or_else(|| auto_overlap(gpus, info.nodes));
-    let table = Table::new(TableConfig {
-        devices: plan.devices.clone(),
-        model: cfg.model,
-        classes: plan.manifest.num_classes() as i64,
-        image_size: cfg.image_size,
-        seed: cfg.seed,
-        sgd: SgdConfig {
-            momentum: cfg.momentum,
-            nesterov: cfg.nesterov,
-            weight_decay: cfg.weight_decay,
-        },
-        precision: cfg.precision,
-        label_smoothing: cfg.label_smoothing,
-        bucket_bytes: (cfg.bucket_mb * 1024.0 * 1024.0) as usize,
-        overlap,
-        channels_last: cfg.channels_last,
-        global_replicas,
-    })?;
+    let table_cfg = table_config(
+        cfg,
+        plan.devices.clone(),
+        plan.manifest.num_classes() as i64,
+        info.nodes,
+        world,
+    );
+    let overlap = table_cfg.overlap;
+    let table = Table::new(table_cfg)?;
     let bar = (rank == 0 && cfg.verbose && std::io::stderr().is_terminal()).then(|| {
         let b = indicatif::ProgressBar::new(steps_per_epoch);
         b.set_style(
@@ -310,6 +294,54 @@ pub fn train(
         batches_tracked_base: Default::default(),
     };
     run.go()
+}
+
+/// The table of a rank of `ranks` (spread over `nodes`) with replicas on `devices`, training a
+/// model of `classes` classes as `cfg` says (`--overlap auto` resolved).
+fn table_config(
+    cfg: &TrainConfig,
+    devices: Vec<tch::Device>,
+    classes: i64,
+    nodes: usize,
+    ranks: usize,
+) -> TableConfig {
+    let global_replicas = devices.len() * ranks;
+    let gpus = devices.iter().any(|d| d.is_cuda());
+    TableConfig {
+        devices,
+        model: cfg.model,
+        classes,
+        image_size: cfg.image_size,
+        seed: cfg.seed,
+        sgd: SgdConfig {
+            momentum: cfg.momentum,
+            nesterov: cfg.nesterov,
+            weight_decay: cfg.weight_decay,
+        },
+        precision: cfg.precision,
+        label_smoothing: cfg.label_smoothing,
+        bucket_bytes: (cfg.bucket_mb * 1024.0 * 1024.0) as usize,
+        overlap: cfg
+            .overlap
+            .unwrap_or_else(|| auto_overlap(gpus, nodes, global_replicas)),
+        channels_last: cfg.channels_last,
+        global_replicas,
+        ranks,
+        synthetic_batch: cfg.synthetic_data.then_some(cfg.batch),
+    }
+}
+
+/// Every rank must have the same number of replicas: the sampler and the average assume it.
+fn check_replica_counts(comm: &Collective, replicas: usize) -> Result<()> {
+    let counts = comm.allgather_bytes(u64s_to_bytes(&[replicas as u64]))?;
+    if counts.iter().any(|c| bytes_to_u64s(c) != [replicas as u64]) {
+        let all: Vec<u64> = counts.iter().flat_map(|c| bytes_to_u64s(c)).collect();
+        return Err(TrainError::config(
+            "--devices",
+            format!("ranks have different replica counts {all:?}"),
+        ));
+    }
+    Ok(())
 }
 
 impl Run<'_> {

@@ -35,6 +35,12 @@ fn data_fingerprint(manifest: &Manifest) -> u32 {
 /// Checks the configuration before anything expensive happens; every error names its flag.
 pub(super) fn plan(cfg: &TrainConfig, rank: usize, world: usize, info: RankInfo) -> Result<Plan> {
     validate::ranges(cfg)?;
+    if cfg.classes.is_some() {
+        return Err(TrainError::config(
+            "--classes",
+            "only with --synthetic-data: a run on data has the classes of its manifest",
+        ));
+    }
     let decay = match cfg.schedule {
         DecayKind::Step => {
             if cfg.milestones.windows(2).any(|w| w[0] >= w[1]) {

@@ -1,12 +1,10 @@
-//! Devices: parsing of `--devices` (which local devices get a model replica), waiting for a
-//! device, and the CUDA autocast dtype that tch does not expose.
+//! `--devices`: which local devices get a model replica.
 
 use std::fmt;
 use std::str::FromStr;
 
 use tch::{Cuda, Device};
 
-use crate::config::Precision;
 use crate::error::{Result, TrainError};
 
 /// `--devices`: which local devices get a model replica.
@@ -20,7 +18,8 @@ pub enum DeviceSpec {
     Cpu(usize),
     /// `cuda`: every visible GPU.
     AllCuda,
-    /// `cuda:0,1,2,3` or `cuda:0,cuda:1`: these GPUs.
+    /// `cuda:0,1,2,3` or `cuda:0,cuda:1`: these GPUs, a replica each; a GPU listed twice
+    /// (`cuda:0,0`) holds two replicas, so that the multi-replica path runs on one GPU.
     Cuda(Vec<usize>),
 }
 
@@ -55,9 +54,6 @@ impl FromStr for DeviceSpec {
             let i: usize = idx
                 .parse()
                 .map_err(|_| bad(format!("{spec:?}: {item:?} is not a GPU index")))?;
-            if gpus.contains(&i) {
-                return Err(bad(format!("{spec:?}: cuda:{i} listed twice")));
-            }
             gpus.push(i);
         }
         Ok(DeviceSpec::Cuda(gpus))
@@ -116,46 +112,6 @@ impl DeviceSpec {
     }
 }
 
-/// Waits until every operation queued on `device` has finished (nothing to wait for on the
-/// CPU).
-pub fn sync_device(device: Device) {
-    if let Device::Cuda(i) = device {
-        tch::Cuda::synchronize(i as i64);
-    }
-}
-
-/// `c10::DeviceType::CUDA`.
-const DEVICE_TYPE_CUDA: i8 = 1;
-/// `c10::ScalarType::Half`.
-const SCALAR_TYPE_HALF: i8 = 5;
-/// `c10::ScalarType::BFloat16`.
-const SCALAR_TYPE_BFLOAT16: i8 = 15;
-
-// libtorch's `at::autocast::{set,get}_autocast_dtype(c10::DeviceType, c10::ScalarType)`: tch
-// exposes autocast on/off only (always float16 on CUDA). Both enums are `int8_t`-backed, so
-// on the x86-64 and aarch64 C++ ABIs the calls take plain 8-bit integers.
-extern "C" {
-    #[link_name = "_ZN2at8autocast18set_autocast_dtypeEN3c1010DeviceTypeENS1_10ScalarTypeE"]
-    fn at_set_autocast_dtype(device_type: i8, dtype: i8);
-    #[link_name = "_ZN2at8autocast18get_autocast_dtypeEN3c1010DeviceTypeE"]
-    fn at_get_autocast_dtype(device_type: i8) -> i8;
-}
-
-/// Sets the CUDA autocast dtype of the calling thread (autocast state is thread-local) for
-/// `precision`; returns the dtype now in force as a `c10::ScalarType` code.
-pub fn set_cuda_autocast_dtype(precision: Precision) -> i8 {
-    let code = match precision {
-        Precision::Bf16 => SCALAR_TYPE_BFLOAT16,
-        Precision::Fp16 | Precision::Fp32 => SCALAR_TYPE_HALF,
-    };
-    // SAFETY: plain setters/getters of libtorch's thread-local autocast state; both arguments
-    // are valid enum values.
-    unsafe {
-        at_set_autocast_dtype(DEVICE_TYPE_CUDA, code);
-        at_get_autocast_dtype(DEVICE_TYPE_CUDA)
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -176,20 +132,23 @@ mod tests {
     }
 
     #[test]
+    fn a_gpu_listed_twice_holds_two_replicas() {
+        let spec: DeviceSpec = "cuda:0,0".parse().unwrap();
+        assert_eq!(spec, DeviceSpec::Cuda(vec![0, 0]));
+        assert_eq!(spec.to_string(), "cuda:0,0");
+        if Cuda::device_count() > 0 {
+            assert_eq!(
+                spec.resolve(0, 1).unwrap(),
+                vec![Device::Cuda(0), Device::Cuda(0)]
+            );
+        }
+    }
+
+    #[test]
     fn auto_without_gpu_is_one_cpu_replica() {
         if Cuda::device_count() == 0 {
             assert_eq!(parse_devices("auto", 0, 2).unwrap(), vec![Device::Cpu]);
             assert!(parse_devices("cuda:0", 0, 1).is_err());
         }
-    }
-
-    #[test]
-    fn autocast_dtype_binding_round_trips() {
-        // Runs on the CPU too: the autocast state exists whether or not a GPU does.
-        assert_eq!(
-            set_cuda_autocast_dtype(Precision::Bf16),
-            SCALAR_TYPE_BFLOAT16
-        );
-        assert_eq!(set_cuda_autocast_dtype(Precision::Fp16), SCALAR_TYPE_HALF);
     }
 }

@@ -1,0 +1,74 @@
+//! The job a `ddl-train` process belongs to: an MPI job (started by mpirun, mpiexec or srun),
+//! or, started alone, a job of one rank that never initialises MPI.
+
+use std::sync::Arc;
+
+use ddl_comm::{thread_group, CommError, Topology, Transport, World};
+
+use crate::RankInfo;
+
+/// This process's job.
+pub enum Job {
+    /// Ranks started by an MPI launcher.
+    Mpi(World),
+    /// One rank, no MPI.
+    Alone(Arc<dyn Transport>),
+}
+
+impl Job {
+    /// Joins the MPI job when an MPI launcher started this process, else a job of one rank.
+    pub fn start() -> Result<Job, CommError> {
+        if World::launched() {
+            Ok(Job::Mpi(World::init()?))
+        } else {
+            let one = thread_group(1).pop().expect("a group of one rank");
+            Ok(Job::Alone(Arc::new(one)))
+        }
+    }
+
+    /// The transport over every rank.
+    pub fn transport(&self) -> Arc<dyn Transport> {
+        match self {
+            Job::Mpi(w) => w.transport(),
+            Job::Alone(t) => t.clone(),
+        }
+    }
+
+    /// Where this process sits.
+    pub fn info(&self) -> RankInfo {
+        match self {
+            Job::Mpi(w) => RankInfo {
+                node: w.node_index(),
+                nodes: w.node_count(),
+                rank_in_node: w.local_rank(),
+                ranks_in_node: w.local_size(),
+            },
+            Job::Alone(_) => RankInfo::single(),
+        }
+    }
+
+    /// The physical layout, for the allreduce cost model.
+    pub fn topology(&self) -> Topology {
+        match self {
+            Job::Mpi(w) => w.topology(),
+            Job::Alone(_) => Topology::new(1, 1),
+        }
+    }
+
+    /// The launcher's warning when it bound this node's ranks to fewer CPUs than `threads`
+    /// busy threads each (none for a process started alone).
+    pub fn binding_warning(&self, threads: usize) -> Option<String> {
+        match self {
+            Job::Mpi(w) => w.binding().warning(threads),
+            Job::Alone(_) => None,
+        }
+    }
+
+    /// Takes the whole job down (other ranks may be blocked in a collective).
+    pub fn abort(&self, code: i32) -> ! {
+        match self {
+            Job::Mpi(w) => w.abort(code),
+            Job::Alone(_) => std::process::exit(code),
+        }
+    }
+}

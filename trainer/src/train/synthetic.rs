@@ -1,0 +1,114 @@
+//! `--synthetic-data`: training on one random batch held on each device, without a loader,
+//! evaluation or checkpoints. It times the model, the table and the allreduce alone, as a
+//! PyTorch loop on data already on the GPU does (trainer/bench/torch_eager.py).
+
+use std::sync::Arc;
+
+use ddl_comm::{CostModel, Topology, Transport};
+
+use crate::collective::Collective;
+use crate::config::TrainConfig;
+use crate::device;
+use crate::error::{Result, TrainError};
+use crate::metrics::{MetricsWriter, StepRecord};
+use crate::schedule::{Decay, Schedule};
+use crate::table::Table;
+use crate::validate;
+
+use super::{check_replica_counts, table_config, RankInfo, TrainSummary};
+
+/// Classes of the synthetic model unless `--classes` says otherwise (ImageNet-1k's).
+const DEFAULT_CLASSES: usize = 1000;
+/// Steps of a synthetic "epoch" (`--epochs` x this, unless `--max-steps`).
+const STEPS_PER_EPOCH: u64 = 100;
+
+/// Trains on synthetic data on this rank (collective, as [`super::train`]).
+pub(super) fn train(
+    cfg: &TrainConfig,
+    transport: Arc<dyn Transport>,
+    topology: Topology,
+    info: RankInfo,
+) -> Result<TrainSummary> {
+    check_flags(cfg)?;
+    let rank = transport.rank();
+    let world = transport.size();
+    let devices = cfg.devices.resolve(info.rank_in_node, info.ranks_in_node)?;
+    let comm = Collective::new(
+        transport,
+        cfg.allreduce.clone(),
+        topology,
+        CostModel::default(),
+    )?;
+    check_replica_counts(&comm, devices.len())?;
+    device::configure_backend(&devices, cfg.deterministic);
+    let global_replicas = devices.len() * world;
+    let classes = cfg.classes.unwrap_or(DEFAULT_CLASSES) as i64;
+    let mut table = Table::new(table_config(cfg, devices, classes, info.nodes, world))?;
+    table.attach_synthetic()?;
+    let mut schedule = Schedule::new(
+        cfg.base_lr,
+        global_replicas * cfg.batch,
+        STEPS_PER_EPOCH,
+        cfg.epochs,
+        cfg.warmup_epochs,
+        Decay::Cosine,
+    );
+    if let Some(lr) = cfg.lr {
+        schedule.peak = lr;
+    }
+    let mut metrics = match (&cfg.metrics, rank) {
+        (Some(path), 0) => Some(MetricsWriter::open(path, false)?),
+        _ => None,
+    };
+    let steps = cfg
+        .max_steps
+        .unwrap_or(u64::from(cfg.epochs) * STEPS_PER_EPOCH);
+    for step in 0..steps {
+        let lr = schedule.lr(step);
+        let stats = table.step(lr, &mut |buf: &mut [f32]| comm.allreduce_sum(buf))?;
+        if !stats.loss.is_finite() {
+            return Err(TrainError::NonFinite { step });
+        }
+        if let Some(m) = &mut metrics {
+            m.write(&StepRecord {
+                kind: "step",
+                step: step + 1,
+                epoch: step / STEPS_PER_EPOCH,
+                loss: stats.loss,
+                lr,
+                images_per_s: (stats.images * world) as f64 / stats.wall.as_secs_f64().max(1e-9),
+                data_wait_s: stats.data_wait.as_secs_f64(),
+                compute_s: stats.compute.as_secs_f64(),
+                allreduce_s: stats.allreduce.as_secs_f64(),
+            })?;
+        }
+    }
+    Ok(TrainSummary {
+        global_steps: steps,
+        steps_run: steps,
+        param_checksum: table.checksums()?[0],
+        ..TrainSummary::default()
+    })
+}
+
+/// The flags that need data have none to work on.
+fn check_flags(cfg: &TrainConfig) -> Result<()> {
+    validate::ranges(cfg)?;
+    let needs_data = [
+        ("--data", !cfg.data.as_os_str().is_empty()),
+        ("--checkpoint-dir", cfg.checkpoint_dir.is_some()),
+        ("--init-from", cfg.init_from.is_some()),
+        ("--export", cfg.export.is_some()),
+        ("--dump-weights", cfg.dump_weights.is_some()),
+    ];
+    if let Some((flag, _)) = needs_data.iter().find(|(_, given)| *given) {
+        return Err(TrainError::config(
+            flag,
+            "cannot be used with --synthetic-data, which trains on random data to time the model",
+        ));
+    }
+    if cfg.classes == Some(0) || cfg.classes == Some(1) {
+        return Err(TrainError::config("--classes", "needs at least 2 classes"));
+    }
+    Ok(())
+}
