@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# Packs this machine's Open MPI (Debian 12's 4.1.4: mpirun, its plugins, PMIx and their data)
-# into DIR beside the programs already in DIR/bin, for an x86-64 machine that has no MPI and no
-# compiler (the GPU machines of BENCHMARKS.md). Nothing is installed there: `. DIR/env.sh`
+# Packs this machine's Open MPI (Debian 12's 4.1.4: mpirun, its libraries and plugins, PMIx and
+# their data) into DIR beside the programs already in DIR/bin, for an x86-64 machine that has no
+# MPI and no compiler (the GPU machines of BENCHMARKS.md). Nothing is installed there: `. DIR/env.sh`
 # relocates the bundle's Open MPI with OPAL_PREFIX / PMIX_PREFIX and LD_LIBRARY_PATH.
 #
 #   tools/pack-openmpi.sh DIR     # DIR/bin holds the programs; adds root/, lib/, bin/mpirun, env.sh
@@ -19,7 +19,12 @@ multiarch=usr/lib/x86_64-linux-gnu
 mkdir -p "$dir/lib" "$dir/root/usr/bin" "$dir/root/$multiarch" "$dir/root/usr/share" "$dir/root/etc"
 cp -a /usr/bin/orterun /usr/bin/orted "$dir/root/usr/bin/"
 cp -a "/$multiarch/openmpi" "/$multiarch/pmix2" "$dir/root/$multiarch/"
-rm -rf "$dir/root/$multiarch/openmpi/include"
+# Open MPI's own libraries (openmpi/lib holds only links to them), less the language bindings.
+cp -a "/$multiarch"/libmpi.so.40* "/$multiarch"/libopen-pal.so.40* "/$multiarch"/libopen-rte.so.40* \
+  "/$multiarch"/libmca_common_*.so.* "/$multiarch"/libpmix.so.2* "$dir/root/$multiarch/"
+# What only a compiler reads.
+rm -rf "$dir/root/$multiarch/openmpi/include" "$dir/root/$multiarch/openmpi/lib/pkgconfig" \
+  "$dir/root/$multiarch/pmix2/include" "$dir/root/$multiarch/pmix2/lib/libpmix.a"
 cp -a /usr/share/openmpi "$dir/root/usr/share/"
 cp -a /etc/openmpi "$dir/root/etc/"
 ln -s ../root/usr/bin/orterun "$dir/bin/mpirun"
@@ -40,7 +45,7 @@ M=$D/root/usr/lib/x86_64-linux-gnu
 export OPAL_PREFIX=$D/root/usr PMIX_PREFIX=$M/pmix2
 export OPAL_SYSCONFDIR=$D/root/etc/openmpi OPAL_PKGDATADIR=$D/root/usr/share/openmpi
 export PATH=$D/bin:$PATH
-export LD_LIBRARY_PATH=$M/openmpi/lib:$M/pmix2/lib:$D/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+export LD_LIBRARY_PATH=$M:$M/openmpi/lib:$M/pmix2/lib:$D/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 # PMIx finds its compression plugin's help text at the built-in path only.
 export PMIX_MCA_pcompress_base_silence_warning=1
