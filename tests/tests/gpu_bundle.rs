@@ -1,7 +1,8 @@
 //! The GPU bundle of issue 34 (`tools/gpu/bundle.sh`) builds, and its `run.sh` runs every stage
 //! of part B on the CPU (`DEVICE=cpu`): each stage runs to its end, each check writes its JSON
 //! line and none fails. So the script that will run on the GPU machine cannot rot between GPU
-//! runs. Also: bundle.sh refuses a folder it did not write, touching nothing in it.
+//! runs. Also: bundle.sh refuses a folder it did not write, and a bundle holding a file it did
+//! not write, touching nothing in either.
 
 use std::collections::BTreeSet;
 use std::fs;
@@ -117,6 +118,23 @@ fn bundle_runs_every_stage_on_the_cpu() {
         lines.len(),
         "summary.md: a header and a row per line but the start line:\n{summary}"
     );
+
+    // A bundle holding a file it did not write is not rebuilt: nothing is removed.
+    let mine = dir.join("py/notes.txt");
+    fs::write(&mine, "mine").unwrap();
+    let listed = fs::read_to_string(dir.join(".ddl-gpu-bundle")).unwrap();
+    let again = run(&mut bundle_cmd(&dir));
+    assert!(!again.status.success(), "{}", printed(&again));
+    assert!(
+        String::from_utf8_lossy(&again.stderr).contains("py/notes.txt"),
+        "{}",
+        printed(&again)
+    );
+    for path in listed.lines() {
+        let kept = fs::symlink_metadata(dir.join(path)).is_ok();
+        assert!(kept, "{path} of the bundle was removed");
+    }
+    assert_eq!(fs::read_to_string(&mine).unwrap(), "mine");
 }
 
 #[test]

@@ -25,17 +25,20 @@ list=.ddl-gpu-bundle
 programs=(ddl-train ddl-synth ddl-pack ddl-prof ddl-bench ddl-predict)
 
 if [ -f "$dir/$list" ]; then
-  # Our own earlier bundle: remove exactly what it wrote (files, then its emptied folders).
+  # Our own earlier bundle: if it holds nothing else, remove exactly what it wrote (files, then
+  # its emptied folders).
+  others=$(cd "$dir" && comm -23 <(find . -mindepth 1 \( -type d -printf '%P/\n' -o -printf '%P\n' \) |
+    grep -vx "$list" | sort) <(sort "$list"))
+  if [ -n "$others" ]; then
+    echo "bundle: $dir holds files an earlier bundle did not write; move them away first:" >&2
+    echo "$others" | head -5 >&2
+    exit 1
+  fi
   (cd "$dir" && grep -v '/$' "$list" | tr '\n' '\0' | xargs -0 -r rm -f -- &&
-    grep '/$' "$list" | sort -r | tr '\n' '\0' | xargs -0 -r rmdir --ignore-fail-on-non-empty -- &&
-    rm -f "$list")
+    grep '/$' "$list" | sort -r | tr '\n' '\0' | xargs -0 -r rmdir -- && rm "$list")
 elif [ -e "$dir" ] && { [ ! -d "$dir" ] || [ -n "$(ls -A "$dir")" ]; }; then
   echo "bundle: $dir exists and is not a bundle of tools/gpu/bundle.sh (no $list);" \
     "give a new or empty folder" >&2
-  exit 1
-fi
-if [ -n "$(ls -A "$dir" 2>/dev/null)" ]; then
-  echo "bundle: $dir still holds files the earlier bundle did not write; move them away first" >&2
   exit 1
 fi
 mkdir -p "$dir/bin" "$dir/py" "$dir/wheel"
@@ -51,7 +54,8 @@ cp trainer/bench/torch_eager.py examples/pytorch/train.py tools/bench/python_tra
 cp tools/gpu/run.sh "$dir/run.sh"
 printf '{"commit": "%s", "built": "%s"}\n' "$(git describe --always --dirty 2>/dev/null || echo unknown)" \
   "$(date -u +%FT%TZ)" > "$dir/bundle.json"
-(cd "$dir" && find . -mindepth 1 \( -type d -printf '%P/\n' -o -printf '%P\n' \) > "$list")
+written=$(cd "$dir" && find . -mindepth 1 \( -type d -printf '%P/\n' -o -printf '%P\n' \))
+printf '%s\n' "$written" > "$dir/$list"
 
 bytes=$(du -sb "$dir" | cut -f1)
 mib=$(awk -v b="$bytes" 'BEGIN { printf "%.1f", b / 1048576 }')
