@@ -6,7 +6,8 @@
                                  MODEL (a ddl-train --export file) loads strictly into its
                                  torchvision class on D; its logits on the inputs that
                                  `ddl-predict --save-tensors TENSORS` saved are compared with
-                                 ddl-predict's: max_abs_diff, top-1 agreement
+                                 ddl-predict's: max_abs_diff (float32), on a GPU also with
+                                 TF32 convolutions (torch's default), top-1 agreement
 """
 import argparse
 import json
@@ -58,15 +59,22 @@ def export(args):
     model.load_state_dict(load_file(args.model), strict=True)
     model.to(device).eval()
     saved = load_file(args.tensors)
-    # Plain float32 arithmetic (no TF32) for the reference logits.
-    torch.backends.cudnn.allow_tf32 = False
-    torch.backends.cuda.matmul.allow_tf32 = False
-    with torch.no_grad():
-        ours = model(saved["input"].to(device)).float().cpu()
     theirs = saved["logits"].float()
+
+    def diff(tf32):
+        torch.backends.cudnn.allow_tf32 = tf32
+        with torch.no_grad():
+            ours = model(saved["input"].to(device)).float().cpu()
+        return ours, (ours - theirs).abs().max().item()
+
+    # The reference: plain float32 arithmetic. With torch's defaults (TF32 convolutions on an
+    # Ampere or later GPU) too, so that a difference from ddl-predict's TF32 shows as such.
+    tf32_diff = diff(True)[1] if device.type == "cuda" else None
+    torch.backends.cuda.matmul.allow_tf32 = False
+    ours, max_abs_diff = diff(False)
     print(json.dumps({
         "model": meta["model"], "images": int(theirs.shape[0]), "strict_load": True,
-        "max_abs_diff": (ours - theirs).abs().max().item(),
+        "max_abs_diff": max_abs_diff, "max_abs_diff_tf32_convs": tf32_diff,
         "max_abs_logit": theirs.abs().max().item(),
         "top1_agree": (ours.argmax(1) == theirs.argmax(1)).float().mean().item(),
         "val_top1": json.loads(meta["val_top1"]) if "val_top1" in meta else None,
