@@ -141,15 +141,15 @@ train() {
   local check=$1; shift
   local m=$W/$check.jsonl cmp=()
   [ -n "${CMP:-}" ] && cmp=(--weights "$CMP" "$W/$check.f32")
-  step "$check" "$BIN/ddl-train" --data "$SMALL/shards" --model resnet18 --image-size "$C_SIZE" \
-    --batch "$C_BATCH" --epochs 2 --warmup-epochs 0.5 --seed 1 --workers "$C_WORKERS" \
-    --keep-checkpoints 100 --metrics "$m" "$@" &&
+  step "$check" "$BIN/ddl-train" "${SMALL_RUN[@]}" --metrics "$m" "$@" &&
     add "$check" "${cmp[@]}" --metrics "$m" --ok-if finite==true --ok-if learns==true
 }
 
 stage_correctness() {
   data_small || return
   W=$WORK/correctness; mkdir -p "$W"
+  SMALL_RUN=(--data "$SMALL/shards" --model resnet18 --image-size "$C_SIZE" --batch "$C_BATCH"
+    --epochs 2 --warmup-epochs 0.5 --seed 1 --workers "$C_WORKERS" --keep-checkpoints 100)
   local exact=(--devices "$DEV1" --precision fp32 --deterministic)
   # fp32 is also the reference of the overlap, channels-last and resume checks, and the export.
   train fp32 "${exact[@]}" --overlap off --checkpoint-dir "$W/ck-full" \
@@ -163,7 +163,7 @@ stage_correctness() {
   CMP=$W/fp32.f32 train channels-last "${exact[@]}" --overlap off --channels-last \
     --dump-weights "$W/channels-last.f32"
   train replicas --devices "$DEV2" --check-replicas
-  resume_check
+  resume_check "${exact[@]}" --overlap off
   step predict "$BIN/ddl-predict" --model "$W/model.safetensors" --device "$TORCH_DEV" \
     --save-tensors "$W/predicted.safetensors" --json "$SMALL/images/val" &&
     step export "${PLAIN[@]}" "$PYTHON" "$PY/torch_checks.py" export "$W/model.safetensors" \
@@ -171,19 +171,16 @@ stage_correctness() {
     add export --from "$(logof export)" --ok-if 'max_abs_diff<0.001'
 }
 
-# The fp32 run's checkpoint at C_RESUME_AT, alone in a new directory, resumed to the end: its
-# weights against the uninterrupted run's.
+# resume_check FLAG...: the fp32 run's checkpoint at C_RESUME_AT, alone in a new directory,
+# resumed to the end with its FLAGs: the weights against the uninterrupted run's.
 resume_check() {
   local ckpt; ckpt=$(printf 'ckpt-%012d.ddlck' "$C_RESUME_AT")
   [ -f "$W/fp32.f32" ] && mkdir -p "$W/ck-resume" && cp "$W/ck-full/$ckpt" "$W/ck-resume/" || {
     add resume ok=false error="no fp32 run or no checkpoint $ckpt to resume from"
     return 1
   }
-  step resume "$BIN/ddl-train" --data "$SMALL/shards" --model resnet18 --image-size "$C_SIZE" \
-    --batch "$C_BATCH" --epochs 2 --warmup-epochs 0.5 --seed 1 --workers "$C_WORKERS" \
-    --devices "$DEV1" --precision fp32 --deterministic --overlap off \
-    --checkpoint-dir "$W/ck-resume" --checkpoint-every "$C_RESUME_AT" --keep-checkpoints 100 \
-    --resume --dump-weights "$W/resume.f32" || return
+  step resume "$BIN/ddl-train" "${SMALL_RUN[@]}" "$@" --checkpoint-dir "$W/ck-resume" \
+    --checkpoint-every "$C_RESUME_AT" --resume --dump-weights "$W/resume.f32" || return
   local from=false
   grep -q "resume: .*global step $C_RESUME_AT)" "$(logof resume)" && from=true
   add resume resumed_at="$C_RESUME_AT" resumed_from_checkpoint=$from \
