@@ -46,9 +46,10 @@ test: setup
 
 # A wheel of the Python package `ddl` in dist/: abi3 (CPython >= 3.9), libjpeg-turbo linked in
 # statically, MPI linked from the system (libmpi.so.40: Open MPI 4 and 5), so the tag is plain
-# `linux` rather than manylinux.
+# `linux` rather than manylinux. WHEEL_DIR: where it goes (tools/gpu/bundle.sh passes its own).
+WHEEL_DIR ?= $(CURDIR)/dist
 wheel: setup
-	cd python && $(VENV)/bin/maturin build --release --compatibility linux --auditwheel skip -o ../dist
+	cd python && $(VENV)/bin/maturin build --release --compatibility linux --auditwheel skip -o $(WHEEL_DIR)
 
 bench: build
 	$(CARGO) build --release --workspace --examples

@@ -183,25 +183,46 @@ class _Staging:
         return buf[: like.numel()]
 
 
-def _reduce_any(t: torch.Tensor, average: bool, algorithm: str, staging: _Staging) -> None:
-    """Reduces ``t`` in place wherever it lives (staged through host memory if needed)."""
+def _producer_event(t: torch.Tensor) -> "Optional[torch.cuda.Event]":
+    """For a CUDA tensor: an event recorded now on the calling thread's current stream (the
+    one producing ``t``'s values), which the copy off the device waits for, whichever thread
+    runs it; None for a CPU tensor."""
+    if not t.is_cuda:
+        return None
+    ready = torch.cuda.Event()
+    ready.record(torch.cuda.current_stream(t.device))
+    return ready
+
+
+def _on_host(t: torch.Tensor, staging: _Staging, ready: "Optional[torch.cuda.Event]",
+             op: Callable[[torch.Tensor], None]) -> None:
+    """Runs ``op`` on a contiguous host tensor holding ``t``'s values (``t`` itself when it
+    is a contiguous CPU tensor), then puts the result back into ``t``. A CUDA tensor is
+    copied off the device on a side stream once ``ready`` (the producer's event) has
+    completed, and is back on it when this returns."""
     if t.is_cuda:
         host = staging.host(t)
         stream = torch.cuda.Stream(t.device)
-        stream.wait_stream(torch.cuda.current_stream(t.device))
+        stream.wait_event(ready)
         with torch.cuda.stream(stream):
             host.copy_(t.reshape(-1), non_blocking=True)
             stream.synchronize()
-            _reduce_host(host, average, algorithm)
+            op(host)
             t.copy_(host.view_as(t), non_blocking=True)
             stream.synchronize()
     elif t.is_contiguous():
-        _reduce_host(t, average, algorithm)
+        op(t)
     else:
         host = staging.host(t)
         host.copy_(t.reshape(-1))
-        _reduce_host(host, average, algorithm)
+        op(host)
         t.copy_(host.view_as(t))
+
+
+def _reduce_any(t: torch.Tensor, average: bool, algorithm: str, staging: _Staging,
+                ready: "Optional[torch.cuda.Event]") -> None:
+    """Reduces ``t`` in place wherever it lives (staged through host memory if needed)."""
+    _on_host(t, staging, ready, lambda host: _reduce_host(host, average, algorithm))
 
 
 def _validate(t: torch.Tensor, algorithm: str) -> None:
@@ -275,17 +296,12 @@ class _CommThread:
                then: Optional[Callable[[torch.Tensor], Any]] = None) -> "torch.futures.Future":
         """Queues a reduction of ``t``; the future completes with ``t`` (or its error)."""
         fut: torch.futures.Future = torch.futures.Future()
-        ready = None
-        if t.is_cuda:
-            # The reduction must see the values the current stream is still producing.
-            ready = torch.cuda.Event()
-            ready.record(torch.cuda.current_stream(t.device))
+        # The reduction must see the values the current stream is still producing.
+        ready = _producer_event(t)
 
         def job() -> None:
             try:
-                if ready is not None:
-                    ready.synchronize()
-                _reduce_any(t, average, algorithm, self.staging)
+                _reduce_any(t, average, algorithm, self.staging, ready)
                 fut.set_result(then(t) if then is not None else t)
             except BaseException as e:  # delivered to whoever waits on the future
                 fut.set_exception(e)
@@ -320,9 +336,10 @@ def allreduce_(tensor: torch.Tensor, average: bool = True,
     Every rank must make the same calls in the same order."""
     _validate(tensor, algorithm)
     comm = _comm_thread()
+    ready = _producer_event(tensor)
 
     def job() -> torch.Tensor:
-        _reduce_any(tensor, average, algorithm, comm.staging)
+        _reduce_any(tensor, average, algorithm, comm.staging, ready)
         return tensor
 
     return comm.run(job)
@@ -358,18 +375,6 @@ def _rows(tensor: torch.Tensor, counts: Optional[Sequence[int]]) -> List[int]:
     return counts
 
 
-def _on_host(t: torch.Tensor, staging: _Staging, fn: Callable[[torch.Tensor], None]) -> None:
-    """Runs ``fn`` on a contiguous CPU float32 tensor holding ``t``'s values, then copies the
-    result back into ``t`` if it was staged."""
-    if not t.is_cuda and t.is_contiguous():
-        fn(t)
-        return
-    host = staging.host(t)
-    host.copy_(t.reshape(-1))
-    fn(host)
-    t.copy_(host.view_as(t))
-
-
 def _check_shard_algorithm(algorithm: str) -> None:
     if algorithm not in SHARD_ALGORITHMS and not algorithm.startswith("shm:"):
         raise ValueError(f"algorithm: {algorithm!r} is not one of {SHARD_ALGORITHMS}")
@@ -386,9 +391,10 @@ def all_gather_(tensor: torch.Tensor, counts: Optional[Sequence[int]] = None, *,
     rows = _rows(tensor, counts)
     _check_shard_algorithm(algorithm)
     comm = _comm_thread()
+    ready = _producer_event(tensor)
 
     def job() -> torch.Tensor:
-        _on_host(tensor, comm.staging, lambda t: _ddl.sharded(
+        _on_host(tensor, comm.staging, ready, lambda t: _ddl.sharded(
             "all_gather", t.data_ptr(), t.numel(), rows, algorithm))
         return tensor
 
@@ -405,9 +411,10 @@ def reduce_scatter_(tensor: torch.Tensor, counts: Optional[Sequence[int]] = None
     _check_shard_algorithm(algorithm)
     comm = _comm_thread()
     first = sum(rows[:rank()])
+    ready = _producer_event(tensor)
 
     def job() -> torch.Tensor:
-        _on_host(tensor, comm.staging, lambda t: _ddl.sharded(
+        _on_host(tensor, comm.staging, ready, lambda t: _ddl.sharded(
             "reduce_scatter", t.data_ptr(), t.numel(), rows, algorithm))
         return tensor.narrow(0, first, rows[rank()]) if tensor.dim() > 0 else tensor
 
@@ -420,9 +427,10 @@ def _allreduce_max_(tensor: torch.Tensor, *, algorithm: str = "auto") -> torch.T
     _rows(tensor, None)
     _check_shard_algorithm(algorithm)
     comm = _comm_thread()
+    ready = _producer_event(tensor)
 
     def job() -> torch.Tensor:
-        _on_host(tensor, comm.staging, lambda t: _ddl.sharded(
+        _on_host(tensor, comm.staging, ready, lambda t: _ddl.sharded(
             "allreduce_max", t.data_ptr(), t.numel(), [], algorithm))
         return tensor
 
@@ -447,14 +455,14 @@ def broadcast_(tensor: torch.Tensor, root: int = 0) -> torch.Tensor:
         raise TypeError(f"tensor: expected a torch.Tensor, got {type(tensor).__name__}")
     comm = _comm_thread()
     root = _check_root(root)
+    # As allreduce_: the root's values may still be in the making on the current stream.
+    ready = _producer_event(tensor)
+
+    def send(host: torch.Tensor) -> None:
+        _ddl.broadcast(host.data_ptr(), host.numel() * host.element_size(), root)
 
     def job() -> torch.Tensor:
-        host = tensor.detach().to("cpu").contiguous() if (
-            tensor.is_cuda or not tensor.is_contiguous()) else tensor.detach()
-        nbytes = host.numel() * host.element_size()
-        _ddl.broadcast(host.data_ptr(), nbytes, root)
-        if host.data_ptr() != tensor.data_ptr():
-            tensor.copy_(host)
+        _on_host(tensor, comm.staging, ready, send)
         return tensor
 
     return comm.run(job)

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import os
 import warnings
+from collections import deque
 from dataclasses import replace
-from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Deque, Dict, Iterator, List, Optional, Sequence, Tuple
 
 import numpy as np
 import torch
@@ -285,14 +286,50 @@ class Loader:
         )
 
 
+class _StagingPool:
+    """Reusable pinned host buffers for the copies to the GPU. A buffer goes back to the pool
+    only once the copy that read it has completed (its event), so it is never overwritten
+    while the GPU still reads it; with ``depth`` copies in flight, taking a buffer waits for
+    the oldest. ``allocate(like)`` makes a buffer of ``like``'s shape, dtype and strides."""
+
+    def __init__(self, depth: int, allocate: Callable[[torch.Tensor], torch.Tensor]) -> None:
+        self.depth = depth
+        self.allocate = allocate
+        self.in_flight: Deque[Tuple[Any, List[torch.Tensor]]] = deque()
+        self.free: List[torch.Tensor] = []
+
+    def take(self, like: torch.Tensor) -> torch.Tensor:
+        """A buffer shaped like ``like`` that no copy is reading."""
+        while self.in_flight:
+            done, buffers = self.in_flight[0]
+            if not done.query():
+                if len(self.in_flight) < self.depth:
+                    break
+                done.synchronize()  # depth copies in flight: wait for the oldest
+            self.in_flight.popleft()
+            self.free.extend(buffers)
+        for i, buf in enumerate(self.free):
+            if (buf.shape, buf.stride(), buf.dtype) == (like.shape, like.stride(), like.dtype):
+                return self.free.pop(i)
+        del self.free[: max(0, len(self.free) - 2 * self.depth)]  # shapes no longer asked for
+        return self.allocate(like)
+
+    def copying(self, done: Any, buffers: List[torch.Tensor]) -> None:
+        """``buffers`` are read by a copy that has completed once ``done`` (an event) has."""
+        self.in_flight.append((done, buffers))
+
+
 class _CudaPrefetcher:
-    """Copies each batch to the GPU through pinned memory on a side stream, one batch ahead."""
+    """Copies each batch to the GPU on a side stream, one batch ahead, through pinned staging
+    buffers reused from batch to batch (pinning a new buffer per batch costs more than the
+    copy)."""
 
     def __init__(self, batches: Iterator[Tuple[torch.Tensor, torch.Tensor, int]],
                  device: torch.device) -> None:
         self.batches = batches
         self.device = device
         self.stream = torch.cuda.Stream(device)
+        self.pool = _StagingPool(2, lambda like: torch.empty_like(like, pin_memory=True))
         self.ahead: Optional[Tuple[torch.Tensor, torch.Tensor, int, Any]] = None
         self._advance()
 
@@ -302,13 +339,13 @@ class _CudaPrefetcher:
         except StopIteration:
             self.ahead = None
             return
+        staged = [self.pool.take(t).copy_(t) for t in (images, labels)]
         with torch.cuda.stream(self.stream):
-            pinned = (images.pin_memory(), labels.pin_memory())
-            on_gpu = tuple(t.to(self.device, non_blocking=True) for t in pinned)
+            on_gpu = [t.to(self.device, non_blocking=True) for t in staged]
             done = torch.cuda.Event()
             done.record(self.stream)
-        # The pinned copies must live until the transfer has finished.
-        self.ahead = (on_gpu[0], on_gpu[1], step, (done, pinned))
+        self.pool.copying(done, staged)
+        self.ahead = (on_gpu[0], on_gpu[1], step, done)
 
     def __iter__(self) -> "_CudaPrefetcher":
         return self
@@ -316,7 +353,7 @@ class _CudaPrefetcher:
     def __next__(self) -> Tuple[torch.Tensor, torch.Tensor, int]:
         if self.ahead is None:
             raise StopIteration
-        images, labels, step, (done, _pinned) = self.ahead
+        images, labels, step, done = self.ahead
         current = torch.cuda.current_stream(self.device)
         current.wait_event(done)
         images.record_stream(current)

@@ -1,10 +1,12 @@
-"""Plain PyTorch eager training loop: the peer of ddl-train's GPU benchmark (issue 6).
+"""Plain PyTorch training loop: the peer of ddl-train's GPU benchmark (issues 6 and 34).
 
 torchvision ResNet, SGD (momentum 0.9, weight decay 1e-4), cross-entropy, the given batch,
 precision (autocast bf16/fp16 with a GradScaler for fp16) and memory format, on batches that
 already sit on the device (so the loop measures the model alone, the best case for the peer).
-Prints one JSON line: model, batch, precision, channels_last, images_per_s (median over the
-timed steps) and step_ms.
+Eager by default; `--compile` runs the model under torch.compile (default mode), whose
+compilation happens in the warmup steps and is excluded from the figure (reported as
+warmup_s). Prints one JSON line: peer, model, batch, precision, channels_last, images_per_s
+(median over the timed steps), step_ms and warmup_s.
 """
 import argparse
 import json
@@ -24,13 +26,17 @@ p.add_argument("--channels-last", action="store_true")
 p.add_argument("--steps", type=int, default=100)
 p.add_argument("--warmup", type=int, default=20)
 p.add_argument("--device", default="cuda")
+p.add_argument("--compile", action="store_true", help="torch.compile the model")
 a = p.parse_args()
+if a.compile and a.warmup < 1:
+    p.error("--compile needs --warmup >= 1 (the first step compiles)")
 
 dev = torch.device(a.device)
 torch.backends.cudnn.benchmark = True
 fmt = torch.channels_last if a.channels_last else torch.contiguous_format
 model = getattr(torchvision.models, a.model)(num_classes=a.classes).to(dev, memory_format=fmt)
 opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9, weight_decay=1e-4)
+forward = torch.compile(model) if a.compile else model
 scaler = torch.amp.GradScaler(enabled=a.precision == "fp16")
 dtype = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}[a.precision]
 x = torch.randn(a.batch, 3, a.image_size, a.image_size, device=dev).to(memory_format=fmt)
@@ -44,12 +50,15 @@ def sync():
 
 
 times = []
+start = time.perf_counter()
 for step in range(a.warmup + a.steps):
+    if step == a.warmup:
+        warmup_s = time.perf_counter() - start
     sync()
     t0 = time.perf_counter()
     opt.zero_grad(set_to_none=True)
     with torch.autocast(dev.type, dtype=dtype, enabled=dtype is not None):
-        loss = loss_fn(model(x), y)
+        loss = loss_fn(forward(x), y)
     scaler.scale(loss).backward()
     scaler.step(opt)
     scaler.update()
@@ -58,6 +67,8 @@ for step in range(a.warmup + a.steps):
         times.append(time.perf_counter() - t0)
 step_s = statistics.median(times)
 print(json.dumps({
-    "peer": "pytorch-eager", "model": a.model, "batch": a.batch, "precision": a.precision,
-    "channels_last": a.channels_last, "images_per_s": a.batch / step_s, "step_ms": step_s * 1e3,
+    "peer": "pytorch-compile" if a.compile else "pytorch-eager", "model": a.model,
+    "batch": a.batch, "precision": a.precision, "channels_last": a.channels_last,
+    "images_per_s": a.batch / step_s, "step_ms": step_s * 1e3, "steps": a.steps,
+    "warmup_s": warmup_s,
 }))

@@ -253,3 +253,80 @@ fn stage(
         copied: ctx.record_side()?,
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use ddl_loader::dataset::{Dataset, OpenOptions, Residency};
+    use ddl_loader::pipeline::{Augment, Output, Pipeline, PipelineConfig};
+    use ddl_loader::sampler::{Sampler, SamplerConfig, Tail};
+    use ddl_testkit::{write_manifest, write_shards, Record};
+
+    use super::*;
+
+    /// The uploader's protocol (slots taken and given back, copies, the end of the epoch) runs
+    /// on the CPU too, where its copies are plain ones: its batches must be the direct path's.
+    #[test]
+    fn uploaded_batches_equal_the_direct_ones_to_the_end_of_the_epoch() {
+        let tmp = ddl_testkit::scratch("feed");
+        let dir = tmp.path();
+        let records: Vec<Record> = (0..26)
+            .map(|i| Record::jpeg(ddl_testkit::jpeg(40 + i, 36, i), (i % 3) as u32))
+            .collect();
+        let info = write_shards(dir, "train", &[records], 1);
+        write_manifest(dir, 3, vec![("train", info)], 1);
+        let residency = Residency { node: 0, nodes: 1 };
+        let data =
+            Arc::new(Dataset::open(dir, "train", residency, &OpenOptions::default()).unwrap());
+        let sampler = Sampler::try_new(
+            data.len(),
+            data.len(),
+            SamplerConfig {
+                seed: 1,
+                ranks_in_node: 1,
+                rank_in_node: 0,
+                replicas: 1,
+                batch_per_replica: 4,
+                tail: Tail::Drop,
+                shuffle: true,
+            },
+        )
+        .unwrap();
+        let cfg = PipelineConfig {
+            image_size: 32,
+            output: Output::U8Nhwc,
+            augment: Augment::Train,
+            workers: 1,
+            prefetch: 2,
+            seed: 1,
+            ..PipelineConfig::default()
+        };
+        let start = || Pipeline::start(data.clone(), sampler.clone(), cfg.clone(), 0, 0).unwrap();
+        let (p1, p2) = (start(), start());
+        let ctx = DeviceCtx::new(Device::Cpu).unwrap();
+        let norm = Normalizer::new(Device::Cpu, true).unwrap();
+        let mut direct = Feed::Direct(Box::new(p1.replica(0)));
+        let mut uploaded =
+            Feed::Upload(Uploader::start(Box::new(p2.replica(0)), Device::Cpu).unwrap());
+        let mut steps = 0;
+        loop {
+            match (direct.next(&ctx, &norm), uploaded.next(&ctx, &norm)) {
+                (None, None) => break,
+                (Some(a), Some(b)) => {
+                    let (a, b) = (a.unwrap(), b.unwrap());
+                    assert!(a.images.equal(&b.images), "step {steps}: images differ");
+                    assert!(a.labels.equal(&b.labels), "step {steps}: labels differ");
+                    assert_eq!(a.images.stride(), b.images.stride());
+                    steps += 1;
+                }
+                (a, b) => panic!(
+                    "step {steps}: one feed ended ({}, {})",
+                    a.is_none(),
+                    b.is_none()
+                ),
+            }
+        }
+        assert_eq!(steps, 26 / 4);
+    }
+}

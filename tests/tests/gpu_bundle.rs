@@ -1,0 +1,155 @@
+//! The GPU bundle of issue 34 (`tools/gpu/bundle.sh`) builds, and its `run.sh` runs every stage
+//! of part B on the CPU (`DEVICE=cpu`): each stage runs to its end, each check writes its JSON
+//! line and none fails. So the script that will run on the GPU machine cannot rot between GPU
+//! runs. Also: bundle.sh refuses a folder it did not write, and a bundle holding a file it did
+//! not write, touching nothing in either.
+
+use std::collections::BTreeSet;
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use ddl_tests::{printed, run, run_ok, scratch};
+use serde_json::Value;
+
+fn root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("workspace root")
+        .to_path_buf()
+}
+
+/// The Python with torch and torchvision that `make setup` made (the Makefile's VIRTUAL_ENV).
+fn python() -> PathBuf {
+    let venv = std::env::var_os("VIRTUAL_ENV")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| root().join(".venv"));
+    let python = venv.join("bin/python");
+    assert!(
+        python.exists(),
+        "{} missing: run `make setup` (the bundle's CPU run needs its torch)",
+        python.display()
+    );
+    python
+}
+
+fn bundle_cmd(dir: &Path) -> Command {
+    let mut cmd = Command::new(root().join("tools/gpu/bundle.sh"));
+    cmd.arg(dir);
+    cmd
+}
+
+/// The checks every CPU run must record, ok, per stage.
+const CHECKS: &[(&str, &str)] = &[
+    ("env", "torch"),
+    ("env", "libraries"),
+    ("env", "ddl-train"),
+    ("correctness", "fp32"),
+    ("correctness", "bf16"),
+    ("correctness", "fp16"),
+    ("correctness", "overlap-pipeline"),
+    ("correctness", "overlap-backward"),
+    ("correctness", "channels-last"),
+    ("correctness", "replicas"),
+    ("correctness", "resume"),
+    ("correctness", "export"),
+    ("speed", "synthetic"),
+    ("speed", "synthetic-images_per_s"),
+    ("speed", "fed"),
+    ("prof", "ddl-prof"),
+    ("python", "train.py"),
+    ("python", "feed"),
+    ("python", "feed-feed_images_per_s"),
+];
+
+#[test]
+fn bundle_runs_every_stage_on_the_cpu() {
+    let tmp = scratch("gpu-bundle");
+    let dir = tmp.path().join("bundle");
+    let built = run_ok(&mut bundle_cmd(&dir));
+    let said = String::from_utf8_lossy(&built.stdout);
+    assert!(said.contains("MiB (limit 56 MiB)"), "{}", printed(&built));
+
+    let out = tmp.path().join("out");
+    let ran = run(Command::new(dir.join("run.sh"))
+        .env("DEVICE", "cpu")
+        .env("OUT", &out)
+        .env("WORK", tmp.path().join("work"))
+        .env("PYTHON", python()));
+    assert!(ran.status.success(), "{}", printed(&ran));
+    let lines: Vec<Value> = fs::read_to_string(out.join("results.jsonl"))
+        .expect("results.jsonl")
+        .lines()
+        .map(|l| serde_json::from_str(l).expect("a JSON line"))
+        .collect();
+    let failed: Vec<&Value> = lines.iter().filter(|l| l["ok"] != true).collect();
+    assert!(failed.is_empty(), "failed checks: {failed:#?}");
+
+    let seen: BTreeSet<(&str, &str)> = lines
+        .iter()
+        .map(|l| (l["stage"].as_str().unwrap(), l["check"].as_str().unwrap()))
+        .collect();
+    let stages = ["env", "correctness", "speed", "prof", "python"];
+    for want in CHECKS.iter().copied().chain(stages.map(|s| (s, "stage"))) {
+        assert!(seen.contains(&want), "no line for {want:?}: {lines:#?}");
+    }
+    let line = |stage: &str, check: &str| {
+        lines
+            .iter()
+            .find(|l| l["stage"] == stage && l["check"] == check)
+            .unwrap()
+    };
+    assert_eq!(line("correctness", "resume")["bitwise"], true);
+    assert!(
+        line("correctness", "export")["max_abs_diff"]
+            .as_f64()
+            .unwrap()
+            < 1e-3
+    );
+    let peers: BTreeSet<&str> = lines
+        .iter()
+        .filter(|l| l["check"] == "synthetic")
+        .map(|l| l["peer"].as_str().unwrap())
+        .collect();
+    assert_eq!(peers, BTreeSet::from(["ddl-train", "pytorch-eager"]));
+    let summary = fs::read_to_string(out.join("summary.md")).expect("summary.md");
+    assert_eq!(
+        summary.lines().filter(|l| l.starts_with("| ")).count(),
+        lines.len(),
+        "summary.md: a header and a row per line but the start line:\n{summary}"
+    );
+
+    // A bundle holding a file it did not write is not rebuilt: nothing is removed.
+    let mine = dir.join("py/notes.txt");
+    fs::write(&mine, "mine").unwrap();
+    let listed = fs::read_to_string(dir.join(".ddl-gpu-bundle")).unwrap();
+    let again = run(&mut bundle_cmd(&dir));
+    assert!(!again.status.success(), "{}", printed(&again));
+    assert!(
+        String::from_utf8_lossy(&again.stderr).contains("py/notes.txt"),
+        "{}",
+        printed(&again)
+    );
+    for path in listed.lines() {
+        let kept = fs::symlink_metadata(dir.join(path)).is_ok();
+        assert!(kept, "{path} of the bundle was removed");
+    }
+    assert_eq!(fs::read_to_string(&mine).unwrap(), "mine");
+}
+
+#[test]
+fn bundle_refuses_a_folder_it_did_not_write() {
+    let tmp = scratch("gpu-bundle-refuse");
+    let mine = tmp.path().join("notes.txt");
+    fs::write(&mine, "mine").unwrap();
+    let out = run(&mut bundle_cmd(tmp.path()));
+    assert!(!out.status.success(), "{}", printed(&out));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains(&tmp.path().display().to_string()) && err.contains("not a bundle"),
+        "{}",
+        printed(&out)
+    );
+    assert_eq!(fs::read_to_string(&mine).unwrap(), "mine");
+    assert_eq!(fs::read_dir(tmp.path()).unwrap().count(), 1);
+}
