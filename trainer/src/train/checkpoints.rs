@@ -242,14 +242,8 @@ impl Run<'_> {
         let mut refused = comparison.refused;
         let mut warnings = comparison.warnings;
         let split = self.table.head_split().map(|s| s.counts());
-        if !comparison.layout.is_empty() && (split.is_some() || ck.meta.head_split.is_some()) {
-            let layout = comparison.layout.join(", ");
-            refused.push(format!(
-                "{layout}: the head is split over {} in the checkpoint and would be over {} in \
-                 this run; a run with --head-parallel resumes on its checkpoint's layout only",
-                split_name(ck.meta.head_split.as_deref()),
-                split_name(split.as_deref())
-            ));
+        if let Some(r) = split_refusal(&comparison.layout, ck.meta.head_split.as_deref(), split) {
+            refused.push(r);
         } else if !comparison.layout.is_empty() {
             let layout = comparison.layout.join(", ");
             if self.cfg.allow_new_layout {
@@ -357,6 +351,26 @@ impl Run<'_> {
         std::fs::write(&idx, serde_json::to_vec_pretty(&json).unwrap_or_default())
             .map_err(|e| TrainError::io(&idx, e))
     }
+}
+
+/// Why a checkpoint whose head is split (`checkpoint`) or a run whose head is (`run`) cannot
+/// continue on another layout (`layout`: its differences): each replica's slice is the
+/// checkpoint's layout's.
+fn split_refusal(
+    layout: &[String],
+    checkpoint: Option<&[usize]>,
+    run: Option<Vec<usize>>,
+) -> Option<String> {
+    if layout.is_empty() || (checkpoint.is_none() && run.is_none()) {
+        return None;
+    }
+    Some(format!(
+        "{}: the head is split over {} in the checkpoint and would be over {} in this run; a \
+         run with --head-parallel resumes on its checkpoint's layout only",
+        layout.join(", "),
+        split_name(checkpoint),
+        split_name(run.as_deref())
+    ))
 }
 
 /// How a checkpoint's or a run's head is split: "4 replicas (classes 3, 3, 2, 2)", or not.

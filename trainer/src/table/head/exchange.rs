@@ -194,37 +194,7 @@ impl Exchange {
         width: usize,
         aborted: &dyn Fn() -> Result<()>,
     ) -> Result<()> {
-        let (parts, more) = {
-            let mut offers = lock(&self.offers);
-            while offers
-                .iter()
-                .any(|o| o.as_ref().is_none_or(|o| o.seq < seq))
-            {
-                aborted()?;
-                offers = self.offered.wait(offers).unwrap_or_else(|e| e.into_inner());
-            }
-            let more = offers.iter().flatten().any(|o| o.more);
-            let parts: Vec<(Tensor, Arc<Event>)> = offers
-                .iter()
-                .flatten()
-                .map(|o| (o.tensor.shallow_clone(), o.event.clone()))
-                .collect();
-            (parts, more)
-        };
-        let device = me.ctx.device();
-        let mut on_device = Vec::with_capacity(parts.len());
-        for (i, (t, event)) in parts.into_iter().enumerate() {
-            if i > 0 {
-                me.ctx.wait(&event)?;
-            }
-            on_device.push(t.f_to_device(device)?);
-        }
-        let combined = match op {
-            Op::Gather | Op::GatherCounted => Tensor::f_cat(&on_device, 0)?,
-            Op::Max => fold(on_device, |a, b| a.f_maximum(b))?,
-            Op::Sum | Op::Scatter => fold(on_device, |a, b| a.f_add(b))?,
-        }
-        .f_reshape([-1])?;
+        let (combined, more) = self.combined(me, seq, op, aborted)?;
         let rows = match (width, op) {
             (0, _) => 0,
             // Every rank sums all rows and keeps its share.
@@ -267,6 +237,48 @@ impl Exchange {
                 replica: 0,
                 message: "communication thread is gone".into(),
             })
+    }
+
+    /// Replica 0, once every replica offered `seq`: the offers combined by `op` in replica
+    /// order on its device (flat), and whether any replica still had a batch.
+    fn combined(
+        &self,
+        me: &Side<'_>,
+        seq: u64,
+        op: Op,
+        aborted: &dyn Fn() -> Result<()>,
+    ) -> Result<(Tensor, bool)> {
+        let (parts, more) = {
+            let mut offers = lock(&self.offers);
+            while offers
+                .iter()
+                .any(|o| o.as_ref().is_none_or(|o| o.seq < seq))
+            {
+                aborted()?;
+                offers = self.offered.wait(offers).unwrap_or_else(|e| e.into_inner());
+            }
+            let more = offers.iter().flatten().any(|o| o.more);
+            let parts: Vec<(Tensor, Arc<Event>)> = offers
+                .iter()
+                .flatten()
+                .map(|o| (o.tensor.shallow_clone(), o.event.clone()))
+                .collect();
+            (parts, more)
+        };
+        let device = me.ctx.device();
+        let mut on_device = Vec::with_capacity(parts.len());
+        for (i, (t, event)) in parts.into_iter().enumerate() {
+            if i > 0 {
+                me.ctx.wait(&event)?;
+            }
+            on_device.push(t.f_to_device(device)?);
+        }
+        let combined = match op {
+            Op::Gather | Op::GatherCounted => Tensor::f_cat(&on_device, 0)?,
+            Op::Max => fold(on_device, |a, b| a.f_maximum(b))?,
+            Op::Sum | Op::Scatter => fold(on_device, |a, b| a.f_add(b))?,
+        };
+        Ok((combined.f_reshape([-1])?, more))
     }
 
     fn publish(&self, result: Exchanged) {
