@@ -1,7 +1,8 @@
 //! `--head-parallel` on ranks simulated by threads: the data-parallel trajectory within rounding
 //! (every step's loss, the final weights, the evaluation), on an even and an uneven split of
 //! the head, with and without label smoothing; evaluation of the same weights identical to
-//! the data-parallel one; checkpoints that resume bitwise and refuse another layout.
+//! the data-parallel one; checkpoints that resume bitwise, that ddl-export writes whole, that a
+//! data-parallel run of the same layout continues, and that refuse another layout.
 
 mod common;
 
@@ -146,7 +147,36 @@ fn checkpoints_resume_bitwise_and_only_on_their_layout() {
     let mut first = cfg.clone();
     first.checkpoint_dir = Some(ckpt.clone());
     first.max_steps = Some(4);
-    run(&first, 2, tmp.path(), "first");
+    let stopped = run(&first, 2, tmp.path(), "first");
+    // The checkpoint holds the whole head: ddl-export writes it as a data-parallel one.
+    let exported = tmp.path().join("stopped.safetensors");
+    let step4 = ckpt.join(ddl_trainer::checkpoint::file_name(4));
+    ddl_trainer::export::export_checkpoint(&step4, &exported, None).unwrap();
+    let (dict, _) = file::read(&exported).unwrap();
+    for name in ["fc.weight", "fc.bias"] {
+        let dumped = &stopped.weights.iter().find(|(n, _)| n == name).unwrap().1;
+        assert!(
+            dict.f32_values(name).as_ref() == Some(dumped),
+            "{name} exported"
+        );
+    }
+    // The same layout may switch the split off: a warning, not a refusal.
+    let mut plain = first.clone();
+    plain.head_parallel = false;
+    plain.resume = true;
+    plain.max_steps = Some(6);
+    plain.checkpoint_dir = Some(tmp.path().join("ckpt-plain"));
+    copy_dir(&ckpt, plain.checkpoint_dir.as_ref().unwrap());
+    let summary = common::run_ranks(&plain, 2);
+    assert_eq!(summary.steps_run, 2);
+    assert!(
+        summary
+            .warnings
+            .iter()
+            .any(|w| w.starts_with("--head-parallel true (this run: false)")),
+        "{:?}",
+        summary.warnings
+    );
     let mut second = first.clone();
     second.max_steps = None;
     second.resume = true;
@@ -188,5 +218,14 @@ fn a_split_that_leaves_a_replica_without_classes_is_refused() {
             }
             other => panic!("expected a refusal, got {:?}", other.map(|_| ())),
         }
+    }
+}
+
+/// Copies the files of `from` into a new directory `to`.
+fn copy_dir(from: &Path, to: &Path) {
+    std::fs::create_dir_all(to).unwrap();
+    for entry in std::fs::read_dir(from).unwrap() {
+        let entry = entry.unwrap();
+        std::fs::copy(entry.path(), to.join(entry.file_name())).unwrap();
     }
 }
