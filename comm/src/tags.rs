@@ -60,8 +60,12 @@ pub const CONTROL: TagRange = TagRange::after(RHD, "control plane", 2);
 /// ddl-bench's ping-pong (ping, pong).
 pub const PINGPONG: TagRange = TagRange::after(CONTROL, "ping-pong", 2);
 
+/// The allreduce call check: every rank's element count and type, sent to every other rank
+/// before a call's first message ([`Transport::allgather_u64`](crate::Transport::allgather_u64)).
+pub const CALL_CHECK: TagRange = TagRange::after(PINGPONG, "allreduce call check", 1);
+
 /// Every range of the registry, in tag order.
-pub const ALL: [TagRange; 5] = [RING, MULTICOLOR, RHD, CONTROL, PINGPONG];
+pub const ALL: [TagRange; 6] = [RING, MULTICOLOR, RHD, CONTROL, PINGPONG, CALL_CHECK];
 
 #[cfg(test)]
 mod tests {

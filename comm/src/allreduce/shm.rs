@@ -33,6 +33,7 @@
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::time::Instant;
 
+use super::signature::{agree, Signature};
 use super::util::part;
 use super::Element;
 use crate::cores;
@@ -81,6 +82,12 @@ enum Counter {
 
 /// Bytes of the counter lines at the start of every segment.
 const COUNTER_BYTES: usize = 2 * LINE;
+
+/// Where a call's [`Signature`] lies on the line of the `Announced` counter: one word per
+/// slot parity of the call's first chunk, after the counter. Published with the counter, it
+/// reaches the other ranks in the cache line they wait on anyway: the call check costs no
+/// extra synchronisation.
+const SIGNATURE_OFFSET: usize = 8;
 
 /// The shared-memory allreduce of one group: the region and how far this rank has got.
 pub(crate) struct ShmAllreduce {
@@ -211,6 +218,47 @@ impl ShmAllreduce {
         }
     }
 
+    /// Rank `q`'s signature word for the call whose first chunk is `j`.
+    fn signature(&self, q: usize, j: u64) -> &AtomicU64 {
+        let at = Counter::Announced as usize * LINE + SIGNATURE_OFFSET + 8 * (j % 2) as usize;
+        // SAFETY: within the first half of the counter's line, zero-initialised, only
+        // accessed atomically.
+        unsafe { &*self.region.segment(q).add(at).cast::<AtomicU64>() }
+    }
+
+    /// Every rank's call whose first chunk is `j`, once all have announced it: `Ok` when they
+    /// agree with `mine`. A rank rewrites this word only for chunk j + 2, which it starts
+    /// after every rank announced j + 1, that is after every rank read it.
+    fn agree_at(&self, t: &dyn Transport, j: u64) -> Result<()> {
+        let word = |q: usize| self.signature(q, j).load(Ordering::Relaxed);
+        let mine = word(t.rank());
+        if (0..t.size()).all(|q| word(q) == mine) {
+            return Ok(());
+        }
+        let calls: Option<Vec<Signature>> = (0..t.size())
+            .map(|q| Signature::from_word(word(q)))
+            .collect();
+        match calls {
+            Some(calls) => agree(t.rank(), calls),
+            None => Err(CommError::InvalidArgument(format!(
+                "shm allreduce on rank {}: a rank announced chunk {j} without its call",
+                t.rank()
+            ))),
+        }
+    }
+
+    /// The call check alone, for a call that runs another algorithm or has no elements
+    /// (`auto` and empty buffers): one chunk's announcement, with no data.
+    pub(crate) fn check(&mut self, t: &dyn Transport, mine: Signature) -> Result<()> {
+        let j = self.chunks_started;
+        self.chunks_started += 1;
+        self.signature(t.rank(), j)
+            .store(mine.to_word(), Ordering::Relaxed);
+        self.publish(t.rank(), Counter::Announced, j + 1);
+        self.wait_all(t, Counter::Announced, j + 1)?;
+        self.agree_at(t, j)
+    }
+
     /// How many ranks sleep on counter `c` of rank `q` (the line's second half).
     fn sleepers(&self, q: usize, c: Counter) -> &AtomicU32 {
         // SAFETY: the second half of the counter's line, zero-initialised, only accessed
@@ -292,20 +340,25 @@ impl ShmAllreduce {
         }
     }
 
-    /// Sums `buf` over all ranks of `t` in place (divided by the rank count with `average`).
-    /// Every rank must call it with the same length.
+    /// Sums `buf` over all ranks of `t` in place (divided by the rank count with `average`),
+    /// after checking that every rank passed the same element count and type.
     pub(crate) fn allreduce<T: Element>(
         &mut self,
         t: &dyn Transport,
         buf: &mut [T],
         average: bool,
     ) -> Result<()> {
+        let mine = Signature::new(T::DTYPE, buf.len());
+        if buf.is_empty() {
+            return self.check(t, mine);
+        }
         let mode = if std::mem::size_of_val(buf) <= WHOLE_BYTES {
             Mode::Whole
         } else {
             Mode::Parts
         };
-        self.run(t, buf, mode, average.then_some(t.size() as f32), None)
+        let scale = average.then_some(t.size() as f32);
+        self.run(t, buf, mode, scale, Some(mine), None)
     }
 
     /// The node stage of the hierarchical allreduce: sums `buf` over the ranks of `t` (one
@@ -326,11 +379,12 @@ impl ShmAllreduce {
         } else {
             Mode::Parts
         };
-        self.run(t, buf, mode, scale, Some(across))
+        self.run(t, buf, mode, scale, None, Some(across))
     }
 
     /// Runs the chunks of `buf` through the region (see [`Mode`]): summed over the ranks,
-    /// through `across` if given, divided by `scale` if given.
+    /// through `across` if given, divided by `scale` if given. With `check`, the first chunk
+    /// carries this rank's call and nothing is summed unless all ranks' agree.
     ///
     /// Chunk j uses slot j % 2. A rank consumes what chunk j put in the slots (the inputs it
     /// sums, the others' sums it copies out) before it announces chunk j + 2, and rewrites
@@ -343,6 +397,7 @@ impl ShmAllreduce {
         buf: &mut [T],
         mode: Mode,
         scale: Option<f32>,
+        mut check: Option<Signature>,
         mut across: Option<&mut AcrossNodes<'_>>,
     ) -> Result<()> {
         let (p, me) = (t.size(), t.rank());
@@ -351,6 +406,10 @@ impl ShmAllreduce {
         for chunk in buf.chunks_mut(chunk_elems) {
             let j = self.chunks_started;
             self.chunks_started += 1;
+            if let Some(mine) = check {
+                self.signature(me, j)
+                    .store(mine.to_word(), Ordering::Relaxed);
+            }
             let slot = (j % SLOTS as u64) as usize;
             let len = chunk.len();
             // Whole: every rank needs all of the chunk, which it copies once. Otherwise the
@@ -379,6 +438,9 @@ impl ShmAllreduce {
                 self.copy_out(mode, p, me, j - 1, prev);
             }
             self.wait_all(t, Counter::Announced, j + 1)?;
+            if check.take().is_some() {
+                self.agree_at(t, j)?;
+            }
             let out = chunk.as_mut_ptr();
             let mut inputs = std::mem::take(&mut self.inputs);
             inputs.clear();
