@@ -30,6 +30,7 @@ use crate::table::{BatchIter, EvalSums, Table, TableConfig};
 use crate::validate;
 
 mod checkpoints;
+pub mod dir_lock;
 mod plan;
 mod weights_io;
 
@@ -317,10 +318,12 @@ impl Run<'_> {
 
     fn go(mut self) -> Result<TrainSummary> {
         let (mut epoch, mut step, mut global) = (0u64, 0u64, 0u64);
-        self.claim_checkpoint_dir()?;
+        // Held until the run ends: no other run may use the directory meanwhile.
+        let dir_lock = self.claim_checkpoint_dir()?;
         let mut resumed = false;
         if self.cfg.resume {
-            if let Some((e, s, g)) = self.resume()? {
+            let created = dir_lock.as_ref().is_some_and(|l| l.created);
+            if let Some((e, s, g)) = self.resume(created)? {
                 (epoch, step, global) = (e, s, g);
                 resumed = true;
             }
