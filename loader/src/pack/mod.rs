@@ -72,6 +72,10 @@ pub struct PackOptions {
     pub synsets: Option<PathBuf>,
     /// Drop classes with fewer usable inputs than this (0 keeps all).
     pub min_per_class: u64,
+    /// Keep a class without usable training inputs (an empty folder, a class only in val) as
+    /// a class with no training records; otherwise such a class is an error
+    /// ([`LoaderError::EmptyClasses`]), since leaving it out would relabel every class after it.
+    pub keep_empty_classes: bool,
     /// Carve a validation split out of an input that has none.
     pub val_split: Option<ValSplit>,
     /// Number of nodes the shards are assigned to in the manifest (shard `s` -> node `s % P`).
@@ -103,6 +107,7 @@ impl PackOptions {
             classes: None,
             synsets: None,
             min_per_class: 0,
+            keep_empty_classes: false,
             val_split: None,
             nodes: 1,
             threads: 0,
@@ -412,6 +417,7 @@ pub fn pack(opts: &PackOptions, progress: &dyn PackProgress) -> Result<PackRepor
         classes: opts.classes.clone(),
         synsets: opts.synsets.clone(),
         min_per_class: opts.min_per_class,
+        keep_empty_classes: opts.keep_empty_classes,
     };
     let mut inputs = pool.install(|| discover(&opts.input, &sopts))?;
     let val_split = match &opts.val_split {
