@@ -113,7 +113,7 @@ pub struct Args {
     pub threads: usize,
 
     /// Fail (after writing the report) when more than this fraction of inputs is skipped.
-    #[arg(long, default_value_t = 0.001)]
+    #[arg(long, default_value_t = pack::DEFAULT_MAX_SKIP_FRACTION)]
     pub max_skip_fraction: f64,
 }
 

@@ -91,6 +91,10 @@ pub struct PackOptions {
     pub force: bool,
 }
 
+/// The share of skipped inputs above which a pack fails by default: one in 1,000 (ImageNet's
+/// few damaged files, not a broken input).
+pub const DEFAULT_MAX_SKIP_FRACTION: f64 = 0.001;
+
 impl PackOptions {
     /// Options with the documented defaults: 1 GiB shards, shorter side 256, quality 90,
     /// one node, all cores, 0.001 skip fraction, no `--force`.
@@ -111,7 +115,7 @@ impl PackOptions {
             val_split: None,
             nodes: 1,
             threads: 0,
-            max_skip_fraction: 0.001,
+            max_skip_fraction: DEFAULT_MAX_SKIP_FRACTION,
             force: false,
         }
     }
