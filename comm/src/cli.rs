@@ -1,6 +1,21 @@
 //! What every ddl binary does the same way at its edges (all of them link ddl-comm): ending
-//! quietly when the reader of its output goes away, and writing an error with its causes on
-//! one line, each cause once.
+//! quietly when the reader of its output goes away, writing a line to stderr in one piece, and
+//! writing an error with its causes on one line, each cause once.
+
+use std::io::Write;
+
+/// Writes `text` to stderr in one piece: Rust's stderr is unbuffered, so `eprintln!` issues one
+/// `write` per formatted fragment, and the ranks of a job share one terminal (or one pipe to
+/// `mpirun`), where a line printed piece by piece interleaves with other ranks' lines.
+pub fn write_stderr(text: &str) {
+    // Nothing sensible is left to do when stderr itself fails.
+    let _ = std::io::stderr().lock().write_all(text.as_bytes());
+}
+
+/// Writes `line` and a newline to stderr in one piece ([`write_stderr`]).
+pub fn stderr_line(line: &str) {
+    write_stderr(&format!("{line}\n"));
+}
 
 /// Restores SIGPIPE's default action, so that a binary whose reader closed the pipe
 /// (`ddl-predict ... | head`) ends on its next write without a word, as C tools do. Rust

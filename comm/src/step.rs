@@ -1,5 +1,5 @@
 //! The collectives of one training step across the ranks, data-parallel or with the classifier
-//! head split by class over the replicas of the job (`ddl-train --head-parallel`, the hybrid of
+//! head split by class over the replicas of the job (ddl-train's head-parallel mode, the hybrid of
 //! Das et al. 2016 and Intel's MLSL): the calls, the bytes a rank sends with the ring
 //! algorithms, and their time under a [`CostModel`], as `ddl-plan` and `ddl-bench sim` print
 //! them.

@@ -88,6 +88,15 @@ pub fn scaled_dim(dim: u32, denom: u32) -> u32 {
     dim.div_ceil(denom)
 }
 
+/// The strongest DCT-domain reduction, as the denominator of 1/8, 1/4 or 1/2 (1: none), for
+/// which `fits(denominator)` holds: libjpeg-turbo then skips most of the IDCT work and the
+/// resampler has less to do. Only these three factors have SIMD IDCTs in libjpeg-turbo; the
+/// other n/8 factors run plain-C IDCTs that are slower than a full SIMD decode (measured with
+/// perf on ddl-pack). The one choice for the packer and the loader.
+pub fn dct_denominator(fits: impl Fn(u32) -> bool) -> u32 {
+    [8u32, 4, 2].into_iter().find(|&d| fits(d)).unwrap_or(1)
+}
+
 /// Plans the decode of the source-pixel crop `[left, top, width, height]` of an image with
 /// header `h`, to be resized to `out` (width, height) pixels.
 ///
@@ -99,15 +108,12 @@ pub fn plan(h: &JpegHeader, crop: [f64; 4], out: (u32, u32), mode: DecodeMode) -
     let [left, top, width, height] = crop;
     let denom = match mode {
         DecodeMode::Full => 1,
-        DecodeMode::Scaled | DecodeMode::Region => [8u32, 4, 2]
-            .into_iter()
-            .find(|&d| {
-                width / d as f64 >= out.0 as f64
-                    && height / d as f64 >= out.1 as f64
-                    && h.width >= d
-                    && h.height >= d
-            })
-            .unwrap_or(1),
+        DecodeMode::Scaled | DecodeMode::Region => dct_denominator(|d| {
+            width / d as f64 >= out.0 as f64
+                && height / d as f64 >= out.1 as f64
+                && h.width >= d
+                && h.height >= d
+        }),
     };
     let sw = scaled_dim(h.width, denom);
     let sh = scaled_dim(h.height, denom);

@@ -178,9 +178,10 @@ pub enum LoaderError {
 
     /// Too many inputs were skipped; the report lists them.
     #[error(
-        "{path}: skipped {skipped} of {inputs} inputs, more than --max-skip-fraction {max} allows; \
-         the report lists every skipped file. The shards are kept: rerun with a higher \
-         --max-skip-fraction to accept them and write manifest.json without redoing any work",
+        "{path}: skipped {skipped} of {inputs} inputs, more than the limit of {max} \
+         (max_skip_fraction) allows; the report lists every skipped file. The shards are kept: \
+         rerun with a higher limit to accept them and write manifest.json without redoing any \
+         work",
         path = .path.display()
     )]
     SkipFraction {
@@ -196,14 +197,26 @@ pub enum LoaderError {
 
     /// The packer's output directory holds files this pack did not write (another dataset,
     /// unrelated files); nothing was written or removed.
-    #[error("{path}: {what}: {hint}", path = .path.display())]
+    #[error(
+        "{path}: {}",
+        .conflict.describe(&crate::pack::PackSpec::in_words, "the force option"),
+        path = .path.display()
+    )]
     OutputInUse {
         /// The output directory.
         path: PathBuf,
-        /// What is there.
-        what: String,
-        /// What to do about it.
-        hint: String,
+        /// What is there and what to do.
+        conflict: Box<crate::pack::OutputConflict>,
+    },
+
+    /// A packer option's value is unusable, or the input needs an option that was not given.
+    #[error("{path}: {source}", path = .path.display())]
+    Option {
+        /// The file or directory the option concerns.
+        path: PathBuf,
+        /// Which option and why.
+        #[source]
+        source: crate::pack::OptionError,
     },
 
     /// The packer's input is unusable (unknown layout, missing labels, bad class list, ...).
@@ -258,8 +271,8 @@ pub enum LoaderError {
     /// A mapped shard changed on disk while this process used it.
     #[error(
         "{path}: shard changed while this job had it mapped: {reason}. Shards must stay \
-         read-only while a job uses them: restore the file (ddl-pack --verify checks it) and \
-         resume from the last checkpoint",
+         read-only while a job uses them: restore the file (ddl-pack's verification checks \
+         it) and resume from the last checkpoint",
         path = .path.display()
     )]
     ShardChanged {

@@ -90,7 +90,8 @@ fn report(addr: usize) {
                     out,
                     " at byte {}: the file was truncated or rewritten while this process had \
                      it mapped. Shards must stay read-only while a job uses them: restore the \
-                     file (ddl-pack --verify checks it) and resume from the last checkpoint.",
+                     file (ddl-pack's verification checks it) and resume from the last \
+                     checkpoint.",
                     addr - x.start
                 );
             })

@@ -130,6 +130,18 @@ impl Header {
             data_len: u64_at(b, 40),
             index_crc32c: u32_at(b, 48),
         };
+        h.check_layout(path, file_len)?;
+        Ok(h)
+    }
+
+    /// Checks that the offsets are consistent with each other and with a file of `file_len`
+    /// bytes at `path`.
+    fn check_layout(&self, path: &Path, file_len: u64) -> Result<()> {
+        let h = self;
+        let corrupt = |reason: String| LoaderError::CorruptHeader {
+            path: path.to_path_buf(),
+            reason,
+        };
         if h.index_offset != INDEX_OFFSET {
             return Err(corrupt(format!(
                 "index_offset is {}, version 1 requires {INDEX_OFFSET}",
@@ -172,7 +184,7 @@ impl Header {
                 "file is {file_len} bytes but data_offset + data_len = {file_needed}: trailing bytes"
             )));
         }
-        Ok(h)
+        Ok(())
     }
 }
 

@@ -16,5 +16,6 @@ pub mod pipeline;
 pub mod sampler;
 pub mod shard;
 pub mod transform;
+pub mod units;
 
 pub use error::{LoaderError, Result};

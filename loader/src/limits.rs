@@ -1,9 +1,10 @@
 //! The limits of the settings a user gives the pipeline (batch, image size, decode workers,
 //! prefetch depth, eval resize) and the memory check of its batch buffers: one definition for
 //! ddl-train, ddl-prof and the Python binding, checked before anything is allocated. Errors
-//! carry the typed [`Setting`]; each caller names it its own way (`--workers`, `workers=`).
+//! carry the typed [`Setting`]; each caller names it its own way (a flag, a keyword argument).
 
 use crate::pipeline::Output;
+use crate::units::gib;
 
 /// A setting of the pipeline that callers take from their users.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -172,10 +173,6 @@ impl LimitError {
     }
 }
 
-fn gib(bytes: u64) -> f64 {
-    bytes as f64 / f64::from(1u32 << 30)
-}
-
 /// Checks every setting against its limits.
 pub fn check(s: &Settings) -> Result<(), LimitError> {
     let at_least = |setting, value: u64, min: u64| {
@@ -219,10 +216,23 @@ pub fn check(s: &Settings) -> Result<(), LimitError> {
     Ok(())
 }
 
-/// Bytes of one process's batch buffers: `replicas x (prefetch + 1) + min(workers, 2)`
-/// buffers (see [`crate::pipeline`]) of `batch x 3 x size x size` values.
+/// Batch buffers in flight: at most two batches are being filled at once, whatever the worker
+/// count.
+fn in_flight(workers: usize) -> usize {
+    workers.min(2)
+}
+
+/// How many batch buffers one pipeline allocates: `replicas x (prefetch + 1)` queued or held
+/// by the consumer, and [`in_flight`] being filled (see [`crate::pipeline`]). The pipeline
+/// allocates this many and the memory check counts this many.
+pub fn batch_buffers(replicas: usize, prefetch: usize, workers: usize) -> usize {
+    replicas * (prefetch + 1) + in_flight(workers)
+}
+
+/// Bytes of one process's batch buffers: [`batch_buffers`] of `batch x 3 x size x size`
+/// values.
 pub fn batch_bytes(s: &Settings, replicas: usize, output: Output) -> u64 {
-    let buffers = (replicas * (s.prefetch + 1) + s.workers.min(2)) as u64;
+    let buffers = batch_buffers(replicas, s.prefetch, s.workers) as u64;
     let side = u64::from(s.image_size);
     buffers
         .saturating_mul(s.batch as u64)
@@ -262,7 +272,7 @@ pub fn check_memory(s: &Settings, b: Buffers, available: Option<u64>) -> Result<
         ranks_on_node: b.ranks_on_node,
         replicas: b.replicas,
         prefetch: s.prefetch,
-        in_flight: s.workers.min(2),
+        in_flight: in_flight(s.workers),
         batch: s.batch,
         image_size: s.image_size,
         bytes_per_value: bytes_per_value(b.output),

@@ -435,7 +435,7 @@ impl Pipeline {
                         LoaderError::InvalidConfig(format!("pipeline: thread pool: {e}"))
                     })?;
                 let free = unbounded::<Buffers>();
-                for _ in 0..replicas * (cfg.prefetch + 1) + cfg.workers.min(2) {
+                for _ in 0..crate::limits::batch_buffers(replicas, cfg.prefetch, cfg.workers) {
                     let _ = free.0.send(Buffers::new(cfg.output, batch, image_len));
                 }
                 (Arc::new(pool), free)

@@ -10,7 +10,10 @@ use std::path::Path;
 
 use ddl_loader::manifest::Manifest;
 use ddl_loader::pack::convert::ConvertOptions;
-use ddl_loader::pack::{self, NoProgress, PackOptions, PackReport, ShardCount};
+use ddl_loader::pack::split::{ValRule, ValSplit};
+use ddl_loader::pack::{
+    self, NoProgress, OutputConflict, PackOption, PackOptions, PackReport, PackedBy, ShardCount,
+};
 use ddl_loader::shard::ShardReader;
 use ddl_loader::LoaderError;
 use turbojpeg::{Colorspace, Image, PixelFormat, Subsamp};
@@ -435,10 +438,12 @@ fn flat_val_with_devkit_and_synsets() {
         text.as_bytes(),
     );
     let out = root.join("out");
-    let e = pack::pack(&opts(&input, &out), &NoProgress)
-        .unwrap_err()
-        .to_string();
-    assert!(e.contains("--synsets"), "{e}");
+    let e = pack::pack(&opts(&input, &out), &NoProgress).unwrap_err();
+    assert!(
+        matches!(&e, LoaderError::Option { source, .. }
+            if source.option == PackOption::Synsets && source.value.is_none()),
+        "{e}"
+    );
     let mut o = opts(&input, &out);
     o.synsets = Some(synsets);
     o.shards = ShardCount::Count(1);
@@ -667,13 +672,22 @@ fn the_packer_removes_or_replaces_only_files_it_wrote() {
     let before = snapshot(&out);
     let mut other = opts(&other_input, &out);
     other.shards = ShardCount::Count(2);
-    let e = pack::pack(&other, &NoProgress).unwrap_err().to_string();
+    let e = pack::pack(&other, &NoProgress).unwrap_err();
+    let LoaderError::OutputInUse { conflict, .. } = &e else {
+        panic!("{e}")
+    };
+    assert!(
+        matches!(&**conflict, OutputConflict::Occupied { occupant, .. }
+            if occupant.unrelated.contains(&"notes.txt".to_string())),
+        "{e}"
+    );
+    let e = e.to_string();
     assert!(
         e.contains(out.to_str().unwrap())
             && e.contains("another ddl dataset")
             && e.contains("manifest.json")
             && e.contains("notes.txt")
-            && e.contains("--force"),
+            && e.contains("force"),
         "{e}"
     );
     assert_eq!(snapshot(&out), before);
@@ -800,8 +814,14 @@ fn max_short_side_has_a_floor() {
     clean_tree(&input);
     let mut o = opts(&input, &root.join("out"));
     o.convert.max_short_side = 1;
-    let e = pack::pack(&o, &NoProgress).unwrap_err().to_string();
-    assert!(e.contains("--max-short-side 1") && e.contains("16"), "{e}");
+    let e = pack::pack(&o, &NoProgress).unwrap_err();
+    assert!(
+        matches!(&e, LoaderError::Option { source, .. }
+            if source.option == PackOption::MaxShortSide
+                && source.value.as_deref() == Some("1")
+                && source.problem.contains("16")),
+        "{e}"
+    );
     assert!(!root.join("out").exists());
 }
 
@@ -910,6 +930,112 @@ fn a_class_without_training_images_is_refused_or_kept_as_asked() {
     let e = pack::pack(&opts(&input, &root.join("out-val-only")), &NoProgress).unwrap_err();
     assert!(
         matches!(&e, LoaderError::EmptyClasses { classes, .. } if classes == &["n02000002"]),
+        "{e}"
+    );
+}
+
+/// Where the identity-v1 fixture's input lay when ddl-pack at 959e01e packed it (v1 hashed the
+/// canonical input path; see tests/data/pack-v1/NOTE.md).
+const V1_ROOT: &str = "/tmp/ddl-pack-identity-v1";
+
+/// Copies the directory `from` to `to` (created), files and folders.
+fn copy_tree(from: &Path, to: &Path) {
+    std::fs::create_dir_all(to).unwrap();
+    for e in std::fs::read_dir(from).unwrap() {
+        let e = e.unwrap();
+        if e.file_type().unwrap().is_dir() {
+            copy_tree(&e.path(), &to.join(e.file_name()));
+        } else {
+            std::fs::copy(e.path(), to.join(e.file_name())).unwrap();
+        }
+    }
+}
+
+/// The options `ddl-pack` at 959e01e was given for the fixture's `out-a` and `out-b`.
+fn v1_options(root: &Path, out: &Path, which: &str) -> PackOptions {
+    let mut o = PackOptions::new(root.join("in"), out);
+    o.threads = 2;
+    if which == "out-a" {
+        o.shards = ShardCount::Count(2);
+        o.convert.max_short_side = 16;
+        o.convert.quality = 85;
+        o.min_per_class = 1;
+        o.val_split = Some(ValSplit {
+            rule: ValRule::PerClass(1),
+            seed: 3,
+        });
+    } else {
+        o.shards = ShardCount::Size(1 << 20);
+        o.convert.reencode = true;
+        o.classes = Some(root.join("classes.txt"));
+        o.keep_empty_classes = true;
+        o.val_split = Some(ValSplit {
+            rule: ValRule::Fraction(0.5),
+            seed: 0,
+        });
+        o.nodes = 2;
+    }
+    o
+}
+
+/// The pack fingerprint a directory's resume state records.
+fn state_fingerprint(out: &Path) -> String {
+    let text = std::fs::read(out.join(pack::STATE_FILE)).unwrap();
+    let v: serde_json::Value = serde_json::from_slice(&text).unwrap();
+    v["pack"].as_str().unwrap().to_string()
+}
+
+#[test]
+fn a_pack_written_by_identity_v1_is_resumed_as_the_same_pack() {
+    use fs4::fs_std::FileExt;
+    let fixture = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/pack-v1");
+    let root = Path::new(V1_ROOT);
+    std::fs::create_dir_all(root).unwrap();
+    let lock = std::fs::File::create(root.join(".lock")).unwrap();
+    lock.lock_exclusive().unwrap();
+    let _ = std::fs::remove_dir_all(root.join("in"));
+    copy_tree(&fixture.join("in"), &root.join("in"));
+    std::fs::copy(fixture.join("classes.txt"), root.join("classes.txt")).unwrap();
+    let tmp = ddl_testkit::scratch("pack-v1");
+    for which in ["out-a", "out-b"] {
+        let out = tmp.path().join(which);
+        copy_tree(&fixture.join(which), &out);
+        let v1 = state_fingerprint(&out);
+        let shards_before: BTreeMap<String, Vec<u8>> = snapshot(&out)
+            .into_iter()
+            .filter(|(n, _)| n.ends_with(".ddl"))
+            .collect();
+        let o = v1_options(root, &out, which);
+        // Recognised: every shard kept, none rewritten, and the state now carries identity v2.
+        let rep = run(&o);
+        for (split, s) in &rep.splits {
+            assert_eq!(s.shards_kept, s.shards, "{which} {split}: every shard kept");
+        }
+        let after = snapshot(&out);
+        for (name, bytes) in &shards_before {
+            assert_eq!(&after[name], bytes, "{which} {name} unchanged");
+        }
+        let v2 = state_fingerprint(&out);
+        assert_ne!(v2, v1, "{which}: the state is rewritten with identity v2");
+        let rep = run(&o);
+        assert!(rep.splits.values().all(|s| s.shards_kept == s.shards));
+        assert_eq!(state_fingerprint(&out), v2);
+        assert!(pack::verify(&out).unwrap().problems.is_empty());
+    }
+    // Other options are another pack, named in the words the v1 state recorded.
+    let out = tmp.path().join("other");
+    copy_tree(&fixture.join("out-a"), &out);
+    let mut o = v1_options(root, &out, "out-a");
+    o.convert.quality = 80;
+    let e = pack::pack(&o, &NoProgress).unwrap_err();
+    let LoaderError::OutputInUse { conflict, .. } = &e else {
+        panic!("{e}")
+    };
+    assert!(
+        matches!(&**conflict, OutputConflict::Occupied { occupant, .. }
+            if matches!(&occupant.packed_by, Some(PackedBy::Words(w))
+                if w.ends_with("--quality 85 --nodes 1 --min-per-class 1 --val-per-class 1 \
+                                --val-seed 3"))),
         "{e}"
     );
 }

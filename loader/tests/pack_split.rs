@@ -11,7 +11,9 @@ use std::path::{Path, PathBuf};
 use ddl_loader::manifest::Manifest;
 use ddl_loader::pack::convert::ConvertOptions;
 use ddl_loader::pack::split::{ValRule, ValSplit};
-use ddl_loader::pack::{self, NoProgress, PackOptions, PackReport, ShardCount};
+use ddl_loader::pack::{
+    self, NoProgress, OutputConflict, PackOption, PackOptions, PackReport, PackedBy, ShardCount,
+};
 use ddl_loader::shard::ShardReader;
 use ddl_loader::LoaderError;
 
@@ -221,22 +223,23 @@ fn a_split_is_refused_where_the_input_has_one_or_the_value_is_bad() {
         std::fs::write(d.join("a.JPEG"), ddl_testkit::jpeg(20, 20, 1)).unwrap();
     }
     let out = tmp.path().join("out");
-    let e = pack::pack(&opts(&input, &out, ValRule::PerClass(1)), &NoProgress)
-        .unwrap_err()
-        .to_string();
+    let e = pack::pack(&opts(&input, &out, ValRule::PerClass(1)), &NoProgress).unwrap_err();
     assert!(
-        e.contains("--val-per-class") && e.contains("this input has one"),
+        matches!(&e, LoaderError::Option { source, .. }
+            if source.option == PackOption::ValPerClass
+                && source.problem.contains("this input has one")),
         "{e}"
     );
-    for (rule, flag) in [
-        (ValRule::Fraction(0.0), "--val-fraction"),
-        (ValRule::Fraction(1.0), "--val-fraction"),
-        (ValRule::PerClass(0), "--val-per-class"),
+    for (rule, option) in [
+        (ValRule::Fraction(0.0), PackOption::ValFraction),
+        (ValRule::Fraction(1.0), PackOption::ValFraction),
+        (ValRule::PerClass(0), PackOption::ValPerClass),
     ] {
-        let e = pack::pack(&opts(&input, &out, rule), &NoProgress)
-            .unwrap_err()
-            .to_string();
-        assert!(e.contains(flag), "{rule:?}: {e}");
+        let e = pack::pack(&opts(&input, &out, rule), &NoProgress).unwrap_err();
+        assert!(
+            matches!(&e, LoaderError::Option { source, .. } if source.option == option),
+            "{rule:?}: {e}"
+        );
     }
     assert!(!out.exists(), "nothing written for a refused pack");
     // An input file that is not a tar.
@@ -272,18 +275,27 @@ fn a_rerun_resumes_and_other_split_flags_are_another_pack() {
     assert_eq!(rep.val_split, first.val_split);
     assert_eq!(splits_of(&out, &members), want);
 
-    // Another fraction or seed is another pack: refused, naming the flags it was packed with.
+    // Another fraction or seed is another pack: refused, naming the options of both packs.
     o.val_split = Some(ValSplit {
         rule: ValRule::Fraction(0.5),
         seed: 7,
     });
     let e = pack::pack(&o, &NoProgress).unwrap_err();
-    assert!(matches!(e, LoaderError::OutputInUse { .. }), "{e}");
-    let e = e.to_string();
-    assert!(
-        e.contains("--val-fraction 0.25 --val-seed 7") && e.contains("--val-fraction 0.5"),
-        "{e}"
-    );
+    let LoaderError::OutputInUse { conflict, .. } = &e else {
+        panic!("{e}")
+    };
+    let OutputConflict::Occupied {
+        occupant,
+        this_pack,
+    } = &**conflict
+    else {
+        panic!("{e}")
+    };
+    let Some(PackedBy::Options(first)) = &occupant.packed_by else {
+        panic!("{e}")
+    };
+    assert_eq!(first.val_split.unwrap().rule, ValRule::Fraction(0.25));
+    assert_eq!(this_pack.val_split, o.val_split);
     o.force = true;
     let rep = run(&o);
     assert_eq!(rep.val_split.unwrap().fraction, Some(0.5));

@@ -189,23 +189,7 @@ fn allreduce_of<T: Element + Default>(
     let mut reference = vec![T::default(); max_elems];
     let mpi = Allreducer::with_model(t.clone(), Algorithm::Mpi, topo, opts.model.clone())?;
     if rank == 0 && !json {
-        writeln!(
-            out,
-            "# ddl-bench allreduce: {p} ranks ({} node(s) x {}), warmup {}, iters {}; time = mean of back-to-back calls on the slowest rank",
-            topo.nodes, topo.ranks_per_node, opts.warmup, opts.iters
-        )?;
-        if opts.predict {
-            writeln!(out, "# cost model: {}", opts.model.source)?;
-        }
-        write!(
-            out,
-            "# {:>12} {:>12} {:>11} {:>12} {:>12} {:>12} {:>8}",
-            "algo", "size(B)", "count", "time(us)", "algbw(GB/s)", "busbw(GB/s)", "correct"
-        )?;
-        if opts.predict {
-            write!(out, " {:>12} {:>10}", "pred(us)", "meas/pred")?;
-        }
-        writeln!(out)?;
+        write_header(out, opts, p, topo)?;
     }
     let reducers = opts
         .algos
@@ -222,21 +206,8 @@ fn allreduce_of<T: Element + Default>(
     for (salt, &bytes) in sizes.iter().enumerate() {
         for (algo, ar) in opts.algos.iter().zip(&reducers) {
             let n = bytes / size;
-            // Correctness against MPI_Allreduce.
-            let check = &mut buf[..n];
-            fill(check, rank, salt);
-            let refv = &mut reference[..n];
-            fill(refv, rank, salt);
-            mpi.allreduce(refv, false)?;
-            ar.allreduce(check, false)?;
-            let bad = check
-                .iter()
-                .zip(refv.iter())
-                .filter(|(a, b)| a.to_f32().to_bits() != b.to_f32().to_bits())
-                .count();
-            let mut flags = [bad.min(1) as f32];
-            mpi.allreduce_f32(&mut flags, false)?;
-            let correct = flags[0] == 0.0;
+            let correct =
+                agrees_with_mpi(&mpi, ar, &mut buf[..n], &mut reference[..n], rank, salt)?;
             let calls = calls_for(bytes, opts.iters);
             let time = mean_call_time(&*t, ar, &mut buf[..n], opts.warmup, calls)?;
             if rank != 0 {
@@ -259,33 +230,90 @@ fn allreduce_of<T: Element + Default>(
                 predicted_us: predicted.map(|t| t * 1e6),
                 ratio: predicted.map(|t| time / t),
             };
-            if json {
-                writeln!(out, "{}", serde_json::to_string(&row)?)?;
-            } else {
-                write!(
-                    out,
-                    "  {:>12} {:>12} {:>11} {:>12.1} {:>12.3} {:>12.3} {:>8}",
-                    row.algo,
-                    bytes,
-                    n,
-                    row.time_us,
-                    algbw,
-                    busbw,
-                    if correct { "yes" } else { "NO" }
-                )?;
-                if let (Some(pred), Some(ratio)) = (row.predicted_us, row.ratio) {
-                    write!(out, " {pred:>12.1} {ratio:>10.2}")?;
-                }
-                if let Some(r) = &row.resolved {
-                    write!(out, "  (auto ran {r})")?;
-                }
-                writeln!(out)?;
-            }
-            out.flush()?;
+            write_row(out, &row, n, json)?;
             rows.push(row);
         }
     }
     Ok(rows)
+}
+
+/// The table's title and column heads.
+fn write_header(
+    out: &mut dyn Write,
+    opts: &AllreduceOpts,
+    p: usize,
+    topo: ddl_comm::Topology,
+) -> Result<()> {
+    writeln!(
+        out,
+        "# ddl-bench allreduce: {p} ranks ({} node(s) x {}), warmup {}, iters {}; time = mean of back-to-back calls on the slowest rank",
+        topo.nodes, topo.ranks_per_node, opts.warmup, opts.iters
+    )?;
+    if opts.predict {
+        writeln!(out, "# cost model: {}", opts.model.source)?;
+    }
+    write!(
+        out,
+        "# {:>12} {:>12} {:>11} {:>12} {:>12} {:>12} {:>8}",
+        "algo", "size(B)", "count", "time(us)", "algbw(GB/s)", "busbw(GB/s)", "correct"
+    )?;
+    if opts.predict {
+        write!(out, " {:>12} {:>10}", "pred(us)", "meas/pred")?;
+    }
+    writeln!(out)?;
+    Ok(())
+}
+
+/// Whether `ar` gives every rank the bits `MPI_Allreduce` gives, on inputs that depend on the
+/// rank and `salt` (`check` and `reference`: buffers of the message's length).
+fn agrees_with_mpi<T: Element>(
+    mpi: &Allreducer,
+    ar: &Allreducer,
+    check: &mut [T],
+    reference: &mut [T],
+    rank: usize,
+    salt: usize,
+) -> Result<bool> {
+    fill(check, rank, salt);
+    fill(reference, rank, salt);
+    mpi.allreduce(reference, false)?;
+    ar.allreduce(check, false)?;
+    let bad = check
+        .iter()
+        .zip(reference.iter())
+        .filter(|(a, b)| a.to_f32().to_bits() != b.to_f32().to_bits())
+        .count();
+    let mut flags = [bad.min(1) as f32];
+    mpi.allreduce_f32(&mut flags, false)?;
+    Ok(flags[0] == 0.0)
+}
+
+/// One measured row as a JSON line or a table row (`n`: elements).
+fn write_row(out: &mut dyn Write, row: &AllreduceRow, n: usize, json: bool) -> Result<()> {
+    if json {
+        writeln!(out, "{}", serde_json::to_string(row)?)?;
+    } else {
+        write!(
+            out,
+            "  {:>12} {:>12} {:>11} {:>12.1} {:>12.3} {:>12.3} {:>8}",
+            row.algo,
+            row.bytes,
+            n,
+            row.time_us,
+            row.algbw_gbps,
+            row.busbw_gbps,
+            if row.correct { "yes" } else { "NO" }
+        )?;
+        if let (Some(pred), Some(ratio)) = (row.predicted_us, row.ratio) {
+            write!(out, " {pred:>12.1} {ratio:>10.2}")?;
+        }
+        if let Some(r) = &row.resolved {
+            write!(out, "  (auto ran {r})")?;
+        }
+        writeln!(out)?;
+    }
+    out.flush()?;
+    Ok(())
 }
 
 /// The models `ddl-bench sim --model` knows, as listed in its errors.

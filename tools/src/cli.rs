@@ -26,17 +26,7 @@ pub fn launcher_rank() -> Option<usize> {
         .find_map(|v| std::env::var(v).ok()?.parse().ok())
 }
 
-/// Writes `text` to stderr in one piece (Rust's stderr is unbuffered: `eprintln!` issues one
-/// `write` per formatted fragment, which other ranks' output can split).
-pub fn write_stderr(text: &str) {
-    // Nothing sensible is left to do when stderr itself fails.
-    let _ = std::io::stderr().lock().write_all(text.as_bytes());
-}
-
-/// Writes `line` and a newline to stderr in one piece.
-pub fn stderr_line(line: &str) {
-    write_stderr(&format!("{line}\n"));
-}
+pub use ddl_comm::cli::{stderr_line, write_stderr};
 
 /// `rank N: ` under an MPI launcher, empty otherwise.
 fn rank_prefix() -> String {

@@ -300,3 +300,33 @@ fn an_outer_tar_file_is_an_input_and_the_split_is_printed() {
     );
     assert!(t.contains("6 inputs to val, 14 to train"), "{t}");
 }
+
+#[test]
+fn a_rerun_with_other_flags_is_refused_naming_both_packs_flags() {
+    let tmp = scratch("pack-cli-other-flags");
+    tree(&tmp.path().join("in"));
+    let with_quality = |q: &str| {
+        let dir = tmp.path();
+        let (i, o) = (dir.join("in"), dir.join("out"));
+        let args = [
+            i.to_str().unwrap(),
+            "-o",
+            o.to_str().unwrap(),
+            "--shards",
+            "1",
+        ];
+        pack(&[&args[..], &["--quality", q]].concat())
+    };
+    let r = with_quality("90");
+    assert!(r.status.success(), "{}", text(&r));
+    let r = with_quality("80");
+    assert_eq!(r.status.code(), Some(1), "{}", text(&r));
+    let err = String::from_utf8_lossy(&r.stderr);
+    assert!(
+        err.contains("packed from")
+            && err.contains("--shards 1 --max-short-side 256 --quality 90 --nodes 1")
+            && err.contains("--shards 1 --max-short-side 256 --quality 80 --nodes 1")
+            && err.contains("pass --force"),
+        "{err}"
+    );
+}

@@ -155,7 +155,7 @@ impl From<crate::weights::WeightsError> for TrainError {
 
 /// `bytes` in MiB for messages.
 fn mib(bytes: u64) -> String {
-    format!("{:.1} MiB", bytes as f64 / f64::from(1u32 << 20))
+    format!("{:.1} MiB", ddl_loader::units::mib(bytes))
 }
 
 impl TrainError {

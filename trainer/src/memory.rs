@@ -13,6 +13,7 @@
 use std::fmt::Write;
 
 use ddl_comm::step::{crossover_batch, HeadExchange, Step};
+use ddl_loader::units::{mb, mib};
 
 use crate::config::Overlap;
 use crate::table::{Layout, ALIGN};
@@ -52,10 +53,6 @@ pub struct PlanFor<'a> {
     pub replicas: usize,
 }
 
-fn mb(bytes: u64) -> f64 {
-    bytes as f64 / 1e6
-}
-
 /// The plan as text: parameter count (and the head's share), one line per bucket in reduction
 /// order, and the bytes of model state per replica and per rank.
 pub fn describe(layout: &Layout, plan: &PlanFor<'_>) -> String {
@@ -89,7 +86,7 @@ pub fn describe(layout: &Layout, plan: &PlanFor<'_>) -> String {
         out,
         "buckets (overlap {}, {:.1} MiB): {}, largest {:.1} MB ({})",
         plan.overlap.name(),
-        plan.bucket_bytes as f64 / f64::from(1u32 << 20),
+        mib(plan.bucket_bytes as u64),
         layout.buckets.len(),
         mb(largest.len as u64 * 4),
         layout.params[largest.params[0]].name

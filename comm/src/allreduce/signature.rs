@@ -36,7 +36,7 @@ pub enum Dtype {
 }
 
 impl Dtype {
-    /// The name users see (as `ddl-bench --dtype` spells it).
+    /// The name users see (as the command lines spell the element type).
     pub fn name(self) -> &'static str {
         match self {
             Dtype::F32 => "f32",

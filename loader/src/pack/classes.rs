@@ -1,5 +1,5 @@
 //! Which classes a pack keeps, in which label order: every class found (sorted by wnid), or
-//! the `--classes FILE` list in its order; then `--min-per-class N` drops the classes with
+//! the class list's order ([`super::PackOptions::classes`]); then a minimum per class drops those with
 //! fewer than N usable inputs. A class found with no usable training input at all (an empty
 //! folder, a class only in val) is an error unless the caller keeps it as a class without
 //! records or drops it by a minimum: left out silently, it would relabel every later class.
@@ -9,14 +9,15 @@
 //! of an input without one), that is, its files or tar members with an image file name. A
 //! member that later fails to decode still counts (labels must be fixed before the first shard
 //! is written, so that a resumed pack plans the same shards). With a held-out split
-//! (`--val-fraction`, `--val-per-class`) the count is taken before the split is carved.
+//! ([`super::PackOptions::val_split`]) the count is taken before the split is carved.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
 
+use super::options::{OptionError, PackOption};
 use crate::error::{LoaderError, Result};
 
-/// The classes kept, in label order, and those `--min-per-class` dropped.
+/// The classes kept, in label order, and those the minimum per class dropped.
 #[derive(Debug, Default)]
 pub(crate) struct Selection {
     /// Kept wnids in label order.
@@ -25,7 +26,7 @@ pub(crate) struct Selection {
     pub dropped: BTreeMap<String, u64>,
 }
 
-/// Checks a `--classes` list read from `path`: not empty, no wnid twice.
+/// Checks a class list read from `path`: not empty, no wnid twice.
 pub(crate) fn check_list(path: &Path, list: &[String]) -> Result<()> {
     let mut seen = BTreeSet::new();
     for w in list {
@@ -63,9 +64,9 @@ pub(crate) fn check_none_empty(input: &Path, counts: &BTreeMap<String, u64>) -> 
     })
 }
 
-/// Chooses the classes: `listed` (from `--classes`) in its order, or else every wnid of
+/// Chooses the classes: `listed` (the class list) in its order, or else every wnid of
 /// `counts` in sorted order; then drops those with fewer than `min` usable inputs (`counts`:
-/// usable inputs by wnid). Fails, naming `input` and the flag, when no class is left.
+/// usable inputs by wnid). Fails, naming `input` and the option, when no class is left.
 pub(crate) fn select(
     input: &Path,
     listed: Option<Vec<String>>,
@@ -83,11 +84,15 @@ pub(crate) fn select(
         }
     }
     if sel.classes.is_empty() {
-        return Err(LoaderError::Input {
+        return Err(LoaderError::Option {
             path: input.to_path_buf(),
-            reason: format!(
-                "--min-per-class {min} drops every class: the largest has {} usable inputs",
-                counts.values().max().copied().unwrap_or(0)
+            source: OptionError::new(
+                PackOption::MinPerClass,
+                min,
+                format!(
+                    "drops every class: the largest has {} usable inputs",
+                    counts.values().max().copied().unwrap_or(0)
+                ),
             ),
         });
     }
@@ -112,7 +117,12 @@ mod tests {
         let s = select(p, Some(listed), &counts, 1).unwrap();
         assert_eq!(s.classes, ["c", "b", "a"]);
         assert_eq!(s.dropped, BTreeMap::from([("z".to_string(), 0)]));
-        let e = select(p, None, &counts, 10).unwrap_err().to_string();
-        assert!(e.contains("--min-per-class 10") && e.contains("9"), "{e}");
+        let e = select(p, None, &counts, 10).unwrap_err();
+        let LoaderError::Option { source, .. } = &e else {
+            panic!("{e}")
+        };
+        assert_eq!(source.option, PackOption::MinPerClass);
+        assert_eq!(source.value.as_deref(), Some("10"));
+        assert!(source.problem.contains('9'), "{e}");
     }
 }

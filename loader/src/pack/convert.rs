@@ -6,6 +6,8 @@
 
 use std::cell::RefCell;
 
+use crate::decode::{dct_denominator, scaled_dim};
+
 use fast_image_resize as fr;
 use fr::pixels::U8x3;
 use turbojpeg::{Colorspace, Decompressor, Image, PixelFormat, ScalingFactor, Subsamp};
@@ -240,21 +242,15 @@ struct Rgb {
     full: (u32, u32),
 }
 
-/// The strongest DCT-domain reduction (1/8, 1/4 or 1/2) that keeps the decoded shorter side at
-/// or above `max_short` (0 = no limit): libjpeg-turbo then skips most of the IDCT work and the
-/// resampler has less to do, with the same Catmull-Rom filter. Only these three factors have SIMD
-/// IDCTs in libjpeg-turbo; the other n/8 factors run plain-C IDCTs that are slower than a full
-/// SIMD decode (measured with perf on ddl-pack).
+/// The DCT-domain reduction ([`dct_denominator`]) that keeps the decoded shorter side at or
+/// above `max_short` (0 = no limit), with the same Catmull-Rom filter after it.
 fn dct_scale(width: usize, height: usize, max_short: u32) -> ScalingFactor {
     let short = width.min(height);
     if max_short == 0 || short <= max_short as usize {
         return ScalingFactor::ONE;
     }
-    [1, 2, 4]
-        .into_iter()
-        .map(|n| ScalingFactor::new(n, 8))
-        .find(|f| f.scale(short) >= max_short as usize)
-        .unwrap_or(ScalingFactor::ONE)
+    let d = dct_denominator(|d| scaled_dim(short as u32, d) >= max_short);
+    ScalingFactor::new(8 / d as usize, 8)
 }
 
 /// Decodes a 1- or 3-component JPEG to RGB with libjpeg-turbo, reduced by `scale` in the DCT
@@ -535,6 +531,15 @@ fn convert_with(c: &mut Codecs, bytes: &[u8], opts: &ConvertOptions) -> Result<C
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn dct_scale_is_the_strongest_that_keeps_the_short_side() {
+        assert_eq!(dct_scale(1000, 800, 256), ScalingFactor::new(4, 8));
+        assert_eq!(dct_scale(4000, 2100, 256), ScalingFactor::new(1, 8));
+        assert_eq!(dct_scale(2400, 1200, 256), ScalingFactor::new(2, 8));
+        assert_eq!(dct_scale(300, 200, 256), ScalingFactor::ONE);
+        assert_eq!(dct_scale(1000, 800, 0), ScalingFactor::ONE);
+    }
 
     #[test]
     fn target_sizes() {

@@ -10,16 +10,18 @@
 //! anything, [`claim`] sorts the directory's entries into this pack's files, files of another
 //! ddl pack (named in that pack's state or manifest, a valid shard, a ddl temporary file) and
 //! unrelated files, and refuses a directory that holds another dataset or unrelated files
-//! unless `--force`. With `--force` the files of another ddl pack whose names this pack writes
-//! are taken over (and then listed in the new state); unrelated files are never touched, and
-//! nothing this pack does not write over is removed.
+//! unless forced ([`super::PackOptions::force`]). Forced, the files of another ddl pack whose
+//! names this pack writes are taken over (and then listed in the new state); unrelated files
+//! are never touched, and nothing this pack does not write over is removed.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
 
 use serde::{Deserialize, Serialize};
 
-use super::{parse_shard_name, Fnv, PackOptions, ShardCount, REPORT_FILE, SPLITS, STATE_FILE};
+use super::identity::{Identity, PackSpec};
+use super::plan::parse_shard_name;
+use super::{REPORT_FILE, SPLITS, STATE_FILE};
 use crate::error::{LoaderError, Result};
 use crate::manifest::{write_atomic, Manifest, MANIFEST_FILE};
 use crate::shard::ShardReader;
@@ -46,14 +48,18 @@ pub(crate) struct DoneShard {
 }
 
 /// `.pack-state.json`.
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub(crate) struct PackState {
     pub version: u32,
-    /// [`Identity::fingerprint`] of the pack that owns the directory.
+    /// [`Identity::fingerprint`] of the pack that owns the directory (v1 in a state written
+    /// before identity v2).
     #[serde(default)]
     pub pack: String,
-    /// [`Identity::describe`] of that pack, for messages.
-    #[serde(default)]
+    /// The option values of that pack, for messages (identity v2).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub options: Option<PackSpec>,
+    /// That pack in the words of its flags (identity v1 only).
+    #[serde(default, skip_serializing_if = "String::is_empty")]
     pub describe: String,
     /// Every file name the pack writes or may have partially written.
     #[serde(default)]
@@ -67,77 +73,6 @@ impl PackState {
     fn owns(&self, name: &str) -> bool {
         self.written
             .contains(name.strip_suffix(".tmp").unwrap_or(name))
-    }
-}
-
-/// What makes two runs the same pack: the input directory and every parameter that changes the
-/// shards (not threads or the skip limit).
-pub(crate) struct Identity {
-    /// Stable fingerprint of all of it.
-    pub fingerprint: String,
-    /// The same in words.
-    pub describe: String,
-}
-
-impl Identity {
-    /// The identity of a pack with `opts` (the input must exist: [`super::source::discover`]
-    /// has checked it).
-    pub fn of(opts: &PackOptions) -> Identity {
-        let input = opts
-            .input
-            .canonicalize()
-            .unwrap_or_else(|_| opts.input.clone());
-        let mut h = Fnv::new();
-        h.bytes(b"ddl-pack identity v1");
-        h.bytes(input.as_os_str().as_encoded_bytes());
-        let shards = match opts.shards {
-            ShardCount::Count(n) => format!("--shards {n}"),
-            ShardCount::Size(b) => format!("--shard-size {b}B"),
-        };
-        h.bytes(shards.as_bytes());
-        h.bytes(&opts.convert.max_short_side.to_le_bytes());
-        h.bytes(&[opts.convert.quality, u8::from(opts.convert.reencode)]);
-        h.bytes(&(opts.nodes as u64).to_le_bytes());
-        for list in [&opts.classes, &opts.synsets] {
-            // The lists' content shapes the labels; a file that cannot be read was refused by
-            // discovery already.
-            let text = list.as_ref().and_then(|p| std::fs::read(p).ok());
-            h.bytes(text.as_deref().unwrap_or(b"-"));
-        }
-        // Hashed only when given, so that packs without them keep their earlier identity.
-        let mut selection = String::new();
-        if opts.min_per_class > 0 {
-            selection.push_str(&format!(" --min-per-class {}", opts.min_per_class));
-        }
-        if opts.keep_empty_classes {
-            selection.push_str(" --keep-empty-classes");
-        }
-        if let Some(vs) = &opts.val_split {
-            selection.push_str(&format!(" {}", vs.describe()));
-        }
-        if !selection.is_empty() {
-            h.bytes(selection.as_bytes());
-        }
-        let mut describe = format!(
-            "{} with {shards} --max-short-side {} --quality {}{} --nodes {}",
-            input.display(),
-            opts.convert.max_short_side,
-            opts.convert.quality,
-            if opts.convert.reencode {
-                " --reencode"
-            } else {
-                ""
-            },
-            opts.nodes
-        );
-        if let Some(c) = &opts.classes {
-            describe.push_str(&format!(" --classes {}", c.display()));
-        }
-        describe.push_str(&selection);
-        Identity {
-            fingerprint: format!("{:016x}", h.0),
-            describe,
-        }
     }
 }
 
@@ -258,141 +193,193 @@ fn survey(out: &Path, found: Option<&PackState>, ours: bool) -> Result<Vec<(Stri
     Ok(out_entries)
 }
 
-/// What is in `out` besides this pack's files, in words (for the refusal).
-fn describe_foreign(out: &Path, found: Option<&PackState>, foreign: &[(String, Owner)]) -> String {
-    let ddl: Vec<String> = foreign
-        .iter()
-        .filter(|(_, o)| *o == Owner::OtherPack)
-        .map(|(n, _)| n.clone())
-        .collect();
-    let other: Vec<String> = foreign
-        .iter()
-        .filter(|(_, o)| *o == Owner::Unrelated)
-        .map(|(n, _)| n.clone())
-        .collect();
-    let mut parts = Vec::new();
-    if !ddl.is_empty() {
-        let mut s = String::from("another ddl dataset");
-        if let Ok(m) = Manifest::load(out) {
-            let shards: usize = m.splits.values().map(|s| s.shards.len()).sum();
-            s.push_str(&format!(
-                " (manifest.json: {} classes, {shards} shards)",
-                m.classes.len()
-            ));
-        }
-        match found {
-            Some(st) if !st.describe.is_empty() => {
-                s.push_str(&format!(", packed from {}", st.describe))
-            }
-            Some(_) => s.push_str(", packed by an older ddl-pack"),
-            None => {}
-        }
-        s.push_str(&format!(": {} file(s): {}", ddl.len(), show(&ddl)));
-        parts.push(s);
-    }
-    if !other.is_empty() {
-        parts.push(format!(
-            "{} file(s) ddl-pack did not write: {}",
-            other.len(),
-            show(&other)
-        ));
-    }
-    parts.join("; and ")
+/// Who packed the other ddl pack found in an output directory, as far as its state says.
+#[derive(Clone, Debug, PartialEq)]
+pub enum PackedBy {
+    /// A state of identity v2: its option values.
+    Options(PackSpec),
+    /// A state of identity v1: its flags in words, as that build wrote them.
+    Words(String),
+    /// A state that records neither (an older state layout).
+    OlderPacker,
 }
 
-/// Decides what this pack may do in `out` before anything is written there (see the module
-/// documentation), saves the state that lists the planned `shards` (and the manifest and
-/// report), and removes what that state allows: temporary files of listed names, listed shards
-/// the plan no longer has, and the manifest (which must not describe shards about to change).
-pub(crate) fn claim(out: &Path, id: &Identity, shards: &[String], force: bool) -> Result<Claim> {
-    let planned: BTreeSet<String> = shards
-        .iter()
-        .cloned()
-        .chain([MANIFEST_FILE.to_string(), REPORT_FILE.to_string()])
-        .collect();
-    if out.exists() && !out.is_dir() {
-        return Err(LoaderError::Input {
-            path: out.to_path_buf(),
-            reason: "the output exists and is not a directory; choose a directory".into(),
-        });
+/// What an output directory holds besides this pack's files.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Occupant {
+    /// Files of another ddl pack.
+    pub other_pack: Vec<String>,
+    /// Classes and shards of the manifest found, if one parses.
+    pub manifest: Option<(usize, usize)>,
+    /// Who packed them, if a state of another pack was found.
+    pub packed_by: Option<PackedBy>,
+    /// Files ddl-pack did not write.
+    pub unrelated: Vec<String>,
+}
+
+impl Occupant {
+    /// In words, writing a pack's options with `spec` (library words or a command line's flags).
+    pub fn describe(&self, spec: &dyn Fn(&PackSpec) -> String) -> String {
+        let mut parts = Vec::new();
+        if !self.other_pack.is_empty() {
+            let mut s = String::from("another ddl dataset");
+            if let Some((classes, shards)) = self.manifest {
+                s.push_str(&format!(
+                    " (manifest.json: {classes} classes, {shards} shards)"
+                ));
+            }
+            match &self.packed_by {
+                Some(PackedBy::Options(o)) => s.push_str(&format!(", packed from {}", spec(o))),
+                Some(PackedBy::Words(w)) => s.push_str(&format!(", packed from {w}")),
+                Some(PackedBy::OlderPacker) => s.push_str(", packed by an older ddl-pack"),
+                None => {}
+            }
+            let n = self.other_pack.len();
+            s.push_str(&format!(": {n} file(s): {}", show(&self.other_pack)));
+            parts.push(s);
+        }
+        if !self.unrelated.is_empty() {
+            parts.push(format!(
+                "{} file(s) ddl-pack did not write: {}",
+                self.unrelated.len(),
+                show(&self.unrelated)
+            ));
+        }
+        parts.join("; and ")
     }
-    std::fs::create_dir_all(out).map_err(|e| LoaderError::io("create directory", out, e))?;
-    let found = load_state(out);
-    let ours = found
-        .as_ref()
-        .is_some_and(|s| s.version == STATE_VERSION && s.pack == id.fingerprint);
-    let owners = survey(out, found.as_ref(), ours)?;
+}
+
+/// Why the packer refuses an output directory (nothing was written or removed).
+#[derive(Clone, Debug, PartialEq)]
+pub enum OutputConflict {
+    /// A file ddl-pack cannot tell is its own stands where this pack writes: refused even when
+    /// forced.
+    InTheWay {
+        /// Its name.
+        name: String,
+    },
+    /// The directory holds another pack's files or unrelated files, and the pack was not
+    /// forced.
+    Occupied {
+        /// What is there.
+        occupant: Box<Occupant>,
+        /// The pack that was refused.
+        this_pack: Box<PackSpec>,
+    },
+}
+
+impl OutputConflict {
+    /// The refusal and what to do, writing a pack's options with `spec` and the way to force
+    /// a pack as `force` (library words or a command line's flags).
+    pub fn describe(&self, spec: &dyn Fn(&PackSpec) -> String, force: &str) -> String {
+        match self {
+            OutputConflict::InTheWay { name } => format!(
+                "{name} is in the way: this pack writes that name, and ddl-pack cannot tell it \
+                 is a file of its own: move it away or choose another output directory \
+                 (ddl-pack never replaces a file it did not write, even with {force})"
+            ),
+            OutputConflict::Occupied {
+                occupant,
+                this_pack,
+            } => format!(
+                "holds {}: choose an empty or new output directory, or pass {force} to replace \
+                 the files of the other ddl pack that this pack writes ({}); files ddl-pack \
+                 did not write are never touched",
+                occupant.describe(spec),
+                spec(this_pack)
+            ),
+        }
+    }
+}
+
+/// What is in `out` besides this pack's files (for the refusal).
+fn occupant(out: &Path, found: Option<&PackState>, foreign: &[(String, Owner)]) -> Occupant {
+    let named = |owner: Owner| -> Vec<String> {
+        foreign
+            .iter()
+            .filter(|(_, o)| *o == owner)
+            .map(|(n, _)| n.clone())
+            .collect()
+    };
+    let manifest = Manifest::load(out).ok().map(|m| {
+        let shards: usize = m.splits.values().map(|s| s.shards.len()).sum();
+        (m.classes.len(), shards)
+    });
+    let packed_by = found.map(|st| match (&st.options, st.describe.is_empty()) {
+        (Some(o), _) => PackedBy::Options(o.clone()),
+        (None, false) => PackedBy::Words(st.describe.clone()),
+        (None, true) => PackedBy::OlderPacker,
+    });
+    Occupant {
+        other_pack: named(Owner::OtherPack),
+        manifest,
+        packed_by,
+        unrelated: named(Owner::Unrelated),
+    }
+}
+
+/// The refusal of `out`, if this pack may not write there: a file in the way of a name it
+/// writes (even when forced), or unforced, another pack's files it would write over (its own
+/// directory) or anything at all (any other directory).
+fn refusal(
+    out: &Path,
+    id: &Identity,
+    found: Option<&PackState>,
+    ours: bool,
+    owners: &[(String, Owner)],
+    planned: &BTreeSet<String>,
+    force: bool,
+) -> Option<LoaderError> {
     let foreign: Vec<(String, Owner)> = owners
         .iter()
         .filter(|(_, o)| *o != Owner::ThisPack)
         .cloned()
         .collect();
     let collides = |name: &str| planned.contains(name.strip_suffix(".tmp").unwrap_or(name));
-    if let Some((name, _)) = foreign
+    let conflict = if let Some((name, _)) = foreign
         .iter()
         .find(|(n, o)| *o == Owner::Unrelated && (collides(n) || n == STATE_FILE))
     {
-        return Err(LoaderError::OutputInUse {
-            path: out.to_path_buf(),
-            what: format!(
-                "{name} is in the way: this pack writes that name, and ddl-pack cannot tell \
-                 it is a file of its own"
-            ),
-            hint: "move it away or choose another output directory (ddl-pack never \
-                   replaces a file it did not write, even with --force)"
-                .into(),
-        });
-    }
-    // A directory of this pack may hold other files (left alone) unless this pack would write
-    // over one of another ddl pack; any other directory must be empty.
-    let refuse = if ours {
-        foreign
-            .iter()
-            .any(|(n, o)| *o == Owner::OtherPack && collides(n))
+        OutputConflict::InTheWay { name: name.clone() }
     } else {
-        !foreign.is_empty()
+        // A directory of this pack may hold other files (left alone) unless this pack would
+        // write over one of another ddl pack; any other directory must be empty.
+        let refuse = if ours {
+            foreign
+                .iter()
+                .any(|(n, o)| *o == Owner::OtherPack && collides(n))
+        } else {
+            !foreign.is_empty()
+        };
+        if !refuse || force {
+            return None;
+        }
+        OutputConflict::Occupied {
+            occupant: Box::new(occupant(out, found.filter(|_| !ours), &foreign)),
+            this_pack: Box::new(id.spec.clone()),
+        }
     };
-    if refuse && !force {
-        return Err(LoaderError::OutputInUse {
-            path: out.to_path_buf(),
-            what: format!(
-                "holds {}",
-                describe_foreign(out, found.as_ref().filter(|_| !ours), &foreign)
-            ),
-            hint: format!(
-                "choose an empty or new output directory, or pass --force to replace the \
-                 files of the other ddl pack that this pack writes ({}); files ddl-pack did \
-                 not write are never touched",
-                id.describe
-            ),
-        });
-    }
-    let mut state = match found {
-        Some(s) if ours => s,
-        _ => PackState {
-            version: STATE_VERSION,
-            pack: id.fingerprint.clone(),
-            describe: id.describe.clone(),
-            written: BTreeSet::new(),
-            shards: BTreeMap::new(),
-        },
-    };
-    // Taken over (with --force): the other pack's files that this pack writes over.
-    state.written.extend(planned.iter().cloned());
-    save_state(out, &state)?;
+    Some(LoaderError::OutputInUse {
+        path: out.to_path_buf(),
+        conflict: Box::new(conflict),
+    })
+}
 
-    let manifest = out.join(MANIFEST_FILE);
-    if manifest.exists() {
-        remove(&manifest)?;
-    }
+/// Removes what `state` allows of `owners` (temporary files of listed names, listed shards the
+/// plan no longer has) and returns the entries this pack did not write, which stay.
+fn clean(
+    out: &Path,
+    state: &mut PackState,
+    owners: &[(String, Owner)],
+    planned: &BTreeSet<String>,
+) -> Result<Vec<String>> {
     let mut left = Vec::new();
     let mut gone = Vec::new();
-    for (name, owner) in &owners {
+    for (name, owner) in owners {
         if name == STATE_FILE {
             continue;
         }
-        let listed = state.owns(name);
-        if !listed {
+        if !state.owns(name) {
             if *owner != Owner::ThisPack {
                 left.push(name.clone());
             }
@@ -411,8 +398,56 @@ pub(crate) fn claim(out: &Path, id: &Identity, shards: &[String], force: bool) -
             state.written.remove(g);
             state.shards.remove(g);
         }
-        save_state(out, &state)?;
+        save_state(out, state)?;
     }
+    Ok(left)
+}
+
+/// Decides what this pack may do in `out` before anything is written there (see the module
+/// documentation), saves the state that lists the planned `shards` (and the manifest and
+/// report), and removes what that state allows: temporary files of listed names, listed shards
+/// the plan no longer has, and the manifest (which must not describe shards about to change).
+/// A state of this pack under its v1 fingerprint is continued and rewritten as v2.
+pub(crate) fn claim(out: &Path, id: &Identity, shards: &[String], force: bool) -> Result<Claim> {
+    let planned: BTreeSet<String> = shards
+        .iter()
+        .cloned()
+        .chain([MANIFEST_FILE.to_string(), REPORT_FILE.to_string()])
+        .collect();
+    if out.exists() && !out.is_dir() {
+        return Err(LoaderError::Input {
+            path: out.to_path_buf(),
+            reason: "the output exists and is not a directory; choose a directory".into(),
+        });
+    }
+    std::fs::create_dir_all(out).map_err(|e| LoaderError::io("create directory", out, e))?;
+    let found = load_state(out);
+    let ours = found
+        .as_ref()
+        .is_some_and(|s| s.version == STATE_VERSION && id.recognises(&s.pack));
+    let owners = survey(out, found.as_ref(), ours)?;
+    if let Some(e) = refusal(out, id, found.as_ref(), ours, &owners, &planned, force) {
+        return Err(e);
+    }
+    let mut state = match found {
+        Some(s) if ours => s,
+        _ => PackState {
+            version: STATE_VERSION,
+            ..PackState::default()
+        },
+    };
+    state.pack = id.fingerprint.clone();
+    state.options = Some(id.spec.clone());
+    state.describe.clear();
+    // Taken over (when forced): the other pack's files that this pack writes over.
+    state.written.extend(planned.iter().cloned());
+    save_state(out, &state)?;
+
+    let manifest = out.join(MANIFEST_FILE);
+    if manifest.exists() {
+        remove(&manifest)?;
+    }
+    let left = clean(out, &mut state, &owners, &planned)?;
     Ok(Claim { state, left })
 }
 

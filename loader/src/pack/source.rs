@@ -16,6 +16,7 @@ use std::path::{Path, PathBuf};
 use rayon::prelude::*;
 
 use super::classes;
+use super::options::{OptionError, PackOption};
 use crate::error::{LoaderError, Result};
 
 /// File name extensions (lower case) taken as images; other files are counted as ignored.
@@ -85,9 +86,9 @@ pub struct Inputs {
     pub archives: Vec<PathBuf>,
     /// How each split was found (for the report).
     pub layouts: BTreeMap<String, String>,
-    /// Inputs of classes left out by `--classes`, by wnid.
+    /// Inputs of classes left out by the class list, by wnid.
     pub ignored_classes: BTreeMap<String, u64>,
-    /// Classes dropped by `--min-per-class`, with their usable input counts.
+    /// Classes dropped by the minimum per class, with their usable input counts.
     pub dropped_classes: BTreeMap<String, u64>,
     /// Files that are not images by their extension (and validation images without a label),
     /// with the reason.
@@ -550,14 +551,26 @@ fn trailing_number(stem: &str) -> Option<u64> {
     stem[stem.len() - digits..].parse().ok()
 }
 
-/// Scans a flat validation folder, labelling files from the CSV or the devkit file.
-fn scan_flat_val(
-    input: &Path,
-    val: &Path,
-    files: Vec<Entry>,
-    opts: &SourceOptions,
-    scan: &mut Scan,
-) -> Result<(Vec<Found>, String)> {
+/// How the images of a flat validation folder are labelled.
+enum ValLabels {
+    /// `LOC_val_solution.csv`: image id -> wnid.
+    Csv(HashMap<String, String>),
+    /// The devkit ground truth read through the synset list: image number -> wnid.
+    Devkit(HashMap<u64, String>),
+}
+
+impl ValLabels {
+    /// The wnid of the validation image with file stem `stem`, if labelled.
+    fn wnid(&self, stem: &str) -> Option<String> {
+        match self {
+            ValLabels::Csv(m) => m.get(stem).cloned(),
+            ValLabels::Devkit(m) => trailing_number(stem).and_then(|k| m.get(&k).cloned()),
+        }
+    }
+}
+
+/// Finds and reads the labels of the flat validation folder `val`, with the layout in words.
+fn val_labels(input: &Path, val: &Path, opts: &SourceOptions) -> Result<(ValLabels, String)> {
     // Where label files may sit: val/, the input root, and up to three levels above it (the
     // Kaggle layout keeps LOC_val_solution.csv next to ILSVRC/ while the images are in
     // ILSVRC/Data/CLS-LOC/{train,val}).
@@ -576,41 +589,15 @@ fn scan_flat_val(
             .chain([input.join("ILSVRC2012_devkit_t12").join("data").join(name)])
             .find(|p| p.is_file())
     };
-    let csv = find("LOC_val_solution.csv");
-    let devkit = find("ILSVRC2012_validation_ground_truth.txt");
-    enum Labels {
-        Csv(HashMap<String, String>),
-        Devkit(HashMap<u64, String>),
+    if let Some(csv) = find("LOC_val_solution.csv") {
+        let layout = format!(
+            "flat folder {} labelled by {}",
+            val.display(),
+            csv.display()
+        );
+        return Ok((ValLabels::Csv(read_loc_csv(&csv)?), layout));
     }
-    let (labels, layout) = if let Some(csv) = csv {
-        let l = read_loc_csv(&csv)?;
-        (
-            Labels::Csv(l),
-            format!(
-                "flat folder {} labelled by {}",
-                val.display(),
-                csv.display()
-            ),
-        )
-    } else if let Some(dk) = devkit {
-        let Some(synsets) = &opts.synsets else {
-            return Err(input_err(
-                &dk,
-                "the devkit ground truth holds ILSVRC ids: pass --synsets FILE (one wnid per \
-                 line in ILSVRC id order) to map them to wnids",
-            ));
-        };
-        let l = read_devkit(&dk, synsets)?;
-        (
-            Labels::Devkit(l),
-            format!(
-                "flat folder {} labelled by {} via {}",
-                val.display(),
-                dk.display(),
-                synsets.display()
-            ),
-        )
-    } else {
+    let Some(dk) = find("ILSVRC2012_validation_ground_truth.txt") else {
         return Err(input_err(
             val,
             "holds image files but no class folders, and neither LOC_val_solution.csv nor \
@@ -618,6 +605,37 @@ fn scan_flat_val(
              or up to three levels above it",
         ));
     };
+    let Some(synsets) = &opts.synsets else {
+        return Err(LoaderError::Option {
+            path: dk,
+            source: OptionError {
+                option: PackOption::Synsets,
+                value: None,
+                problem: "is needed: the devkit ground truth holds ILSVRC ids; give the ILSVRC \
+                          synset list (FILE: one wnid per line in ILSVRC id order) to map them \
+                          to wnids"
+                    .into(),
+            },
+        });
+    };
+    let layout = format!(
+        "flat folder {} labelled by {} via {}",
+        val.display(),
+        dk.display(),
+        synsets.display()
+    );
+    Ok((ValLabels::Devkit(read_devkit(&dk, synsets)?), layout))
+}
+
+/// Scans a flat validation folder, labelling files from the CSV or the devkit file.
+fn scan_flat_val(
+    input: &Path,
+    val: &Path,
+    files: Vec<Entry>,
+    opts: &SourceOptions,
+    scan: &mut Scan,
+) -> Result<(Vec<Found>, String)> {
+    let (labels, layout) = val_labels(input, val, opts)?;
     let dir = scan.dirs.len() as u32;
     scan.dirs.push(val.to_path_buf());
     let mut found = Vec::new();
@@ -635,11 +653,7 @@ fn scan_flat_val(
             .file_stem()
             .and_then(|s| s.to_str())
             .unwrap_or(&e.name);
-        let wnid = match &labels {
-            Labels::Csv(m) => m.get(stem).cloned(),
-            Labels::Devkit(m) => trailing_number(stem).and_then(|k| m.get(&k).cloned()),
-        };
-        let Some(wnid) = wnid else {
+        let Some(wnid) = labels.wnid(stem) else {
             scan.ignored_files
                 .push((shown, "no label for this validation image".into()));
             continue;

@@ -1,15 +1,15 @@
-//! Holding out a validation split from an input that has none (`--val-fraction`,
-//! `--val-per-class`): ImageNet-22k ships one tar per synset and no validation set.
+//! Holding out a validation split from an input that has none ([`ValRule::Fraction`],
+//! [`ValRule::PerClass`]): ImageNet-22k ships one tar per synset and no validation set.
 //!
 //! Every training input gets a 64-bit key, [`key`]: FNV-1a 64 over the length-delimited seed
 //! (8 bytes, little-endian), the wnid and the input's file name (the last `/`-separated part of
 //! its name: a tar member's name inside its synset tar, a folder tree's file name), then the
 //! SplitMix64 finaliser. The key depends on nothing else — not the thread count, the order of
-//! the tars, `--shards`, the outer tar, nor any other synset — so:
+//! the tars, the shard count, the outer tar, nor any other synset — so:
 //!
-//! - `--val-fraction F`: an input is held out when `(key >> 11) / 2^53 < F`. Its split is a
+//! - a fraction F: an input is held out when `(key >> 11) / 2^53 < F`. Its split is a
 //!   function of (seed, wnid, file name) alone: adding synsets or images never moves another.
-//! - `--val-per-class N`: the N inputs of each class with the smallest keys (ties broken by
+//! - N per class: the N inputs of each class with the smallest keys (ties broken by
 //!   name) are held out, at most all but one, so every class keeps a training input. The choice
 //!   depends on the class's own inputs only (the same in any order); adding synsets moves
 //!   nothing in other classes.
@@ -20,8 +20,9 @@
 
 use serde::{Deserialize, Serialize};
 
+use super::fnv::Fnv;
+use super::options::{OptionError, PackOption};
 use super::source::{Inputs, Item};
-use super::Fnv;
 use crate::error::{LoaderError, Result};
 
 /// The key function, in words, as the manifest and the report record it.
@@ -29,7 +30,8 @@ pub const HASH: &str = "splitmix64_finalize(fnv1a64(seed as u64 little-endian, w
                         each field followed by its length as u64 little-endian))";
 
 /// Which inputs of a class go to the validation split.
-#[derive(Clone, Copy, Debug, PartialEq)]
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
 pub enum ValRule {
     /// Inputs whose key, as a fraction of 2^64, is below this (0 < F < 1).
     Fraction(f64),
@@ -38,7 +40,7 @@ pub enum ValRule {
 }
 
 /// A validation split carved from the training inputs.
-#[derive(Clone, Copy, Debug, PartialEq)]
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
 pub struct ValSplit {
     /// Which inputs.
     pub rule: ValRule,
@@ -47,32 +49,27 @@ pub struct ValSplit {
 }
 
 impl ValSplit {
-    /// The command-line flag that asked for this split.
-    pub fn flag(&self) -> &'static str {
-        match self.rule {
-            ValRule::Fraction(_) => "--val-fraction",
-            ValRule::PerClass(_) => "--val-per-class",
-        }
+    /// The option that asked for this split.
+    pub fn option(&self) -> PackOption {
+        PackOption::of_val_rule(&self.rule)
     }
 
-    /// The flags in words, e.g. `--val-fraction 0.05 --val-seed 0`.
-    pub fn describe(&self) -> String {
-        let value = match self.rule {
+    /// The rule's value as given (the fraction or the count).
+    pub fn value(&self) -> String {
+        match self.rule {
             ValRule::Fraction(f) => f.to_string(),
             ValRule::PerClass(n) => n.to_string(),
-        };
-        format!("{} {value} --val-seed {}", self.flag(), self.seed)
+        }
     }
 
     /// Checks the value: a fraction strictly between 0 and 1, a per-class count of at least 1.
-    pub fn validate(&self) -> std::result::Result<(), String> {
-        match self.rule {
-            ValRule::Fraction(f) if !(f > 0.0 && f < 1.0) => Err(format!(
-                "--val-fraction {f} must be strictly between 0 and 1"
-            )),
-            ValRule::PerClass(0) => Err("--val-per-class must be at least 1".into()),
-            _ => Ok(()),
-        }
+    pub fn validate(&self) -> std::result::Result<(), OptionError> {
+        let problem = match self.rule {
+            ValRule::Fraction(f) if !(f > 0.0 && f < 1.0) => "must be strictly between 0 and 1",
+            ValRule::PerClass(0) => "must be at least 1",
+            _ => return Ok(()),
+        };
+        Err(OptionError::new(self.option(), self.value(), problem))
     }
 }
 
@@ -81,13 +78,13 @@ impl ValSplit {
 pub struct ValSplitReport {
     /// "fraction" or "per-class".
     pub rule: String,
-    /// `--val-fraction`, for the rule "fraction".
+    /// The fraction, for the rule "fraction".
     #[serde(skip_serializing_if = "Option::is_none")]
     pub fraction: Option<f64>,
-    /// `--val-per-class`, for the rule "per-class".
+    /// The count, for the rule "per-class".
     #[serde(skip_serializing_if = "Option::is_none")]
     pub per_class: Option<u64>,
-    /// `--val-seed`.
+    /// The seed of the key.
     pub seed: u64,
     /// The key function ([`HASH`]).
     pub hash: String,
@@ -149,21 +146,23 @@ fn held_out(items: &[Item], wnid: &str, vs: &ValSplit) -> Vec<bool> {
 }
 
 /// Moves the held-out inputs of `inputs`' training split into a new "val" split; both stay in
-/// (label, name) order. Refused, naming the flag, when the input has a validation split of its
-/// own (`input` names the input in the error).
+/// (label, name) order. Refused, naming the option, when the input has a validation split of
+/// its own (`input` names the input in the error).
 pub(crate) fn carve(
     inputs: &mut Inputs,
     vs: &ValSplit,
     input: &std::path::Path,
 ) -> Result<ValSplitReport> {
     if let Some(layout) = inputs.layouts.get("val") {
-        return Err(LoaderError::Input {
+        return Err(LoaderError::Option {
             path: input.to_path_buf(),
-            reason: format!(
-                "{} carves a validation split from inputs that have none, but this input has \
-                 one ({layout}); drop {} to pack the input's own val split",
-                vs.flag(),
-                vs.flag()
+            source: OptionError::new(
+                vs.option(),
+                vs.value(),
+                format!(
+                    "carves a validation split from inputs that have none, but this input has \
+                     one ({layout}); leave it out to pack the input's own val split"
+                ),
             ),
         });
     }
@@ -207,7 +206,12 @@ pub(crate) fn carve(
     };
     inputs.layouts.insert(
         "val".into(),
-        format!("held out of the training inputs by {}", vs.describe()),
+        format!(
+            "held out of the training inputs by {} {}, seed {}",
+            report.rule,
+            vs.value(),
+            vs.seed
+        ),
     );
     for (name, split) in [("train", train), ("val", val)] {
         if !split.is_empty() {
@@ -236,16 +240,20 @@ mod tests {
     }
 
     #[test]
-    fn flags_are_checked() {
+    fn values_are_checked_naming_the_option() {
         let bad = ValSplit {
             rule: ValRule::Fraction(1.0),
             seed: 0,
         };
-        assert!(bad.validate().unwrap_err().contains("--val-fraction"));
+        let e = bad.validate().unwrap_err();
+        assert_eq!(
+            (e.option, e.value.as_deref()),
+            (PackOption::ValFraction, Some("1"))
+        );
         let bad = ValSplit {
             rule: ValRule::PerClass(0),
             seed: 0,
         };
-        assert!(bad.validate().unwrap_err().contains("--val-per-class"));
+        assert_eq!(bad.validate().unwrap_err().option, PackOption::ValPerClass);
     }
 }

@@ -144,6 +144,14 @@ fn load_model(preset: Option<String>, model_file: Option<PathBuf>) -> Result<Cos
     })
 }
 
+/// `--algos`: a comma-separated list of algorithms.
+fn parse_algos(list: &str) -> Result<Vec<Algorithm>> {
+    Ok(list
+        .split(',')
+        .map(|a| a.parse::<Algorithm>())
+        .collect::<Result<Vec<_>, _>>()?)
+}
+
 fn main() -> ExitCode {
     cli::run("ddl-bench", || run(cli::parse()))
 }
@@ -164,23 +172,16 @@ fn run(cli: Cli) -> Result<()> {
             model_file,
             timeout_s,
         } => {
-            let algos = algos
-                .split(',')
-                .map(|a| a.parse::<Algorithm>())
-                .collect::<Result<Vec<_>, _>>()?;
             let predict = model_file.is_some();
-            let model = match model_file {
-                Some(p) => CostModel::load(&p)?,
-                None => CostModel::default(),
-            };
             let opts = bench::AllreduceOpts {
-                algos,
+                algos: parse_algos(&algos)?,
                 min_bytes,
                 max_bytes,
                 factor: step_factor as usize,
                 warmup,
                 iters: iters as usize,
-                model,
+                model: model_file
+                    .map_or_else(|| Ok(CostModel::default()), |p| CostModel::load(&p))?,
                 predict,
                 dtype,
             };
@@ -230,63 +231,66 @@ fn run(cli: Cli) -> Result<()> {
             });
             writeln!(out, "{line}")?;
         }
-        Cmd::Sim {
-            nodes,
-            gpus_per_node,
-            model,
-            classes,
-            step_compute_ms,
-            batch,
-            preset,
-            model_file,
-            overlap,
-            json,
-        } => {
-            let bench::Backbone {
-                params: backbone,
-                features,
-                ..
-            } = bench::backbone(&model).with_context(|| {
-                format!("--model {model:?} is not one of {}", bench::SIM_MODELS)
-            })?;
-            let step_compute_ms = step_compute_ms
-                .or_else(|| bench::default_step_compute_ms(&model, classes))
-                .expect("a known model has a default step time");
-            let shape = bench::SimModel {
-                backbone,
-                features,
-                classes,
-                batch: batch as usize,
-            };
-            if nodes == 0
-                || gpus_per_node == 0
-                || step_compute_ms.is_nan()
-                || step_compute_ms <= 0.0
-            {
-                bail!("--nodes, --gpus-per-node and --step-compute-ms must be positive");
-            }
-            if !(0.0..=1.0).contains(&overlap) {
-                bail!("--overlap {overlap} is outside 0..=1 (a fraction of the allreduce)");
-            }
-            let cost = load_model(preset, model_file)?;
-            let rows =
-                bench::simulate(&cost, nodes, gpus_per_node, shape, step_compute_ms, overlap);
-            if json {
-                for r in &rows {
-                    writeln!(out, "{}", serde_json::to_string(r)?)?;
-                }
-            } else {
-                let setup = bench::SimSetup {
-                    nodes,
-                    gpus: gpus_per_node,
-                    model: &model,
-                    shape,
-                    overlap,
-                };
-                bench::print_sim(&mut out, &rows, &setup, &cost)?;
-            }
-        }
+        Cmd::Sim { .. } => return sim(cli, &mut out),
     }
+    Ok(())
+}
+
+/// `ddl-bench sim`: the step-time model of a data-parallel job.
+fn sim(cli: Cli, mut out: impl Write) -> Result<()> {
+    let Cmd::Sim {
+        nodes,
+        gpus_per_node,
+        model,
+        classes,
+        step_compute_ms,
+        batch,
+        preset,
+        model_file,
+        overlap,
+        json,
+    } = cli.cmd
+    else {
+        unreachable!("run passes only its own subcommand")
+    };
+    let bench::Backbone {
+        params: backbone,
+        features,
+        ..
+    } = bench::backbone(&model)
+        .with_context(|| format!("--model {model:?} is not one of {}", bench::SIM_MODELS))?;
+    let step_compute_ms = step_compute_ms
+        .or_else(|| bench::default_step_compute_ms(&model, classes))
+        .expect("a known model has a default step time");
+    let shape = bench::SimModel {
+        backbone,
+        features,
+        classes,
+        batch: batch as usize,
+    };
+    if nodes == 0 || gpus_per_node == 0 || step_compute_ms.is_nan() || step_compute_ms <= 0.0 {
+        bail!("--nodes, --gpus-per-node and --step-compute-ms must be positive");
+    }
+    if !(0.0..=1.0).contains(&overlap) {
+        bail!("--overlap {overlap} is outside 0..=1 (a fraction of the allreduce)");
+    }
+    let cost = load_model(preset, model_file)?;
+    let rows = bench::simulate(&cost, nodes, gpus_per_node, shape, step_compute_ms, overlap);
+    if json {
+        for r in &rows {
+            writeln!(out, "{}", serde_json::to_string(r)?)?;
+        }
+    } else {
+        let setup = bench::SimSetup {
+            nodes,
+            gpus: gpus_per_node,
+            model: &model,
+            shape,
+            overlap,
+        };
+        bench::print_sim(&mut out, &rows, &setup, &cost)?;
+    }
+
     Ok(())
 }
 

@@ -167,7 +167,9 @@ fn check_output_dir(flag: &str, path: &Path) -> Result<()> {
     Ok(())
 }
 
-fn run(args: Args) -> Result<()> {
+/// The one place where the flags become the profile's settings, checked before anything is
+/// opened or measured (output directories included, so that a run is not lost at its end).
+fn from_cli(args: &Args, under_mpi: bool) -> Result<ProfConfig> {
     let mut cfg = ProfConfig::new(&args.shards_dir);
     cfg.split = args.split.clone();
     if let Some(t) = &args.threads {
@@ -184,7 +186,6 @@ fn run(args: Args) -> Result<()> {
     cfg.prefetch = args.prefetch as usize;
     cfg.sample_records = args.sample_records as usize;
     cfg.on_bad_record = args.on_bad_record;
-    let under_mpi = cli::under_launcher();
     // Under mpirun the rank and size replace --node and --nodes (set once MPI is up).
     cfg.residency = if under_mpi {
         Residency { node: 0, nodes: 1 }
@@ -205,8 +206,12 @@ fn run(args: Args) -> Result<()> {
     if let Some(p) = &args.trace {
         check_output_dir("--trace", p)?;
     }
-    // Warnings (a bad record met by the pipeline) go to stderr, coloured only on a terminal;
-    // RUST_LOG selects more.
+    Ok(cfg)
+}
+
+/// Warnings (a bad record met by the pipeline) go to stderr, coloured only on a terminal;
+/// RUST_LOG selects more.
+fn init_logging() {
     tracing_subscriber::fmt()
         .with_writer(std::io::stderr)
         .with_ansi(std::io::stderr().is_terminal())
@@ -215,22 +220,31 @@ fn run(args: Args) -> Result<()> {
                 .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
         )
         .init();
+}
 
+/// Under an MPI launcher: starts MPI and makes this rank's node the profiled one.
+fn join_world(cfg: &mut ProfConfig) -> Result<World> {
+    // Rank 0 waits for the others' reports: allow for the whole profile.
+    let per_t = 8.0 * cfg.stage_seconds + cfg.seconds + 30.0;
+    let timeout = Duration::from_secs_f64(per_t * cfg.threads.len() as f64 * 3.0 + 600.0);
+    let w = World::init_with_timeout(timeout).context("MPI initialisation")?;
+    cfg.residency = Residency {
+        node: w.rank(),
+        nodes: w.size(),
+    };
+    Ok(w)
+}
+
+fn run(args: Args) -> Result<()> {
+    let under_mpi = cli::under_launcher();
+    let mut cfg = from_cli(&args, under_mpi)?;
+    init_logging();
     let world = if under_mpi {
-        // Rank 0 waits for the others' reports: allow for the whole profile.
-        let per_t = 8.0 * cfg.stage_seconds + cfg.seconds + 30.0;
-        let timeout = Duration::from_secs_f64(per_t * cfg.threads.len() as f64 * 3.0 + 600.0);
-        let w = World::init_with_timeout(timeout).context("MPI initialisation")?;
-        cfg.residency = Residency {
-            node: w.rank(),
-            nodes: w.size(),
-        };
-        Some(w)
+        Some(join_world(&mut cfg)?)
     } else {
         None
     };
     let rank = world.as_ref().map_or(0, World::rank);
-
     if args.trace.is_some() {
         ddl_trace::set_pid(rank as u32);
         ddl_trace::set_thread_name("main");
@@ -249,19 +263,23 @@ fn run(args: Args) -> Result<()> {
             cli::stderr_line(&format!("trace: {n} spans -> {}", path.display()));
         }
     }
-
     let reports = match &world {
         Some(w) if w.size() > 1 => gather(w.transport().as_ref(), &report)?,
         _ => vec![report],
     };
-    if rank != 0 {
-        return Ok(());
+    if rank == 0 {
+        print_and_write(&args, &reports)?;
     }
+    Ok(())
+}
+
+/// Rank 0's output: the table (and one row per node), `--json` and `--plot`.
+fn print_and_write(args: &Args, reports: &[Report]) -> Result<()> {
     let report = &reports[0];
     print!("{}", prof::render_table(report));
     if reports.len() > 1 {
         println!();
-        print!("{}", prof::render_nodes(&reports));
+        print!("{}", prof::render_nodes(reports));
     }
     if let Some(path) = &args.json {
         let text = if reports.len() > 1 {

@@ -69,7 +69,7 @@ fn run(args: Args) -> Result<()> {
         summary.train_images,
         summary.val_images,
         summary.odd_files,
-        summary.bytes as f64 / (1 << 20) as f64,
+        ddl_loader::units::mib(summary.bytes),
         args.out.display(),
         start.elapsed().as_secs_f64()
     ));

@@ -79,12 +79,11 @@ mod os;
 mod plot;
 mod render;
 mod report;
+mod run;
 mod stages;
 mod verdict;
 
-use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
 
 use anyhow::{anyhow, bail, Result};
 use ddl_loader::dataset::Residency;
@@ -92,13 +91,11 @@ use ddl_loader::decode::DecodeMode;
 use ddl_loader::limits::{self, Buffers, LimitError, Setting, Settings};
 use ddl_loader::pipeline::OnBadRecord;
 use ddl_loader::transform::{
-    Augment, Output, Slot, TransformConfig, Transformer, IMAGENET_MEAN, IMAGENET_STD,
+    Augment, Output, TransformConfig, Transformer, IMAGENET_MEAN, IMAGENET_STD,
 };
 use serde::{Deserialize, Serialize};
 
-use bad_records::BadLog;
-use report::units;
-use stages::{end_to_end, open_dataset, permutation, Prof, ReadItem, SampleImage};
+pub use run::profile;
 
 pub use metrics_plot::{parse_metrics, plot_metrics, Metrics};
 pub use os::{drop_page_cache, resident_bytes, storage_read_bytes};
@@ -338,243 +335,6 @@ pub fn default_threads() -> Vec<usize> {
         t.push(cores);
     }
     t
-}
-
-/// Profiles node `cfg.residency.node`'s shards of `cfg.split`; `progress` receives one line
-/// per finished measurement.
-pub fn profile(cfg: &ProfConfig, mut progress: impl FnMut(&str)) -> Result<Report> {
-    cfg.validate()?;
-    let bad = BadLog::new(cfg);
-    let mut threads = cfg.threads.clone();
-    threads.sort_unstable();
-    threads.dedup();
-
-    let mut ds = Some(open_dataset(cfg, !cfg.cold)?);
-    let d = ds.as_ref().expect("just opened");
-    let n = d.len();
-    let paths: Vec<PathBuf> = d.shard_paths().iter().map(|p| p.to_path_buf()).collect();
-    let mut items = Vec::with_capacity(n);
-    let (mut bytes, mut w, mut h) = (0u64, 0f64, 0f64);
-    {
-        let mut file_of = BTreeMap::new();
-        for (k, p) in paths.iter().enumerate() {
-            file_of.insert(p.clone(), k as u32);
-        }
-        for i in 0..n {
-            let (reader, r) = d.locate(i);
-            let row = reader.row(r);
-            items.push(ReadItem {
-                file: file_of[reader.path()],
-                offset: reader.header().data_offset + row.offset,
-                len: row.length,
-            });
-            bytes += row.length as u64;
-            w += row.width as f64;
-            h += row.height as f64;
-        }
-    }
-    let dataset = DatasetInfo {
-        dir: cfg.dir.clone(),
-        split: cfg.split.clone(),
-        node: cfg.residency.node,
-        nodes: cfg.residency.nodes,
-        shards: paths.len(),
-        records: n as u64,
-        file_bytes: d.file_bytes(),
-        mean_record_bytes: bytes as f64 / n.max(1) as f64,
-        mean_width: w / n.max(1) as f64,
-        mean_height: h / n.max(1) as f64,
-    };
-    if n < cfg.batch {
-        bail!(
-            "node {} has {n} records of split {}, fewer than one batch of {}",
-            cfg.residency.node,
-            cfg.split,
-            cfg.batch
-        );
-    }
-    let order = permutation(n, cfg.seed);
-    let sample_n = cfg.sample_records.clamp(1, n.max(1)).min(n);
-    let file_index: BTreeMap<&Path, u32> = paths
-        .iter()
-        .enumerate()
-        .map(|(k, p)| (p.as_path(), k as u32))
-        .collect();
-    let mut sample = Vec::with_capacity(sample_n);
-    for &i in order.iter().take(sample_n) {
-        let (reader, r) = d.locate(i);
-        match d.record(i) {
-            Ok(rec) => sample.push(SampleImage {
-                bytes: rec.bytes.to_vec(),
-                id: d.global_id(i),
-                file: file_index[reader.path()],
-                record: r,
-            }),
-            Err(e) => bad.met_error(e)?,
-        }
-    }
-    let size = cfg.image_size as usize;
-    let mut tr = Transformer::new(cfg.transform(Output::U8Nhwc, DecodeMode::Region))
-        .map_err(|e| anyhow!("{e}"))?;
-    let mut resized = Vec::new();
-    for img in &sample {
-        if resized.len() == 8 {
-            break;
-        }
-        let mut out = vec![0u8; 3 * size * size];
-        match tr.apply(&img.bytes, 0, img.id, Slot::U8(&mut out)) {
-            Ok(_) => resized.push(out),
-            Err(e) => bad.met(
-                &paths[img.file as usize],
-                img.record,
-                &format!("cannot decode: {e}"),
-            )?,
-        }
-    }
-    if resized.is_empty() {
-        bail!(
-            "node {}: none of the {} sampled records of split {} is a good image ({} bad); \
-             `ddl-pack --verify {}` lists the damaged ones",
-            cfg.residency.node,
-            sample_n,
-            cfg.split,
-            bad.report().count,
-            cfg.dir.display()
-        );
-    }
-    let prof = Prof {
-        cfg,
-        paths: paths.clone(),
-        items,
-        order,
-        sample,
-        resized,
-        bad: &bad,
-    };
-
-    let mut cold = None;
-    let mut stages = Vec::new();
-    let mut e2e = Vec::new();
-    for &t in &threads {
-        // Read first: with --cold, unmap and drop the shards right before it.
-        if cfg.cold {
-            ds = None;
-            let before = if cold.is_none() {
-                Some(resident_bytes(&paths)?)
-            } else {
-                None
-            };
-            drop_page_cache(&paths)?;
-            if let Some(before) = before {
-                cold = Some(ColdInfo {
-                    files: paths.len(),
-                    file_bytes: dataset.file_bytes,
-                    resident_bytes_before: before,
-                    resident_bytes_after: resident_bytes(&paths)?,
-                });
-            }
-        }
-        let mut measured = Vec::new();
-        {
-            let _g = ddl_trace::span_args("stage read", "prof", &[("threads", t as i64)]);
-            measured.push(prof.read(t)?);
-        }
-        let d = match &ds {
-            Some(d) => Arc::clone(d),
-            None => open_dataset(cfg, false)?,
-        };
-        {
-            let _g = ddl_trace::span_args("stage check", "prof", &[("threads", t as i64)]);
-            measured.push(prof.check(&d, t)?);
-        }
-        for stage in [Stage::DecodeFull, Stage::DecodeScaled, Stage::DecodeRegion] {
-            let _g =
-                ddl_trace::span_args(format!("stage {stage}"), "prof", &[("threads", t as i64)]);
-            measured.push(prof.decode(stage, t)?);
-        }
-        {
-            let _g = ddl_trace::span_args("stage crop_resize", "prof", &[("threads", t as i64)]);
-            measured.push(prof.crop_resize(t)?);
-        }
-        {
-            let _g = ddl_trace::span_args("stage normalize", "prof", &[("threads", t as i64)]);
-            measured.push(prof.normalize(t)?);
-        }
-        {
-            let _g = ddl_trace::span_args("stage queue", "prof", &[("threads", t as i64)]);
-            measured.push(prof.queue(t)?);
-        }
-        for r in &measured {
-            progress(&format!(
-                "{:<14} threads {t:>3}: {:>12} images/s  {:>12}",
-                r.stage.name(),
-                fmt_rate(r.images_per_s),
-                if r.stage == Stage::Queue {
-                    "(by reference)".to_string()
-                } else {
-                    format!("{}/s", fmt_bytes(r.bytes_per_s))
-                }
-            ));
-        }
-        stages.extend(measured);
-        let d = if cfg.cold {
-            drop(d);
-            ds = None;
-            drop_page_cache(&paths)?;
-            open_dataset(cfg, false)?
-        } else {
-            d
-        };
-        let r = end_to_end(&d, cfg, t, &bad)?;
-        progress(&format!(
-            "{:<14} threads {t:>3}: {:>12} images/s  (workers busy {:.0}%)",
-            "end_to_end",
-            fmt_rate(r.images_per_s),
-            100.0 * r.worker_busy_frac
-        ));
-        e2e.push(r);
-        if !cfg.cold {
-            ds = Some(d);
-        }
-    }
-    let base = e2e[0].images_per_s.max(1e-9);
-    let base_t = e2e[0].threads as f64;
-    for r in &mut e2e {
-        r.speedup = r.images_per_s / base;
-        r.efficiency = r.speedup / (r.threads as f64 / base_t);
-    }
-    let verdict = verdict(&stages, &e2e, cfg.gpu_rate)?;
-    Ok(Report {
-        schema_version: SCHEMA_VERSION,
-        units: units(),
-        dataset,
-        config: ConfigInfo {
-            threads,
-            batch: cfg.batch,
-            image_size: cfg.image_size,
-            augment: if cfg.eval { "eval" } else { "train" }.to_string(),
-            output: "f32_nchw".to_string(),
-            decode_mode: "region".to_string(),
-            seconds: cfg.seconds,
-            stage_seconds: cfg.stage_seconds,
-            prefetch: cfg.prefetch,
-            seed: cfg.seed,
-            gpu_rate_images_per_s: cfg.gpu_rate,
-            cold: cfg.cold,
-            sample_records: sample_n,
-            on_bad_record: match cfg.on_bad_record {
-                OnBadRecord::Fail => "fail",
-                OnBadRecord::Skip => "skip",
-                OnBadRecord::Replace => "replace",
-            }
-            .to_string(),
-        },
-        cold,
-        stages,
-        end_to_end: e2e,
-        bad_records: bad.report(),
-        verdict,
-    })
 }
 
 /// The ddl-prof flags that would lift a refusal of the loader's limits.

@@ -477,6 +477,30 @@ impl Prof<'_> {
     }
 }
 
+/// What the end-to-end run counted.
+#[derive(Default)]
+struct Delivered {
+    images: u64,
+    batches: u64,
+    /// Worker-seconds spent decoding.
+    busy: f64,
+    skipped: u64,
+}
+
+/// The pipeline configuration of an end-to-end run with `threads` workers.
+fn pipeline_config(cfg: &ProfConfig, threads: usize) -> PipelineConfig {
+    PipelineConfig {
+        image_size: cfg.image_size,
+        output: Output::F32Nchw,
+        augment: cfg.augment(),
+        workers: threads,
+        prefetch: cfg.prefetch,
+        seed: cfg.seed,
+        on_bad_record: cfg.on_bad_record,
+        ..PipelineConfig::default()
+    }
+}
+
 /// Runs the real pipeline with `threads` workers for `seconds` (epochs restarted as needed);
 /// the bad records it meets go to `bad`.
 pub(crate) fn end_to_end(
@@ -503,50 +527,18 @@ pub(crate) fn end_to_end(
             cfg.batch
         );
     }
-    let pcfg = PipelineConfig {
-        image_size: cfg.image_size,
-        output: Output::F32Nchw,
-        augment: cfg.augment(),
-        workers: threads,
-        prefetch: cfg.prefetch,
-        seed: cfg.seed,
-        on_bad_record: cfg.on_bad_record,
-        ..PipelineConfig::default()
-    };
+    let pcfg = pipeline_config(cfg, threads);
     let _run = ddl_trace::span_args("end_to_end", "prof", &[("threads", threads as i64)]);
     let start = Instant::now();
     let deadline = start + Duration::from_secs_f64(cfg.seconds);
-    let (mut images, mut batches, mut busy, mut skipped) = (0u64, 0u64, 0.0f64, 0u64);
+    let mut got = Delivered::default();
     let mut epoch = 0u64;
-    'run: loop {
+    loop {
         let p = Pipeline::start(Arc::clone(ds), sampler.clone(), pcfg.clone(), epoch, 0)?;
-        let mut it = p.replica(0);
-        let mut done = false;
-        loop {
-            let next = {
-                let _w = ddl_trace::span("wait_batch", "prof");
-                it.next()
-            };
-            let Some(b) = next else { break };
-            let b = b.with_context(|| {
-                format!(
-                    "end to end with {threads} threads (--on-bad-record fail); `ddl-pack \
-                     --verify {}` lists every damaged record, --on-bad-record replace profiles \
-                     around them",
-                    cfg.dir.display()
-                )
-            })?;
-            images += b.len() as u64;
-            batches += 1;
-            drop(b);
-            if Instant::now() >= deadline {
-                done = true;
-                break;
-            }
-        }
+        let done = consume(&p, cfg, threads, deadline, &mut got)?;
         let stats = p.stats();
-        busy += stats.busy_seconds;
-        skipped += stats.skipped;
+        got.busy += stats.busy_seconds;
+        got.skipped += stats.skipped;
         for r in &stats.bad_records {
             let prefix = format!("{}: record {}: ", r.file.display(), r.record);
             bad.met(
@@ -556,22 +548,55 @@ pub(crate) fn end_to_end(
             )?;
         }
         if done {
-            break 'run;
+            break;
         }
         epoch += 1;
     }
     let secs = start.elapsed().as_secs_f64().max(1e-9);
     Ok(EndToEndRow {
         threads,
-        images,
-        batches,
+        images: got.images,
+        batches: got.batches,
         seconds: secs,
-        images_per_s: images as f64 / secs,
+        images_per_s: got.images as f64 / secs,
         speedup: 1.0,
         efficiency: 1.0,
-        worker_busy_frac: (busy / (secs * threads as f64)).min(1.0),
-        skipped,
+        worker_busy_frac: (got.busy / (secs * threads as f64)).min(1.0),
+        skipped: got.skipped,
     })
+}
+
+/// Takes the batches of one epoch of `p` until the epoch ends (false) or `deadline` passes
+/// (true), counting them in `got`.
+fn consume(
+    p: &Pipeline,
+    cfg: &ProfConfig,
+    threads: usize,
+    deadline: Instant,
+    got: &mut Delivered,
+) -> Result<bool> {
+    let mut it = p.replica(0);
+    loop {
+        let next = {
+            let _w = ddl_trace::span("wait_batch", "prof");
+            it.next()
+        };
+        let Some(b) = next else { return Ok(false) };
+        let b = b.with_context(|| {
+            format!(
+                "end to end with {threads} threads (--on-bad-record fail); `ddl-pack \
+                 --verify {}` lists every damaged record, --on-bad-record replace profiles \
+                 around them",
+                cfg.dir.display()
+            )
+        })?;
+        got.images += b.len() as u64;
+        got.batches += 1;
+        drop(b);
+        if Instant::now() >= deadline {
+            return Ok(true);
+        }
+    }
 }
 
 #[cfg(test)]

@@ -1,0 +1,310 @@
+//! `ddl-pack`'s flags and the one place where they become settings ([`Settings::from_cli`]),
+//! and where the library's typed errors get the flags' names back ([`explain`]).
+
+use std::path::PathBuf;
+use std::str::FromStr;
+
+use anyhow::{bail, Result};
+use clap::Parser;
+use ddl_loader::pack::convert::ConvertOptions;
+use ddl_loader::pack::split::{ValRule, ValSplit};
+use ddl_loader::pack::{self, OptionError, PackOption, PackOptions, PackSpec, ShardCount};
+use ddl_loader::LoaderError;
+
+use crate::size;
+
+/// Packs an ImageNet-style tree (or ImageNet-22k tars) into ddl shards, or verifies a packed
+/// directory.
+#[derive(Debug, Parser)]
+#[command(name = "ddl-pack", version)]
+#[command(group = clap::ArgGroup::new("val").args(["val_fraction", "val_per_class"]))]
+pub struct Args {
+    /// Input: a directory holding train/WNID/*.JPEG and val/ (class folders, or flat with
+    /// LOC_val_solution.csv / the devkit ground truth), or WNID.tar files, or an outer tar of
+    /// WNID.tar files; or that outer tar itself (fall11_whole.tar, winter21_whole.tar).
+    #[arg(required_unless_present = "verify")]
+    pub input: Option<PathBuf>,
+
+    /// Output directory for the shards, manifest.json and pack-report.json: new, empty, or
+    /// one this same pack (same input and flags) wrote before, which it resumes. ddl-pack
+    /// removes or replaces only files its resume state (.pack-state.json) lists as written by
+    /// this pack; a directory holding anything else is refused unless --force.
+    #[arg(short, long, required_unless_present = "verify")]
+    pub output: Option<PathBuf>,
+
+    /// Use an output directory that holds another ddl pack (other input or flags): its
+    /// manifest.json, pack-report.json, resume state and the shards whose names this pack
+    /// writes are replaced; its other shards are left in place. Files ddl-pack cannot identify
+    /// as a ddl pack's own are never touched, with or without --force.
+    #[arg(long, conflicts_with = "verify")]
+    pub force: bool,
+
+    /// Re-read every shard in DIR against its manifest and report any damage.
+    #[arg(long, value_name = "DIR", conflicts_with_all = ["input", "output"])]
+    pub verify: Option<PathBuf>,
+
+    /// Number of shards per split (capped at the split's input count).
+    #[arg(long, conflicts_with = "shard_size")]
+    pub shards: Option<usize>,
+
+    /// Target shard size (e.g. 1GiB, 512MiB; KiB/MiB/GiB/TiB and K/M/G/T are powers of 1024,
+    /// KB/MB/GB/TB powers of 1000), used when --shards is not given; the output
+    /// size is estimated by converting a sample of the inputs, and the shard count is rounded
+    /// up to a multiple of --nodes.
+    #[arg(long, value_parser = size::parse_size, default_value = "1GiB")]
+    pub shard_size: u64,
+
+    /// Resize so the shorter side is at most this many pixels: 0 keeps the original size,
+    /// otherwise at least 16 (ddl-train's smallest --image-size).
+    #[arg(long, default_value_t = pack::DEFAULT_MAX_SHORT_SIDE,
+          value_parser = checked(pack::check_max_short_side))]
+    pub max_short_side: u32,
+
+    /// JPEG quality for re-encoded images (4:2:0 subsampling), 1..=100.
+    #[arg(long, default_value_t = pack::DEFAULT_QUALITY, value_parser = checked(pack::check_quality))]
+    pub quality: u8,
+
+    /// Re-encode every image, even baseline JPEGs that already fit.
+    #[arg(long)]
+    pub reencode: bool,
+
+    /// Class list (one wnid per line, first token): restricts and orders the classes.
+    #[arg(long, value_name = "FILE")]
+    pub classes: Option<PathBuf>,
+
+    /// ILSVRC synset list (one wnid per line in ILSVRC id order) for the devkit ground truth.
+    #[arg(long, value_name = "FILE")]
+    pub synsets: Option<PathBuf>,
+
+    /// Drop classes with fewer than N usable inputs (image-named files or tar members, counted
+    /// before decoding and before a --val-* split); the report lists them with their counts.
+    #[arg(long, value_name = "N", default_value_t = 0)]
+    pub min_per_class: u64,
+
+    /// Keep a class that has no usable training image (an empty class folder or tar, or a
+    /// class with images only in val) as a class with no training records. Without it such a
+    /// class is an error: leaving it out would give every later class another label.
+    #[arg(long)]
+    pub keep_empty_classes: bool,
+
+    /// Hold out this fraction (0 < F < 1) of an input without a val split as the val split:
+    /// an image goes to val by a hash of (--val-seed, wnid, file name), whatever the thread
+    /// count, tar order or --shards.
+    #[arg(long, value_name = "F")]
+    pub val_fraction: Option<f64>,
+
+    /// Hold out the N images of each class with the smallest hash of (--val-seed, wnid, file
+    /// name) as the val split (at most all but one per class).
+    #[arg(long, value_name = "N")]
+    pub val_per_class: Option<u64>,
+
+    /// Seed of the --val-fraction / --val-per-class hash.
+    #[arg(long, value_name = "SEED", requires = "val")]
+    pub val_seed: Option<u64>,
+
+    /// Number of nodes recorded in the manifest (shard s belongs to node s % P).
+    #[arg(long, default_value_t = 1, value_parser = checked(pack::check_nodes))]
+    pub nodes: usize,
+
+    /// Worker threads (0 = one per core).
+    #[arg(long, default_value_t = 0)]
+    pub threads: usize,
+
+    /// Fail (after writing the report) when more than this fraction of inputs is skipped.
+    #[arg(long, default_value_t = pack::DEFAULT_MAX_SKIP_FRACTION)]
+    pub max_skip_fraction: f64,
+}
+
+/// A clap value parser that parses a `T` and applies the library's rule `check` to it, so
+/// that the rule lives in the library and a bad value is still a usage error (status 2).
+fn checked<T>(
+    check: fn(T) -> Result<(), OptionError>,
+) -> impl Fn(&str) -> Result<T, String> + Clone + Send + Sync + 'static
+where
+    T: FromStr + Copy + Send + Sync + 'static,
+{
+    move |s: &str| {
+        let v: T = s
+            .parse()
+            .map_err(|_| format!("{s:?} is not a whole number"))?;
+        check(v).map_err(|e| format!("{s} {}", e.problem))?;
+        Ok(v)
+    }
+}
+
+/// What one run of `ddl-pack` does.
+#[derive(Debug)]
+pub enum Settings {
+    /// Check the packed directory against its manifest.
+    Verify(PathBuf),
+    /// Pack with these options.
+    Pack(PackOptions),
+}
+
+impl Settings {
+    /// The settings the flags ask for. The values' rules are the library's: the ones clap
+    /// cannot apply while parsing are checked by [`pack::pack`] before it reads anything.
+    pub fn from_cli(args: Args) -> Result<Settings> {
+        if let Some(dir) = args.verify {
+            return Ok(Settings::Verify(dir));
+        }
+        let (Some(input), Some(output)) = (args.input, args.output) else {
+            bail!("INPUT_DIR and -o OUT are required (or --verify DIR)");
+        };
+        let val_split = match (args.val_fraction, args.val_per_class) {
+            (Some(f), None) => Some(ValRule::Fraction(f)),
+            (None, Some(n)) => Some(ValRule::PerClass(n)),
+            _ => None,
+        }
+        .map(|rule| ValSplit {
+            rule,
+            seed: args.val_seed.unwrap_or(0),
+        });
+        Ok(Settings::Pack(PackOptions {
+            input,
+            output,
+            shards: match args.shards {
+                Some(n) => ShardCount::Count(n),
+                None => ShardCount::Size(args.shard_size),
+            },
+            convert: ConvertOptions {
+                max_short_side: args.max_short_side,
+                quality: args.quality,
+                reencode: args.reencode,
+            },
+            classes: args.classes,
+            synsets: args.synsets,
+            min_per_class: args.min_per_class,
+            keep_empty_classes: args.keep_empty_classes,
+            val_split,
+            nodes: args.nodes,
+            threads: args.threads,
+            max_skip_fraction: args.max_skip_fraction,
+            force: args.force,
+        }))
+    }
+}
+
+/// The flag of each library option.
+pub fn flag(o: PackOption) -> &'static str {
+    match o {
+        PackOption::Shards => "--shards",
+        PackOption::MaxShortSide => "--max-short-side",
+        PackOption::Quality => "--quality",
+        PackOption::Nodes => "--nodes",
+        PackOption::Synsets => "--synsets",
+        PackOption::MinPerClass => "--min-per-class",
+        PackOption::ValFraction => "--val-fraction",
+        PackOption::ValPerClass => "--val-per-class",
+        PackOption::MaxSkipFraction => "--max-skip-fraction",
+    }
+}
+
+/// A pack's options as the flags that ask for them (`IN with --shards 4 --max-short-side
+/// 256 ...`), as a refusal names this pack and the other one.
+pub fn spec_flags(s: &PackSpec) -> String {
+    let shards = match s.shards {
+        ShardCount::Count(n) => format!("--shards {n}"),
+        ShardCount::Size(b) => format!("--shard-size {b}B"),
+    };
+    let mut line = format!(
+        "{} with {shards} --max-short-side {} --quality {}{} --nodes {}",
+        s.input.display(),
+        s.max_short_side,
+        s.quality,
+        if s.reencode { " --reencode" } else { "" },
+        s.nodes
+    );
+    for (f, list) in [("--classes", &s.classes), ("--synsets", &s.synsets)] {
+        if let Some(p) = list {
+            line.push_str(&format!(" {f} {}", p.display()));
+        }
+    }
+    if s.min_per_class > 0 {
+        line.push_str(&format!(" --min-per-class {}", s.min_per_class));
+    }
+    if s.keep_empty_classes {
+        line.push_str(" --keep-empty-classes");
+    }
+    if let Some(vs) = &s.val_split {
+        let f = flag(vs.option());
+        line.push_str(&format!(" {f} {} --val-seed {}", vs.value(), vs.seed));
+    }
+    line
+}
+
+/// The library's error `e` in the words of `ddl-pack`'s flags.
+pub fn explain(e: LoaderError) -> anyhow::Error {
+    match &e {
+        LoaderError::Option { path, source } => {
+            anyhow::anyhow!("{}: {}", path.display(), source.describe(flag))
+        }
+        LoaderError::OutputInUse { path, conflict } => anyhow::anyhow!(
+            "{}: {}",
+            path.display(),
+            conflict.describe(&spec_flags, "--force")
+        ),
+        LoaderError::SkipFraction {
+            path,
+            skipped,
+            inputs,
+            max,
+        } => anyhow::anyhow!(
+            "{}: skipped {skipped} of {inputs} inputs, more than --max-skip-fraction {max} \
+             allows; the report lists every skipped file. The shards are kept: rerun with a \
+             higher --max-skip-fraction to accept them and write manifest.json without redoing \
+             any work",
+            path.display()
+        ),
+        LoaderError::EmptyClasses { .. } => anyhow::anyhow!(
+            "{e}. Add their images, remove them, pass --keep-empty-classes to keep them as \
+             classes without training records, or --min-per-class 1 to drop them"
+        ),
+        _ => e.into(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_shard_size_default_is_the_librarys() {
+        let a = Args::parse_from(["ddl-pack", "in", "-o", "out"]);
+        assert_eq!(a.shard_size, pack::DEFAULT_SHARD_BYTES);
+        let Settings::Pack(o) = Settings::from_cli(a).unwrap() else {
+            panic!("not a pack")
+        };
+        let d = PackOptions::new("in", "out");
+        assert_eq!(
+            (o.shards, o.convert, o.nodes),
+            (d.shards, d.convert, d.nodes)
+        );
+        assert_eq!(
+            (o.threads, o.max_skip_fraction),
+            (d.threads, d.max_skip_fraction)
+        );
+    }
+
+    #[test]
+    fn library_errors_name_the_flags() {
+        let e = LoaderError::Option {
+            path: "dk.txt".into(),
+            source: OptionError {
+                option: PackOption::Synsets,
+                value: None,
+                problem: "is needed".into(),
+            },
+        };
+        assert_eq!(explain(e).to_string(), "dk.txt: --synsets is needed");
+        let e = LoaderError::SkipFraction {
+            path: "r.json".into(),
+            skipped: 2,
+            inputs: 10,
+            max: 0.1,
+        };
+        assert!(explain(e)
+            .to_string()
+            .contains("more than --max-skip-fraction 0.1"));
+    }
+}
