@@ -1,0 +1,367 @@
+//! Online tuning of `auto`: at each size class the first calls try the candidates, taking
+//! turns, and the ranks keep the fastest.
+//!
+//! A cost model guesses; the machine in front of the user decides (a 2-vCPU VM and a 16-core
+//! host rank the algorithms differently, and users do not run `ddl-bench calibrate` before
+//! their first job). Call `i` of a class runs candidate `i % k`, so every rank runs the same
+//! candidate for the same call without talking. After [`ROUNDS`] rounds (the first one a
+//! warm-up: scratch buffers grow, pages fault in) each rank has the median of its timed calls
+//! per candidate; one tiny ring allreduce sums them over the ranks, and every rank takes the
+//! smallest sum (the first of equals). The sums are bitwise identical on all ranks, so the
+//! choice is too, however differently the ranks timed the calls. Training buckets repeat every
+//! step, so the tuning costs a few steps, once.
+
+use std::collections::HashMap;
+
+use crate::algorithm::Algorithm;
+use crate::cost::MeasuredCurve;
+use crate::error::Result;
+use crate::topology::Topology;
+use crate::transport::Transport;
+
+/// Calls of each candidate at a size class: one warm-up round, then the timed ones.
+pub const ROUNDS: usize = 4;
+
+/// The size class of a call of `bytes`: the size rounded up to a power of two. Calls of one
+/// class share one tuning.
+pub fn class_of(bytes: usize) -> usize {
+    bytes.max(1).next_power_of_two()
+}
+
+/// What the ranks agreed on at one size class.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Choice {
+    /// The size of the class's first call, in bytes (of f32).
+    pub bytes: usize,
+    /// The candidate with the smallest time.
+    pub algorithm: Algorithm,
+    /// Every candidate with its time: the mean over the ranks of each rank's median call,
+    /// seconds.
+    pub timings: Vec<(Algorithm, f64)>,
+    /// Seconds the trial calls took beyond what the chosen algorithm would have taken for
+    /// them, mean over the ranks: the price of the tuning.
+    pub cost: f64,
+}
+
+/// Where a size class stands.
+#[derive(Clone, Debug)]
+enum State {
+    /// Candidates taking turns: call `i` runs `candidates[i % k]`; `times[c]` holds what
+    /// candidate `c`'s calls took on this rank, seconds.
+    Trying {
+        bytes: usize,
+        candidates: Vec<Algorithm>,
+        calls: usize,
+        times: Vec<Vec<f64>>,
+    },
+    /// The ranks agreed.
+    Chosen(Choice),
+}
+
+/// What the next call of a size class runs.
+#[derive(Clone, Debug, PartialEq)]
+pub(crate) enum Plan {
+    /// The class's agreed algorithm.
+    Chosen(Algorithm),
+    /// Trial call: the candidate whose turn it is (its time goes to [`Tuner::record`]).
+    Trial(Algorithm),
+}
+
+/// The tuning of one [`super::Allreducer`]: one state per (size class, shared memory found).
+#[derive(Debug, Default)]
+pub(crate) struct Tuner {
+    classes: HashMap<(usize, bool), State>,
+    /// Choices made since [`Tuner::take_fresh`] last ran.
+    fresh: Vec<Choice>,
+}
+
+/// Candidates that run the same code as an earlier one here: multiring over a single tier is
+/// the ring, so trying both only doubles the cost.
+pub(crate) fn distinct(candidates: Vec<Algorithm>, topology: Topology) -> Vec<Algorithm> {
+    let tiers = topology.dims().iter().filter(|&&d| d > 1).count();
+    candidates
+        .into_iter()
+        .filter(|a| {
+            !(tiers <= 1 && matches!(a, Algorithm::Multiring { dims, .. } if dims.is_empty()))
+        })
+        .collect()
+}
+
+impl Tuner {
+    /// What the next call of `bytes` runs (`shared`: whether shared memory was found);
+    /// `candidates` gives the class's candidates the first time it is seen.
+    pub(crate) fn plan(
+        &mut self,
+        bytes: usize,
+        shared: bool,
+        candidates: impl FnOnce() -> Vec<Algorithm>,
+    ) -> Plan {
+        let state = self
+            .classes
+            .entry((class_of(bytes), shared))
+            .or_insert_with(|| {
+                let candidates = candidates();
+                State::Trying {
+                    bytes,
+                    times: vec![Vec::new(); candidates.len()],
+                    candidates,
+                    calls: 0,
+                }
+            });
+        match state {
+            State::Chosen(c) => Plan::Chosen(c.algorithm.clone()),
+            State::Trying {
+                candidates, calls, ..
+            } => Plan::Trial(candidates[*calls % candidates.len()].clone()),
+        }
+    }
+
+    /// The agreed algorithm of the class of `bytes`, if the ranks have agreed.
+    pub(crate) fn chosen(&self, bytes: usize, shared: bool) -> Option<&Choice> {
+        match self.classes.get(&(class_of(bytes), shared)) {
+            Some(State::Chosen(c)) => Some(c),
+            _ => None,
+        }
+    }
+
+    /// Records that the trial call of `bytes` just made took `seconds` on this rank; `true`
+    /// when it was the class's last, so that the ranks must now [`Tuner::agree`].
+    pub(crate) fn record(&mut self, bytes: usize, shared: bool, seconds: f64) -> bool {
+        let Some(State::Trying {
+            candidates,
+            calls,
+            times,
+            ..
+        }) = self.classes.get_mut(&(class_of(bytes), shared))
+        else {
+            return false;
+        };
+        times[*calls % candidates.len()].push(seconds);
+        *calls += 1;
+        *calls == ROUNDS * candidates.len()
+    }
+
+    /// Collective over `t` (every rank calls it after the same trial call): sums each
+    /// candidate's median over the ranks with one ring allreduce of `k + 1` f32 and keeps the
+    /// smallest. Returns the choice, also kept for [`Tuner::take_fresh`].
+    pub(crate) fn agree(
+        &mut self,
+        t: &dyn Transport,
+        bytes: usize,
+        shared: bool,
+    ) -> Result<Choice> {
+        let key = (class_of(bytes), shared);
+        let Some(State::Trying {
+            bytes: first,
+            candidates,
+            times,
+            ..
+        }) = self.classes.get(&key)
+        else {
+            unreachable!("agree follows the last trial call of a class");
+        };
+        // Per candidate: the median timed call (microseconds); last, all trial calls.
+        let mut sums: Vec<f32> = times
+            .iter()
+            .map(|v| (median(&v[1..]) * 1e6) as f32)
+            .collect();
+        sums.push((times.iter().flatten().sum::<f64>() * 1e6) as f32);
+        let (mut recv, mut steps) = (Vec::new(), Vec::new());
+        super::ring::multiring(t, &[t.size()], 1, &mut sums, &mut recv, &mut steps)?;
+        let choice = settle(*first, candidates, times, &sums, t.size());
+        self.classes.insert(key, State::Chosen(choice.clone()));
+        self.fresh.push(choice.clone());
+        Ok(choice)
+    }
+
+    /// The choices made since the last call (each is handed out once: for logging).
+    pub(crate) fn take_fresh(&mut self) -> Vec<Choice> {
+        std::mem::take(&mut self.fresh)
+    }
+
+    /// Every choice made, as measured curves of `topology`'s layout: one point per class and
+    /// candidate, so that a saved model chooses as the tuning did.
+    pub(crate) fn curves(&self, topology: Topology) -> Vec<MeasuredCurve> {
+        let mut curves: Vec<MeasuredCurve> = Vec::new();
+        let mut chosen: Vec<&Choice> = self
+            .classes
+            .values()
+            .filter_map(|s| match s {
+                State::Chosen(c) => Some(c),
+                State::Trying { .. } => None,
+            })
+            .collect();
+        chosen.sort_by_key(|c| c.bytes);
+        for c in chosen {
+            for (a, secs) in &c.timings {
+                let name = a.to_string();
+                let at = match curves.iter().position(|m| m.algorithm == name) {
+                    Some(i) => i,
+                    None => {
+                        curves.push(MeasuredCurve {
+                            algorithm: name,
+                            nodes: topology.nodes,
+                            ranks_per_node: topology.ranks_per_node,
+                            points: Vec::new(),
+                        });
+                        curves.len() - 1
+                    }
+                };
+                curves[at].points.push((c.bytes, *secs));
+            }
+        }
+        curves
+    }
+}
+
+/// The choice from the sums over `ranks` ranks of each candidate's median (microseconds),
+/// followed by the sum of all trial calls' times.
+fn settle(
+    bytes: usize,
+    candidates: &[Algorithm],
+    times: &[Vec<f64>],
+    sums: &[f32],
+    ranks: usize,
+) -> Choice {
+    let mean = |s: f32| f64::from(s) / ranks as f64 / 1e6;
+    let mut best = 0;
+    for (c, s) in sums[..candidates.len()].iter().enumerate() {
+        if *s < sums[best] {
+            best = c;
+        }
+    }
+    let calls: usize = times.iter().map(Vec::len).sum();
+    let spent = mean(sums[candidates.len()]);
+    Choice {
+        bytes,
+        algorithm: candidates[best].clone(),
+        timings: candidates
+            .iter()
+            .zip(sums)
+            .map(|(a, s)| (a.clone(), mean(*s)))
+            .collect(),
+        cost: (spent - calls as f64 * mean(sums[best])).max(0.0),
+    }
+}
+
+/// Median of `v` (0 when empty).
+fn median(v: &[f64]) -> f64 {
+    let mut v = v.to_vec();
+    if v.is_empty() {
+        return 0.0;
+    }
+    v.sort_by(f64::total_cmp);
+    let m = v.len() / 2;
+    if v.len() % 2 == 1 {
+        v[m]
+    } else {
+        (v[m - 1] + v[m]) / 2.0
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use super::*;
+    use crate::thread::thread_group;
+
+    fn candidates() -> Vec<Algorithm> {
+        vec![Algorithm::Ring, Algorithm::Rhd, Algorithm::SHM]
+    }
+
+    /// Runs one class's trials on every rank of a thread group with the times `time(rank,
+    /// candidate)` and returns each rank's choice.
+    fn tune(
+        ranks: usize,
+        time: impl Fn(usize, usize) -> f64 + Send + Sync + 'static,
+    ) -> Vec<Choice> {
+        let time = Arc::new(time);
+        let handles: Vec<_> = thread_group(ranks)
+            .into_iter()
+            .enumerate()
+            .map(|(r, t)| {
+                let time = time.clone();
+                std::thread::spawn(move || {
+                    let mut tuner = Tuner::default();
+                    let bytes = 3 << 20;
+                    loop {
+                        let Plan::Trial(a) = tuner.plan(bytes, true, candidates) else {
+                            panic!("rank {r}: the class was chosen without agreement");
+                        };
+                        let c = candidates().iter().position(|x| *x == a).unwrap();
+                        if tuner.record(bytes, true, time(r, c)) {
+                            return tuner.agree(&t, bytes, true).expect("agree");
+                        }
+                    }
+                })
+            })
+            .collect();
+        handles.into_iter().map(|h| h.join().unwrap()).collect()
+    }
+
+    #[test]
+    fn ranks_that_timed_differently_agree_on_one_algorithm() {
+        // Each rank finds a different candidate fastest; rhd is fastest over the ranks.
+        let table = [[1.0, 9.0, 30.0], [30.0, 2.0, 1.0], [30.0, 2.0, 30.0]];
+        let choices = tune(3, move |r, c| table[r][c] * 1e-3);
+        for (r, c) in choices.iter().enumerate() {
+            assert_eq!(c.algorithm, Algorithm::Rhd, "rank {r}: {c:?}");
+            assert_eq!(c, &choices[0], "rank {r} agrees with rank 0");
+        }
+        let rhd = choices[0].timings[1].1;
+        assert!((rhd - 13e-3 / 3.0).abs() < 1e-6, "mean of medians: {rhd}");
+    }
+
+    #[test]
+    fn the_warm_up_round_does_not_count_and_the_cost_is_what_the_losers_took_beyond() {
+        // The first call of every candidate is slow (cold buffers); the ring is fastest after.
+        let calls = std::sync::Mutex::new(vec![0usize; 2 * 3]);
+        let choices = tune(2, move |r, c| {
+            let mut calls = calls.lock().unwrap();
+            calls[r * 3 + c] += 1;
+            let warm = calls[r * 3 + c] > 1;
+            match (c, warm) {
+                (_, false) => 1.0,
+                (0, true) => 1e-3,
+                _ => 2e-3,
+            }
+        });
+        assert_eq!(choices[0].algorithm, Algorithm::Ring);
+        // 3 cold calls of 1 s and 6 warm calls of 2 ms beyond what 12 ring calls of 1 ms take.
+        let want = 3.0 + 3.0 * 1e-3 + 6.0 * 2e-3 - 12.0 * 1e-3;
+        assert!((choices[0].cost - want).abs() < 1e-3, "{:?}", choices[0]);
+    }
+
+    #[test]
+    fn curves_hold_every_candidate_at_every_tuned_size() {
+        let mut tuner = Tuner::default();
+        tuner.classes.insert(
+            (4096, true),
+            State::Chosen(Choice {
+                bytes: 4000,
+                algorithm: Algorithm::Ring,
+                timings: vec![(Algorithm::Ring, 1e-5), (Algorithm::SHM, 2e-5)],
+                cost: 0.0,
+            }),
+        );
+        let curves = tuner.curves(Topology::flat(2));
+        assert_eq!(curves.len(), 2);
+        assert_eq!(curves[1].algorithm, "shm");
+        assert_eq!(curves[1].points, vec![(4000, 2e-5)]);
+    }
+
+    #[test]
+    fn multiring_over_one_tier_is_not_tried_twice() {
+        let multiring = Algorithm::Multiring {
+            dims: Vec::new(),
+            segments: 0,
+        };
+        let all = vec![Algorithm::Ring, multiring.clone()];
+        assert_eq!(
+            distinct(all.clone(), Topology::flat(4)),
+            vec![Algorithm::Ring]
+        );
+        assert_eq!(distinct(all.clone(), Topology::new(2, 2)), all);
+    }
+}
