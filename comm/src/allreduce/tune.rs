@@ -3,13 +3,14 @@
 //!
 //! A cost model guesses; the machine in front of the user decides (a 2-vCPU VM and a 16-core
 //! host rank the algorithms differently, and users do not run `ddl-bench calibrate` before
-//! their first job). Call `i` of a class runs candidate `i % k`, so every rank runs the same
-//! candidate for the same call without talking. After [`ROUNDS`] rounds (the first one a
-//! warm-up: scratch buffers grow, pages fault in) each rank has the median of its timed calls
-//! per candidate; one tiny ring allreduce sums them over the ranks, and every rank takes the
-//! smallest sum (the first of equals). The sums are bitwise identical on all ranks, so the
-//! choice is too, however differently the ranks timed the calls. Training buckets repeat every
-//! step, so the tuning costs a few steps, once.
+//! their first job). The candidates take turns: call `i` of a round runs candidate `i % k`, so
+//! every rank runs the same candidate for the same call without talking. A first round of one
+//! call each ends in a tiny ring allreduce of the times, and only the candidates within
+//! [`PRUNE`] times the fastest go on (one call of a candidate 20x slower than the best can cost
+//! a training step): [`ROUNDS`] more rounds, and a second tiny allreduce of each rank's median
+//! per candidate; every rank keeps the smallest sum (the first of equals). The sums are bitwise
+//! identical on all ranks, so the choice is too, however differently the ranks timed the
+//! calls. Training buckets repeat every step, so the tuning costs a few steps, once.
 
 use std::collections::HashMap;
 
@@ -19,8 +20,13 @@ use crate::error::Result;
 use crate::topology::Topology;
 use crate::transport::Transport;
 
-/// Calls of each candidate at a size class: one warm-up round, then the timed ones.
-pub const ROUNDS: usize = 4;
+/// Timed rounds of the candidates that survive the first one.
+pub const ROUNDS: usize = 3;
+
+/// A candidate goes on after the first round if its time (summed over the ranks) is within
+/// this factor of the fastest's: one call on a busy host can take twice its usual time, so
+/// 3x keeps every contender and drops those that cannot win.
+pub const PRUNE: f64 = 3.0;
 
 /// The size class of a call of `bytes`: the size rounded up to a power of two. Calls of one
 /// class share one tuning.
@@ -46,11 +52,16 @@ pub struct Choice {
 /// Where a size class stands.
 #[derive(Clone, Debug)]
 enum State {
-    /// Candidates taking turns: call `i` runs `candidates[i % k]`; `times[c]` holds what
-    /// candidate `c`'s calls took on this rank, seconds.
+    /// Candidates taking turns: call `i` of a round runs `candidates[racing[i % r]]`;
+    /// `times[c]` holds what candidate `c`'s calls took on this rank, seconds.
     Trying {
         bytes: usize,
         candidates: Vec<Algorithm>,
+        /// The candidates in the race: all of them in the first round, then the survivors.
+        racing: Vec<usize>,
+        /// Whether the first round is over (and the race pruned).
+        pruned: bool,
+        /// Calls made since the race was last pruned (or started).
         calls: usize,
         times: Vec<Vec<f64>>,
     },
@@ -104,6 +115,8 @@ impl Tuner {
                 State::Trying {
                     bytes,
                     times: vec![Vec::new(); candidates.len()],
+                    racing: (0..candidates.len()).collect(),
+                    pruned: false,
                     candidates,
                     calls: 0,
                 }
@@ -111,8 +124,11 @@ impl Tuner {
         match state {
             State::Chosen(c) => Plan::Chosen(c.algorithm.clone()),
             State::Trying {
-                candidates, calls, ..
-            } => Plan::Trial(candidates[*calls % candidates.len()].clone()),
+                candidates,
+                racing,
+                calls,
+                ..
+            } => Plan::Trial(candidates[racing[*calls % racing.len()]].clone()),
         }
     }
 
@@ -125,10 +141,12 @@ impl Tuner {
     }
 
     /// Records that the trial call of `bytes` just made took `seconds` on this rank; `true`
-    /// when it was the class's last, so that the ranks must now [`Tuner::agree`].
+    /// when it ended a stage (the first round, or the race), so that the ranks must now
+    /// [`Tuner::agree`].
     pub(crate) fn record(&mut self, bytes: usize, shared: bool, seconds: f64) -> bool {
         let Some(State::Trying {
-            candidates,
+            racing,
+            pruned,
             calls,
             times,
             ..
@@ -136,42 +154,58 @@ impl Tuner {
         else {
             return false;
         };
-        times[*calls % candidates.len()].push(seconds);
+        times[racing[*calls % racing.len()]].push(seconds);
         *calls += 1;
-        *calls == ROUNDS * candidates.len()
+        *calls == racing.len() * if *pruned { ROUNDS } else { 1 }
     }
 
-    /// Collective over `t` (every rank calls it after the same trial call): sums each
-    /// candidate's median over the ranks with one ring allreduce of `k + 1` f32 and keeps the
-    /// smallest. Returns the choice, also kept for [`Tuner::take_fresh`].
+    /// Collective over `t` (every rank calls it after the same trial call): sums the
+    /// candidates' times over the ranks with one ring allreduce of `k + 1` f32. After the
+    /// first round it prunes the race (and settles it if one candidate is left), after the
+    /// last it keeps the smallest sum of medians. Returns the choice once made, also kept for
+    /// [`Tuner::take_fresh`].
     pub(crate) fn agree(
         &mut self,
         t: &dyn Transport,
         bytes: usize,
         shared: bool,
-    ) -> Result<Choice> {
+    ) -> Result<Option<Choice>> {
         let key = (class_of(bytes), shared);
         let Some(State::Trying {
             bytes: first,
             candidates,
+            racing,
+            pruned,
+            calls,
             times,
-            ..
-        }) = self.classes.get(&key)
+        }) = self.classes.get_mut(&key)
         else {
-            unreachable!("agree follows the last trial call of a class");
+            unreachable!("agree follows a trial call that ended a stage");
         };
-        // Per candidate: the median timed call (microseconds); last, all trial calls.
+        // Per candidate (microseconds): its first call, or the median of the race's calls
+        // after it; last, all trial calls.
         let mut sums: Vec<f32> = times
             .iter()
-            .map(|v| (median(&v[1..]) * 1e6) as f32)
+            .map(|v| (median(v.get(1..).filter(|r| !r.is_empty()).unwrap_or(v)) * 1e6) as f32)
             .collect();
         sums.push((times.iter().flatten().sum::<f64>() * 1e6) as f32);
         let (mut recv, mut steps) = (Vec::new(), Vec::new());
         super::ring::multiring(t, &[t.size()], 1, &mut sums, &mut recv, &mut steps)?;
-        let choice = settle(*first, candidates, times, &sums, t.size());
+        if !*pruned {
+            let best = racing
+                .iter()
+                .map(|&c| sums[c])
+                .fold(f32::INFINITY, f32::min);
+            racing.retain(|&c| f64::from(sums[c]) <= PRUNE * f64::from(best));
+            (*pruned, *calls) = (true, 0);
+            if racing.len() > 1 {
+                return Ok(None);
+            }
+        }
+        let choice = settle(*first, candidates, racing, times, &sums, t.size());
         self.classes.insert(key, State::Chosen(choice.clone()));
         self.fresh.push(choice.clone());
-        Ok(choice)
+        Ok(Some(choice))
     }
 
     /// The choices made since the last call (each is handed out once: for logging).
@@ -214,19 +248,20 @@ impl Tuner {
     }
 }
 
-/// The choice from the sums over `ranks` ranks of each candidate's median (microseconds),
-/// followed by the sum of all trial calls' times.
+/// The choice among the `racing` candidates from the sums over `ranks` ranks of each
+/// candidate's time (microseconds), followed by the sum of all trial calls' times.
 fn settle(
     bytes: usize,
     candidates: &[Algorithm],
+    racing: &[usize],
     times: &[Vec<f64>],
     sums: &[f32],
     ranks: usize,
 ) -> Choice {
     let mean = |s: f32| f64::from(s) / ranks as f64 / 1e6;
-    let mut best = 0;
-    for (c, s) in sums[..candidates.len()].iter().enumerate() {
-        if *s < sums[best] {
+    let mut best = racing[0];
+    for &c in racing {
+        if sums[c] < sums[best] {
             best = c;
         }
     }
@@ -291,7 +326,9 @@ mod tests {
                         };
                         let c = candidates().iter().position(|x| *x == a).unwrap();
                         if tuner.record(bytes, true, time(r, c)) {
-                            return tuner.agree(&t, bytes, true).expect("agree");
+                            if let Some(choice) = tuner.agree(&t, bytes, true).expect("agree") {
+                                return choice;
+                            }
                         }
                     }
                 })
@@ -302,35 +339,46 @@ mod tests {
 
     #[test]
     fn ranks_that_timed_differently_agree_on_one_algorithm() {
-        // Each rank finds a different candidate fastest; rhd is fastest over the ranks.
-        let table = [[1.0, 9.0, 30.0], [30.0, 2.0, 1.0], [30.0, 2.0, 30.0]];
+        // Each rank finds a different candidate fastest; rhd is fastest over the ranks, and
+        // all three stay in the race.
+        let table = [[1.0, 3.0, 9.0], [4.0, 2.0, 1.0], [4.0, 2.0, 9.0]];
         let choices = tune(3, move |r, c| table[r][c] * 1e-3);
         for (r, c) in choices.iter().enumerate() {
             assert_eq!(c.algorithm, Algorithm::Rhd, "rank {r}: {c:?}");
             assert_eq!(c, &choices[0], "rank {r} agrees with rank 0");
         }
         let rhd = choices[0].timings[1].1;
-        assert!((rhd - 13e-3 / 3.0).abs() < 1e-6, "mean of medians: {rhd}");
+        assert!((rhd - 7e-3 / 3.0).abs() < 1e-6, "mean of medians: {rhd}");
     }
 
     #[test]
-    fn the_warm_up_round_does_not_count_and_the_cost_is_what_the_losers_took_beyond() {
-        // The first call of every candidate is slow (cold buffers); the ring is fastest after.
+    fn a_slow_first_call_drops_a_candidate_and_the_race_decides_on_the_calls_after() {
+        // Per rank: the ring's first call is slow (cold buffers) and it is fastest after; rhd
+        // takes 10x the best and is dropped after one call.
         let calls = std::sync::Mutex::new(vec![0usize; 2 * 3]);
         let choices = tune(2, move |r, c| {
             let mut calls = calls.lock().unwrap();
             calls[r * 3 + c] += 1;
-            let warm = calls[r * 3 + c] > 1;
-            match (c, warm) {
-                (_, false) => 1.0,
-                (0, true) => 1e-3,
-                _ => 2e-3,
+            let first = calls[r * 3 + c] == 1;
+            assert!(
+                c != 1 || first,
+                "rank {r}: rhd ran again after the first round"
+            );
+            match (c, first) {
+                (0, true) => 2e-3,
+                (0, false) => 1e-3,
+                (1, _) => 10e-3,
+                _ => 1.5e-3,
             }
         });
         assert_eq!(choices[0].algorithm, Algorithm::Ring);
-        // 3 cold calls of 1 s and 6 warm calls of 2 ms beyond what 12 ring calls of 1 ms take.
-        let want = 3.0 + 3.0 * 1e-3 + 6.0 * 2e-3 - 12.0 * 1e-3;
-        assert!((choices[0].cost - want).abs() < 1e-3, "{:?}", choices[0]);
+        assert!(
+            (choices[0].timings[1].1 - 10e-3).abs() < 1e-6,
+            "{:?}",
+            choices[0]
+        );
+        // 9 calls per rank (3, then 3 rounds of 2) took 21 ms where 9 ring calls take 9.
+        assert!((choices[0].cost - 12e-3).abs() < 1e-6, "{:?}", choices[0]);
     }
 
     #[test]
