@@ -7,10 +7,12 @@
 //! every rank runs the same candidate for the same call without talking. A first round of one
 //! call each ends in a tiny ring allreduce of the times, and only the candidates within
 //! [`PRUNE`] times the fastest go on (one call of a candidate 20x slower than the best can cost
-//! a training step): [`ROUNDS`] more rounds, and a second tiny allreduce of each rank's median
-//! per candidate; every rank keeps the smallest sum (the first of equals). The sums are bitwise
-//! identical on all ranks, so the choice is too, however differently the ranks timed the
-//! calls. Training buckets repeat every step, so the tuning costs a few steps, once.
+//! a training step): [`ROUNDS`] more rounds, and a second tiny allreduce; every rank keeps the
+//! candidate of the smallest median (the first of equals). A call's time is taken on the rank
+//! that spent the least in it, the last to arrive, whose time holds no waiting for the others
+//! ([`fastest_rank`]). The allreduce's sums are exact and bitwise identical on all ranks, so the
+//! choice is the same on every rank, however differently they timed the calls. Training
+//! buckets repeat every step, so the tuning costs a few steps, once.
 
 use std::collections::HashMap;
 
@@ -41,11 +43,11 @@ pub struct Choice {
     pub bytes: usize,
     /// The candidate with the smallest time.
     pub algorithm: Algorithm,
-    /// Every candidate with its time: the mean over the ranks of each rank's median call,
-    /// seconds.
+    /// Every candidate with its time per call ([`estimate`] of the calls' times on the
+    /// fastest rank), seconds.
     pub timings: Vec<(Algorithm, f64)>,
     /// Seconds the trial calls took beyond what the chosen algorithm would have taken for
-    /// them, mean over the ranks: the price of the tuning.
+    /// them (on the fastest rank of each call): the price of the tuning.
     pub cost: f64,
 }
 
@@ -159,11 +161,10 @@ impl Tuner {
         *calls == racing.len() * if *pruned { ROUNDS } else { 1 }
     }
 
-    /// Collective over `t` (every rank calls it after the same trial call): sums the
-    /// candidates' times over the ranks with one ring allreduce of `k + 1` f32. After the
-    /// first round it prunes the race (and settles it if one candidate is left), after the
-    /// last it keeps the smallest sum of medians. Returns the choice once made, also kept for
-    /// [`Tuner::take_fresh`].
+    /// Collective over `t` (every rank calls it after the same trial call): the ranks share
+    /// their calls' times ([`fastest_rank`]). After the first round it prunes the race (and
+    /// settles it if one candidate is left), after the last it keeps the fastest
+    /// ([`settle`]). Returns the choice once made, also kept for [`Tuner::take_fresh`].
     pub(crate) fn agree(
         &mut self,
         t: &dyn Transport,
@@ -182,27 +183,20 @@ impl Tuner {
         else {
             unreachable!("agree follows a trial call that ended a stage");
         };
-        // Per candidate (microseconds): its first call, or the median of the race's calls
-        // after it; last, all trial calls.
-        let mut sums: Vec<f32> = times
-            .iter()
-            .map(|v| (median(v.get(1..).filter(|r| !r.is_empty()).unwrap_or(v)) * 1e6) as f32)
-            .collect();
-        sums.push((times.iter().flatten().sum::<f64>() * 1e6) as f32);
-        let (mut recv, mut steps) = (Vec::new(), Vec::new());
-        super::ring::multiring(t, &[t.size()], 1, &mut sums, &mut recv, &mut steps)?;
+        let calls_of = fastest_rank(t, times)?;
+        let estimate: Vec<f64> = calls_of.iter().map(|v| estimate(v)).collect();
         if !*pruned {
             let best = racing
                 .iter()
-                .map(|&c| sums[c])
-                .fold(f32::INFINITY, f32::min);
-            racing.retain(|&c| f64::from(sums[c]) <= PRUNE * f64::from(best));
+                .map(|&c| estimate[c])
+                .fold(f64::INFINITY, f64::min);
+            racing.retain(|&c| estimate[c] <= PRUNE * best);
             (*pruned, *calls) = (true, 0);
             if racing.len() > 1 {
                 return Ok(None);
             }
         }
-        let choice = settle(*first, candidates, racing, times, &sums, t.size());
+        let choice = settle(*first, candidates, &calls_of, &estimate);
         self.classes.insert(key, State::Chosen(choice.clone()));
         self.fresh.push(choice.clone());
         Ok(Some(choice))
@@ -248,34 +242,56 @@ impl Tuner {
     }
 }
 
-/// The choice among the `racing` candidates from the sums over `ranks` ranks of each
-/// candidate's time (microseconds), followed by the sum of all trial calls' times.
-fn settle(
-    bytes: usize,
-    candidates: &[Algorithm],
-    racing: &[usize],
-    times: &[Vec<f64>],
-    sums: &[f32],
-    ranks: usize,
-) -> Choice {
-    let mean = |s: f32| f64::from(s) / ranks as f64 / 1e6;
-    let mut best = racing[0];
-    for &c in racing {
-        if sums[c] < sums[best] {
+/// Collective over `t`: every trial call's time on the rank that took the least for it, per
+/// candidate, the same on every rank. The least is the rank that arrived last, which waited
+/// for nobody: the others' times include waiting for it (in training, for its backward), which
+/// says nothing about the algorithm. The ranks' times travel through one ring allreduce of a
+/// table with one row per rank, zeros but in its own row: exact sums, so every rank reads the
+/// same table.
+fn fastest_rank(t: &dyn Transport, times: &[Vec<f64>]) -> Result<Vec<Vec<f64>>> {
+    let mine: Vec<f32> = times.iter().flatten().map(|s| *s as f32).collect();
+    let len = mine.len();
+    let mut table = vec![0f32; len * t.size()];
+    table[t.rank() * len..][..len].copy_from_slice(&mine);
+    let (mut recv, mut steps) = (Vec::new(), Vec::new());
+    super::ring::multiring(t, &[t.size()], 1, &mut table, &mut recv, &mut steps)?;
+    let mut least = (0..len).map(|i| {
+        (0..t.size())
+            .map(|r| f64::from(table[r * len + i]))
+            .fold(f64::INFINITY, f64::min)
+    });
+    Ok(times
+        .iter()
+        .map(|v| least.by_ref().take(v.len()).collect())
+        .collect())
+}
+
+/// A candidate's time per call from its calls: the median of those after the first (which
+/// may have set up buffers), or the first alone.
+fn estimate(calls: &[f64]) -> f64 {
+    median(calls.get(1..).filter(|r| !r.is_empty()).unwrap_or(calls))
+}
+
+/// The choice: the candidate of the smallest `estimate` (the first of equals; a candidate
+/// dropped after one call keeps that call's time), with what the trial `calls` cost beyond it.
+fn settle(bytes: usize, candidates: &[Algorithm], calls: &[Vec<f64>], estimate: &[f64]) -> Choice {
+    let mut best = 0;
+    for (c, e) in estimate.iter().enumerate() {
+        if *e < estimate[best] {
             best = c;
         }
     }
-    let calls: usize = times.iter().map(Vec::len).sum();
-    let spent = mean(sums[candidates.len()]);
+    let spent: f64 = calls.iter().flatten().sum();
+    let made: usize = calls.iter().map(Vec::len).sum();
     Choice {
         bytes,
         algorithm: candidates[best].clone(),
         timings: candidates
             .iter()
-            .zip(sums)
-            .map(|(a, s)| (a.clone(), mean(*s)))
+            .cloned()
+            .zip(estimate.iter().copied())
             .collect(),
-        cost: (spent - calls as f64 * mean(sums[best])).max(0.0),
+        cost: (spent - made as f64 * estimate[best]).max(0.0),
     }
 }
 
@@ -339,16 +355,17 @@ mod tests {
 
     #[test]
     fn ranks_that_timed_differently_agree_on_one_algorithm() {
-        // Each rank finds a different candidate fastest; rhd is fastest over the ranks, and
-        // all three stay in the race.
-        let table = [[1.0, 3.0, 9.0], [4.0, 2.0, 1.0], [4.0, 2.0, 9.0]];
+        // Ranks 1 and 2 find shm fastest and rank 0 the ring: they waited for rank 0 in its
+        // calls, which took it 1 ms; every rank keeps the ring.
+        let table = [[1.0, 5.0, 9.0], [6.0, 2.0, 1.5], [7.0, 4.0, 3.0]];
         let choices = tune(3, move |r, c| table[r][c] * 1e-3);
         for (r, c) in choices.iter().enumerate() {
-            assert_eq!(c.algorithm, Algorithm::Rhd, "rank {r}: {c:?}");
+            assert_eq!(c.algorithm, Algorithm::Ring, "rank {r}: {c:?}");
             assert_eq!(c, &choices[0], "rank {r} agrees with rank 0");
         }
-        let rhd = choices[0].timings[1].1;
-        assert!((rhd - 7e-3 / 3.0).abs() < 1e-6, "mean of medians: {rhd}");
+        let times: Vec<f64> = choices[0].timings.iter().map(|(_, s)| *s).collect();
+        assert!((times[0] - 1e-3).abs() < 1e-9, "{times:?}");
+        assert!((times[2] - 1.5e-3).abs() < 1e-9, "{times:?}");
     }
 
     #[test]
