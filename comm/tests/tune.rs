@@ -63,12 +63,9 @@ fn auto_tunes_each_size_class_once_and_the_ranks_agree() {
         assert!(c.timings.iter().all(|(_, s)| *s > 0.0), "{c:?}");
     }
     for (calls, c) in [(small, &choices[0]), (large, &choices[1])] {
-        // A first round of every candidate, then 3 rounds of those within 3x of the best.
+        // Two rounds of every candidate (pruned after each), then 3 rounds of the rest.
         let k = c.timings.len();
-        assert!(
-            *calls >= k && *calls <= 4 * k && (*calls - k) % 3 == 0,
-            "{calls}: {c:?}"
-        );
+        assert!(*calls >= k && *calls <= 5 * k, "{calls}: {c:?}");
     }
     for (r, o) in out.iter().enumerate() {
         assert_eq!(
