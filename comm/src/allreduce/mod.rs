@@ -431,6 +431,10 @@ impl Allreducer {
         }
         let shared = self.shared();
         let (algorithm, trial) = self.plan(bytes);
+        if trial {
+            // The ranks start a trial call together (see `tune::call_times`).
+            self.transport.barrier()?;
+        }
         let start = Instant::now();
         self.run_auto(scratch, buf, average, check, algorithm)?;
         let Some(tuner) = self

@@ -9,9 +9,9 @@
 //! [`FIRST_PRUNE`] times the fastest stop (one call of a candidate 100x slower than the best
 //! can cost a training step), after the second those whose faster call is over [`PRUNE`] times
 //! the fastest's; the rest race [`ROUNDS`] rounds, and after a last tiny allreduce every rank
-//! keeps the candidate of the smallest median (the first of equals). A call's time is taken on the rank
-//! that spent the least in it, the last to arrive, whose time holds no waiting for the others
-//! ([`fastest_rank`]). The allreduce's sums are exact and bitwise identical on all ranks, so the
+//! keeps the candidate of the smallest median (the first of equals). The ranks start every
+//! trial call together, and a call's time is the longest any rank spent in it
+//! ([`call_times`]). The allreduce's sums are exact and bitwise identical on all ranks, so the
 //! choice is the same on every rank, however differently they timed the calls. Training
 //! buckets repeat every step, so the tuning costs a few steps, once.
 
@@ -52,10 +52,10 @@ pub struct Choice {
     /// The candidate with the smallest time.
     pub algorithm: Algorithm,
     /// Every candidate with its time per call ([`estimate`] of the calls' times on the
-    /// fastest rank), seconds.
+    /// slowest rank), seconds.
     pub timings: Vec<(Algorithm, f64)>,
     /// Seconds the trial calls took beyond what the chosen algorithm would have taken for
-    /// them (on the fastest rank of each call): the price of the tuning.
+    /// them (on the slowest rank of each call): the price of the tuning.
     pub cost: f64,
 }
 
@@ -170,7 +170,7 @@ impl Tuner {
     }
 
     /// Collective over `t` (every rank calls it after the same trial call): the ranks share
-    /// their calls' times ([`fastest_rank`]). After each of the first two rounds it prunes the race (and
+    /// their calls' times ([`call_times`]). After each of the first two rounds it prunes the race (and
     /// settles it if one candidate is left), after the last it keeps the fastest
     /// ([`settle`]). Returns the choice once made, also kept for [`Tuner::take_fresh`].
     pub(crate) fn agree(
@@ -191,7 +191,7 @@ impl Tuner {
         else {
             unreachable!("agree follows a trial call that ended a stage");
         };
-        let calls_of = fastest_rank(t, times)?;
+        let calls_of = call_times(t, times)?;
         let estimate: Vec<f64> = calls_of.iter().map(|v| estimate(v)).collect();
         if *stage < SCOUTS {
             let best = racing
@@ -251,27 +251,28 @@ impl Tuner {
     }
 }
 
-/// Collective over `t`: every trial call's time on the rank that took the least for it, per
-/// candidate, the same on every rank. The least is the rank that arrived last, which waited
-/// for nobody: the others' times include waiting for it (in training, for its backward), which
-/// says nothing about the algorithm. The ranks' times travel through one ring allreduce of a
-/// table with one row per rank, zeros but in its own row: exact sums, so every rank reads the
-/// same table.
-fn fastest_rank(t: &dyn Transport, times: &[Vec<f64>]) -> Result<Vec<Vec<f64>>> {
+/// Collective over `t`: every trial call's time on the rank that took the longest for it, per
+/// candidate, the same on every rank. The ranks start each trial call together (after a
+/// barrier), so that is how long the call kept them: without the barrier every call also held
+/// the wait for the last rank to arrive (in training, for its backward), which says nothing
+/// about the algorithm, and the time of the last to arrive flattered the algorithms that let
+/// the others work ahead. The ranks' times travel through one ring allreduce of a table with
+/// one row per rank, zeros but in its own row: exact sums, so every rank reads the same table.
+fn call_times(t: &dyn Transport, times: &[Vec<f64>]) -> Result<Vec<Vec<f64>>> {
     let mine: Vec<f32> = times.iter().flatten().map(|s| *s as f32).collect();
     let len = mine.len();
     let mut table = vec![0f32; len * t.size()];
     table[t.rank() * len..][..len].copy_from_slice(&mine);
     let (mut recv, mut steps) = (Vec::new(), Vec::new());
     super::ring::multiring(t, &[t.size()], 1, &mut table, &mut recv, &mut steps)?;
-    let mut least = (0..len).map(|i| {
+    let mut longest = (0..len).map(|i| {
         (0..t.size())
             .map(|r| f64::from(table[r * len + i]))
-            .fold(f64::INFINITY, f64::min)
+            .fold(0.0, f64::max)
     });
     Ok(times
         .iter()
-        .map(|v| least.by_ref().take(v.len()).collect())
+        .map(|v| longest.by_ref().take(v.len()).collect())
         .collect())
 }
 
@@ -367,17 +368,17 @@ mod tests {
 
     #[test]
     fn ranks_that_timed_differently_agree_on_one_algorithm() {
-        // Ranks 1 and 2 find shm fastest and rank 0 the ring: they waited for rank 0 in its
-        // calls, which took it 1 ms; every rank keeps the ring.
+        // Rank 0 finds the ring fastest, ranks 1 and 2 shm; rhd kept every rank for the
+        // shortest time, and every rank keeps it.
         let table = [[1.0, 5.0, 9.0], [6.0, 2.0, 1.5], [7.0, 4.0, 3.0]];
         let choices = tune(3, move |r, c| table[r][c] * 1e-3);
         for (r, c) in choices.iter().enumerate() {
-            assert_eq!(c.algorithm, Algorithm::Ring, "rank {r}: {c:?}");
+            assert_eq!(c.algorithm, Algorithm::Rhd, "rank {r}: {c:?}");
             assert_eq!(c, &choices[0], "rank {r} agrees with rank 0");
         }
         let times: Vec<f64> = choices[0].timings.iter().map(|(_, s)| *s).collect();
-        assert!((times[0] - 1e-3).abs() < 1e-9, "{times:?}");
-        assert!((times[2] - 1.5e-3).abs() < 1e-9, "{times:?}");
+        assert!((times[0] - 7e-3).abs() < 1e-9, "{times:?}");
+        assert!((times[1] - 5e-3).abs() < 1e-9, "{times:?}");
     }
 
     #[test]
