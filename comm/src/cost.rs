@@ -541,6 +541,14 @@ impl CostModel {
             .and_then(|c| c.time(bytes))
     }
 
+    /// Whether `calibrate` (or an online tuning, saved) timed some algorithm in `topo`'s
+    /// layout: then `auto` chooses from these times instead of tuning itself.
+    pub fn measures(&self, topo: Topology) -> bool {
+        self.measured
+            .iter()
+            .any(|c| c.nodes == topo.nodes && c.ranks_per_node == topo.ranks_per_node)
+    }
+
     /// Predicted seconds of one allreduce of `bytes` (f32) with `algorithm` over `topo`.
     ///
     /// Measured where `calibrate` timed the algorithm in this layout ([`MeasuredCurve`]).

@@ -41,7 +41,7 @@ pub mod transport;
 pub mod world;
 
 pub use algorithm::{Across, Algorithm};
-pub use allreduce::{Allreducer, Element};
+pub use allreduce::{Allreducer, Choice, Element};
 pub use binding::Binding;
 pub use cost::{auto_candidates, CostModel, MeasuredCurve, Tier};
 pub use counted::Counted;

@@ -35,31 +35,28 @@ pub(crate) const LINE: usize = 128;
 /// [`SharedRegion::counter`]).
 pub(crate) const COUNTER_BYTES: usize = 2 * LINE;
 
-/// Polls of a counter before a waiting rank starts yielding its core, while every rank has a
-/// core of its own. When the ranks outnumber the cores a waiting rank yields at once: its
-/// spinning would take the core from a rank that has work to do.
-const SPINS: u32 = 128;
+/// How long a waiting rank spins on a counter before it sleeps on it, while every rank has a
+/// core of its own: longer than the ranks drift apart over one chunk when all of them run,
+/// shorter than what a rank that lost its core takes to come back.
+const SPIN: Duration = Duration::from_micros(50);
 
-/// Yields of a waiting rank before it sleeps on the counter, when the ranks outnumber the
-/// cores. Measured at 3 and 4 ranks on 2 cores (1-16 MiB): 4 or 64 yields made every call
-/// pay wake-ups (1 MiB at 4 ranks: 340-450 us), 1024 let half of the runs fall into rounds of
-/// yielding ranks (850-870 us), 256 kept all runs at 200-250 us.
-const YIELDS: u32 = 256;
+/// Polls between two looks at the clock while spinning.
+const POLLS_PER_LOOK: u32 = 32;
 
 /// Longest sleep on a counter before the waiting rank looks again (and checks its timeout).
 const SLEEP: Duration = Duration::from_millis(5);
 
-/// How a rank waits for the others' counters: it spins, then yields its core, then (when the
-/// node's ranks outnumber its cores) sleeps on the counter, so that a waiting rank leaves its
-/// core to the ranks with work to do. Yielding ranks keep their cores busy, so the kernel never
-/// moves a rank with work onto them, and on 2 cores a run of 3 or 4 ranks could fall into
-/// rounds 4x slower.
+/// How a rank waits for the others' counters: it spins a little (not at all when the node's
+/// ranks outnumber its cores: its spinning would take the core from a rank with work to do),
+/// then sleeps on the counter until the rank it waits for publishes. It never yields: a
+/// yielding rank hands its core to whatever else runs on the host for a whole time slice,
+/// and on a host shared with other work every chunk's wait became milliseconds (np 2 and 4 on
+/// 2 cores: 1.5-4.5x slower; BENCHMARKS.md), where a sleeping one is woken as soon as the
+/// counter moves.
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct Pace {
-    /// Polls before yielding ([`SPINS`], or 0 when the ranks outnumber the cores).
-    spins: u32,
-    /// Whether a waiting rank goes to sleep after [`YIELDS`] yields.
-    sleep: bool,
+    /// Spinning before sleeping ([`SPIN`], or nothing when the ranks outnumber the cores).
+    spin: Duration,
 }
 
 impl Pace {
@@ -67,8 +64,7 @@ impl Pace {
     pub(crate) fn of(t: &dyn Transport) -> Result<Pace> {
         let oversubscribed = cores::oversubscribed(t)?;
         Ok(Pace {
-            spins: if oversubscribed { 0 } else { SPINS },
-            sleep: oversubscribed,
+            spin: if oversubscribed { Duration::ZERO } else { SPIN },
         })
     }
 }
@@ -262,11 +258,20 @@ impl SharedRegion {
             let counter = self.counter(q, c);
             while counter.load(Ordering::Acquire) < target {
                 polls = polls.wrapping_add(1);
-                if polls < pace.spins {
+                if polls % POLLS_PER_LOOK != 0 {
                     std::hint::spin_loop();
                     continue;
                 }
-                if pace.sleep && polls >= pace.spins + YIELDS {
+                let waited = since.get_or_insert_with(Instant::now).elapsed();
+                if waited > t.timeout() {
+                    return Err(CommError::Timeout {
+                        op,
+                        rank: t.rank(),
+                        peer: Some(q),
+                        timeout: t.timeout(),
+                    });
+                }
+                if waited >= pace.spin {
                     let sleepers = self.sleepers(q, c);
                     sleepers.fetch_add(1, Ordering::SeqCst);
                     let seen = counter.load(Ordering::SeqCst);
@@ -274,19 +279,6 @@ impl SharedRegion {
                         futex_wait(counter, seen);
                     }
                     sleepers.fetch_sub(1, Ordering::SeqCst);
-                } else {
-                    std::thread::yield_now();
-                }
-                if polls % 16 == 0 {
-                    let start = *since.get_or_insert_with(Instant::now);
-                    if start.elapsed() > t.timeout() {
-                        return Err(CommError::Timeout {
-                            op,
-                            rank: t.rank(),
-                            peer: Some(q),
-                            timeout: t.timeout(),
-                        });
-                    }
                 }
             }
         }

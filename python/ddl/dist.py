@@ -77,8 +77,9 @@ def init(timeout: float = 60.0,
     finalising to mpi4py). ``timeout``: seconds after which a blocking operation waiting on
     a dead or stuck peer raises :class:`ddl.DistError`. ``cost_model``: a model file written
     by ``mpirun ddl-bench calibrate`` in the job's layout; ``algorithm="auto"`` then runs, per
-    size, the algorithm measured fastest there (without it, the default model's formulas
-    decide). A file that cannot be read raises ValueError naming it.
+    size, the algorithm measured fastest there (without it, ``"auto"`` times the candidates
+    on the first calls of each size class and every rank keeps the fastest). A file that
+    cannot be read raises ValueError naming it.
     """
     first = not _ddl.dist_initialized()
     _ddl.dist_init(float(timeout), None if cost_model is None else os.fspath(cost_model))
@@ -119,8 +120,9 @@ def size() -> int:
 
 def resolve(nbytes: int, algorithm: str = "auto") -> str:
     """The algorithm that ``algorithm`` runs for a tensor of ``nbytes`` bytes of float32
-    (halves count as their float32 size): for ``"auto"`` the cost model's pick at that size
-    (``shm`` only once a first reduction found the ranks sharing memory); another name
+    (halves count as their float32 size): for ``"auto"`` what its tuning kept at that size
+    class, or before it has, the cost model's pick (``shm`` only once a first reduction found
+    the ranks sharing memory); another name
     returns itself with its parameters (``"multicolor"`` -> ``"multicolor:4:1048576"``)."""
     _check_algorithm(algorithm)
     return _ddl.dist_resolve(algorithm, operator.index(nbytes))

@@ -6,9 +6,13 @@
 # memory-bandwidth bound). All three print the same statistic: the mean of N back-to-back
 # calls on the slowest rank (N = clamp(iters x 64 MiB / bytes, iters, 10000)).
 #   tools/bench/allreduce.sh [OUT_DIR]      (called by `make bench` with bench-out/)
+# `auto` tunes itself online (ddl-bench runs its trial calls before timing it), as a user's
+# first job does; ALLREDUCE_CALIBRATE=1 calibrates a cost model before every run and gives it
+# to ddl-bench instead (then the model decides).
 # Env: ALLREDUCE_NPS ("2 3 4"), ALLREDUCE_MIN_BYTES (4KiB), ALLREDUCE_MAX_BYTES (64MiB),
 #      ALLREDUCE_ITERS (5), ALLREDUCE_ALGOS (every ddl algorithm), BENCH_RUNS (alternating runs
-#      of C loop / ddl-bench / gloo; medians are reported; default 3), PYTHON,
+#      of C loop / ddl-bench / gloo; medians are reported; default 3), ALLREDUCE_GLOO (1; 0
+#      leaves gloo out), ALLREDUCE_CALIBRATE (0), PYTHON,
 #      ALLREDUCE_LOCK=FILE (run each measurement under `flock FILE`, on a shared machine),
 #      ALLREDUCE_PEER=FILE (the C loop built elsewhere, for a machine without mpicc).
 # Raw JSON lines land in OUT_DIR/allreduce-*.jsonl; the tables of BENCHMARKS.md are printed.
@@ -49,15 +53,21 @@ for run in $(seq "$runs"); do
   for np in $nps; do
     # Calibrated afresh every run (auto's choices come from it), so that a calibration
     # spoiled by a burst of load from other tenants spoils one run, not the median.
-    echo "allreduce: run $run, np $np: calibrate, C loop, ddl-bench ($algos), gloo" >&2
-    "${lock[@]}" $(mpirun_for "$np") -np "$np" "$bench" calibrate -o "$out/model-np$np-run$run.json" \
-      --max-bytes "$max" >/dev/null
+    echo "allreduce: run $run, np $np: C loop, ddl-bench ($algos), gloo" >&2
+    model=()
+    if [ "${ALLREDUCE_CALIBRATE:-0}" = 1 ]; then
+      "${lock[@]}" $(mpirun_for "$np") -np "$np" "$bench" calibrate \
+        -o "$out/model-np$np-run$run.json" --max-bytes "$max" >/dev/null
+      model=(--model-file "$out/model-np$np-run$run.json")
+    fi
     "${lock[@]}" $(mpirun_for "$np") -np "$np" "$peer" --min-bytes "$min_bytes" \
       --max-bytes "$max_bytes" --iters "$iters" | grep '^{' >> "$out/allreduce-c.jsonl"
     "${lock[@]}" $(mpirun_for "$np") -np "$np" "$bench" allreduce --json --algos "$algos" \
-      --min-bytes "$min" --max-bytes "$max" --iters "$iters" \
-      --model-file "$out/model-np$np-run$run.json" | grep '^{' >> "$out/allreduce-ddl.jsonl"
-    if "$python" -c "import torch.distributed" 2>/dev/null; then
+      --min-bytes "$min" --max-bytes "$max" --iters "$iters" "${model[@]}" \
+      | grep '^{' >> "$out/allreduce-ddl.jsonl"
+    if [ "${ALLREDUCE_GLOO:-1}" = 0 ]; then
+      :
+    elif "$python" -c "import torch.distributed" 2>/dev/null; then
       "${lock[@]}" "$python" tools/bench/gloo_allreduce.py --ranks "$np" --min-bytes "$min_bytes" \
         --max-bytes "$max_bytes" --iters "$iters" | grep '^{' >> "$out/allreduce-gloo.jsonl"
     else

@@ -15,7 +15,9 @@ algorithm being the one with the lowest median:
 and two of the medians:
   best/gloo  gloo's time over the fastest ddl algorithm's,
   bw         one in-place pass over the buffer (buf[i] *= s) on every rank at once over the
-             fastest algorithm's time: the fraction of the memory-bandwidth bound it reaches.
+             fastest algorithm's time: the fraction of the memory-bandwidth bound it reaches,
+  shm/pass   shm's time over that pass (the C loop's `pass_us`), medians: how many passes
+             over the buffer shm costs.
 A `*` marks a result that was not bitwise equal to the exact sum / MPI_Allreduce.
 """
 import json
@@ -77,7 +79,7 @@ def main(paths):
         runs = max(len(v) for k, v in times.items() if k[0] == np_)
         print(f"\n# np {np_}: time per call, us (median of {runs} runs)")
         head = ["size"] + [("C loop" if a == "mpi-c" else a) for a in algos] + \
-            ["best/C", "auto/best", "mpi/C", "best/gloo", "bw"]
+            ["best/C", "auto/best", "mpi/C", "best/gloo", "bw", "shm/pass"]
         print("| " + " | ".join(head) + " |")
         print("|" + "---|" * len(head))
         for b in sorted({k[1] for k in med if k[0] == np_}):
@@ -104,6 +106,8 @@ def main(paths):
             row.append(paired("mpi-c", "mpi"))
             row.append(ratio(gloo, best))
             row.append("-" if not mc or best is None else f"{statistics.median(mc) / best:.2f}")
+            shm = med.get((np_, b, "shm"))
+            row.append("-" if not mc or shm is None else f"{shm / statistics.median(mc):.2f}")
             print("| " + " | ".join(row) + " |")
 
 

@@ -124,9 +124,14 @@ pub struct AllreduceRow {
     pub busbw_gbps: f64,
     /// Bitwise equal to MPI_Allreduce on every rank (integer-valued data, exact sums).
     pub correct: bool,
-    /// What `auto` ran at this size (the cost model's choice); absent for other algorithms.
+    /// What `auto` ran at this size (its online tuning's choice, or the cost model's with a
+    /// measured model); absent for other algorithms.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub resolved: Option<String>,
+    /// Calls `auto` spent trying the candidates at this size before the timed ones (not
+    /// timed); absent for other algorithms.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tuning_calls: Option<usize>,
     /// The cost model's predicted time, microseconds (with a model file).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub predicted_us: Option<f64>,
@@ -209,6 +214,7 @@ fn allreduce_of<T: Element + Default>(
             let correct =
                 agrees_with_mpi(&mpi, ar, &mut buf[..n], &mut reference[..n], rank, salt)?;
             let calls = calls_for(bytes, opts.iters);
+            let tuning_calls = finish_tuning(ar, &mut buf[..n])?;
             let time = mean_call_time(&*t, ar, &mut buf[..n], opts.warmup, calls)?;
             if rank != 0 {
                 continue;
@@ -226,7 +232,8 @@ fn allreduce_of<T: Element + Default>(
                 algbw_gbps: algbw,
                 busbw_gbps: busbw,
                 correct,
-                resolved: (*algo == Algorithm::Auto).then(|| ar.resolve(bytes).to_string()),
+                resolved: (*algo == Algorithm::Auto).then(|| ar.resolve(4 * n).to_string()),
+                tuning_calls: (*algo == Algorithm::Auto).then_some(tuning_calls),
                 predicted_us: predicted.map(|t| t * 1e6),
                 ratio: predicted.map(|t| time / t),
             };
@@ -314,6 +321,17 @@ fn write_row(out: &mut dyn Write, row: &AllreduceRow, n: usize, json: bool) -> R
     }
     out.flush()?;
     Ok(())
+}
+
+/// Runs `auto`'s remaining trial calls on `buf` (every rank makes the same calls), so that
+/// the timed calls see what it settled on; returns how many it made.
+fn finish_tuning<T: Element>(ar: &Allreducer, buf: &mut [T]) -> Result<usize> {
+    let mut calls = 0;
+    while ar.tuning(4 * buf.len()) {
+        ar.allreduce(buf, false)?;
+        calls += 1;
+    }
+    Ok(calls)
 }
 
 /// The models `ddl-bench sim --model` knows, as listed in its errors.

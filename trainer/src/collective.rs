@@ -8,8 +8,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use ddl_comm::{
-    collective, Algorithm, Allreducer, CostModel, Counted, Parts, Reduce, ShardAlgorithm, Sharded,
-    Topology, Transport,
+    collective, Algorithm, Allreducer, Choice, CostModel, Counted, Parts, Reduce, ShardAlgorithm,
+    Sharded, Topology, Transport,
 };
 
 use crate::error::Result;
@@ -45,6 +45,23 @@ impl Collective {
             sharded,
             sent,
         })
+    }
+
+    /// Whether `auto` tunes itself on the first calls of each buffer size
+    /// ([`Allreducer::tunes`]).
+    pub fn tunes(&self) -> bool {
+        self.allreducer.tunes()
+    }
+
+    /// The allreduce's online tuning choices made since the last call, each once
+    /// ([`Allreducer::take_tuned`]).
+    pub fn take_tuned(&self) -> Vec<Choice> {
+        self.allreducer.take_tuned()
+    }
+
+    /// The cost model with what the online tuning measured ([`Allreducer::tuned_model`]).
+    pub fn tuned_model(&self) -> CostModel {
+        self.allreducer.tuned_model()
     }
 
     /// Bytes this rank has sent to the others so far, in messages (see [`Counted`]).

@@ -105,6 +105,9 @@ pub struct TrainConfig {
     /// Cost model `auto` chooses with, from `ddl-bench calibrate` (`--cost-model`; none: the
     /// default model's formulas).
     pub cost_model: Option<PathBuf>,
+    /// Where rank 0 writes the cost model `--allreduce auto` tuned online, whenever it
+    /// settles another buffer size (`--save-cost-model`), for `--cost-model` of later jobs.
+    pub save_cost_model: Option<PathBuf>,
     /// Split the classifier head by class over every replica of the job, the backbone staying
     /// data-parallel (`--head-parallel`; see [`crate::table`]).
     pub head_parallel: bool,
@@ -192,6 +195,7 @@ impl Default for TrainConfig {
             max_steps: None,
             allreduce: Algorithm::Auto,
             cost_model: None,
+            save_cost_model: None,
             head_parallel: false,
             gather: ShardAlgorithm::Auto,
             dump_weights: None,

@@ -133,6 +133,11 @@ struct Cli {
     /// this job's layout, whose measured times decide per buffer size (default: formulas).
     #[arg(long)]
     cost_model: Option<PathBuf>,
+    /// Without --cost-model, `--allreduce auto` times the candidates on the first calls of
+    /// each buffer size and keeps the fastest: write what it found to this file (rank 0,
+    /// whenever it settles a size), to give to later jobs of this layout as --cost-model.
+    #[arg(long)]
+    save_cost_model: Option<PathBuf>,
     /// Split the classifier head (fc) by class over every replica of the job, the backbone
     /// staying data-parallel: each step all-gathers the features and exchanges the softmax's
     /// per-sample sums instead of allreducing the head's gradient (fewer bytes below a global
@@ -243,6 +248,7 @@ impl Cli {
             max_steps: self.max_steps,
             allreduce: self.allreduce,
             cost_model: self.cost_model,
+            save_cost_model: self.save_cost_model,
             head_parallel: self.head_parallel,
             gather: self.gather,
             dump_weights: self.dump_weights,

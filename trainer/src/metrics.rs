@@ -36,6 +36,25 @@ pub struct StepRecord {
     pub bytes_sent: u64,
 }
 
+/// One line per buffer size class whose algorithm `--allreduce auto` settled on by trying
+/// the candidates (`"type": "allreduce_tuned"`).
+#[derive(Clone, Debug, Serialize)]
+pub struct TunedRecord {
+    /// Always `"allreduce_tuned"`.
+    #[serde(rename = "type")]
+    pub kind: &'static str,
+    /// Global step after which the ranks agreed.
+    pub step: u64,
+    /// Bytes of the class's first buffer (f32).
+    pub bytes: usize,
+    /// The algorithm kept.
+    pub algorithm: String,
+    /// Each candidate's time per call, mean over the ranks of their medians, seconds.
+    pub timings: Vec<(String, f64)>,
+    /// Seconds the trial calls took beyond what the kept algorithm would have.
+    pub cost_s: f64,
+}
+
 /// One line per epoch (`"type": "epoch"`).
 #[derive(Clone, Debug, Serialize)]
 pub struct EpochRecord {

@@ -96,6 +96,7 @@ pub const FREE: &[(&str, &str)] = &[
         "batches depend only on seed, epoch, step and replica",
     ),
     ("metrics", "output only"),
+    ("save_cost_model", "output only"),
     ("checkpoint_dir", "output only"),
     ("checkpoint_every", "output only"),
     ("keep_checkpoints", "output only"),

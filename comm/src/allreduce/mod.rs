@@ -8,11 +8,13 @@ mod rhd;
 pub(crate) mod ring;
 pub mod shm;
 pub mod signature;
+pub mod tune;
 pub(crate) mod util;
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::{Arc, Mutex};
+use std::time::Instant;
 
 use half::{bf16, f16};
 
@@ -30,6 +32,8 @@ pub(crate) use ring::{MAX_DIMS, MAX_SEGMENTS};
 use shm::ShmAllreduce;
 use signature::check_calls;
 pub use signature::{describe_calls, Dtype, Signature};
+pub use tune::Choice;
+use tune::{Plan, Tuner};
 
 /// Largest chunk of the shared-memory algorithm (its region holds two per rank).
 pub(crate) const MAX_SHM_CHUNK: usize = 64 << 20;
@@ -83,6 +87,9 @@ pub struct Allreducer {
     shm_probe: AtomicU8,
     /// `auto`'s choices by (bytes, shared memory allowed): the model is asked once per size.
     choices: Mutex<HashMap<(usize, bool), Algorithm>>,
+    /// `auto`'s online tuning, when the model measured nothing in this layout
+    /// ([`Allreducer::tunes`]).
+    tuner: Option<Mutex<Tuner>>,
 }
 
 /// Most sizes whose `auto` choice is remembered (the memo starts over beyond).
@@ -184,10 +191,13 @@ impl Allreducer {
                 "the mpi algorithm needs the MPI transport".into(),
             ));
         }
+        let tuner = (algorithm == Algorithm::Auto && !model.measures(topology))
+            .then(|| Mutex::new(Tuner::default()));
         Ok(Allreducer {
             transport,
             algorithm,
             topology,
+            tuner,
             model,
             dims,
             multicolor,
@@ -212,27 +222,100 @@ impl Allreducer {
         self.topology
     }
 
-    /// The algorithm a call with `bytes` of f32 data runs (resolves `auto` among
-    /// [`auto_candidates`]: `shm` only where the ranks share memory, which the first call
-    /// finds out; `mpi` only over MPI).
+    /// The algorithm a call with `bytes` of f32 data runs (resolves `auto`: the tuned choice
+    /// once the ranks agreed on one at this size class, otherwise the cost model's among the
+    /// candidates ([`auto_candidates`]: `shm` only where the ranks share memory, which the
+    /// first call finds out; `mpi` only over MPI).
     pub fn resolve(&self, bytes: usize) -> Algorithm {
         match &self.algorithm {
             Algorithm::Auto => {
-                let shared = self.shm_probe.load(Ordering::Relaxed) != SHM_NO;
-                let mut choices = self.choices.lock().unwrap_or_else(|e| e.into_inner());
-                if let Some(a) = choices.get(&(bytes, shared)) {
-                    return a.clone();
+                let shared = self.shared();
+                if let Some(tuner) = &self.tuner {
+                    let tuner = tuner.lock().unwrap_or_else(|e| e.into_inner());
+                    if let Some(c) = tuner.chosen(bytes, shared) {
+                        return c.algorithm.clone();
+                    }
                 }
-                if choices.len() >= MAX_CHOICES {
-                    choices.clear();
-                }
-                let candidates =
-                    auto_candidates(self.topology, shared, self.transport.has_native_allreduce());
-                let a = self.model.choose_among(bytes, self.topology, &candidates);
-                choices.insert((bytes, shared), a.clone());
-                a
+                self.modelled(bytes, shared)
             }
             other => other.clone(),
+        }
+    }
+
+    /// Whether `auto` tunes itself online: it is `auto` and its cost model measured nothing
+    /// in this layout (a calibrated or saved model wins when given).
+    pub fn tunes(&self) -> bool {
+        self.tuner.is_some()
+    }
+
+    /// Whether the next call of `bytes` is a trial of the online tuning (every rank gives
+    /// the same answer after the same calls).
+    pub fn tuning(&self, bytes: usize) -> bool {
+        self.tuner.as_ref().is_some_and(|tuner| {
+            let tuner = tuner.lock().unwrap_or_else(|e| e.into_inner());
+            tuner.chosen(bytes, self.shared()).is_none()
+        })
+    }
+
+    /// The tuning's choices made since the last call: each is handed out once, for a log line.
+    pub fn take_tuned(&self) -> Vec<Choice> {
+        self.tuner.as_ref().map_or_else(Vec::new, |tuner| {
+            tuner.lock().unwrap_or_else(|e| e.into_inner()).take_fresh()
+        })
+    }
+
+    /// The cost model with every size the tuning settled as curves measured in this layout:
+    /// saved ([`CostModel::save`]) and given to a later job, `auto` chooses as this one did
+    /// without trying again.
+    pub fn tuned_model(&self) -> CostModel {
+        let mut model = self.model.clone();
+        if let Some(tuner) = &self.tuner {
+            let tuner = tuner.lock().unwrap_or_else(|e| e.into_inner());
+            model.measured.extend(tuner.curves(self.topology));
+            model.source = format!("tuned online ({})", model.source);
+        }
+        model
+    }
+
+    /// Whether the ranks may share memory (found, or not probed yet).
+    fn shared(&self) -> bool {
+        self.shm_probe.load(Ordering::Relaxed) != SHM_NO
+    }
+
+    /// The candidates of `auto` here, each distinct.
+    fn candidates(&self, shared: bool) -> Vec<Algorithm> {
+        let all = auto_candidates(self.topology, shared, self.transport.has_native_allreduce());
+        tune::distinct(all, self.topology)
+    }
+
+    /// The cost model's choice for `bytes` (asked once per size).
+    fn modelled(&self, bytes: usize, shared: bool) -> Algorithm {
+        let mut choices = self.choices.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(a) = choices.get(&(bytes, shared)) {
+            return a.clone();
+        }
+        if choices.len() >= MAX_CHOICES {
+            choices.clear();
+        }
+        let a = self
+            .model
+            .choose_among(bytes, self.topology, &self.candidates(shared));
+        choices.insert((bytes, shared), a.clone());
+        a
+    }
+
+    /// What `auto` runs for the next call of `bytes`, and whether it is a trial.
+    fn plan(&self, bytes: usize) -> (Algorithm, bool) {
+        let shared = self.shared();
+        match &self.tuner {
+            Some(tuner) if bytes > 0 => {
+                let mut tuner = tuner.lock().unwrap_or_else(|e| e.into_inner());
+                match tuner.plan(bytes, shared, || self.candidates(shared)) {
+                    Plan::Chosen(a) => (a, false),
+                    Plan::Trial(a) => (a, true),
+                }
+            }
+            _ => (self.modelled(bytes, shared), false),
         }
     }
 
@@ -331,12 +414,9 @@ impl Allreducer {
         Ok(())
     }
 
-    /// `auto`: the call check first, then the algorithm the cost model picks for this size.
-    /// Ranks of different sizes may pick different algorithms, so all must meet in the same
-    /// check whatever they picked: in the shared memory when the ranks share one node (probed
-    /// on the first call whatever its size), where `shm` runs it in its own first
-    /// synchronisation and the others alone ([`ShmAllreduce::check`]); otherwise
-    /// [`check_calls`].
+    /// `auto`: the algorithm the tuning tries or settled on for this size class (or the cost
+    /// model's), timed while the tuning lasts; after the class's last trial the ranks agree
+    /// on the fastest ([`tune`]).
     fn auto<T: Element>(
         &self,
         scratch: &mut Scratch,
@@ -344,12 +424,50 @@ impl Allreducer {
         average: bool,
         check: Option<Signature>,
     ) -> Result<()> {
+        let bytes = 4 * buf.len();
+        if self.topology.nodes == 1 {
+            // Probed on the first call whatever its size, before anything is planned.
+            self.shared_memory(&mut scratch.shm, shm::DEFAULT_CHUNK_BYTES)?;
+        }
+        let shared = self.shared();
+        let (algorithm, trial) = self.plan(bytes);
+        if trial {
+            // The ranks start a trial call together (see `tune::call_times`).
+            self.transport.barrier()?;
+        }
+        let start = Instant::now();
+        self.run_auto(scratch, buf, average, check, algorithm)?;
+        let Some(tuner) = self
+            .tuner
+            .as_ref()
+            .filter(|_| trial && shared == self.shared())
+        else {
+            return Ok(());
+        };
+        let mut tuner = tuner.lock().unwrap_or_else(|e| e.into_inner());
+        if tuner.record(bytes, shared, start.elapsed().as_secs_f64()) {
+            tuner.agree(&*self.transport, bytes, shared)?;
+        }
+        Ok(())
+    }
+
+    /// Runs `algorithm` for `auto`, the call check first. Ranks of different sizes may run
+    /// different algorithms, so all must meet in the same check whatever they run: in the
+    /// shared memory when the ranks share one node, where `shm` runs it in its own first
+    /// synchronisation and the others alone ([`ShmAllreduce::check`]); otherwise
+    /// [`check_calls`].
+    fn run_auto<T: Element>(
+        &self,
+        scratch: &mut Scratch,
+        buf: &mut [T],
+        average: bool,
+        check: Option<Signature>,
+        algorithm: Algorithm,
+    ) -> Result<()> {
         let t = &*self.transport;
         let bytes = 4 * buf.len();
         if self.topology.nodes == 1 {
-            let region = self.shared_memory(&mut scratch.shm, shm::DEFAULT_CHUNK_BYTES)?;
-            if let Some(shm) = region {
-                let algorithm = self.resolve(bytes);
+            if let Some(shm) = scratch.shm.as_mut() {
                 if let Algorithm::Shm { .. } = algorithm {
                     return shm.allreduce(t, buf, average);
                 }
@@ -362,7 +480,6 @@ impl Allreducer {
         if let Some(mine) = check {
             check_calls(t, mine, false)?;
         }
-        let algorithm = self.resolve(bytes);
         if let Algorithm::Hierarchical {
             across,
             chunk_bytes,
@@ -371,8 +488,8 @@ impl Allreducer {
             if let Some(h) = self.node_groups(&mut scratch.hierarchical, across, chunk_bytes)? {
                 return h.allreduce(t, buf, average, None);
             }
-            // No shared memory after all: resolve again without it.
-            let algorithm = self.resolve(bytes);
+            // No shared memory after all: the model's choice without it.
+            let algorithm = self.modelled(bytes, false);
             return self.run_elements(&algorithm, t, scratch, buf, average);
         }
         self.run_elements(&algorithm, t, scratch, buf, average)

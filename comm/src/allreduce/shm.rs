@@ -22,8 +22,8 @@
 //!
 //! Ranks synchronise through counters in their own segments (acquire / release atomics): how
 //! many chunks each has announced and summed. Slots are reused every [`SLOTS`] chunks (see
-//! [`ShmAllreduce::run`] for why one wait per chunk suffices). A waiting rank spins, yields
-//! and, when the ranks outnumber the cores, sleeps ([`Pace`]). It gives up with
+//! [`ShmAllreduce::run`] for why one wait per chunk suffices). A waiting rank spins briefly
+//! (not when the ranks outnumber the cores), then sleeps until the counter moves ([`Pace`]). It gives up with
 //! [`CommError::Timeout`](crate::CommError::Timeout) naming the rank it waited for after the
 //! transport's timeout.
 

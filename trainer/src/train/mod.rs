@@ -23,7 +23,7 @@ use crate::config::{auto_overlap, TrainConfig};
 use crate::console::eprint_line;
 use crate::device;
 use crate::error::{Result, TrainError};
-use crate::metrics::{EpochRecord, MetricsWriter, StepRecord};
+use crate::metrics::{EpochRecord, MetricsWriter, StepRecord, TunedRecord};
 use crate::optim::SgdConfig;
 use crate::schedule::Schedule;
 use crate::signal::StopSignal;
@@ -277,7 +277,11 @@ pub fn train(
             global_batch,
             schedule.peak,
             steps_per_epoch,
-            &cfg.allreduce,
+            if comm.tunes() {
+                "auto (tuned on the first steps)".to_string()
+            } else {
+                cfg.allreduce.to_string()
+            },
             overlap.name(),
             table.layout().buckets.len(),
         );
@@ -430,6 +434,7 @@ impl Run<'_> {
                 global += 1;
                 self.summary.steps_run += 1;
                 bad_seen = self.collect_bad_records(&pipeline, bad_seen, BadRecordUse::Train);
+                self.report_tuning(global)?;
                 let world = self.comm.size() as f64;
                 let images = stats.images as f64 * world;
                 acc.add(&stats);
@@ -529,6 +534,49 @@ impl Run<'_> {
 
     /// Whether any rank received a stop signal: every rank calls it after the same step, so all
     /// stop together (the signal may have reached only some of them).
+    /// Logs once each buffer size whose algorithm `--allreduce auto` settled on during the
+    /// last step (rank 0: a line, a metrics record) and saves the tuned model if asked.
+    fn report_tuning(&mut self, global: u64) -> Result<()> {
+        let fresh = self.comm.take_tuned();
+        if fresh.is_empty() || !self.is_root() {
+            return Ok(());
+        }
+        for c in &fresh {
+            let timings: Vec<(String, f64)> =
+                c.timings.iter().map(|(a, s)| (a.to_string(), *s)).collect();
+            if self.cfg.verbose {
+                let tried: Vec<String> = timings
+                    .iter()
+                    .map(|(a, s)| format!("{a} {:.3} ms", s * 1e3))
+                    .collect();
+                println!(
+                    "ddl-train: allreduce auto at {} bytes: {} (tried {}; tuning cost {:.1} ms)",
+                    c.bytes,
+                    c.algorithm,
+                    tried.join(", "),
+                    c.cost * 1e3
+                );
+            }
+            if let Some(m) = &mut self.metrics {
+                m.write(&TunedRecord {
+                    kind: "allreduce_tuned",
+                    step: global,
+                    bytes: c.bytes,
+                    algorithm: c.algorithm.to_string(),
+                    timings,
+                    cost_s: c.cost,
+                })?;
+            }
+        }
+        if let Some(path) = &self.cfg.save_cost_model {
+            self.comm
+                .tuned_model()
+                .save(path)
+                .map_err(|e| TrainError::config("--save-cost-model", e.to_string()))?;
+        }
+        Ok(())
+    }
+
     fn agreed_stop(&self) -> Result<Option<StopSignal>> {
         let mut votes = [0f32; 2];
         match self.cfg.stop.requested() {
