@@ -12,6 +12,8 @@
 //! - [`collective`]: broadcast, gather and allgather of bytes for the control plane.
 //! - [`Counted`]: a transport counting the bytes its rank sends; [`step`]: the collectives
 //!   and bytes of one training step, data-parallel or with the head split over the ranks.
+//! - [`priority`]: the order of a training step's buckets ([`CommOrder`]), and the negotiation
+//!   that keeps a `priority` schedule the same on every rank.
 //! - [`CostModel`]: alpha-beta-gamma per tier, predicting each algorithm's time, and its
 //!   measurement under MPI ([`calibrate`]).
 //! - [`cores`] and [`Binding`]: the CPUs a node's ranks hold together, and the warning for
@@ -30,6 +32,7 @@ mod counted;
 pub mod error;
 pub mod mpi;
 mod parts;
+pub mod priority;
 pub mod sharded;
 mod shm;
 pub mod step;
@@ -48,6 +51,7 @@ pub use error::{CommError, Result};
 /// Half-precision types accepted by [`Allreducer::allreduce`] (re-exported from `half`).
 pub use half::{bf16, f16};
 pub use parts::Parts;
+pub use priority::CommOrder;
 pub use sharded::{Reduce, ShardAlgorithm, Sharded, ShardedOp};
 pub use thread::{thread_group, thread_group_with_timeout, ThreadTransport};
 pub use topology::Topology;
