@@ -1,6 +1,6 @@
 //! Models (torchvision names and sizes), weight-decay exclusion, and the SGD update.
 
-use ddl_trainer::model::{self, ModelKind, StagedPass};
+use ddl_trainer::model::{self, ModelKind, PassMode, StagedPass};
 use ddl_trainer::optim::{Sgd, SgdConfig};
 use ddl_trainer::table::{Layout, ALIGN};
 use tch::{nn, Device, Kind, Reduction, Tensor};
@@ -176,7 +176,12 @@ fn gradients(
         t.zero_grad();
     }
     let labels = Tensor::from_slice(&[1i64, 7]);
-    let mut pass = StagedPass::forward(net.as_ref(), x, true, staged).unwrap();
+    let mode = PassMode {
+        train: true,
+        staged,
+        classify: true,
+    };
+    let mut pass = StagedPass::run(net.as_ref(), x, mode, &mut |_| Ok(())).unwrap();
     pass.output()
         .cross_entropy_loss::<Tensor>(&labels, None, Reduction::Mean, -100, 0.0)
         .backward();
