@@ -11,6 +11,7 @@
 
 use std::fmt;
 use std::marker::PhantomData;
+use std::sync::Mutex;
 
 use tch::nn::{self, ModuleT};
 use tch::Tensor;
@@ -210,8 +211,34 @@ impl<'a> StagedPass<'a> {
     }
 }
 
-/// Builds `kind` for `classes` output classes under `p`, sized for square `image_size` inputs.
+/// Serialises every use of torch's random generator, which is global to the process: building
+/// a model draws its initial weights from it. Without it, a model built on one thread (a
+/// table's, an export's layout) shifts the sequence another thread's seeded model draws from
+/// (ranks simulated by threads, tests running side by side), and "the weights of the seed"
+/// change from run to run.
+static GENERATOR: Mutex<()> = Mutex::new(());
+
+/// Builds `kind` for `classes` output classes under `p`, sized for square `image_size` inputs
+/// (its initial weights drawn from torch's generator wherever it stands).
 pub fn build(kind: ModelKind, p: &nn::Path, classes: i64, image_size: u32) -> Model {
+    let _generator = GENERATOR.lock().unwrap_or_else(|e| e.into_inner());
+    build_unlocked(kind, p, classes, image_size)
+}
+
+/// As [`build`], with the initial weights of `seed`: the same in every thread and process.
+pub fn build_seeded(
+    seed: i64,
+    kind: ModelKind,
+    p: &nn::Path,
+    classes: i64,
+    image_size: u32,
+) -> Model {
+    let _generator = GENERATOR.lock().unwrap_or_else(|e| e.into_inner());
+    tch::manual_seed(seed);
+    build_unlocked(kind, p, classes, image_size)
+}
+
+fn build_unlocked(kind: ModelKind, p: &nn::Path, classes: i64, image_size: u32) -> Model {
     match kind {
         ModelKind::Resnet18 => Box::new(ResNet::torchvision(
             p,

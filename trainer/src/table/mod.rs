@@ -216,9 +216,6 @@ pub struct Table {
     schedule: Option<Schedule>,
 }
 
-/// Serialises seeding + initialisation (see [`Table::new`]).
-static INIT_LOCK: Mutex<()> = Mutex::new(());
-
 impl Table {
     /// Builds the replicas: the model is initialised once on the CPU from `cfg.seed` (so every
     /// rank starts from the same weights), then copied to every device.
@@ -230,14 +227,14 @@ impl Table {
             // Each replica thread is one core's worth of work.
             tch::set_num_threads(1);
         }
-        // The torch generator is global to the process: hold a lock while seeding and drawing
-        // the initial weights, so that tables built concurrently (ranks simulated by threads)
-        // all get the weights of `cfg.seed`.
-        let init_guard = INIT_LOCK.lock().unwrap_or_else(|e| e.into_inner());
-        tch::manual_seed(cfg.seed as i64);
         let reference = nn::VarStore::new(Device::Cpu);
-        let model = model::build(cfg.model, &reference.root(), cfg.classes, cfg.image_size);
-        drop(init_guard);
+        let model = model::build_seeded(
+            cfg.seed as i64,
+            cfg.model,
+            &reference.root(),
+            cfg.classes,
+            cfg.image_size,
+        );
         let layout = Arc::new(Layout::for_overlap(
             &reference,
             model.as_ref(),
@@ -648,10 +645,8 @@ fn build_replica(
     let classes = split
         .as_ref()
         .map_or(cfg.classes, |s| s.classes(global).len() as i64);
-    // Drawing this replica's (overwritten) initial values uses the global generator too.
-    let init_guard = INIT_LOCK.lock().unwrap_or_else(|e| e.into_inner());
+    // This replica's initial values (overwritten) are drawn too.
     let model = model::build(cfg.model, &vs.root(), classes, cfg.image_size);
-    drop(init_guard);
     let vars = vs.variables();
     let get = |name: &str| {
         vars.get(name)
