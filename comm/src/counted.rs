@@ -61,7 +61,7 @@ impl Transport for Counted {
             .iter()
             .map(|op| match op {
                 Op::Send { data, .. } => data.len(),
-                Op::Recv { .. } => 0,
+                Op::Recv { .. } | Op::RecvUpTo { .. } => 0,
             })
             .sum();
         self.inner.exchange(ops)?;
@@ -88,5 +88,8 @@ impl Transport for Counted {
     }
     fn native_allreduce_f32(&self, buf: &mut [f32]) -> Result<()> {
         self.inner.native_allreduce_f32(buf)
+    }
+    fn native_allgather_u64(&self, word: u64, all: &mut [u64]) -> Result<()> {
+        self.inner.native_allgather_u64(word, all)
     }
 }

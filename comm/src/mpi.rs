@@ -47,6 +47,17 @@ impl Env {
     }
 }
 
+/// What a completed request of an exchange received.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Receive {
+    /// Nothing (a send, a barrier).
+    Nothing,
+    /// A message of exactly this many bytes.
+    Exactly(usize),
+    /// A message of at most the buffer's length.
+    UpTo,
+}
+
 /// Longest sleep between two polls of a waiting rank in [`Polling::Backoff`] mode.
 pub const MAX_IDLE_SLEEP: Duration = Duration::from_micros(500);
 
@@ -146,7 +157,8 @@ pub struct MpiTransport {
     timeout_ns: AtomicU64,
     /// [`Polling::Backoff`] when true.
     backoff: AtomicBool,
-    requests: Mutex<Vec<ffi::MPI_Request>>,
+    /// The requests of an exchange and the lengths they received (reused).
+    requests: Mutex<(Vec<ffi::MPI_Request>, Vec<usize>)>,
     /// MPI itself, kept initialised while this communicator lives.
     pub(crate) env: Arc<Env>,
 }
@@ -205,7 +217,7 @@ impl MpiTransport {
             size: size as usize,
             timeout_ns: AtomicU64::new(u64::try_from(timeout.as_nanos()).unwrap_or(u64::MAX)),
             backoff: AtomicBool::new(false),
-            requests: Mutex::new(Vec::new()),
+            requests: Mutex::new((Vec::new(), Vec::new())),
             env,
         })
     }
@@ -241,13 +253,15 @@ impl MpiTransport {
             .store(polling == Polling::Backoff, Ordering::Relaxed);
     }
 
-    /// Polls `reqs` (MPI_Test) until all complete or the deadline passes. `peers[i]` names
-    /// the peer of request i; `recv_len[i]` is Some(bytes) for receives (checked).
+    /// Polls `reqs` (MPI_Test) until all complete or the deadline passes. `peers(i)` names
+    /// the peer of request i and what it receives; the length of each message received lands
+    /// in `counts[i]` where `counts` has a slot for it (checked for [`Receive::Exactly`]).
     fn complete(
         &self,
         op: &'static str,
         reqs: &mut [ffi::MPI_Request],
-        peers: &dyn Fn(usize) -> (Option<usize>, Option<usize>),
+        peers: &dyn Fn(usize) -> (Option<usize>, Receive),
+        counts: &mut [usize],
     ) -> Result<()> {
         let timeout = self.timeout();
         let backoff = self.polling() == Polling::Backoff;
@@ -276,19 +290,25 @@ impl MpiTransport {
                     if flag != 0 {
                         remaining -= 1;
                         *r = null;
-                        let (peer, expect) = peers(i);
-                        if let (Some(peer), Some(expected)) = (peer, expect) {
+                        let (peer, receive) = peers(i);
+                        if let (Some(peer), true) = (peer, receive != Receive::Nothing) {
                             let status = unsafe { status.assume_init() };
                             let mut count: c_int = 0;
                             unsafe { ffi::MPI_Get_count(&status, ffi::RSMPI_UINT8_T, &mut count) };
-                            if count as usize != expected && first_err.is_none() {
-                                first_err = Some(CommError::SizeMismatch {
-                                    op,
-                                    rank: self.rank,
-                                    peer,
-                                    expected,
-                                    got: count.max(0) as usize,
-                                });
+                            let got = count.max(0) as usize;
+                            if let Some(c) = counts.get_mut(i) {
+                                *c = got;
+                            }
+                            if let Receive::Exactly(expected) = receive {
+                                if got != expected && first_err.is_none() {
+                                    first_err = Some(CommError::SizeMismatch {
+                                        op,
+                                        rank: self.rank,
+                                        peer,
+                                        expected,
+                                        got,
+                                    });
+                                }
                             }
                         }
                     }
@@ -356,7 +376,8 @@ impl Transport for MpiTransport {
     }
 
     fn exchange(&self, ops: &mut [Op<'_>]) -> Result<()> {
-        let mut reqs = self.requests.lock().unwrap_or_else(|e| e.into_inner());
+        let mut guard = self.requests.lock().unwrap_or_else(|e| e.into_inner());
+        let (reqs, counts) = &mut *guard;
         reqs.clear();
         // SAFETY: extern static of the MPI binding.
         let null = unsafe { ffi::RSMPI_REQUEST_NULL };
@@ -364,7 +385,7 @@ impl Transport for MpiTransport {
         for op in ops.iter() {
             check_peer("exchange", self.rank, op.peer(), self.size)?;
             let tag = match op {
-                Op::Send { tag, .. } | Op::Recv { tag, .. } => *tag,
+                Op::Send { tag, .. } | Op::Recv { tag, .. } | Op::RecvUpTo { tag, .. } => *tag,
             };
             if tag > MAX_TAG {
                 return Err(CommError::InvalidArgument(format!(
@@ -392,7 +413,7 @@ impl Transport for MpiTransport {
                             )
                         }
                     }
-                    Op::Recv { from, tag, buf } => {
+                    Op::Recv { from, tag, buf } | Op::RecvUpTo { from, tag, buf, .. } => {
                         let n = to_c_int("exchange", "message bytes", buf.len())?;
                         // SAFETY: `buf` outlives the request (completed or cancelled below).
                         unsafe {
@@ -415,19 +436,32 @@ impl Transport for MpiTransport {
             }
         }
         if let Some(e) = post_err {
-            self.cancel_all(&mut reqs);
+            self.cancel_all(reqs);
             return Err(e);
         }
         let peers = |i: usize| match &ops[i] {
-            Op::Send { to, .. } => (Some(*to), None),
-            Op::Recv { from, buf, .. } => (Some(*from), Some(buf.len())),
+            Op::Send { to, .. } => (Some(*to), Receive::Nothing),
+            Op::Recv { from, buf, .. } => (Some(*from), Receive::Exactly(buf.len())),
+            Op::RecvUpTo { from, .. } => (Some(*from), Receive::UpTo),
         };
         let op_name = match ops {
             [Op::Send { .. }] => "send",
             [Op::Recv { .. }] => "recv",
             _ => "exchange",
         };
-        self.complete(op_name, &mut reqs, &peers)
+        // Lengths are kept only for a batch that asks for them (the call check's first one).
+        let up_to = ops.iter().any(|op| matches!(op, Op::RecvUpTo { .. }));
+        counts.clear();
+        if up_to {
+            counts.resize(ops.len(), 0);
+        }
+        let done = self.complete(op_name, reqs, &peers, counts);
+        for (op, &count) in ops.iter_mut().zip(counts.iter()) {
+            if let Op::RecvUpTo { got, .. } = op {
+                **got = count;
+            }
+        }
+        done
     }
 
     fn split(&self, color: usize, key: usize) -> Result<Box<dyn Transport>> {
@@ -445,7 +479,7 @@ impl Transport for MpiTransport {
                 ffi::MPI_Ibarrier(self.comm, &mut req[0])
             })?;
         }
-        self.complete("barrier", &mut req, &|_| (None, None))
+        self.complete("barrier", &mut req, &|_| (None, Receive::Nothing), &mut [0])
     }
 
     fn timeout(&self) -> Duration {
@@ -485,6 +519,30 @@ impl Transport for MpiTransport {
                 n,
                 ffi::RSMPI_FLOAT,
                 ffi::RSMPI_SUM,
+                self.comm,
+            )
+        })
+    }
+
+    /// MPI_Allgather of one word per rank (blocking, like MPI_Allreduce).
+    fn native_allgather_u64(&self, word: u64, all: &mut [u64]) -> Result<()> {
+        if all.len() != self.size {
+            return Err(CommError::InvalidArgument(format!(
+                "MPI_Allgather: {} slots for {} ranks",
+                all.len(),
+                self.size
+            )));
+        }
+        let _g = self.env.lock();
+        // SAFETY: one u64 sent, one received per rank into `all`, which holds size of them.
+        check("MPI_Allgather", unsafe {
+            ffi::MPI_Allgather(
+                (&word as *const u64).cast::<c_void>(),
+                1,
+                ffi::RSMPI_UINT64_T,
+                all.as_mut_ptr().cast::<c_void>(),
+                1,
+                ffi::RSMPI_UINT64_T,
                 self.comm,
             )
         })

@@ -66,8 +66,12 @@ pub const ALLGATHER: TagRange = TagRange::after(PINGPONG, "allgather", 1);
 /// The ring reduce-scatter ([`crate::sharded`]).
 pub const REDUCE_SCATTER: TagRange = TagRange::after(ALLGATHER, "reduce-scatter", 1);
 
+/// The allreduce call check: every rank's element count and type, sent to every other rank
+/// before a call's first message ([`Transport::allgather_u64`](crate::Transport::allgather_u64)).
+pub const CALL_CHECK: TagRange = TagRange::after(REDUCE_SCATTER, "allreduce call check", 1);
+
 /// Every range of the registry, in tag order.
-pub const ALL: [TagRange; 7] = [
+pub const ALL: [TagRange; 8] = [
     RING,
     MULTICOLOR,
     RHD,
@@ -75,6 +79,7 @@ pub const ALL: [TagRange; 7] = [
     PINGPONG,
     ALLGATHER,
     REDUCE_SCATTER,
+    CALL_CHECK,
 ];
 
 #[cfg(test)]

@@ -155,7 +155,9 @@ impl ThreadTransport {
         }
     }
 
-    fn take_bytes(
+    /// A message into `buf`, of exactly its length or (`up_to`) at most; its length.
+    #[allow(clippy::too_many_arguments)]
+    fn take_into(
         &self,
         op: &'static str,
         from: usize,
@@ -163,11 +165,12 @@ impl ThreadTransport {
         tag: u32,
         buf: &mut [u8],
         deadline: Instant,
-    ) -> Result<()> {
+        up_to: bool,
+    ) -> Result<usize> {
         match self.take(op, from, kind, tag, deadline)? {
-            Payload::Bytes(b) if b.len() == buf.len() => {
-                buf.copy_from_slice(&b);
-                Ok(())
+            Payload::Bytes(b) if b.len() == buf.len() || (up_to && b.len() < buf.len()) => {
+                buf[..b.len()].copy_from_slice(&b);
+                Ok(b.len())
             }
             Payload::Bytes(b) => Err(CommError::SizeMismatch {
                 op,
@@ -205,7 +208,8 @@ impl Transport for ThreadTransport {
 
     fn recv(&self, from: usize, tag: u32, buf: &mut [u8]) -> Result<()> {
         let deadline = self.deadline();
-        self.take_bytes("recv", from, Kind::User, tag, buf, deadline)
+        self.take_into("recv", from, Kind::User, tag, buf, deadline, false)
+            .map(drop)
     }
 
     fn exchange(&self, ops: &mut [Op<'_>]) -> Result<()> {
@@ -222,8 +226,20 @@ impl Transport for ThreadTransport {
         }
         let deadline = self.deadline();
         for op in ops.iter_mut() {
-            if let Op::Recv { from, tag, buf } = op {
-                self.take_bytes("exchange recv", *from, Kind::User, *tag, buf, deadline)?;
+            let (from, tag, buf, got) = match op {
+                Op::Recv { from, tag, buf } => (*from, *tag, buf, None),
+                Op::RecvUpTo {
+                    from,
+                    tag,
+                    buf,
+                    got,
+                } => (*from, *tag, buf, Some(got)),
+                Op::Send { .. } => continue,
+            };
+            let op = "exchange recv";
+            let len = self.take_into(op, from, Kind::User, tag, buf, deadline, got.is_some())?;
+            if let Some(got) = got {
+                **got = len;
             }
         }
         Ok(())
@@ -241,7 +257,7 @@ impl Transport for ThreadTransport {
         let mut members = Vec::new();
         let mut buf = [0u8; 16];
         for s in 0..n {
-            self.take_bytes("split", s, Kind::SplitInfo, 0, &mut buf, deadline)?;
+            self.take_into("split", s, Kind::SplitInfo, 0, &mut buf, deadline, false)?;
             let (c, k) = buf.split_at(8);
             let c = u64::from_le_bytes(c.try_into().expect("8 bytes"));
             let k = u64::from_le_bytes(k.try_into().expect("8 bytes"));
@@ -291,7 +307,15 @@ impl Transport for ThreadTransport {
                 round,
                 Payload::Bytes(Vec::new()),
             )?;
-            self.take_bytes("barrier", from, Kind::Barrier, round, &mut [], deadline)?;
+            self.take_into(
+                "barrier",
+                from,
+                Kind::Barrier,
+                round,
+                &mut [],
+                deadline,
+                false,
+            )?;
             dist *= 2;
             round += 1;
         }

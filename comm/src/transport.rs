@@ -31,6 +31,19 @@ pub enum Op<'a> {
         /// Buffer to fill; the message must have exactly this length.
         buf: &'a mut [u8],
     },
+    /// Receive a message of at most `buf.len()` bytes from rank `from` with tag `tag`, and
+    /// its length into `got` (the allreduce call check, whose first message is no longer than
+    /// agreed but may be shorter).
+    RecvUpTo {
+        /// Source rank.
+        from: usize,
+        /// Message tag (`<= MAX_TAG`).
+        tag: u32,
+        /// Buffer to fill; a longer message fails the operation.
+        buf: &'a mut [u8],
+        /// The message's length, once received.
+        got: &'a mut usize,
+    },
 }
 
 impl Op<'_> {
@@ -38,7 +51,7 @@ impl Op<'_> {
     pub fn peer(&self) -> usize {
         match self {
             Op::Send { to, .. } => *to,
-            Op::Recv { from, .. } => *from,
+            Op::Recv { from, .. } | Op::RecvUpTo { from, .. } => *from,
         }
     }
 }
@@ -104,6 +117,44 @@ pub trait Transport: Send + Sync {
             "native allreduce (the `mpi` algorithm) needs the MPI transport".into(),
         ))
     }
+    /// Every rank's `word` into `all` (one slot per rank, in rank order): the allreduce call
+    /// check ([`crate::allreduce::signature`]), as one exchange with every other rank on the
+    /// call check's tag ([`crate::tags::CALL_CHECK`]), so that a dead rank is named within the
+    /// timeout.
+    fn allgather_u64(&self, word: u64, all: &mut [u64]) -> Result<()> {
+        let (p, me) = (self.size(), self.rank());
+        if all.len() != p {
+            return Err(crate::CommError::InvalidArgument(format!(
+                "allgather_u64: {} slots for {p} ranks",
+                all.len()
+            )));
+        }
+        let tag = crate::tags::CALL_CHECK.tag(0);
+        let mine = word.to_le_bytes();
+        let mut theirs = vec![[0u8; 8]; p];
+        let mut ops: Vec<Op<'_>> = Vec::with_capacity(2 * p);
+        for (q, buf) in theirs.iter_mut().enumerate().filter(|(q, _)| *q != me) {
+            ops.push(Op::Recv { from: q, tag, buf });
+            ops.push(Op::Send {
+                to: q,
+                tag,
+                data: &mine,
+            });
+        }
+        self.exchange(&mut ops)?;
+        drop(ops);
+        theirs[me] = mine;
+        for (slot, bytes) in all.iter_mut().zip(theirs) {
+            *slot = u64::from_le_bytes(bytes);
+        }
+        Ok(())
+    }
+    /// [`Transport::allgather_u64`] with the transport's own collective where it has one
+    /// (MPI_Allgather: faster, but blocking without the timeout, as MPI_Allreduce is; the
+    /// check of the `mpi` algorithm).
+    fn native_allgather_u64(&self, word: u64, all: &mut [u64]) -> Result<()> {
+        self.allgather_u64(word, all)
+    }
 }
 
 impl<T: Transport + ?Sized> Transport for Box<T> {
@@ -139,6 +190,12 @@ impl<T: Transport + ?Sized> Transport for Box<T> {
     }
     fn native_allreduce_f32(&self, buf: &mut [f32]) -> Result<()> {
         (**self).native_allreduce_f32(buf)
+    }
+    fn allgather_u64(&self, word: u64, all: &mut [u64]) -> Result<()> {
+        (**self).allgather_u64(word, all)
+    }
+    fn native_allgather_u64(&self, word: u64, all: &mut [u64]) -> Result<()> {
+        (**self).native_allgather_u64(word, all)
     }
 }
 

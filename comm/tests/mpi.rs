@@ -42,30 +42,32 @@ fn text(out: &Output) -> String {
     )
 }
 
-#[test]
-fn every_algorithm_matches_mpi_allreduce_on_1_to_5_ranks() {
-    for np in 1..=5 {
-        let out = mpirun(np, &["allreduce"]);
+/// `ddl-mpi-check MODE` must pass on each of `nps` ranks.
+fn passes(mode: &str, nps: std::ops::RangeInclusive<usize>) {
+    for np in nps {
+        let out = mpirun(np, &[mode]);
         let all = text(&out);
         assert!(out.status.success(), "np={np}: {all}");
         assert!(
-            all.contains(&format!("CHECK OK allreduce ranks={np}")),
+            all.contains(&format!("CHECK OK {mode} ranks={np}")),
             "np={np}: {all}"
         );
     }
 }
 
 #[test]
+fn every_algorithm_matches_mpi_allreduce_on_1_to_5_ranks() {
+    passes("allreduce", 1..=5);
+}
+
+#[test]
+fn mismatched_calls_fail_on_every_rank_naming_them() {
+    passes("mismatch", 2..=4);
+}
+
+#[test]
 fn sharded_collectives_are_exact_on_1_to_8_ranks() {
-    for np in 1..=8 {
-        let out = mpirun(np, &["sharded"]);
-        let all = text(&out);
-        assert!(out.status.success(), "np={np}: {all}");
-        assert!(
-            all.contains(&format!("CHECK OK sharded ranks={np}")),
-            "np={np}: {all}"
-        );
-    }
+    passes("sharded", 1..=8);
 }
 
 #[test]

@@ -271,6 +271,109 @@ fn half_precision_beyond_one_widening_block_is_exact() {
     }
 }
 
+/// What one rank passes to a call of the mismatch test.
+#[derive(Clone, Copy, Debug)]
+enum Call {
+    F32(usize),
+    F16(usize),
+}
+
+/// Runs one allreduce per rank, rank r passing `calls[r]` (ranks share one node when `algo`
+/// is `shm`), and returns each rank's result, whether its buffer came back untouched and how
+/// long it took.
+fn run_calls(algo: &Algorithm, calls: &[Call]) -> Vec<(ddl_comm::Result<()>, bool, Duration)> {
+    let p = calls.len();
+    let topo = match algo {
+        Algorithm::Shm { .. } => Topology::flat(p),
+        _ => topology(p),
+    };
+    let group = thread_group_with_timeout(p, Duration::from_secs(20));
+    let handles: Vec<_> = group
+        .into_iter()
+        .zip(calls.to_vec())
+        .map(|(t, call)| {
+            let algo = algo.clone();
+            std::thread::spawn(move || {
+                let rank = t.rank();
+                let ar = Allreducer::new(Arc::new(t), algo, topo).expect("allreducer");
+                let start = Instant::now();
+                let (result, untouched) = match call {
+                    Call::F32(n) => {
+                        let src = input(rank, n, 9, true);
+                        let mut buf = src.clone();
+                        (ar.allreduce_f32(&mut buf, false), bits(&buf) == bits(&src))
+                    }
+                    Call::F16(n) => {
+                        let src: Vec<f16> = input(rank, n, 9, true)
+                            .into_iter()
+                            .map(f16::from_f32)
+                            .collect();
+                        let mut buf = src.clone();
+                        (ar.allreduce_f16(&mut buf, false), buf == src)
+                    }
+                };
+                (result, untouched, start.elapsed())
+            })
+        })
+        .collect();
+    handles
+        .into_iter()
+        .map(|h| h.join().expect("rank thread"))
+        .collect()
+}
+
+#[test]
+fn mismatched_calls_fail_on_every_rank_before_touching_data() {
+    use Call::{F16, F32};
+    let cases: Vec<(Vec<Call>, Vec<&str>)> = vec![
+        (
+            vec![F32(10), F32(1000)],
+            vec!["rank 0 passed 10 f32", "rank 1 passed 1000 f32"],
+        ),
+        (
+            vec![F32(300), F16(300)],
+            vec!["rank 0 passed 300 f32", "rank 1 passed 300 f16"],
+        ),
+        (
+            vec![F32(0), F32(7)],
+            vec!["rank 0 passed 0 f32", "rank 1 passed 7 f32"],
+        ),
+        // At two ranks the first message of the smaller call rides with the check, that of
+        // the larger one would not fit.
+        (
+            vec![F32(1000), F32(300_000)],
+            vec!["rank 0 passed 1000 f32", "rank 1 passed 300000 f32"],
+        ),
+        (
+            vec![F32(1000), F32(1000), F32(300_000), F32(1000)],
+            vec![
+                "ranks 0, 1 and 3 passed 1000 f32",
+                "rank 2 passed 300000 f32",
+            ],
+        ),
+        (
+            vec![F32(2), F32(5000), F32(5000)],
+            vec!["rank 0 passed 2 f32", "ranks 1 and 2 passed 5000 f32"],
+        ),
+    ];
+    for (calls, names) in &cases {
+        for algo in algorithms(calls.len()) {
+            for (rank, (result, untouched, elapsed)) in run_calls(&algo, calls).iter().enumerate() {
+                let what = format!("{algo}, {calls:?}, rank {rank}");
+                let err = result.as_ref().expect_err(&what);
+                assert!(matches!(err, CommError::Mismatch { .. }), "{what}: {err}");
+                let msg = err.to_string();
+                for name in names {
+                    assert!(msg.contains(name), "{what}: {msg}");
+                }
+                assert!(*untouched, "{what}: the buffer changed");
+                // Every rank fails at the check, none after waiting out the timeout.
+                assert!(*elapsed < Duration::from_secs(10), "{what}: {elapsed:?}");
+            }
+        }
+    }
+}
+
 #[test]
 fn recv_times_out_naming_op_and_peer() {
     let timeout = Duration::from_millis(300);

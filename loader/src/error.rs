@@ -19,6 +19,23 @@ pub enum LoaderError {
         source: std::io::Error,
     },
 
+    /// Classes of an input without a single usable training input (an empty class folder or
+    /// tar, or a class with images only in val): packing without them would give every later
+    /// class another label.
+    #[error(
+        "{input}: {} class(es) without a usable training image: {}; leaving a class out would \
+         give every class after it another label (and drop its val images)",
+        .classes.len(),
+        .classes.join(", "),
+        input = .input.display()
+    )]
+    EmptyClasses {
+        /// The input directory or tar.
+        input: PathBuf,
+        /// The wnids of those classes.
+        classes: Vec<String>,
+    },
+
     /// The file is shorter than its header says it must be.
     #[error("{path}: truncated shard: file is {len} bytes but {needed} bytes are required ({what})", path = .path.display())]
     Truncated {

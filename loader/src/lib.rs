@@ -9,6 +9,7 @@ pub mod error;
 pub mod eval_image;
 pub mod fault;
 pub mod format;
+pub mod limits;
 pub mod manifest;
 pub mod pack;
 pub mod pipeline;

@@ -158,6 +158,14 @@ fn clean_tree(root: &Path) {
     }
 }
 
+/// A scratch directory with [`clean_tree`] in `in/`.
+fn scratch_tree(name: &str) -> (ddl_testkit::TempDir, std::path::PathBuf) {
+    let tmp = ddl_testkit::scratch(name);
+    let input = tmp.path().join("in");
+    clean_tree(&input);
+    (tmp, input)
+}
+
 #[test]
 fn folder_tree_roundtrip_balance_and_copy() {
     let tmp = ddl_testkit::scratch("pack-tree");
@@ -655,6 +663,7 @@ fn the_packer_removes_or_replaces_only_files_it_wrote() {
     let other_input = root.join("in2");
     clean_tree(&other_input);
     std::fs::remove_dir_all(other_input.join("train/n03000003")).unwrap();
+    std::fs::remove_dir_all(other_input.join("val/n03000003")).unwrap();
     let before = snapshot(&out);
     let mut other = opts(&other_input, &out);
     other.shards = ShardCount::Count(2);
@@ -855,4 +864,52 @@ fn missing_labels_are_a_clear_error() {
         .unwrap_err()
         .to_string();
     assert!(e.contains("no images found"), "{e}");
+}
+
+#[test]
+fn a_class_without_training_images_is_refused_or_kept_as_asked() {
+    let (tmp, input) = scratch_tree("pack-empty-class");
+    let root = tmp.path();
+    // n02000002 keeps its val image but loses every training image: an empty folder.
+    let emptied = input.join("train/n02000002");
+    std::fs::remove_dir_all(&emptied).unwrap();
+    std::fs::create_dir(&emptied).unwrap();
+    let e = pack::pack(&opts(&input, &root.join("out")), &NoProgress).unwrap_err();
+    match &e {
+        LoaderError::EmptyClasses { classes, .. } => assert_eq!(classes, &["n02000002"]),
+        other => panic!("expected EmptyClasses, got {other}"),
+    }
+    assert!(e.to_string().contains("another label"), "{e}");
+    assert!(!root.join("out").join("manifest.json").exists());
+
+    // Kept as a class without training records: every label stays, its val image too.
+    let out = root.join("out-kept");
+    let mut o = opts(&input, &out);
+    o.keep_empty_classes = true;
+    let rep = run(&o);
+    let m = Manifest::load(&out).unwrap();
+    let wnids: Vec<&str> = m.classes.iter().map(|c| c.wnid.as_str()).collect();
+    assert_eq!(wnids, ["n01000001", "n02000002", "n03000003"]);
+    assert!(rep.ignored_classes.is_empty());
+    assert_eq!(m.splits["train"].records, 10);
+    let mut val_labels: Vec<u32> = records(&out, "val").iter().map(|r| r.0).collect();
+    val_labels.sort_unstable();
+    assert_eq!(val_labels, [0, 1, 2]);
+    assert!(records(&out, "train").iter().all(|r| r.0 != 1));
+
+    // --min-per-class 1 drops it, as that flag says; n03 then is label 1 by the user's choice.
+    let out = root.join("out-min");
+    let mut o = opts(&input, &out);
+    o.min_per_class = 1;
+    let rep = run(&o);
+    assert_eq!(rep.dropped_classes.get("n02000002"), Some(&0));
+    assert!(rep.ignored_classes.is_empty());
+
+    // A class whose images are all in val is a class without training images too.
+    std::fs::remove_dir(&emptied).unwrap();
+    let e = pack::pack(&opts(&input, &root.join("out-val-only")), &NoProgress).unwrap_err();
+    assert!(
+        matches!(&e, LoaderError::EmptyClasses { classes, .. } if classes == &["n02000002"]),
+        "{e}"
+    );
 }

@@ -333,7 +333,9 @@ def allreduce_(tensor: torch.Tensor, average: bool = True,
     ``hierarchical`` (``shm`` within each node, ``rhd`` between the nodes; also
     ``hierarchical:mpi`` / ``hierarchical:ring``), ``multicolor``, ``multiring``, ``ring``,
     ``rhd``, ``mpi`` (MPI_Allreduce in place).
-    Every rank must make the same calls in the same order."""
+    Every rank must make the same calls in the same order, with tensors of the same size and
+    dtype: ranks that differ all raise :class:`ddl.DistError` naming each rank's element
+    count and dtype, before any tensor changes (the job may go on)."""
     _validate(tensor, algorithm)
     comm = _comm_thread()
     ready = _producer_event(tensor)

@@ -87,6 +87,15 @@ class Loader:
     Like a ``DataLoader`` with ``DistributedSampler``, call ``set_epoch(epoch)`` before each
     epoch; ``state_dict()`` / ``load_state_dict()`` resume exactly mid-epoch.
 
+    Threads: ``stats()`` may be called from any thread at any time. A loader serves one
+    iteration at a time: iterating it on a second thread while another iteration is under
+    way raises ``RuntimeError`` (give each thread its own loader), and a newer ``iter()`` on
+    the same thread supersedes the older iterator.
+
+    ``batch_size``, ``image_size``, ``workers``, ``prefetch`` and ``resize`` have ddl-train's
+    limits, and the batch buffers must fit in the memory available: a refusal is a
+    ``ValueError`` naming the argument and the limit.
+
     Example::
 
         loader = ddl.Loader("shards/", split="train", batch_size=64, image_size=224)
@@ -135,10 +144,12 @@ class Loader:
             raise ValueError(f"device: {device!r} is not a CPU or CUDA device")
         if self.device.type == "cuda" and not torch.cuda.is_available():
             raise ValueError(f"device: {device!r} requested but CUDA is not available")
+        # Types here; the ranges (and the memory the batches take) are checked by the Rust
+        # loader, with the same limits as ddl-train and ddl-prof.
         for name, value in (("batch_size", batch_size), ("image_size", image_size),
-                            ("workers", workers), ("prefetch", prefetch)):
-            if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-                raise ValueError(f"{name}: must be a positive integer, got {value!r}")
+                            ("workers", workers), ("prefetch", prefetch), ("resize", resize)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise ValueError(f"{name}: must be a non-negative integer, got {value!r}")
         if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
             raise ValueError(f"seed: must be a non-negative integer, got {seed!r}")
         if len(mean) != 3 or len(std) != 3:
@@ -234,7 +245,8 @@ class Loader:
     def stats(self) -> Dict[str, Any]:
         """Since the first batch: ``images``, ``batches``, ``seconds``, ``images_per_s``,
         ``wait_s`` and ``wait_fraction`` (time the consumer waited for batches) and
-        ``bad_records`` (``(file, record, reason)`` of each bad record met)."""
+        ``bad_records`` (``(file, record, reason)`` of each bad record met). Safe from any
+        thread, also while another one iterates."""
         return dict(self._core.stats())
 
     def __iter__(self) -> Iterator[Tuple[torch.Tensor, torch.Tensor]]:
@@ -244,19 +256,25 @@ class Loader:
         return self._deliver(source)
 
     def _batches(self) -> Iterator[Tuple[torch.Tensor, torch.Tensor, int]]:
-        """The epoch's batches from ``_start_step`` on, with their steps, as CPU tensors."""
-        self._core.start(self._epoch, self._start_step)
+        """The epoch's batches from ``_start_step`` on, with their steps, as CPU tensors. The
+        loader serves one iteration at a time: a second one on another thread while this one
+        runs raises RuntimeError, and this one ends when the generator does."""
+        ticket = self._core.start(self._epoch, self._start_step)
         channels_first = self.dtype == "float32"
         want_first = self.layout == "NCHW"
-        while True:
-            item = self._core.next()
-            if item is None:
-                return
-            images, labels, _indices, step = item
-            images = _tensor(images)
-            if channels_first != want_first:
-                images = images.permute(0, 3, 1, 2) if want_first else images.permute(0, 2, 3, 1)
-            yield images, _tensor(labels), step
+        try:
+            while True:
+                item = self._core.next(ticket)
+                if item is None:
+                    return
+                images, labels, _indices, step = item
+                images = _tensor(images)
+                if channels_first != want_first:
+                    images = (images.permute(0, 3, 1, 2) if want_first
+                              else images.permute(0, 2, 3, 1))
+                yield images, _tensor(labels), step
+        finally:
+            self._core.release(ticket)
 
     def _deliver(self, source: Iterator[Tuple[torch.Tensor, torch.Tensor, int]]
                  ) -> Iterator[Tuple[torch.Tensor, torch.Tensor]]:

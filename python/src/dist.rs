@@ -179,12 +179,11 @@ pub fn allreduce(
 ) -> PyResult<()> {
     let d = dist()?;
     let r = reducer(&d, algorithm)?;
-    if numel == 0 {
-        return Ok(());
-    }
-    if ptr == 0 {
+    if ptr == 0 && numel > 0 {
         return Err(PyValueError::new_err("tensor: null data pointer"));
     }
+    // An empty tensor still takes part in the call: the ranks compare their element counts
+    // and types, and a rank of another count must not wait alone.
     let result = match dtype {
         // SAFETY: the caller's contract above; the GIL is released but the tensor is kept
         // alive and unused by the Python caller until this returns.
@@ -200,12 +199,15 @@ pub fn allreduce(
     result.map_err(comm_error)
 }
 
-/// `numel` elements of `T` at `ptr`.
+/// `numel` elements of `T` at `ptr` (an empty slice for none, whatever `ptr`).
 ///
 /// # Safety
 ///
 /// `ptr` must point to `numel` initialised, aligned, writable `T`s not aliased for `'a`.
 pub(crate) unsafe fn slice<'a, T>(ptr: usize, numel: usize) -> &'a mut [T] {
+    if numel == 0 {
+        return &mut [];
+    }
     // SAFETY: as documented above.
     unsafe { std::slice::from_raw_parts_mut(ptr as *mut T, numel) }
 }

@@ -7,17 +7,61 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use ddl_loader::dataset::{Dataset, OpenOptions, Residency};
+use ddl_loader::limits::{self, Buffers, LimitError, Setting, Settings};
 use ddl_loader::manifest::Manifest;
 use ddl_loader::pipeline::{
     Augment, OnBadRecord, Output, Pipeline, PipelineConfig, ReplicaBatches,
 };
 use ddl_loader::sampler::{Sampler, SamplerConfig, Tail};
-use pyo3::exceptions::PyValueError;
+use pyo3::exceptions::{PyRuntimeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
 
 use crate::batch::{BatchArray, HeldBatch, Part};
 use crate::errors::{loader_error, DdlError};
+
+/// The running epoch and the iteration reading it. Held only for moments, never while
+/// waiting for a batch or joining threads, and never while taking the GIL: `stats()` may take
+/// it from any thread at any time, and no thread waits on it for long.
+#[derive(Default)]
+struct Slot {
+    /// The running epoch: None before `start`, and while `start` or `next` works on it with
+    /// the GIL released.
+    run: Option<Run>,
+    /// The iteration in progress (from `start` to `release`).
+    owner: Option<Owner>,
+    /// Tickets handed out so far.
+    tickets: u64,
+}
+
+/// An iteration in progress: its ticket and the thread running it.
+#[derive(Clone, Copy, PartialEq, Eq)]
+struct Owner {
+    ticket: u64,
+    thread: std::thread::ThreadId,
+}
+
+impl Slot {
+    /// Fails unless `ticket` (None: any iteration of this thread) may work on the run: a
+    /// loader serves one iteration at a time, as a generator does.
+    fn check(&self, ticket: Option<u64>) -> PyResult<()> {
+        let me = std::thread::current().id();
+        match self.owner {
+            Some(o) if o.thread != me => Err(PyRuntimeError::new_err(
+                "ddl.Loader: another thread is iterating this loader; a loader serves one \
+                 iteration at a time (give each thread its own ddl.Loader)",
+            )),
+            Some(o) if ticket.is_some_and(|t| t != o.ticket) => Err(PyRuntimeError::new_err(
+                "ddl.Loader: this iterator was superseded by a newer iteration of the same \
+                 loader (iter() restarts the loader; keep one iterator per loader)",
+            )),
+            None if ticket.is_some() => Err(PyRuntimeError::new_err(
+                "ddl.Loader: this iterator has ended (the loader was stopped or restored)",
+            )),
+            _ => Ok(()),
+        }
+    }
+}
 
 /// The running epoch: the pipeline and this process's stream of its batches.
 struct Run {
@@ -30,7 +74,7 @@ struct Run {
 }
 
 /// Counters for `stats()`.
-#[derive(Default)]
+#[derive(Clone, Copy, Default)]
 struct Timing {
     images: u64,
     batches: u64,
@@ -58,7 +102,7 @@ pub struct Loader {
     batch_size: usize,
     /// Records of this node (val trims the wrapped padding with it).
     node_records: usize,
-    run: Mutex<Option<Run>>,
+    slot: Mutex<Slot>,
     held: Arc<AtomicUsize>,
     timing: Mutex<Timing>,
     bad_seen: Mutex<Vec<(String, usize, String)>>,
@@ -66,6 +110,19 @@ pub struct Loader {
 
 fn value_error(arg: &str, why: impl std::fmt::Display) -> PyErr {
     PyValueError::new_err(format!("{arg}: {why}"))
+}
+
+/// A refusal of the loader's limits (shared with ddl-train and ddl-prof) as the ValueError of
+/// the arguments that would lift it.
+fn limit_error(e: LimitError) -> PyErr {
+    let names = e.named(|s| match s {
+        Setting::Batch => "batch_size",
+        Setting::ImageSize => "image_size",
+        Setting::Workers => "workers",
+        Setting::Prefetch => "prefetch",
+        Setting::EvalResize => "resize",
+    });
+    value_error(&names, e)
 }
 
 #[pymethods]
@@ -97,15 +154,16 @@ impl Loader {
         std: [f32; 3],
         populate: bool,
     ) -> PyResult<Loader> {
-        let positive = [
-            ("batch_size", batch_size),
-            ("image_size", image_size as usize),
-            ("workers", workers),
-            ("prefetch", prefetch),
-            ("world size", nodes * ranks_in_node),
-        ];
-        if let Some((arg, v)) = positive.iter().find(|(_, v)| *v == 0) {
-            return Err(value_error(arg, format!("must be positive, got {v}")));
+        let settings = Settings {
+            batch: batch_size,
+            image_size,
+            workers,
+            prefetch,
+            eval_resize: resize,
+        };
+        limits::check(&settings).map_err(limit_error)?;
+        if nodes * ranks_in_node == 0 {
+            return Err(value_error("world size", "must be positive, got 0"));
         }
         if node >= nodes || rank_in_node >= ranks_in_node {
             return Err(value_error(
@@ -125,6 +183,13 @@ impl Loader {
                 ))
             }
         };
+        let buffers = Buffers {
+            replicas: 1,
+            ranks_on_node: ranks_in_node,
+            output,
+        };
+        limits::check_memory(&settings, buffers, limits::available_memory())
+            .map_err(limit_error)?;
         let on_bad = match on_bad_record {
             "skip" => OnBadRecord::Skip,
             "replace" => OnBadRecord::Replace,
@@ -163,6 +228,18 @@ impl Loader {
         let classes = manifest.classes.iter().map(|c| c.wnid.clone()).collect();
         let per_node = Dataset::records_per_node(&manifest, &split, nodes);
         let node_records = per_node[node] as usize;
+        if train && drop_last {
+            let smallest = per_node.iter().copied().min().unwrap_or(0) as usize;
+            limits::check_full_step(batch_size, ranks_in_node, 1, smallest).map_err(|e| {
+                value_error(
+                    "batch_size",
+                    format!(
+                        "{e} of split {split:?} (the last incomplete batch is dropped; \
+                         drop_last=False wraps around instead)"
+                    ),
+                )
+            })?;
+        }
         let augment = if train {
             Augment::Train
         } else {
@@ -241,7 +318,7 @@ impl Loader {
             rank_in_node,
             batch_size,
             node_records,
-            run: Mutex::new(None),
+            slot: Mutex::new(Slot::default()),
             held: Arc::new(AtomicUsize::new(0)),
             timing: Mutex::new(Timing::default()),
             bad_seen: Mutex::new(Vec::new()),
@@ -276,11 +353,9 @@ impl Loader {
         self.node_records
     }
 
-    /// Starts (or restarts) iteration at `(epoch, start_step)`; stops the previous run.
-    fn start(&self, py: Python<'_>, epoch: u64, start_step: usize) -> PyResult<()> {
-        let Some(o) = &self.opened else {
-            return Ok(());
-        };
+    /// Starts (or restarts) iteration at `(epoch, start_step)`, stopping the previous run of
+    /// this thread; returns the iteration's ticket for `next` and `release`.
+    fn start(&self, py: Python<'_>, epoch: u64, start_step: usize) -> PyResult<u64> {
         let steps = self.steps_per_epoch();
         if start_step > steps {
             return Err(value_error(
@@ -288,46 +363,49 @@ impl Loader {
                 format!("{start_step} is beyond the epoch's {steps} steps"),
             ));
         }
-        // A shard rewritten or truncated since it was mapped is an exception here, at the
-        // epoch's start, rather than a SIGBUS in the middle of it.
-        o.dataset.check_unchanged().map_err(loader_error)?;
-        let previous = self.run.lock().unwrap_or_else(|p| p.into_inner()).take();
-        let (pipeline, extra) = py
-            .detach(|| match previous {
-                Some(r) => r
-                    .pipeline
-                    .next_epoch(epoch, start_step)
-                    .map(|p| (p, r.extra_buffers)),
-                None => Pipeline::start(
-                    Arc::clone(&o.dataset),
-                    o.sampler.clone(),
-                    o.pipeline.clone(),
-                    epoch,
-                    start_step,
-                )
-                .map(|p| (p, 0)),
-            })
-            .map_err(loader_error)?;
-        let batches = pipeline.replica(0);
-        *self.run.lock().unwrap_or_else(|p| p.into_inner()) = Some(Run {
-            pipeline,
-            batches,
-            extra_buffers: extra,
-            bad_reported: 0,
-        });
-        Ok(())
+        let (ticket, previous) = {
+            let mut slot = self.lock_slot();
+            slot.check(None)?;
+            slot.tickets += 1;
+            let ticket = slot.tickets;
+            slot.owner = Some(Owner {
+                ticket,
+                thread: std::thread::current().id(),
+            });
+            (ticket, slot.run.take())
+        };
+        let Some(o) = &self.opened else {
+            return Ok(ticket);
+        };
+        let started = self.start_run(py, o, previous, epoch, start_step);
+        let mut slot = self.lock_slot();
+        match started {
+            Ok(run) => {
+                slot.run = Some(run);
+                Ok(ticket)
+            }
+            Err(e) => {
+                slot.owner = None;
+                Err(e)
+            }
+        }
     }
 
-    /// The next batch as `(images, labels, indices, step)` arrays, or None at the epoch's end.
-    /// Blocks with the GIL released.
+    /// The next batch of iteration `ticket` as `(images, labels, indices, step)` arrays, or
+    /// None at the epoch's end. Blocks with the GIL released.
     fn next(
         &self,
         py: Python<'_>,
+        ticket: u64,
     ) -> PyResult<Option<(BatchArray, BatchArray, BatchArray, usize)>> {
         let steps = self.steps_per_epoch();
-        let mut guard = self.run.lock().unwrap_or_else(|p| p.into_inner());
-        let Some(run) = guard.as_mut() else {
-            return Ok(None);
+        let mut run = {
+            let mut slot = self.lock_slot();
+            slot.check(Some(ticket))?;
+            match slot.run.take() {
+                Some(run) => run,
+                None => return Ok(None),
+            }
         };
         // The pool holds one batch per consumer; give it one more buffer for every further
         // batch the caller still keeps alive, so that keeping batches never stalls the pipeline.
@@ -346,7 +424,8 @@ impl Loader {
             }
         });
         let waited = t0.elapsed();
-        self.note_bad_records(run);
+        self.note_bad_records(&mut run);
+        self.lock_slot().run = Some(run);
         let Some(batch) = item.transpose().map_err(loader_error)? else {
             return Ok(None);
         };
@@ -357,11 +436,13 @@ impl Loader {
         } else {
             batch.len()
         };
-        let mut timing = self.timing.lock().unwrap_or_else(|p| p.into_inner());
-        timing.first.get_or_insert(t0);
-        timing.wait += waited;
-        timing.images += rows as u64;
-        timing.batches += 1;
+        {
+            let mut timing = self.timing.lock().unwrap_or_else(|p| p.into_inner());
+            timing.first.get_or_insert(t0);
+            timing.wait += waited;
+            timing.images += rows as u64;
+            timing.batches += 1;
+        }
         let held = HeldBatch::new(batch, rows, Arc::clone(&self.held));
         Ok(Some((
             BatchArray::new(Arc::clone(&held), Part::Images),
@@ -371,10 +452,25 @@ impl Loader {
         )))
     }
 
+    /// Ends iteration `ticket` (its generator finished or was dropped): another thread may
+    /// iterate now. The pipeline stays for the next epoch. A superseded ticket is ignored.
+    fn release(&self, ticket: u64) {
+        let mut slot = self.lock_slot();
+        if slot.owner.is_some_and(|o| o.ticket == ticket) {
+            slot.owner = None;
+        }
+    }
+
     /// Stops the running epoch (its threads are joined; batches already lent stay valid).
-    fn stop(&self, py: Python<'_>) {
-        let run = self.run.lock().unwrap_or_else(|p| p.into_inner()).take();
+    fn stop(&self, py: Python<'_>) -> PyResult<()> {
+        let run = {
+            let mut slot = self.lock_slot();
+            slot.check(None)?;
+            slot.owner = None;
+            slot.run.take()
+        };
         py.detach(move || drop(run));
+        Ok(())
     }
 
     /// Batches lent to Python and still alive.
@@ -382,15 +478,22 @@ impl Loader {
         self.held.load(Ordering::SeqCst)
     }
 
-    /// Throughput and waiting since the first batch, and the bad records met.
+    /// Throughput and waiting since the first batch, and the bad records met. Safe from any
+    /// thread at any time: while `next` waits for a batch it holds the run, and the bad
+    /// records it meets are counted when the batch arrives.
     fn stats<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
-        if let Some(run) = self.run.lock().unwrap_or_else(|p| p.into_inner()).as_mut() {
+        if let Some(run) = self.lock_slot().run.as_mut() {
             self.note_bad_records(run);
         }
-        let t = self.timing.lock().unwrap_or_else(|p| p.into_inner());
+        // Copied out: no lock is held while Python objects are made.
+        let t = *self.timing.lock().unwrap_or_else(|p| p.into_inner());
         let elapsed = t.first.map_or(0.0, |f| f.elapsed().as_secs_f64());
         let wait = t.wait.as_secs_f64();
-        let bad = self.bad_seen.lock().unwrap_or_else(|p| p.into_inner());
+        let bad = self
+            .bad_seen
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone();
         let d = PyDict::new(py);
         d.set_item("images", t.images)?;
         d.set_item("batches", t.batches)?;
@@ -408,12 +511,54 @@ impl Loader {
             "wait_fraction",
             if elapsed > 0.0 { wait / elapsed } else { 0.0 },
         )?;
-        d.set_item("bad_records", bad.clone())?;
+        d.set_item("bad_records", bad)?;
         Ok(d)
     }
 }
 
 impl Loader {
+    fn lock_slot(&self) -> std::sync::MutexGuard<'_, Slot> {
+        self.slot.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The run of `epoch` from `start_step`: `previous`'s pipeline moved on, or a new one.
+    /// Joins and starts threads with the GIL released.
+    fn start_run(
+        &self,
+        py: Python<'_>,
+        o: &Opened,
+        previous: Option<Run>,
+        epoch: u64,
+        start_step: usize,
+    ) -> PyResult<Run> {
+        // A shard rewritten or truncated since it was mapped is an exception here, at the
+        // epoch's start, rather than a SIGBUS in the middle of it.
+        o.dataset.check_unchanged().map_err(loader_error)?;
+        let (pipeline, extra) = py
+            .detach(|| match previous {
+                Some(r) => r
+                    .pipeline
+                    .next_epoch(epoch, start_step)
+                    .map(|p| (p, r.extra_buffers)),
+                None => Pipeline::start(
+                    Arc::clone(&o.dataset),
+                    o.sampler.clone(),
+                    o.pipeline.clone(),
+                    epoch,
+                    start_step,
+                )
+                .map(|p| (p, 0)),
+            })
+            .map_err(loader_error)?;
+        let batches = pipeline.replica(0);
+        Ok(Run {
+            pipeline,
+            batches,
+            extra_buffers: extra,
+            bad_reported: 0,
+        })
+    }
+
     /// Real (not wrapped-around padding) rows of this process's val batch at `step`.
     fn real_rows(&self, step: usize) -> usize {
         let first = (step * self.ranks_in_node + self.rank_in_node) * self.batch_size;

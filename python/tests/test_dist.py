@@ -89,6 +89,17 @@ def test_sharded_head_matches_a_single_process_full_head(np_: int) -> None:
     assert all(line.endswith("checks=12") for line in lines), lines
 
 
+@pytest.mark.parametrize("np_", [2, 3])
+def test_mismatched_tensors_raise_on_every_rank(np_: int) -> None:
+    """The last rank passes another element count (10 / 1000, 1000 / 300000, 0 / 7) or dtype
+    (float32 / float16): every algorithm raises DistError on every rank naming it, leaves the
+    tensors untouched and then sums the next call (see dist_mismatch.py)."""
+    job = mpirun(np_, "dist_mismatch.py", timeout=SHORT)
+    lines = ok_lines(job, "dist_mismatch")
+    assert sorted(lines) == [f"dist_mismatch ok rank={r} cases={len(dist.ALGORITHMS) * 4}"
+                             for r in range(np_)], job.output
+
+
 # 2. DDP equivalence -----------------------------------------------------------------------
 
 def _flat(state: Dict[str, torch.Tensor]) -> torch.Tensor:

@@ -8,6 +8,7 @@ import json
 import os
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 from typing import Dict, List, Tuple
 
@@ -269,3 +270,144 @@ def test_shard_replaced_between_epochs_is_a_shard_error(shards: Path, tmp_path: 
     loader.set_epoch(1)
     with pytest.raises(ddl.ShardError, match="train-00002.ddl"):
         next(iter(loader))
+
+
+#: Hard limit for the threading tests below: far above what they need, so only a deadlock
+#: (the process hanging forever) reaches it.
+THREAD_TIMEOUT = 120
+
+
+def run_script(code: str, *args: object) -> subprocess.CompletedProcess:
+    """Runs ``code`` in a fresh interpreter (a deadlock would take this one down with it) and
+    fails the test if it does not finish within THREAD_TIMEOUT."""
+    try:
+        return subprocess.run([sys.executable, "-c", code, *map(str, args)], text=True,
+                              capture_output=True, timeout=THREAD_TIMEOUT)
+    except subprocess.TimeoutExpired as e:
+        pytest.fail(f"hung past {THREAD_TIMEOUT} s (deadlock):\n{e.stdout}\n{e.stderr}")
+
+
+def test_stats_from_another_thread_while_iterating(shards: Path) -> None:
+    code = """
+import sys, threading, ddl
+L = ddl.Loader(sys.argv[1], batch_size=4, image_size=32, workers=2)
+stop, calls = threading.Event(), [0]
+def log():
+    while not stop.is_set():
+        L.stats()
+        calls[0] += 1
+t = threading.Thread(target=log)
+t.start()
+batches = 0
+for epoch in range(3):
+    L.set_epoch(epoch)
+    batches += sum(1 for _ in L)
+stop.set()
+t.join()
+print("done", batches, len(L), calls[0], L.stats()["batches"])
+"""
+    job = run_script(code, shards)
+    assert job.returncode == 0, job.stderr
+    _, batches, per_epoch, calls, counted = job.stdout.split()
+    assert int(batches) == int(counted) == 3 * int(per_epoch)
+    assert int(calls) > 0
+
+
+def test_a_second_iteration_on_another_thread_is_refused(shards: Path) -> None:
+    code = """
+import sys, threading, ddl
+L = ddl.Loader(sys.argv[1], batch_size=4, image_size=32, workers=2)
+first_batch, refused = threading.Event(), threading.Event()
+seen = {}
+def first():
+    n = 0
+    for _ in L:
+        n += 1
+        if n == 1:
+            first_batch.set()
+            refused.wait()
+    seen["first"] = n
+def second():
+    first_batch.wait()
+    try:
+        next(iter(L))
+        seen["second"] = "no error"
+    except RuntimeError as e:
+        seen["second"] = str(e)
+    refused.set()
+a, b = threading.Thread(target=first), threading.Thread(target=second)
+a.start(); b.start(); a.join(); b.join()
+print(seen["first"] == len(L))
+print(seen["second"])
+# Once the first iteration has ended, another thread may iterate.
+after = []
+t = threading.Thread(target=lambda: after.append(sum(1 for _ in L)))
+t.start(); t.join()
+print(after[0] == len(L))
+# The same thread: a newer iterator supersedes the older one, which says so.
+old = iter(L); next(old)
+new = iter(L); next(new)
+try:
+    next(old)
+    print("no error")
+except RuntimeError as e:
+    print(e)
+"""
+    job = run_script(code, shards)
+    assert job.returncode == 0, job.stderr
+    lines = job.stdout.splitlines()
+    assert lines[0] == "True", job.stdout
+    assert "another thread is iterating this loader" in lines[1], job.stdout
+    assert lines[2] == "True", job.stdout
+    assert "superseded by a newer iteration" in lines[3], job.stdout
+
+
+def test_two_threads_iterating_at_once_never_hang(shards: Path) -> None:
+    code = """
+import sys, threading, ddl
+L = ddl.Loader(sys.argv[1], batch_size=4, image_size=32, workers=2)
+outcomes = []
+def run():
+    for _ in range(5):
+        try:
+            outcomes.append(sum(1 for _ in L))
+        except RuntimeError as e:
+            assert "another thread" in str(e), e
+            outcomes.append("refused")
+threads = [threading.Thread(target=run) for _ in range(2)]
+for t in threads: t.start()
+for t in threads: t.join()
+print(all(o == "refused" or o == len(L) for o in outcomes), len(outcomes))
+"""
+    job = run_script(code, shards)
+    assert job.returncode == 0, job.stderr
+    assert job.stdout.split() == ["True", "10"], job.stdout
+
+
+def test_absurd_arguments_are_refused_naming_the_limit(shards: Path) -> None:
+    # In a fresh interpreter: before the limits, some of these hung or aborted the process.
+    code = """
+import json, sys, ddl
+cases = [dict(workers=100000), dict(workers=10**6), dict(prefetch=10**6), dict(image_size=1),
+         dict(image_size=7), dict(image_size=20000), dict(batch_size=100),
+         dict(split="val", image_size=64, resize=32)]
+out = []
+for kw in cases:
+    try:
+        ddl.Loader(sys.argv[1], **kw)
+        out.append("accepted")
+    except ValueError as e:
+        out.append(str(e))
+print(json.dumps(out))
+"""
+    job = run_script(code, shards)
+    assert job.returncode == 0, job.stderr
+    errors = json.loads(job.stdout)
+    expected = [("workers:", "above the limit of 1024"), ("workers:", "above the limit of 1024"),
+                ("prefetch:", "above the limit of 1024"), ("image_size:", "below 16"),
+                ("image_size:", "below 16"), ("image_size/batch_size/prefetch:", "MemAvailable"),
+                ("batch_size:", "holds 96 records"), ("resize:", "below the image size 64")]
+    for error, (name, limit) in zip(errors, expected):
+        assert error.startswith(name) and limit in error, error
+    # With the last batch wrapped around, a batch larger than the split is one step.
+    assert len(ddl.Loader(shards, batch_size=100, drop_last=False)) == 1

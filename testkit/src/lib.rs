@@ -1,6 +1,7 @@
 //! ddl-testkit: what ddl's tests share, so that every crate's tests build their fixtures the
-//! same way: scratch directories ([`scratch`]), real JPEGs ([`jpeg`]), and shards with a
-//! manifest written through ddl-loader's own writer ([`write_shards`], [`write_manifest`]).
+//! same way: scratch directories ([`scratch`]), real JPEGs ([`jpeg`]), shards with a
+//! manifest written through ddl-loader's own writer ([`write_shards`], [`write_manifest`]),
+//! and a closed pipe to write into ([`closed_pipe`]).
 
 #![warn(missing_docs)]
 
@@ -11,6 +12,20 @@ use ddl_loader::manifest::{ClassInfo, Manifest, ShardInfo, SplitInfo};
 use ddl_loader::shard::ShardWriter;
 pub use tempfile::TempDir;
 pub use turbojpeg::Subsamp;
+
+/// A pipe whose reading end is already closed, for a child's stdout: its first write fails
+/// (EPIPE), as when the reader of `ddl-predict ... | head` has gone.
+pub fn closed_pipe() -> std::process::Stdio {
+    use std::os::fd::FromRawFd;
+    let mut fds = [0; 2];
+    // SAFETY: pipe(2) fills the two descriptors; the read end is closed at once and the write
+    // end owned by the returned Stdio.
+    unsafe {
+        assert_eq!(libc::pipe(fds.as_mut_ptr()), 0, "pipe(2)");
+        libc::close(fds[0]);
+        std::process::Stdio::from(std::os::fd::OwnedFd::from_raw_fd(fds[1]))
+    }
+}
 
 /// A fresh, empty scratch directory named after `name`, removed with everything in it when
 /// dropped.

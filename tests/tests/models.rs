@@ -106,6 +106,23 @@ fn export_predict_and_a_bad_init_under_mpirun() {
         .unwrap()
         .ends_with("ILSVRC2012_val_00000001.JPEG"));
 
+    // Its reader gone (`ddl-predict ... | head`), it ends quietly: no panic, no error line.
+    let out = Command::new(bin("ddl-predict"))
+        .arg("--model")
+        .arg(&model)
+        .arg(&val)
+        .args(["--device", "cpu"])
+        .stdout(ddl_testkit::closed_pipe())
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!err.contains("panicked") && !err.contains("error"), "{err}");
+    assert_eq!(
+        std::os::unix::process::ExitStatusExt::signal(&out.status),
+        Some(libc::SIGPIPE),
+        "{err}"
+    );
+
     // Text, with one unreadable image among good ones: the others are printed, the bad one
     // is named, the exit status says something failed.
     let one = val.join("ILSVRC2012_val_00000002.JPEG");

@@ -291,17 +291,48 @@ fn allreduce_of<T: Element + Default>(
 /// The models `ddl-bench sim --model` knows, as listed in its errors.
 pub const SIM_MODELS: &str = "resnet18, resnet34, resnet50, resnet101, resnet152";
 
-/// torchvision's parameter count of `name` without its classifier, and the width of the
-/// features the classifier reads (512 for the BasicBlock ResNets, 2048 for the Bottleneck ones).
-pub fn backbone(name: &str) -> Option<(u64, u64)> {
-    match name {
-        "resnet18" => Some((11_176_512, 512)),
-        "resnet34" => Some((21_284_672, 512)),
-        "resnet50" => Some((23_508_032, 2048)),
-        "resnet101" => Some((42_500_160, 2048)),
-        "resnet152" => Some((58_143_808, 2048)),
-        _ => None,
-    }
+/// A model the simulator knows, as torchvision has it.
+pub struct Backbone {
+    /// Parameters without the classifier.
+    pub params: u64,
+    /// Width of the features the classifier reads (512 for the BasicBlock ResNets, 2048 for
+    /// the Bottleneck ones).
+    pub features: u64,
+    /// Multiply-accumulates of one 224 px forward pass, in billions (torchvision's "GFLOPS").
+    pub gmac: f64,
+}
+
+/// The model `name` as the simulator knows it, or `None` for a model it does not.
+pub fn backbone(name: &str) -> Option<Backbone> {
+    let (params, features, gmac) = match name {
+        "resnet18" => (11_176_512, 512, 1.81),
+        "resnet34" => (21_284_672, 512, 3.66),
+        "resnet50" => (23_508_032, 2048, 4.09),
+        "resnet101" => (42_500_160, 2048, 7.80),
+        "resnet152" => (58_143_808, 2048, 11.51),
+        _ => return None,
+    };
+    Some(Backbone {
+        params,
+        features,
+        gmac,
+    })
+}
+
+/// Parameter count of a model known to the simulator with a `classes`-way head: the backbone
+/// plus `features x classes` weights and `classes` biases (ResNet-101 at ImageNet-22k's 21,841
+/// classes: 87,252,369).
+pub fn model_params(name: &str, classes: u64) -> Option<u64> {
+    backbone(name).map(|b| b.params + (b.features + 1) * classes)
+}
+
+/// Compute time of one training step per GPU in ms that `ddl-bench sim` assumes when none is
+/// given: the 150 ms of DDL's ResNet-50 step on a P100 (BENCHMARKS.md, "Cost model") scaled
+/// by the model's forward cost with its head (ResNet-101 at 21,841 classes: 288 ms).
+pub fn default_step_compute_ms(name: &str, classes: u64) -> Option<f64> {
+    let cost = |b: &Backbone, classes: u64| b.gmac + (b.features * classes) as f64 / 1e9;
+    let resnet50 = backbone("resnet50")?;
+    backbone(name).map(|b| 150.0 * cost(&b, classes) / cost(&resnet50, 1000))
 }
 
 /// A scaling efficiency PowerAI DDL published for 64 nodes x 4 P100 GPUs (Cho et al. 2017,
@@ -544,15 +575,21 @@ mod tests {
     use super::*;
 
     fn model_params(name: &str, classes: u64) -> Option<u64> {
-        backbone(name).map(|(backbone, features)| {
-            SimModel {
-                backbone,
-                features,
-                classes,
-                batch: 1,
-            }
-            .params()
-        })
+        backbone(name).map(
+            |Backbone {
+                 params: backbone,
+                 features,
+                 ..
+             }| {
+                SimModel {
+                    backbone,
+                    features,
+                    classes,
+                    batch: 1,
+                }
+                .params()
+            },
+        )
     }
 
     #[test]

@@ -46,7 +46,8 @@ fn rank_prefix() -> String {
 /// The line `[rank N: ]TOOL: error: CONTEXT: CAUSE: ...` (the whole chain on one line), with
 /// its newline.
 pub fn error_line(tool: &str, e: &anyhow::Error) -> String {
-    format!("{}{tool}: error: {e:#}\n", rank_prefix())
+    let chain = ddl_comm::cli::error_chain(&**e);
+    format!("{}{tool}: error: {chain}\n", rank_prefix())
 }
 
 /// Parses the command line into `A`; see [`parse_from`].
@@ -88,8 +89,11 @@ where
     }
 }
 
-/// Runs a tool's `body`: an error is written as one [`error_line`] and gives exit status 1.
+/// Runs a tool's `body`: an error is written as one [`error_line`] and gives exit status 1;
+/// a reader that closes the output pipe ends the tool quietly
+/// ([`ddl_comm::cli`]).
 pub fn run(tool: &str, body: impl FnOnce() -> anyhow::Result<()>) -> ExitCode {
+    ddl_comm::cli::end_quietly_on_closed_pipe();
     match body() {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {

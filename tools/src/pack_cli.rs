@@ -11,6 +11,7 @@ use clap::Parser;
 use ddl_loader::pack::convert::{ConvertOptions, MIN_SHORT_SIDE};
 use ddl_loader::pack::split::{ValRule, ValSplit};
 use ddl_loader::pack::{self, PackOptions, PackProgress, ShardCount};
+use ddl_loader::LoaderError;
 
 use crate::cli::stderr_line;
 use crate::size;
@@ -82,6 +83,12 @@ pub struct Args {
     #[arg(long, value_name = "N", default_value_t = 0)]
     pub min_per_class: u64,
 
+    /// Keep a class that has no usable training image (an empty class folder or tar, or a
+    /// class with images only in val) as a class with no training records. Without it such a
+    /// class is an error: leaving it out would give every later class another label.
+    #[arg(long)]
+    pub keep_empty_classes: bool,
+
     /// Hold out this fraction (0 < F < 1) of an input without a val split as the val split:
     /// an image goes to val by a hash of (--val-seed, wnid, file name), whatever the thread
     /// count, tar order or --shards.
@@ -106,7 +113,7 @@ pub struct Args {
     pub threads: usize,
 
     /// Fail (after writing the report) when more than this fraction of inputs is skipped.
-    #[arg(long, default_value_t = 0.001)]
+    #[arg(long, default_value_t = pack::DEFAULT_MAX_SKIP_FRACTION)]
     pub max_skip_fraction: f64,
 }
 
@@ -287,6 +294,7 @@ pub fn run(args: Args) -> Result<()> {
         classes: args.classes,
         synsets: args.synsets,
         min_per_class: args.min_per_class,
+        keep_empty_classes: args.keep_empty_classes,
         val_split,
         nodes: args.nodes as usize,
         threads: args.threads,
@@ -294,7 +302,13 @@ pub fn run(args: Args) -> Result<()> {
         force: args.force,
     };
     let progress = Progress::new();
-    let report = pack::pack(&opts, &progress)?;
+    let report = pack::pack(&opts, &progress).map_err(|e| match e {
+        LoaderError::EmptyClasses { .. } => anyhow::anyhow!(
+            "{e}. Add their images, remove them, pass --keep-empty-classes to keep them as \
+             classes without training records, or --min-per-class 1 to drop them"
+        ),
+        other => other.into(),
+    })?;
     for (name, s) in &report.splits {
         println!(
             "{name}: {} records in {} shards ({} kept), {} skipped, {} bytes \
@@ -352,6 +366,7 @@ pub fn run(args: Args) -> Result<()> {
         );
     }
     if !report.ignored_classes.is_empty() {
+        // Only --classes leaves classes out this way (empty ones are refused or kept).
         println!(
             "ignored {} classes not in --classes ({} files)",
             report.ignored_classes.len(),

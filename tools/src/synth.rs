@@ -79,6 +79,10 @@ pub struct SynthSummary {
     pub odd_files: usize,
     /// Bytes of all JPEGs written.
     pub bytes: u64,
+    /// The cut-short JPEG ([`Layout::Tars`] with 2 classes or more) and the number of
+    /// image-named inputs beside it: ddl-pack skips it, so the tree needs a
+    /// `--max-skip-fraction` of at least one in that many.
+    pub damaged: Option<(String, usize)>,
 }
 
 /// The synthetic WordNet id of class `c`; ids sort in class order, like real wnids do.
@@ -303,11 +307,20 @@ fn generate_tars(out: &Path, cfg: &SynthConfig) -> Result<SynthSummary> {
             Ok((n, usize::from(odd.is_some()), bytes))
         })
         .collect::<Result<_>>()?;
+    let train_images: usize = per_class.iter().map(|c| c.0).sum();
+    // Every odd member but the text file has an image name: ddl-pack counts it as an input.
+    let odd_images = cfg.classes.clamp(1, 3) - 1;
     Ok(SynthSummary {
-        train_images: per_class.iter().map(|c| c.0).sum(),
+        train_images,
         val_images: 0,
         odd_files: per_class.iter().map(|c| c.1).sum(),
         bytes: per_class.iter().map(|c| c.2).sum(),
+        damaged: (cfg.classes > 1).then(|| {
+            (
+                format!("{}_truncated.JPEG", wnid(1)),
+                train_images + odd_images,
+            )
+        }),
     })
 }
 
@@ -360,6 +373,7 @@ fn generate_tree(out: &Path, cfg: &SynthConfig) -> Result<SynthSummary> {
         train_images: train_jobs.len(),
         val_images: val_jobs.len(),
         odd_files: 0,
+        damaged: None,
         bytes: train_bytes + val_bytes,
     })
 }

@@ -69,6 +69,27 @@ fn run_time_errors_are_one_line_in_one_write_without_colour() {
         assert_one_error_write(&w, &format!("{tool}: error: "));
         let line = w.stderr.iter().find(|s| s.contains("error")).unwrap();
         assert_eq!(line.matches('\n').count(), 1, "{tool}: {}", w.all());
+        // Each cause once: the chain once printed "...: No such file or directory (os error
+        // 2): No such file or directory (os error 2)".
+        assert!(line.matches("(os error").count() <= 1, "{tool}: {line}");
+    }
+}
+
+#[test]
+fn a_closed_output_pipe_ends_a_tool_quietly() {
+    use std::os::unix::process::ExitStatusExt;
+    for args in [
+        vec!["sim", "--model", "resnet101", "--classes", "21841"],
+        vec!["sim", "--json"],
+    ] {
+        let out = bin("ddl-bench")
+            .args(&args)
+            .stdout(ddl_testkit::closed_pipe())
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.is_empty(), "{args:?} wrote: {err}");
+        assert_eq!(out.status.signal(), Some(libc::SIGPIPE), "{args:?}: {err}");
     }
 }
 

@@ -109,6 +109,47 @@ fn too_many_skips_fail_after_writing_the_report() {
 }
 
 #[test]
+fn an_empty_class_folder_is_refused_naming_it_and_kept_on_request() {
+    let tmp = scratch("pack-cli-empty-class");
+    let (root, input) = (tmp.path(), tmp.path().join("in"));
+    tree(&input);
+    // A third class, n03, sorts after the empty n02: it would have become label 1.
+    for (split, name) in [("train", "0.JPEG"), ("val", "v.JPEG")] {
+        let dir = input.join(split).join("n03000003");
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(dir.join(name), jpeg(50, 50, 3)).unwrap();
+    }
+    for f in std::fs::read_dir(input.join("train/n02000002")).unwrap() {
+        std::fs::remove_file(f.unwrap().path()).unwrap();
+    }
+    let i = input.to_str().unwrap();
+    let o = root.join("out");
+    let r = pack(&[i, "-o", o.to_str().unwrap(), "--shards", "1"]);
+    let all = text(&r);
+    assert_eq!(r.status.code(), Some(1), "{all}");
+    assert!(
+        all.contains("n02000002") && all.contains("--keep-empty-classes"),
+        "{all}"
+    );
+    assert!(!all.contains("not in --classes"), "{all}");
+    let o = root.join("out-kept");
+    let r = pack(&[
+        i,
+        "-o",
+        o.to_str().unwrap(),
+        "--shards",
+        "1",
+        "--keep-empty-classes",
+    ]);
+    let all = text(&r);
+    assert!(r.status.success(), "{all}");
+    assert!(
+        all.contains("3 classes") && !all.contains("--classes"),
+        "{all}"
+    );
+}
+
+#[test]
 fn bad_flags_are_refused() {
     let r = pack(&["in", "-o", "out", "--shards", "2", "--shard-size", "1GiB"]);
     assert_eq!(r.status.code(), Some(2), "{}", text(&r));

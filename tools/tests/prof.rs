@@ -437,6 +437,23 @@ fn every_flag_is_checked_before_anything_is_measured() {
         (vec!["--gpu-rate", "nan"], 2, "--gpu-rate"),
         (vec!["--image-size", "8"], 2, "--image-size"),
         (vec!["--sample-records", "0"], 2, "--sample-records"),
+        // The loader's limits and memory check, shared with ddl-train and ddl.Loader (just
+        // above the limits: without them the run would be short, not a hang).
+        (
+            vec!["--threads", "1,1025"],
+            1,
+            "--threads: 1025 is above the limit of 1024",
+        ),
+        (
+            vec!["--prefetch", "1025"],
+            1,
+            "--prefetch: 1025 is above the limit of 1024",
+        ),
+        (
+            vec!["--image-size", "20000", "--batch", "64"],
+            1,
+            "MemAvailable",
+        ),
         (vec!["--on-bad-record", "ignore"], 2, "--on-bad-record"),
         (
             vec!["--node", "2", "--nodes", "2"],
@@ -445,10 +462,23 @@ fn every_flag_is_checked_before_anything_is_measured() {
         ),
         (vec!["--json", missing.to_str().unwrap()], 1, "--json"),
     ] {
+        // The small defaults of this test, but not those the case sets itself (clap refuses a
+        // flag given twice, which would pass the case for the wrong reason).
+        let base = [
+            ("--threads", "1"),
+            ("--batch", "4"),
+            ("--image-size", "32"),
+            ("--seconds", "0.2"),
+            ("--stage-seconds", "0.05"),
+        ];
+        let given = |flag: &str| args.iter().any(|a| a.split('=').next() == Some(flag));
         let out = Command::new(PROF)
             .arg(d)
-            .args(["--threads", "1", "--batch", "4", "--image-size", "32"])
-            .args(["--seconds", "0.2", "--stage-seconds", "0.05"])
+            .args(
+                base.iter()
+                    .filter(|(f, _)| !given(f))
+                    .flat_map(|(f, v)| [*f, *v]),
+            )
             .args(&args)
             .output()
             .unwrap();

@@ -94,6 +94,19 @@ pub enum TrainError {
         /// Name of the newest.
         newest: String,
     },
+    /// Another run holds the checkpoint directory's lock (see `train::dir_lock`).
+    #[error(
+        "--checkpoint-dir {dir}: another ddl-train run is using it ({holder}); two runs in one \
+         directory would prune and replace each other's checkpoints: wait for that run to end, \
+         or give this one another --checkpoint-dir",
+        dir = .dir.display()
+    )]
+    CheckpointDirLocked {
+        /// The directory.
+        dir: PathBuf,
+        /// Who holds it: "pid PID on host HOST".
+        holder: String,
+    },
     /// `--resume` found a checkpoint written with flags that change the trajectory.
     #[error(
         "--resume: checkpoint {path} was written by a run with other flags: {}. Rerun with the \

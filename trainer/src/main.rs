@@ -279,6 +279,7 @@ impl Cli {
 }
 
 fn main() -> anyhow::Result<()> {
+    ddl_comm::cli::end_quietly_on_closed_pipe();
     tracing_subscriber::fmt()
         .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
         .with_writer(std::io::stderr)

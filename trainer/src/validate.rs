@@ -1,6 +1,9 @@
 //! Checks of the numeric flags and of the memory the input batches will take, before anything
 //! is allocated: every error names its flag and says what is allowed.
 
+use ddl_loader::limits::{self, Buffers, LimitError, Setting, Settings};
+use ddl_loader::pipeline::Output;
+
 use crate::config::TrainConfig;
 use crate::error::{Result, TrainError};
 
@@ -77,10 +80,7 @@ pub fn ranges(cfg: &TrainConfig) -> Result<()> {
         ));
     }
     let at_least_one = [
-        ("--batch", cfg.batch as u64),
         ("--epochs", u64::from(cfg.epochs)),
-        ("--workers", cfg.workers as u64),
-        ("--prefetch", cfg.prefetch as u64),
         ("--keep-checkpoints", cfg.keep_checkpoints as u64),
         ("--comm-timeout", cfg.comm_timeout_s),
     ];
@@ -89,22 +89,7 @@ pub fn ranges(cfg: &TrainConfig) -> Result<()> {
             return Err(TrainError::config(flag, "must be at least 1"));
         }
     }
-    if cfg.image_size < 16 {
-        return Err(TrainError::config(
-            "--image-size",
-            format!("{} is below 16 pixels", cfg.image_size),
-        ));
-    }
-    if cfg.eval_resize != 0 && cfg.eval_resize < cfg.image_size {
-        return Err(TrainError::config(
-            "--eval-resize",
-            format!(
-                "{} is below --image-size {}: the center crop would not fit (0 = image size x 8/7)",
-                cfg.eval_resize, cfg.image_size
-            ),
-        ));
-    }
-    Ok(())
+    limits::check(&pipeline_settings(cfg)).map_err(limit_error)
 }
 
 /// `--head-parallel` splits `classes` classes over `replicas` replicas (every replica of the
@@ -133,62 +118,53 @@ pub fn head_split(cfg: &TrainConfig, classes: usize, replicas: usize) -> Result<
     Ok(())
 }
 
-/// Bytes of the loader's batch buffers on one rank: `replicas x (prefetch + 1) + min(workers,
-/// 2)` buffers (see `ddl_loader::pipeline`) of `batch x 3 x size x size` values of
-/// `bytes_per_value` bytes (4 for f32 on CPUs, 1 for u8 sent to GPUs).
-pub fn batch_bytes(cfg: &TrainConfig, replicas: usize, bytes_per_value: u64) -> u64 {
-    let buffers = (replicas * (cfg.prefetch + 1) + cfg.workers.min(2)) as u64;
-    let side = u64::from(cfg.image_size);
-    buffers
-        .saturating_mul(cfg.batch as u64)
-        .saturating_mul(3 * side * side)
-        .saturating_mul(bytes_per_value)
+/// The loader's settings of a run (their limits are the loader's, shared with ddl-prof and
+/// `ddl.Loader`).
+pub fn pipeline_settings(cfg: &TrainConfig) -> Settings {
+    Settings {
+        batch: cfg.batch,
+        image_size: cfg.image_size,
+        workers: cfg.workers,
+        prefetch: cfg.prefetch,
+        eval_resize: cfg.eval_resize,
+    }
 }
 
-/// Memory available for new allocations on this machine (`MemAvailable` of /proc/meminfo), if
-/// the kernel says.
-pub fn available_memory() -> Option<u64> {
-    let info = std::fs::read_to_string("/proc/meminfo").ok()?;
-    let line = info.lines().find(|l| l.starts_with("MemAvailable:"))?;
-    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
-    Some(kib * 1024)
+/// The flag of a loader setting.
+fn flag(setting: Setting) -> &'static str {
+    match setting {
+        Setting::Batch => "--batch",
+        Setting::ImageSize => "--image-size",
+        Setting::Workers => "--workers",
+        Setting::Prefetch => "--prefetch",
+        Setting::EvalResize => "--eval-resize",
+    }
+}
+
+/// A refusal of the loader's limits as the error of the flags that would lift it.
+pub fn limit_error(e: LimitError) -> TrainError {
+    let flags = match &e {
+        LimitError::Memory { .. } => "--image-size/--batch/--prefetch",
+        other => other.settings().first().map_or("--batch", |s| flag(*s)),
+    };
+    TrainError::config(flags, e.to_string())
 }
 
 /// Fails when the batch buffers of the `ranks_on_node` ranks of this node (each with
-/// `replicas` replicas) would not fit in `available` bytes.
+/// `replicas` replicas, batches of `output`) would not fit in the memory available.
 pub fn batch_memory(
     cfg: &TrainConfig,
     replicas: usize,
-    bytes_per_value: u64,
+    output: Output,
     ranks_on_node: usize,
-    available: Option<u64>,
 ) -> Result<()> {
-    let Some(available) = available else {
-        return Ok(());
+    let buffers = Buffers {
+        replicas,
+        ranks_on_node,
+        output,
     };
-    let per_rank = batch_bytes(cfg, replicas, bytes_per_value);
-    let need = per_rank.saturating_mul(ranks_on_node as u64);
-    if need <= available {
-        return Ok(());
-    }
-    let gib = |b: u64| b as f64 / f64::from(1u32 << 30);
-    Err(TrainError::config(
-        "--image-size/--batch/--prefetch",
-        format!(
-            "the input batches of {ranks_on_node} rank(s) on this node need {need} bytes ({:.1} GiB: \
-             {} replica(s) x ({} prefetched + 1) + {} in flight, each {} images of 3 x {} x {} x {bytes_per_value} \
-             bytes), but only {available} bytes ({:.1} GiB) are available (MemAvailable); lower \
-             --image-size, --batch or --prefetch",
-            gib(need),
-            replicas,
-            cfg.prefetch,
-            cfg.workers.min(2),
-            cfg.batch,
-            cfg.image_size,
-            cfg.image_size,
-            gib(available),
-        ),
-    ))
+    limits::check_memory(&pipeline_settings(cfg), buffers, limits::available_memory())
+        .map_err(limit_error)
 }
 
 #[cfg(test)]
@@ -196,25 +172,28 @@ mod tests {
     use super::*;
 
     #[test]
-    fn batch_memory_names_flags_and_bytes() {
-        let mut cfg = TrainConfig {
-            image_size: 8192,
-            batch: 32,
-            prefetch: 4,
-            workers: 2,
+    fn loader_limits_name_the_flags() {
+        let cfg = TrainConfig {
+            workers: 100_000,
             ..TrainConfig::default()
         };
-        // 1 replica: 5 + 2 buffers of 32 x 3 x 8192^2 f32.
-        let want = 7 * 32 * 3 * 8192 * 8192 * 4u64;
-        assert_eq!(batch_bytes(&cfg, 1, 4), want);
-        let e = batch_memory(&cfg, 1, 4, 2, Some(1 << 34))
-            .unwrap_err()
-            .to_string();
-        assert!(e.contains("--image-size"), "{e}");
-        assert!(e.contains(&(2 * want).to_string()), "{e}");
-        assert!(e.contains("MemAvailable"), "{e}");
-        cfg.image_size = 224;
-        batch_memory(&cfg, 1, 4, 2, Some(1 << 34)).unwrap();
-        batch_memory(&cfg, 1, 4, 2, None).unwrap();
+        let e = ranges(&cfg).unwrap_err().to_string();
+        assert!(e.contains("--workers") && e.contains("1024"), "{e}");
+        let memory = limit_error(LimitError::Memory {
+            need: 2,
+            available: 1,
+            ranks_on_node: 1,
+            replicas: 1,
+            prefetch: 4,
+            in_flight: 2,
+            batch: 32,
+            image_size: 8192,
+            bytes_per_value: 4,
+        })
+        .to_string();
+        assert!(
+            memory.contains("--image-size/--batch/--prefetch"),
+            "{memory}"
+        );
     }
 }

@@ -3,12 +3,14 @@
 //! deletes nothing; `--restart` moves them aside; `--resume` refuses a checkpoint written with
 //! flags that change the trajectory, naming them, and accepts flags that do not. A checkpoint
 //! write that fills the disk removes its partial file and says how much it needed; resuming
-//! with fewer checkpoints kept makes room by pruning before writing.
+//! with fewer checkpoints kept makes room by pruning before writing. A run holds the
+//! directory's lock from before it looks into it to its end: a second run is refused naming
+//! the holder, and of two runs started together exactly one writes.
 
 mod common;
 
 use std::path::{Path, PathBuf};
-use std::process::Command;
+use std::process::{Command, Output, Stdio};
 use std::sync::Arc;
 
 use ddl_comm::{thread_group, Topology, Transport};
@@ -35,6 +37,14 @@ fn contents(dir: &Path) -> Vec<(String, Vec<u8>)> {
         .collect()
 }
 
+/// A scratch directory holding a small dataset in `data/`.
+fn scratch_with_data(name: &str) -> (ddl_testkit::TempDir, PathBuf) {
+    let tmp = ddl_testkit::scratch(name);
+    let data = tmp.path().join("data");
+    common::make_dataset(&data, 3, 4, 0, 1, 0, 24);
+    (tmp, data)
+}
+
 fn base(data: &Path, ckpt: &Path) -> TrainConfig {
     let mut cfg = common::config(data, "convnet_nobn", 2, "cpu:1");
     cfg.checkpoint_dir = Some(ckpt.to_path_buf());
@@ -45,10 +55,8 @@ fn base(data: &Path, ckpt: &Path) -> TrainConfig {
 
 #[test]
 fn a_run_never_mixes_with_or_deletes_another_runs_checkpoints() {
-    let tmp = ddl_testkit::scratch("ckdir");
+    let (tmp, data) = scratch_with_data("ckdir");
     let dir = tmp.path();
-    let data = dir.join("data");
-    common::make_dataset(&data, 3, 4, 0, 1, 0, 24);
     let ckpt = dir.join("ckpt");
 
     // The old run: 6 steps, a checkpoint after each.
@@ -206,4 +214,150 @@ fn full_disk_leaves_no_partial_file_and_resume_makes_room() {
     let names: Vec<String> = contents(&ckpt).into_iter().map(|(n, _)| n).collect();
     assert_eq!(names, vec![checkpoint::file_name(6)]);
     drop(fs);
+}
+
+const TRAIN: &str = env!("CARGO_BIN_EXE_ddl-train");
+
+#[test]
+fn a_locked_directory_is_refused_naming_the_holder() {
+    use fs4::fs_std::FileExt;
+    let (tmp, data) = scratch_with_data("cklock");
+    let dir = tmp.path();
+    let ckpt = dir.join("ckpt");
+    std::fs::create_dir_all(&ckpt).unwrap();
+    // This test holds the lock, as a run on another host would, and says who it is.
+    let path = ckpt.join(ddl_trainer::train::dir_lock::LOCK_FILE);
+    let held = std::fs::File::create(&path).unwrap();
+    assert!(held.try_lock_exclusive().unwrap());
+    std::fs::write(&path, "pid 4242 host elsewhere\n").unwrap();
+    let mut cfg = base(&data, &ckpt);
+    cfg.max_steps = Some(2);
+    for resume in [false, true] {
+        cfg.resume = resume;
+        let e = run(&cfg).unwrap_err();
+        assert!(
+            matches!(e, TrainError::CheckpointDirLocked { .. }),
+            "--resume {resume}: {e}"
+        );
+        let e = e.to_string();
+        assert!(e.contains("pid 4242 on host elsewhere"), "{e}");
+        assert!(
+            contents(&ckpt).is_empty(),
+            "a refused run wrote a checkpoint"
+        );
+    }
+    // Released (as the kernel does when the holder dies): the run takes it.
+    drop(held);
+    cfg.resume = false;
+    run(&cfg).unwrap();
+    assert_eq!(contents(&ckpt).len(), 2);
+}
+
+/// `ddl-train` on `data` into `ckpt` for `steps` steps, with `seed`, quiet.
+fn train_command(data: &Path, ckpt: &Path, steps: u32, seed: u64) -> Command {
+    let mut c = Command::new(TRAIN);
+    c.args(["--data", data.to_str().unwrap()])
+        .args(["--checkpoint-dir", ckpt.to_str().unwrap()])
+        .args([
+            "--model",
+            "convnet_nobn",
+            "--batch",
+            "2",
+            "--image-size",
+            "32",
+        ])
+        .args([
+            "--devices",
+            "cpu:1",
+            "--workers",
+            "1",
+            "--no-eval",
+            "--quiet",
+        ])
+        .args(["--checkpoint-every", "1", "--keep-checkpoints", "3"])
+        .args([
+            "--max-steps",
+            &steps.to_string(),
+            "--seed",
+            &seed.to_string(),
+        ]);
+    c
+}
+
+fn stderr(out: &Output) -> String {
+    String::from_utf8_lossy(&out.stderr).into_owned()
+}
+
+#[test]
+fn of_two_runs_started_together_exactly_one_writes() {
+    let (tmp, data) = scratch_with_data("ckrace");
+    let dir = tmp.path();
+    for trial in 0..4 {
+        let ckpt = dir.join(format!("ckpt-{trial}"));
+        let start = |seed| {
+            train_command(&data, &ckpt, 6, seed)
+                .stdout(Stdio::null())
+                .stderr(Stdio::piped())
+                .spawn()
+                .unwrap()
+        };
+        let (a, b) = (start(0), start(1));
+        let pids = [a.id(), b.id()];
+        let outs = [a.wait_with_output().unwrap(), b.wait_with_output().unwrap()];
+        let won: Vec<usize> = (0..2).filter(|&i| outs[i].status.success()).collect();
+        let all = format!("{}\n{}", stderr(&outs[0]), stderr(&outs[1]));
+        assert_eq!(
+            won.len(),
+            1,
+            "trial {trial}: exactly one run may write:\n{all}"
+        );
+        let (winner, loser) = (won[0], 1 - won[0]);
+        // Refused by the lock while the winner ran, naming it, or (had the winner ended
+        // before the loser looked) by the winner's checkpoints.
+        let refusal = stderr(&outs[loser]);
+        assert!(
+            refusal.contains(&format!("pid {} on host", pids[winner]))
+                || refusal.contains("checkpoint file(s)"),
+            "trial {trial}: {refusal}"
+        );
+        let left = contents(&ckpt);
+        assert!(!left.is_empty(), "trial {trial}: no checkpoint");
+        for (name, bytes) in left {
+            let ck = Checkpoint::from_bytes(&bytes, &ckpt.join(&name)).unwrap();
+            assert_eq!(
+                ck.meta.flags["seed"], winner as u64,
+                "trial {trial}: {name}"
+            );
+        }
+    }
+}
+
+#[test]
+fn resume_from_a_missing_directory_says_so_even_when_quiet() {
+    let (tmp, data) = scratch_with_data("ckmissing");
+    let dir = tmp.path();
+    let ckpt = dir.join("mistyped");
+    let out = train_command(&data, &ckpt, 1, 0)
+        .arg("--resume")
+        .output()
+        .unwrap();
+    let err = stderr(&out);
+    assert!(out.status.success(), "{err}");
+    assert!(
+        err.contains(&format!("resume: {} did not exist", ckpt.display()))
+            && err.contains("starting from scratch"),
+        "{err}"
+    );
+    // An existing directory without checkpoints says so too.
+    let empty = dir.join("empty");
+    std::fs::create_dir(&empty).unwrap();
+    let out = train_command(&data, &empty, 1, 0)
+        .arg("--resume")
+        .output()
+        .unwrap();
+    assert!(
+        stderr(&out).contains("holds no checkpoint"),
+        "{}",
+        stderr(&out)
+    );
 }

@@ -61,6 +61,9 @@ fn bad_flags_are_named() {
         ("--warmup-epochs", Box::new(|c| c.warmup_epochs = -1.0)),
         ("--label-smoothing", Box::new(|c| c.label_smoothing = 1.0)),
         ("--eval-resize", Box::new(|c| c.eval_resize = 8)),
+        ("--workers", Box::new(|c| c.workers = 1025)),
+        ("--prefetch", Box::new(|c| c.prefetch = 1025)),
+        ("--image-size", Box::new(|c| c.image_size = 7)),
         ("--restart", Box::new(|c| c.restart = true)),
         (
             "--cost-model",

@@ -18,6 +18,7 @@
 use std::sync::Arc;
 
 use super::shm::ShmAllreduce;
+use super::signature::{check_calls, Signature};
 use super::{Allreducer, Element};
 use crate::algorithm::Across;
 use crate::collective;
@@ -96,8 +97,18 @@ impl Hierarchical {
         *self.peers.algorithm() == across.algorithm() && self.chunk_bytes == chunk_bytes
     }
 
-    /// Sums `buf` over all ranks in place (divided by the rank count with `average`).
-    pub(crate) fn allreduce<T: Element>(&mut self, buf: &mut [T], average: bool) -> Result<()> {
+    /// Sums `buf` over all ranks of `world` in place (divided by the rank count with
+    /// `average`). With `check`, the ranks' calls are compared first: on one node in the
+    /// node's region (riding on its first synchronisation), with one rank per node by the
+    /// algorithm between the nodes, otherwise over `world` (the node stages could agree while
+    /// the nodes differ).
+    pub(crate) fn allreduce<T: Element>(
+        &mut self,
+        world: &dyn Transport,
+        buf: &mut [T],
+        average: bool,
+        check: Option<Signature>,
+    ) -> Result<()> {
         let Hierarchical {
             node,
             shm,
@@ -109,11 +120,14 @@ impl Hierarchical {
             return shm.allreduce(&**node, buf, average);
         }
         if node.size() == 1 {
-            return peers.allreduce(buf, average);
+            return peers.reduce(buf, average, check.is_some());
+        }
+        if let Some(mine) = check {
+            check_calls(world, mine, false)?;
         }
         let scale = average.then_some(*ranks as f32);
         shm.allreduce_across(&**node, buf, scale, &mut |sums| {
-            peers.allreduce_f32(sums, false)
+            peers.allreduce_agreed(sums, false)
         })
     }
 }

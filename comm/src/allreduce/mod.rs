@@ -1,11 +1,13 @@
 //! Allreduce algorithms over any [`Transport`] and the [`Allreducer`] entry point.
 
 mod element;
+mod first_exchange;
 pub mod hierarchical;
 pub(crate) mod multicolor;
 mod rhd;
 pub(crate) mod ring;
 pub mod shm;
+pub mod signature;
 pub(crate) mod util;
 
 use std::collections::HashMap;
@@ -21,10 +23,13 @@ use crate::topology::Topology;
 use crate::transport::Transport;
 pub(crate) use element::add_into;
 pub use element::Element;
+use first_exchange::{FirstExchange, Staging};
 use hierarchical::Hierarchical;
 use multicolor::MulticolorPlan;
 pub(crate) use ring::{MAX_DIMS, MAX_SEGMENTS};
 use shm::ShmAllreduce;
+use signature::check_calls;
+pub use signature::{describe_calls, Dtype, Signature};
 
 /// Largest chunk of the shared-memory algorithm (its region holds two per rank).
 pub(crate) const MAX_SHM_CHUNK: usize = 64 << 20;
@@ -49,6 +54,8 @@ struct Scratch {
     /// The node regions and peer groups of the hierarchical algorithm, once probed and found
     /// (boxed: it holds an [`Allreducer`] of its own).
     hierarchical: Option<Box<Hierarchical>>,
+    /// The first messages of a two-rank call, with the call check in front.
+    staging: Staging,
 }
 
 /// Whether the ranks of each node share its memory: not yet probed, yes or no (same on all
@@ -240,53 +247,149 @@ impl Allreducer {
     /// `shm` moves f16 / bf16 as themselves; the other algorithms, `mpi` included (MPI has
     /// no half-precision types), widen the buffer to f32 block by block (256 Ki elements) in
     /// a reused scratch buffer, reduce each block in place and round it back.
+    ///
+    /// Every rank must pass the same element count and type: before anything is summed, the
+    /// ranks compare their calls ([`signature`]) and all fail with
+    /// [`CommError::Mismatch`] naming each rank's count and type when they differ.
     pub fn allreduce<T: Element>(&self, buf: &mut [T], average: bool) -> Result<()> {
+        self.reduce(buf, average, true)
+    }
+
+    /// [`Allreducer::allreduce`] for a caller that has already checked the ranks' calls (the
+    /// stage between the nodes of `hierarchical`).
+    pub(crate) fn allreduce_agreed<T: Element>(&self, buf: &mut [T], average: bool) -> Result<()> {
+        self.reduce(buf, average, false)
+    }
+
+    fn reduce<T: Element>(&self, buf: &mut [T], average: bool, check: bool) -> Result<()> {
         let t = &*self.transport;
-        if t.size() == 1 || buf.is_empty() {
+        if t.size() == 1 {
             return Ok(());
         }
-        let mut algorithm = self.resolve(4 * buf.len());
-        let p = t.size() as f32;
-        if algorithm == Algorithm::Mpi {
+        let mine = Signature::new(T::DTYPE, buf.len());
+        if self.algorithm == Algorithm::Mpi {
             if let Some(f) = T::as_f32_mut(buf) {
                 // Straight to MPI_Allreduce: no scratch to lock.
-                t.native_allreduce_f32(f)?;
-                if average {
-                    divide(f, p);
-                }
-                return Ok(());
+                return self.mpi_f32(f, average, check.then_some(mine));
             }
         }
         let mut guard = self.scratch.lock().unwrap_or_else(|e| e.into_inner());
         let scratch = &mut *guard;
-        if let Algorithm::Shm { chunk_bytes } = algorithm {
-            if let Some(shm) = self.shared_memory(&mut scratch.shm, chunk_bytes)? {
-                return shm.allreduce(t, buf, average);
+        match &self.algorithm {
+            Algorithm::Auto => self.auto(scratch, buf, average, check.then_some(mine)),
+            Algorithm::Shm { chunk_bytes } => {
+                let Some(shm) = self.shared_memory(&mut scratch.shm, *chunk_bytes)? else {
+                    return Err(CommError::Unsupported(
+                        "the shm algorithm needs every rank on one node, with a writable /dev/shm"
+                            .into(),
+                    ));
+                };
+                shm.allreduce(t, buf, average)
             }
-            if self.algorithm != Algorithm::Auto {
-                return Err(CommError::Unsupported(
-                    "the shm algorithm needs every rank on one node, with a writable /dev/shm"
-                        .into(),
-                ));
+            Algorithm::Hierarchical {
+                across,
+                chunk_bytes,
+            } => {
+                let Some(h) = self.node_groups(&mut scratch.hierarchical, *across, *chunk_bytes)?
+                else {
+                    return Err(CommError::Unsupported(
+                        "the hierarchical algorithm needs the ranks of every node to share its memory, with a writable /dev/shm"
+                            .into(),
+                    ));
+                };
+                h.allreduce(t, buf, average, check.then_some(mine))
             }
-            algorithm = self.resolve(4 * buf.len());
+            algorithm if check && first_exchange::rides(algorithm, t.size()) => {
+                let mut staging = std::mem::take(&mut scratch.staging);
+                let done = {
+                    let first = FirstExchange::new(t, mine, &mut staging);
+                    self.run_elements(algorithm, &first, scratch, buf, average)
+                        .and_then(|()| first.finish())
+                };
+                scratch.staging = staging;
+                done
+            }
+            algorithm => {
+                if check {
+                    check_calls(t, mine, *algorithm == Algorithm::Mpi)?;
+                }
+                self.run_elements(algorithm, t, scratch, buf, average)
+            }
         }
+    }
+
+    /// `mpi` on an f32 buffer: MPI_Allreduce in place, after the call check if `check`.
+    fn mpi_f32(&self, buf: &mut [f32], average: bool, check: Option<Signature>) -> Result<()> {
+        let t = &*self.transport;
+        if let Some(mine) = check {
+            check_calls(t, mine, true)?;
+        }
+        t.native_allreduce_f32(buf)?;
+        if average {
+            divide(buf, t.size() as f32);
+        }
+        Ok(())
+    }
+
+    /// `auto`: the call check first, then the algorithm the cost model picks for this size.
+    /// Ranks of different sizes may pick different algorithms, so all must meet in the same
+    /// check whatever they picked: in the shared memory when the ranks share one node (probed
+    /// on the first call whatever its size), where `shm` runs it in its own first
+    /// synchronisation and the others alone ([`ShmAllreduce::check`]); otherwise
+    /// [`check_calls`].
+    fn auto<T: Element>(
+        &self,
+        scratch: &mut Scratch,
+        buf: &mut [T],
+        average: bool,
+        check: Option<Signature>,
+    ) -> Result<()> {
+        let t = &*self.transport;
+        let bytes = 4 * buf.len();
+        if self.topology.nodes == 1 {
+            let region = self.shared_memory(&mut scratch.shm, shm::DEFAULT_CHUNK_BYTES)?;
+            if let Some(shm) = region {
+                let algorithm = self.resolve(bytes);
+                if let Algorithm::Shm { .. } = algorithm {
+                    return shm.allreduce(t, buf, average);
+                }
+                if let Some(mine) = check {
+                    shm.check(t, mine)?;
+                }
+                return self.run_elements(&algorithm, t, scratch, buf, average);
+            }
+        }
+        if let Some(mine) = check {
+            check_calls(t, mine, false)?;
+        }
+        let algorithm = self.resolve(bytes);
         if let Algorithm::Hierarchical {
             across,
             chunk_bytes,
         } = algorithm
         {
             if let Some(h) = self.node_groups(&mut scratch.hierarchical, across, chunk_bytes)? {
-                return h.allreduce(buf, average);
+                return h.allreduce(t, buf, average, None);
             }
-            if self.algorithm != Algorithm::Auto {
-                return Err(CommError::Unsupported(
-                    "the hierarchical algorithm needs the ranks of every node to share its memory, with a writable /dev/shm"
-                        .into(),
-                ));
-            }
-            algorithm = self.resolve(4 * buf.len());
+            // No shared memory after all: resolve again without it.
+            let algorithm = self.resolve(bytes);
+            return self.run_elements(&algorithm, t, scratch, buf, average);
         }
+        self.run_elements(&algorithm, t, scratch, buf, average)
+    }
+
+    /// Runs a message-based algorithm or `mpi` over `t` on a buffer of any element type: f32
+    /// in place, f16 / bf16 widened block by block. An empty buffer runs it too, on no
+    /// elements: its first exchange may carry the call check to a rank with elements.
+    fn run_elements<T: Element>(
+        &self,
+        algorithm: &Algorithm,
+        t: &dyn Transport,
+        scratch: &mut Scratch,
+        buf: &mut [T],
+        average: bool,
+    ) -> Result<()> {
+        let p = t.size() as f32;
         let Scratch {
             recv,
             widened,
@@ -294,7 +397,7 @@ impl Allreducer {
             ..
         } = scratch;
         if let Some(f) = T::as_f32_mut(buf) {
-            self.run(&algorithm, f, recv, steps)?;
+            self.run(algorithm, t, f, recv, steps)?;
             if average {
                 divide(f, p);
             }
@@ -303,10 +406,13 @@ impl Allreducer {
         // Block by block, so that the f32 copy stays in the caches: widening the whole buffer
         // first made a 16 MiB f16 `mpi` call at np 2 take 23 ms instead of 5.8 ms.
         widened.resize(WIDEN_BLOCK.min(buf.len()), 0.0);
+        if buf.is_empty() {
+            return self.run(algorithm, t, &mut [], recv, steps);
+        }
         for part in buf.chunks_mut(WIDEN_BLOCK) {
             let wide = &mut widened[..part.len()];
             T::widen(part, wide);
-            self.run(&algorithm, wide, recv, steps)?;
+            self.run(algorithm, t, wide, recv, steps)?;
             if average {
                 divide(wide, p);
             }
@@ -360,15 +466,15 @@ impl Allreducer {
         Ok(slot.as_mut())
     }
 
-    /// Runs `algorithm` (resolved, not `shm` nor `hierarchical`) on an f32 buffer.
+    /// Runs `algorithm` (resolved, not `shm` nor `hierarchical`) over `t` on an f32 buffer.
     fn run(
         &self,
         algorithm: &Algorithm,
+        t: &dyn Transport,
         buf: &mut [f32],
         recv: &mut Vec<f32>,
         steps: &mut Vec<ring::Step>,
     ) -> Result<()> {
-        let t = &*self.transport;
         let bytes = std::mem::size_of_val(buf);
         match algorithm {
             Algorithm::Ring => ring::multiring(t, &[t.size()], 1, buf, recv, steps),

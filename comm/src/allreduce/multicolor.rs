@@ -286,7 +286,7 @@ pub(crate) fn allreduce(
     buf: &mut [f32],
     scratch: &mut Vec<f32>,
 ) -> Result<()> {
-    if t.size() == 1 || buf.is_empty() {
+    if t.size() == 1 {
         return Ok(());
     }
     let n = buf.len();
@@ -295,14 +295,16 @@ pub(crate) fn allreduce(
     let colors: Vec<(Range<usize>, usize)> = (0..plan.colors)
         .map(|c| {
             let r = part(&whole, plan.colors, c);
-            let chunks = r.len().div_ceil(ce);
+            // An empty color still sends its one empty chunk: the first step then posts the
+            // same operations whatever the length (the call check rides on it at two ranks).
+            let chunks = r.len().div_ceil(ce).max(1);
             (r, chunks)
         })
         .collect();
     let steps = colors
         .iter()
         .zip(&plan.nodes)
-        .map(|((_, j), node)| if *j == 0 { 0 } else { j + 2 * node.root_height })
+        .map(|((_, j), node)| j + 2 * node.root_height)
         .max()
         .unwrap_or(0);
     ensure_len(scratch, plan.slots * ce);
@@ -321,9 +323,6 @@ pub(crate) fn allreduce(
         adds.clear();
         for (c, node) in plan.nodes.iter().enumerate() {
             let chunks = colors[c].1;
-            if chunks == 0 {
-                continue;
-            }
             let h_root = node.root_height;
             // Reduce: receive each child's partial sums.
             for (i, &(child, hc)) in node.children.iter().enumerate() {

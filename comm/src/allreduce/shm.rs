@@ -27,9 +27,12 @@
 //! [`CommError::Timeout`](crate::CommError::Timeout) naming the rank it waited for after the
 //! transport's timeout.
 
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use super::signature::{agree, Signature};
 use super::util::part;
 use super::Element;
-use crate::error::Result;
+use crate::error::{CommError, Result};
 use crate::shm::{Pace, SharedRegion, COUNTER_BYTES, LINE};
 use crate::transport::Transport;
 
@@ -59,6 +62,12 @@ enum Counter {
 
 /// What a waiting rank reports in a timeout.
 const OP: &str = "shm allreduce";
+
+/// Where a call's [`Signature`] lies on the line of the `Announced` counter: one word per
+/// slot parity of the call's first chunk, after the counter. Published with the counter, it
+/// reaches the other ranks in the cache line they wait on anyway: the call check costs no
+/// extra synchronisation.
+const SIGNATURE_OFFSET: usize = 8;
 
 /// The shared-memory allreduce of one group: the region and how far this rank has got.
 pub(crate) struct ShmAllreduce {
@@ -172,6 +181,47 @@ impl ShmAllreduce {
         }
     }
 
+    /// Rank `q`'s signature word for the call whose first chunk is `j`.
+    fn signature(&self, q: usize, j: u64) -> &AtomicU64 {
+        let at = Counter::Announced as usize * LINE + SIGNATURE_OFFSET + 8 * (j % 2) as usize;
+        // SAFETY: within the first half of the counter's line, zero-initialised, only
+        // accessed atomically.
+        unsafe { &*self.region.segment(q).add(at).cast::<AtomicU64>() }
+    }
+
+    /// Every rank's call whose first chunk is `j`, once all have announced it: `Ok` when they
+    /// agree with `mine`. A rank rewrites this word only for chunk j + 2, which it starts
+    /// after every rank announced j + 1, that is after every rank read it.
+    fn agree_at(&self, t: &dyn Transport, j: u64) -> Result<()> {
+        let word = |q: usize| self.signature(q, j).load(Ordering::Relaxed);
+        let mine = word(t.rank());
+        if (0..t.size()).all(|q| word(q) == mine) {
+            return Ok(());
+        }
+        let calls: Option<Vec<Signature>> = (0..t.size())
+            .map(|q| Signature::from_word(word(q)))
+            .collect();
+        match calls {
+            Some(calls) => agree(t.rank(), calls),
+            None => Err(CommError::InvalidArgument(format!(
+                "shm allreduce on rank {}: a rank announced chunk {j} without its call",
+                t.rank()
+            ))),
+        }
+    }
+
+    /// The call check alone, for a call that runs another algorithm or has no elements
+    /// (`auto` and empty buffers): one chunk's announcement, with no data.
+    pub(crate) fn check(&mut self, t: &dyn Transport, mine: Signature) -> Result<()> {
+        let j = self.chunks_started;
+        self.chunks_started += 1;
+        self.signature(t.rank(), j)
+            .store(mine.to_word(), Ordering::Relaxed);
+        self.publish(t.rank(), Counter::Announced, j + 1);
+        self.wait_all(t, Counter::Announced, j + 1)?;
+        self.agree_at(t, j)
+    }
+
     /// Sets this rank's counter `c` to `value` and wakes the ranks sleeping on it.
     fn publish(&self, me: usize, c: Counter, value: u64) {
         self.region.publish(me, c as usize, value);
@@ -201,20 +251,25 @@ impl ShmAllreduce {
         }
     }
 
-    /// Sums `buf` over all ranks of `t` in place (divided by the rank count with `average`).
-    /// Every rank must call it with the same length.
+    /// Sums `buf` over all ranks of `t` in place (divided by the rank count with `average`),
+    /// after checking that every rank passed the same element count and type.
     pub(crate) fn allreduce<T: Element>(
         &mut self,
         t: &dyn Transport,
         buf: &mut [T],
         average: bool,
     ) -> Result<()> {
+        let mine = Signature::new(T::DTYPE, buf.len());
+        if buf.is_empty() {
+            return self.check(t, mine);
+        }
         let mode = if std::mem::size_of_val(buf) <= WHOLE_BYTES {
             Mode::Whole
         } else {
             Mode::Parts
         };
-        self.run(t, buf, mode, average.then_some(t.size() as f32), None)
+        let scale = average.then_some(t.size() as f32);
+        self.run(t, buf, mode, scale, Some(mine), None)
     }
 
     /// The node stage of the hierarchical allreduce: sums `buf` over the ranks of `t` (one
@@ -235,11 +290,12 @@ impl ShmAllreduce {
         } else {
             Mode::Parts
         };
-        self.run(t, buf, mode, scale, Some(across))
+        self.run(t, buf, mode, scale, None, Some(across))
     }
 
     /// Runs the chunks of `buf` through the region (see [`Mode`]): summed over the ranks,
-    /// through `across` if given, divided by `scale` if given.
+    /// through `across` if given, divided by `scale` if given. With `check`, the first chunk
+    /// carries this rank's call and nothing is summed unless all ranks' agree.
     ///
     /// Chunk j uses slot j % 2. A rank consumes what chunk j put in the slots (the inputs it
     /// sums, the others' sums it copies out) before it announces chunk j + 2, and rewrites
@@ -252,6 +308,7 @@ impl ShmAllreduce {
         buf: &mut [T],
         mode: Mode,
         scale: Option<f32>,
+        mut check: Option<Signature>,
         mut across: Option<&mut AcrossNodes<'_>>,
     ) -> Result<()> {
         let (p, me) = (t.size(), t.rank());
@@ -260,6 +317,10 @@ impl ShmAllreduce {
         for chunk in buf.chunks_mut(chunk_elems) {
             let j = self.chunks_started;
             self.chunks_started += 1;
+            if let Some(mine) = check {
+                self.signature(me, j)
+                    .store(mine.to_word(), Ordering::Relaxed);
+            }
             let slot = (j % SLOTS as u64) as usize;
             let len = chunk.len();
             // Whole: every rank needs all of the chunk, which it copies once. Otherwise the
@@ -288,6 +349,9 @@ impl ShmAllreduce {
                 self.copy_out(mode, p, me, j - 1, prev);
             }
             self.wait_all(t, Counter::Announced, j + 1)?;
+            if check.take().is_some() {
+                self.agree_at(t, j)?;
+            }
             let out = chunk.as_mut_ptr();
             let mut inputs = std::mem::take(&mut self.inputs);
             inputs.clear();

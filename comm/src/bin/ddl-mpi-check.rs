@@ -8,6 +8,8 @@
 //! `ddl-mpi-check sharded`: allgather, reduce-scatter (sum and max) and the allreduce with
 //! `max` of every algorithm (`shm` across the processes of this node included) on awkward
 //! sizes and uneven parts (empty ones too), compared bitwise with the sequential results.
+//! `ddl-mpi-check mismatch`: the last rank passes another count or element type than the
+//! others: every algorithm must fail on every rank naming it, and stay usable.
 //! `ddl-mpi-check timeout`: rank 0 receives from rank 1, which never sends: the receive must
 //! fail within the timeout with an error naming `recv` and `peer 1`.
 //! `ddl-mpi-check abort`: rank 0 aborts the job with code [`ABORT_CODE`] (7) while rank 1
@@ -138,6 +140,100 @@ fn allreduce_checks(world: &World) -> Result<(), String> {
     Ok(())
 }
 
+/// One rank's buffer in a call of [`mismatch_checks`].
+enum Buffer {
+    F32(Vec<f32>),
+    F16(Vec<f16>),
+}
+
+/// Ranks that pass different buffers: every algorithm must fail on every rank with the
+/// mismatch error naming the odd rank, before touching a buffer and well within the timeout,
+/// and leave the communicator usable.
+fn mismatch_checks(world: &World) -> Result<(), String> {
+    let t: Arc<dyn Transport> = world.transport();
+    let (p, me) = (world.size(), world.rank());
+    let timeout = Duration::from_secs(30);
+    t.set_timeout(timeout);
+    let last = p - 1;
+    let mut algos: Vec<(Algorithm, Topology)> = [
+        "ring",
+        "rhd",
+        "multicolor",
+        "multicolor:1",
+        "multiring",
+        "shm",
+        "auto",
+        "mpi",
+    ]
+    .iter()
+    .map(|s| (s.parse().expect("known algorithm"), world.topology()))
+    .collect();
+    if p >= 4 && p % 2 == 0 {
+        for name in ["hierarchical", "hierarchical:mpi", "auto"] {
+            algos.push((
+                name.parse().expect("known algorithm"),
+                Topology::new(2, p / 2),
+            ));
+        }
+    }
+    // (this rank's buffer, what the error must say about the last rank)
+    let cases: Vec<(Buffer, String)> = vec![
+        (
+            Buffer::F32(vec![1.0; if me == last { 1000 } else { 10 }]),
+            format!("rank {last} passed 1000 f32"),
+        ),
+        (
+            Buffer::F32(vec![1.0; if me == last { 300_000 } else { 1000 }]),
+            format!("rank {last} passed 300000 f32"),
+        ),
+        (
+            if me == last {
+                Buffer::F16(vec![f16::ONE; 300])
+            } else {
+                Buffer::F32(vec![1.0; 300])
+            },
+            format!("rank {last} passed 300 f16"),
+        ),
+    ];
+    for (algo, topology) in &algos {
+        let ar = Allreducer::new(t.clone(), algo.clone(), *topology).map_err(|e| e.to_string())?;
+        let what = format!("{algo} over {}x{}", topology.nodes, topology.ranks_per_node);
+        for (buffer, needle) in &cases {
+            let start = Instant::now();
+            let (result, untouched) = match buffer {
+                Buffer::F32(v) => {
+                    let mut b = v.clone();
+                    (ar.allreduce_f32(&mut b, false), b == *v)
+                }
+                Buffer::F16(v) => {
+                    let mut b = v.clone();
+                    (ar.allreduce_f16(&mut b, false), b == *v)
+                }
+            };
+            let elapsed = start.elapsed();
+            match result {
+                Err(e @ CommError::Mismatch { .. }) if e.to_string().contains(needle.as_str()) => {}
+                other => return Err(format!("{what}, {needle}: rank {me} got {other:?}")),
+            }
+            if !untouched || elapsed > timeout / 3 {
+                return Err(format!(
+                    "{what}, {needle}: buffer untouched {untouched}, failed after {elapsed:?}"
+                ));
+            }
+        }
+        // The failed calls left nothing behind: the next one sums.
+        let mut ones = vec![1.0f32; 100];
+        ar.allreduce_f32(&mut ones, false)
+            .map_err(|e| format!("{what}: the call after the mismatches: {e}"))?;
+        if ones.iter().any(|&v| v != p as f32) {
+            return Err(format!(
+                "{what}: the call after the mismatches summed wrongly"
+            ));
+        }
+    }
+    t.barrier().map_err(|e| e.to_string())
+}
+
 /// Every rank's expected results of the sharded collectives on [`input`] under `parts`:
 /// (the allgather, this rank's sum, this rank's max, the max everywhere).
 fn sharded_expected(p: usize, me: usize, parts: &Parts, salt: usize) -> [Vec<f32>; 4] {
@@ -251,6 +347,7 @@ fn timeout_check(world: &World) -> Result<(), String> {
 }
 
 fn main() -> ExitCode {
+    ddl_comm::cli::end_quietly_on_closed_pipe();
     let mode = std::env::args()
         .nth(1)
         .unwrap_or_else(|| "allreduce".into());
@@ -266,6 +363,7 @@ fn main() -> ExitCode {
         "sharded" => sharded_checks(&world),
         "init" => world.transport().barrier().map_err(|e| e.to_string()),
         "timeout" => timeout_check(&world),
+        "mismatch" => mismatch_checks(&world),
         "abort" => {
             if world.rank() == 0 {
                 world.abort(ABORT_CODE);

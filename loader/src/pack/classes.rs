@@ -1,6 +1,8 @@
 //! Which classes a pack keeps, in which label order: every class found (sorted by wnid), or
 //! the `--classes FILE` list in its order; then `--min-per-class N` drops the classes with
-//! fewer than N usable inputs.
+//! fewer than N usable inputs. A class found with no usable training input at all (an empty
+//! folder, a class only in val) is an error unless the caller keeps it as a class without
+//! records or drops it by a minimum: left out silently, it would relabel every later class.
 //!
 //! "Usable" is counted when the classes are chosen, before anything is decoded: the inputs of
 //! the class in the split the classes come from (the training split, or the validation split
@@ -41,6 +43,24 @@ pub(crate) fn check_list(path: &Path, list: &[String]) -> Result<()> {
         });
     }
     Ok(())
+}
+
+/// Fails with [`LoaderError::EmptyClasses`] when a class of `counts` (usable inputs by
+/// wnid) has none: without it every later class would get another label (and its val images
+/// would be dropped), unlike torchvision's ImageFolder, which refuses such a tree.
+pub(crate) fn check_none_empty(input: &Path, counts: &BTreeMap<String, u64>) -> Result<()> {
+    let empty: Vec<String> = counts
+        .iter()
+        .filter(|(_, n)| **n == 0)
+        .map(|(w, _)| w.clone())
+        .collect();
+    if empty.is_empty() {
+        return Ok(());
+    }
+    Err(LoaderError::EmptyClasses {
+        input: input.to_path_buf(),
+        classes: empty,
+    })
 }
 
 /// Chooses the classes: `listed` (from `--classes`) in its order, or else every wnid of

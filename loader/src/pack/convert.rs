@@ -13,9 +13,9 @@ use turbojpeg::{Colorspace, Decompressor, Image, PixelFormat, ScalingFactor, Sub
 /// Largest decoded image accepted, in pixels (guards memory against hostile dimensions).
 pub const MAX_PIXELS: u64 = 1 << 28;
 
-/// Smallest `max_short_side` other than 0 (keep the size): ddl-train's smallest `--image-size`.
+/// Smallest `max_short_side` other than 0 (keep the size): the pipeline's smallest output side.
 /// Shorter images would only be blown up again by every crop, with nothing gained on disk.
-pub const MIN_SHORT_SIDE: u32 = 16;
+pub const MIN_SHORT_SIDE: u32 = crate::limits::MIN_IMAGE_SIZE;
 
 /// How the output should look.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -72,6 +72,10 @@ pub struct PackOptions {
     pub synsets: Option<PathBuf>,
     /// Drop classes with fewer usable inputs than this (0 keeps all).
     pub min_per_class: u64,
+    /// Keep a class without usable training inputs (an empty folder, a class only in val) as
+    /// a class with no training records; otherwise such a class is an error
+    /// ([`LoaderError::EmptyClasses`]), since leaving it out would relabel every class after it.
+    pub keep_empty_classes: bool,
     /// Carve a validation split out of an input that has none.
     pub val_split: Option<ValSplit>,
     /// Number of nodes the shards are assigned to in the manifest (shard `s` -> node `s % P`).
@@ -86,6 +90,10 @@ pub struct PackOptions {
     /// touched.
     pub force: bool,
 }
+
+/// The share of skipped inputs above which a pack fails by default: one in 1,000 (ImageNet's
+/// few damaged files, not a broken input).
+pub const DEFAULT_MAX_SKIP_FRACTION: f64 = 0.001;
 
 impl PackOptions {
     /// Options with the documented defaults: 1 GiB shards, shorter side 256, quality 90,
@@ -103,10 +111,11 @@ impl PackOptions {
             classes: None,
             synsets: None,
             min_per_class: 0,
+            keep_empty_classes: false,
             val_split: None,
             nodes: 1,
             threads: 0,
-            max_skip_fraction: 0.001,
+            max_skip_fraction: DEFAULT_MAX_SKIP_FRACTION,
             force: false,
         }
     }
@@ -412,6 +421,7 @@ pub fn pack(opts: &PackOptions, progress: &dyn PackProgress) -> Result<PackRepor
         classes: opts.classes.clone(),
         synsets: opts.synsets.clone(),
         min_per_class: opts.min_per_class,
+        keep_empty_classes: opts.keep_empty_classes,
     };
     let mut inputs = pool.install(|| discover(&opts.input, &sopts))?;
     let val_split = match &opts.val_split {

@@ -109,6 +109,9 @@ impl Identity {
         if opts.min_per_class > 0 {
             selection.push_str(&format!(" --min-per-class {}", opts.min_per_class));
         }
+        if opts.keep_empty_classes {
+            selection.push_str(" --keep-empty-classes");
+        }
         if let Some(vs) = &opts.val_split {
             selection.push_str(&format!(" {}", vs.describe()));
         }

@@ -67,6 +67,9 @@ pub struct SourceOptions {
     pub synsets: Option<PathBuf>,
     /// Drop classes with fewer usable inputs than this (0 keeps all; see `classes.rs`).
     pub min_per_class: u64,
+    /// Keep classes without usable training inputs as classes without records (see
+    /// `classes.rs`).
+    pub keep_empty_classes: bool,
 }
 
 /// Everything found under an input directory.
@@ -164,6 +167,9 @@ struct Scan {
     wnids: Vec<String>,
     /// Scan index of each wnid.
     wnid_ids: HashMap<String, u32>,
+    /// Wnids registered by the training split's scan (it runs first, so they are
+    /// `wnids[..train_classes]`): its class folders and tars, empty ones included.
+    train_classes: usize,
 }
 
 impl Scan {
@@ -724,6 +730,7 @@ fn scan_input_dir(
             layouts.insert("train".into(), l);
         }
     }
+    scan.train_classes = scan.wnids.len();
     if val.is_dir() {
         let entries = list_dir(&val)?;
         if entries.iter().any(Entry::is_dir) {
@@ -738,6 +745,34 @@ fn scan_input_dir(
     Ok(())
 }
 
+/// Usable inputs per class in the split the classes come from: the training split, where
+/// every class folder or tar counts (0 for an empty one), and so does a class with images
+/// only in val (0); or, for an input with val alone, the classes with val images.
+fn usable_counts(found: &BTreeMap<String, Vec<Found>>, scan: &Scan) -> BTreeMap<String, u64> {
+    let train = found.get("train").filter(|f| !f.is_empty());
+    let from = train
+        .or_else(|| found.get("val"))
+        .expect("some split has images");
+    let mut per_id = vec![0u64; scan.wnids.len()];
+    for f in from {
+        per_id[f.label as usize] += 1;
+    }
+    let mut class = vec![false; scan.wnids.len()];
+    if train.is_some() {
+        class[..scan.train_classes].fill(true);
+        for f in found.get("val").into_iter().flatten() {
+            class[f.label as usize] = true;
+        }
+    }
+    scan.wnids
+        .iter()
+        .zip(per_id)
+        .zip(class)
+        .filter(|((_, n), class)| *n > 0 || *class)
+        .map(|((w, n), _)| (w.clone(), n))
+        .collect()
+}
+
 /// Finds the inputs under `input` (see the module documentation for the layouts).
 pub fn discover(input: &Path, opts: &SourceOptions) -> Result<Inputs> {
     let mut scan = Scan::default();
@@ -749,6 +784,7 @@ pub fn discover(input: &Path, opts: &SourceOptions) -> Result<Inputs> {
         let (f, l) = scan_tar_file(input, &mut scan)?;
         found.insert("train".into(), f);
         layouts.insert("train".into(), l);
+        scan.train_classes = scan.wnids.len();
     } else {
         return Err(input_err(input, "does not exist"));
     }
@@ -767,23 +803,10 @@ pub fn discover(input: &Path, opts: &SourceOptions) -> Result<Inputs> {
         }
         None => None,
     };
-    // Usable inputs per class, in the split the classes come from.
-    let from = found
-        .get("train")
-        .filter(|f| !f.is_empty())
-        .or_else(|| found.get("val"))
-        .expect("some split has images");
-    let mut per_id = vec![0u64; scan.wnids.len()];
-    for f in from {
-        per_id[f.label as usize] += 1;
+    let counts = usable_counts(&found, &scan);
+    if listed.is_none() && opts.min_per_class == 0 && !opts.keep_empty_classes {
+        classes::check_none_empty(input, &counts)?;
     }
-    let counts: BTreeMap<String, u64> = scan
-        .wnids
-        .iter()
-        .zip(per_id)
-        .filter(|(_, n)| *n > 0)
-        .map(|(w, n)| (w.clone(), n))
-        .collect();
     let selection = classes::select(input, listed, &counts, opts.min_per_class)?;
     // Scan index -> label (None: not a kept class).
     let label_of: HashMap<&str, u32> = selection

@@ -46,7 +46,8 @@ struct Args {
     #[arg(long, default_value_t = 256, value_parser = clap::value_parser!(u64).range(1..))]
     batch: u64,
     /// Output side in pixels (at least 16, like ddl-train's --image-size).
-    #[arg(long, default_value_t = 224, value_parser = clap::value_parser!(u32).range(16..))]
+    #[arg(long, default_value_t = 224,
+          value_parser = clap::value_parser!(u32).range(i64::from(ddl_loader::limits::MIN_IMAGE_SIZE)..))]
     image_size: u32,
     /// Seconds of each end-to-end measurement.
     #[arg(long, default_value_t = 10.0, value_parser = positive_seconds)]

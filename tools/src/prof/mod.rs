@@ -89,6 +89,7 @@ use std::sync::Arc;
 use anyhow::{anyhow, bail, Result};
 use ddl_loader::dataset::Residency;
 use ddl_loader::decode::DecodeMode;
+use ddl_loader::limits::{self, Buffers, LimitError, Setting, Settings};
 use ddl_loader::pipeline::OnBadRecord;
 use ddl_loader::transform::{
     Augment, Output, Slot, TransformConfig, Transformer, IMAGENET_MEAN, IMAGENET_STD,
@@ -253,16 +254,29 @@ impl ProfConfig {
         }
     }
 
-    /// Checks every setting before anything is opened or measured; errors name the flag.
+    /// Checks every setting before anything is opened or measured; errors name the flag. The
+    /// pipeline's settings and the memory of its batches have the loader's limits, as in
+    /// ddl-train: each thread count is a pipeline's workers.
     pub fn validate(&self) -> Result<()> {
-        if self.threads.is_empty() || self.threads.contains(&0) {
-            bail!(
-                "--threads {:?}: thread counts must be at least 1",
-                self.threads
-            );
+        if self.threads.is_empty() {
+            bail!("--threads: give at least one thread count");
         }
-        if self.batch == 0 {
-            bail!("--batch must be at least 1");
+        for &workers in &self.threads {
+            let settings = Settings {
+                batch: self.batch,
+                image_size: self.image_size,
+                workers,
+                prefetch: self.prefetch,
+                eval_resize: 0,
+            };
+            let buffers = Buffers {
+                replicas: 1,
+                ranks_on_node: 1,
+                output: Output::F32Nchw,
+            };
+            limits::check(&settings)
+                .and_then(|()| limits::check_memory(&settings, buffers, limits::available_memory()))
+                .map_err(|e| anyhow!("{}: {e}", limit_flags(&e)))?;
         }
         if self.split.is_empty() {
             bail!("--split must name a split (e.g. train)");
@@ -275,9 +289,6 @@ impl ProfConfig {
             if !(v.is_finite() && v > 0.0) {
                 bail!("{flag} {v} must be a positive number");
             }
-        }
-        if self.prefetch == 0 {
-            bail!("--prefetch must be at least 1 (the depth of the pipeline's batch queue)");
         }
         if self.sample_records == 0 {
             bail!("--sample-records must be at least 1");
@@ -563,5 +574,16 @@ pub fn profile(cfg: &ProfConfig, mut progress: impl FnMut(&str)) -> Result<Repor
         end_to_end: e2e,
         bad_records: bad.report(),
         verdict,
+    })
+}
+
+/// The ddl-prof flags that would lift a refusal of the loader's limits.
+fn limit_flags(e: &LimitError) -> String {
+    e.named(|s| match s {
+        Setting::Batch => "--batch",
+        Setting::ImageSize => "--image-size",
+        Setting::Workers => "--threads",
+        Setting::Prefetch => "--prefetch",
+        Setting::EvalResize => "--eval",
     })
 }

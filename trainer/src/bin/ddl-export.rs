@@ -28,11 +28,15 @@ struct Args {
 }
 
 fn main() -> ExitCode {
+    ddl_comm::cli::end_quietly_on_closed_pipe();
     let args = Args::parse();
     match run(&args) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            eprint_line(&format!("ddl-export: error: {e:#}"));
+            eprint_line(&format!(
+                "ddl-export: error: {}",
+                ddl_comm::cli::error_chain(&*e)
+            ));
             ExitCode::FAILURE
         }
     }

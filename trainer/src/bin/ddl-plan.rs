@@ -51,13 +51,17 @@ struct Args {
 }
 
 fn main() -> ExitCode {
+    ddl_comm::cli::end_quietly_on_closed_pipe();
     match run(&Args::parse()) {
         Ok(text) => {
             print!("{text}");
             ExitCode::SUCCESS
         }
         Err(e) => {
-            eprint_line(&format!("ddl-plan: error: {e:#}"));
+            eprint_line(&format!(
+                "ddl-plan: error: {}",
+                ddl_comm::cli::error_chain(&*e)
+            ));
             ExitCode::FAILURE
         }
     }

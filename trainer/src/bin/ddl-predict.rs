@@ -54,12 +54,16 @@ struct Args {
 }
 
 fn main() -> ExitCode {
+    ddl_comm::cli::end_quietly_on_closed_pipe();
     let args = Args::parse();
     match run(&args) {
         Ok(0) => ExitCode::SUCCESS,
         Ok(_) => ExitCode::FAILURE,
         Err(e) => {
-            eprint_line(&format!("ddl-predict: error: {e:#}"));
+            eprint_line(&format!(
+                "ddl-predict: error: {}",
+                ddl_comm::cli::error_chain(&*e)
+            ));
             ExitCode::FAILURE
         }
     }

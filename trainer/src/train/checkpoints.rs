@@ -1,4 +1,4 @@
-//! A run's checkpoints: claiming the directory, saving (gathered to rank 0), resuming (rank 0
+//! A run's checkpoints: claiming (and locking) the directory, saving (gathered to rank 0), resuming (rank 0
 //! reads and broadcasts) and dumping the final weights.
 
 use std::path::{Path, PathBuf};
@@ -9,6 +9,7 @@ use crate::error::{Result, TrainError};
 use crate::run_flags::{self, LayoutCheck};
 use crate::table::ReplicaState;
 
+use super::dir_lock::{self, DirLock};
 use super::weights_io::EvalAt;
 use super::Run;
 
@@ -43,41 +44,25 @@ fn encode_buffers(states: &[ReplicaState]) -> Vec<u8> {
 }
 
 impl Run<'_> {
-    /// A new run must not write into a directory holding another run's checkpoints: it would
-    /// mix with them, and pruning (which keeps the highest steps) would delete its own. Without
-    /// `--resume`, rank 0 refuses such a directory, or with `--restart` moves the files into a
-    /// dated subdirectory; every rank gets the verdict.
-    pub(crate) fn claim_checkpoint_dir(&mut self) -> Result<()> {
+    /// Takes the checkpoint directory for this run: rank 0 locks it before looking into it
+    /// ([`dir_lock`]; held while the returned lock lives), and a new run must not write into
+    /// a directory holding another run's checkpoints: it would mix with them, and pruning
+    /// (which keeps the highest steps) would delete its own. Without `--resume`, rank 0
+    /// refuses such a directory, or with `--restart` moves the files into a dated
+    /// subdirectory; every rank gets the verdict.
+    pub(crate) fn claim_checkpoint_dir(&mut self) -> Result<Option<DirLock>> {
         let Some(dir) = self.cfg.checkpoint_dir.clone() else {
-            return Ok(());
+            return Ok(None);
         };
-        if self.cfg.resume {
-            return Ok(());
-        }
+        let mut lock = None;
         let mut verdict = Ok(());
         if self.is_root() {
-            verdict = checkpoint::occupants(&dir).and_then(|found| {
-                if found.is_empty() {
-                    Ok(())
-                } else if self.cfg.restart {
-                    let (aside, n) = checkpoint::move_aside(&dir)?;
-                    if self.cfg.verbose {
-                        println!(
-                            "restart: moved {n} checkpoint file(s) of the previous run into {}",
-                            aside.display()
-                        );
-                    }
+            verdict = dir_lock::lock(&dir).and_then(|l| {
+                lock = Some(l);
+                if self.cfg.resume {
                     Ok(())
                 } else {
-                    Err(TrainError::CheckpointDirInUse {
-                        dir: dir.clone(),
-                        count: found.len(),
-                        newest: found
-                            .last()
-                            .and_then(|p| p.file_name())
-                            .map(|n| n.to_string_lossy().into_owned())
-                            .unwrap_or_default(),
-                    })
+                    self.unoccupied(&dir)
                 }
             });
         }
@@ -87,11 +72,39 @@ impl Run<'_> {
             .broadcast_bytes(message.unwrap_or_default().into_bytes())?;
         match verdict {
             Err(e) => Err(e),
-            Ok(()) if message.is_empty() => Ok(()),
+            Ok(()) if message.is_empty() => Ok(lock),
             Ok(()) => Err(TrainError::FromRoot(
                 String::from_utf8_lossy(&message).into_owned(),
             )),
         }
+    }
+
+    /// `Ok` when `dir` holds no checkpoint of another run, or (`--restart`) once they are
+    /// moved aside.
+    fn unoccupied(&self, dir: &Path) -> Result<()> {
+        let found = checkpoint::occupants(dir)?;
+        if found.is_empty() {
+            return Ok(());
+        }
+        if !self.cfg.restart {
+            return Err(TrainError::CheckpointDirInUse {
+                dir: dir.to_path_buf(),
+                count: found.len(),
+                newest: found
+                    .last()
+                    .and_then(|p| p.file_name())
+                    .map(|n| n.to_string_lossy().into_owned())
+                    .unwrap_or_default(),
+            });
+        }
+        let (aside, n) = checkpoint::move_aside(dir)?;
+        if self.cfg.verbose {
+            println!(
+                "restart: moved {n} checkpoint file(s) of the previous run into {}",
+                aside.display()
+            );
+        }
+        Ok(())
     }
 
     /// Writes a checkpoint positioned at (`epoch`, `step`) after `global` steps. Collective:
@@ -180,7 +193,8 @@ impl Run<'_> {
 
     /// Loads the newest valid checkpoint (rank 0 reads it and broadcasts its bytes, so only
     /// rank 0 needs to see the checkpoint directory). Returns (epoch, step, global step).
-    pub(crate) fn resume(&mut self) -> Result<Option<(u64, u64, u64)>> {
+    /// `created`: the directory did not exist before this run (a mistyped path, most likely).
+    pub(crate) fn resume(&mut self, created: bool) -> Result<Option<(u64, u64, u64)>> {
         let Some(dir) = self.cfg.checkpoint_dir.clone() else {
             return Ok(None);
         };
@@ -202,11 +216,17 @@ impl Run<'_> {
         }
         let bytes = self.comm.broadcast_bytes(bytes)?;
         if bytes.is_empty() {
-            if self.is_root() && self.cfg.verbose {
-                println!(
-                    "resume: no checkpoint in {}, starting from scratch",
+            // On stderr even under --quiet: a mistyped directory must not pass for a resume.
+            if self.is_root() {
+                let why = if created {
+                    "did not exist (this run creates it)"
+                } else {
+                    "holds no checkpoint"
+                };
+                eprint_line(&format!(
+                    "resume: {} {why}: starting from scratch",
                     dir.display()
-                );
+                ));
             }
             return Ok(None);
         }

@@ -13,6 +13,7 @@ use std::time::{Duration, Instant};
 
 use ddl_comm::{CostModel, Topology, Transport};
 use ddl_loader::dataset::{Dataset, OpenOptions};
+use ddl_loader::limits;
 use ddl_loader::pipeline::{Augment, BadRecord, OnBadRecord, Output, Pipeline, PipelineConfig};
 use ddl_loader::sampler::{Sampler, SamplerConfig, Tail};
 
@@ -27,8 +28,10 @@ use crate::optim::SgdConfig;
 use crate::schedule::Schedule;
 use crate::signal::StopSignal;
 use crate::table::{BatchIter, EvalSums, Table, TableConfig};
+use crate::validate;
 
 mod checkpoints;
+pub mod dir_lock;
 mod head;
 mod plan;
 mod synthetic;
@@ -215,17 +218,9 @@ pub fn train(
         },
     )
     .map_err(|e| TrainError::config("--batch", e.to_string()))?;
+    limits::check_full_step(cfg.batch, plan.ranks_in_node, replicas, min_node)
+        .map_err(validate::limit_error)?;
     let steps_per_epoch = sampler.steps_per_epoch() as u64;
-    if steps_per_epoch == 0 {
-        return Err(TrainError::config(
-            "--batch",
-            format!(
-                "the smallest node holds {min_node} train records, fewer than one step consumes \
-                 ({} ranks x {replicas} replicas x {} images)",
-                plan.ranks_in_node, cfg.batch
-            ),
-        ));
-    }
     let val_set = if cfg.eval && plan.manifest.splits.contains_key("val") {
         let per_node = Dataset::records_per_node(&plan.manifest, "val", plan.residency.nodes);
         if per_node[plan.residency.node] > 0 {
@@ -381,10 +376,12 @@ impl Run<'_> {
 
     fn go(mut self) -> Result<TrainSummary> {
         let (mut epoch, mut step, mut global) = (0u64, 0u64, 0u64);
-        self.claim_checkpoint_dir()?;
+        // Held until the run ends: no other run may use the directory meanwhile.
+        let dir_lock = self.claim_checkpoint_dir()?;
         let mut resumed = false;
         if self.cfg.resume {
-            if let Some((e, s, g)) = self.resume()? {
+            let created = dir_lock.as_ref().is_some_and(|l| l.created);
+            if let Some((e, s, g)) = self.resume(created)? {
                 (epoch, step, global) = (e, s, g);
                 resumed = true;
             }

@@ -3,6 +3,7 @@
 
 use ddl_loader::dataset::Residency;
 use ddl_loader::manifest::Manifest;
+use ddl_loader::pipeline::Output;
 use tch::Device;
 
 use crate::config::{ResidencyMode, TrainConfig};
@@ -150,18 +151,12 @@ pub(super) fn plan(cfg: &TrainConfig, rank: usize, world: usize, info: RankInfo)
     let devices = cfg.devices.resolve(info.rank_in_node, info.ranks_in_node)?;
     validate::head_split(cfg, manifest.num_classes(), devices.len() * world)?;
     // GPUs get uint8 batches (normalised on the device), CPUs float32.
-    let bytes_per_value = if devices.iter().any(|d| d.is_cuda()) {
-        1
+    let output = if devices.iter().any(|d| d.is_cuda()) {
+        Output::U8Nhwc
     } else {
-        4
+        Output::F32Nchw
     };
-    validate::batch_memory(
-        cfg,
-        devices.len(),
-        bytes_per_value,
-        info.ranks_in_node,
-        validate::available_memory(),
-    )?;
+    validate::batch_memory(cfg, devices.len(), output, info.ranks_in_node)?;
     let data_fingerprint = data_fingerprint(&manifest);
     Ok(Plan {
         decay,

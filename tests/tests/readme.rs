@@ -1,0 +1,107 @@
+//! Every ddl command the README shows runs as pasted: each one (in code blocks, and inline
+//! ones that are whole commands) is run in an empty scratch directory, where the ones that
+//! read data stop at its absence and the others (`ddl-plan`, `ddl-bench sim`, `ddl-synth`)
+//! do their work. None may be refused by its command line (exit status 2: a missing required
+//! flag, an unknown one, a bad value). Fragments mark themselves: a placeholder in capitals
+//! (`ddl-pack -o DIR`), alternatives (`allreduce|calibrate`) or `...`. Under `mpirun` the
+//! binary runs alone: the launcher's flags are not ddl's.
+
+use std::path::Path;
+use std::process::Command;
+
+use ddl_tests::{bin, printed, run, scratch};
+
+/// The README of the workspace.
+fn readme() -> String {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../README.md");
+    std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+}
+
+/// The lines of the README's code blocks other than Python, comments cut and `\`
+/// continuations joined, and its inline code spans, blanks collapsed.
+fn shown_commands(text: &str) -> Vec<String> {
+    let mut commands = Vec::new();
+    let mut block: Option<bool> = None; // Some(is_python) inside a code block
+    let mut pending = String::new();
+    let mut prose = String::new();
+    for line in text.lines() {
+        if let Some(lang) = line.trim_start().strip_prefix("```") {
+            block = match block {
+                Some(_) => None,
+                None => Some(lang.starts_with("python")),
+            };
+            continue;
+        }
+        match block {
+            Some(false) => {
+                let code = line.split(" #").next().unwrap_or("").trim_end();
+                match code.strip_suffix('\\') {
+                    Some(head) => pending.push_str(head),
+                    None => {
+                        pending.push_str(code);
+                        commands.push(std::mem::take(&mut pending));
+                    }
+                }
+            }
+            Some(true) => {}
+            None => {
+                prose.push_str(line);
+                prose.push(' ');
+            }
+        }
+    }
+    commands.extend(prose.split('`').skip(1).step_by(2).map(str::to_string));
+    commands
+        .iter()
+        .map(|c| c.split_whitespace().collect::<Vec<_>>().join(" "))
+        .collect()
+}
+
+/// The ddl binary and its arguments of a shown command, `mpirun` and its flags dropped;
+/// None for another program, a bare name or a fragment.
+fn ddl_command(shown: &str) -> Option<Vec<&str>> {
+    let words: Vec<&str> = shown.split(' ').collect();
+    let start = if words.first() == Some(&"mpirun") {
+        words.iter().position(|w| w.starts_with("ddl-"))?
+    } else {
+        0
+    };
+    let command = &words[start..];
+    let fragment = |w: &&str| {
+        w.contains('|')
+            || w.contains("...")
+            || (w.chars().any(|c| c.is_ascii_uppercase())
+                && w.chars()
+                    .all(|c| c.is_ascii_uppercase() || "_.".contains(c)))
+    };
+    let is_ddl = command.first()?.starts_with("ddl-");
+    (is_ddl && command.len() > 1 && !command.iter().any(fragment)).then(|| command.to_vec())
+}
+
+#[test]
+fn every_command_the_readme_shows_runs_as_pasted() {
+    let shown = shown_commands(&readme());
+    let commands: Vec<Vec<&str>> = shown.iter().filter_map(|s| ddl_command(s)).collect();
+    // The README's own examples, so that a change of the parser cannot pass by finding none.
+    for expected in [
+        "ddl-bench sim --model resnet101 --classes 21841",
+        "ddl-pack imagenet/ -o shards/ --shards 1024 --nodes 64",
+        "ddl-predict --model resnet50.safetensors photo.jpg photos/",
+    ] {
+        assert!(
+            commands.iter().any(|c| c.join(" ") == expected),
+            "{expected:?} not found among {commands:?}"
+        );
+    }
+    let mut refused = Vec::new();
+    for words in &commands {
+        let tmp = scratch("readme");
+        let out = run(Command::new(bin(words[0]))
+            .args(&words[1..])
+            .current_dir(tmp.path()));
+        if out.status.code() == Some(2) {
+            refused.push(format!("{}: {}", words.join(" "), printed(&out)));
+        }
+    }
+    assert!(refused.is_empty(), "{}", refused.join("\n\n"));
+}
