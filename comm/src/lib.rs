@@ -15,7 +15,8 @@
 //! - [`priority`]: the order of a training step's buckets ([`CommOrder`]), and the negotiation
 //!   that keeps a `priority` schedule the same on every rank.
 //! - [`CostModel`]: alpha-beta-gamma per tier, predicting each algorithm's time, and its
-//!   measurement under MPI ([`calibrate`]).
+//!   measurement under MPI ([`calibrate`]); [`timeline`]: a step whose allreduce overlaps
+//!   backward and, under `priority`, the next forward, simulated with its predictions.
 //! - [`cores`] and [`Binding`]: the CPUs a node's ranks hold together, and the warning for
 //!   ranks the launcher bound to fewer CPUs than their busy threads.
 
@@ -39,6 +40,7 @@ mod shm;
 pub mod step;
 pub mod tags;
 pub mod thread;
+pub mod timeline;
 pub mod topology;
 pub mod transport;
 pub mod world;
