@@ -12,8 +12,11 @@
 //! - [`collective`]: broadcast, gather and allgather of bytes for the control plane.
 //! - [`Counted`]: a transport counting the bytes its rank sends; [`step`]: the collectives
 //!   and bytes of one training step, data-parallel or with the head split over the ranks.
+//! - [`priority`]: the order of a training step's buckets ([`CommOrder`]), and the negotiation
+//!   that keeps a `priority` schedule the same on every rank.
 //! - [`CostModel`]: alpha-beta-gamma per tier, predicting each algorithm's time, and its
-//!   measurement under MPI ([`calibrate`]).
+//!   measurement under MPI ([`calibrate`]); [`timeline`]: a step whose allreduce overlaps
+//!   backward and, under `priority`, the next forward, simulated with its predictions.
 //! - [`cores`] and [`Binding`]: the CPUs a node's ranks hold together, and the warning for
 //!   ranks the launcher bound to fewer CPUs than their busy threads.
 
@@ -31,11 +34,13 @@ mod counted;
 pub mod error;
 pub mod mpi;
 mod parts;
+pub mod priority;
 pub mod sharded;
 mod shm;
 pub mod step;
 pub mod tags;
 pub mod thread;
+pub mod timeline;
 pub mod topology;
 pub mod transport;
 pub mod world;
@@ -49,6 +54,7 @@ pub use error::{CommError, Result};
 /// Half-precision types accepted by [`Allreducer::allreduce`] (re-exported from `half`).
 pub use half::{bf16, f16};
 pub use parts::Parts;
+pub use priority::CommOrder;
 pub use sharded::{Reduce, ShardAlgorithm, Sharded, ShardedOp};
 pub use thread::{thread_group, thread_group_with_timeout, ThreadTransport};
 pub use topology::Topology;

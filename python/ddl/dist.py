@@ -36,7 +36,7 @@ from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Unio
 import torch
 import torch.distributed
 
-from . import _ddl
+from . import _ddl, _priority
 from ._ddl import DistError
 
 __all__ = [
@@ -504,8 +504,20 @@ class DistributedOptimizer:
     Gradients are grouped in buckets of about ``bucket_cap_mb`` MiB in reverse parameter
     order (the order backward produces them); a bucket is submitted to the ddl communication
     thread once all its gradients exist and every earlier bucket has been submitted, so every
-    rank submits the same buckets in the same order. ``step()`` waits for the reductions,
-    then steps the wrapped optimizer. One backward per step (no gradient accumulation).
+    rank submits the same buckets in the same order. One backward per step (no gradient
+    accumulation).
+
+    ``comm_order="fifo"``: the buckets are reduced whole, as submitted; ``step()`` waits for
+    the reductions, then steps the wrapped optimizer. ``comm_order="priority"`` (MLSL's
+    schedule, as ``ddl-train --comm-order priority``): the first layers' buckets go first, in
+    chunks of ``chunk_bytes`` that every rank agrees on, and ``step()`` returns at once: each
+    bucket's update is applied in the next forward, just before the first module using its
+    parameters runs (a forward pre-hook), so that forward overlaps the rest of the allreduce.
+    The weights are those of ``fifo`` (bitwise at 2 ranks, where cutting a bucket changes no
+    sum). Under ``priority`` a parameter's ``.grad`` keeps this rank's gradient (the average
+    is applied from ddl's buffer), ``step()`` takes no closure, and the updates still pending
+    are applied by the model's ``state_dict()``, this optimizer's ``state_dict()`` and
+    :meth:`synchronize`: call one of them before reading the weights otherwise.
 
     Example::
 
@@ -516,8 +528,13 @@ class DistributedOptimizer:
 
     def __init__(self, optimizer: torch.optim.Optimizer, model: torch.nn.Module,
                  average: bool = True, algorithm: str = "auto",
-                 bucket_cap_mb: float = 25.0) -> None:
+                 bucket_cap_mb: float = 25.0, *, comm_order: str = "fifo",
+                 chunk_bytes: int = 4 << 20) -> None:
         _check_algorithm(algorithm)
+        if comm_order not in ("fifo", "priority"):
+            raise ValueError(f"comm_order: {comm_order!r} is not 'fifo' or 'priority'")
+        if operator.index(chunk_bytes) < 4:
+            raise ValueError(f"chunk_bytes: {chunk_bytes} is below 4 bytes (one float32)")
         _comm_thread()  # fails now, not in the middle of backward, when init() has not run
         self.optimizer = optimizer
         self.average, self.algorithm = average, algorithm
@@ -540,6 +557,9 @@ class DistributedOptimizer:
         self._lock = threading.Lock()
         self._reset()
         self._hooks = [p.register_post_accumulate_grad_hook(self._grad_ready) for p in params]
+        self._deferred = None if comm_order == "fifo" else _priority.DeferredUpdates(
+            optimizer, model, self._buckets, chunk_bytes=operator.index(chunk_bytes),
+            average=average, algorithm=algorithm, start=_comm_thread().call)
 
     def _reset(self) -> None:
         self._ready = [0] * len(self._buckets)
@@ -563,20 +583,21 @@ class DistributedOptimizer:
         params = self._buckets[i]
         grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in params]
         flat = torch.cat([g.reshape(-1) for g in grads])
+        self._submitted += 1
+        if self._deferred is not None:
+            self._deferred.hand_over(i, flat)
+            return
         fut = _comm_thread().submit(flat, self.average, self.algorithm)
         self._pending.append((params, fut))
-        self._submitted += 1
 
     def synchronize(self) -> None:
         """Submits buckets whose gradients never came (unused parameters: zeros) and waits
-        until every gradient holds its average."""
-        with self._lock:
-            while self._submitted < len(self._buckets):
-                self._submit(self._submitted)
-            pending, self._pending = self._pending, []
-            self._ready = [0] * len(self._buckets)
-            self._submitted = 0
-        for params, fut in pending:
+        until every gradient holds its average; under ``comm_order="priority"``, applies the
+        updates that ``step()`` left to the next forward instead."""
+        if self._deferred is not None:
+            self._deferred.apply_all()
+            return
+        for params, fut in self._submit_rest():
             flat = fut.wait()
             offset = 0
             for p in params:
@@ -587,9 +608,28 @@ class DistributedOptimizer:
                 offset += n
 
     def step(self, closure: Optional[Callable[[], float]] = None) -> Optional[float]:
-        """Waits for the gradient averages, then steps the wrapped optimizer."""
-        self.synchronize()
-        return self.optimizer.step(closure)
+        """Waits for the gradient averages, then steps the wrapped optimizer; under
+        ``comm_order="priority"``, leaves each bucket's update to the next forward."""
+        if self._deferred is None:
+            self.synchronize()
+            return self.optimizer.step(closure)
+        if closure is not None:
+            raise ValueError("closure: not supported with comm_order='priority' (the update "
+                             "is applied in the next forward)")
+        self._submit_rest()
+        self._deferred.defer()
+        return None
+
+    def _submit_rest(self) -> List[tuple]:
+        """Submits the buckets whose gradients never came (unused parameters: zeros) and
+        starts counting the next step's; returns this step's ``fifo`` reductions."""
+        with self._lock:
+            while self._submitted < len(self._buckets):
+                self._submit(self._submitted)
+            pending, self._pending = self._pending, []
+            self._ready = [0] * len(self._buckets)
+            self._submitted = 0
+        return pending
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         """As the wrapped optimizer's ``zero_grad``."""
@@ -606,7 +646,9 @@ class DistributedOptimizer:
         return self.optimizer.state
 
     def state_dict(self) -> Dict[str, Any]:
-        """The wrapped optimizer's ``state_dict``."""
+        """The wrapped optimizer's ``state_dict`` (pending updates applied first)."""
+        if self._deferred is not None:
+            self._deferred.apply_all()
         return self.optimizer.state_dict()
 
     def load_state_dict(self, state_dict: Dict[str, Any]) -> None:

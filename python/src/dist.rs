@@ -147,7 +147,7 @@ where
 }
 
 /// The allreducer of `algorithm` (built on first use).
-fn reducer(d: &Dist, algorithm: &str) -> PyResult<Arc<Allreducer>> {
+pub(crate) fn reducer(d: &Dist, algorithm: &str) -> PyResult<Arc<Allreducer>> {
     engine(&d.reducers, algorithm, |parsed: Algorithm| {
         let transport: Arc<dyn Transport> = d.world.transport();
         Allreducer::with_model(transport, parsed, d.world.topology(), d.model.clone())

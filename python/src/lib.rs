@@ -1,6 +1,7 @@
 //! The extension module `ddl._ddl` behind the Python package `ddl`: the pipeline
 //! ([`loader::Loader`]), map-style shard access ([`shards::Shards`]) and the allreduce
-//! ([`dist`]) with the allgather and reduce-scatter ([`sharded`]). Importing it starts nothing:
+//! ([`dist`]) with the allgather and reduce-scatter ([`sharded`]) and the `priority` order's
+//! negotiation ([`priority`]). Importing it starts nothing:
 //! MPI starts in `dist_init`.
 
 #![warn(missing_docs)]
@@ -9,6 +10,7 @@ mod batch;
 mod dist;
 mod errors;
 mod loader;
+mod priority;
 mod sharded;
 mod shards;
 
@@ -21,6 +23,7 @@ fn _ddl(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<loader::Loader>()?;
     m.add_class::<shards::Shards>()?;
     m.add_class::<batch::BatchArray>()?;
+    m.add_class::<priority::PyNegotiator>()?;
     m.add("DdlError", py.get_type::<errors::DdlError>())?;
     m.add("ShardError", py.get_type::<errors::ShardError>())?;
     m.add("DistError", py.get_type::<errors::DistError>())?;

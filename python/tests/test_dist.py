@@ -255,3 +255,12 @@ def test_bad_arguments_raise_clear_errors() -> None:
     lines = ok_lines(alone("dist_errors.py"), "dist_errors")
     assert len(lines) == 1
     assert int(lines[0].split("cases=")[1]) >= 25, lines
+
+
+# 6. the priority order --------------------------------------------------------------------
+
+def test_priority_order_gives_the_weights_of_fifo() -> None:
+    """DistributedOptimizer(comm_order="priority") defers each update to the next forward and
+    ends bitwise where "fifo" does on 2 ranks (see dist_priority.py)."""
+    lines = ok_lines(mpirun(2, "dist_priority.py", [], timeout=SHORT), "dist_priority")
+    assert len(lines) == 2, lines

@@ -4,7 +4,8 @@
 //! (it stops after the step in flight, writes a checkpoint there and says how to resume). The
 //! resumed runs must really resume: they say from which checkpoint and run only the remaining
 //! steps. The same holds with the classifier head split over the ranks (`--head-parallel`,
-//! whose checkpoints hold every rank's slice).
+//! whose checkpoints hold every rank's slice) and under `--comm-order priority` (whose steps
+//! end with buckets still to reduce: a checkpoint reduces and applies them first).
 
 use std::fs;
 use std::path::{Path, PathBuf};
@@ -21,17 +22,26 @@ use ddl_trainer::checkpoint::{self, Checkpoint};
 /// 160 images / (2 ranks x batch 8) = 10 steps per epoch, 3 epochs.
 const TOTAL_STEPS: u64 = 30;
 
-/// Data-parallel, or with the head split over the ranks.
+/// Data-parallel, with the head split over the ranks, or data-parallel under `--comm-order
+/// priority` (buckets in 4 KiB chunks, each step's rest reduced during the next one's forward).
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum Mode {
     DataParallel,
     HeadParallel,
+    Priority,
 }
 
 fn train_cmd(mode: Mode, shards: &Path, ckpt: &Path, weights: &Path, every: u64) -> Command {
     let mut cmd = mpirun_train(2, shards);
-    if mode == Mode::HeadParallel {
-        cmd.arg("--head-parallel");
+    match mode {
+        Mode::DataParallel => {}
+        Mode::HeadParallel => {
+            cmd.arg("--head-parallel");
+        }
+        Mode::Priority => {
+            cmd.args(["--overlap", "backward", "--bucket-mb", "0.05"])
+                .args(["--comm-order", "priority:4096"]);
+        }
     }
     cmd.args([
         "--image-size",
@@ -68,9 +78,11 @@ struct Reference {
 fn reference(mode: Mode) -> &'static Reference {
     static DP: OnceLock<Reference> = OnceLock::new();
     static HP: OnceLock<Reference> = OnceLock::new();
+    static PRIORITY: OnceLock<Reference> = OnceLock::new();
     let cell = match mode {
         Mode::DataParallel => &DP,
         Mode::HeadParallel => &HP,
+        Mode::Priority => &PRIORITY,
     };
     cell.get_or_init(|| {
         let tmp = scratch("resume-reference");
@@ -86,13 +98,17 @@ fn reference(mode: Mode) -> &'static Reference {
             },
         );
         let full = tmp.path().join("full.f32");
-        run_ok(&mut train_cmd(
+        let out = run_ok(&mut train_cmd(
             mode,
             &shards,
             &tmp.path().join("ckpt-full"),
             &full,
             3,
         ));
+        if mode == Mode::Priority {
+            let said = String::from_utf8_lossy(&out.stdout);
+            assert!(said.contains("comm order priority:4096,"), "{said}");
+        }
         let weights = fs::read(&full).unwrap();
         assert!(!weights.is_empty());
         Reference {
@@ -165,6 +181,22 @@ fn killed_head_parallel_job_resumes_to_bitwise_identical_weights() {
     killed_job_resumes(Mode::HeadParallel);
 }
 
+#[test]
+fn killed_priority_job_resumes_to_bitwise_identical_weights() {
+    killed_job_resumes(Mode::Priority);
+}
+
+/// The priority run is the data-parallel one (one bucket, reduced after backward): cutting
+/// buckets into chunks and applying them during the next forward changes no sum at 2 ranks.
+#[test]
+fn priority_run_ends_with_the_data_parallel_weights() {
+    let (priority, fifo) = (reference(Mode::Priority), reference(Mode::DataParallel));
+    assert!(
+        priority.weights == fifo.weights,
+        "--comm-order priority ended elsewhere than --overlap off"
+    );
+}
+
 fn killed_job_resumes(mode: Mode) {
     let r = reference(mode);
     let tmp = scratch("kill-resume");
@@ -199,6 +231,11 @@ fn sigterm_to_one_rank_stops_all_after_a_step_and_resumes_bitwise() {
 #[test]
 fn sigterm_to_a_head_parallel_job_stops_it_and_resumes_bitwise() {
     sigterm_stops_and_resumes(Mode::HeadParallel);
+}
+
+#[test]
+fn sigterm_to_a_priority_job_stops_it_and_resumes_bitwise() {
+    sigterm_stops_and_resumes(Mode::Priority);
 }
 
 fn sigterm_stops_and_resumes(mode: Mode) {

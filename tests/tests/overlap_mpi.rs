@@ -3,9 +3,35 @@
 //! backward) ends with weights bitwise identical to `--overlap pipeline` and `--overlap off`.
 
 use std::fs;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use ddl_tests::{mpirun_train, run_ok, scratch, synth_and_pack, SynthSpec};
+
+/// Shards of 4 ddl-synth classes of `per_class` training images (seed `seed`) in `dir`.
+fn small_shards(dir: &Path, per_class: usize, seed: u64) -> PathBuf {
+    synth_and_pack(
+        dir,
+        &SynthSpec {
+            classes: 4,
+            per_class,
+            val_per_class: 1,
+            seed,
+            shards: 2,
+            max_short_side: 40,
+        },
+    )
+}
+
+/// `mpirun -np 2 ddl-train` on `shards` at 32 px, batch 4, without evaluation, with `flags`,
+/// its Chrome trace written to `trace` (rank 0's).
+fn traced_run(shards: &Path, trace: &Path, flags: &[&str]) {
+    let mut cmd = mpirun_train(2, shards);
+    cmd.args(["--image-size", "32", "--batch", "4", "--no-eval", "--quiet"])
+        .args(flags)
+        .arg("--trace")
+        .arg(trace);
+    run_ok(&mut cmd);
+}
 
 fn train(shards: &Path, overlap: &str, weights: &Path) -> Vec<u8> {
     let mut cmd = mpirun_train(2, shards);
@@ -37,17 +63,7 @@ fn train(shards: &Path, overlap: &str, weights: &Path) -> Vec<u8> {
 #[test]
 fn backward_overlap_matches_pipeline_and_off_under_mpirun() {
     let tmp = scratch("overlap-mpi");
-    let shards = synth_and_pack(
-        tmp.path(),
-        &SynthSpec {
-            classes: 4,
-            per_class: 16,
-            val_per_class: 1,
-            seed: 5,
-            shards: 2,
-            max_short_side: 40,
-        },
-    );
+    let shards = small_shards(tmp.path(), 16, 5);
     let off = train(&shards, "off", &tmp.path().join("off.f32"));
     assert!(!off.is_empty());
     for mode in ["pipeline", "backward"] {
@@ -125,37 +141,18 @@ fn allreduces_during_backward(trace: &Path) -> Vec<usize> {
 #[test]
 fn backward_overlap_starts_allreduces_during_backward_in_the_trace() {
     let tmp = scratch("overlap-trace");
-    let shards = synth_and_pack(
-        tmp.path(),
-        &SynthSpec {
-            classes: 4,
-            per_class: 8,
-            val_per_class: 1,
-            seed: 6,
-            shards: 2,
-            max_short_side: 40,
-        },
-    );
+    let shards = small_shards(tmp.path(), 8, 6);
     let traced = |overlap: &str| {
         let trace = tmp.path().join(format!("{overlap}.json"));
-        let mut cmd = mpirun_train(2, &shards);
-        cmd.args([
-            "--image-size",
-            "32",
-            "--batch",
-            "4",
+        let flags = [
             "--devices",
             "cpu:1",
             "--max-steps",
             "3",
-            "--no-eval",
-            "--quiet",
             "--overlap",
             overlap,
-        ])
-        .arg("--trace")
-        .arg(&trace);
-        run_ok(&mut cmd);
+        ];
+        traced_run(&shards, &trace, &flags);
         allreduces_during_backward(&trace)
     };
     let backward = traced("backward");
@@ -166,4 +163,79 @@ fn backward_overlap_starts_allreduces_during_backward_in_the_trace() {
     );
     let off = traced("off");
     assert_eq!(off, vec![0; 3], "--overlap off cannot overlap");
+}
+
+/// Per step k >= 1 of rank 0's trace: how many allreduces of step k - 1 ran within step k's
+/// forward pass (after its first stage started, before its last one ended, on any replica);
+/// and the trace's queued spans and the allreduces that reduce part of a bucket (offset > 0).
+fn allreduces_within_next_forward(trace: &Path) -> (Vec<usize>, usize, usize) {
+    let spans = spans(trace);
+    let of_step = |args: &serde_json::Value| args["step"].as_i64();
+    let steps = spans
+        .iter()
+        .filter(|(n, ..)| n == "forward")
+        .filter_map(|(_, _, _, a)| of_step(a))
+        .max()
+        .expect("forward spans with a step");
+    let within = (1..=steps)
+        .map(|k| {
+            let forward = spans
+                .iter()
+                .filter(|(n, _, _, a)| n == "forward" && of_step(a) == Some(k));
+            let start = forward.clone().map(|f| f.1).fold(f64::MAX, f64::min);
+            let end = forward.map(|f| f.2).fold(f64::MIN, f64::max);
+            spans
+                .iter()
+                .filter(|(n, s, e, a)| {
+                    n == "allreduce" && of_step(a) == Some(k - 1) && *s > start && *e < end
+                })
+                .count()
+        })
+        .collect();
+    let queued = spans.iter().filter(|(n, ..)| n == "queued").count();
+    let chunks = spans
+        .iter()
+        .filter(|(n, _, _, a)| n == "allreduce" && a["offset"].as_i64().is_some_and(|o| o > 0))
+        .count();
+    (within, queued, chunks)
+}
+
+/// `--comm-order priority` in rank 0's Chrome trace: each bucket's queueing, buckets reduced in
+/// chunks, and step k's forward running stage by stage while step k - 1's allreduce goes on,
+/// which `fifo` never does (its step ends after every bucket). 64-byte chunks make the
+/// allreduce far longer than the forward, so that every step shows it; on this machine's two
+/// cores the replicas and the communication threads take turns more than they run at once,
+/// so the test counts the allreduces between the forward's first and last stage.
+#[test]
+fn priority_runs_the_next_forward_during_the_allreduce_in_the_trace() {
+    let tmp = scratch("priority-trace");
+    let shards = small_shards(tmp.path(), 16, 7);
+    let traced = |order: &str| {
+        let trace = tmp.path().join(format!("{order}.json"));
+        let flags = [
+            "--devices",
+            "cpu:2",
+            "--max-steps",
+            "6",
+            "--bucket-mb",
+            "0.05",
+            "--overlap",
+            "backward",
+            "--comm-order",
+            order,
+        ];
+        traced_run(&shards, &trace, &flags);
+        allreduces_within_next_forward(&trace)
+    };
+    let (within, queued, chunks) = traced("priority:64");
+    assert_eq!(within.len(), 5, "steps 1-5 have a previous step");
+    assert!(
+        within.iter().all(|&n| n > 0),
+        "a step's forward ran after the previous step's whole allreduce: {within:?}"
+    );
+    assert!(queued >= 6, "{queued} queued spans");
+    assert!(chunks > 0, "no bucket was cut into chunks");
+    let (within, _, chunks) = traced("fifo");
+    assert_eq!(within, vec![0; 5], "fifo overlapped the next forward");
+    assert_eq!(chunks, 0, "fifo cut a bucket");
 }

@@ -7,5 +7,7 @@ pub mod bench;
 pub mod cli;
 pub mod pack_cli;
 pub mod prof;
+pub mod resnet;
+pub mod schedule;
 pub mod size;
 pub mod synth;

@@ -5,7 +5,7 @@ use std::fmt::Display;
 use std::path::PathBuf;
 
 use clap::ValueEnum;
-use ddl_comm::{Algorithm, ShardAlgorithm};
+use ddl_comm::{Algorithm, CommOrder, ShardAlgorithm};
 use ddl_loader::pipeline::OnBadRecord;
 use serde::{Serialize, Serializer};
 
@@ -132,6 +132,10 @@ pub struct TrainConfig {
     /// What the gradient allreduce overlaps with (`--overlap backward|pipeline|off|auto`);
     /// `None` = auto ([`auto_overlap`]).
     pub overlap: Option<Overlap>,
+    /// The order of the buckets on the communication thread (`--comm-order`; see
+    /// [`comm_order`] for where `priority` applies).
+    #[serde(serialize_with = "as_flag")]
+    pub comm_order: CommOrder,
     /// Gradient bucket size in MiB (`--bucket-mb`).
     pub bucket_mb: f64,
     /// Keep images, activations and convolution weights channels-last (NHWC strides,
@@ -205,6 +209,7 @@ impl Default for TrainConfig {
             check_replicas: false,
             residency: ResidencyMode::Node,
             overlap: None,
+            comm_order: CommOrder::PRIORITY,
             bucket_mb: 25.0,
             channels_last: false,
             eval: true,
@@ -301,4 +306,31 @@ pub fn auto_overlap(gpus: bool, nodes: usize, replicas_in_job: usize) -> Overlap
     } else {
         Overlap::Off
     }
+}
+
+/// The order a table serves its buckets in, from `--comm-order` and the run: `priority`
+/// needs buckets cut at stage boundaries and a forward pass run stage by stage (`--overlap
+/// backward`), something that crosses ranks (with one rank nothing is reduced across them),
+/// and no fp16 (whether an fp16 step is skipped is known only once every bucket is reduced,
+/// so its updates cannot start with the first). Otherwise `fifo`, with the reason, which the
+/// run prints.
+pub fn comm_order(
+    requested: CommOrder,
+    overlap: Overlap,
+    ranks: usize,
+    precision: Precision,
+) -> (CommOrder, Option<&'static str>) {
+    if requested == CommOrder::Fifo {
+        return (requested, None);
+    }
+    let why = if overlap != Overlap::Backward {
+        "priority needs --overlap backward"
+    } else if ranks <= 1 {
+        "priority needs several ranks"
+    } else if precision == Precision::Fp16 {
+        "priority does not run with --precision fp16"
+    } else {
+        return (requested, None);
+    };
+    (CommOrder::Fifo, Some(why))
 }

@@ -10,7 +10,7 @@ use std::sync::Arc;
 use anyhow::Context;
 use clap::Parser;
 use ddl_comm::Transport;
-use ddl_comm::{Algorithm, ShardAlgorithm};
+use ddl_comm::{Algorithm, CommOrder, ShardAlgorithm};
 use ddl_loader::pipeline::OnBadRecord;
 use ddl_trainer::config::{Precision, ResidencyMode};
 use ddl_trainer::console::eprint_line;
@@ -174,6 +174,13 @@ struct Cli {
     /// off | auto (backward for GPU replicas or ranks on more than one node, else off).
     #[arg(long, default_value = "auto", value_parser = ["auto", "backward", "pipeline", "off"])]
     overlap: String,
+    /// The order the communication thread reduces the buckets in: priority (the first layers'
+    /// buckets first, in chunks agreed on by all ranks, and the next step's forward starts
+    /// each stage once its buckets are reduced; priority:CHUNK_BYTES) | fifo (as backward hands
+    /// them over, each whole, the next step after all). priority applies with --overlap
+    /// backward, several ranks and fp32/bf16; otherwise fifo runs, and the run says why.
+    #[arg(long, default_value = "priority")]
+    comm_order: CommOrder,
     /// Gradient bucket size in MiB.
     #[arg(long, default_value_t = 25.0)]
     bucket_mb: f64,
@@ -261,6 +268,7 @@ impl Cli {
                 "auto" => None,
                 other => Some(other.parse()?),
             },
+            comm_order: self.comm_order,
             bucket_mb: self.bucket_mb,
             channels_last: self.channels_last,
             eval: !self.no_eval,

@@ -7,6 +7,7 @@ use std::path::{Path, PathBuf};
 use serde::Serialize;
 
 use crate::error::{Result, TrainError};
+use crate::table::StepStats;
 
 /// One line per optimizer step (`"type": "step"`).
 #[derive(Clone, Debug, Serialize)]
@@ -24,10 +25,19 @@ pub struct StepRecord {
     pub lr: f64,
     /// Global images per second of this step.
     pub images_per_s: f64,
+    /// Wall time of the step on rank 0 (under `--comm-order priority`, from sending the step
+    /// to the replicas to every rank's backward being done: the previous step's allreduce
+    /// that overlaps this step's forward included, this step's that overlaps the next one's
+    /// left out).
+    pub step_s: f64,
     /// Mean time rank 0's replicas waited on the loader.
     pub data_wait_s: f64,
+    /// Mean time rank 0's replicas' forward pass waited for the previous step's buckets to be
+    /// reduced (`--comm-order priority`; 0 under `fifo`, whose steps end after every bucket).
+    pub forward_wait_s: f64,
     /// Mean time rank 0's replicas were busy: the step but for waiting on the loader and on
-    /// reduced gradients (on a GPU, that includes waiting for the device to compute the loss).
+    /// reduced gradients, in the forward pass or after backward (on a GPU, that includes
+    /// waiting for the device to compute the loss).
     pub compute_s: f64,
     /// Time rank 0 spent in allreduce calls.
     pub allreduce_s: f64,
@@ -53,6 +63,33 @@ pub struct TunedRecord {
     pub timings: Vec<(String, f64)>,
     /// Seconds the trial calls took beyond what the kept algorithm would have.
     pub cost_s: f64,
+}
+
+impl StepRecord {
+    /// The record of global step `step` of `epoch` run with learning rate `lr` by rank 0 of
+    /// `ranks`, which measured `stats` and sent `bytes_sent`.
+    pub fn new(
+        (step, epoch, lr): (u64, u64, f64),
+        stats: &StepStats,
+        ranks: usize,
+        bytes_sent: u64,
+    ) -> StepRecord {
+        let wall = stats.wall.as_secs_f64();
+        StepRecord {
+            kind: "step",
+            step,
+            epoch,
+            loss: stats.loss,
+            lr,
+            images_per_s: (stats.images * ranks) as f64 / wall.max(1e-9),
+            step_s: wall,
+            data_wait_s: stats.data_wait.as_secs_f64(),
+            forward_wait_s: stats.forward_wait.as_secs_f64(),
+            compute_s: stats.compute.as_secs_f64(),
+            allreduce_s: stats.allreduce.as_secs_f64(),
+            bytes_sent,
+        }
+    }
 }
 
 /// One line per epoch (`"type": "epoch"`).

@@ -11,6 +11,7 @@
 
 use std::fmt;
 use std::marker::PhantomData;
+use std::sync::Mutex;
 
 use tch::nn::{self, ModuleT};
 use tch::Tensor;
@@ -111,31 +112,45 @@ pub struct StagedPass<'a> {
     input: PhantomData<&'a Tensor>,
 }
 
+/// Called with a stage's index just before the stage runs in a forward pass: where the table
+/// applies the weight updates of that stage still pending from the previous step (the
+/// `priority` communication order), so that the pass waits only for the stage it is about to
+/// run.
+pub type BeforeStage<'h> = &'h mut dyn FnMut(usize) -> Result<()>;
+
+/// How a [`StagedPass`] runs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PassMode {
+    /// BatchNorm in training mode.
+    pub train: bool,
+    /// As a chain of stages with the graph cut between them, else in one piece (a single
+    /// stage).
+    pub staged: bool,
+    /// Ends with the classifier (the output is the logits), else before it (the features).
+    pub classify: bool,
+}
+
 impl<'a> StagedPass<'a> {
-    /// Runs `net` forward on `xs`: as a chain of stages with the graph cut between them when
-    /// `staged`, else in one piece (a single stage). The output is the logits.
-    pub fn forward(net: &dyn Network, xs: &'a Tensor, train: bool, staged: bool) -> Result<Self> {
-        Self::run(net, xs, train, staged, true)
-    }
-
-    /// As [`StagedPass::forward`], without the classifier: the output is the features.
-    pub fn features(net: &dyn Network, xs: &'a Tensor, train: bool, staged: bool) -> Result<Self> {
-        Self::run(net, xs, train, staged, false)
-    }
-
-    fn run(
+    /// Runs `net` forward on `xs` as `mode` says, calling `before` with each stage's index
+    /// just before the stage runs (unstaged: for every stage first).
+    pub fn run(
         net: &dyn Network,
         xs: &'a Tensor,
-        train: bool,
-        staged: bool,
-        classify: bool,
+        mode: PassMode,
+        before: BeforeStage<'_>,
     ) -> Result<Self> {
+        let PassMode {
+            train,
+            staged,
+            classify,
+        } = mode;
         let mut inputs = Vec::new();
         let mut outputs = Vec::new();
         let last = net.stages() - 1;
         if staged {
             let mut x = xs.shallow_clone();
             for s in 0..net.stages() {
+                before(s)?;
                 if s > 0 {
                     x = x.f_detach()?.set_requires_grad(true);
                 }
@@ -147,6 +162,9 @@ impl<'a> StagedPass<'a> {
                 outputs.push(y);
             }
         } else {
+            for s in 0..net.stages() {
+                before(s)?;
+            }
             inputs.push(xs.shallow_clone());
             outputs.push(match classify {
                 true => net.forward_t(xs, train),
@@ -165,8 +183,8 @@ impl<'a> StagedPass<'a> {
         self.outputs.len()
     }
 
-    /// The output of the last stage: the logits, or the features of a pass made by
-    /// [`StagedPass::features`].
+    /// The output of the last stage: the logits, or the features of a pass without the
+    /// classifier.
     pub fn output(&self) -> &Tensor {
         &self.outputs[self.outputs.len() - 1]
     }
@@ -193,8 +211,34 @@ impl<'a> StagedPass<'a> {
     }
 }
 
-/// Builds `kind` for `classes` output classes under `p`, sized for square `image_size` inputs.
+/// Serialises every use of torch's random generator, which is global to the process: building
+/// a model draws its initial weights from it. Without it, a model built on one thread (a
+/// table's, an export's layout) shifts the sequence another thread's seeded model draws from
+/// (ranks simulated by threads, tests running side by side), and "the weights of the seed"
+/// change from run to run.
+static GENERATOR: Mutex<()> = Mutex::new(());
+
+/// Builds `kind` for `classes` output classes under `p`, sized for square `image_size` inputs
+/// (its initial weights drawn from torch's generator wherever it stands).
 pub fn build(kind: ModelKind, p: &nn::Path, classes: i64, image_size: u32) -> Model {
+    let _generator = GENERATOR.lock().unwrap_or_else(|e| e.into_inner());
+    build_unlocked(kind, p, classes, image_size)
+}
+
+/// As [`build`], with the initial weights of `seed`: the same in every thread and process.
+pub fn build_seeded(
+    seed: i64,
+    kind: ModelKind,
+    p: &nn::Path,
+    classes: i64,
+    image_size: u32,
+) -> Model {
+    let _generator = GENERATOR.lock().unwrap_or_else(|e| e.into_inner());
+    tch::manual_seed(seed);
+    build_unlocked(kind, p, classes, image_size)
+}
+
+fn build_unlocked(kind: ModelKind, p: &nn::Path, classes: i64, image_size: u32) -> Model {
     match kind {
         ModelKind::Resnet18 => Box::new(ResNet::torchvision(
             p,

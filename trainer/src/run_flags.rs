@@ -59,6 +59,11 @@ pub const ROUNDING: &[(&str, &str)] = &[
         "overlap",
         "other allreduce buffers, so another summation order",
     ),
+    (
+        "comm_order",
+        "priority cuts buckets into chunks: ring and rhd at 3 or more ranks sum a chunk in \
+         another order than its bucket (shm, and any algorithm at 2 ranks, sum the same)",
+    ),
     ("channels_last", "other convolution kernels"),
     (
         "head_parallel",

@@ -1,6 +1,6 @@
 //! Models (torchvision names and sizes), weight-decay exclusion, and the SGD update.
 
-use ddl_trainer::model::{self, ModelKind, StagedPass};
+use ddl_trainer::model::{self, ModelKind, PassMode, StagedPass};
 use ddl_trainer::optim::{Sgd, SgdConfig};
 use ddl_trainer::table::{Layout, ALIGN};
 use tch::{nn, Device, Kind, Reduction, Tensor};
@@ -176,7 +176,12 @@ fn gradients(
         t.zero_grad();
     }
     let labels = Tensor::from_slice(&[1i64, 7]);
-    let mut pass = StagedPass::forward(net.as_ref(), x, true, staged).unwrap();
+    let mode = PassMode {
+        train: true,
+        staged,
+        classify: true,
+    };
+    let mut pass = StagedPass::run(net.as_ref(), x, mode, &mut |_| Ok(())).unwrap();
     pass.output()
         .cross_entropy_loss::<Tensor>(&labels, None, Reduction::Mean, -100, 0.0)
         .backward();
@@ -246,4 +251,42 @@ fn staged_buckets_follow_stage_boundaries() {
     assert_eq!(net.stage_of("layer4.1.bn2.bias"), 8);
     assert_eq!(net.stage_of("layer2.0.downsample.1.weight"), 3);
     assert_eq!(layout.parameters(), 11_689_512);
+}
+
+/// Per variable of `vs`, in name order: the sum of its absolute values.
+fn weights_sum(vs: &nn::VarStore) -> Vec<(String, f64)> {
+    let mut v: Vec<(String, f64)> = vs
+        .variables()
+        .into_iter()
+        .map(|(n, t)| (n, t.abs().sum(Kind::Double).double_value(&[])))
+        .collect();
+    v.sort_by(|a, b| a.0.cmp(&b.0));
+    v
+}
+
+/// A seeded model has the weights of its seed even while another thread builds models (the
+/// table's replicas, an export's layout): torch's generator is one per process.
+#[test]
+fn seeded_weights_do_not_depend_on_other_threads() {
+    let seeded = || {
+        let vs = nn::VarStore::new(Device::Cpu);
+        let _m = model::build_seeded(3, ModelKind::ResnetSmall, &vs.root(), 10, 32);
+        weights_sum(&vs)
+    };
+    let want = seeded();
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let builder = {
+        let stop = stop.clone();
+        std::thread::spawn(move || {
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                let _ = ddl_trainer::weights::layout_of(ModelKind::ResnetSmall, 10, 32);
+            }
+        })
+    };
+    let got: Vec<_> = (0..20).map(|_| seeded()).collect();
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    builder.join().unwrap();
+    for (i, g) in got.iter().enumerate() {
+        assert!(g == &want, "build {i}: other weights than the seed's");
+    }
 }

@@ -10,7 +10,8 @@ use anyhow::{bail, Context, Result};
 use clap::{Parser, Subcommand};
 use ddl_comm::World;
 use ddl_comm::{Algorithm, CostModel};
-use ddl_tools::{bench, cli};
+use ddl_tools::schedule::{self, ScheduleSetup};
+use ddl_tools::{bench, cli, resnet};
 
 #[derive(Parser)]
 #[command(name = "ddl-bench", about = "ddl allreduce benchmarks and cost model")]
@@ -97,42 +98,58 @@ enum Cmd {
         #[arg(long)]
         model_file: Option<PathBuf>,
     },
-    /// Predict per-step allreduce time and scaling efficiency of each algorithm.
-    Sim {
-        /// Nodes.
-        #[arg(long, default_value_t = 64)]
-        nodes: usize,
-        /// GPUs (ranks) per node.
-        #[arg(long, default_value_t = 4)]
-        gpus_per_node: usize,
-        /// resnet18, resnet34, resnet50, resnet101, resnet152.
-        #[arg(long, default_value = "resnet50")]
-        model: String,
-        /// Classes of the model's head (parameters: backbone + features x classes + classes;
-        /// 21841 for ImageNet-22k).
-        #[arg(long, default_value_t = 1000, value_parser = clap::value_parser!(u64).range(2..))]
-        classes: u64,
-        /// Compute time of one training step per GPU, ms (default: DDL's 150 ms ResNet-50 step
-        /// on a P100, scaled by the model's forward cost with its head).
-        #[arg(long)]
-        step_compute_ms: Option<f64>,
-        /// Images per GPU per step (the hybrid rows exchange the features of the global
-        /// batch).
-        #[arg(long, default_value_t = 32, value_parser = clap::value_parser!(u64).range(1..))]
-        batch: u64,
-        /// Cost-model preset (minsky, default).
-        #[arg(long, conflicts_with = "model_file")]
-        preset: Option<String>,
-        /// Cost model measured by `calibrate`.
-        #[arg(long)]
-        model_file: Option<PathBuf>,
-        /// Fraction of the allreduce hidden behind backward compute (0..1).
-        #[arg(long, default_value_t = 0.0)]
-        overlap: f64,
-        /// JSON lines instead of the table.
-        #[arg(long)]
-        json: bool,
-    },
+    /// Predict per-step allreduce time and scaling efficiency of each algorithm, and the step
+    /// of `--overlap backward` under `--comm-order fifo` and `priority`.
+    Sim(SimArgs),
+}
+
+/// `ddl-bench sim`'s flags.
+#[derive(clap::Args)]
+struct SimArgs {
+    /// Nodes.
+    #[arg(long, default_value_t = 64)]
+    nodes: usize,
+    /// GPUs (ranks) per node.
+    #[arg(long, default_value_t = 4)]
+    gpus_per_node: usize,
+    /// resnet18, resnet34, resnet50, resnet101, resnet152.
+    #[arg(long, default_value = "resnet50")]
+    model: String,
+    /// Classes of the model's head (parameters: backbone + features x classes + classes;
+    /// 21841 for ImageNet-22k).
+    #[arg(long, default_value_t = 1000, value_parser = clap::value_parser!(u64).range(2..))]
+    classes: u64,
+    /// Compute time of one training step per GPU, ms (default: DDL's 150 ms ResNet-50 step
+    /// on a P100, scaled by the model's forward cost with its head).
+    #[arg(long)]
+    step_compute_ms: Option<f64>,
+    /// Images per GPU per step (the hybrid rows exchange the features of the global
+    /// batch).
+    #[arg(long, default_value_t = 32, value_parser = clap::value_parser!(u64).range(1..))]
+    batch: u64,
+    /// Cost-model preset (minsky, default).
+    #[arg(long, conflicts_with = "model_file")]
+    preset: Option<String>,
+    /// Cost model measured by `calibrate`.
+    #[arg(long)]
+    model_file: Option<PathBuf>,
+    /// Fraction of the allreduce hidden behind backward compute (0..1).
+    #[arg(long, default_value_t = 0.0)]
+    overlap: f64,
+    /// Side of the square images, pixels (the schedule splits the compute over the stages
+    /// by their multiply-accumulates at this size).
+    #[arg(long, default_value_t = 224, value_parser = clap::value_parser!(u32).range(16..))]
+    image_size: u32,
+    /// Largest gradient bucket of the schedule, MiB (ddl-train's --bucket-mb).
+    #[arg(long, default_value_t = 25.0)]
+    bucket_mb: f64,
+    /// The priority order's chunk (ddl-train's --comm-order priority:CHUNK_BYTES); units as
+    /// for `allreduce --min-bytes`.
+    #[arg(long, default_value = "4MiB", value_parser = bench::parse_message_bytes)]
+    chunk_bytes: usize,
+    /// JSON lines instead of the table.
+    #[arg(long)]
+    json: bool,
 }
 
 /// The cost model from a file, a preset, or the `minsky` preset by default.
@@ -231,14 +248,14 @@ fn run(cli: Cli) -> Result<()> {
             });
             writeln!(out, "{line}")?;
         }
-        Cmd::Sim { .. } => return sim(cli, &mut out),
+        Cmd::Sim(args) => sim(args, &mut out)?,
     }
     Ok(())
 }
 
-/// `ddl-bench sim`: the step-time model of a data-parallel job.
-fn sim(cli: Cli, mut out: impl Write) -> Result<()> {
-    let Cmd::Sim {
+/// `ddl-bench sim`: the algorithms' table, then the schedule's.
+fn sim(args: SimArgs, out: &mut dyn Write) -> Result<()> {
+    let SimArgs {
         nodes,
         gpus_per_node,
         model,
@@ -248,11 +265,11 @@ fn sim(cli: Cli, mut out: impl Write) -> Result<()> {
         preset,
         model_file,
         overlap,
+        image_size,
+        bucket_mb,
+        chunk_bytes,
         json,
-    } = cli.cmd
-    else {
-        unreachable!("run passes only its own subcommand")
-    };
+    } = args;
     let bench::Backbone {
         params: backbone,
         features,
@@ -274,10 +291,26 @@ fn sim(cli: Cli, mut out: impl Write) -> Result<()> {
     if !(0.0..=1.0).contains(&overlap) {
         bail!("--overlap {overlap} is outside 0..=1 (a fraction of the allreduce)");
     }
+    if !(bucket_mb.is_finite() && bucket_mb > 0.0) {
+        bail!("--bucket-mb {bucket_mb} is not a positive number of MiB");
+    }
     let cost = load_model(preset, model_file)?;
     let rows = bench::simulate(&cost, nodes, gpus_per_node, shape, step_compute_ms, overlap);
+    let stages =
+        resnet::stages(&model, classes, image_size).expect("every model sim knows has its stages");
+    let schedule_setup = ScheduleSetup {
+        stages: &stages,
+        compute_ms: step_compute_ms,
+        bucket_bytes: (bucket_mb * (1u64 << 20) as f64) as usize,
+        chunk_bytes,
+        topo: ddl_comm::Topology::new(nodes, gpus_per_node),
+    };
+    let schedule = schedule::simulate_schedule(&cost, &schedule_setup);
     if json {
         for r in &rows {
+            writeln!(out, "{}", serde_json::to_string(r)?)?;
+        }
+        for r in &schedule {
             writeln!(out, "{}", serde_json::to_string(r)?)?;
         }
     } else {
@@ -288,9 +321,9 @@ fn sim(cli: Cli, mut out: impl Write) -> Result<()> {
             shape,
             overlap,
         };
-        bench::print_sim(&mut out, &rows, &setup, &cost)?;
+        bench::print_sim(out, &rows, &setup, &cost)?;
+        schedule::print_schedule(out, &schedule, &schedule_setup, image_size)?;
     }
-
     Ok(())
 }
 

@@ -130,6 +130,15 @@ fn plot(args: PlotArgs) -> Result<()> {
         m.epoch_loss.len(),
         args.output.display()
     ));
+    if !m.forward_wait_ms.is_empty() {
+        let mut waits: Vec<f64> = m.forward_wait_ms.iter().map(|&(_, w)| w).collect();
+        let median = ddl_comm::calibrate::median(&mut waits);
+        cli::stderr_line(&format!(
+            "ddl-prof plot: forward waited for communication {median:.1} ms per step (median of {} steps; max {:.1} ms)",
+            waits.len(),
+            waits.last().copied().unwrap_or(0.0)
+        ));
+    }
     Ok(())
 }
 

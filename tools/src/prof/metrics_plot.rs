@@ -18,6 +18,9 @@ pub struct Metrics {
     /// (step, % of step time waiting on data = data_wait_s / (data_wait_s + compute_s +
     /// allreduce_s)).
     pub data_wait_pct: Vec<(f64, f64)>,
+    /// (step, ms the forward pass waited for the previous step's reduced buckets:
+    /// forward_wait_s, written under `--comm-order priority`).
+    pub forward_wait_ms: Vec<(f64, f64)>,
     /// (epoch, train_loss) of every epoch line.
     pub epoch_loss: Vec<(f64, f64)>,
     /// (epoch, val top-1 in %) of epoch lines that have it.
@@ -29,7 +32,7 @@ pub struct Metrics {
 }
 
 /// Parses a metrics JSON-lines text: `{"type":"step",...}` lines (step, loss, images_per_s,
-/// data_wait_s, compute_s, allreduce_s) and `{"type":"epoch",...}` lines (epoch, train_loss,
+/// data_wait_s, compute_s, allreduce_s, forward_wait_s) and `{"type":"epoch",...}` lines (epoch, train_loss,
 /// val_top1, val_top5, data_wait_frac). Blank lines and other types are ignored; a line that
 /// is not JSON is an error naming its number.
 pub fn parse_metrics(text: &str) -> Result<Metrics> {
@@ -50,6 +53,9 @@ pub fn parse_metrics(text: &str) -> Result<Metrics> {
                 }
                 if let Some(r) = num("images_per_s") {
                     m.images_per_s.push((step, r));
+                }
+                if let Some(w) = num("forward_wait_s") {
+                    m.forward_wait_ms.push((step, 1e3 * w));
                 }
                 if let Some(w) = num("data_wait_s") {
                     let total =
@@ -201,25 +207,41 @@ fn draw_metrics<DB: DrawingBackend>(root: DrawingArea<DB, Shift>, m: &Metrics) -
         "images/s",
         &[("images/s", &m.images_per_s)],
     )?;
-    if m.data_wait_pct.is_empty() {
+    if !m.forward_wait_ms.is_empty() {
+        let (top, bottom) = areas[3].split_vertically(400);
+        data_wait_panel(&top, m)?;
         panel(
-            &areas[3],
+            &bottom,
+            "forward waited for communication",
+            "step",
+            "ms",
+            &[("forward wait", &m.forward_wait_ms)],
+        )?;
+    } else {
+        data_wait_panel(&areas[3], m)?;
+    }
+    root.present().plot()?;
+    Ok(())
+}
+
+/// The data wait per step, or per epoch when the file has no step lines with it.
+fn data_wait_panel<DB: DrawingBackend>(area: &DrawingArea<DB, Shift>, m: &Metrics) -> Result<()> {
+    match m.data_wait_pct.is_empty() {
+        true => panel(
+            area,
             "data wait",
             "epoch",
             "% of step time",
             &[("data wait", &m.epoch_data_wait_pct)],
-        )?;
-    } else {
-        panel(
-            &areas[3],
+        ),
+        false => panel(
+            area,
             "data wait",
             "step",
             "% of step time",
             &[("data wait", &m.data_wait_pct)],
-        )?;
+        ),
     }
-    root.present().plot()?;
-    Ok(())
 }
 
 #[cfg(test)]
@@ -228,13 +250,14 @@ mod tests {
 
     #[test]
     fn metrics_parse() {
-        let text = r#"{"type":"step","step":1,"epoch":0,"loss":2.5,"lr":0.1,"images_per_s":100.0,"data_wait_s":0.1,"compute_s":0.3,"allreduce_s":0.1}
+        let text = r#"{"type":"step","step":1,"epoch":0,"loss":2.5,"lr":0.1,"images_per_s":100.0,"data_wait_s":0.1,"compute_s":0.3,"allreduce_s":0.1,"forward_wait_s":0.025}
 
 {"type":"epoch","epoch":0,"train_loss":2.4,"val_top1":0.25,"val_top5":null,"epoch_s":3.0,"data_wait_frac":0.2}
 {"type":"other"}"#;
         let m = parse_metrics(text).unwrap();
         assert_eq!(m.loss, vec![(1.0, 2.5)]);
         assert_eq!(m.data_wait_pct, vec![(1.0, 20.0)]);
+        assert_eq!(m.forward_wait_ms, vec![(1.0, 25.0)]);
         assert_eq!(m.val_top1_pct, vec![(0.0, 25.0)]);
         assert!(m.val_top5_pct.is_empty());
         assert_eq!(m.epoch_data_wait_pct, vec![(0.0, 20.0)]);

@@ -18,9 +18,13 @@ pub(crate) enum Cmd {
     Synthetic,
     Step(StepCmd),
     Eval(BatchIter, ValidCount),
-    GetState { full: bool },
+    GetState {
+        full: bool,
+    },
     SetState(Box<ReplicaState>),
     Checksum,
+    /// Apply the updates still pending from the last step (`priority` order).
+    Flush,
     Stop,
 }
 
@@ -36,23 +40,31 @@ pub(crate) struct StepCmd {
     pub(crate) inv: f64,
 }
 
+/// What a replica reports at the end of its part of a step.
+pub(crate) struct ReplicaStep {
+    pub(crate) loss: f64,
+    pub(crate) images: usize,
+    pub(crate) data_wait: Duration,
+    /// Time the forward pass waited for the previous step's reduced buckets (`priority`).
+    pub(crate) forward_wait: Duration,
+    pub(crate) compute: Duration,
+    pub(crate) bad: usize,
+    /// Whether the update was skipped (fp16 overflow).
+    pub(crate) skipped: bool,
+}
+
 pub(crate) enum Msg {
     /// Bucket k's node sum is in its host buffer once the event completes.
     Ready(usize, Event),
     /// A head exchange to run across the ranks (`--head-parallel`).
     Head(Request),
-    StepDone {
-        loss: f64,
-        images: usize,
-        data_wait: Duration,
-        compute: Duration,
-        bad: usize,
-        /// Whether the update was skipped (fp16 overflow).
-        skipped: bool,
-    },
+    /// A replica's backward is done: every bucket of the step is handed over.
+    StepDone(ReplicaStep),
     Eval(EvalSums),
     State(Box<ReplicaState>),
     Checksum(u32),
+    /// The pending updates are applied.
+    Flushed,
     Failed(usize, TrainError),
 }
 
@@ -80,11 +92,13 @@ impl HostBucket {
     }
 }
 
-/// Where the reduction of the step's buckets stands.
+/// Where the reduction of one bucket stands.
+#[derive(Clone)]
 pub(crate) struct Reduced {
-    /// Bucket sequence numbers reduced across ranks.
+    /// The bucket sequence number of its last reduction across ranks (a step's first bucket
+    /// is its `seq + 1`, its k-th `seq + k + 1`).
     pub(crate) seq: u64,
-    /// Whether the current step is skipped (fp16 overflow).
+    /// Whether the step it belongs to is skipped (fp16 overflow).
     pub(crate) skip: bool,
     /// With one rank: after replica 0 scaled the bucket, which the others copy.
     pub(crate) event: Arc<Event>,
@@ -100,7 +114,10 @@ pub(crate) struct Shared {
     /// and the event after the copy (replica 0 updates that bucket only after every copy).
     pub(crate) copied: Mutex<Vec<(u64, Arc<Event>)>>,
     pub(crate) copied_cv: Condvar,
-    pub(crate) reduced: Mutex<Reduced>,
+    /// Per bucket: its last reduction. Per bucket, because under the `priority` order a
+    /// step's buckets are reduced in another order than they were handed over, and the next
+    /// step's forward waits for each stage's own.
+    pub(crate) reduced: Mutex<Vec<Reduced>>,
     pub(crate) reduced_cv: Condvar,
     /// Host buffer of each bucket (none when the job has one rank).
     pub(crate) host: Vec<Mutex<HostBucket>>,
@@ -112,6 +129,7 @@ pub(crate) struct Shared {
 impl Shared {
     pub(crate) fn new(
         replicas: usize,
+        buckets: usize,
         host: Vec<Mutex<HostBucket>>,
         head: Option<Exchange>,
     ) -> Shared {
@@ -121,11 +139,14 @@ impl Shared {
             progress_cv: Condvar::new(),
             copied: Mutex::new(vec![(0, done.clone()); replicas]),
             copied_cv: Condvar::new(),
-            reduced: Mutex::new(Reduced {
-                seq: 0,
-                skip: false,
-                event: done,
-            }),
+            reduced: Mutex::new(vec![
+                Reduced {
+                    seq: 0,
+                    skip: false,
+                    event: done,
+                };
+                buckets
+            ]),
             reduced_cv: Condvar::new(),
             host,
             head,
@@ -187,9 +208,10 @@ impl Shared {
         Ok(c[1..].iter().map(|(_, e)| e.clone()).collect())
     }
 
-    pub(crate) fn publish_reduced(&self, seq: u64, skip: bool, event: Event) {
+    /// Bucket `k`'s reduction `seq` is complete (`skip`: its step is skipped).
+    pub(crate) fn publish_reduced(&self, k: usize, seq: u64, skip: bool, event: Event) {
         let mut r = self.reduced.lock().unwrap_or_else(|e| e.into_inner());
-        *r = Reduced {
+        r[k] = Reduced {
             seq,
             skip,
             event: Arc::new(event),
@@ -197,14 +219,30 @@ impl Shared {
         self.reduced_cv.notify_all();
     }
 
-    /// Waits until `seq` is reduced; returns whether the step is skipped and the event of the
-    /// reduction (complete unless one rank's replica 0 reduced on its device).
-    pub(crate) fn wait_reduced(&self, me: usize, seq: u64) -> Result<(bool, Arc<Event>)> {
+    /// Every bucket of the step after bucket sequence number `base` is reduced at once (fp16:
+    /// whether to skip the step is known only after its last bucket).
+    pub(crate) fn publish_step(&self, base: u64, skip: bool, event: Event) {
         let mut r = self.reduced.lock().unwrap_or_else(|e| e.into_inner());
-        while r.seq < seq {
+        let event = Arc::new(event);
+        for (k, slot) in r.iter_mut().enumerate() {
+            *slot = Reduced {
+                seq: base + k as u64 + 1,
+                skip,
+                event: event.clone(),
+            };
+        }
+        self.reduced_cv.notify_all();
+    }
+
+    /// Waits until bucket `k`'s reduction `seq` is complete; returns whether the step is
+    /// skipped and the event of the reduction (complete unless one rank's replica 0 reduced on
+    /// its device).
+    pub(crate) fn wait_reduced(&self, me: usize, k: usize, seq: u64) -> Result<(bool, Arc<Event>)> {
+        let mut r = self.reduced.lock().unwrap_or_else(|e| e.into_inner());
+        while r[k].seq < seq {
             self.aborted(me)?;
             r = self.reduced_cv.wait(r).unwrap_or_else(|e| e.into_inner());
         }
-        Ok((r.skip, r.event.clone()))
+        Ok((r[k].skip, r[k].event.clone()))
     }
 }

@@ -51,6 +51,7 @@ mod head;
 mod loss_scale;
 mod messages;
 mod replica;
+mod serve;
 mod tensor_io;
 
 use std::sync::{Arc, Mutex};
@@ -58,7 +59,7 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use crossbeam_channel::{unbounded, Receiver, Sender};
-use ddl_comm::Parts;
+use ddl_comm::{CommOrder, Parts};
 use ddl_loader::pipeline::Batch;
 use tch::nn;
 use tch::{Device, Kind, Tensor};
@@ -76,6 +77,7 @@ use head::HeadSlice;
 use loss_scale::LossScaler;
 use messages::{Cmd, HostBucket, Msg, Shared, StepCmd};
 use replica::Replica;
+use serve::Schedule;
 use tensor_io::{from_host, tensor_to_vec, Normalizer};
 
 pub use buckets::{Bucket, Layout, ParamInfo, ALIGN};
@@ -124,6 +126,9 @@ pub struct TableConfig {
     pub bucket_bytes: usize,
     /// What the gradient reduction overlaps with.
     pub overlap: Overlap,
+    /// The order of the buckets on the communication thread: `priority` only with
+    /// `Overlap::Backward`, several ranks and no fp16 (see `crate::config::comm_order`).
+    pub comm_order: CommOrder,
     /// Channels-last images and convolution weights (activations follow).
     pub channels_last: bool,
     /// Total number of replicas over all ranks (the divisor of the gradient sum).
@@ -149,9 +154,14 @@ pub struct StepStats {
     pub images: usize,
     /// Mean time replicas were blocked on their loader queue.
     pub data_wait: Duration,
+    /// Mean time the replicas' forward pass waited for the previous step's buckets to be
+    /// reduced (`priority` order; zero under `fifo`, whose step waits for all of them at its
+    /// end).
+    pub forward_wait: Duration,
     /// Mean forward + backward time.
     pub compute: Duration,
-    /// Time the communication thread spent in allreduce calls.
+    /// Time the communication thread spent in allreduce calls (under `priority`, the
+    /// previous step's rest and the negotiations included).
     pub allreduce: Duration,
     /// Wall time of the step.
     pub wall: Duration,
@@ -202,10 +212,9 @@ pub struct Table {
     handles: Vec<JoinHandle<()>>,
     seq: u64,
     loss_scale: LossScaler,
+    /// The `priority` schedule (none under `fifo`).
+    schedule: Option<Schedule>,
 }
-
-/// Serialises seeding + initialisation (see [`Table::new`]).
-static INIT_LOCK: Mutex<()> = Mutex::new(());
 
 impl Table {
     /// Builds the replicas: the model is initialised once on the CPU from `cfg.seed` (so every
@@ -218,14 +227,14 @@ impl Table {
             // Each replica thread is one core's worth of work.
             tch::set_num_threads(1);
         }
-        // The torch generator is global to the process: hold a lock while seeding and drawing
-        // the initial weights, so that tables built concurrently (ranks simulated by threads)
-        // all get the weights of `cfg.seed`.
-        let init_guard = INIT_LOCK.lock().unwrap_or_else(|e| e.into_inner());
-        tch::manual_seed(cfg.seed as i64);
         let reference = nn::VarStore::new(Device::Cpu);
-        let model = model::build(cfg.model, &reference.root(), cfg.classes, cfg.image_size);
-        drop(init_guard);
+        let model = model::build_seeded(
+            cfg.seed as i64,
+            cfg.model,
+            &reference.root(),
+            cfg.classes,
+            cfg.image_size,
+        );
         let layout = Arc::new(Layout::for_overlap(
             &reference,
             model.as_ref(),
@@ -244,6 +253,7 @@ impl Table {
         };
         let shared = Arc::new(Shared::new(
             cfg.devices.len(),
+            layout.buckets.len(),
             host_buckets(&cfg, &layout)?,
             head_exchange(&cfg, &layout)?,
         ));
@@ -275,6 +285,7 @@ impl Table {
         // ResNet-101 at 21,841 classes) goes with the last thread's handle.
         drop(parts);
         let table = Table {
+            schedule: Schedule::of(cfg.comm_order, &layout),
             loss_scale: LossScaler::new(cfg.precision),
             cfg,
             layout,
@@ -324,22 +335,37 @@ impl Table {
 
     fn recv(&self) -> Result<Msg> {
         match self.msgs.recv() {
-            Ok(Msg::Failed(replica, e)) => {
-                self.shared.abort();
-                Err(match e {
-                    TrainError::Replica { .. } => e,
-                    other => TrainError::Replica {
-                        replica,
-                        message: other.to_string(),
-                    },
-                })
-            }
+            Ok(Msg::Failed(replica, e)) => Err(self.failed(replica, e)),
             Ok(m) => Ok(m),
             Err(_) => Err(TrainError::Replica {
                 replica: 0,
                 message: "all replica threads exited".into(),
             }),
         }
+    }
+
+    /// The error of replica `replica`'s failure `e`, after stopping the others.
+    fn failed(&self, replica: usize, e: TrainError) -> TrainError {
+        self.shared.abort();
+        match e {
+            TrainError::Replica { .. } => e,
+            other => TrainError::Replica {
+                replica,
+                message: other.to_string(),
+            },
+        }
+    }
+
+    /// Fails when updates of the last step are still pending (`priority`): the weights must
+    /// not be read or written before [`Table::flush`].
+    fn settled(&self, what: &str) -> Result<()> {
+        if self.schedule.as_ref().is_some_and(Schedule::unflushed) {
+            return Err(TrainError::Replica {
+                replica: 0,
+                message: format!("{what} before the last step's updates were flushed"),
+            });
+        }
+        Ok(())
     }
 
     /// Attaches a batch source to each replica (one per replica, e.g. the loader's per-replica
@@ -371,8 +397,10 @@ impl Table {
     }
 
     /// Runs one synchronous step with learning rate `lr`. With several ranks `comm` sums the
-    /// buckets across ranks in place, called from this thread, bucket by bucket, in a fixed
-    /// order, and runs the head's exchanges under `--head-parallel` (with one rank, never).
+    /// buckets across ranks in place, called from this thread, in the same order on every rank
+    /// (as handed over under `fifo`, agreed chunk by chunk under `priority`, where the step
+    /// returns with some of its buckets still to reduce: see [`Table::flush`]), and runs the
+    /// head's exchanges under `--head-parallel` (with one rank, never).
     pub fn step(&mut self, lr: f64, comm: &dyn Comm) -> Result<StepStats> {
         let start = Instant::now();
         let cmd = StepCmd {
@@ -385,47 +413,15 @@ impl Table {
         for r in 0..self.replicas() {
             self.send(r, Cmd::Step(cmd))?;
         }
-        let mut stats = StepStats::default();
-        let mut done = 0;
-        let mut reduce = BucketReduce::new(cmd.seq, self.layout.buckets.len(), self.cfg.precision);
-        while done < self.replicas() {
-            match self.recv()? {
-                Msg::Ready(k, copied) => {
-                    if let Err(e) = reduce.bucket(&self.shared, k, &copied, comm) {
-                        self.shared.abort();
-                        return Err(e);
-                    }
-                }
-                Msg::Head(request) => self.serve_head(request, comm)?,
-                Msg::StepDone {
-                    loss,
-                    images,
-                    data_wait,
-                    compute,
-                    bad,
-                    skipped,
-                } => {
-                    done += 1;
-                    stats.loss += loss;
-                    stats.images += images;
-                    stats.data_wait += data_wait;
-                    stats.compute += compute;
-                    stats.bad_records += bad;
-                    stats.skipped |= skipped;
-                }
-                _ => {
-                    return Err(TrainError::Replica {
-                        replica: 0,
-                        message: "unexpected message during a step".into(),
-                    })
-                }
-            }
-        }
+        let mut stats = match self.schedule {
+            None => self.serve_fifo(cmd, comm)?,
+            Some(_) => self.serve_priority(cmd, comm)?,
+        };
         let n = self.replicas() as u32;
         stats.loss /= f64::from(n);
         stats.data_wait /= n;
+        stats.forward_wait /= n;
         stats.compute /= n;
-        stats.allreduce = reduce.time;
         if self.cfg.precision == Precision::Fp16 {
             self.loss_scale.update(!stats.skipped);
         }
@@ -443,6 +439,7 @@ impl Table {
         valid: ValidCount,
         comm: &dyn Comm,
     ) -> Result<EvalSums> {
+        self.settled("an evaluation")?;
         self.send(0, Cmd::Eval(batches, valid))?;
         let taking_part = if self.cfg.head_parallel {
             for r in 1..self.replicas() {
@@ -508,6 +505,7 @@ impl Table {
     /// identical on every replica, so only replica 0's are copied (`params` and `momentum`
     /// are empty for the others); every replica's head slice is (`--head-parallel`).
     pub fn states(&self) -> Result<Vec<ReplicaState>> {
+        self.settled("reading the weights")?;
         let mut out = Vec::new();
         for r in 0..self.replicas() {
             self.send(r, Cmd::GetState { full: r == 0 })?;
@@ -526,6 +524,7 @@ impl Table {
 
     /// Loads a state into replica `replica`.
     pub fn set_state(&self, replica: usize, state: ReplicaState) -> Result<()> {
+        self.settled("setting the weights")?;
         self.send(replica, Cmd::SetState(Box::new(state)))?;
         // Make sure it was applied (or surface its error) before returning.
         self.send(replica, Cmd::Checksum)?;
@@ -540,6 +539,7 @@ impl Table {
 
     /// crc32c of every replica's parameters, in replica order.
     pub fn checksums(&self) -> Result<Vec<u32>> {
+        self.settled("checksumming the weights")?;
         let mut out = Vec::new();
         for r in 0..self.replicas() {
             self.send(r, Cmd::Checksum)?;
@@ -645,10 +645,8 @@ fn build_replica(
     let classes = split
         .as_ref()
         .map_or(cfg.classes, |s| s.classes(global).len() as i64);
-    // Drawing this replica's (overwritten) initial values uses the global generator too.
-    let init_guard = INIT_LOCK.lock().unwrap_or_else(|e| e.into_inner());
+    // This replica's initial values (overwritten) are drawn too.
     let model = model::build(cfg.model, &vs.root(), classes, cfg.image_size);
-    drop(init_guard);
     let vars = vs.variables();
     let get = |name: &str| {
         vars.get(name)
@@ -694,7 +692,7 @@ fn build_replica(
         layout,
         shared,
         _vs: vs,
-        model,
+        model: std::rc::Rc::new(model),
         params,
         buffers,
         flat,
@@ -702,6 +700,7 @@ fn build_replica(
         feed: Feed::None,
         tx,
         head,
+        pending: None,
     })
 }
 
@@ -744,68 +743,4 @@ fn host_buckets(cfg: &TableConfig, layout: &Layout) -> Result<Vec<Mutex<HostBuck
             )))
         })
         .collect()
-}
-
-/// The communication thread's part of a step: each bucket's node sum, once its copy to the
-/// host is done, allreduced across ranks and published to the replicas.
-struct BucketReduce {
-    seq: u64,
-    buckets: usize,
-    next: usize,
-    fp16: bool,
-    finite: bool,
-    /// Time spent in allreduce calls.
-    time: Duration,
-}
-
-impl BucketReduce {
-    fn new(seq: u64, buckets: usize, precision: Precision) -> BucketReduce {
-        BucketReduce {
-            seq,
-            buckets,
-            next: 0,
-            fp16: precision == Precision::Fp16,
-            finite: true,
-            time: Duration::ZERO,
-        }
-    }
-
-    /// Reduces bucket `k` (buckets come in order) and publishes it; with fp16, publishes the
-    /// whole step after its last bucket, skipped when any sum is not finite.
-    fn bucket(
-        &mut self,
-        shared: &Shared,
-        k: usize,
-        copied: &crate::device::Event,
-        comm: &dyn Comm,
-    ) -> Result<()> {
-        debug_assert_eq!(k, self.next);
-        self.next += 1;
-        copied.synchronize()?;
-        {
-            let mut host = shared.host[k].lock().unwrap_or_else(|e| e.into_inner());
-            let buf = host.as_mut_slice();
-            let t0 = Instant::now();
-            comm.allreduce_sum(buf)?;
-            let took = t0.elapsed();
-            self.time += took;
-            ddl_trace::record(
-                "allreduce",
-                "comm",
-                t0,
-                took,
-                &[("bucket", k as i64), ("floats", buf.len() as i64)],
-            );
-            if self.fp16 {
-                self.finite &= buf.iter().all(|x| x.is_finite());
-            }
-        }
-        let done = crate::device::Event::done();
-        if !self.fp16 {
-            shared.publish_reduced(self.seq + k as u64 + 1, false, done);
-        } else if self.next == self.buckets {
-            shared.publish_reduced(self.seq + self.buckets as u64, !self.finite, done);
-        }
-        Ok(())
-    }
 }

@@ -1,5 +1,6 @@
 //! One replica: its thread, model, optimizer and data, and its part of every step.
 
+use std::rc::Rc;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -12,12 +13,13 @@ use crate::device::{DeviceCtx, Event};
 use crate::error::{Result, TrainError};
 use crate::model;
 use crate::optim::Sgd;
+use ddl_comm::CommOrder;
 
 use super::buckets::Layout;
 use super::feed::{Feed, StepBatch};
 use super::flat::{range, Flat};
 use super::head::HeadSlice;
-use super::messages::{Cmd, Msg, Shared, StepCmd};
+use super::messages::{Cmd, Msg, ReplicaStep, Shared, StepCmd};
 use super::tensor_io::{from_host, tensor_to_vec, to_host, BatchTensors, Normalizer};
 use super::{BatchIter, EvalSums, ReplicaState, TableConfig, ValidCount};
 
@@ -28,7 +30,8 @@ pub(crate) struct Replica {
     pub(crate) layout: Arc<Layout>,
     pub(crate) shared: Arc<Shared>,
     pub(crate) _vs: nn::VarStore,
-    pub(crate) model: model::Model,
+    /// Shared with the forward pass's hook, which borrows the replica mutably.
+    pub(crate) model: Rc<model::Model>,
     pub(crate) params: Vec<Tensor>,
     pub(crate) buffers: Vec<Tensor>,
     pub(crate) flat: Flat,
@@ -42,6 +45,9 @@ pub(crate) struct Replica {
     pub(crate) tx: Sender<Msg>,
     /// This replica's slice of the head, under `--head-parallel`.
     pub(crate) head: Option<HeadSlice>,
+    /// `priority` order: the step whose bucket updates are still to be applied, each just
+    /// before the next forward pass runs its stage (or at a flush).
+    pub(crate) pending: Option<StepCmd>,
 }
 
 /// The factor a summed gradient is multiplied by, rounded to f32 once.
@@ -67,6 +73,7 @@ impl Replica {
                 Cmd::GetState { full } => self.state(full).map(|s| Some(Msg::State(Box::new(s)))),
                 Cmd::SetState(s) => self.set_state(&s).map(|_| None),
                 Cmd::Checksum => self.checksum().map(|c| Some(Msg::Checksum(c))),
+                Cmd::Flush => self.flush().map(|_| Some(Msg::Flushed)),
                 Cmd::Stop => break,
             };
             let msg = match out {
@@ -113,37 +120,99 @@ impl Replica {
         let start = Instant::now();
         let batch = self.next_batch()?;
         let data_wait = start.elapsed();
-        let loss_read = self.forward_backward(&batch, cmd)?;
-        let (reduce_wait, skipped) = self.update(cmd)?;
+        let (loss_read, forward_wait) = self.forward_backward(&batch, cmd)?;
+        let (reduce_wait, skipped) = if self.cfg.comm_order == CommOrder::Fifo {
+            self.update(cmd)?
+        } else {
+            // The buckets are applied at the next forward pass, stage by stage; the head's
+            // slice (`--head-parallel`) is never reduced: now.
+            self.pending = Some(cmd);
+            self.update_head(cmd)?;
+            (Duration::ZERO, false)
+        };
         // The loss was copied right after forward: by now it has usually arrived.
         loss_read.synchronize()?;
         let loss = self.loss_host.f_double_value(&[0])?;
-        Ok(Msg::StepDone {
+        Ok(Msg::StepDone(ReplicaStep {
             loss,
             images: batch.len(),
             data_wait,
-            compute: start.elapsed().saturating_sub(data_wait + reduce_wait),
+            forward_wait,
+            compute: start
+                .elapsed()
+                .saturating_sub(data_wait + reduce_wait + forward_wait),
             bad: batch.skipped,
             skipped,
-        })
+        }))
     }
 
     /// Forward and backward of `batch`, handing every bucket over as soon as the backward of
-    /// its stage is done; returns the event after the loss was copied to the host.
-    fn forward_backward(&mut self, batch: &StepBatch, cmd: StepCmd) -> Result<Event> {
+    /// its stage is done; returns the event after the loss was copied to the host and the time
+    /// the forward pass waited for the previous step's buckets (`priority` order).
+    fn forward_backward(&mut self, batch: &StepBatch, cmd: StepCmd) -> Result<(Event, Duration)> {
         let start = Instant::now();
-        let replica = self.index as i64;
-        let _ = self.flat.grads.f_zero_()?;
+        let (pass, waited) = self.forward(batch, cmd)?;
+        let loss_read = self.backward(pass, batch, cmd)?;
+        ddl_trace::record(
+            "forward_backward",
+            "train",
+            start,
+            start.elapsed(),
+            &[("replica", self.index as i64), ("step", self.step_of(cmd))],
+        );
+        Ok((loss_read, waited))
+    }
+
+    /// The forward pass of `batch` in step `cmd`, each stage after the updates still pending
+    /// for it (`priority` order); returns the pass and the time it waited for those.
+    fn forward<'b>(
+        &mut self,
+        batch: &'b StepBatch,
+        cmd: StepCmd,
+    ) -> Result<(model::StagedPass<'b>, Duration)> {
+        // `priority`: each stage's buckets are zeroed once their pending update is applied.
+        if self.cfg.comm_order == CommOrder::Fifo {
+            let _ = self.flat.grads.f_zero_()?;
+        }
         if let Some(head) = self.head.as_mut() {
             head.zero_grad()?;
         }
         let amp = self.ctx.autocast(self.cfg.precision);
-        let staged = self.cfg.overlap == Overlap::Backward;
-        let model = self.model.as_ref();
-        let mut pass = tch::autocast(amp, || match self.head {
-            Some(_) => model::StagedPass::features(model, &batch.images, true, staged),
-            None => model::StagedPass::forward(model, &batch.images, true, staged),
-        })?;
+        let model = Rc::clone(&self.model);
+        let mode = model::PassMode {
+            train: true,
+            staged: self.cfg.overlap == Overlap::Backward,
+            classify: self.head.is_none(),
+        };
+        let mut waited = Duration::ZERO;
+        let mut forward_span = None;
+        let pass = {
+            // Each stage's forward span runs from its hook to the next one's.
+            let mut before = |s: usize| -> Result<()> {
+                drop(forward_span.take());
+                waited += self.before_stage(s, cmd)?;
+                forward_span = Some(self.span("forward", s, cmd));
+                Ok(())
+            };
+            let (net, images) = (model.as_ref().as_ref(), &batch.images);
+            tch::autocast(amp, || {
+                model::StagedPass::run(net, images, mode, &mut before)
+            })?
+        };
+        drop(forward_span);
+        self.pending = None;
+        Ok((pass, waited))
+    }
+
+    /// The loss of `pass` and its backward, stage by stage, last first, handing over the
+    /// buckets each stage completes; returns the event after the loss was copied to the host.
+    fn backward(
+        &mut self,
+        mut pass: model::StagedPass,
+        batch: &StepBatch,
+        cmd: StepCmd,
+    ) -> Result<Event> {
+        let replica = self.index as i64;
         let backward_span = |s: usize| {
             ddl_trace::span_args(
                 "backward",
@@ -197,15 +266,68 @@ impl Replica {
             }
             handed += ready;
         }
-        drop(pass);
-        ddl_trace::record(
-            "forward_backward",
-            "train",
-            start,
-            start.elapsed(),
-            &[("replica", replica)],
-        );
         Ok(loss_read)
+    }
+
+    /// The step `cmd` is, counted from 0 (bucket sequence numbers advance by the bucket count
+    /// per step).
+    fn step_of(&self, cmd: StepCmd) -> i64 {
+        (cmd.seq / self.layout.buckets.len().max(1) as u64) as i64
+    }
+
+    /// A span of this replica about stage `s` of step `cmd`.
+    fn span(&self, name: &'static str, s: usize, cmd: StepCmd) -> ddl_trace::SpanGuard {
+        ddl_trace::span_args(
+            name,
+            "train",
+            &[
+                ("stage", s as i64),
+                ("replica", self.index as i64),
+                ("step", self.step_of(cmd)),
+            ],
+        )
+    }
+
+    /// `priority` order, before stage `s` of step `cmd` runs forward: the updates of the
+    /// stage's buckets pending from the previous step, each once it is reduced, then their
+    /// gradients zeroed for this step's backward (not before: the replicas summing into
+    /// replica 0 may still read them until the bucket is reduced). Returns the time it waited.
+    fn before_stage(&mut self, s: usize, cmd: StepCmd) -> Result<Duration> {
+        if self.cfg.comm_order == CommOrder::Fifo {
+            return Ok(Duration::ZERO);
+        }
+        let mut waited = Duration::ZERO;
+        let layout = self.layout.clone();
+        for (k, bucket) in layout.buckets.iter().enumerate() {
+            if bucket.stage != s {
+                continue;
+            }
+            if let Some(pending) = self.pending {
+                let t0 = Instant::now();
+                let q = pending.seq + k as u64 + 1;
+                let (_, reduced) = {
+                    let _span = self.span("forward_wait", s, cmd);
+                    self.shared.wait_reduced(self.index, k, q)?
+                };
+                waited += t0.elapsed();
+                self.update_bucket(k, q, &reduced, pending)?;
+            }
+            let _guard = tch::no_grad_guard();
+            let _ = range(&self.flat.grads, bucket)?.f_zero_()?;
+        }
+        Ok(waited)
+    }
+
+    /// Applies every update still pending (`priority` order) before the weights are read.
+    fn flush(&mut self) -> Result<()> {
+        let Some(pending) = self.pending else {
+            return Ok(());
+        };
+        for s in 0..self.model.stages() {
+            self.before_stage(s, pending)?;
+        }
+        self.pending = None;
+        Ok(())
     }
 
     /// Sums bucket `k` of the replicas' gradients along the tree (replica r adds the sum of
@@ -248,7 +370,7 @@ impl Replica {
             let last = k + 1 == self.layout.buckets.len();
             let skip =
                 self.cfg.precision == Precision::Fp16 && last && !all_finite(&self.flat.grads)?;
-            self.shared.publish_reduced(q, skip, self.ctx.record()?);
+            self.shared.publish_reduced(k, q, skip, self.ctx.record()?);
             return Ok(());
         }
         self.ctx.wait_side(&self.ctx.record()?)?;
@@ -270,14 +392,11 @@ impl Replica {
     /// Applies each bucket once it is reduced; returns the time spent waiting for that, and
     /// whether the step was skipped (fp16 overflow).
     fn update(&mut self, cmd: StepCmd) -> Result<(Duration, bool)> {
-        let _guard = tch::no_grad_guard();
-        self.sgd.set_lr(cmd.lr)?;
-        let k_count = self.layout.buckets.len() as u64;
+        let k_count = self.layout.buckets.len();
         // fp16: no update before every bucket is known to be finite.
         let defer = self.cfg.precision == Precision::Fp16;
         let mut waited = Duration::ZERO;
-        let layout = self.layout.clone();
-        for (k, bucket) in layout.buckets.iter().enumerate() {
+        for k in 0..k_count {
             let q = cmd.seq + k as u64 + 1;
             let t0 = Instant::now();
             let (skip, reduced) = {
@@ -286,31 +405,52 @@ impl Replica {
                     "reduce",
                     &[("bucket", k as i64), ("replica", self.index as i64)],
                 );
-                self.shared
-                    .wait_reduced(self.index, if defer { cmd.seq + k_count } else { q })?
+                let last = k_count - 1;
+                match defer {
+                    true => self
+                        .shared
+                        .wait_reduced(self.index, last, cmd.seq + k_count as u64)?,
+                    false => self.shared.wait_reduced(self.index, k, q)?,
+                }
             };
             waited += t0.elapsed();
             if skip {
                 return Ok((waited, true));
             }
-            let _span = ddl_trace::span_args(
-                "sgd_update",
-                "train",
-                &[("bucket", k as i64), ("replica", self.index as i64)],
-            );
-            let mut grads = range(&self.flat.grads, bucket)?;
-            self.fetch_reduced(k, q, &mut grads, &reduced, cmd)?;
-            let mut params = range(&self.flat.params, bucket)?;
-            let mut momentum = range(&self.flat.momentum, bucket)?;
-            self.sgd
-                .update(&mut params, &mut grads, &mut momentum, bucket.decayed)?;
+            self.update_bucket(k, q, &reduced, cmd)?;
         }
-        if let Some(head) = self.head.as_mut() {
-            let _span =
-                ddl_trace::span_args("head_update", "train", &[("replica", self.index as i64)]);
-            head.update(&self.sgd, f32_factor(1.0 / self.cfg.global_replicas as f64))?;
-        }
+        self.update_head(cmd)?;
         Ok((waited, false))
+    }
+
+    /// The SGD update of bucket `k` of step `cmd` (reduction `q`, complete).
+    fn update_bucket(&mut self, k: usize, q: u64, reduced: &Event, cmd: StepCmd) -> Result<()> {
+        let _guard = tch::no_grad_guard();
+        self.sgd.set_lr(cmd.lr)?;
+        let _span = ddl_trace::span_args(
+            "sgd_update",
+            "train",
+            &[("bucket", k as i64), ("replica", self.index as i64)],
+        );
+        let bucket = &self.layout.buckets[k];
+        let mut grads = range(&self.flat.grads, bucket)?;
+        self.fetch_reduced(k, q, &mut grads, reduced, cmd)?;
+        let mut params = range(&self.flat.params, bucket)?;
+        let mut momentum = range(&self.flat.momentum, bucket)?;
+        self.sgd
+            .update(&mut params, &mut grads, &mut momentum, bucket.decayed)
+    }
+
+    /// The update of this replica's slice of the head (`--head-parallel`), whose gradient is
+    /// its own and never reduced.
+    fn update_head(&mut self, cmd: StepCmd) -> Result<()> {
+        let Some(head) = self.head.as_mut() else {
+            return Ok(());
+        };
+        let _guard = tch::no_grad_guard();
+        self.sgd.set_lr(cmd.lr)?;
+        let _span = ddl_trace::span_args("head_update", "train", &[("replica", self.index as i64)]);
+        head.update(&self.sgd, f32_factor(1.0 / self.cfg.global_replicas as f64))
     }
 
     /// Puts the reduced, averaged gradient of bucket `k` into this replica's range `grads`:

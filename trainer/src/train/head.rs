@@ -39,6 +39,7 @@ impl Run<'_> {
     /// Every local replica's state and, on rank 0, the whole model (collective: under
     /// `--head-parallel` rank 0 gathers every rank's slices).
     pub(super) fn whole(&mut self) -> Result<(Vec<ReplicaState>, Option<Whole>)> {
+        self.table.flush(&self.comm)?;
         let mut states = self.table.states()?;
         let head = match self.table.head_split() {
             Some(split) => self.gather_head(&states, &split)?,

@@ -19,7 +19,7 @@ use ddl_loader::sampler::{Sampler, SamplerConfig, Tail};
 
 use crate::checkpoint::{self};
 use crate::collective::Collective;
-use crate::config::{auto_overlap, TrainConfig};
+use crate::config::{auto_overlap, comm_order, Overlap, TrainConfig};
 use crate::console::eprint_line;
 use crate::device;
 use crate::error::{Result, TrainError};
@@ -155,6 +155,14 @@ fn epoch_line(r: &EpochRecord) -> String {
     line
 }
 
+/// The communication order a run uses, with the reason where it is not the one asked for.
+fn order_line(cfg: &TrainConfig, overlap: Overlap, ranks: usize) -> String {
+    match comm_order(cfg.comm_order, overlap, ranks, cfg.precision) {
+        (order, Some(why)) => format!("{order} ({why})"),
+        (order, None) => order.to_string(),
+    }
+}
+
 /// Trains on this rank. Collective: every rank of `transport` must call it with the same
 /// configuration. `topology` describes the physical layout for the allreduce cost model.
 pub fn train(
@@ -262,7 +270,7 @@ pub fn train(
         let devs: Vec<String> = plan.devices.iter().map(|d| format!("{d:?}")).collect();
         println!(
             "ddl-train: {} on {} rank(s) x {} replica(s) [{}], {} classes{}, {} train images/node (min), \
-             global batch {}, peak lr {:.4}, {} steps/epoch, allreduce {}, overlap {}, {} bucket(s)",
+             global batch {}, peak lr {:.4}, {} steps/epoch, allreduce {}, overlap {}, comm order {}, {} bucket(s)",
             cfg.model,
             world,
             replicas,
@@ -283,6 +291,7 @@ pub fn train(
                 cfg.allreduce.to_string()
             },
             overlap.name(),
+            order_line(cfg, overlap, world),
             table.layout().buckets.len(),
         );
     }
@@ -318,6 +327,9 @@ fn table_config(
 ) -> TableConfig {
     let global_replicas = devices.len() * ranks;
     let gpus = devices.iter().any(|d| d.is_cuda());
+    let overlap = cfg
+        .overlap
+        .unwrap_or_else(|| auto_overlap(gpus, nodes, global_replicas));
     TableConfig {
         devices,
         model: cfg.model,
@@ -332,9 +344,8 @@ fn table_config(
         precision: cfg.precision,
         label_smoothing: cfg.label_smoothing,
         bucket_bytes: (cfg.bucket_mb * 1024.0 * 1024.0) as usize,
-        overlap: cfg
-            .overlap
-            .unwrap_or_else(|| auto_overlap(gpus, nodes, global_replicas)),
+        overlap,
+        comm_order: comm_order(cfg.comm_order, overlap, ranks, cfg.precision).0,
         channels_last: cfg.channels_last,
         global_replicas,
         ranks,
@@ -435,22 +446,10 @@ impl Run<'_> {
                 self.summary.steps_run += 1;
                 bad_seen = self.collect_bad_records(&pipeline, bad_seen, BadRecordUse::Train);
                 self.report_tuning(global)?;
-                let world = self.comm.size() as f64;
-                let images = stats.images as f64 * world;
                 acc.add(&stats);
                 if let Some(m) = &mut self.metrics {
-                    m.write(&StepRecord {
-                        kind: "step",
-                        step: global,
-                        epoch,
-                        loss: stats.loss,
-                        lr,
-                        images_per_s: images / secs(stats.wall).max(1e-9),
-                        data_wait_s: secs(stats.data_wait),
-                        compute_s: secs(stats.compute),
-                        allreduce_s: secs(stats.allreduce),
-                        bytes_sent: sent,
-                    })?;
+                    let at = (global, epoch, lr);
+                    m.write(&StepRecord::new(at, &stats, self.comm.size(), sent))?;
                 }
                 if let Some(b) = &self.bar {
                     b.set_position(step);
@@ -521,6 +520,7 @@ impl Run<'_> {
         self.summary.global_steps = global;
         // Those of a last epoch cut short by --max-steps.
         self.publish_bad_records()?;
+        self.table.flush(&self.comm)?;
         let sums = self.table.checksums()?;
         self.summary.param_checksum = sums[0];
         if let Some(path) = &self.cfg.dump_weights {
@@ -728,6 +728,7 @@ impl Run<'_> {
         if !self.cfg.eval || !self.plan.manifest.splits.contains_key("val") {
             return Ok(None);
         }
+        self.table.flush(&self.comm)?;
         let _span = ddl_trace::span_args("eval", "train", &[("epoch", epoch as i64)]);
         let mut sums = EvalSums::default();
         if let Some(val) = self.val_set.clone() {
@@ -837,6 +838,7 @@ impl Run<'_> {
 
     /// Compares parameter checksums of all replicas of all ranks; fails loudly on a mismatch.
     fn check_replicas(&mut self) -> Result<()> {
+        self.table.flush(&self.comm)?;
         let local = self.table.checksums()?;
         let all = self.comm.allgather_bytes(u64s_to_bytes(
             &local.iter().map(|&c| u64::from(c)).collect::<Vec<_>>(),

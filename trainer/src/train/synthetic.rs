@@ -74,20 +74,16 @@ pub(super) fn train(
             return Err(TrainError::NonFinite { step });
         }
         if let Some(m) = &mut metrics {
-            m.write(&StepRecord {
-                kind: "step",
-                step: step + 1,
-                epoch: step / STEPS_PER_EPOCH,
-                loss: stats.loss,
-                lr,
-                images_per_s: (stats.images * world) as f64 / stats.wall.as_secs_f64().max(1e-9),
-                data_wait_s: stats.data_wait.as_secs_f64(),
-                compute_s: stats.compute.as_secs_f64(),
-                allreduce_s: stats.allreduce.as_secs_f64(),
-                bytes_sent: comm.bytes_sent() - sent,
-            })?;
+            let at = (step + 1, step / STEPS_PER_EPOCH, lr);
+            m.write(&StepRecord::new(
+                at,
+                &stats,
+                world,
+                comm.bytes_sent() - sent,
+            ))?;
         }
     }
+    table.flush(&comm)?;
     Ok(TrainSummary {
         global_steps: steps,
         steps_run: steps,

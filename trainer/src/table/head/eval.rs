@@ -35,7 +35,7 @@ impl Replica {
                     let images = tensors.images().f_narrow(0, 0, n)?;
                     let labels = tensors.labels().f_narrow(0, 0, n)?;
                     let amp = self.ctx.autocast(self.cfg.precision);
-                    let model = self.model.as_ref();
+                    let model = self.model.as_ref().as_ref();
                     let f = tch::autocast(amp, || crate::model::features_t(model, &images, false));
                     rows = Tensor::f_cat(
                         &[
