@@ -14,6 +14,7 @@
 //! less below a global batch of about the class count ([`crossover_batch`]).
 
 use crate::algorithm::Algorithm;
+use crate::allreduce::signature::CALL_CHECK_WORD;
 use crate::cost::CostModel;
 use crate::sharded::{ShardAlgorithm, ShardedOp};
 use crate::topology::Topology;
@@ -71,8 +72,8 @@ impl Step {
     }
 
     /// Bytes one of `ranks` ranks sends per step with the ring algorithms, averaged over the
-    /// ranks: `2 (p - 1) / p` of an allreduce's buffer, `(p - 1) / p` of an allgather's or a
-    /// reduce-scatter's.
+    /// ranks: `2 (p - 1) / p` of an allreduce's buffer and its call check's word to each other
+    /// rank, `(p - 1) / p` of an allgather's or a reduce-scatter's.
     pub fn ring_bytes_sent(&self, ranks: usize) -> f64 {
         if ranks <= 1 {
             return 0.0;
@@ -81,7 +82,9 @@ impl Step {
         self.calls()
             .iter()
             .map(|c| match *c {
-                Call::Allreduce(b) => 2.0 * share * b as f64,
+                Call::Allreduce(b) => {
+                    2.0 * share * b as f64 + (ranks - 1) as f64 * CALL_CHECK_WORD as f64
+                }
                 Call::AllGather(b) | Call::ReduceScatter(b) => share * b as f64,
             })
             .sum()
@@ -153,8 +156,13 @@ mod tests {
             gradient_bytes: head,
             head: None,
         };
-        let per_sample = at(1).ring_bytes_sent(4);
-        let ratio = dp_head.ring_bytes_sent(4) / per_sample;
+        // Against the same calls with empty buffers: the call checks' words cancel.
+        let dp_empty = Step {
+            gradient_bytes: 0,
+            head: None,
+        };
+        let per_sample = at(1).ring_bytes_sent(4) - at(0).ring_bytes_sent(4);
+        let ratio = (dp_head.ring_bytes_sent(4) - dp_empty.ring_bytes_sent(4)) / per_sample;
         assert!((ratio - crossover).abs() < 1e-6, "{ratio} vs {crossover}");
     }
 }

@@ -18,6 +18,9 @@
 use crate::error::{CommError, Result};
 use crate::transport::Transport;
 
+/// Bytes of a call's word on the wire (one to every other rank).
+pub const CALL_CHECK_WORD: usize = std::mem::size_of::<u64>();
+
 /// Group sizes whose words are gathered on the stack.
 const INLINE_RANKS: usize = 16;
 
