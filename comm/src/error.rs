@@ -66,6 +66,19 @@ pub enum CommError {
         /// The group size.
         size: usize,
     },
+    /// A connection of the TCP transport could not be made or failed (other than a peer
+    /// closing it: [`CommError::Disconnected`]).
+    #[error("{op} on rank {rank}: connection to rank {peer}: {message}")]
+    Connection {
+        /// The operation.
+        op: &'static str,
+        /// The rank that observed it.
+        rank: usize,
+        /// The other end.
+        peer: usize,
+        /// What the socket said.
+        message: String,
+    },
     /// An MPI call returned an error code.
     #[error("{op}: MPI error {code}: {message}")]
     Mpi {

@@ -2,8 +2,9 @@
 //!
 //! - [`Transport`]: point-to-point byte messaging (blocking send/recv, a non-blocking batch
 //!   [`Transport::exchange`], split, barrier) with an operation timeout, implemented over
-//!   MPI ([`mpi::MpiTransport`], started by [`World`]) and in-process threads
-//!   ([`thread_group`]). Every message tag belongs to one range of [`tags`].
+//!   MPI ([`mpi::MpiTransport`], started by [`World`]), TCP with no MPI launcher
+//!   ([`TcpTransport`], started by [`TcpWorld`] under torchrun and the like) and in-process
+//!   threads ([`thread_group`]). Every message tag belongs to one range of [`tags`].
 //! - [`Allreducer`]: allreduce of f32 / f16 / bf16 with the [`Algorithm`]s ring, rhd,
 //!   multicolor, multiring, shm, hierarchical, mpi and auto; results are bitwise identical on
 //!   all ranks.
@@ -39,6 +40,8 @@ pub mod sharded;
 mod shm;
 pub mod step;
 pub mod tags;
+pub mod tcp;
+pub mod tcp_world;
 pub mod thread;
 pub mod timeline;
 pub mod topology;
@@ -56,6 +59,8 @@ pub use half::{bf16, f16};
 pub use parts::Parts;
 pub use priority::CommOrder;
 pub use sharded::{Reduce, ShardAlgorithm, Sharded, ShardedOp};
+pub use tcp::{tcp_group, tcp_group_with_timeout, Listener, TcpTransport};
+pub use tcp_world::TcpWorld;
 pub use thread::{thread_group, thread_group_with_timeout, ThreadTransport};
 pub use topology::Topology;
 pub use transport::{Op, Transport, DEFAULT_TIMEOUT};

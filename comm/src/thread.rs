@@ -11,7 +11,9 @@ use std::time::{Duration, Instant};
 use crossbeam_channel::{unbounded, Receiver, RecvTimeoutError, Sender};
 
 use crate::error::{CommError, Result};
-use crate::transport::{check_peer, Op, Transport, DEFAULT_TIMEOUT};
+use crate::transport::{
+    check_peer, dissemination_barrier, receive_all, Op, Transport, DEFAULT_TIMEOUT,
+};
 
 /// Message class: user data and the transport's own control traffic never match each other.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -225,24 +227,9 @@ impl Transport for ThreadTransport {
             }
         }
         let deadline = self.deadline();
-        for op in ops.iter_mut() {
-            let (from, tag, buf, got) = match op {
-                Op::Recv { from, tag, buf } => (*from, *tag, buf, None),
-                Op::RecvUpTo {
-                    from,
-                    tag,
-                    buf,
-                    got,
-                } => (*from, *tag, buf, Some(got)),
-                Op::Send { .. } => continue,
-            };
-            let op = "exchange recv";
-            let len = self.take_into(op, from, Kind::User, tag, buf, deadline, got.is_some())?;
-            if let Some(got) = got {
-                **got = len;
-            }
-        }
-        Ok(())
+        receive_all(ops, |from, tag, buf, up_to| {
+            self.take_into("exchange recv", from, Kind::User, tag, buf, deadline, up_to)
+        })
     }
 
     fn split(&self, color: usize, key: usize) -> Result<Box<dyn Transport>> {
@@ -292,34 +279,32 @@ impl Transport for ThreadTransport {
     }
 
     fn barrier(&self) -> Result<()> {
-        // Dissemination barrier: ceil(log2 n) rounds.
-        let n = self.size();
         let deadline = self.deadline();
-        let mut dist = 1;
-        let mut round = 0;
-        while dist < n {
-            let to = (self.rank + dist) % n;
-            let from = (self.rank + n - dist) % n;
-            self.post(
-                "barrier",
-                to,
-                Kind::Barrier,
-                round,
-                Payload::Bytes(Vec::new()),
-            )?;
-            self.take_into(
-                "barrier",
-                from,
-                Kind::Barrier,
-                round,
-                &mut [],
-                deadline,
-                false,
-            )?;
-            dist *= 2;
-            round += 1;
-        }
-        Ok(())
+        dissemination_barrier(
+            self.rank,
+            self.size(),
+            |to, round| {
+                self.post(
+                    "barrier",
+                    to,
+                    Kind::Barrier,
+                    round,
+                    Payload::Bytes(Vec::new()),
+                )
+            },
+            |from, round| {
+                self.take_into(
+                    "barrier",
+                    from,
+                    Kind::Barrier,
+                    round,
+                    &mut [],
+                    deadline,
+                    false,
+                )
+                .map(drop)
+            },
+        )
     }
 
     fn timeout(&self) -> Duration {

@@ -212,6 +212,48 @@ pub(crate) fn check_peer(op: &'static str, rank: usize, peer: usize, size: usize
     Ok(())
 }
 
+/// Completes the receives of an exchange whose sends are posted: `take(from, tag, buf, up_to)`
+/// fills `buf` with the next message from `from` (exactly its length, or at most with
+/// `up_to`) and returns the message's length.
+pub(crate) fn receive_all(
+    ops: &mut [Op<'_>],
+    mut take: impl FnMut(usize, u32, &mut [u8], bool) -> Result<usize>,
+) -> Result<()> {
+    for op in ops.iter_mut() {
+        match op {
+            Op::Recv { from, tag, buf } => {
+                take(*from, *tag, buf, false)?;
+            }
+            Op::RecvUpTo {
+                from,
+                tag,
+                buf,
+                got,
+            } => **got = take(*from, *tag, buf, true)?,
+            Op::Send { .. } => {}
+        }
+    }
+    Ok(())
+}
+
+/// A dissemination barrier of `n` ranks: in round k, rank r signals rank r + 2^k and waits for
+/// rank r - 2^k (ceil(log2 n) rounds).
+pub(crate) fn dissemination_barrier(
+    rank: usize,
+    n: usize,
+    mut signal: impl FnMut(usize, u32) -> Result<()>,
+    mut wait: impl FnMut(usize, u32) -> Result<()>,
+) -> Result<()> {
+    let (mut dist, mut round) = (1, 0u32);
+    while dist < n {
+        signal((rank + dist) % n, round)?;
+        wait((rank + n - dist) % n, round)?;
+        dist *= 2;
+        round += 1;
+    }
+    Ok(())
+}
+
 /// Reinterprets an f32 slice as bytes.
 pub fn f32_bytes(s: &[f32]) -> &[u8] {
     // SAFETY: f32 has no padding and u8 has alignment 1; the length covers the same memory.

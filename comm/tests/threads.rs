@@ -4,63 +4,14 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use ddl_comm::{
-    thread_group, thread_group_with_timeout, Across, Algorithm, Allreducer, CommError, Op,
-    Topology, Transport,
+    thread_group, thread_group_with_timeout, Algorithm, Allreducer, CommError, Op, Topology,
+    Transport,
 };
 use half::{bf16, f16};
 use proptest::prelude::*;
 
 mod common;
-use common::{input, on_ranks};
-
-fn algorithms(p: usize) -> Vec<Algorithm> {
-    let mut v = vec![
-        Algorithm::Ring,
-        Algorithm::Rhd,
-        Algorithm::Multicolor {
-            colors: 4,
-            chunk_bytes: 16,
-        },
-        Algorithm::Multicolor {
-            colors: 3,
-            chunk_bytes: 1 << 20,
-        },
-        Algorithm::Multiring {
-            dims: vec![],
-            segments: 0,
-        },
-        Algorithm::Multiring {
-            dims: vec![],
-            segments: 3,
-        },
-        Algorithm::SHM,
-        // Chunks of 32 f32: many chunks per call, each slot reused many times.
-        Algorithm::Shm { chunk_bytes: 128 },
-        Algorithm::Auto,
-    ];
-    // Two tiers where the test topology has them (otherwise shm alone), the second in many
-    // short chunks.
-    v.push(Algorithm::hierarchical(Across::Ring));
-    v.push(Algorithm::Hierarchical {
-        across: Across::Rhd,
-        chunk_bytes: 128,
-    });
-    // A genuinely multi-dimensional ring where p factors.
-    for a in 2..p {
-        if p % a == 0 {
-            v.push(Algorithm::Multiring {
-                dims: vec![a, p / a],
-                segments: 0,
-            });
-            v.push(Algorithm::Multiring {
-                dims: vec![a, p / a],
-                segments: 5,
-            });
-            break;
-        }
-    }
-    v
-}
+use common::{algorithms, input, on_ranks};
 
 /// Topology with 2 ranks per node where possible, so multiring has two dimensions.
 fn topology(p: usize) -> Topology {

@@ -243,7 +243,7 @@ def evaluate(model: torch.nn.Module, classifier: Classifier, loader: ddl.Loader,
 
 def main() -> None:
     args = parse_args()
-    dd.init()  # under mpirun / srun, or alone as one rank
+    dd.init()  # under mpirun / srun, torchrun (TCP, no MPI), or alone as one rank
     rank, world = dd.rank(), dd.size()
     torch.set_num_threads(args.threads)
     torch.manual_seed(args.seed)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
-from typing import Mapping, Optional
+from typing import Mapping, Optional, Tuple
 
 
 @dataclass(frozen=True)
@@ -37,28 +37,59 @@ def _int(env: Mapping[str, str], *names: str) -> Optional[int]:
     return None
 
 
+#: The MPI launchers' variables: (name, rank, size, local rank, local size).
+_MPI_LAUNCHERS = [
+    ("Open MPI", ("OMPI_COMM_WORLD_RANK",), ("OMPI_COMM_WORLD_SIZE",),
+     ("OMPI_COMM_WORLD_LOCAL_RANK",), ("OMPI_COMM_WORLD_LOCAL_SIZE",)),
+    ("PMI", ("PMI_RANK", "PMIX_RANK"), ("PMI_SIZE",),
+     ("MPI_LOCALRANKID", "PMI_LOCAL_RANK"), ("MPI_LOCALNRANKS", "PMI_LOCAL_SIZE")),
+    ("Slurm", ("SLURM_PROCID",), ("SLURM_NTASKS",),
+     ("SLURM_LOCALID",), ("SLURM_NTASKS_PER_NODE",)),
+]
+#: torchrun's (and any launcher's that follows its convention, e.g. Kubeflow's PyTorchJob).
+_TORCHRUN = ("torchrun", ("RANK",), ("WORLD_SIZE",), ("LOCAL_RANK",), ("LOCAL_WORLD_SIZE",))
+#: What ddl.dist's TCP backend needs besides the positions: the rendezvous address.
+_RENDEZVOUS = ("MASTER_ADDR", "MASTER_PORT")
+
+
+def _launcher_placement(env: Mapping[str, str], launcher: tuple) -> Optional[Placement]:
+    source, rank_vars, size_vars, local_rank_vars, local_size_vars = launcher
+    rank, size = _int(env, *rank_vars), _int(env, *size_vars)
+    if rank is None or size is None:
+        return None
+    local_rank = _int(env, *local_rank_vars)
+    local_size = _int(env, *local_size_vars)
+    if local_rank is None or local_size is None:
+        local_rank, local_size = 0, 1
+    return _checked(rank, size, local_rank, local_size, source)
+
+
+def launcher(env: Mapping[str, str]) -> Tuple[str, Optional[Placement]]:
+    """What started this process, as ``(backend, placement)``: ``"mpi"`` for an MPI launcher
+    (mpirun, mpiexec, srun) or none at all, ``"tcp"`` for torchrun and other launchers that
+    set RANK / WORLD_SIZE / MASTER_ADDR / MASTER_PORT. An environment where an MPI launcher
+    and torchrun's variables give different positions is refused (ValueError naming both):
+    ranks would otherwise disagree on who they are without a word."""
+    mpi = next((p for p in (_launcher_placement(env, l) for l in _MPI_LAUNCHERS) if p), None)
+    torchrun = _launcher_placement(env, _TORCHRUN)
+    if mpi is not None and torchrun is not None and (
+            mpi.rank, mpi.world_size) != (torchrun.rank, torchrun.world_size):
+        raise ValueError(
+            f"contradictory launch environment: {mpi.source} says rank {mpi.rank} of "
+            f"{mpi.world_size} ranks, torchrun's RANK / WORLD_SIZE say rank {torchrun.rank} of "
+            f"{torchrun.world_size}: start the script with one launcher (or unset the other's "
+            "variables)")
+    if mpi is not None and "TORCHELASTIC_RUN_ID" not in env:
+        return "mpi", mpi
+    if torchrun is not None and all(env.get(v) for v in _RENDEZVOUS):
+        return "tcp", torchrun
+    return "mpi", mpi or torchrun
+
+
 def _from_env(env: Mapping[str, str]) -> Optional[Placement]:
-    """Open MPI, MPICH/Hydra (PMI), Slurm, or torchrun variables, in that order."""
-    launchers = [
-        ("Open MPI", ("OMPI_COMM_WORLD_RANK",), ("OMPI_COMM_WORLD_SIZE",),
-         ("OMPI_COMM_WORLD_LOCAL_RANK",), ("OMPI_COMM_WORLD_LOCAL_SIZE",)),
-        ("PMI", ("PMI_RANK", "PMIX_RANK"), ("PMI_SIZE",),
-         ("MPI_LOCALRANKID", "PMI_LOCAL_RANK"), ("MPI_LOCALNRANKS", "PMI_LOCAL_SIZE")),
-        ("Slurm", ("SLURM_PROCID",), ("SLURM_NTASKS",),
-         ("SLURM_LOCALID",), ("SLURM_NTASKS_PER_NODE",)),
-        ("torchrun", ("RANK",), ("WORLD_SIZE",),
-         ("LOCAL_RANK",), ("LOCAL_WORLD_SIZE",)),
-    ]
-    for source, rank_vars, size_vars, local_rank_vars, local_size_vars in launchers:
-        rank, size = _int(env, *rank_vars), _int(env, *size_vars)
-        if rank is None or size is None:
-            continue
-        local_rank = _int(env, *local_rank_vars)
-        local_size = _int(env, *local_size_vars)
-        if local_rank is None or local_size is None:
-            local_rank, local_size = 0, 1
-        return _checked(rank, size, local_rank, local_size, source)
-    return None
+    """The launcher's placement (see :func:`launcher`): Open MPI, MPICH/Hydra (PMI), Slurm or
+    torchrun variables."""
+    return launcher(env)[1]
 
 
 def _checked(rank: int, size: int, local_rank: int, local_size: int, source: str) -> Placement:

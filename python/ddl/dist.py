@@ -4,7 +4,7 @@ or MPI's own, chosen per call by a cost model) for PyTorch tensors and training 
 Two ways to use it in a training script::
 
     import ddl.dist as dd
-    dd.init()                                    # under mpirun / srun, or alone (1 rank)
+    dd.init()                     # under mpirun / srun, torchrun, or alone (1 rank)
 
     # 1. keep torch.distributed (gloo) for DDP's bookkeeping, let ddl reduce the gradients
     model = torch.nn.parallel.DistributedDataParallel(model)
@@ -27,16 +27,18 @@ with no timeout, so there only the launcher ends the job. After a DistError the 
 """
 
 import atexit
+import datetime
 import operator
 import os
 import queue
+import socket
 import threading
 from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Union
 
 import torch
 import torch.distributed
 
-from . import _ddl, _priority
+from . import _ddl, _placement, _priority
 from ._ddl import DistError
 
 __all__ = [
@@ -47,6 +49,7 @@ __all__ = [
     "allreduce_",
     "allreduce_async_",
     "allreduce_hook",
+    "backend",
     "barrier",
     "broadcast_",
     "broadcast_parameters",
@@ -70,21 +73,88 @@ _DTYPES = {torch.float32: "float32", torch.float16: "float16", torch.bfloat16: "
 
 def init(timeout: float = 60.0,
          cost_model: Optional[Union[str, "os.PathLike[str]"]] = None) -> None:
-    """Starts MPI for ddl, once per process (later calls return at once).
+    """Starts ddl's communication, once per process (later calls return at once).
 
-    Works under ``mpirun`` / ``srun``, alone (a one-rank job), and beside an MPI already
-    initialised by mpi4py (ddl then uses a duplicate of its world communicator and leaves
-    finalising to mpi4py). ``timeout``: seconds after which a blocking operation waiting on
-    a dead or stuck peer raises :class:`ddl.DistError`. ``cost_model``: a model file written
-    by ``mpirun ddl-bench calibrate`` in the job's layout; ``algorithm="auto"`` then runs, per
+    The backend follows what launched the process: under ``mpirun`` / ``srun`` (or alone, a
+    one-rank job) MPI, also beside an MPI already initialised by mpi4py (ddl then uses a
+    duplicate of its world communicator and leaves finalising to mpi4py); under ``torchrun``
+    (or any launcher setting RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR and
+    MASTER_PORT) ddl's own TCP transport, with no MPI launcher: the ranks exchange their
+    listening addresses through torch's TCPStore at MASTER_ADDR:MASTER_PORT (torchrun's agent
+    serves it; otherwise rank 0 does, or ``torch.distributed``'s store if it is initialised
+    already) and the ranks of one node (torchrun's GROUP_RANK, else the host name) still
+    reduce through shared memory. An environment where both launchers' variables disagree
+    raises ValueError naming both.
+
+    ``timeout``: seconds after which a blocking operation waiting on a dead or stuck peer
+    raises :class:`ddl.DistError` naming it. ``cost_model``: a model file written by
+    ``mpirun ddl-bench calibrate`` in the job's layout; ``algorithm="auto"`` then runs, per
     size, the algorithm measured fastest there (without it, ``"auto"`` times the candidates
     on the first calls of each size class and every rank keeps the fastest). A file that
     cannot be read raises ValueError naming it.
     """
     first = not _ddl.dist_initialized()
-    _ddl.dist_init(float(timeout), None if cost_model is None else os.fspath(cost_model))
+    model = None if cost_model is None else os.fspath(cost_model)
     if first:
+        backend, place = _placement.launcher(os.environ)
+        if backend == "tcp":
+            _init_tcp(float(timeout), model, place)
+        else:
+            _ddl.dist_init(float(timeout), model)
         atexit.register(_shutdown)
+    else:
+        _ddl.dist_init(float(timeout), model)
+
+
+#: The TCP backend's rendezvous store, kept for the life of the process.
+_rendezvous: Optional["torch.distributed.Store"] = None
+
+
+def _store(timeout: float, rank: int, world_size: int) -> "torch.distributed.Store":
+    """The rendezvous store of the TCP backend, its keys under a ``ddl/`` prefix of this run."""
+    env = os.environ
+    run = f"ddl/{env.get('TORCHELASTIC_RUN_ID', 'run')}/{env.get('TORCHELASTIC_RESTART_COUNT', '0')}"
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        base = torch.distributed.distributed_c10d._get_default_store()
+    else:
+        agent = env.get("TORCHELASTIC_USE_AGENT_STORE") == "True"
+        base = torch.distributed.TCPStore(
+            env["MASTER_ADDR"], int(env["MASTER_PORT"]), world_size,
+            is_master=rank == 0 and not agent, timeout=datetime.timedelta(seconds=timeout),
+            wait_for_workers=False)
+    return torch.distributed.PrefixStore(run, base)
+
+
+def _local_address(host: str, port: int) -> str:
+    """The address of this machine on the route to ``host`` (where the other ranks reach it)."""
+    family = socket.getaddrinfo(host, port, proto=socket.IPPROTO_TCP)[0][0]
+    with socket.socket(family, socket.SOCK_DGRAM) as s:
+        s.connect((host, port))
+        return s.getsockname()[0]
+
+
+def _init_tcp(timeout: float, model: Optional[str], place: "_placement.Placement") -> None:
+    """Connects the ranks of a torchrun-style job with ddl's TCP transport."""
+    env = os.environ
+    rank, size = place.rank, place.world_size
+    host = env.get("DDL_TCP_ADDR") or _local_address(env["MASTER_ADDR"], int(env["MASTER_PORT"]))
+    mine = _ddl.dist_listen(host)
+    store = _store(timeout, rank, size)
+    node = f"group{env['GROUP_RANK']}" if env.get("GROUP_RANK") else socket.gethostname()
+    global _rendezvous
+    _rendezvous = store  # a store rank 0 serves must outlive every rank's reads
+    store.set(f"addr/{rank}", mine)
+    peers = []
+    for r in range(size):
+        try:
+            store.wait([f"addr/{r}"], datetime.timedelta(seconds=timeout))
+        except (RuntimeError, torch.distributed.DistStoreError) as e:
+            raise DistError(
+                f"ddl.dist.init on rank {rank}: rank {r} did not publish its address within "
+                f"{timeout:g} s at the store {env['MASTER_ADDR']}:{env['MASTER_PORT']} ({e})"
+            ) from None
+        peers.append(store.get(f"addr/{r}").decode())
+    _ddl.dist_init_tcp(timeout, model, rank, peers, node)
 
 
 def _shutdown() -> None:
@@ -102,6 +172,12 @@ def _shutdown() -> None:
 def is_initialized() -> bool:
     """Whether :func:`init` has run in this process."""
     return _ddl.dist_initialized()
+
+
+def backend() -> str:
+    """The transport of the running job: ``"mpi"`` (mpirun, srun, or one rank alone) or
+    ``"tcp"`` (torchrun and other launchers without MPI; every algorithm but ``mpi``)."""
+    return _ddl.dist_backend()
 
 
 def _info() -> tuple:

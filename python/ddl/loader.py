@@ -12,6 +12,7 @@ import numpy as np
 import torch
 
 from . import _ddl, _placement
+from .shards import Shards
 
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
@@ -55,14 +56,15 @@ class Loader:
     Tensors share memory with ddl's batch buffers: keep them as long as you like (they stay
     valid); once freed, their buffers are reused.
 
-    Arguments:
+    Arguments (all but ``path`` keyword-only, as ``DataLoader``'s keyword arguments):
         path: directory written by ``ddl-pack`` (holds ``manifest.json``).
         split: ``"train"`` (random-resized crop and flip, shuffled) or ``"val"`` (resize to
             ``resize`` = ``ceil(8/7 S)`` and center crop, in order, every record exactly once
             over all ranks; the last batch may be short).
         batch_size: images per batch of this rank.
         image_size: output side S in pixels.
-        workers: decode threads of this rank.
+        workers: decode threads of this rank (default 8); ``num_workers``, DataLoader's
+            name, is accepted for it (threads here, not processes).
         seed: seed of the order and the augmentation (the same on every rank).
         rank, world_size: this process's position; default: ``ddl.dist`` when initialised,
             else ``torch.distributed``, else the MPI / Slurm / torchrun environment, else 0/1.
@@ -84,8 +86,12 @@ class Loader:
     the launcher bound its rank to fewer CPUs than ``workers + 1`` while the node's ranks leave
     CPUs unused: give each rank its share of the cores (``mpirun --map-by slot:PE=N``).
 
-    Like a ``DataLoader`` with ``DistributedSampler``, call ``set_epoch(epoch)`` before each
-    epoch; ``state_dict()`` / ``load_state_dict()`` resume exactly mid-epoch.
+    Like a ``DataLoader`` with shuffle, iterating again after a completed epoch runs the next
+    epoch (new order and augmentation); ``set_epoch(epoch)`` (as ``DistributedSampler`` has it)
+    picks the epoch explicitly. ``state_dict()`` / ``load_state_dict()`` resume exactly
+    mid-epoch (torchdata's ``Stateful`` protocol). DataLoader's attributes: ``dataset``
+    (:class:`ddl.Shards` of the split), ``sampler`` (``len``: this rank's samples per epoch),
+    ``batch_size``, ``drop_last``, ``num_workers``.
 
     Threads: ``stats()`` may be called from any thread at any time. A loader serves one
     iteration at a time: iterating it on a second thread while another iteration is under
@@ -108,10 +114,12 @@ class Loader:
     def __init__(
         self,
         path: "str | os.PathLike[str]",
+        *,
         split: str = "train",
         batch_size: int = 64,
         image_size: int = 224,
-        workers: int = 8,
+        workers: Optional[int] = None,
+        num_workers: Optional[int] = None,
         seed: int = 0,
         rank: Optional[int] = None,
         world_size: Optional[int] = None,
@@ -126,6 +134,11 @@ class Loader:
         resize: int = 0,
         populate: bool = False,
     ) -> None:
+        if workers is not None and num_workers is not None:
+            raise ValueError("workers, num_workers: give one (num_workers is DataLoader's "
+                             "spelling of workers)")
+        workers = 8 if workers is None and num_workers is None else (
+            workers if workers is not None else num_workers)
         path = os.fspath(path)
         if not os.path.isdir(path):
             raise FileNotFoundError(f"path: {path!r} is not a directory of ddl shards")
@@ -165,6 +178,8 @@ class Loader:
                 place = _placement.Placement(me, size, 0, 1, me, size, "arguments")
         self.placement = place
         self.path, self.split, self.batch_size = path, split, batch_size
+        self.drop_last = drop_last if split == "train" else False
+        self.num_workers = workers
         self.image_size, self.dtype, self.layout = image_size, dtype, layout
         self.seed = seed
         self._core = _ddl.Loader(
@@ -173,11 +188,26 @@ class Loader:
             resize, [float(v) for v in mean], [float(v) for v in std], populate,
         )
         _warn_binding(workers)
+        self._dataset: Optional[Shards] = None
         self._epoch = 0
         self._start_step = 0
         self._next_step = 0
         self._iterating = False
         self._completed = False
+
+    @property
+    def dataset(self) -> Shards:
+        """The split's records as a map-style dataset (``len``: records of the split over all
+        nodes), as ``DataLoader.dataset``; opened on first use."""
+        if self._dataset is None:
+            self._dataset = Shards(self.path, split=self.split)
+        return self._dataset
+
+    @property
+    def sampler(self) -> "RankSampler":
+        """This rank's share of the epoch, as ``DataLoader.sampler`` with a
+        ``DistributedSampler`` (``len``: the samples this rank gets per epoch)."""
+        return RankSampler(self)
 
     @property
     def classes(self) -> List[str]:
@@ -193,9 +223,15 @@ class Loader:
         """Batches this rank gets per epoch (the same on every rank for train)."""
         return self._core.steps_per_epoch()
 
+    def samples(self) -> int:
+        """Images this rank gets per epoch (val: its share of every record exactly once)."""
+        return self._core.samples_per_epoch()
+
     def set_epoch(self, epoch: int) -> None:
-        """Selects the epoch the next iteration runs (its order and augmentation). A loader
-        restored with ``load_state_dict`` resumes mid-epoch when set to the saved epoch."""
+        """Selects the epoch the next iteration runs (its order and augmentation). Without it,
+        iterating again after a completed epoch runs the next epoch, as a shuffling
+        ``DataLoader`` does; with it, the epoch given. A loader restored with
+        ``load_state_dict`` resumes mid-epoch when set to the saved epoch."""
         if isinstance(epoch, bool) or not isinstance(epoch, int) or epoch < 0:
             raise ValueError(f"epoch: must be a non-negative integer, got {epoch!r}")
         if epoch != self._epoch:
@@ -250,6 +286,11 @@ class Loader:
         return dict(self._core.stats())
 
     def __iter__(self) -> Iterator[Tuple[torch.Tensor, torch.Tensor]]:
+        if self._completed:
+            # The previous epoch ran to its end and set_epoch did not pin another: go on.
+            self._epoch += 1
+            self._start_step = 0
+            self._completed = False
         source = self._batches()
         if self.device.type == "cuda":
             source = _CudaPrefetcher(source, self.device)
@@ -289,8 +330,8 @@ class Loader:
         finally:
             finished = self._next_step >= len(self)
             self._iterating = False
-            # A completed epoch starts over from its beginning when iterated again; a
-            # broken-off one resumes where the consumer stopped.
+            # A completed epoch is followed by the next when iterated again (unless
+            # set_epoch says otherwise); a broken-off one resumes where the consumer stopped.
             self._start_step = 0 if finished else self._next_step
             self._completed = finished
             # The pipeline stays: the next epoch reuses its threads and batch buffers.
@@ -302,6 +343,21 @@ class Loader:
             f"image_size={self.image_size}, dtype={self.dtype!r}, layout={self.layout!r}, "
             f"rank={p.rank}, world_size={p.world_size}, nodes={p.nodes}, batches={len(self)})"
         )
+
+
+class RankSampler:
+    """What ``DataLoader.sampler`` is to a script: ``len`` the samples this rank gets per
+    epoch, ``set_epoch`` passed on to its loader."""
+
+    def __init__(self, loader: Loader) -> None:
+        self._loader = loader
+
+    def __len__(self) -> int:
+        return self._loader.samples()
+
+    def set_epoch(self, epoch: int) -> None:
+        """The loader's :meth:`Loader.set_epoch`."""
+        self._loader.set_epoch(epoch)
 
 
 class _StagingPool:

@@ -1,4 +1,4 @@
-//! `ddl.dist`'s engine: the MPI world of this process (one per process, started on demand) and
+//! `ddl.dist`'s engine: the job of this process (MPI or TCP, one per process, started on demand) and
 //! ddl's allreduce on raw tensor memory. The Python side passes a tensor's address, element
 //! count and dtype; the reduction runs with the GIL released.
 
@@ -8,16 +8,17 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use ddl_comm::collective::broadcast_bytes_from;
-use ddl_comm::{bf16, f16, Algorithm, Allreducer, CostModel, Transport, World};
+use ddl_comm::{bf16, f16, Algorithm, Allreducer, CostModel, Listener, TcpWorld, World};
 use pyo3::exceptions::{PyRuntimeError, PyValueError};
 use pyo3::prelude::*;
 
+use crate::backend::Backend;
 use crate::errors::comm_error;
 
-/// The process's MPI world and its allreducers and allgather / reduce-scatter engines, one per
+/// The process's job and its allreducers and allgather / reduce-scatter engines, one per
 /// algorithm name.
 pub(crate) struct Dist {
-    pub(crate) world: World,
+    pub(crate) world: Backend,
     /// The cost model `auto` chooses with (from `init(cost_model=...)`, else the default).
     pub(crate) model: CostModel,
     pub(crate) reducers: Mutex<HashMap<String, Arc<Allreducer>>>,
@@ -50,42 +51,116 @@ pub(crate) fn dist() -> PyResult<Arc<Dist>> {
     }
 }
 
+/// The cost model in the file `cost_model` (written by `ddl-bench calibrate`), or the default.
+fn model(cost_model: Option<PathBuf>) -> PyResult<CostModel> {
+    match &cost_model {
+        Some(path) => CostModel::load(path).map_err(|e| PyValueError::new_err(e.to_string())),
+        None => Ok(CostModel::default()),
+    }
+}
+
+fn check_timeout(timeout: f64) -> PyResult<Duration> {
+    if !(timeout.is_finite() && timeout > 0.0) {
+        return Err(PyValueError::new_err(format!(
+            "timeout: must be a positive number of seconds, got {timeout}"
+        )));
+    }
+    Ok(Duration::from_secs_f64(timeout))
+}
+
+/// Starts the job with `start` unless it runs already (then returns at once).
+fn start(model: CostModel, start: impl FnOnce() -> PyResult<Backend>) -> PyResult<()> {
+    let mut s = state();
+    match &*s {
+        State::Running(_) => return Ok(()),
+        State::Finalised => {
+            return Err(PyRuntimeError::new_err(
+                "ddl.dist was finalised; it cannot be restarted",
+            ))
+        }
+        State::Uninitialised => {}
+    }
+    *s = State::Running(Arc::new(Dist {
+        world: start()?,
+        model,
+        reducers: Mutex::new(HashMap::new()),
+        sharders: Mutex::new(HashMap::new()),
+    }));
+    Ok(())
+}
+
 /// Starts MPI (or joins an MPI already started, e.g. by mpi4py) once per process; later calls
 /// return at once. Blocking operations fail after `timeout` seconds; `auto` chooses with the
 /// cost model in the file `cost_model` (written by `ddl-bench calibrate`), if given.
 #[pyfunction]
 #[pyo3(signature = (timeout, cost_model=None))]
 pub fn dist_init(py: Python<'_>, timeout: f64, cost_model: Option<PathBuf>) -> PyResult<()> {
-    if !(timeout.is_finite() && timeout > 0.0) {
-        return Err(PyValueError::new_err(format!(
-            "timeout: must be a positive number of seconds, got {timeout}"
-        )));
-    }
-    let model = match &cost_model {
-        Some(path) => CostModel::load(path).map_err(|e| PyValueError::new_err(e.to_string()))?,
-        None => CostModel::default(),
-    };
+    let timeout = check_timeout(timeout)?;
+    let model = model(cost_model)?;
     py.detach(|| {
-        let mut s = state();
-        match &*s {
-            State::Running(_) => return Ok(()),
-            State::Finalised => {
-                return Err(PyRuntimeError::new_err(
-                    "ddl.dist was finalised; MPI cannot be restarted",
-                ))
-            }
-            State::Uninitialised => {}
-        }
-        let world =
-            World::init_with_timeout(Duration::from_secs_f64(timeout)).map_err(comm_error)?;
-        *s = State::Running(Arc::new(Dist {
-            world,
-            model,
-            reducers: Mutex::new(HashMap::new()),
-            sharders: Mutex::new(HashMap::new()),
-        }));
-        Ok(())
+        start(model, || {
+            World::init_with_timeout(timeout)
+                .map(Backend::Mpi)
+                .map_err(comm_error)
+        })
     })
+}
+
+/// This rank's listener of the TCP backend, bound by `dist_listen` before the ranks exchange
+/// addresses and taken by `dist_init_tcp`.
+static LISTENER: Mutex<Option<Listener>> = Mutex::new(None);
+
+/// Binds this rank's TCP listener on `host` and returns its address (`ip:port`), which the
+/// caller publishes to the other ranks.
+#[pyfunction]
+pub fn dist_listen(host: &str) -> PyResult<String> {
+    let l = Listener::bind(host).map_err(comm_error)?;
+    let addr = l.local_addr().map_err(comm_error)?.to_string();
+    *LISTENER.lock().unwrap_or_else(|p| p.into_inner()) = Some(l);
+    Ok(addr)
+}
+
+/// Connects rank `rank` to the ranks listening at `addrs` (ddl's TCP transport, no MPI), the
+/// ranks stating the same `node` forming a node; otherwise as [`dist_init`].
+#[pyfunction]
+#[pyo3(signature = (timeout, cost_model, rank, addrs, node))]
+pub fn dist_init_tcp(
+    py: Python<'_>,
+    timeout: f64,
+    cost_model: Option<PathBuf>,
+    rank: usize,
+    addrs: Vec<String>,
+    node: &str,
+) -> PyResult<()> {
+    let timeout = check_timeout(timeout)?;
+    let model = model(cost_model)?;
+    let addrs = addrs
+        .iter()
+        .enumerate()
+        .map(|(r, a)| {
+            a.parse().map_err(|e| {
+                PyValueError::new_err(format!("rank {r} published the address {a:?}: {e}"))
+            })
+        })
+        .collect::<PyResult<Vec<std::net::SocketAddr>>>()?;
+    let listener = LISTENER
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .take()
+        .ok_or_else(|| PyRuntimeError::new_err("dist_init_tcp: call dist_listen first"))?;
+    py.detach(|| {
+        start(model, || {
+            TcpWorld::connect(listener, rank, &addrs, node, timeout)
+                .map(Backend::Tcp)
+                .map_err(comm_error)
+        })
+    })
+}
+
+/// `"mpi"` or `"tcp"`: the transport of the running job.
+#[pyfunction]
+pub fn dist_backend() -> PyResult<&'static str> {
+    Ok(dist()?.world.name())
 }
 
 /// Releases ddl's communicators and finalises MPI if ddl started it (run at interpreter exit,
@@ -106,15 +181,15 @@ pub fn dist_initialized() -> bool {
 #[pyfunction]
 pub fn dist_info() -> PyResult<(usize, usize, usize, usize, usize, usize, bool)> {
     let d = dist()?;
-    let w = &d.world;
+    let (rank, size, local_rank, local_size, node, nodes) = d.world.place();
     Ok((
-        w.rank(),
-        w.size(),
-        w.local_rank(),
-        w.local_size(),
-        w.node_index(),
-        w.node_count(),
-        w.joined(),
+        rank,
+        size,
+        local_rank,
+        local_size,
+        node,
+        nodes,
+        d.world.joined(),
     ))
 }
 
@@ -149,8 +224,12 @@ where
 /// The allreducer of `algorithm` (built on first use).
 pub(crate) fn reducer(d: &Dist, algorithm: &str) -> PyResult<Arc<Allreducer>> {
     engine(&d.reducers, algorithm, |parsed: Algorithm| {
-        let transport: Arc<dyn Transport> = d.world.transport();
-        Allreducer::with_model(transport, parsed, d.world.topology(), d.model.clone())
+        Allreducer::with_model(
+            d.world.transport(),
+            parsed,
+            d.world.topology(),
+            d.model.clone(),
+        )
     })
 }
 
@@ -259,7 +338,8 @@ pub fn barrier(py: Python<'_>) -> PyResult<()> {
     py.detach(|| t.barrier()).map_err(comm_error)
 }
 
-/// Aborts every process of the job with exit code `code` (MPI_Abort).
+/// Aborts every process of the job with exit code `code` (MPI_Abort; under TCP this process
+/// exits and its peers fail naming it).
 #[pyfunction]
 pub fn abort(code: i32) -> PyResult<()> {
     dist()?.world.abort(code)

@@ -1,11 +1,12 @@
 //! The extension module `ddl._ddl` behind the Python package `ddl`: the pipeline
 //! ([`loader::Loader`]), map-style shard access ([`shards::Shards`]) and the allreduce
 //! ([`dist`]) with the allgather and reduce-scatter ([`sharded`]) and the `priority` order's
-//! negotiation ([`priority`]). Importing it starts nothing:
-//! MPI starts in `dist_init`.
+//! negotiation ([`priority`]). Importing it starts nothing: the job's transport starts in
+//! `dist_init` (MPI) or `dist_init_tcp` (TCP).
 
 #![warn(missing_docs)]
 
+mod backend;
 mod batch;
 mod dist;
 mod errors;
@@ -28,6 +29,9 @@ fn _ddl(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("ShardError", py.get_type::<errors::ShardError>())?;
     m.add("DistError", py.get_type::<errors::DistError>())?;
     m.add_function(wrap_pyfunction!(dist::dist_init, m)?)?;
+    m.add_function(wrap_pyfunction!(dist::dist_listen, m)?)?;
+    m.add_function(wrap_pyfunction!(dist::dist_init_tcp, m)?)?;
+    m.add_function(wrap_pyfunction!(dist::dist_backend, m)?)?;
     m.add_function(wrap_pyfunction!(dist::dist_initialized, m)?)?;
     m.add_function(wrap_pyfunction!(dist::dist_finalize, m)?)?;
     m.add_function(wrap_pyfunction!(dist::dist_info, m)?)?;

@@ -341,6 +341,17 @@ impl Loader {
         }
     }
 
+    /// Images this process gets per epoch: every step's batch for train, this rank's share of
+    /// every record exactly once for val.
+    fn samples_per_epoch(&self) -> usize {
+        let steps = self.steps_per_epoch();
+        if self.split == "val" {
+            (0..steps).map(|s| self.real_rows(s)).sum()
+        } else {
+            steps * self.batch_size
+        }
+    }
+
     /// The class wnids in label order.
     #[getter]
     fn classes(&self) -> Vec<String> {

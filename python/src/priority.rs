@@ -75,7 +75,7 @@ impl PyNegotiator {
     fn negotiate(&self, py: Python<'_>, done: bool) -> PyResult<Round> {
         let d = dist()?;
         let r = reducer(&d, &self.algorithm)?;
-        let ranks = d.world.size();
+        let ranks = d.world.transport().size();
         let local = Local {
             done,
             exchange: false,

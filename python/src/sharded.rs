@@ -6,7 +6,7 @@
 
 use std::sync::Arc;
 
-use ddl_comm::{Parts, Reduce, ShardAlgorithm, Sharded, Transport};
+use ddl_comm::{Parts, Reduce, ShardAlgorithm, Sharded};
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 
@@ -16,8 +16,12 @@ use crate::errors::comm_error;
 /// The allgather / reduce-scatter engine of `algorithm` (built on first use).
 fn sharder(d: &Dist, algorithm: &str) -> PyResult<Arc<Sharded>> {
     engine(&d.sharders, algorithm, |parsed: ShardAlgorithm| {
-        let transport: Arc<dyn Transport> = d.world.transport();
-        Sharded::new(transport, parsed, d.world.topology(), d.model.clone())
+        Sharded::new(
+            d.world.transport(),
+            parsed,
+            d.world.topology(),
+            d.model.clone(),
+        )
     })
 }
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -61,6 +62,44 @@ class Job:
         return self.stdout + self.stderr
 
 
+def torchrun(np: int, script: str, args: Sequence[str] = (), timeout: float = JOB_TIMEOUT,
+             env: Optional[dict] = None) -> Job:
+    """Runs ``tests/scripts/<script>`` with ``np`` ranks under torchrun (one node, the venv's
+    torchrun, no MPI variables in sight), in a session of its own, and returns its outcome."""
+    with socket.socket() as s:  # torchrun's agent serves its store on a port given to it
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    torchrun_bin = Path(sys.executable).parent / "torchrun"
+    cmd = [str(torchrun_bin), "--nproc_per_node", str(np), "--master_addr", "127.0.0.1",
+           "--master_port", str(port), str(SCRIPTS / script), *map(str, args)]
+    full_env = {k: v for k, v in os.environ.items()
+                if not k.startswith(("OMPI_", "PMIX_", "PMI_", "SLURM_"))}
+    full_env.update(OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
+    full_env.update(env or {})
+    return _run(cmd, full_env, timeout, f"torchrun --nproc_per_node {np} {script}")
+
+
+def launch(launcher: str, np: int, script: str, args: Sequence[str] = (),
+           timeout: float = JOB_TIMEOUT, env: Optional[dict] = None) -> Job:
+    """``script`` on ``np`` ranks under ``launcher`` (``"mpirun"`` or ``"torchrun"``)."""
+    if launcher == "torchrun":
+        return torchrun(np, script, args, timeout=timeout, env=env)
+    return mpirun(np, script, args, timeout=timeout, env=env)
+
+
+def _run(cmd: List[str], env: dict, timeout: float, what: str) -> Job:
+    """Runs ``cmd`` in a session of its own, killing the whole session if it hangs."""
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env=env, start_new_session=True)
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        out, err = proc.communicate()
+        pytest.fail(f"{what} hung past {timeout} s:\n{out}\n{err}")
+    return Job(proc.returncode, out, err)
+
+
 def mpirun(np: int, script: str, args: Sequence[str] = (), timeout: float = JOB_TIMEOUT,
            env: Optional[dict] = None, bind: str = "none") -> Job:
     """Runs ``tests/scripts/<script>`` with ``np`` ranks under mpirun (``--bind-to bind``), in
@@ -72,12 +111,4 @@ def mpirun(np: int, script: str, args: Sequence[str] = (), timeout: float = JOB_
     cmd += [sys.executable, str(SCRIPTS / script), *map(str, args)]
     full_env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
     full_env.update(env or {})
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env=full_env, start_new_session=True)
-    try:
-        out, err = proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        out, err = proc.communicate()
-        pytest.fail(f"mpirun -np {np} {script} hung past {timeout} s:\n{out}\n{err}")
-    return Job(proc.returncode, out, err)
+    return _run(cmd, full_env, timeout, f"mpirun -np {np} {script}")

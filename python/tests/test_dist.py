@@ -23,7 +23,7 @@ import pytest
 import torch
 
 import ddl.dist as dist
-from conftest import SCRIPTS, Job, mpirun
+from conftest import SCRIPTS, Job, launch, mpirun
 
 #: Hang limit of the short jobs here (seconds): each needs well under half of it.
 SHORT = 120
@@ -58,12 +58,19 @@ def free_port() -> int:
 
 # 1. allreduce_, allreduce_async_, broadcast_ ----------------------------------------------
 
+def algorithm_count(launcher: str) -> int:
+    """The algorithms the backend of ``launcher`` runs: all but ``mpi`` over TCP (torchrun)."""
+    return len(dist.ALGORITHMS) - (launcher == "torchrun")
+
+
+@pytest.mark.parametrize("launcher", ["mpirun", "torchrun"])
 @pytest.mark.parametrize("np_", [2, 3])
-def test_collectives_exact_and_identical_on_every_rank(np_: int) -> None:
+def test_collectives_exact_and_identical_on_every_rank(np_: int, launcher: str) -> None:
     """Every algorithm x dtype x size (1, 7, 1001, 300001 elements), sum and mean, equals the
     exact result bitwise; non-contiguous tensors, futures and broadcasts from the first and
-    last rank too; all ranks end with the same digest of every result."""
-    job = mpirun(np_, "dist_allreduce.py", timeout=SHORT)
+    last rank too; all ranks end with the same digest of every result. Under torchrun the same
+    over ddl's TCP backend (every algorithm but ``mpi``)."""
+    job = launch(launcher, np_, "dist_allreduce.py", timeout=SHORT)
     lines = ok_lines(job, "dist_allreduce")
     parsed = [re.fullmatch(r"dist_allreduce ok rank=(\d+) size=(\d+) checks=(\d+) "
                            r"digest=([0-9a-f]{8})", line) for line in lines]
@@ -72,7 +79,7 @@ def test_collectives_exact_and_identical_on_every_rank(np_: int) -> None:
     assert {int(m[2]) for m in parsed} == {np_}
     # Every algorithm x 3 dtypes x 4 sizes x 2 (sum, mean); 3 algorithms x 3 dtypes x 2
     # shapes + 1 parameter non-contiguous; 5 futures; 2 roots x 6 broadcasts.
-    algorithms = len(dist.ALGORITHMS)
+    algorithms = algorithm_count(launcher)
     assert {int(m[3]) for m in parsed} == {algorithms * 3 * 4 * 2 + 3 * 3 * 2 + 1 + 5 + 2 * 6}
     assert len({m[4] for m in parsed}) == 1, f"ranks disagree:\n{job.output}"
 
@@ -89,14 +96,17 @@ def test_sharded_head_matches_a_single_process_full_head(np_: int) -> None:
     assert all(line.endswith("checks=12") for line in lines), lines
 
 
+@pytest.mark.parametrize("launcher", ["mpirun", "torchrun"])
 @pytest.mark.parametrize("np_", [2, 3])
-def test_mismatched_tensors_raise_on_every_rank(np_: int) -> None:
+def test_mismatched_tensors_raise_on_every_rank(np_: int, launcher: str) -> None:
     """The last rank passes another element count (10 / 1000, 1000 / 300000, 0 / 7) or dtype
     (float32 / float16): every algorithm raises DistError on every rank naming it, leaves the
-    tensors untouched and then sums the next call (see dist_mismatch.py)."""
-    job = mpirun(np_, "dist_mismatch.py", timeout=SHORT)
+    tensors untouched and then sums the next call (see dist_mismatch.py); under torchrun
+    over the TCP backend too."""
+    job = launch(launcher, np_, "dist_mismatch.py", timeout=SHORT)
     lines = ok_lines(job, "dist_mismatch")
-    assert sorted(lines) == [f"dist_mismatch ok rank={r} cases={len(dist.ALGORITHMS) * 4}"
+    cases = algorithm_count(launcher) * 4
+    assert sorted(lines) == [f"dist_mismatch ok rank={r} cases={cases}"
                              for r in range(np_)], job.output
 
 
@@ -154,6 +164,35 @@ def test_init_alone_is_one_rank_identity() -> None:
     ddl.dist did not start MPI, init() did."""
     lines = ok_lines(alone("dist_init.py", ["alone"]), "dist_init")
     assert lines == ["dist_init ok mode=alone rank=0 size=1"]
+
+
+@pytest.mark.parametrize("np_", [2, 3])
+def test_init_under_torchrun_is_the_tcp_backend_at_the_launchers_ranks(
+        np_: int, shards: Path) -> None:
+    """torchrun: the TCP backend at torchrun's RANK / LOCAL_RANK, a Loader made before init()
+    at the same position as one made after it, ``mpi`` refused, sums right."""
+    job = launch("torchrun", np_, "dist_torchrun.py", [shards], timeout=SHORT)
+    lines = ok_lines(job, "dist_torchrun")
+    assert sorted(lines) == [f"dist_torchrun ok rank={r} size={np_} local={r}/{np_} "
+                             "backend=tcp" for r in range(np_)], job.output
+
+
+def test_a_contradictory_launch_environment_is_refused_naming_both(shards: Path) -> None:
+    """MPI's variables say 1 rank, torchrun's say 2: init() and a Loader refuse, naming both
+    (before: each process trained alone, or a Loader made before init() took another rank)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("OMPI_", "PMIX_"))}
+    env.update(OMPI_COMM_WORLD_RANK="0", OMPI_COMM_WORLD_SIZE="1", RANK="1", WORLD_SIZE="2",
+               LOCAL_RANK="1", LOCAL_WORLD_SIZE="2", MASTER_ADDR="127.0.0.1",
+               MASTER_PORT=str(free_port()))
+    for call in ("import ddl.dist as dd; dd.init()",
+                 f"import ddl; ddl.Loader({str(shards)!r}, batch_size=4, image_size=32)"):
+        proc = subprocess.run([sys.executable, "-c", call], env=env, capture_output=True,
+                              text=True, timeout=SHORT)
+        assert proc.returncode != 0, proc.stdout
+        last = proc.stderr.strip().splitlines()[-1]
+        assert last.startswith("ValueError: contradictory launch environment: Open MPI says "
+                               "rank 0 of 1 ranks, torchrun's RANK / WORLD_SIZE say rank 1 of "
+                               "2"), proc.stderr
 
 
 @pytest.mark.parametrize("mode", ["mpirun", "mpi4py"])

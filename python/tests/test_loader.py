@@ -411,3 +411,89 @@ print(json.dumps(out))
         assert error.startswith(name) and limit in error, error
     # With the last batch wrapped around, a batch larger than the split is one step.
     assert len(ddl.Loader(shards, batch_size=100, drop_last=False)) == 1
+
+
+# DataLoader habits -------------------------------------------------------------------------
+
+def batches_of(loader: ddl.Loader) -> Batches:
+    """One iteration, without set_epoch."""
+    return [(x.clone(), y.clone()) for x, y in loader]
+
+
+def test_iterating_again_runs_the_next_epoch_and_set_epoch_pins_it(shards: Path) -> None:
+    """Without set_epoch a second iteration is epoch 1 (another order and other crops), as a
+    shuffling DataLoader; it resumes exactly from state_dict mid-way; set_epoch still pins."""
+    loader = ddl.Loader(shards, batch_size=8, image_size=32, workers=2)
+    first, second = batches_of(loader), batches_of(loader)
+    assert image_hashes(first) == image_hashes(collect(
+        ddl.Loader(shards, batch_size=8, image_size=32, workers=1), epoch=0))
+    expected_second = collect(ddl.Loader(shards, batch_size=8, image_size=32, workers=1), epoch=1)
+    assert image_hashes(second) == image_hashes(expected_second)
+    assert image_hashes(first) != image_hashes(second)
+    assert loader.state_dict()["epoch"] == 2 and loader.state_dict()["step"] == 0
+    # Broken off mid-way through the third epoch (no set_epoch), resumed in a new loader.
+    it = iter(loader)
+    for _ in range(2):
+        next(it)
+    state = loader.state_dict()
+    assert (state["epoch"], state["step"]) == (2, 2)
+    restored = ddl.Loader(shards, batch_size=8, image_size=32, workers=1)
+    restored.load_state_dict(state)
+    third = collect(ddl.Loader(shards, batch_size=8, image_size=32, workers=1), epoch=2)
+    assert image_hashes(batches_of(restored)) == image_hashes(third[2:])
+    # set_epoch pins: the same epoch twice.
+    pinned = ddl.Loader(shards, batch_size=8, image_size=32, workers=1)
+    assert image_hashes(collect(pinned, epoch=0)) == image_hashes(collect(pinned, epoch=0))
+
+
+def test_dataloader_attributes(shards: Path) -> None:
+    """dataset (len: records of the split), sampler (len: this rank's samples), batch_size,
+    drop_last and num_workers, as a DataLoader + DistributedSampler script reads them."""
+    train = ddl.Loader(shards, batch_size=8, image_size=32, num_workers=1)
+    assert isinstance(train.dataset, ddl.Shards) and len(train.dataset) == 4 * 24
+    assert train.batch_size == 8 and train.drop_last is True and train.num_workers == 1
+    assert len(train.sampler) == len(train) * 8 == sum(len(y) for _, y in train)
+    vals = [ddl.Loader(shards, split="val", batch_size=4, image_size=32, rank=r, world_size=3)
+            for r in range(3)]
+    assert all(len(v.dataset) == 4 * 7 and v.drop_last is False for v in vals)
+    assert [len(v.sampler) for v in vals] == [sum(len(y) for _, y in v) for v in vals]
+    assert sum(len(v.sampler) for v in vals) == 4 * 7
+
+
+def test_arguments_after_path_are_keyword_only(shards: Path) -> None:
+    with pytest.raises(TypeError, match="positional"):
+        ddl.Loader(shards, "train")  # type: ignore[misc]
+    with pytest.raises(ValueError, match="workers, num_workers"):
+        ddl.Loader(shards, workers=1, num_workers=2)
+
+
+def test_loader_is_stateful_for_torchdata(shards: Path) -> None:
+    """torchdata's Stateful protocol (state_dict / load_state_dict), structurally: torchdata
+    where installed, else the same runtime-checkable protocol."""
+    try:
+        from torchdata.stateful_dataloader import Stateful
+    except ImportError:
+        from typing import Protocol, runtime_checkable
+
+        @runtime_checkable
+        class Stateful(Protocol):  # type: ignore[no-redef]
+            def state_dict(self) -> Dict[str, object]: ...
+
+            def load_state_dict(self, state_dict: Dict[str, object]) -> None: ...
+
+    loader = ddl.Loader(shards, batch_size=8, image_size=32, workers=1)
+    assert isinstance(loader, Stateful)
+    loader.load_state_dict(loader.state_dict())
+
+
+def test_the_extension_has_stubs_for_every_name() -> None:
+    """``_ddl.pyi`` declares what ``ddl._ddl`` exports, no more and no less; ``py.typed``
+    marks the package typed."""
+    import ast
+
+    package = Path(ddl.__file__).parent
+    assert (package / "py.typed").exists()
+    tree = ast.parse((package / "_ddl.pyi").read_text())
+    stubbed = {n.name for n in tree.body if isinstance(n, (ast.FunctionDef, ast.ClassDef))}
+    exported = {n for n in dir(ddl._ddl) if not n.startswith("_")}
+    assert stubbed == exported, (stubbed ^ exported)

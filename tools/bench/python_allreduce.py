@@ -7,8 +7,12 @@ calls (ddl-bench's definition). busbw = bytes / time x 2(p-1)/p.
 `--path public` times `ddl.dist.allreduce_` (validation, the ddl communication thread, the
 future); `--path direct` times the binding alone (`ddl._ddl.allreduce` on the tensor's
 data_ptr, on the calling thread), to split the per-call overhead between the two.
-Prints one JSON line per (algorithm, size) on rank 0, in ddl-bench's format plus "peer".
+Prints one JSON line per (algorithm, size) on rank 0, in ddl-bench's format plus "peer" and
+"backend" (ddl.dist's: "mpi" under mpirun, "tcp" under torchrun). Algorithm `gloo` times
+torch.distributed's gloo allreduce of the same tensor in the same processes (under torchrun:
+the peer of the TCP backend, alternating with ddl's algorithms size by size).
 Usage: mpirun -np 2 python python_allreduce.py [--algos auto,multicolor]
+       torchrun --nproc_per_node 2 python_allreduce.py --algos auto,gloo
            [--sizes 4096,16777216] [--iters 20] [--warmup 5] [--path public|direct]
 """
 import argparse
@@ -35,11 +39,18 @@ def main():
     rank, p = dd.rank(), dd.size()
     sizes = [int(s) for s in args.sizes.split(",")]
     buf = torch.zeros(max(sizes) // 4, dtype=torch.float32)
-    for algo in args.algos.split(","):
-        for nbytes in sizes:
+    for nbytes in sizes:
+        for algo in args.algos.split(","):
             t = buf[: nbytes // 4]
             t.fill_(float(rank + 1))
-            if args.path == "public":
+            if algo == "gloo":
+                if not torch.distributed.is_initialized():
+                    torch.distributed.init_process_group("gloo")
+
+                def call():
+                    torch.distributed.all_reduce(t)
+                    t.div_(p)
+            elif args.path == "public":
                 def call():
                     dd.allreduce_(t, average=True, algorithm=algo)
             else:
@@ -64,7 +75,7 @@ def main():
                 sec = statistics.median(slowest.tolist())
                 algbw = nbytes / sec / 1e9
                 print(json.dumps({
-                    "peer": "ddl-python-" + args.path, "algo": algo, "ranks": p, "bytes": nbytes,
+                    "peer": "ddl-python-" + args.path, "backend": dd.backend(), "algo": algo, "ranks": p, "bytes": nbytes,
                     "time_us": sec * 1e6, "algbw_gbps": algbw,
                     "busbw_gbps": algbw * 2 * (p - 1) / p,
                 }), flush=True)

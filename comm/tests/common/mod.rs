@@ -4,7 +4,7 @@
 
 use std::sync::Arc;
 
-use ddl_comm::{thread_group, Transport};
+use ddl_comm::{tcp_group, thread_group, Across, Algorithm, Transport};
 
 /// Runs `f(rank, transport)` on one thread per rank of a fresh in-process group of `n` and
 /// returns the results in rank order.
@@ -12,8 +12,24 @@ pub fn on_ranks<R: Send + 'static>(
     n: usize,
     f: impl Fn(usize, Arc<dyn Transport>) -> R + Send + Sync + 'static,
 ) -> Vec<R> {
+    on_group(thread_group(n), f)
+}
+
+/// [`on_ranks`] over a job of `n` ranks connected by the TCP transport over loopback.
+pub fn on_tcp_ranks<R: Send + 'static>(
+    n: usize,
+    f: impl Fn(usize, Arc<dyn Transport>) -> R + Send + Sync + 'static,
+) -> Vec<R> {
+    on_group(tcp_group(n).expect("loopback TCP group"), f)
+}
+
+/// Runs `f(rank, transport)` on one thread per endpoint of `group`, results in rank order.
+pub fn on_group<T: Transport + 'static, R: Send + 'static>(
+    group: Vec<T>,
+    f: impl Fn(usize, Arc<dyn Transport>) -> R + Send + Sync + 'static,
+) -> Vec<R> {
     let f = Arc::new(f);
-    let handles: Vec<_> = thread_group(n)
+    let handles: Vec<_> = group
         .into_iter()
         .enumerate()
         .map(|(r, t)| {
@@ -43,4 +59,55 @@ pub fn input(rank: usize, len: usize, seed: u64, integers: bool) -> Vec<f32> {
             }
         })
         .collect()
+}
+
+/// Every algorithm the transports must run exactly on `p` ranks (two tiers where
+/// [`Topology`](ddl_comm::Topology) has them, multi-dimensional rings where `p` factors).
+pub fn algorithms(p: usize) -> Vec<Algorithm> {
+    let mut v = vec![
+        Algorithm::Ring,
+        Algorithm::Rhd,
+        Algorithm::Multicolor {
+            colors: 4,
+            chunk_bytes: 16,
+        },
+        Algorithm::Multicolor {
+            colors: 3,
+            chunk_bytes: 1 << 20,
+        },
+        Algorithm::Multiring {
+            dims: vec![],
+            segments: 0,
+        },
+        Algorithm::Multiring {
+            dims: vec![],
+            segments: 3,
+        },
+        Algorithm::SHM,
+        // Chunks of 32 f32: many chunks per call, each slot reused many times.
+        Algorithm::Shm { chunk_bytes: 128 },
+        Algorithm::Auto,
+    ];
+    // Two tiers where the test topology has them (otherwise shm alone), the second in many
+    // short chunks.
+    v.push(Algorithm::hierarchical(Across::Ring));
+    v.push(Algorithm::Hierarchical {
+        across: Across::Rhd,
+        chunk_bytes: 128,
+    });
+    // A genuinely multi-dimensional ring where p factors.
+    for a in 2..p {
+        if p % a == 0 {
+            v.push(Algorithm::Multiring {
+                dims: vec![a, p / a],
+                segments: 0,
+            });
+            v.push(Algorithm::Multiring {
+                dims: vec![a, p / a],
+                segments: 5,
+            });
+            break;
+        }
+    }
+    v
 }

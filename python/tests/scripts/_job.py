@@ -14,6 +14,17 @@ import ddl.dist as dd
 DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
 
+def algorithms() -> list:
+    """The algorithms of the running backend: every one of ``ddl.dist.ALGORITHMS``, less
+    ``mpi`` (MPI_Allreduce itself) over the TCP backend (torchrun)."""
+    return [a for a in dd.ALGORITHMS if a != "mpi" or dd.backend() == "mpi"]
+
+
+def native(instead: str) -> str:
+    """``"mpi"`` where the backend has MPI_Allreduce, else ``instead``."""
+    return "mpi" if dd.backend() == "mpi" else instead
+
+
 def say(line: str) -> None:
     """Writes ``line`` to stdout in one write, so mpirun does not interleave it with other
     ranks' lines."""

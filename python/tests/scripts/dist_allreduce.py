@@ -2,7 +2,8 @@
 sizes, sum and mean, contiguous and not), allreduce_async_, broadcast_ from the first and the
 last rank, and that every rank holds bitwise the same results.
 
-Usage: mpirun -np P python dist_allreduce.py [SIZE ...]
+Usage: mpirun -np P python dist_allreduce.py [SIZE ...] (or torchrun --nproc_per_node P:
+the TCP backend, every algorithm but ``mpi``)
 Prints ``dist_allreduce ok rank=R size=P checks=N digest=HEX`` on success; any wrong value
 fails an assertion naming the case (non-zero exit).
 """
@@ -15,9 +16,7 @@ import zlib
 import torch
 
 import ddl.dist as dd
-from _job import DTYPES, run_job, say
-
-ALGORITHMS = dd.ALGORITHMS
+from _job import DTYPES, algorithms, native, run_job, say
 
 
 def values(rank: int, n: int, dtype: torch.dtype) -> torch.Tensor:
@@ -52,7 +51,7 @@ def digest(crc: int, t: torch.Tensor) -> int:
 
 def check_allreduce(rank: int, p: int, sizes: list) -> tuple:
     checks, crc = 0, 0
-    for algorithm in ALGORITHMS:
+    for algorithm in algorithms():
         for dtype in DTYPES:
             for n in sizes:
                 for average in (False, True):
@@ -74,7 +73,7 @@ def check_allreduce(rank: int, p: int, sizes: list) -> tuple:
 def check_noncontiguous(rank: int, p: int) -> tuple:
     """A strided column slice and a transposed block: reduced in place, the gaps untouched."""
     checks, crc = 0, 0
-    for algorithm in ("auto", "ring", "mpi"):
+    for algorithm in ("auto", "ring", native("rhd")):
         for dtype in DTYPES:
             base = values(rank, 6 * 35, dtype).reshape(6, 35)
             keep = base.clone()
@@ -114,7 +113,7 @@ def check_async(rank: int, p: int) -> tuple:
     assert all(isinstance(f, torch.futures.Future) for f in futs), "not torch futures"
     # A barrier queued behind reductions still in flight (MPI_Allreduce among them).
     ts.append(values(rank, n, torch.float32) * 5)
-    futs.append(dd.allreduce_async_(ts[-1], average=False, algorithm="mpi"))
+    futs.append(dd.allreduce_async_(ts[-1], average=False, algorithm=native("rhd")))
     dd.barrier()
     crc = 0
     for j, (t, f) in enumerate(zip(ts, futs)):

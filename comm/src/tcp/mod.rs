@@ -1,0 +1,311 @@
+//! TCP transport: ranks of a job connected pairwise by TCP, with no MPI launcher. Started by
+//! [`crate::tcp_world::TcpWorld`] from every rank's listener address (which the launcher's
+//! rendezvous distributes: torchrun's TCPStore in `ddl.dist`); in-process groups over loopback
+//! ([`tcp_group`]) serve the tests.
+//!
+//! Messages are framed (group, kind, tag, length) and read by one thread per connection into
+//! per-peer inboxes ([`mesh`]); a group made by [`Transport::split`] shares the connections
+//! and tells its messages apart by a context number all its ranks derive alike. A receive
+//! waits at most the operation timeout and fails naming its peer; a peer whose process ended
+//! is reported as [`CommError::Disconnected`] at once.
+
+mod connect;
+mod mesh;
+
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+pub use connect::Listener;
+use mesh::{Key, Kind, Mesh, Missing};
+
+use crate::error::{CommError, Result};
+use crate::transport::{
+    check_peer, dissemination_barrier, receive_all, Op, Transport, DEFAULT_TIMEOUT,
+};
+
+/// One rank's endpoint of a group of a TCP job.
+pub struct TcpTransport {
+    mesh: Arc<Mesh>,
+    /// The group's context: its messages carry it, so groups sharing connections never meet.
+    ctx: u64,
+    /// Job ranks of the group's members, in group rank order.
+    members: Vec<usize>,
+    /// This rank in the group.
+    rank: usize,
+    timeout_ns: AtomicU64,
+    /// Splits of this group so far (each split is collective, so all members count alike).
+    splits: AtomicU64,
+}
+
+impl std::fmt::Debug for TcpTransport {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TcpTransport")
+            .field("rank", &self.rank)
+            .field("size", &self.members.len())
+            .field("job_rank", &self.mesh.rank)
+            .field("timeout", &self.timeout())
+            .finish()
+    }
+}
+
+impl TcpTransport {
+    /// Connects rank `rank` of the job whose ranks listen at `addrs` (`listener` is this rank's,
+    /// at `addrs[rank]`); connecting and every later operation fail after `timeout`.
+    pub fn connect(
+        listener: Listener,
+        rank: usize,
+        addrs: &[SocketAddr],
+        timeout: Duration,
+    ) -> Result<TcpTransport> {
+        let streams = connect::mesh_streams(listener, rank, addrs, timeout)?;
+        let mesh = Arc::new(Mesh::start(rank, streams)?);
+        Ok(TcpTransport::group(
+            mesh,
+            0,
+            (0..addrs.len()).collect(),
+            rank,
+            timeout,
+        ))
+    }
+
+    fn group(
+        mesh: Arc<Mesh>,
+        ctx: u64,
+        members: Vec<usize>,
+        rank: usize,
+        timeout: Duration,
+    ) -> Self {
+        TcpTransport {
+            mesh,
+            ctx,
+            members,
+            rank,
+            timeout_ns: AtomicU64::new(duration_ns(timeout)),
+            splits: AtomicU64::new(0),
+        }
+    }
+
+    fn post(&self, op: &'static str, to: usize, kind: Kind, tag: u32, data: &[u8]) -> Result<()> {
+        check_peer(op, self.rank, to, self.members.len())?;
+        self.mesh
+            .send(
+                op,
+                self.members[to],
+                (self.ctx, kind, tag),
+                data,
+                self.timeout(),
+            )
+            .map_err(|e| self.in_group(e, to))
+    }
+
+    /// A message from group rank `from` into `buf`: exactly its length, or at most (`up_to`).
+    fn take_into(
+        &self,
+        op: &'static str,
+        from: usize,
+        key: Key,
+        buf: &mut [u8],
+        deadline: Instant,
+        up_to: bool,
+    ) -> Result<usize> {
+        check_peer(op, self.rank, from, self.members.len())?;
+        let msg = self
+            .mesh
+            .take(self.members[from], key, deadline)
+            .map_err(|m| match m {
+                Missing::Timeout => CommError::Timeout {
+                    op,
+                    rank: self.rank,
+                    peer: Some(from),
+                    timeout: self.timeout(),
+                },
+                Missing::Closed => CommError::Disconnected {
+                    op,
+                    rank: self.rank,
+                    peer: from,
+                },
+            })?;
+        if msg.len() != buf.len() && !(up_to && msg.len() < buf.len()) {
+            return Err(CommError::SizeMismatch {
+                op,
+                rank: self.rank,
+                peer: from,
+                expected: buf.len(),
+                got: msg.len(),
+            });
+        }
+        buf[..msg.len()].copy_from_slice(&msg);
+        Ok(msg.len())
+    }
+
+    /// Errors of the mesh name job ranks; the group's callers know group ranks.
+    fn in_group(&self, e: CommError, peer: usize) -> CommError {
+        match e {
+            CommError::Timeout { op, timeout, .. } => CommError::Timeout {
+                op,
+                rank: self.rank,
+                peer: Some(peer),
+                timeout,
+            },
+            CommError::Connection { op, message, .. } => CommError::Connection {
+                op,
+                rank: self.rank,
+                peer,
+                message,
+            },
+            other => other,
+        }
+    }
+
+    fn deadline(&self) -> Instant {
+        let now = Instant::now();
+        now.checked_add(self.timeout())
+            .unwrap_or(now + Duration::from_secs(365 * 24 * 3600))
+    }
+}
+
+/// `n` connected endpoints of one in-process job over loopback (rank i at index i), with the
+/// default timeout: the TCP transport's tests and benchmarks without a launcher.
+pub fn tcp_group(n: usize) -> Result<Vec<TcpTransport>> {
+    tcp_group_with_timeout(n, DEFAULT_TIMEOUT)
+}
+
+/// As [`tcp_group`], with blocking operations failing after `timeout`.
+pub fn tcp_group_with_timeout(n: usize, timeout: Duration) -> Result<Vec<TcpTransport>> {
+    let listeners = (0..n)
+        .map(|_| Listener::bind("127.0.0.1"))
+        .collect::<Result<Vec<_>>>()?;
+    let addrs = listeners
+        .iter()
+        .map(Listener::local_addr)
+        .collect::<Result<Vec<_>>>()?;
+    let handles: Vec<_> = listeners
+        .into_iter()
+        .enumerate()
+        .map(|(r, l)| {
+            let addrs = addrs.clone();
+            std::thread::spawn(move || TcpTransport::connect(l, r, &addrs, timeout))
+        })
+        .collect();
+    handles
+        .into_iter()
+        .map(|h| h.join().expect("connecting thread panicked"))
+        .collect()
+}
+
+fn duration_ns(d: Duration) -> u64 {
+    u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)
+}
+
+/// The context of the group of `color` made by split number `seq` of group `ctx`
+/// (SplitMix64 of the three: the same on every member, distinct with overwhelming odds).
+fn child_context(ctx: u64, seq: u64, color: usize) -> u64 {
+    [seq, color as u64].iter().fold(ctx, |h, &v| {
+        let mut z = (h ^ v).wrapping_add(0x9E37_79B9_7F4A_7C15);
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    })
+}
+
+impl Transport for TcpTransport {
+    fn rank(&self) -> usize {
+        self.rank
+    }
+
+    fn size(&self) -> usize {
+        self.members.len()
+    }
+
+    fn send(&self, to: usize, tag: u32, data: &[u8]) -> Result<()> {
+        self.post("send", to, Kind::User, tag, data)
+    }
+
+    fn recv(&self, from: usize, tag: u32, buf: &mut [u8]) -> Result<()> {
+        let key = (self.ctx, Kind::User, tag);
+        self.take_into("recv", from, key, buf, self.deadline(), false)
+            .map(drop)
+    }
+
+    fn exchange(&self, ops: &mut [Op<'_>]) -> Result<()> {
+        for op in ops.iter() {
+            if let Op::Send { to, tag, data } = op {
+                self.post("exchange send", *to, Kind::User, *tag, data)?;
+            }
+        }
+        let deadline = self.deadline();
+        receive_all(ops, |from, tag, buf, up_to| {
+            let key = (self.ctx, Kind::User, tag);
+            self.take_into("exchange recv", from, key, buf, deadline, up_to)
+        })
+    }
+
+    fn split(&self, color: usize, key: usize) -> Result<Box<dyn Transport>> {
+        let seq = self.splits.fetch_add(1, Ordering::Relaxed);
+        let tag = seq as u32;
+        let mut info = [0u8; 16];
+        info[..8].copy_from_slice(&(color as u64).to_le_bytes());
+        info[8..].copy_from_slice(&(key as u64).to_le_bytes());
+        for d in 0..self.size() {
+            self.post("split", d, Kind::Split, tag, &info)?;
+        }
+        let deadline = self.deadline();
+        let mut members = Vec::new();
+        let mut buf = [0u8; 16];
+        for s in 0..self.size() {
+            self.take_into(
+                "split",
+                s,
+                (self.ctx, Kind::Split, tag),
+                &mut buf,
+                deadline,
+                false,
+            )?;
+            let c = u64::from_le_bytes(buf[..8].try_into().expect("8 bytes"));
+            let k = u64::from_le_bytes(buf[8..].try_into().expect("8 bytes"));
+            if c == color as u64 {
+                members.push((k, s));
+            }
+        }
+        members.sort_unstable();
+        let rank = members
+            .iter()
+            .position(|&(_, s)| s == self.rank)
+            .expect("this rank is a member of its color");
+        let job_ranks = members.iter().map(|&(_, s)| self.members[s]).collect();
+        let ctx = child_context(self.ctx, seq, color);
+        let mesh = Arc::clone(&self.mesh);
+        Ok(Box::new(TcpTransport::group(
+            mesh,
+            ctx,
+            job_ranks,
+            rank,
+            self.timeout(),
+        )))
+    }
+
+    fn barrier(&self) -> Result<()> {
+        let deadline = self.deadline();
+        dissemination_barrier(
+            self.rank,
+            self.size(),
+            |to, round| self.post("barrier", to, Kind::Barrier, round, &[]),
+            |from, round| {
+                let key = (self.ctx, Kind::Barrier, round);
+                self.take_into("barrier", from, key, &mut [], deadline, false)
+                    .map(drop)
+            },
+        )
+    }
+
+    fn timeout(&self) -> Duration {
+        Duration::from_nanos(self.timeout_ns.load(Ordering::Relaxed))
+    }
+
+    fn set_timeout(&self, timeout: Duration) {
+        self.timeout_ns
+            .store(duration_ns(timeout), Ordering::Relaxed);
+    }
+}

@@ -1,0 +1,331 @@
+//! The TCP transport (no MPI launcher): every allreduce algorithm, the sharded collectives and
+//! the allreduce call check over loopback connections between in-process ranks, plus the
+//! failures it must name (a silent rank, a rank that went away, a rank of another job size).
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use ddl_comm::{
+    tcp_group_with_timeout, Algorithm, Allreducer, CommError, CostModel, Listener, Parts, Reduce,
+    ShardAlgorithm, Sharded, TcpTransport, TcpWorld, Topology, Transport,
+};
+use half::f16;
+
+mod common;
+use common::{algorithms, input, on_group, on_tcp_ranks};
+
+fn bits(v: &[f32]) -> Vec<u32> {
+    v.iter().map(|x| x.to_bits()).collect()
+}
+
+/// Two ranks per node where `p` allows it, as the thread tests lay them out.
+fn topology(p: usize, algo: &Algorithm) -> Topology {
+    match algo {
+        Algorithm::Shm { .. } => Topology::flat(p),
+        _ if p % 2 == 0 && p > 2 => Topology::new(p / 2, 2),
+        _ => Topology::flat(p),
+    }
+}
+
+#[test]
+fn every_algorithm_sums_exactly_over_tcp() {
+    for p in [1, 2, 3, 4, 6] {
+        for algo in algorithms(p) {
+            let topo = topology(p, &algo);
+            // 30,001 f32 in one message of the default algorithms: beyond the frames that
+            // go out with their header in one write.
+            let big = if matches!(
+                algo,
+                Algorithm::Multicolor {
+                    chunk_bytes: 16,
+                    ..
+                }
+            ) {
+                1301
+            } else {
+                30_001
+            };
+            let lens = [0, 1, 2 * p + 1, 97, big];
+            let a = algo.clone();
+            let res = on_tcp_ranks(p, move |r, t| {
+                let ar = Allreducer::new(t, a.clone(), topo).expect("allreducer");
+                lens.iter()
+                    .enumerate()
+                    .map(|(k, &len)| {
+                        let mut buf = input(r, len, k as u64, true);
+                        ar.allreduce_f32(&mut buf, false).expect("allreduce");
+                        buf
+                    })
+                    .collect::<Vec<_>>()
+            });
+            for (k, &len) in lens.iter().enumerate() {
+                let inputs: Vec<Vec<f32>> = (0..p).map(|r| input(r, len, k as u64, true)).collect();
+                let expected: Vec<f32> = (0..len)
+                    .map(|i| inputs.iter().map(|v| v[i]).sum())
+                    .collect();
+                for (r, got) in res.iter().enumerate() {
+                    assert_eq!(
+                        bits(&got[k]),
+                        bits(&expected),
+                        "{algo} p={p} len={len} rank {r}"
+                    );
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn half_precision_travels_over_tcp() {
+    let p = 3;
+    let len = 1001;
+    let res = on_tcp_ranks(p, move |r, t| {
+        let ar = Allreducer::new(t, Algorithm::Ring, Topology::flat(p)).expect("allreducer");
+        let mut h: Vec<f16> = input(r, len, 5, true)
+            .iter()
+            .map(|&v| f16::from_f32(v / 2.0))
+            .collect();
+        ar.allreduce_f16(&mut h, false).expect("f16");
+        h
+    });
+    for i in 0..len {
+        let sum: f32 = (0..p)
+            .map(|r| f16::from_f32(input(r, len, 5, true)[i] / 2.0).to_f32())
+            .sum();
+        for h in &res {
+            assert_eq!(h[i], f16::from_f32(sum), "element {i}");
+        }
+    }
+}
+
+#[test]
+fn sharded_collectives_are_exact_over_tcp() {
+    let p = 4;
+    let parts = Parts::from_counts(&[3, 0, 10, 7]);
+    let len = parts.len();
+    for algo in [
+        ShardAlgorithm::Ring,
+        ShardAlgorithm::SHM,
+        ShardAlgorithm::Auto,
+    ] {
+        let (pa, a) = (parts.clone(), algo.clone());
+        let res = on_tcp_ranks(p, move |r, t| {
+            let s = Sharded::new(t, a.clone(), Topology::flat(p), CostModel::default())
+                .expect("sharded");
+            let mut gathered = vec![f32::NAN; len];
+            let mine = pa.range(r);
+            gathered[mine.clone()].copy_from_slice(&input(r, len, 3, true)[mine.clone()]);
+            s.all_gather(&mut gathered, &pa).expect("allgather");
+            let mut summed = input(r, len, 3, true);
+            s.reduce_scatter(&mut summed, &pa, Reduce::Sum)
+                .expect("sum");
+            (gathered, summed[mine].to_vec())
+        });
+        let inputs: Vec<Vec<f32>> = (0..p).map(|r| input(r, len, 3, true)).collect();
+        let owner = |i: usize| {
+            (0..p)
+                .find(|&q| parts.range(q).contains(&i))
+                .expect("owned")
+        };
+        let concatenated: Vec<f32> = (0..len).map(|i| inputs[owner(i)][i]).collect();
+        let sum: Vec<f32> = (0..len)
+            .map(|i| inputs.iter().map(|v| v[i]).sum())
+            .collect();
+        for (r, (gathered, summed)) in res.iter().enumerate() {
+            assert_eq!(
+                bits(gathered),
+                bits(&concatenated),
+                "{algo:?} rank {r}: allgather"
+            );
+            assert_eq!(
+                bits(summed),
+                bits(&sum[parts.range(r)]),
+                "{algo:?} rank {r}: sum"
+            );
+        }
+    }
+}
+
+#[test]
+fn mismatched_calls_fail_on_every_rank_over_tcp() {
+    let group = tcp_group_with_timeout(3, Duration::from_secs(20)).expect("group");
+    let res = on_group(group, |r, t| {
+        let ar = Allreducer::new(t, Algorithm::Ring, Topology::flat(3)).expect("allreducer");
+        let mut buf = input(r, if r == 1 { 10 } else { 12 }, 1, true);
+        ar.allreduce_f32(&mut buf, false)
+    });
+    for (r, result) in res.into_iter().enumerate() {
+        match result {
+            Err(CommError::Mismatch { rank, calls }) => {
+                assert_eq!(rank, r);
+                assert_eq!(calls.len(), 3, "rank {r}: one call per rank");
+            }
+            other => panic!("rank {r}: expected a mismatch, got {other:?}"),
+        }
+    }
+}
+
+#[test]
+fn a_silent_rank_is_named_within_the_timeout() {
+    let timeout = Duration::from_millis(500);
+    let mut group = tcp_group_with_timeout(2, timeout).expect("group");
+    let silent = group.pop().expect("rank 1");
+    let me = group.pop().expect("rank 0");
+    let start = Instant::now();
+    let err = me
+        .recv(1, 5, &mut [0u8; 4])
+        .expect_err("rank 1 never sends");
+    assert!(start.elapsed() < 10 * timeout, "took {:?}", start.elapsed());
+    assert!(
+        matches!(
+            err,
+            CommError::Timeout {
+                op: "recv",
+                rank: 0,
+                peer: Some(1),
+                ..
+            }
+        ),
+        "{err}"
+    );
+    drop(silent);
+}
+
+#[test]
+fn a_rank_that_went_away_is_named_at_once() {
+    let mut group = tcp_group_with_timeout(3, Duration::from_secs(60)).expect("group");
+    drop(group.pop());
+    let start = Instant::now();
+    let err = group[0]
+        .recv(2, 5, &mut [0u8; 4])
+        .expect_err("rank 2 is gone");
+    assert!(
+        start.elapsed() < Duration::from_secs(30),
+        "took {:?}",
+        start.elapsed()
+    );
+    assert!(
+        matches!(
+            err,
+            CommError::Disconnected {
+                rank: 0,
+                peer: 2,
+                ..
+            }
+        ),
+        "{err}"
+    );
+}
+
+#[test]
+fn split_groups_share_the_connections_without_meeting() {
+    let res = on_tcp_ranks(4, |r, t| {
+        let half = t.split(r % 2, r).expect("split");
+        // The same tag in the world and in both halves at once.
+        let world_ar =
+            Allreducer::new(Arc::clone(&t), Algorithm::Ring, Topology::flat(4)).expect("world");
+        let half_ar =
+            Allreducer::new(Arc::from(half), Algorithm::Ring, Topology::flat(2)).expect("half");
+        let mut a = vec![r as f32 + 1.0; 33];
+        let mut b = vec![10.0 * (r as f32 + 1.0); 33];
+        half_ar
+            .allreduce_f32(&mut b, false)
+            .expect("half allreduce");
+        world_ar
+            .allreduce_f32(&mut a, false)
+            .expect("world allreduce");
+        t.barrier().expect("barrier");
+        (a[0], b[0])
+    });
+    assert_eq!(
+        res,
+        vec![(10.0, 40.0), (10.0, 60.0), (10.0, 40.0), (10.0, 60.0)]
+    );
+}
+
+#[test]
+fn a_duplicate_group_never_takes_the_worlds_messages() {
+    let res = on_tcp_ranks(2, |r, t| {
+        let dup = t.split(0, r).expect("split");
+        if r == 0 {
+            t.send(1, 7, b"world").expect("send");
+            dup.send(1, 7, b"dup").expect("send");
+            (Vec::new(), Vec::new())
+        } else {
+            let (mut a, mut b) = (vec![0u8; 3], vec![0u8; 5]);
+            dup.recv(0, 7, &mut a).expect("dup's message");
+            t.recv(0, 7, &mut b).expect("world's message");
+            (a, b)
+        }
+    });
+    assert_eq!(res[1], (b"dup".to_vec(), b"world".to_vec()));
+}
+
+#[test]
+fn a_rank_of_another_job_size_is_refused_by_name() {
+    let l0 = Listener::bind("127.0.0.1").expect("bind");
+    let l1 = Listener::bind("127.0.0.1").expect("bind");
+    let (a0, a1) = (
+        l0.local_addr().expect("addr"),
+        l1.local_addr().expect("addr"),
+    );
+    let stray = Listener::bind("127.0.0.1")
+        .expect("bind")
+        .local_addr()
+        .expect("addr");
+    let timeout = Duration::from_secs(2);
+    let t0 = std::thread::spawn(move || TcpTransport::connect(l0, 0, &[a0, a1], timeout));
+    // Rank 1 believes the job has three ranks.
+    let t1 = std::thread::spawn(move || TcpTransport::connect(l1, 1, &[a0, a1, stray], timeout));
+    let err = t0.join().expect("rank 0").expect_err("refused");
+    assert!(
+        err.to_string()
+            .contains("rank 1 connected saying the job has 3 ranks"),
+        "{err}"
+    );
+    let _ = t1.join();
+}
+
+#[test]
+fn the_world_finds_its_nodes_from_their_names() {
+    let listeners: Vec<Listener> = (0..4)
+        .map(|_| Listener::bind("127.0.0.1").expect("bind"))
+        .collect();
+    let addrs: Vec<_> = listeners
+        .iter()
+        .map(|l| l.local_addr().expect("addr"))
+        .collect();
+    let handles: Vec<_> = listeners
+        .into_iter()
+        .enumerate()
+        .map(|(r, l)| {
+            let addrs = addrs.clone();
+            std::thread::spawn(move || {
+                let node = if r < 2 { "n0" } else { "n1" };
+                let w =
+                    TcpWorld::connect(l, r, &addrs, node, Duration::from_secs(20)).expect("world");
+                let ar =
+                    Allreducer::new(w.transport(), Algorithm::Auto, w.topology()).expect("auto");
+                let mut buf = vec![1.0f32; 1000];
+                ar.allreduce_f32(&mut buf, false).expect("allreduce");
+                (
+                    w.node_index(),
+                    w.node_count(),
+                    w.local_rank(),
+                    w.local_size(),
+                    w.topology(),
+                    buf[999],
+                )
+            })
+        })
+        .collect();
+    let got: Vec<_> = handles
+        .into_iter()
+        .map(|h| h.join().expect("rank"))
+        .collect();
+    for (r, g) in got.iter().enumerate() {
+        assert_eq!((g.0, g.1, g.2, g.3), (r / 2, 2, r % 2, 2), "rank {r}");
+        assert_eq!(g.4, Topology::new(2, 2), "rank {r}");
+        assert_eq!(g.5, 4.0, "rank {r}");
+    }
+}
