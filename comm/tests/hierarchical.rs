@@ -5,7 +5,7 @@
 
 use ddl_comm::{bf16, f16, Across, Algorithm, Allreducer, CommError, Topology};
 
-mod common;
+use crate::common;
 #[path = "common/exact.rs"]
 mod exact;
 use common::on_ranks;

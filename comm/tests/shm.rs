@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use ddl_comm::{bf16, f16, thread_group_with_timeout, Algorithm, Allreducer, CommError, Topology};
 
-mod common;
+use crate::common;
 #[path = "common/exact.rs"]
 mod exact;
 use common::on_ranks;

@@ -10,7 +10,7 @@ use ddl_comm::{
 use half::{bf16, f16};
 use proptest::prelude::*;
 
-mod common;
+use crate::common;
 use common::{input, on_ranks};
 
 fn algorithms(p: usize) -> Vec<Algorithm> {

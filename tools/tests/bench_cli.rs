@@ -1,7 +1,7 @@
 //! `ddl-bench` refuses sizes and counts that would print an empty table or be silently
 //! changed, by name, before any MPI work; under `mpirun` each rank's refusal is one whole line.
 
-mod common;
+use crate::common;
 
 use std::process::Command;
 

@@ -2,7 +2,7 @@
 //! the plots, `--cold`, flag checks before measuring, bad records, and `ddl-prof plot` on a
 //! metrics file.
 
-mod common;
+use crate::common;
 
 use std::path::Path;
 use std::process::Command;

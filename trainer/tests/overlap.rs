@@ -4,7 +4,7 @@
 //! simulated by threads; tests/tests/overlap_mpi.rs does the same under mpirun). The staged
 //! backward itself is checked per model in model.rs.
 
-mod common;
+use crate::common;
 
 use ddl_trainer::config::auto_overlap;
 use ddl_trainer::config::Overlap;

@@ -1,6 +1,5 @@
 //! Helpers shared by the in-process tests of ddl-comm.
 
-#![allow(dead_code)]
 
 use std::sync::Arc;
 

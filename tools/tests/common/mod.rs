@@ -1,7 +1,6 @@
 //! Helpers shared by the ddl-tools integration tests: what a process writes to stderr, write by
 //! write, and `mpirun` launches with a deadline.
 
-#![allow(dead_code)] // each test binary uses a different subset
 
 use std::io::Read;
 use std::os::fd::{FromRawFd, OwnedFd};
