@@ -1,6 +1,5 @@
 //! Helpers shared by the in-process tests of ddl-comm.
 
-
 use std::sync::Arc;
 
 use ddl_comm::{thread_group, Transport};

@@ -1,6 +1,5 @@
 //! Shared helpers: tiny packed datasets of generated JPEGs in a scratch directory.
 
-
 use std::path::Path;
 
 use ddl_loader::sampler::{Sampler, SamplerConfig, Tail};
