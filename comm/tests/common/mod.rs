@@ -1,5 +1,7 @@
 //! Helpers shared by the in-process tests of ddl-comm.
 
+pub mod exact;
+
 use std::sync::Arc;
 
 use ddl_comm::{thread_group, Transport};
