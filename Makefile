@@ -19,7 +19,7 @@ export ZSTD_SYS_USE_PKG_CONFIG := 1
 # One MPI process per node may use the node's cores; keep OpenMP from oversubscribing them.
 export OMP_NUM_THREADS ?= 1
 
-.PHONY: all setup build demo test lint bench wheel clean
+.PHONY: all setup build demo test build-tests test-rust test-python lint bench wheel clean
 
 all: build
 
@@ -38,9 +38,16 @@ lint: setup
 
 # One feature resolution for every step: `--all-targets` includes the dev-dependencies, as
 # clippy and `cargo test` do, so no crate is compiled twice with two feature sets.
-test: setup
+test: test-rust test-python
+
+# The pieces of `make test`, which .ci/run times one by one.
+build-tests: setup
 	$(CARGO) build --release --workspace --all-targets
+
+test-rust: build-tests
 	$(CARGO) test --release --workspace
+
+test-python: setup
 	@if [ -x $(VENV)/bin/python ]; then $(VENV)/bin/python -m pytest -q python/tests; \
 	else echo "test: no virtualenv ($(VENV)): the Python package's tests were not run"; fi
 

@@ -5,9 +5,8 @@
 
 use ddl_comm::{bf16, f16, Across, Algorithm, Allreducer, CommError, Topology};
 
-mod common;
-#[path = "common/exact.rs"]
-mod exact;
+use crate::common;
+use crate::common::exact;
 use common::on_ranks;
 use exact::{check_exact_sums, input};
 

@@ -1,44 +1,23 @@
 //! MPI integration: runs the `ddl-mpi-check` binary under `mpirun -np N` (N = 1..=5).
 
-use std::process::{Command, Output};
+use std::process::Output;
+
+use ddl_testkit::launch;
 
 use ddl_comm::cores;
-
-/// Seconds an mpirun launch may take before `timeout` ends it.
-const LIMIT_S: u32 = 300;
 
 /// `mpirun --oversubscribe -np NP ddl-mpi-check ARGS` (see [`mpirun_with`]).
 fn mpirun(np: usize, args: &[&str]) -> Output {
     mpirun_with(&["--oversubscribe"], np, args)
 }
 
-/// `mpirun FLAGS -np NP ddl-mpi-check ARGS` under coreutils `timeout`, which runs the job in
-/// its own process group and signals the whole group after [`LIMIT_S`] seconds (and kills it
-/// 10 s later): a hang fails the test, with a message, instead of holding up CI.
+/// `mpirun FLAGS -np NP ddl-mpi-check ARGS` within the testkit's deadline: a hang fails the
+/// test, with what the job printed, instead of holding up CI.
 fn mpirun_with(flags: &[&str], np: usize, args: &[&str]) -> Output {
-    let out = Command::new("timeout")
-        .args(["-k", "10", &LIMIT_S.to_string()])
-        .args(["mpirun", "--allow-run-as-root"])
-        .args(flags)
-        .args(["-np", &np.to_string()])
-        .arg(env!("CARGO_BIN_EXE_ddl-mpi-check"))
-        .args(args)
-        .output()
-        .expect("timeout and mpirun (Open MPI) must be installed");
-    assert!(
-        !matches!(out.status.code(), Some(124) | Some(137)),
-        "mpirun -np {np} {args:?} did not finish within {LIMIT_S} s and was killed:\n{}",
-        text(&out)
-    );
-    out
-}
-
-fn text(out: &Output) -> String {
-    format!(
-        "status {:?}\nstdout:\n{}\nstderr:\n{}",
-        out.status,
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
+    launch::run(
+        launch::mpirun_with(flags, np)
+            .arg(env!("CARGO_BIN_EXE_ddl-mpi-check"))
+            .args(args),
     )
 }
 
@@ -46,7 +25,7 @@ fn text(out: &Output) -> String {
 fn passes(mode: &str, nps: std::ops::RangeInclusive<usize>) {
     for np in nps {
         let out = mpirun(np, &[mode]);
-        let all = text(&out);
+        let all = launch::printed(&out);
         assert!(out.status.success(), "np={np}: {all}");
         assert!(
             all.contains(&format!("CHECK OK {mode} ranks={np}")),
@@ -79,7 +58,7 @@ fn ranks_with_a_core_each_spin_and_ranks_sharing_cores_back_off() {
     if cpus.len() >= 2 {
         let bind = ["--use-hwthread-cpus", "--bind-to", "hwthread"];
         let out = mpirun_with(&bind, 2, &["init"]);
-        let all = text(&out);
+        let all = launch::printed(&out);
         assert!(out.status.success(), "{all}");
         assert!(
             all.contains("CHECK OK init ranks=2") && all.contains("polling=Spin"),
@@ -90,7 +69,7 @@ fn ranks_with_a_core_each_spin_and_ranks_sharing_cores_back_off() {
     let first = cpus[0];
     cores::pin_thread(first).unwrap_or_else(|e| panic!("pinning to CPU {first}: {e}"));
     let out = mpirun_with(&["--oversubscribe", "--bind-to", "none"], 2, &["init"]);
-    let all = text(&out);
+    let all = launch::printed(&out);
     assert!(out.status.success(), "{all}");
     assert!(
         all.contains("CHECK OK init ranks=2") && all.contains("polling=Backoff"),
@@ -101,7 +80,7 @@ fn ranks_with_a_core_each_spin_and_ranks_sharing_cores_back_off() {
 #[test]
 fn silent_peer_times_out_naming_recv_and_peer() {
     let out = mpirun(2, &["timeout"]);
-    let all = text(&out);
+    let all = launch::printed(&out);
     assert!(out.status.success(), "{all}");
     assert!(all.contains("CHECK OK timeout"), "{all}");
     assert!(
@@ -115,8 +94,12 @@ fn abort_ends_the_job_with_its_code() {
     // Rank 0 calls MPI_Abort(7) while rank 1 waits in a barrier: mpirun exits with 7 (a crash,
     // a timeout or a rank returning from the barrier gives another status).
     let out = mpirun(2, &["abort"]);
-    assert_eq!(out.status.code(), Some(7), "{}", text(&out));
-    assert!(!text(&out).contains("CHECK OK"), "{}", text(&out));
+    assert_eq!(out.status.code(), Some(7), "{}", launch::printed(&out));
+    assert!(
+        !launch::printed(&out).contains("CHECK OK"),
+        "{}",
+        launch::printed(&out)
+    );
 }
 
 #[test]

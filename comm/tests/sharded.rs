@@ -11,7 +11,7 @@ use ddl_comm::{
 };
 use proptest::prelude::*;
 
-mod common;
+use crate::common;
 use common::{input, on_ranks};
 
 fn algorithms() -> Vec<ShardAlgorithm> {

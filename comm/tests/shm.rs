@@ -8,9 +8,8 @@ use std::time::{Duration, Instant};
 
 use ddl_comm::{bf16, f16, thread_group_with_timeout, Algorithm, Allreducer, CommError, Topology};
 
-mod common;
-#[path = "common/exact.rs"]
-mod exact;
+use crate::common;
+use crate::common::exact;
 use common::on_ranks;
 use exact::{check_exact_sums, input};
 

@@ -11,7 +11,7 @@ use ddl_comm::{
 };
 use half::f16;
 
-mod common;
+use crate::common;
 use common::{algorithms, input, on_group, on_tcp_ranks};
 
 fn bits(v: &[f32]) -> Vec<u32> {

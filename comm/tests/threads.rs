@@ -10,7 +10,7 @@ use ddl_comm::{
 use half::{bf16, f16};
 use proptest::prelude::*;
 
-mod common;
+use crate::common;
 use common::{algorithms, input, on_ranks};
 
 /// Topology with 2 ranks per node where possible, so multiring has two dimensions.

@@ -2,7 +2,7 @@
 //! ranks agree on the fastest, every call's sums stay exact, and the tuned model, saved and
 //! reloaded, chooses the same without trying again.
 
-mod common;
+use crate::common;
 
 use common::on_ranks;
 use ddl_comm::{Algorithm, Allreducer, CostModel, MeasuredCurve, Topology};

@@ -1,6 +1,6 @@
 //! Node residency: which shards a node opens, staging, populate/lock, failures naming files.
 
-mod common;
+use crate::common;
 
 use common::{disk_scratch, evict, solid_dataset, solid_record, write_dataset, TestRecord};
 use ddl_loader::dataset::{Dataset, OpenOptions, Residency};

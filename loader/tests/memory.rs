@@ -8,7 +8,7 @@
 //! sampled at every batch over ten epochs, which holding on to (leaking) one buffer per batch
 //! would exceed several times over.
 
-mod common;
+use crate::common;
 
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::sync::atomic::{AtomicUsize, Ordering};

@@ -2,7 +2,7 @@
 //! bad input, determinism across thread counts, resume after an interrupted run, ownership of
 //! the output directory, and verify.
 
-mod common;
+use crate::common;
 
 use std::collections::BTreeMap;
 use std::io::Write;

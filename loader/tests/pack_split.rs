@@ -3,7 +3,7 @@
 //! file. Which image went to which split is read back from the shards themselves: every member
 //! is a distinct small JPEG that the packer stores byte for byte.
 
-mod common;
+use crate::common;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};

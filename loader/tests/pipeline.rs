@@ -1,6 +1,6 @@
 //! End-to-end tests of the pipeline on tiny generated shards.
 
-mod common;
+use crate::common;
 
 use std::collections::HashSet;
 use std::sync::Arc;

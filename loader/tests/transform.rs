@@ -1,6 +1,6 @@
 //! Transform correctness on known images: where crops land, flips, decode modes.
 
-mod common;
+use crate::common;
 
 use ddl_loader::decode::DecodeMode;
 use ddl_loader::transform::{

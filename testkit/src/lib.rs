@@ -10,6 +10,8 @@ use std::path::Path;
 
 use ddl_loader::manifest::{ClassInfo, Manifest, ShardInfo, SplitInfo};
 use ddl_loader::shard::ShardWriter;
+pub mod launch;
+
 pub use tempfile::TempDir;
 pub use turbojpeg::Subsamp;
 

@@ -1,9 +1,7 @@
 //! Under Open MPI's default binding a one-rank `ddl-train` job runs on one core: the rank says
 //! so, naming the fix, instead of training slowly in silence; unbound it says nothing.
 
-use std::process::Command;
-
-use ddl_tests::{bin, printed, run_ok, scratch, synth_and_pack, SynthSpec};
+use ddl_tests::{bin, mpirun_with, printed, run_ok, scratch, synth_and_pack, SynthSpec};
 
 /// What the warning starts with (`ddl_comm::Binding::warning`, prefixed by ddl-train).
 const WARNING: &str = "ddl-train: the launcher bound this node's 1 rank(s) to 1 of its";
@@ -29,10 +27,7 @@ fn a_rank_bound_to_one_core_is_warned_and_an_unbound_one_is_not() {
     );
     let train = |bind: &str| {
         let out = run_ok(
-            Command::new("mpirun")
-                .args(["--bind-to", bind, "-np", "1"])
-                .env("OMPI_ALLOW_RUN_AS_ROOT", "1")
-                .env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
+            mpirun_with(&["--bind-to", bind], 1)
                 .arg(bin("ddl-train"))
                 .arg("--data")
                 .arg(&shards)

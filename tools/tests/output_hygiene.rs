@@ -2,7 +2,7 @@
 //! ANSI colour codes, and every error (usage or run time) written in one piece, so that under
 //! `mpirun` one rank's error line never interleaves with another's.
 
-mod common;
+use crate::common;
 
 use std::process::Command;
 

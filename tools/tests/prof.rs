@@ -2,13 +2,11 @@
 //! the plots, `--cold`, flag checks before measuring, bad records, and `ddl-prof plot` on a
 //! metrics file.
 
-mod common;
-
 use std::path::Path;
 use std::process::Command;
 
-use common::{mpirun, mpirun_output};
 use ddl_loader::shard::{cached_bytes, ShardReader};
+use ddl_testkit::launch::{self, mpirun};
 use ddl_testkit::{jpeg, scratch, write_manifest, write_shards, Record};
 use serde_json::Value;
 
@@ -387,7 +385,7 @@ fn mpirun_profiles_every_rank() {
     let dir = tmp.path();
     make_shards(dir, 4, 8);
     let json = dir.join("nodes.json");
-    let out = mpirun_output(mpirun(2).arg(PROF).args([
+    let out = launch::run(mpirun(2).arg(PROF).args([
         dir.to_str().unwrap(),
         "--threads",
         "1",

@@ -41,62 +41,62 @@ struct Cli {
     #[arg(long)]
     deterministic: bool,
     /// The network.
-    #[arg(long, value_enum, default_value_t = ModelKind::Resnet50)]
+    #[arg(long, value_enum, default_value_t = defaults().model)]
     model: ModelKind,
     /// Epochs to train.
-    #[arg(long, default_value_t = 90)]
+    #[arg(long, default_value_t = defaults().epochs)]
     epochs: u32,
     /// Images per replica per step (global batch = this x replicas x ranks).
-    #[arg(long, default_value_t = 32)]
+    #[arg(long, default_value_t = defaults().batch)]
     batch: usize,
     /// auto (the node's GPUs shared out between its ranks, else one CPU replica) | cpu | cpu:N
     /// | cuda | cuda:0,1,2,3.
-    #[arg(long, default_value = "auto")]
+    #[arg(long, default_value_t = defaults().devices)]
     devices: DeviceSpec,
     /// Input side in pixels.
-    #[arg(long, default_value_t = 224)]
+    #[arg(long, default_value_t = defaults().image_size)]
     image_size: u32,
     /// Decode threads per rank.
-    #[arg(long, default_value_t = 2)]
+    #[arg(long, default_value_t = defaults().workers)]
     workers: usize,
     /// Ready batches queued per replica.
-    #[arg(long, default_value_t = 4)]
+    #[arg(long, default_value_t = defaults().prefetch)]
     prefetch: usize,
     /// Seed of weights, sampling and augmentation.
-    #[arg(long, default_value_t = 0)]
+    #[arg(long, default_value_t = defaults().seed)]
     seed: u64,
     /// Learning rate per 256 images (peak = base-lr x global batch / 256).
-    #[arg(long, default_value_t = 0.1)]
+    #[arg(long, default_value_t = defaults().base_lr)]
     base_lr: f64,
     /// Peak learning rate, overriding the linear scaling rule.
     #[arg(long)]
     lr: Option<f64>,
     /// SGD momentum.
-    #[arg(long, default_value_t = 0.9)]
+    #[arg(long, default_value_t = defaults().momentum)]
     momentum: f64,
     /// Nesterov momentum.
     #[arg(long)]
     nesterov: bool,
     /// Weight decay (not applied to BatchNorm and bias parameters).
-    #[arg(long, default_value_t = 1e-4)]
+    #[arg(long, default_value_t = defaults().weight_decay)]
     weight_decay: f64,
     /// Linear warmup length in epochs (fractions allowed).
-    #[arg(long, default_value_t = 5.0)]
+    #[arg(long, default_value_t = defaults().warmup_epochs)]
     warmup_epochs: f64,
     /// Learning-rate decay after warmup.
-    #[arg(long, value_enum, default_value_t = DecayKind::Step)]
+    #[arg(long, value_enum, default_value_t = defaults().schedule)]
     schedule: DecayKind,
     /// Step-decay epochs, comma separated.
     #[arg(long, value_delimiter = ',', default_value = "30,60,80")]
     milestones: Vec<u32>,
     /// Step-decay factor.
-    #[arg(long, default_value_t = 0.1)]
+    #[arg(long, default_value_t = defaults().gamma)]
     gamma: f64,
     /// Label smoothing of the cross-entropy loss.
-    #[arg(long, default_value_t = 0.0)]
+    #[arg(long, default_value_t = defaults().label_smoothing)]
     label_smoothing: f64,
     /// Arithmetic of forward and backward (autocast on GPUs; gradients are reduced in f32).
-    #[arg(long, value_enum, default_value_t = Precision::Fp32)]
+    #[arg(long, value_enum, default_value_t = defaults().precision)]
     precision: Precision,
     /// Write one JSON line per step and per epoch here (rank 0).
     #[arg(long)]
@@ -105,10 +105,10 @@ struct Cli {
     #[arg(long)]
     checkpoint_dir: Option<PathBuf>,
     /// Also checkpoint every N global steps (0: only at epoch ends).
-    #[arg(long, default_value_t = 0)]
+    #[arg(long, default_value_t = defaults().checkpoint_every)]
     checkpoint_every: u64,
     /// Checkpoints to keep.
-    #[arg(long, default_value_t = 3)]
+    #[arg(long, default_value_t = defaults().keep_checkpoints)]
     keep_checkpoints: usize,
     /// Continue the run whose checkpoints are in --checkpoint-dir, from its newest valid one
     /// (refused when a flag that changes the trajectory differs from the checkpoint's).
@@ -127,7 +127,7 @@ struct Cli {
     max_steps: Option<u64>,
     /// multicolor[:COLORS[:CHUNK_BYTES]] | ring | rhd | multiring[:AxB..] | mpi | auto (the
     /// cost model's pick per buffer size).
-    #[arg(long, default_value = "auto")]
+    #[arg(long, default_value_t = defaults().allreduce)]
     allreduce: Algorithm,
     /// Cost model for `--allreduce auto`: a file written by `mpirun ddl-bench calibrate` in
     /// this job's layout, whose measured times decide per buffer size (default: formulas).
@@ -145,7 +145,7 @@ struct Cli {
     #[arg(long)]
     head_parallel: bool,
     /// ring | shm | auto: the allgather and reduce-scatter of --head-parallel.
-    #[arg(long, default_value = "auto", requires = "head_parallel")]
+    #[arg(long, default_value_t = defaults().gather, requires = "head_parallel")]
     gather: ShardAlgorithm,
     /// Write the final replica-0 weights as raw f32 LE to FILE (+ FILE.json index).
     #[arg(long)]
@@ -167,7 +167,7 @@ struct Cli {
     #[arg(long)]
     check_replicas: bool,
     /// How the ranks of a node share the dataset.
-    #[arg(long, value_enum, default_value_t = ResidencyMode::Node)]
+    #[arg(long, value_enum, default_value_t = defaults().residency)]
     residency: ResidencyMode,
     /// What the gradient allreduce overlaps: backward (staged backward, buckets reduced while
     /// earlier stages are still in backward) | pipeline (after backward, bucket by bucket) |
@@ -182,7 +182,7 @@ struct Cli {
     #[arg(long, default_value = "priority")]
     comm_order: CommOrder,
     /// Gradient bucket size in MiB.
-    #[arg(long, default_value_t = 25.0)]
+    #[arg(long, default_value_t = defaults().bucket_mb)]
     bucket_mb: f64,
     /// Channels-last (NHWC) images, activations and convolution weights.
     #[arg(long)]
@@ -191,7 +191,7 @@ struct Cli {
     #[arg(long)]
     no_eval: bool,
     /// Shorter side before the eval center crop (0: image size x 8/7).
-    #[arg(long, default_value_t = 0)]
+    #[arg(long, default_value_t = defaults().eval_resize)]
     eval_resize: u32,
     /// Pre-fault the node's shards at start.
     #[arg(long)]
@@ -203,12 +203,12 @@ struct Cli {
     #[arg(long)]
     stage: Option<PathBuf>,
     /// Seconds a communication operation may block before the job fails.
-    #[arg(long, default_value_t = 600)]
+    #[arg(long, default_value_t = defaults().comm_timeout_s)]
     comm_timeout: u64,
     /// A training record whose checksum or decoding fails: replace (with the next good record
     /// of the epoch) | skip (shorter batch) | fail (stop the run). Each is reported once;
     /// evaluation always leaves bad records out (or fails with `fail`).
-    #[arg(long, value_enum, default_value_t = OnBadRecord::Replace)]
+    #[arg(long, value_enum, default_value_t = defaults().on_bad_record)]
     on_bad_record: OnBadRecord,
     /// Only errors on stdout/stderr.
     #[arg(long)]
@@ -217,6 +217,12 @@ struct Cli {
     /// STEM.rankN.json beside it on rank N (trace.json -> trace.rank1.json).
     #[arg(long, value_name = "FILE")]
     trace: Option<PathBuf>,
+}
+
+/// The defaults of the flags: [`TrainConfig::default`]'s values, so that `ddl-train` and a
+/// library user start from the same settings.
+fn defaults() -> TrainConfig {
+    TrainConfig::default()
 }
 
 impl Cli {
@@ -378,4 +384,23 @@ fn bad_record_summary(summary: &TrainSummary) -> Option<String> {
         summary.bad_records_eval,
         names.join("; ")
     ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every flag left out means [`TrainConfig::default`]'s value, milestones (written as the
+    /// command line spells them) and the switches (`--no-eval`, `--quiet`) included.
+    #[test]
+    fn flags_left_out_are_the_library_defaults() {
+        let cli = Cli::try_parse_from(["ddl-train", "--data", "shards"]).expect("parse");
+        let cfg = cli.config(StopRequest::default()).expect("config");
+        let want = TrainConfig {
+            data: "shards".into(),
+            ..TrainConfig::default()
+        };
+        let json = |c: &TrainConfig| serde_json::to_value(c).expect("serialize");
+        assert_eq!(json(&cfg), json(&want));
+    }
 }

@@ -7,7 +7,7 @@
 //! directory's lock from before it looks into it to its end: a second run is refused naming
 //! the holder, and of two runs started together exactly one writes.
 
-mod common;
+use crate::common;
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};

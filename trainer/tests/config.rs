@@ -1,6 +1,6 @@
 //! Configuration errors fail before training and name the flag.
 
-mod common;
+use crate::common;
 
 use std::sync::Arc;
 

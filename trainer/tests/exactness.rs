@@ -3,7 +3,7 @@
 //! for every allreduce algorithm of ddl-comm, with ranks simulated by threads over the
 //! in-process transport, with NCHW and channels-last storage.
 
-mod common;
+use crate::common;
 
 use std::path::Path;
 

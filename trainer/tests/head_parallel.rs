@@ -4,7 +4,7 @@
 //! the data-parallel one; checkpoints that resume bitwise, that ddl-export writes whole, that a
 //! data-parallel run of the same layout continues, and that refuse another layout.
 
-mod common;
+use crate::common;
 
 use std::path::{Path, PathBuf};
 

@@ -2,7 +2,7 @@
 //! metrics file has one line per step and per epoch with the documented fields, and the
 //! replicas stay identical (checked every epoch).
 
-mod common;
+use crate::common;
 
 use std::sync::Arc;
 

@@ -3,7 +3,7 @@
 //! backbone's buckets stay those of a 10-class model, every parameter is in exactly one bucket,
 //! the allreduce runs once per bucket in that order, and evaluation reports top-1 and top-5.
 
-mod common;
+use crate::common;
 
 use std::sync::{Arc, Mutex};
 

@@ -7,7 +7,7 @@
 //! next forward runs it), where cutting a bucket cannot change a sum: at 2 ranks (two-term
 //! sums commute) and with shm at 3 (every element summed in rank order).
 
-mod common;
+use crate::common;
 
 use ddl_comm::{Algorithm, CommOrder};
 use ddl_trainer::config::Overlap;

@@ -3,7 +3,7 @@
 //! (the smallest node's), evaluation counts every val record exactly once across nodes, and
 //! the replicas of both ranks stay identical.
 
-mod common;
+use crate::common;
 
 #[test]
 fn ranks_as_nodes_with_uneven_shards() {

@@ -4,7 +4,7 @@
 //! damaged and an older one must be used. The runs use `--overlap backward` (staged
 //! backward), whose resumed trajectory must be exact too.
 
-mod common;
+use crate::common;
 
 use ddl_trainer::checkpoint::{self, Checkpoint};
 use ddl_trainer::config::Overlap;

@@ -2,22 +2,33 @@
 //! process) with two CPU replicas each writes a valid Chrome trace holding the eval and
 //! checkpoint spans and the data-wait, forward/backward and intra-node-sum spans of every
 //! replica and the allreduce of every bucket (a job of one rank has no allreduce: its
-//! gradients never leave the devices). ddl-trace is process-global, so this test lives in its
-//! own file (its own process), and every count is per rank times the ranks.
+//! gradients never leave the devices). ddl-trace is process-global and the other tests of this
+//! binary run beside it, so the traced run has a process of its own (the test binary again,
+//! running only [`traced_run_child`]), and every count is per rank times the ranks.
 
-mod common;
+use crate::common;
 
 use std::collections::BTreeSet;
+use std::path::Path;
+use std::process::Command;
 
 use serde_json::Value;
 
 /// Ranks of the traced job.
 const RANKS: usize = 2;
 
+/// Set in the child process of [`traced_run_writes_chrome_trace_with_replica_spans`]: the
+/// directory of the traced run.
+const CHILD_ENV: &str = "DDL_TRACE_CHILD_DIR";
+
+/// The child: trains with tracing on, writes `trace.json` and the number of events written
+/// (`events`) into the directory its parent names.
 #[test]
-fn traced_run_writes_chrome_trace_with_replica_spans() {
-    let tmp = ddl_testkit::scratch("trace");
-    let dir = tmp.path();
+fn traced_run_child() {
+    let Some(dir) = std::env::var_os(CHILD_ENV) else {
+        return; // only meaningful when started by the test below
+    };
+    let dir = Path::new(&dir);
     let data = dir.join("data");
     common::make_dataset(&data, 2, 32, 4, 1, 1, 32);
     let mut cfg = common::config(&data, "resnet_small", 4, "cpu:2");
@@ -35,10 +46,31 @@ fn traced_run_writes_chrome_trace_with_replica_spans() {
     let summary = common::run_ranks(&cfg, RANKS);
     ddl_trace::disable();
     assert_eq!(summary.global_steps, 4);
-    let path = dir.join("trace.json");
-    let n = ddl_trace::write(&path).unwrap();
-    assert!(n > 0);
+    let n = ddl_trace::write(&dir.join("trace.json")).unwrap();
+    std::fs::write(dir.join("events"), n.to_string()).unwrap();
+}
 
+#[test]
+fn traced_run_writes_chrome_trace_with_replica_spans() {
+    let tmp = ddl_testkit::scratch("trace");
+    let dir = tmp.path();
+    let out = Command::new(std::env::current_exe().unwrap())
+        .args(["traced_run_child", "--nocapture", "--test-threads", "1"])
+        .env(CHILD_ENV, dir)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "the traced run failed: {}\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let n: usize = std::fs::read_to_string(dir.join("events"))
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert!(n > 0);
+    let path = dir.join("trace.json");
     let v: Value = serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
     let events = match &v {
         Value::Array(a) => a,

@@ -5,7 +5,7 @@
 //! `--reset-head` on another class count (head from the seed); bad files fail before the
 //! first step, naming the key.
 
-mod common;
+use crate::common;
 
 use std::path::Path;
 use std::sync::Arc;

@@ -1,6 +1,6 @@
 //! Helpers shared by the in-process tests of ddl-comm.
 
-#![allow(dead_code)]
+pub mod exact;
 
 use std::sync::Arc;
 

@@ -1,7 +1,5 @@
 //! Shared helpers: tiny packed datasets of generated JPEGs in a scratch directory.
 
-#![allow(dead_code)] // each test binary uses a different subset
-
 use std::path::Path;
 
 use ddl_loader::sampler::{Sampler, SamplerConfig, Tail};

@@ -1,15 +1,12 @@
 //! Helpers shared by the ddl-tools integration tests: what a process writes to stderr, write by
 //! write, and `mpirun` launches with a deadline.
 
-#![allow(dead_code)] // each test binary uses a different subset
-
 use std::io::Read;
 use std::os::fd::{FromRawFd, OwnedFd};
 use std::os::unix::net::UnixStream;
-use std::process::{Command, ExitStatus, Output, Stdio};
+use std::process::{Command, ExitStatus, Stdio};
 
-/// Seconds an `mpirun` launch of a test may take before it is killed.
-pub const MPIRUN_LIMIT_S: u32 = 300;
+use ddl_testkit::launch::LAUNCH_TIMEOUT;
 
 /// What a process printed: its status, stdout, and each `write` it made to stderr.
 pub struct Writes {
@@ -38,8 +35,25 @@ impl Writes {
 
 /// Runs `cmd` with stderr connected to a `SOCK_SEQPACKET` socket, which keeps the boundaries
 /// of writes: each `write` the process (or its children) makes to stderr arrives as one
-/// message. Reading ends when every holder of the socket has closed it.
-pub fn stderr_writes(mut cmd: Command) -> Writes {
+/// message. Reading ends when every holder of the socket has closed it. The command runs under
+/// coreutils `timeout` with the testkit's [`LAUNCH_TIMEOUT`] (which signals its process group,
+/// `mpirun` stopping its ranks, and kills it 10 s later), so a hang fails the test.
+pub fn stderr_writes(cmd: Command) -> Writes {
+    let mut timed = Command::new("timeout");
+    timed
+        .args(["-k", "10", &LAUNCH_TIMEOUT.as_secs().to_string()])
+        .arg(cmd.get_program())
+        .args(cmd.get_args());
+    for (key, value) in cmd.get_envs() {
+        match value {
+            Some(value) => timed.env(key, value),
+            None => timed.env_remove(key),
+        };
+    }
+    if let Some(dir) = cmd.get_current_dir() {
+        timed.current_dir(dir);
+    }
+    let mut cmd = timed;
     let mut fds = [0i32; 2];
     // SAFETY: `fds` is a valid array of two ints for socketpair to fill.
     let rc = unsafe {
@@ -58,6 +72,7 @@ pub fn stderr_writes(mut cmd: Command) -> Writes {
         .spawn()
         .unwrap_or_else(|e| panic!("spawning {cmd:?}: {e}"));
     // Closes this process's copy of the child's end: reading then ends with the child's.
+    let what = format!("{cmd:?}");
     drop(cmd);
     let reader = std::thread::spawn(move || {
         let mut sock = UnixStream::from(ours);
@@ -72,6 +87,10 @@ pub fn stderr_writes(mut cmd: Command) -> Writes {
         }
     });
     let out = child.wait_with_output().expect("wait for child");
+    assert!(
+        !matches!(out.status.code(), Some(124) | Some(137)),
+        "{what} did not finish within {LAUNCH_TIMEOUT:?} and was killed"
+    );
     Writes {
         status: out.status,
         stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
@@ -87,43 +106,4 @@ pub fn assert_no_ansi(w: &Writes) {
         "ANSI escape codes in output to a pipe:\n{}",
         w.all()
     );
-}
-
-/// `timeout mpirun -np NP` (root and oversubscription allowed): coreutils `timeout` puts the
-/// job in its own process group and, after [`MPIRUN_LIMIT_S`] seconds, signals the whole group
-/// (then kills it 10 s later), so a hang fails the test instead of holding up CI.
-pub fn mpirun(np: usize) -> Command {
-    let mut cmd = Command::new("timeout");
-    cmd.args(["-k", "10", &MPIRUN_LIMIT_S.to_string(), "mpirun"])
-        .args([
-            "--allow-run-as-root",
-            "--oversubscribe",
-            "-np",
-            &np.to_string(),
-        ]);
-    cmd
-}
-
-/// Panics with a clear message when a launch from [`mpirun`] ran out of time.
-pub fn assert_not_timed_out(status: ExitStatus, all: &str) {
-    assert!(
-        !matches!(status.code(), Some(124) | Some(137)),
-        "mpirun did not finish within {MPIRUN_LIMIT_S} s and was killed:\n{all}"
-    );
-}
-
-/// Runs an [`mpirun`] command to completion, failing the test if it ran out of time.
-pub fn mpirun_output(cmd: &mut Command) -> Output {
-    let out = cmd
-        .output()
-        .expect("timeout and mpirun (Open MPI) must be installed");
-    assert_not_timed_out(
-        out.status,
-        &format!(
-            "{}\n{}",
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
-        ),
-    );
-    out
 }

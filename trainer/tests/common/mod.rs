@@ -1,8 +1,6 @@
 //! Shared helpers of the trainer's integration tests: a tiny generated dataset of real JPEGs
 //! packed into ddl shards, and weight-dump comparison.
 
-#![allow(dead_code)]
-
 use std::path::Path;
 use std::sync::Arc;
 

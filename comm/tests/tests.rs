@@ -1,0 +1,13 @@
+//! The crate's integration tests, one binary (as ripgrep's tests/tests.rs): each module
+//! is one concern; linking once instead of once per file keeps CI short.
+
+mod common;
+mod cost;
+mod hierarchical;
+mod mpi;
+mod priority;
+mod sharded;
+mod shm;
+mod tcp;
+mod threads;
+mod tune;

@@ -1,0 +1,12 @@
+//! The crate's integration tests, one binary (as ripgrep's tests/tests.rs): each module
+//! is one concern; linking once instead of once per file keeps CI short.
+
+mod common;
+mod dataset;
+mod memory;
+mod pack;
+mod pack_split;
+mod pipeline;
+mod reader_robustness;
+mod shard_changed;
+mod transform;

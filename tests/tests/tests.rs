@@ -1,0 +1,16 @@
+//! The crate's integration tests, one binary (as ripgrep's tests/tests.rs): each module
+//! is one concern; linking once instead of once per file keeps CI short.
+
+mod bad_record;
+mod binding;
+mod demo_learns;
+mod demo_path;
+mod finetune;
+mod gpu_bundle;
+mod head_parallel;
+mod imagenet22k;
+mod kill_resume;
+mod models;
+mod overlap_mpi;
+mod readme;
+mod synth;

@@ -1,0 +1,8 @@
+//! The crate's integration tests, one binary (as ripgrep's tests/tests.rs): each module
+//! is one concern; linking once instead of once per file keeps CI short.
+
+mod bench_cli;
+mod common;
+mod output_hygiene;
+mod pack_cli;
+mod prof;

@@ -1,0 +1,17 @@
+//! The crate's integration tests, one binary (as ripgrep's tests/tests.rs): each module
+//! is one concern; linking once instead of once per file keeps CI short.
+
+mod checkpoint_dir;
+mod common;
+mod config;
+mod exactness;
+mod head_parallel;
+mod learn;
+mod link;
+mod many_classes;
+mod model;
+mod overlap;
+mod residency;
+mod resume;
+mod trace;
+mod weights;
