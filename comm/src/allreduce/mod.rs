@@ -251,10 +251,13 @@ impl Allreducer {
     /// Whether the next call of `bytes` is a trial of the online tuning (every rank gives
     /// the same answer after the same calls).
     pub fn tuning(&self, bytes: usize) -> bool {
-        self.tuner.as_ref().is_some_and(|tuner| {
-            let tuner = tuner.lock().unwrap_or_else(|e| e.into_inner());
-            tuner.chosen(bytes, self.shared()).is_none()
-        })
+        // A call of no bytes or on one rank reduces nothing and tries nothing.
+        bytes > 0
+            && self.transport.size() > 1
+            && self.tuner.as_ref().is_some_and(|tuner| {
+                let tuner = tuner.lock().unwrap_or_else(|e| e.into_inner());
+                tuner.chosen(bytes, self.shared()).is_none()
+            })
     }
 
     /// The tuning's choices made since the last call: each is handed out once, for a log line.
@@ -431,9 +434,16 @@ impl Allreducer {
         }
         let shared = self.shared();
         let (algorithm, trial) = self.plan(bytes);
+        let mut check = check;
         if trial {
-            // The ranks start a trial call together (see `tune::call_times`).
-            self.transport.barrier()?;
+            // The ranks start a trial call together (see `tune::call_times`): the call check
+            // goes first, on its own, and is the synchronisation. Ranks that passed other
+            // sizes may be at other stages of their tuning, so nothing they do before it may
+            // depend on the size.
+            match check.take() {
+                Some(mine) => self.check_alone(scratch, mine)?,
+                None => self.transport.barrier()?,
+            }
         }
         let start = Instant::now();
         self.run_auto(scratch, buf, average, check, algorithm)?;
@@ -449,6 +459,16 @@ impl Allreducer {
             tuner.agree(&*self.transport, bytes, shared)?;
         }
         Ok(())
+    }
+
+    /// The call check of `auto` without a call: where all ranks meet whatever they run (see
+    /// [`Allreducer::run_auto`]).
+    fn check_alone(&self, scratch: &mut Scratch, mine: Signature) -> Result<()> {
+        let t = &*self.transport;
+        match scratch.shm.as_mut().filter(|_| self.topology.nodes == 1) {
+            Some(shm) => shm.check(t, mine),
+            None => check_calls(t, mine, false),
+        }
     }
 
     /// Runs `algorithm` for `auto`, the call check first. Ranks of different sizes may run
