@@ -72,6 +72,9 @@ def parse_args() -> argparse.Namespace:
                    help="stop once this many steps (counted from the start of training) are "
                    "done, with a checkpoint; 0: no limit")
     p.add_argument("--log-every", type=int, default=100, help="steps between progress lines")
+    p.add_argument("--allreduce", default="auto",
+                   help="ddl's allreduce algorithm for the gradients (auto: tuned on the first "
+                   "steps; a fixed one makes runs on 3+ ranks bitwise repeatable)")
     p.add_argument("--head-parallel", action="store_true",
                    help="split the classifier (fc) by class over the ranks; every rank "
                    "checkpoints to CHECKPOINT.rankN")
@@ -273,7 +276,8 @@ def main() -> None:
     # The backbone's gradients are averaged over the ranks; a split head's slice is not.
     optimizer = dd.DistributedOptimizer(
         torch.optim.SGD(list(model.parameters()) + classifier.parameters(), lr=peak_lr,
-                        momentum=args.momentum, weight_decay=args.weight_decay), model)
+                        momentum=args.momentum, weight_decay=args.weight_decay), model,
+        algorithm=args.allreduce)
 
     if rank == 0:
         print(f"{args.arch}: {train_loader.num_classes} classes, {world} ranks x "

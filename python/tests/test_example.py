@@ -64,8 +64,12 @@ def test_example_learns(full_run: Job) -> None:
 def test_example_learns_as_well_under_torchrun(data: Path, full_run: Job, np_: int) -> None:
     """torchrun --nproc_per_node 2 and 3 (ddl's TCP backend, no MPI) train the example to the
     val top-1 of mpirun at the same rank count, within 2 points, scoring every val image once."""
-    under_mpirun = full_run if np_ == 2 else train(data, np_=np_)
-    under_torchrun = train(data, launcher="torchrun", np_=np_)
+    # At 3 ranks `auto` may keep another algorithm in each run (it tunes on the first steps),
+    # and 2 epochs of the demo data turn that rounding into points of top-1: both runs use
+    # the ring, the same sums over MPI and over TCP. At 2 ranks every algorithm sums alike.
+    pinned = () if np_ == 2 else ("--allreduce", "ring")
+    under_mpirun = full_run if np_ == 2 else train(data, *pinned, np_=np_)
+    under_torchrun = train(data, *pinned, launcher="torchrun", np_=np_)
     ours, theirs = final(under_torchrun), final(under_mpirun)
     assert ours["val_images"] == theirs["val_images"] == 300, (ours, theirs)
     assert abs(ours["val_top1"] - theirs["val_top1"]) <= 0.02, (ours, theirs)
