@@ -157,6 +157,8 @@ fn a_2000_class_head_trains_with_one_allreduce_per_bucket_and_reports_top5() {
     cfg.overlap = Some(Overlap::Backward);
     cfg.bucket_mb = BUCKET_MB;
     cfg.allreduce = Algorithm::Mpi;
+    // Whole buckets in the plan's order (priority would cut and reorder them).
+    cfg.comm_order = ddl_comm::CommOrder::Fifo;
     let ranks = 2;
     let lengths: Vec<Arc<Mutex<Vec<usize>>>> = (0..ranks).map(|_| Arc::default()).collect();
     let summaries: Vec<_> = std::thread::scope(|s| {
