@@ -39,10 +39,9 @@ class PrioritySchedule:
         self._done = [threading.Event() for _ in sizes]
         for e in self._done:
             e.set()
-        self._events: "queue.Queue[Optional[int]]" = queue.Queue()
-        # Whether this step's rounds are started (by its first bucket; a step's job ends once
-        # every rank handed the step over, and the next step's job queues behind it).
-        self._in_step = False
+        # This step's hand-overs, read by this step's job only: the last step's job may still
+        # be finishing its rounds when this step's first buckets arrive.
+        self._events: "Optional[queue.Queue[Optional[int]]]" = None
         self._error: Optional[BaseException] = None
 
     def hand_over(self, i: int, flat: torch.Tensor) -> None:
@@ -50,15 +49,17 @@ class PrioritySchedule:
         into the average); starts the step's rounds with its first bucket."""
         self._flat[i] = flat
         self._done[i].clear()
+        if self._events is None:
+            self._events = queue.Queue()
+            events = self._events
+            self._start(lambda: self._serve(events))
         self._events.put(i)
-        if not self._in_step:
-            self._in_step = True
-            self._start(self._serve)
 
     def finish_step(self) -> None:
         """Every bucket of this step is handed over."""
-        self._in_step = False
-        self._events.put(None)
+        if self._events is not None:
+            self._events.put(None)
+            self._events = None
 
     def wait(self, i: int) -> torch.Tensor:
         """Bucket ``i``'s average once it is reduced (raises the communication's error)."""
@@ -79,10 +80,10 @@ class PrioritySchedule:
         if last:
             self._done[i].set()
 
-    def _serve(self) -> None:
+    def _serve(self, events: "queue.Queue[Optional[int]]") -> None:
         """The step's rounds, on the communication thread (see the module doc)."""
         try:
-            self._rounds()
+            self._rounds(events)
             while (chunk := self._negotiator.next_ready()) is not None:
                 self._reduce(*chunk[1:])
         except BaseException as e:  # every waiter raises it
@@ -91,12 +92,12 @@ class PrioritySchedule:
                 d.set()
             raise
 
-    def _rounds(self) -> None:
+    def _rounds(self, events: "queue.Queue[Optional[int]]") -> None:
         done = False
         while True:
             while True:
                 try:
-                    event = self._events.get_nowait()
+                    event = events.get_nowait()
                 except queue.Empty:
                     break
                 done = self._take(event, done)
@@ -110,7 +111,7 @@ class PrioritySchedule:
                 # bucket or its whole step the others lack) goes to the next round at once, so
                 # that it is there when the last rank catches up.
                 try:
-                    done = self._take(self._events.get(timeout=_POLL_S), done)
+                    done = self._take(events.get(timeout=_POLL_S), done)
                 except queue.Empty:
                     pass
 
