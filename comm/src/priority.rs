@@ -237,13 +237,22 @@ impl Negotiator {
         })
     }
 
-    /// The next chunk in priority order among the buckets ready here, taken without
-    /// negotiating: for draining when every rank is known to hold every bucket it has not
-    /// completed (the same on every rank, as the reduced chunks are). `None` when none is
-    /// ready.
-    pub fn next_ready(&mut self) -> Option<Decision> {
+    /// What is left of the highest-priority bucket ready here, whole (one chunk to its end),
+    /// taken without negotiating: for draining, when every rank is known to hold every bucket
+    /// it has not completed (the same on every rank, as the reduced chunks are) and no other
+    /// bucket can come before the drain ends, so that cutting the rest would only add calls.
+    /// `None` when none is ready.
+    pub fn next_rest(&mut self) -> Option<Decision> {
         let bucket = self.order.iter().copied().find(|&b| self.slots[b].ready)?;
-        Some(self.take(bucket))
+        let slot = &mut self.slots[bucket];
+        let range = slot.reduced..slot.len;
+        slot.reduced = 0;
+        slot.ready = false;
+        Some(Decision::Chunk {
+            bucket,
+            range,
+            last: true,
+        })
     }
 
     /// Takes the next chunk of `bucket`.
@@ -325,8 +334,12 @@ mod tests {
             exchange: false,
         };
         assert_eq!(alone(&mut n, done), Decision::Exit);
-        assert_eq!(n.next_ready(), Some(chunk(0, 8..10, true)));
-        assert_eq!(n.next_ready(), None);
+        n.ready(2);
+        assert_eq!(alone(&mut n, Local::default()), chunk(2, 0..4, false));
+        // A drain takes the rests whole, the highest priority first.
+        assert_eq!(n.next_rest(), Some(chunk(2, 4..5, true)));
+        assert_eq!(n.next_rest(), Some(chunk(0, 8..10, true)));
+        assert_eq!(n.next_rest(), None);
         assert!(!n.any_ready());
         // A complete bucket can come again (the next step).
         n.ready(0);
