@@ -22,6 +22,10 @@ use crate::topology::Topology;
 /// sum of exponentials, the target logit and the sum of the logits.
 pub const LOSS_SUMS: usize = 3;
 
+/// Bytes of the word every rank sends every other rank in an allreduce's call check, alone or
+/// in front of its first message (`allreduce/signature.rs`).
+const CHECK_WORD_BYTES: usize = 8;
+
 /// One collective call of a step, with the bytes of its whole buffer (f32).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Call {
@@ -71,17 +75,18 @@ impl Step {
     }
 
     /// Bytes one of `ranks` ranks sends per step with the ring algorithms, averaged over the
-    /// ranks: `2 (p - 1) / p` of an allreduce's buffer, `(p - 1) / p` of an allgather's or a
-    /// reduce-scatter's.
+    /// ranks: `2 (p - 1) / p` of an allreduce's buffer and the call check's word to each of
+    /// the `p - 1` others, `(p - 1) / p` of an allgather's or a reduce-scatter's.
     pub fn ring_bytes_sent(&self, ranks: usize) -> f64 {
         if ranks <= 1 {
             return 0.0;
         }
         let share = (ranks - 1) as f64 / ranks as f64;
+        let check = (CHECK_WORD_BYTES * (ranks - 1)) as f64;
         self.calls()
             .iter()
             .map(|c| match *c {
-                Call::Allreduce(b) => 2.0 * share * b as f64,
+                Call::Allreduce(b) => 2.0 * share * b as f64 + check,
                 Call::AllGather(b) | Call::ReduceScatter(b) => share * b as f64,
             })
             .sum()
@@ -153,8 +158,17 @@ mod tests {
             gradient_bytes: head,
             head: None,
         };
-        let per_sample = at(1).ring_bytes_sent(4);
-        let ratio = dp_head.ring_bytes_sent(4) / per_sample;
-        assert!((ratio - crossover).abs() < 1e-6, "{ratio} vs {crossover}");
+        // (Each has one allreduce, whose call check's bytes do not grow with the batch.)
+        let per_sample = at(2).ring_bytes_sent(4) - at(1).ring_bytes_sent(4);
+        let check = Step {
+            gradient_bytes: 0,
+            head: None,
+        }
+        .ring_bytes_sent(4);
+        let ratio = (dp_head.ring_bytes_sent(4) - check) / per_sample;
+        assert!(
+            (ratio / crossover - 1.0).abs() < 1e-9,
+            "{ratio} vs {crossover}"
+        );
     }
 }
