@@ -12,12 +12,14 @@
 //! overtakes the chunks of the head's bucket still queued, and the next forward can start its
 //! first stages while the later stages' buckets are still on the wire. Which bucket is ready
 //! first then differs per rank and per run, and collectives must run in the same order on every
-//! rank: a local priority queue would pair different buckets across ranks. So before each chunk
-//! the ranks agree on the next operation with one allreduce of a few floats of local state
-//! ([`Negotiator::negotiate`]: per bucket, ready here or not; "my step is done"; "an exchange
-//! is waiting here"), and every rank derives the same [`Decision`] from the sums, as Horovod's
-//! coordinator does with its ready lists. How a bucket is cut is the same on every rank, and so
-//! is which chunks have been reduced, since every chunk is a collective.
+//! rank: a local priority queue would pair different buckets across ranks. So while buckets are
+//! being handed over, the ranks agree before each chunk on the next operation with one
+//! allreduce of a few floats of local state ([`Negotiator::negotiate`]: per bucket, ready here
+//! or not; "my step is done"; "an exchange is waiting here"), and every rank derives the same
+//! [`Decision`] from the sums, as Horovod's coordinator does with its ready lists. How a bucket
+//! is cut is the same on every rank, and so is which chunks have been reduced, since every
+//! chunk is a collective. Once every rank has handed its step over, the rest needs no rounds:
+//! [`Negotiator::next_rest`] takes it in priority order, each bucket's rest whole.
 
 use std::fmt;
 use std::ops::Range;
@@ -25,10 +27,10 @@ use std::str::FromStr;
 
 use crate::error::{CommError, Result};
 
-/// Default chunk of `priority`, in bytes: on the emulated 2 x 4 cluster (1 Gbit/s links) a
-/// chunk of 4 MiB takes ~35 ms, long enough that the negotiation before it (about a
-/// millisecond there) costs a few percent, short enough that a first layer's bucket waits for
-/// little (BENCHMARKS.md, "Communication priorities").
+/// Default chunk of `priority`, in bytes: long enough that the round before each chunk costs
+/// little beside it, short enough that a first layer's bucket handed over behind a large one
+/// waits for little (BENCHMARKS.md, "Communication priorities", has the simulator's step at
+/// 1, 4 and 16 MiB).
 pub const DEFAULT_CHUNK_BYTES: usize = 4 << 20;
 
 /// How a communication thread orders a step's buckets (see the module doc).
@@ -237,13 +239,22 @@ impl Negotiator {
         })
     }
 
-    /// The next chunk in priority order among the buckets ready here, taken without
-    /// negotiating: for draining when every rank is known to hold every bucket it has not
-    /// completed (the same on every rank, as the reduced chunks are). `None` when none is
-    /// ready.
-    pub fn next_ready(&mut self) -> Option<Decision> {
+    /// What is left of the highest-priority bucket ready here, whole (one chunk to its end),
+    /// taken without negotiating: for draining, when every rank is known to hold every bucket
+    /// it has not completed (the same on every rank, as the reduced chunks are) and no other
+    /// bucket can come before the drain ends, so that cutting the rest would only add calls.
+    /// `None` when none is ready.
+    pub fn next_rest(&mut self) -> Option<Decision> {
         let bucket = self.order.iter().copied().find(|&b| self.slots[b].ready)?;
-        Some(self.take(bucket))
+        let slot = &mut self.slots[bucket];
+        let range = slot.reduced..slot.len;
+        slot.reduced = 0;
+        slot.ready = false;
+        Some(Decision::Chunk {
+            bucket,
+            range,
+            last: true,
+        })
     }
 
     /// Takes the next chunk of `bucket`.
@@ -325,8 +336,12 @@ mod tests {
             exchange: false,
         };
         assert_eq!(alone(&mut n, done), Decision::Exit);
-        assert_eq!(n.next_ready(), Some(chunk(0, 8..10, true)));
-        assert_eq!(n.next_ready(), None);
+        n.ready(2);
+        assert_eq!(alone(&mut n, Local::default()), chunk(2, 0..4, false));
+        // A drain takes the rests whole, the highest priority first.
+        assert_eq!(n.next_rest(), Some(chunk(2, 4..5, true)));
+        assert_eq!(n.next_rest(), Some(chunk(0, 8..10, true)));
+        assert_eq!(n.next_rest(), None);
         assert!(!n.any_ready());
         // A complete bucket can come again (the next step).
         n.ready(0);

@@ -20,11 +20,6 @@ import torch
 
 from . import _ddl
 
-#: Seconds the communication thread waits for this rank's next bucket before it checks again
-#: that the job is alive (the rounds themselves time out as ``init(timeout=...)`` says).
-_POLL_S = 1.0
-
-
 class PrioritySchedule:
     """The buckets of one optimizer under the priority order: ``hand_over`` each bucket's flat
     gradient as backward completes it, ``finish_step`` once every bucket of the step is handed
@@ -84,7 +79,7 @@ class PrioritySchedule:
         """The step's rounds, on the communication thread (see the module doc)."""
         try:
             self._rounds(events)
-            while (chunk := self._negotiator.next_ready()) is not None:
+            while (chunk := self._negotiator.next_rest()) is not None:
                 self._reduce(*chunk[1:])
         except BaseException as e:  # every waiter raises it
             self._error = e
@@ -101,19 +96,17 @@ class PrioritySchedule:
                 except queue.Empty:
                     break
                 done = self._take(event, done)
+            if not done and not self._negotiator.any_ready():
+                # Nothing to offer: this rank is the one behind (every rank hands its buckets
+                # over in the same order), and the others wait in the round until it catches
+                # up. A rank that offers what the others lack goes to the next round at once.
+                done = self._take(events.get(), done)
+                continue
             kind, i, start, end, last = self._negotiator.negotiate(done)
             if kind == "exit":
                 return
             if kind == "chunk":
                 self._reduce(i, start, end, last)
-            elif not done and not self._negotiator.any_ready():
-                # Behind the others: wait for this rank's next bucket. A rank ahead (with a
-                # bucket or its whole step the others lack) goes to the next round at once, so
-                # that it is there when the last rank catches up.
-                try:
-                    done = self._take(events.get(timeout=_POLL_S), done)
-                except queue.Empty:
-                    pass
 
     def _take(self, event: Optional[int], done: bool) -> bool:
         if event is None:

@@ -89,10 +89,10 @@ impl PyNegotiator {
         Ok(round(decision))
     }
 
-    /// The next chunk in priority order without a round (every rank holds every bucket it
-    /// has not completed: after an exit), or `None`.
-    fn next_ready(&self) -> Option<Round> {
-        self.lock().next_ready().map(round)
+    /// The rest of the highest-priority bucket ready here, whole, without a round (every rank
+    /// holds every bucket it has not completed: after an exit), or `None`.
+    fn next_rest(&self) -> Option<Round> {
+        self.lock().next_rest().map(round)
     }
 }
 

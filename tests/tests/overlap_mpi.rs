@@ -1,6 +1,7 @@
 //! Under `mpirun -np 2` (2 ranks x 2 CPU replicas, BatchNorm model), `ddl-train --overlap
 //! backward` (staged backward, each bucket allreduced while earlier stages are still in
-//! backward) ends with weights bitwise identical to `--overlap pipeline` and `--overlap off`.
+//! backward), also with `--comm-order priority`, ends with weights bitwise identical to
+//! `--overlap pipeline` and `--overlap off`.
 
 use std::fs;
 use std::path::{Path, PathBuf};
@@ -33,7 +34,8 @@ fn traced_run(shards: &Path, trace: &Path, flags: &[&str]) {
     run_ok(&mut cmd);
 }
 
-fn train(shards: &Path, overlap: &str, weights: &Path) -> Vec<u8> {
+/// The weights of 4 steps with `flags` (`--overlap` and `--comm-order`).
+fn train(shards: &Path, flags: &[&str], weights: &Path) -> Vec<u8> {
     let mut cmd = mpirun_train(2, shards);
     cmd.args([
         "--image-size",
@@ -51,9 +53,8 @@ fn train(shards: &Path, overlap: &str, weights: &Path) -> Vec<u8> {
         "--check-replicas",
         "--no-eval",
         "--quiet",
-        "--overlap",
-        overlap,
     ])
+    .args(flags)
     .arg("--dump-weights")
     .arg(weights);
     run_ok(&mut cmd);
@@ -64,10 +65,15 @@ fn train(shards: &Path, overlap: &str, weights: &Path) -> Vec<u8> {
 fn backward_overlap_matches_pipeline_and_off_under_mpirun() {
     let tmp = scratch("overlap-mpi");
     let shards = small_shards(tmp.path(), 16, 5);
-    let off = train(&shards, "off", &tmp.path().join("off.f32"));
+    let off = train(&shards, &["--overlap", "off"], &tmp.path().join("off.f32"));
     assert!(!off.is_empty());
-    for mode in ["pipeline", "backward"] {
-        let got = train(&shards, mode, &tmp.path().join(format!("{mode}.f32")));
+    let priority = ["--overlap", "backward", "--comm-order", "priority:4096"];
+    for (mode, flags) in [
+        ("pipeline", &["--overlap", "pipeline"][..]),
+        ("backward", &["--overlap", "backward"][..]),
+        ("backward priority", &priority[..]),
+    ] {
+        let got = train(&shards, flags, &tmp.path().join(format!("{mode}.f32")));
         assert_eq!(got.len(), off.len(), "{mode}: weight files differ in size");
         let first_diff = got.iter().zip(&off).position(|(x, y)| x != y);
         assert_eq!(

@@ -12,7 +12,8 @@ cross-entropy, one intra-op thread per rank), on the CPU or on one GPU per rank.
                       persistent, drop_last; pin_memory with --device cuda, batches copied with
                       non_blocking=True)
 --loader fixed        one batch made once on the device and used at every step (no loader)
---comm ddl            ddl.dist: broadcast_parameters + DistributedOptimizer (no torch.distributed)
+--comm ddl            ddl.dist: broadcast_parameters + DistributedOptimizer (no torch.distributed;
+                      --comm-order fifo|priority, --bucket-mb)
 --comm ddl-ddp        DistributedDataParallel (gloo process group for its bookkeeping) with
                       ddl.dist.allreduce_hook as its communication hook
 --comm gloo           DistributedDataParallel over torch.distributed gloo (MASTER_ADDR=127.0.0.1)
@@ -128,6 +129,8 @@ def main():
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--classes", type=int, default=100)
     ap.add_argument("--algorithm", default="auto")
+    ap.add_argument("--comm-order", choices=("fifo", "priority"), default="fifo")
+    ap.add_argument("--bucket-mb", type=float, default=25.0)
     ap.add_argument("--arch", default="resnet18")
     ap.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     ap.add_argument("--dtype", choices=("float32", "uint8"), default="float32")
@@ -162,7 +165,8 @@ def main():
     opt = sgd
     if args.comm == "ddl":
         dd.broadcast_parameters(model)
-        opt = dd.DistributedOptimizer(sgd, model, algorithm=args.algorithm)
+        opt = dd.DistributedOptimizer(sgd, model, algorithm=args.algorithm,
+                                      bucket_cap_mb=args.bucket_mb, comm_order=args.comm_order)
     elif args.comm in ("gloo", "ddl-ddp"):
         model = torch.nn.parallel.DistributedDataParallel(model)
         if args.comm == "ddl-ddp":

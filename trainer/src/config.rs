@@ -209,7 +209,7 @@ impl Default for TrainConfig {
             check_replicas: false,
             residency: ResidencyMode::Node,
             overlap: None,
-            comm_order: CommOrder::PRIORITY,
+            comm_order: CommOrder::Fifo,
             bucket_mb: 25.0,
             channels_last: false,
             eval: true,

@@ -174,12 +174,14 @@ struct Cli {
     /// off | auto (backward for GPU replicas or ranks on more than one node, else off).
     #[arg(long, default_value = "auto", value_parser = ["auto", "backward", "pipeline", "off"])]
     overlap: String,
-    /// The order the communication thread reduces the buckets in: priority (the first layers'
-    /// buckets first, in chunks agreed on by all ranks, and the next step's forward starts
-    /// each stage once its buckets are reduced; priority:CHUNK_BYTES) | fifo (as backward hands
-    /// them over, each whole, the next step after all). priority applies with --overlap
-    /// backward, several ranks and fp32/bf16; otherwise fifo runs, and the run says why.
-    #[arg(long, default_value = "priority")]
+    /// The order the communication thread reduces the buckets in: fifo (as backward hands them
+    /// over, each whole, the next step after all of them) | priority (the first layers' buckets
+    /// first, in chunks all ranks agree on, and the next step's forward starts each stage once
+    /// its buckets are reduced; priority:CHUNK_BYTES). priority applies with --overlap
+    /// backward, several ranks and fp32/bf16; otherwise fifo runs, and the run says why. fifo
+    /// is the default: priority gained nothing measurable on the emulated cluster
+    /// (BENCHMARKS.md, "Communication priorities").
+    #[arg(long, default_value = "fifo")]
     comm_order: CommOrder,
     /// Gradient bucket size in MiB.
     #[arg(long, default_value_t = defaults().bucket_mb)]

@@ -5,12 +5,13 @@
 //! `fifo`: each bucket whole, as the replicas hand them over, and the step returns once every
 //! bucket is reduced and applied.
 //!
-//! `priority`: the step sends the replicas their step first, then serves, one agreed chunk at a
-//! time, what is left of the previous step's buckets (the lowest stage first: the forward pass
-//! the replicas are running waits for them stage by stage) and this step's as backward hands
-//! them over, and returns when every rank is done with its backward: the rest goes on during
-//! the next step's forward. Before anything reads the weights, [`Table::flush`] reduces the
-//! rest and has the replicas apply it.
+//! `priority`: the step sends the replicas their step first, then reduces what is left of the
+//! previous step's buckets, lowest stage first (the forward pass the replicas are running
+//! waits for them stage by stage; every rank holds the same rest, so no round is needed),
+//! then serves this step's buckets as backward hands them over, one agreed chunk at a time,
+//! and returns when every rank is done with its backward: the rest goes on during the next
+//! step's forward. Before anything reads the weights, [`Table::flush`] reduces the rest and
+//! has the replicas apply it.
 
 use std::ops::Range;
 use std::time::{Duration, Instant};
@@ -68,9 +69,9 @@ struct Progress {
 }
 
 impl Progress {
-    /// Whether this rank holds something to negotiate that the others lacked in a round that
-    /// agreed on nothing: every replica done, an exchange or a bucket ready.
-    fn ahead(&self, schedule: &Schedule, replicas: usize) -> bool {
+    /// Whether this rank has something to negotiate: every replica done, an exchange or a
+    /// bucket ready.
+    fn offers(&self, schedule: &Schedule, replicas: usize) -> bool {
         self.done == replicas || self.head.is_some() || schedule.negotiator.any_ready()
     }
 }
@@ -123,9 +124,20 @@ impl Table {
     ) -> Result<StepStats> {
         let replicas = self.replicas();
         let mut progress = Progress::default();
+        // The last step's rest first, without rounds: every rank holds all of it, and nothing
+        // of this step can come before the forward has waited for every bucket of it.
+        progress.stats.allreduce += self.reduce_rest(schedule, comm)?;
         loop {
             while let Ok(msg) = self.msgs.try_recv() {
                 self.progress(schedule, msg, cmd, &mut progress)?;
+            }
+            // A round only with something to offer (a bucket, an exchange, the whole step):
+            // with nothing, this rank is the one behind (every rank hands its buckets over in
+            // the same order), and the others wait in the round until it catches up.
+            if !progress.offers(schedule, replicas) {
+                let msg = self.recv()?;
+                self.progress(schedule, msg, cmd, &mut progress)?;
+                continue;
             }
             let local = Local {
                 done: progress.done == replicas,
@@ -136,6 +148,8 @@ impl Table {
                 .negotiator
                 .negotiate(local, self.cfg.ranks, |s| comm.allreduce_sum(s))?;
             progress.stats.allreduce += t0.elapsed();
+            let step = (cmd.seq / self.layout.buckets.len() as u64) as i64;
+            ddl_trace::record("negotiate", "comm", t0, t0.elapsed(), &[("step", step)]);
             match decision {
                 Decision::Exchange => match progress.head.take() {
                     Some(request) => self.serve_head(request, comm)?,
@@ -150,15 +164,8 @@ impl Table {
                     let took = self.reduce_chunk(schedule, bucket, range, last, comm)?;
                     progress.stats.allreduce += took;
                 }
-                // Every rank hands its buckets over in the same order, so the rank that has
-                // nothing beyond what every rank has is the one behind: it waits for its
-                // replicas. A rank ahead (a bucket, an exchange or its whole step that the
-                // others lack) negotiates again at once, to be waiting in that round when the
-                // last rank catches up, rather than after its own next message.
-                Decision::Wait if !progress.ahead(schedule, replicas) => {
-                    let msg = self.recv()?;
-                    self.progress(schedule, msg, cmd, &mut progress)?;
-                }
+                // What this rank offers, the others lack: it goes to the next round at once,
+                // to be waiting there when the last rank catches up.
                 Decision::Wait => {}
             }
         }
@@ -253,17 +260,26 @@ impl Table {
         flushed
     }
 
-    fn drain(&mut self, schedule: &mut Schedule, comm: &dyn Comm) -> Result<()> {
-        while let Some(decision) = schedule.negotiator.next_ready() {
+    /// Reduces, in priority order and without rounds, every chunk of the buckets handed over
+    /// here and not complete: at a point where every rank holds the same ones (after a step's
+    /// exit, before the next step's buckets can come). Returns the time its allreduces took.
+    fn reduce_rest(&self, schedule: &mut Schedule, comm: &dyn Comm) -> Result<Duration> {
+        let mut took = Duration::ZERO;
+        while let Some(decision) = schedule.negotiator.next_rest() {
             if let Decision::Chunk {
                 bucket,
                 range,
                 last,
             } = decision
             {
-                self.reduce_chunk(schedule, bucket, range, last, comm)?;
+                took += self.reduce_chunk(schedule, bucket, range, last, comm)?;
             }
         }
+        Ok(took)
+    }
+
+    fn drain(&mut self, schedule: &mut Schedule, comm: &dyn Comm) -> Result<()> {
+        self.reduce_rest(schedule, comm)?;
         for r in 0..self.replicas() {
             self.send(r, Cmd::Flush)?;
         }
