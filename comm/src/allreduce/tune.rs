@@ -252,8 +252,8 @@ impl Tuner {
 }
 
 /// Collective over `t`: every trial call's time on the rank that took the longest for it, per
-/// candidate, the same on every rank. The ranks start each trial call together (after a
-/// barrier), so that is how long the call kept them: without the barrier every call also held
+/// candidate, the same on every rank. The ranks start each trial call together (after its
+/// call check, run on its own), so that is how long the call kept them: otherwise every call held
 /// the wait for the last rank to arrive (in training, for its backward), which says nothing
 /// about the algorithm, and the time of the last to arrive flattered the algorithms that let
 /// the others work ahead. The ranks' times travel through one ring allreduce of a table with
