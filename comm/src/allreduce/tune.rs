@@ -11,8 +11,8 @@
 //! already took longer than [`PROBE_BUDGET`] (a second call of them would cost more than the
 //! whole race of the others); after the second, those whose faster call is over [`PRUNE`]
 //! times the fastest's. The rest race for as many rounds as [`RACE_BUDGET`] pays for at their
-//! scouting times ([`race_rounds`]: many calls where calls are cheap, so that a few calls that
-//! lost their core on a shared host cannot decide), and after a last tiny allreduce every rank
+//! scouting times, up to [`MAX_RACE_CALLS`] ([`race_rounds`]: more calls where calls are
+//! cheap, so that a few calls that lost their core on a shared host cannot decide), and after a last tiny allreduce every rank
 //! keeps the candidate of the smallest median (the first of equals). The ranks start every
 //! trial call together, and a call's time is the longest any rank spent in it
 //! ([`call_times`]). The allreduce's sums are exact and bitwise identical on all ranks, so the
@@ -51,8 +51,9 @@ pub const RACE_BUDGET: f64 = 5e-3;
 /// Fewest rounds of the race: the median of three calls outvotes one that lost its core.
 pub const MIN_ROUNDS: usize = 3;
 
-/// Most rounds of the race, where calls take microseconds.
-pub const MAX_ROUNDS: usize = 15;
+/// Most calls of the race, all racing candidates together, where calls take microseconds: a
+/// training step makes one call of each bucket, so the race lasts that many steps.
+pub const MAX_RACE_CALLS: usize = 16;
 
 /// The size class of a call of `bytes`: the size rounded up to a power of two. Calls of one
 /// class share one tuning.
@@ -315,11 +316,14 @@ fn estimate(calls: &[f64]) -> f64 {
 }
 
 /// Rounds of the race among candidates whose calls take `estimates` (seconds, the same on
-/// every rank): as many as [`RACE_BUDGET`] pays for, within [`MIN_ROUNDS`]..=[`MAX_ROUNDS`].
+/// every rank): as many as [`RACE_BUDGET`] pays for and [`MAX_RACE_CALLS`] allows, at least
+/// [`MIN_ROUNDS`].
 fn race_rounds(estimates: impl Iterator<Item = f64>) -> usize {
-    let round: f64 = estimates.sum();
-    let affordable = (RACE_BUDGET / round.max(f64::MIN_POSITIVE)).floor();
-    affordable.clamp(MIN_ROUNDS as f64, MAX_ROUNDS as f64) as usize
+    let (racing, round) = estimates.fold((0usize, 0.0), |(n, sum), e| (n + 1, sum + e));
+    let affordable = (RACE_BUDGET / round.max(f64::MIN_POSITIVE)).min(1e6) as usize;
+    affordable
+        .min(MAX_RACE_CALLS / racing.max(1))
+        .max(MIN_ROUNDS)
 }
 
 /// The choice: the candidate of the smallest `estimate` (the first of equals; a candidate
@@ -480,7 +484,7 @@ mod tests {
         // shm takes 10 us, but its first two race calls lost the core (300 us); rhd 25 us
         // throughout; the ring (200 us) is pruned after scouting. Three rounds of the race
         // (shm's median of [300, 300, 10]) kept rhd; now the race runs the rounds that
-        // RACE_BUDGET pays for, at most MAX_ROUNDS.
+        // RACE_BUDGET pays for, at most MAX_RACE_CALLS calls (8 rounds of 2).
         let (calls, choice) = tune_counted(2, |c, n| match (c, n) {
             (0, _) => 200e-6,
             (1, _) => 25e-6,
@@ -488,7 +492,10 @@ mod tests {
             _ => 10e-6,
         });
         assert_eq!(choice.algorithm, Algorithm::SHM, "{choice:?}");
-        assert_eq!(calls, vec![2, 2 + MAX_ROUNDS, 2 + MAX_ROUNDS]);
+        assert_eq!(
+            calls,
+            vec![2, 2 + MAX_RACE_CALLS / 2, 2 + MAX_RACE_CALLS / 2]
+        );
     }
 
     #[test]
