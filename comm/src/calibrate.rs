@@ -152,17 +152,12 @@ pub fn mean_call_time<T: Element>(
 /// each size so that they meet the same load; per size the median of the passes
 /// ([`median_pass`]), so that bursts of load from other tenants of the machine, which last
 /// seconds, spoil no point unless they cover half the passes. (Other tenants hurt `shm` most:
-/// they evict the slots it keeps in the shared cache. A calibration in such a burst timed
-/// `shm` at np 2 and 16 MiB at 7.9 ms, against 1.4-1.7 ms in the benchmark
-/// minutes later.) The benchmark reports the median of its runs (each, like a pass, the mean
-/// of many calls): the median pass predicts it, where the fastest pass (or a low quantile)
-/// takes an algorithm that is fast only now and then for fast (`hierarchical` at 1 MiB on the
-/// 2 x 4 cluster, whose node leaders share 2 cores with 6 other ranks: 8.8 ms in the second
-/// fastest of 5 passes, 11.9-13.5 in the benchmark, where multicolor took 9.7-10.1 and `auto`
-/// ran the former). Like the benchmark, every size is a prefix of one buffer of the
-/// largest size and one [`Allreducer`] per algorithm serves all sizes: a fresh buffer per
-/// size made the 4 MiB ring at np 2 take 3x its benchmark time (2.8 against 0.94 ms, median
-/// of three passes). An algorithm this group cannot run (`shm` across nodes) gets `None`.
+/// they evict the slots it keeps in the shared cache.) The benchmark reports the median of
+/// its runs (each, like a pass, the mean of many calls): the median pass predicts it, where
+/// the fastest pass (or a low quantile) takes an algorithm that is fast only now and then for
+/// fast. Like the benchmark, every size is a prefix of one buffer of the largest size and one
+/// [`Allreducer`] per algorithm serves all sizes: a fresh buffer per size timed the ring far
+/// above its benchmark time. (BENCHMARKS.md, "Figures behind the defaults", has each case.) An algorithm this group cannot run (`shm` across nodes) gets `None`.
 /// Every rank of `t` must call this; rank 0 of `t` gets the times.
 fn sweep(
     t: &Arc<dyn Transport>,
