@@ -1,7 +1,7 @@
 //! `ddl-predict`: a model loaded from a weights file classifies images, on the CPU or a GPU,
 //! with the eval transform and the classes its metadata names.
 //!
-//! A file written by ddl (`ddl-train --export`, `ddl-export`) says everything: architecture,
+//! A file written by ddl (`ddl-train`'s `export`, `ddl-export`) says everything: architecture,
 //! classes in label order, image size, eval resize, mean and std. A plain torchvision state
 //! dict carries none of it: [`Overrides`] names the architecture (and optionally the sizes;
 //! ImageNet's 224 / 256 otherwise), and its classes are the label numbers.
@@ -16,6 +16,7 @@ use tch::{nn, Device, Kind, Tensor};
 use crate::config::eval_resize_px;
 use crate::error::{Result, TrainError};
 use crate::model::{self, Model, ModelKind};
+use crate::setting::Setting;
 use crate::table::Layout;
 use crate::weights::meta::ModelMeta;
 use crate::weights::{file, Spec, WeightsError};
@@ -52,10 +53,10 @@ pub struct Classifier {
     _vs: nn::VarStore,
 }
 
-/// `--device`: `auto` (the first GPU if there is one, else the CPU), `cpu`, `cuda` or `cuda:N`.
+/// `device`: `auto` (the first GPU if there is one, else the CPU), `cpu`, `cuda` or `cuda:N`.
 pub fn parse_device(spec: &str) -> Result<Device> {
     let gpus = tch::Cuda::device_count().max(0) as usize;
-    let bad = |m: String| TrainError::config("--device", m);
+    let bad = |m: String| TrainError::config(Setting::Device, m);
     let index = match spec {
         "auto" => {
             return Ok(if gpus > 0 {
@@ -95,9 +96,11 @@ impl Classifier {
                 let arch = overrides.arch.ok_or_else(|| {
                     metadata_error(
                         "model",
-                        "the file has no ddl metadata (a state dict saved outside ddl): name \
-                         its architecture with --arch"
-                            .into(),
+                        format!(
+                            "the file has no ddl metadata (a state dict saved outside ddl): \
+                             name its architecture with {}",
+                            Setting::Arch
+                        ),
                     )
                 })?;
                 let classes = dict
@@ -188,8 +191,12 @@ impl Classifier {
     /// The eval transform the model was trained and evaluated with.
     pub fn transform(&self) -> Result<EvalTransform> {
         let m = &self.meta;
-        EvalTransform::new(m.image_size, m.eval_resize, m.mean, m.std)
-            .map_err(|e| TrainError::config("--image-size/--eval-resize", e.to_string()))
+        EvalTransform::new(m.image_size, m.eval_resize, m.mean, m.std).map_err(|e| {
+            TrainError::Config {
+                settings: vec![Setting::ImageSize, Setting::EvalResize],
+                message: e.to_string(),
+            }
+        })
     }
 
     /// Logits (float32, on the CPU, `[n, classes]`) of `n` transformed images (`images`: n x 3
@@ -269,7 +276,7 @@ pub fn image_files(inputs: &[std::path::PathBuf]) -> Result<Vec<std::path::PathB
 pub type Outcome<'a> = std::result::Result<&'a [Prediction], &'a str>;
 
 /// The transformed images and logits of the images a [`Classifier::classify_files`] call
-/// classified, in order (for `--save-tensors`).
+/// classified, in order (for saving them as tensors).
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct Kept {
     /// The images classified.
