@@ -19,7 +19,7 @@ use crate::model::{self, Model, ModelKind};
 use crate::setting::Setting;
 use crate::table::Layout;
 use crate::weights::meta::ModelMeta;
-use crate::weights::{file, Spec, WeightsError};
+use crate::weights::{file, Spec, StateDict, WeightsError};
 
 /// What to assume for a weights file without ddl's metadata (and what to check against one
 /// with it).
@@ -92,43 +92,7 @@ impl Classifier {
         };
         let mut meta = match ModelMeta::from_map(&map, path)? {
             Some(m) => m,
-            None => {
-                let arch = overrides.arch.ok_or_else(|| {
-                    metadata_error(
-                        "model",
-                        format!(
-                            "the file has no ddl metadata (a state dict saved outside ddl): \
-                             name its architecture with {}",
-                            Setting::Arch
-                        ),
-                    )
-                })?;
-                let classes = dict
-                    .tensors
-                    .get("fc.weight")
-                    .and_then(|e| e.shape.first().copied())
-                    .ok_or_else(|| WeightsError::Missing {
-                        path: path.to_path_buf(),
-                        key: "fc.weight".into(),
-                        model: arch.name().into(),
-                        more: 0,
-                    })?;
-                let size = overrides.image_size.unwrap_or(224);
-                ModelMeta {
-                    model: arch.name().to_string(),
-                    classes: (0..classes).map(|i| i.to_string()).collect(),
-                    image_size: size,
-                    eval_resize: eval_resize_px(size, 0),
-                    mean: IMAGENET_MEAN,
-                    std: IMAGENET_STD,
-                    ddl_version: String::new(),
-                    flags: None,
-                    global_step: None,
-                    val_top1: None,
-                    val_top5: None,
-                    batchnorm_statistics: None,
-                }
-            }
+            None => assumed_meta(&dict, path, overrides)?,
         };
         if let Some(arch) = overrides.arch.filter(|a| a.name() != meta.model) {
             return Err(metadata_error(
@@ -155,21 +119,7 @@ impl Classifier {
         let model = model::build(kind, &vs.root(), classes, meta.image_size);
         let layout = Layout::new(&vs, usize::MAX);
         dict.check(&Spec::of_layout(kind.name(), &layout), path, false)?;
-        let _guard = tch::no_grad_guard();
-        for (name, mut var) in vs.variables() {
-            let entry = dict
-                .tensors
-                .get(&name)
-                .ok_or_else(|| WeightsError::Missing {
-                    path: path.to_path_buf(),
-                    key: name.clone(),
-                    model: kind.name().into(),
-                    more: 0,
-                })?;
-            let values = entry.to_f32().unwrap_or_default();
-            let host = Tensor::f_from_slice(&values)?.f_view(var.size().as_slice())?;
-            var.f_copy_(&host)?;
-        }
+        copy_weights(&vs, &dict, path, kind)?;
         Ok(Classifier {
             meta,
             device,
@@ -342,4 +292,69 @@ impl Classifier {
         }
         Ok(kept)
     }
+}
+
+/// The metadata of a state dict saved outside ddl: its architecture from `overrides.arch`,
+/// its classes numbered from the head's rows, torchvision's eval transform.
+fn assumed_meta(dict: &StateDict, path: &Path, overrides: &Overrides) -> Result<ModelMeta> {
+    let metadata_error = |key: &str, message: String| WeightsError::Metadata {
+        path: path.to_path_buf(),
+        key: key.to_string(),
+        message,
+    };
+    let arch = overrides.arch.ok_or_else(|| {
+        metadata_error(
+            "model",
+            format!(
+                "the file has no ddl metadata (a state dict saved outside ddl): \
+                 name its architecture with {}",
+                Setting::Arch
+            ),
+        )
+    })?;
+    let classes = dict
+        .tensors
+        .get("fc.weight")
+        .and_then(|e| e.shape.first().copied())
+        .ok_or_else(|| WeightsError::Missing {
+            path: path.to_path_buf(),
+            key: "fc.weight".into(),
+            model: arch.name().into(),
+            more: 0,
+        })?;
+    let size = overrides.image_size.unwrap_or(224);
+    Ok(ModelMeta {
+        model: arch.name().to_string(),
+        classes: (0..classes).map(|i| i.to_string()).collect(),
+        image_size: size,
+        eval_resize: eval_resize_px(size, 0),
+        mean: IMAGENET_MEAN,
+        std: IMAGENET_STD,
+        ddl_version: String::new(),
+        flags: None,
+        global_step: None,
+        val_top1: None,
+        val_top5: None,
+        batchnorm_statistics: None,
+    })
+}
+
+/// Copies every tensor of `dict` (checked against the model `kind`) into its variable of `vs`.
+fn copy_weights(vs: &nn::VarStore, dict: &StateDict, path: &Path, kind: ModelKind) -> Result<()> {
+    let _guard = tch::no_grad_guard();
+    for (name, mut var) in vs.variables() {
+        let entry = dict
+            .tensors
+            .get(&name)
+            .ok_or_else(|| WeightsError::Missing {
+                path: path.to_path_buf(),
+                key: name.clone(),
+                model: kind.name().into(),
+                more: 0,
+            })?;
+        let values = entry.to_f32().unwrap_or_default();
+        let host = Tensor::f_from_slice(&values)?.f_view(var.size().as_slice())?;
+        var.f_copy_(&host)?;
+    }
+    Ok(())
 }

@@ -187,18 +187,7 @@ pub fn train(
     let rank = transport.rank();
     let world = transport.size();
     let plan = plan(cfg, rank, world, info)?;
-    let model = match &cfg.cost_model {
-        Some(path) => CostModel::load(path)
-            .map_err(|e| TrainError::config(Setting::CostModel, e.to_string()))?,
-        None => CostModel::default(),
-    };
-    let comm = Collective::new(
-        transport,
-        cfg.allreduce.clone(),
-        cfg.gather.clone(),
-        topology,
-        model,
-    )?;
+    let comm = collective(cfg, transport, topology)?;
     let replicas = plan.devices.len();
     check_replica_counts(&comm, replicas)?;
     device::configure_backend(&plan.devices, cfg.deterministic);
@@ -254,6 +243,27 @@ pub fn train(
         run.print_start(world, min_node, overlap);
     }
     run.go()
+}
+
+/// The collectives of the run over `transport`, with the cost model `auto` chooses by (the
+/// `cost_model` file, or the formulas).
+fn collective(
+    cfg: &TrainConfig,
+    transport: Arc<dyn Transport>,
+    topology: Topology,
+) -> Result<Collective> {
+    let model = match &cfg.cost_model {
+        Some(path) => CostModel::load(path)
+            .map_err(|e| TrainError::config(Setting::CostModel, e.to_string()))?,
+        None => CostModel::default(),
+    };
+    Collective::new(
+        transport,
+        cfg.allreduce.clone(),
+        cfg.gather.clone(),
+        topology,
+        model,
+    )
 }
 
 /// What a rank trains and evaluates on.

@@ -33,36 +33,8 @@ impl Run<'_> {
     /// checks it the same way, so a bad file fails every rank before the first step, naming
     /// the key.
     pub(super) fn init_from(&mut self, path: &Path) -> Result<()> {
-        let read = if self.is_root() {
-            Some(std::fs::read(path).map_err(|source| WeightsError::Io {
-                path: path.to_path_buf(),
-                source,
-            }))
-        } else {
-            None
-        };
-        let payload = match &read {
-            Some(Ok(bytes)) => [&[0u8][..], bytes].concat(),
-            Some(Err(e)) => [&[1u8][..], e.to_string().as_bytes()].concat(),
-            None => Vec::new(),
-        };
-        drop(read);
-        let payload = self.comm.broadcast_bytes(payload)?;
-        let bytes = match payload.split_first() {
-            Some((0, bytes)) => bytes,
-            Some((_, message)) => {
-                return Err(TrainError::FromRoot(
-                    String::from_utf8_lossy(message).into_owned(),
-                ))
-            }
-            None => {
-                return Err(TrainError::FromRoot(format!(
-                    "{}: nothing received",
-                    Setting::InitFrom
-                )))
-            }
-        };
-        let (dict, metadata) = file::parse(bytes, path)?;
+        let bytes = self.fetch_file(path)?;
+        let (dict, metadata) = file::parse(&bytes, path)?;
         let model = self.cfg.model.name();
         // A ddl file names its architecture: say so rather than list mismatching shapes. Other
         // tools' metadata (anything that is not one of ddl's model names) is not ours to read.
@@ -116,6 +88,40 @@ impl Run<'_> {
             );
         }
         Ok(())
+    }
+
+    /// The bytes of the file `path` on every rank: rank 0 reads it and broadcasts them (or
+    /// why it could not), so that every rank fails alike.
+    fn fetch_file(&mut self, path: &Path) -> Result<Vec<u8>> {
+        let read = if self.is_root() {
+            Some(std::fs::read(path).map_err(|source| WeightsError::Io {
+                path: path.to_path_buf(),
+                source,
+            }))
+        } else {
+            None
+        };
+        let payload = match &read {
+            Some(Ok(bytes)) => [&[0u8][..], bytes].concat(),
+            Some(Err(e)) => [&[1u8][..], e.to_string().as_bytes()].concat(),
+            None => Vec::new(),
+        };
+        drop(read);
+        let payload = self.comm.broadcast_bytes(payload)?;
+        match payload.split_first() {
+            Some((0, _)) => {
+                let mut bytes = payload;
+                bytes.drain(..1);
+                Ok(bytes)
+            }
+            Some((_, message)) => Err(TrainError::FromRoot(
+                String::from_utf8_lossy(message).into_owned(),
+            )),
+            None => Err(TrainError::FromRoot(format!(
+                "{}: nothing received",
+                Setting::InitFrom
+            ))),
+        }
     }
 
     /// `export`: writes the final model to `path` (rank 0), with the validation accuracy of
