@@ -126,40 +126,28 @@ fn a_silent_rank_is_named_within_the_timeout() {
     }
 }
 
-/// Set in the child process of [`nothing_is_left_in_dev_shm`].
-const CHILD_ENV: &str = "DDL_SHM_LEFT_CHILD";
+/// Set in the process of its own that `nothing_is_left_in_dev_shm` runs its check in.
+const ALONE: &str = "DDL_TEST_SHM_ALONE";
 
-/// The other tests of this binary create regions of their own under this process's prefix at
-/// any time, so the count runs in a process of its own (the test binary again, running only
-/// [`nothing_is_left_child`]).
 #[test]
 fn nothing_is_left_in_dev_shm() {
-    let out = std::process::Command::new(std::env::current_exe().unwrap())
-        .args([
-            "nothing_is_left_child",
-            "--nocapture",
-            "--test-threads",
-            "1",
-        ])
-        .env(CHILD_ENV, "1")
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "the child failed: {}\n{}{}",
-        out.status,
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let ran = String::from_utf8_lossy(&out.stdout);
-    assert!(ran.contains("1 passed"), "the child ran no test: {ran}");
-}
-
-/// The child: two allreducers of one group leave no region file of this process behind.
-#[test]
-fn nothing_is_left_child() {
-    if std::env::var_os(CHILD_ENV).is_none() {
-        return; // only meaningful when started by the test above
+    // A process's regions are named `ddl-PID-...`, and the other tests of this binary hold
+    // regions of their own while they run: the check runs in a process of its own.
+    if std::env::var_os(ALONE).is_none() {
+        let name = "shm::nothing_is_left_in_dev_shm";
+        let out = std::process::Command::new(std::env::current_exe().expect("test binary"))
+            .args(["--exact", name, "--test-threads", "1"])
+            .env(ALONE, "1")
+            .output()
+            .expect("run the test binary");
+        let printed = String::from_utf8_lossy(&out.stdout).into_owned()
+            + &String::from_utf8_lossy(&out.stderr);
+        assert!(out.status.success(), "{printed}");
+        assert!(
+            printed.contains("1 passed"),
+            "{name} did not run: {printed}"
+        );
+        return;
     }
     let prefix = format!("ddl-{}-", std::process::id());
     let ours = || {

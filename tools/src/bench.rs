@@ -483,10 +483,7 @@ pub fn simulate(
     let algos = [
         Algorithm::Ring,
         Algorithm::Rhd,
-        Algorithm::Multicolor {
-            colors: ddl_comm::algorithm::DEFAULT_COLORS,
-            chunk_bytes: ddl_comm::algorithm::DEFAULT_CHUNK_BYTES,
-        },
+        Algorithm::MULTICOLOR,
         Algorithm::Multiring {
             dims: Vec::new(),
             segments: 0,

@@ -21,6 +21,9 @@ use ddl_trainer::schedule::DecayKind;
 use ddl_trainer::signal::StopRequest;
 use ddl_trainer::{TrainConfig, TrainError, TrainSummary};
 
+#[path = "cli/flags.rs"]
+mod flags;
+
 /// Train an image classifier data-parallel on ddl shards.
 #[derive(Parser, Debug)]
 #[command(name = "ddl-train", version, about)]
@@ -294,6 +297,7 @@ impl Cli {
 
 fn main() -> anyhow::Result<()> {
     ddl_comm::cli::end_quietly_on_closed_pipe();
+    flags::install();
     tracing_subscriber::fmt()
         .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
         .with_writer(std::io::stderr)
