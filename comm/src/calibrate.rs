@@ -244,7 +244,8 @@ fn beta_curve(
 ///   leave the caches), then quadruples it. `shm` of one f32 over each node's ranks (where
 ///   they share memory) gives the synchronisation time;
 /// - every algorithm `auto` chooses between here ([`auto_candidates`]: the ring, rhd,
-///   multiring, multicolor, `mpi`, and `shm` on one node) at the benchmark's sizes, 4 KiB x
+///   multiring over several tiers, multicolor, `mpi`, and `shm` on one node; the ones that
+///   run the same code are timed once) at the benchmark's sizes, 4 KiB x
 ///   4^k up to `max_bytes`, taking turns at each size, timed like the benchmark: the model's
 ///   [`MeasuredCurve`]s for this layout, so that `auto` picks what ran fastest, not what the
 ///   formulas (which serve `ddl-bench sim`'s other layouts) say.
@@ -368,7 +369,8 @@ fn auto_curves(
     sizes: &[usize],
     passes: usize,
 ) -> Result<Vec<MeasuredCurve>> {
-    let candidates = auto_candidates(topo, true, t.has_native_allreduce());
+    let all = auto_candidates(topo, true, t.has_native_allreduce());
+    let candidates = crate::allreduce::tune::distinct(all, topo);
     Ok(candidates
         .iter()
         .zip(sweep(t, &candidates, topo, sizes, passes)?)
