@@ -42,10 +42,7 @@ pub(crate) fn lock(dir: &Path) -> Result<DirLock> {
         .truncate(false)
         .open(&path)
         .map_err(|e| TrainError::io(&path, e))?;
-    if !file
-        .try_lock_exclusive()
-        .map_err(|e| TrainError::io(&path, e))?
-    {
+    if !try_lock(&mut file).map_err(|e| TrainError::io(&path, e))? {
         return Err(TrainError::CheckpointDirLocked {
             dir: dir.to_path_buf(),
             holder: holder(&mut file),
@@ -61,6 +58,26 @@ pub(crate) fn lock(dir: &Path) -> Result<DirLock> {
         _file: file,
         created,
     })
+}
+
+/// Takes the lock, or finds it held. A lock that names this very process was taken by an
+/// earlier run in it and is held on only by a child process it is starting (a fork holds the
+/// descriptor until its exec closes it): that one is waited for, up to [`HOLDER_WAIT`].
+fn try_lock(file: &mut File) -> std::io::Result<bool> {
+    let start = Instant::now();
+    let mine = format!("pid {} host {}", std::process::id(), hostname());
+    loop {
+        if file.try_lock_exclusive()? {
+            return Ok(true);
+        }
+        let mut text = String::new();
+        file.seek(SeekFrom::Start(0))?;
+        file.read_to_string(&mut text)?;
+        if text.trim_end() != mine || start.elapsed() > HOLDER_WAIT {
+            return Ok(false);
+        }
+        std::thread::sleep(Duration::from_millis(1));
+    }
 }
 
 /// "pid PID on host HOST" of the run holding the lock, read from the file it wrote (which
