@@ -65,6 +65,7 @@ pub mod predict;
 pub mod run_flags;
 pub mod schedule;
 pub mod signal;
+pub mod size_schedule;
 pub mod table;
 pub mod train;
 pub mod validate;

@@ -1,7 +1,9 @@
 //! Checks of the numeric flags and of the memory the input batches will take, before anything
 //! is allocated: every error names its flag and says what is allowed.
 
-use ddl_loader::limits::{self, Buffers, LimitError, Setting, Settings};
+use ddl_loader::limits::{
+    self, AugmentError, AugmentSetting, AugmentSettings, Buffers, LimitError, Setting, Settings,
+};
 use ddl_loader::pipeline::Output;
 
 use crate::config::TrainConfig;
@@ -89,7 +91,44 @@ pub fn ranges(cfg: &TrainConfig) -> Result<()> {
             return Err(TrainError::config(flag, "must be at least 1"));
         }
     }
-    limits::check(&pipeline_settings(cfg)).map_err(limit_error)
+    limits::check(&pipeline_settings(cfg)).map_err(limit_error)?;
+    augment(cfg)
+}
+
+/// Checks the augmentation flags and the sizes of `--image-size-schedule` (the limits of
+/// `--image-size`).
+fn augment(cfg: &TrainConfig) -> Result<()> {
+    limits::check_augment(&AugmentSettings {
+        train: cfg.train_augment(),
+        eval_resize_ratio: cfg.eval_resize_ratio,
+        mean: cfg.mean,
+        std: cfg.std,
+    })
+    .map_err(augment_error)?;
+    for size in cfg.image_size_schedule.sizes() {
+        let settings = Settings {
+            image_size: size,
+            eval_resize: 0,
+            ..pipeline_settings(cfg)
+        };
+        limits::check(&settings).map_err(|e| {
+            TrainError::config("--image-size-schedule", format!("size {size}: {e}"))
+        })?;
+    }
+    Ok(())
+}
+
+/// A refused augmentation value as the error of its flag.
+fn augment_error(e: AugmentError) -> TrainError {
+    let flag = match e.setting {
+        AugmentSetting::Scale => "--crop-scale",
+        AugmentSetting::Ratio => "--crop-ratio",
+        AugmentSetting::Flip => "--flip-prob",
+        AugmentSetting::EvalResizeRatio => "--eval-resize-ratio",
+        AugmentSetting::Mean => "--mean",
+        AugmentSetting::Std => "--std",
+    };
+    TrainError::config(flag, e.to_string())
 }
 
 /// `--head-parallel` splits `classes` classes over `replicas` replicas (every replica of the
@@ -163,8 +202,15 @@ pub fn batch_memory(
         ranks_on_node,
         output,
     };
-    limits::check_memory(&pipeline_settings(cfg), buffers, limits::available_memory())
-        .map_err(limit_error)
+    // The largest batches of the run: progressive resizing may grow them past --image-size.
+    let largest = Settings {
+        image_size: cfg
+            .image_size_schedule
+            .sizes()
+            .fold(cfg.image_size, u32::max),
+        ..pipeline_settings(cfg)
+    };
+    limits::check_memory(&largest, buffers, limits::available_memory()).map_err(limit_error)
 }
 
 #[cfg(test)]
@@ -195,5 +241,32 @@ mod tests {
             memory.contains("--image-size/--batch/--prefetch"),
             "{memory}"
         );
+    }
+
+    #[test]
+    fn augmentation_flags_are_checked_and_named() {
+        let refused = |f: fn(&mut TrainConfig)| {
+            let mut cfg = TrainConfig::default();
+            f(&mut cfg);
+            ranges(&cfg).unwrap_err().to_string()
+        };
+        type Change = fn(&mut TrainConfig);
+        let cases: [(Change, &str); 7] = [
+            (|c| c.crop_scale = [0.0, 1.0], "--crop-scale"),
+            (|c| c.crop_ratio = [1.5, 1.0], "--crop-ratio"),
+            (|c| c.flip_prob = -0.1, "--flip-prob"),
+            (|c| c.eval_resize_ratio = 0.5, "--eval-resize-ratio"),
+            (|c| c.std = [0.2, -1.0, 0.2], "--std"),
+            (|c| c.mean = [f32::INFINITY, 0.0, 0.0], "--mean"),
+            (
+                |c| c.image_size_schedule = "0:160,3:8".parse().unwrap(),
+                "--image-size-schedule",
+            ),
+        ];
+        for (f, flag) in cases {
+            let e = refused(f);
+            assert!(e.contains(flag), "{flag}: {e}");
+        }
+        assert!(ranges(&TrainConfig::default()).is_ok());
     }
 }
