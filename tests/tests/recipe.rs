@@ -147,3 +147,39 @@ fn bad_recipe_flags_name_the_flag() {
         );
     }
 }
+
+#[test]
+fn mean_and_std_reach_the_input() {
+    let tmp = scratch("recipe-norm");
+    let shards = synth_and_pack(
+        tmp.path(),
+        &SynthSpec {
+            classes: 4,
+            per_class: 8,
+            val_per_class: 1,
+            seed: 6,
+            shards: 1,
+            max_short_side: 48,
+        },
+    );
+    let weights = |name: &str, extra: &[&str]| {
+        let dir = tmp.path().join(name);
+        let steps = ["--max-steps", "2"];
+        run_ok(&mut train(
+            &shards,
+            &dir,
+            "w.f32",
+            &[&steps[..], extra].concat(),
+        ));
+        fs::read(dir.join("w.f32")).unwrap()
+    };
+    let imagenet = weights("default", &[]);
+    let spelled = ["--mean", "0.485,0.456,0.406", "--std", "0.229,0.224,0.225"];
+    assert_eq!(
+        weights("spelled", &spelled),
+        imagenet,
+        "the defaults are ImageNet's"
+    );
+    let other = ["--mean", "0.5,0.5,0.5", "--std", "0.25,0.25,0.25"];
+    assert_ne!(weights("other", &other), imagenet);
+}
