@@ -46,6 +46,7 @@ def _warn_binding(workers: int) -> None:
 
 
 def _pair(values: Sequence[float]) -> Tuple[float, float]:
+    """A ``(lo, hi)`` argument as the extension takes it."""
     return float(values[0]), float(values[1])
 
 

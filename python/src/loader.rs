@@ -104,13 +104,18 @@ struct Sizing {
 }
 
 impl Sizing {
-    /// Checks `size` as `image_size` would be checked (limits, val resize, memory).
-    fn check(&self, size: u32) -> PyResult<()> {
+    /// Checks `size` as `image_size` would be checked: its limits and a val resize it must
+    /// fit in, and with `memory` the memory its batches take (when it is set, not at every
+    /// epoch's start: memory that the training took since must not stop a running loader).
+    fn check(&self, size: u32, memory: bool) -> PyResult<()> {
         let settings = Settings {
             image_size: size,
             ..self.settings
         };
         limits::check(&settings).map_err(limit_error)?;
+        if !memory {
+            return Ok(());
+        }
         limits::check_memory(&settings, self.buffers, limits::available_memory())
             .map_err(limit_error)
     }
@@ -452,7 +457,7 @@ impl Loader {
     /// Checks `size` as a new image size (the limits of `image_size`, the memory its batches
     /// take, a val `resize` it must fit in).
     fn check_image_size(&self, size: u32) -> PyResult<()> {
-        self.sizing.check(size)
+        self.sizing.check(size, true)
     }
 
     /// The class wnids in label order.
@@ -477,7 +482,7 @@ impl Loader {
         start_step: usize,
         image_size: u32,
     ) -> PyResult<u64> {
-        self.sizing.check(image_size)?;
+        self.sizing.check(image_size, false)?;
         let steps = self.steps_per_epoch();
         if start_step > steps {
             return Err(value_error(

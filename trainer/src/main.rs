@@ -345,7 +345,7 @@ impl Cli {
 }
 
 /// The `N` comma-separated values of `flag`, or an error naming it.
-fn values<const N: usize, T: std::fmt::Debug>(flag: &str, v: Vec<T>) -> anyhow::Result<[T; N]> {
+fn values<const N: usize, T>(flag: &str, v: Vec<T>) -> anyhow::Result<[T; N]> {
     let n = v.len();
     v.try_into()
         .map_err(|_| anyhow::anyhow!("{flag}: takes {N} comma-separated values, got {n}"))
