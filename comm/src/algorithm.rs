@@ -3,15 +3,10 @@
 use std::fmt;
 use std::str::FromStr;
 
+use crate::allreduce::hierarchical::Hierarchical;
+use crate::allreduce::multicolor::MulticolorPlan;
+use crate::allreduce::shm::ShmAllreduce;
 use crate::error::CommError;
-
-/// Default number of colors of the multi-color allreduce.
-pub const DEFAULT_COLORS: usize = 4;
-/// Default pipeline chunk of the multi-color allreduce, in bytes. Every pipeline step is a
-/// lock-step exchange among tree neighbours; on the emulated 4 x 2 cluster (1 Gbit/s links)
-/// 1 MiB chunks ran 16 / 64 MiB allreduces 1.2-1.4x faster than 256 KiB and 1.8-2x faster
-/// than 64 KiB ones, because each step costs milliseconds of synchronisation there.
-pub const DEFAULT_CHUNK_BYTES: usize = 1024 * 1024;
 
 /// The allreduce between the nodes of [`Algorithm::Hierarchical`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -98,16 +93,22 @@ impl Algorithm {
         "auto",
     ];
 
+    /// The multi-color algorithm with its default colors and chunk.
+    pub const MULTICOLOR: Algorithm = Algorithm::Multicolor {
+        colors: MulticolorPlan::DEFAULT_COLORS,
+        chunk_bytes: MulticolorPlan::DEFAULT_CHUNK_BYTES,
+    };
+
     /// The shared-memory algorithm with its default chunk.
     pub const SHM: Algorithm = Algorithm::Shm {
-        chunk_bytes: crate::allreduce::shm::DEFAULT_CHUNK_BYTES,
+        chunk_bytes: ShmAllreduce::DEFAULT_CHUNK_BYTES,
     };
 
     /// The hierarchical algorithm with `across` between the nodes and its default chunk.
     pub const fn hierarchical(across: Across) -> Algorithm {
         Algorithm::Hierarchical {
             across,
-            chunk_bytes: crate::allreduce::hierarchical::DEFAULT_CHUNK_BYTES,
+            chunk_bytes: Hierarchical::DEFAULT_CHUNK_BYTES,
         }
     }
 
@@ -150,7 +151,7 @@ impl fmt::Display for Algorithm {
                 chunk_bytes,
             } => {
                 write!(f, "hierarchical:{}", across.algorithm().name())?;
-                if *chunk_bytes != crate::allreduce::hierarchical::DEFAULT_CHUNK_BYTES {
+                if *chunk_bytes != Hierarchical::DEFAULT_CHUNK_BYTES {
                     write!(f, ":{chunk_bytes}")?;
                 }
                 Ok(())
@@ -200,7 +201,7 @@ impl FromStr for Algorithm {
                     }
                 };
                 let chunk_bytes = match it.next() {
-                    None => crate::allreduce::hierarchical::DEFAULT_CHUNK_BYTES,
+                    None => Hierarchical::DEFAULT_CHUNK_BYTES,
                     Some(c) => parse_usize(c, "chunk bytes")?,
                 };
                 Ok(Algorithm::Hierarchical {
@@ -209,8 +210,8 @@ impl FromStr for Algorithm {
                 })
             }
             ("multicolor", rest) => {
-                let mut colors = DEFAULT_COLORS;
-                let mut chunk_bytes = DEFAULT_CHUNK_BYTES;
+                let mut colors = MulticolorPlan::DEFAULT_COLORS;
+                let mut chunk_bytes = MulticolorPlan::DEFAULT_CHUNK_BYTES;
                 if let Some(rest) = rest {
                     let mut it = rest.split(':');
                     if let Some(c) = it.next() {

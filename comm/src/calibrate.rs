@@ -152,17 +152,12 @@ pub fn mean_call_time<T: Element>(
 /// each size so that they meet the same load; per size the median of the passes
 /// ([`median_pass`]), so that bursts of load from other tenants of the machine, which last
 /// seconds, spoil no point unless they cover half the passes. (Other tenants hurt `shm` most:
-/// they evict the slots it keeps in the shared cache. A calibration in such a burst timed
-/// `shm` at np 2 and 16 MiB at 7.9 ms, against 1.4-1.7 ms in the benchmark
-/// minutes later.) The benchmark reports the median of its runs (each, like a pass, the mean
-/// of many calls): the median pass predicts it, where the fastest pass (or a low quantile)
-/// takes an algorithm that is fast only now and then for fast (`hierarchical` at 1 MiB on the
-/// 2 x 4 cluster, whose node leaders share 2 cores with 6 other ranks: 8.8 ms in the second
-/// fastest of 5 passes, 11.9-13.5 in the benchmark, where multicolor took 9.7-10.1 and `auto`
-/// ran the former). Like the benchmark, every size is a prefix of one buffer of the
-/// largest size and one [`Allreducer`] per algorithm serves all sizes: a fresh buffer per
-/// size made the 4 MiB ring at np 2 take 3x its benchmark time (2.8 against 0.94 ms, median
-/// of three passes). An algorithm this group cannot run (`shm` across nodes) gets `None`.
+/// they evict the slots it keeps in the shared cache.) The benchmark reports the median of
+/// its runs (each, like a pass, the mean of many calls): the median pass predicts it, where
+/// the fastest pass (or a low quantile) takes an algorithm that is fast only now and then for
+/// fast. Like the benchmark, every size is a prefix of one buffer of the largest size and one
+/// [`Allreducer`] per algorithm serves all sizes: a fresh buffer per size timed the ring far
+/// above its benchmark time. (BENCHMARKS.md, "Figures behind the defaults", has each case.) An algorithm this group cannot run (`shm` across nodes) gets `None`.
 /// Every rank of `t` must call this; rank 0 of `t` gets the times.
 fn sweep(
     t: &Arc<dyn Transport>,
@@ -249,7 +244,8 @@ fn beta_curve(
 ///   leave the caches), then quadruples it. `shm` of one f32 over each node's ranks (where
 ///   they share memory) gives the synchronisation time;
 /// - every algorithm `auto` chooses between here ([`auto_candidates`]: the ring, rhd,
-///   multiring, multicolor, `mpi`, and `shm` on one node) at the benchmark's sizes, 4 KiB x
+///   multiring over several tiers, multicolor, `mpi`, and `shm` on one node; the ones that
+///   run the same code are timed once) at the benchmark's sizes, 4 KiB x
 ///   4^k up to `max_bytes`, taking turns at each size, timed like the benchmark: the model's
 ///   [`MeasuredCurve`]s for this layout, so that `auto` picks what ran fastest, not what the
 ///   formulas (which serve `ddl-bench sim`'s other layouts) say.
@@ -302,24 +298,7 @@ pub fn calibrate(world: &World, max_bytes: usize, passes: usize) -> Result<CostM
         .transpose()?;
     let mut shm_sync = 0.0;
     if let Some(tier) = intra.as_mut() {
-        let node: Arc<dyn Transport> = Arc::from(t.split(world.node_index(), world.local_rank())?);
-        let sizes: Vec<usize> = [4].into_iter().chain(curve_sizes.iter().copied()).collect();
-        let [ring, shm] = <[Option<Vec<f64>>; 2]>::try_from(sweep(
-            &node,
-            &[Algorithm::Ring, Algorithm::SHM],
-            Topology::flat(node.size()),
-            &sizes,
-            passes,
-        )?)
-        .expect("one result per algorithm");
-        let ring = ring.expect("the ring runs on any group");
-        tier.beta_curve = beta_curve(node.size(), &curve_sizes, &ring[1..], tier.alpha, gamma);
-        tier.curve_ranks = node.size();
-        if let Some(shm) = shm {
-            shm_sync = shm[0];
-        }
-        // Rank 0 of the world is rank 0 of node 0: its curves are the ones kept.
-        t.barrier()?;
+        shm_sync = node_curve(world, tier, &curve_sizes, passes, gamma)?;
     }
     if let Some(tier) = inter.as_mut() {
         let ring = sweep(
@@ -333,22 +312,83 @@ pub fn calibrate(world: &World, max_bytes: usize, passes: usize) -> Result<CostM
         tier.beta_curve = beta_curve(t.size(), &curve_sizes, ring, tier.alpha, gamma);
         tier.curve_ranks = t.size();
     }
-    let candidates = auto_candidates(topo, true, t.has_native_allreduce());
-    let measured = candidates
+    let measured = auto_curves(&t, topo, &auto_sizes, passes)?;
+    let host = world.processor_name();
+    let cores = std::thread::available_parallelism().map_or(1, |c| c.get());
+    let (intra, inter, note) = both_tiers(intra, inter);
+    Ok(CostModel {
+        intra,
+        inter,
+        source: format!(
+            "ddl-bench calibrate on {host}, {} ranks ({}x{}), {cores} usable core(s) per rank, ring curves to {} bytes, auto's candidates to {} bytes, median of {passes} passes{note}",
+            world.size(),
+            topo.nodes,
+            topo.ranks_per_node,
+            curve_sizes.last().copied().unwrap_or(0),
+            auto_sizes.last().copied().unwrap_or(0)
+        ),
+        copy,
+        shm_sync,
+        measured,
+    })
+}
+
+/// The ring's curve within this rank's node into `tier` (and its rank count), timed over the
+/// node's ranks at `curve_sizes`: the seconds of one `shm` synchronisation (a whole allreduce
+/// of one f32), 0 where the node's ranks share no memory.
+fn node_curve(
+    world: &World,
+    tier: &mut Tier,
+    curve_sizes: &[usize],
+    passes: usize,
+    gamma: f64,
+) -> Result<f64> {
+    let t = world.transport();
+    let node: Arc<dyn Transport> = Arc::from(t.split(world.node_index(), world.local_rank())?);
+    let sizes: Vec<usize> = [4].into_iter().chain(curve_sizes.iter().copied()).collect();
+    let [ring, shm] = <[Option<Vec<f64>>; 2]>::try_from(sweep(
+        &node,
+        &[Algorithm::Ring, Algorithm::SHM],
+        Topology::flat(node.size()),
+        &sizes,
+        passes,
+    )?)
+    .expect("one result per algorithm");
+    let ring = ring.expect("the ring runs on any group");
+    tier.beta_curve = beta_curve(node.size(), curve_sizes, &ring[1..], tier.alpha, gamma);
+    tier.curve_ranks = node.size();
+    // Rank 0 of the world is rank 0 of node 0: its curves are the ones kept.
+    t.barrier()?;
+    Ok(shm.map_or(0.0, |shm| shm[0]))
+}
+
+/// The curves of every algorithm `auto` chooses between in `topo`, timed at `sizes`.
+fn auto_curves(
+    t: &Arc<dyn Transport>,
+    topo: Topology,
+    sizes: &[usize],
+    passes: usize,
+) -> Result<Vec<MeasuredCurve>> {
+    let all = auto_candidates(topo, true, t.has_native_allreduce());
+    let candidates = crate::allreduce::tune::distinct(all, topo);
+    Ok(candidates
         .iter()
-        .zip(sweep(&t, &candidates, topo, &auto_sizes, passes)?)
+        .zip(sweep(t, &candidates, topo, sizes, passes)?)
         .filter_map(|(algo, times)| {
             Some(MeasuredCurve {
                 algorithm: algo.to_string(),
                 nodes: topo.nodes,
                 ranks_per_node: topo.ranks_per_node,
-                points: auto_sizes.iter().copied().zip(times?).collect(),
+                points: sizes.iter().copied().zip(times?).collect(),
             })
         })
-        .collect();
-    let host = world.processor_name();
-    let cores = std::thread::available_parallelism().map_or(1, |c| c.get());
-    let (intra, inter, note) = match (intra, inter) {
+        .collect())
+}
+
+/// Both tiers from the ones this layout measured (a missing one copies the other), with the
+/// note that says so.
+fn both_tiers(intra: Option<Tier>, inter: Option<Tier>) -> (Tier, Tier, &'static str) {
+    match (intra, inter) {
         (Some(a), Some(e)) => (a, e, ""),
         (Some(a), None) => (
             a.clone(),
@@ -367,22 +407,7 @@ pub fn calibrate(world: &World, max_bytes: usize, passes: usize) -> Result<CostM
             "; one rank per node: intra copied from inter",
         ),
         (None, None) => unreachable!("2+ ranks give at least one tier"),
-    };
-    Ok(CostModel {
-        intra,
-        inter,
-        source: format!(
-            "ddl-bench calibrate on {host}, {} ranks ({}x{}), {cores} usable core(s) per rank, ring curves to {} bytes, auto's candidates to {} bytes, median of {passes} passes{note}",
-            world.size(),
-            topo.nodes,
-            topo.ranks_per_node,
-            curve_sizes.last().copied().unwrap_or(0),
-            auto_sizes.last().copied().unwrap_or(0)
-        ),
-        copy,
-        shm_sync,
-        measured,
-    })
+    }
 }
 
 #[cfg(test)]

@@ -3,9 +3,9 @@
 //! A rank's own affinity mask is not enough: mpirun binds each rank to one core by default
 //! when a node runs two ranks or fewer (Open MPI), so every rank sees one core
 //! (`available_parallelism` says 1) although each owns a core of its own. Taking that for
-//! oversubscription made the waiting ranks sleep between polls, and on a 16-core VM the
-//! message algorithms ran 13-21x slower at 16 and 64 MiB (BENCHMARKS.md). The ranks pool their
-//! masks instead.
+//! oversubscription made the waiting ranks sleep between polls, and the message algorithms
+//! ran many times slower (BENCHMARKS.md, "On a quiet 16-core machine, and the polling bug it
+//! showed"). The ranks pool their masks instead.
 
 use crate::collective::allgather_bytes;
 use crate::error::Result;

@@ -1,14 +1,14 @@
 //! Alpha-beta-gamma cost model per network tier, used to pick an algorithm (`auto`) and to
-//! simulate large runs (`ddl-bench sim`).
+//! simulate large runs (`ddl-bench sim`). Each algorithm's formula lives beside the algorithm
+//! (an `impl CostModel` block in its file: `ring.rs`, `rhd.rs`, `multicolor.rs`, `shm.rs`);
+//! this file holds the tiers, the rounds they are built of, `mpi`, `hierarchical` and the
+//! choice among them.
 
 use std::path::Path;
 
 use serde::{Deserialize, Serialize};
 
 use crate::algorithm::{Across, Algorithm};
-use crate::allreduce::multicolor::schedule;
-use crate::allreduce::ring::{segment_offset, segments_for};
-use crate::allreduce::shm::WHOLE_BYTES;
 use crate::error::{CommError, Result};
 use crate::sharded::{ShardAlgorithm, ShardedOp};
 use crate::topology::Topology;
@@ -81,7 +81,7 @@ impl Tier {
     }
 
     /// Seconds to move `load` bytes in one round.
-    fn xfer(&self, load: f64) -> f64 {
+    pub(crate) fn xfer(&self, load: f64) -> f64 {
         if load <= 0.0 {
             0.0
         } else {
@@ -95,7 +95,7 @@ impl Tier {
     /// read at no less than the buffer size (the calibration ring's working set is its
     /// buffer too). Small pipeline chunks of a large buffer cost what the ring over that
     /// buffer pays per byte.
-    fn xfer_in(&self, load: f64, buffer: f64) -> f64 {
+    pub(crate) fn xfer_in(&self, load: f64, buffer: f64) -> f64 {
         if load <= 0.0 {
             0.0
         } else {
@@ -108,24 +108,25 @@ impl Tier {
 /// What one lock-step round of an algorithm costs: its exchange (node-local transfers and
 /// node-link transfers proceed at once) followed by the additions.
 #[derive(Clone, Copy, Debug, Default)]
-struct Round {
+pub(crate) struct Round {
     /// Latency (the slower tier's alpha when any message crosses nodes).
-    alpha: f64,
+    pub(crate) alpha: f64,
     /// Node-local transfer time of the busiest rank.
-    local: f64,
+    pub(crate) local: f64,
     /// Transfer time of the busiest node link.
-    link: f64,
+    pub(crate) link: f64,
     /// Reduction time of the busiest rank.
-    add: f64,
+    pub(crate) add: f64,
 }
 
 impl Round {
-    fn time(&self) -> f64 {
+    /// Seconds of the round.
+    pub(crate) fn time(&self) -> f64 {
         self.alpha + self.local.max(self.link) + self.add
     }
 
     /// Two rounds run as one (the steps of several pipeline segments in one exchange).
-    fn with(self, o: &Round) -> Round {
+    pub(crate) fn with(self, o: &Round) -> Round {
         Round {
             alpha: self.alpha.max(o.alpha),
             local: self.local + o.local,
@@ -149,10 +150,7 @@ pub enum OpenMpiAllreduce {
 /// What Open MPI 4.1 runs for MPI_Allreduce of a commutative operation over `ranks` ranks
 /// and `bytes` bytes: recursive doubling in the small-message ranges of the `tuned`
 /// component's fixed decision rules (`coll_tuned_decision_fixed.c`), the ring otherwise.
-/// Checked on the emulated 2 x 4 cluster by forcing each algorithm
-/// (`--mca coll_tuned_use_dynamic_rules 1 --mca coll_tuned_allreduce_algorithm N`): at
-/// 16 MiB the default took 270 ms, the ring 276, the segmented ring 285 and recursive
-/// doubling 971.
+/// Checked on the emulated 2 x 4 cluster by forcing each algorithm (BENCHMARKS.md, "Figures behind the defaults").
 pub fn open_mpi_choice(ranks: usize, bytes: usize) -> OpenMpiAllreduce {
     use OpenMpiAllreduce::*;
     let doubling = match ranks {
@@ -173,8 +171,8 @@ pub fn open_mpi_choice(ranks: usize, bytes: usize) -> OpenMpiAllreduce {
 /// One allreduce algorithm as `ddl-bench calibrate` timed it in one layout: `auto` chooses
 /// from these curves, measured, not assumed. Formulas miss what decides the winner on a real
 /// machine: Open MPI's internals, polling and yielding when ranks share cores, TCP and its
-/// shaper, copies at cache or memory speed (on the emulated 2 x 4 cluster the formulas
-/// predicted rhd at 1 MiB at 9.7 ms; it took 17-18 ms, slower than `mpi`'s 14.4).
+/// shaper, copies at cache or memory speed (BENCHMARKS.md, "Figures behind the defaults", has a formula
+/// that picked the wrong winner).
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct MeasuredCurve {
     /// The algorithm timed, as it prints (`ring`, `rhd`, `multiring`, `multicolor:4:1048576`,
@@ -300,7 +298,7 @@ impl CostModel {
     }
 
     /// Seconds per byte of a memory copy (the measured copy, or `gamma` when unknown).
-    fn copy_per_byte(&self) -> f64 {
+    pub(crate) fn copy_per_byte(&self) -> f64 {
         if self.copy > 0.0 {
             self.copy
         } else {
@@ -311,7 +309,7 @@ impl CostModel {
     /// One lock-step round of an allreduce of `buffer` bytes in which every rank `r` sends
     /// `msg` bytes to `to(r)` (ranks mapping to themselves send nothing), optionally adding
     /// what it receives.
-    fn pairs_round(
+    pub(crate) fn pairs_round(
         &self,
         topo: Topology,
         buffer: f64,
@@ -349,131 +347,6 @@ impl CostModel {
         }
     }
 
-    /// Rounds of one segment of `n` bytes of a multi-dimensional ring over `dims` (of a
-    /// `buffer`-byte allreduce).
-    fn multiring_rounds(&self, dims: &[usize], buffer: f64, n: f64, topo: Topology) -> Vec<Round> {
-        let mut per_dim = Vec::new();
-        let (mut size, mut stride) = (n, 1usize);
-        for &d in dims {
-            if d > 1 {
-                let msg = size / d as f64;
-                let right = |r: usize| {
-                    let c = (r / stride) % d;
-                    r - c * stride + (c + 1) % d * stride
-                };
-                per_dim.push((
-                    d,
-                    self.pairs_round(topo, buffer, msg, true, right),
-                    self.pairs_round(topo, buffer, msg, false, right),
-                ));
-                size = msg;
-            }
-            stride *= d;
-        }
-        let mut rounds = Vec::new();
-        for (d, rs, _) in &per_dim {
-            rounds.extend(std::iter::repeat_n(*rs, d - 1));
-        }
-        for (d, _, ag) in per_dim.iter().rev() {
-            rounds.extend(std::iter::repeat_n(*ag, d - 1));
-        }
-        rounds
-    }
-
-    /// Seconds of a multi-dimensional ring in `segments` pipeline segments: the executor's
-    /// rounds, each costing the sum of what its running segments do (see
-    /// [`Round::time`]).
-    fn multiring_time(&self, dims: &[usize], segments: usize, n: f64, topo: Topology) -> f64 {
-        let segments = segments.max(1);
-        let steps = self.multiring_rounds(dims, n, n / segments as f64, topo);
-        let offset = segment_offset(dims);
-        let rounds = steps.len() + (segments - 1) * offset;
-        (0..rounds)
-            .map(|round| {
-                (0..segments)
-                    .filter_map(|s| round.checked_sub(s * offset).and_then(|i| steps.get(i)))
-                    .fold(Round::default(), |a, b| a.with(b))
-                    .time()
-            })
-            .sum()
-    }
-
-    /// Seconds of recursive halving and doubling (Rabenseifner; `halving`) or recursive
-    /// doubling of the whole buffer (otherwise), with the extra ranks folded in and out.
-    fn recursive_time(&self, n: f64, topo: Topology, halving: bool) -> f64 {
-        let p = topo.ranks();
-        let pow = 1usize << (usize::BITS - 1 - p.leading_zeros());
-        let extra = p - pow;
-        let real = |nr: usize| if nr < extra { 2 * nr + 1 } else { nr + extra };
-        let virt = |r: usize| {
-            if r < 2 * extra {
-                (r % 2 == 1).then_some(r / 2)
-            } else {
-                Some(r - extra)
-            }
-        };
-        let mut t = 0.0;
-        if extra > 0 {
-            let fold = |r: usize| {
-                if r < 2 * extra && r % 2 == 0 {
-                    r + 1
-                } else {
-                    r
-                }
-            };
-            let unfold = |r: usize| {
-                if r < 2 * extra && r % 2 == 1 {
-                    r - 1
-                } else {
-                    r
-                }
-            };
-            t += self.pairs_round(topo, n, n, true, fold).time();
-            t += self.pairs_round(topo, n, n, false, unfold).time();
-        }
-        let mut d = 1;
-        let mut size = n;
-        while d < pow {
-            if halving {
-                size /= 2.0;
-            }
-            let partner = |r: usize| virt(r).map_or(r, |nr| real(nr ^ d));
-            t += self.pairs_round(topo, n, size, true, partner).time();
-            if halving {
-                t += self.pairs_round(topo, n, size, false, partner).time();
-            }
-            d *= 2;
-        }
-        t
-    }
-
-    /// Seconds of the multi-color allreduce: the steps of its schedule, each costing the
-    /// busiest rank's node-local chunks or the busiest node link's chunks (whichever is
-    /// slower), then the busiest rank's additions.
-    fn multicolor_time(&self, colors: usize, chunk_bytes: usize, n: f64, topo: Topology) -> f64 {
-        let k = colors.clamp(1, topo.ranks());
-        let per_color = n / k as f64;
-        let chunk = (chunk_bytes.max(4) as f64).min(per_color);
-        let chunks = (per_color / chunk).ceil() as usize;
-        schedule(topo, k, chunks)
-            .into_iter()
-            .map(|(steps, c)| {
-                let link = c.link as f64 * chunk;
-                let round = Round {
-                    alpha: if c.link > 0 {
-                        self.inter.alpha
-                    } else {
-                        self.intra.alpha
-                    },
-                    local: c.local as f64 * self.intra.xfer_in(chunk, n),
-                    link: self.inter.xfer(link),
-                    add: c.adds as f64 * chunk * self.intra.gamma,
-                };
-                steps as f64 * round.time()
-            })
-            .sum()
-    }
-
     /// Seconds of MPI_Allreduce in place where it was not measured: the rounds of what Open
     /// MPI 4.1's `tuned` component runs for a sum of floats ([`open_mpi_choice`]).
     fn mpi_time(&self, bytes: usize, n: f64, topo: Topology) -> f64 {
@@ -482,28 +355,6 @@ impl CostModel {
             OpenMpiAllreduce::RecursiveDoubling => self.recursive_time(n, topo, false),
             OpenMpiAllreduce::Ring => self.multiring_time(&[p], 1, n, topo),
         }
-    }
-
-    /// Seconds of the shared-memory allreduce in chunks of `chunk_bytes` per rank where it was
-    /// not measured (infinite across nodes, where it cannot run): one synchronisation per
-    /// chunk plus copying the others' parts in, summing the rank's part over all ranks and
-    /// copying the other parts out.
-    fn shm_time(&self, chunk_bytes: usize, n: f64, topo: Topology) -> f64 {
-        if topo.nodes > 1 {
-            return f64::INFINITY;
-        }
-        let p = topo.ranks() as f64;
-        let sync = if self.shm_sync > 0.0 {
-            self.shm_sync
-        } else {
-            DEFAULT_SHM_SYNC
-        };
-        let (copy, gamma) = (self.copy_per_byte(), self.intra.gamma);
-        if n <= WHOLE_BYTES as f64 {
-            return sync + n * copy + (p - 1.0) * n * gamma;
-        }
-        let chunks = (n / chunk_bytes.max(1) as f64).ceil();
-        sync * chunks + (p - 1.0) / p * n * (2.0 * copy + gamma)
     }
 
     /// Seconds of the hierarchical allreduce where it was not measured: `shm` over one node's
@@ -571,13 +422,7 @@ impl CostModel {
             Algorithm::Ring => self.multiring_time(&[p], 1, n, topo),
             Algorithm::Rhd => self.recursive_time(n, topo, true),
             Algorithm::Multiring { dims, segments } => {
-                let dims = if dims.is_empty() {
-                    topo.dims()
-                } else {
-                    dims.clone()
-                };
-                let segments = segments_for(&dims, bytes, *segments);
-                self.multiring_time(&dims, segments, n, topo)
+                self.multiring_cost(dims, *segments, bytes, topo)
             }
             Algorithm::Multicolor {
                 colors,
@@ -694,10 +539,9 @@ impl CostModel {
 /// and multicolor with default parameters; where `shared_memory` (each node's ranks were found
 /// to share its memory, or have not been probed yet), `shm` when all ranks are on one node
 /// and `hierarchical` (rhd between the nodes) when several nodes hold several ranks each;
-/// `mpi` when `native_allreduce` (the transport is MPI's). Not `hierarchical:mpi`: on the
-/// 2 x 4 cluster it ran within 10% of `hierarchical` at 4-256 KiB and 1.35x slower at 1 MiB
-/// in the benchmark (Open MPI's two-rank ring over TCP, 12.7 against 9.4 ms), yet at 8.9 ms
-/// in calibration's short passes, so `auto` would take it where it loses. When `auto` runs
+/// `mpi` when `native_allreduce` (the transport is MPI's). Not `hierarchical:mpi`: it never
+/// beat `hierarchical` in the benchmark, yet calibration's short passes timed it faster at
+/// sizes where it loses, so `auto` would take it there (BENCHMARKS.md, "Figures behind the defaults"). When `auto` runs
 /// `mpi` it blocks in MPI_Allreduce without ddl's operation timeout: a rank that dies still
 /// ends the job through mpirun (Open MPI's default), but one that stalls alive stalls the
 /// others, where the other algorithms fail after the timeout naming it.
@@ -713,10 +557,7 @@ pub fn auto_candidates(
             dims: Vec::new(),
             segments: 0,
         },
-        Algorithm::Multicolor {
-            colors: crate::algorithm::DEFAULT_COLORS,
-            chunk_bytes: crate::algorithm::DEFAULT_CHUNK_BYTES,
-        },
+        Algorithm::MULTICOLOR,
     ];
     if shared_memory && topo.nodes == 1 {
         candidates.push(Algorithm::SHM);

@@ -37,7 +37,7 @@ pub mod mpi;
 mod parts;
 pub mod priority;
 pub mod sharded;
-mod shm;
+mod shared_region;
 pub mod step;
 pub mod tags;
 pub mod tcp;

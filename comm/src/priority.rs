@@ -27,12 +27,6 @@ use std::str::FromStr;
 
 use crate::error::{CommError, Result};
 
-/// Default chunk of `priority`, in bytes: long enough that the round before each chunk costs
-/// little beside it, short enough that a first layer's bucket handed over behind a large one
-/// waits for little (BENCHMARKS.md, "Communication priorities", has the simulator's step at
-/// 1, 4 and 16 MiB).
-pub const DEFAULT_CHUNK_BYTES: usize = 4 << 20;
-
 /// How a communication thread orders a step's buckets (see the module doc).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum CommOrder {
@@ -46,9 +40,15 @@ pub enum CommOrder {
 }
 
 impl CommOrder {
+    /// Default chunk of `priority`, in bytes: long enough that the round before each chunk
+    /// costs little beside it, short enough that a first layer's bucket handed over behind a
+    /// large one waits for little (BENCHMARKS.md, "Communication priorities", has the
+    /// simulator's step at 1, 4 and 16 MiB).
+    pub const PRIORITY_CHUNK_BYTES: usize = 4 << 20;
+
     /// `priority` with the default chunk.
     pub const PRIORITY: CommOrder = CommOrder::Priority {
-        chunk_bytes: DEFAULT_CHUNK_BYTES,
+        chunk_bytes: CommOrder::PRIORITY_CHUNK_BYTES,
     };
 
     /// Its name without parameters: `fifo` or `priority`.
@@ -64,7 +64,9 @@ impl fmt::Display for CommOrder {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             CommOrder::Fifo => f.write_str("fifo"),
-            CommOrder::Priority { chunk_bytes } if *chunk_bytes == DEFAULT_CHUNK_BYTES => {
+            CommOrder::Priority { chunk_bytes }
+                if *chunk_bytes == CommOrder::PRIORITY_CHUNK_BYTES =>
+            {
                 f.write_str("priority")
             }
             CommOrder::Priority { chunk_bytes } => write!(f, "priority:{chunk_bytes}"),

@@ -5,7 +5,14 @@
 //! Each range starts where the one before it ends ([`TagRange::after`]); the unit test below
 //! checks that all of them are disjoint and fit below [`MAX_TAG`](crate::transport::MAX_TAG).
 
-use crate::allreduce::{MAX_COLORS, MAX_DIMS, MAX_SEGMENTS};
+/// Most dimensions a multi-dimensional ring may have (the size of [`RING`]).
+pub(crate) const MAX_DIMS: usize = 16;
+
+/// Most pipeline segments of the multi-dimensional ring (the size of [`RING`]).
+pub(crate) const MAX_SEGMENTS: usize = 64;
+
+/// Most colors of the multicolor algorithm (the size of [`MULTICOLOR`]).
+pub(crate) const MAX_COLORS: usize = 1024;
 
 /// A contiguous range of message tags owned by one algorithm or control message.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

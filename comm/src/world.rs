@@ -101,101 +101,22 @@ impl World {
     /// Initialises MPI requesting thread level `requested` (or joins it, see
     /// [`World::init_with_timeout`]).
     fn init_at(timeout: Duration, requested: Threading) -> Result<World> {
-        let (universe, threading) = if mpi::environment::is_initialized() {
-            let mut level: c_int = 0;
-            // SAFETY: MPI is initialised.
-            check("MPI_Query_thread", unsafe {
-                ffi::MPI_Query_thread(&mut level)
-            })?;
-            (None, threading_of(level))
-        } else {
-            let (universe, threading) = mpi::initialize_with_threading(requested)
-                .ok_or_else(|| CommError::Unsupported("MPI is already initialised".into()))?;
-            (Some(universe), threading)
-        };
-        let serial = (threading != Threading::Multiple).then(|| Mutex::new(()));
-        let joined = universe.is_none();
-        let env = Arc::new(Env {
-            _universe: universe,
-            serial,
-            threading,
-        });
-        // SAFETY: extern static of the MPI binding.
-        let mut world_comm = unsafe { ffi::RSMPI_COMM_WORLD };
-        if joined {
-            let _g = env.lock();
-            // SAFETY: collective over MPI_COMM_WORLD; the duplicate is freed by the transport.
-            check("MPI_Comm_dup", unsafe {
-                ffi::MPI_Comm_dup(ffi::RSMPI_COMM_WORLD, &mut world_comm)
-            })?;
-        }
+        let (env, joined) = start_env(requested)?;
+        let world_comm = world_communicator(&env, joined)?;
         let world = MpiTransport::wrap(env.clone(), world_comm, joined, timeout)?;
-        // SAFETY: extern static of the MPI binding.
-        let mut node_comm = unsafe { ffi::RSMPI_COMM_NULL };
-        {
-            let _g = env.lock();
-            // SAFETY: collective over MPI_COMM_WORLD.
-            check("MPI_Comm_split_type", unsafe {
-                ffi::MPI_Comm_split_type(
-                    world_comm,
-                    ffi::RSMPI_COMM_TYPE_SHARED,
-                    world.rank as c_int,
-                    ffi::RSMPI_INFO_NULL,
-                    &mut node_comm,
-                )
-            })?;
-        }
+        let node_comm = node_communicator(&env, world_comm, world.rank)?;
         let node = MpiTransport::wrap(env.clone(), node_comm, true, timeout)?;
         let node_cpus = cores::node_cores(&node)?;
         let polling = Polling::for_node(node.size, node_cpus);
         world.set_polling(polling);
         node.set_polling(polling);
-        // Leaders (local rank 0) number the nodes in world-rank order.
-        let leaders = world.split_raw(if node.rank == 0 { 0 } else { 1 }, world.rank as c_int)?;
-        // The leader tells the other ranks of its node (node index, node count).
-        let leader_info = [leaders.rank as u64, leaders.size as u64];
-        let bytes = collective::broadcast_bytes(
-            &node,
-            leader_info.iter().flat_map(|v| v.to_le_bytes()).collect(),
-        )?;
-        let info: Vec<u64> = bytes
-            .chunks_exact(8)
-            .map(|c| u64::from_le_bytes(c.try_into().expect("8 bytes")))
-            .collect();
-        if info.len() != 2 {
-            return Err(CommError::InvalidArgument(format!(
-                "node leader sent {} values for (node index, node count)",
-                info.len()
-            )));
-        }
-        // Uniform layout: every node has the same number of ranks and ranks are node-contiguous.
-        let mine = [info[0], node.size as u64];
-        let mut all = vec![0u64; 2 * world.size];
-        {
-            let _g = env.lock();
-            // SAFETY: `mine` holds 2 and `all` 2 * size u64 values.
-            check("MPI_Allgather", unsafe {
-                ffi::MPI_Allgather(
-                    mine.as_ptr().cast::<c_void>(),
-                    2,
-                    ffi::RSMPI_UINT64_T,
-                    all.as_mut_ptr().cast::<c_void>(),
-                    2,
-                    ffi::RSMPI_UINT64_T,
-                    world_comm,
-                )
-            })?;
-        }
-        let local = node.size as u64;
-        let uniform = all
-            .chunks_exact(2)
-            .enumerate()
-            .all(|(r, v)| v[1] == local && v[0] == r as u64 / local);
+        let (node_index, node_count) = node_place(&world, &node)?;
+        let uniform = uniform_layout(&env, world_comm, world.size, node_index, node.size)?;
         Ok(World {
             world: Arc::new(world),
             node,
-            node_index: info[0] as usize,
-            node_count: info[1] as usize,
+            node_index: node_index as usize,
+            node_count: node_count as usize,
             uniform,
             node_cpus,
         })
@@ -301,4 +222,117 @@ fn threading_of(level: c_int) -> Threading {
     raw.into_iter()
         .find(|&(r, _)| r == level)
         .map_or(Threading::Single, |(_, t)| t)
+}
+
+/// MPI initialised at thread level `requested`, or joined where the host initialised it
+/// (then `true`: not ours to finalise).
+fn start_env(requested: Threading) -> Result<(Arc<Env>, bool)> {
+    let (universe, threading) = if mpi::environment::is_initialized() {
+        let mut level: c_int = 0;
+        // SAFETY: MPI is initialised.
+        check("MPI_Query_thread", unsafe {
+            ffi::MPI_Query_thread(&mut level)
+        })?;
+        (None, threading_of(level))
+    } else {
+        let (universe, threading) = mpi::initialize_with_threading(requested)
+            .ok_or_else(|| CommError::Unsupported("MPI is already initialised".into()))?;
+        (Some(universe), threading)
+    };
+    let serial = (threading != Threading::Multiple).then(|| Mutex::new(()));
+    let joined = universe.is_none();
+    let env = Arc::new(Env {
+        _universe: universe,
+        serial,
+        threading,
+    });
+    Ok((env, joined))
+}
+
+/// MPI_COMM_WORLD, or a duplicate of it when MPI was `joined` (the host's communicator stays
+/// the host's).
+fn world_communicator(env: &Env, joined: bool) -> Result<ffi::MPI_Comm> {
+    // SAFETY: extern static of the MPI binding.
+    let mut world_comm = unsafe { ffi::RSMPI_COMM_WORLD };
+    if joined {
+        let _g = env.lock();
+        // SAFETY: collective over MPI_COMM_WORLD; the duplicate is freed by the transport.
+        check("MPI_Comm_dup", unsafe {
+            ffi::MPI_Comm_dup(ffi::RSMPI_COMM_WORLD, &mut world_comm)
+        })?;
+    }
+    Ok(world_comm)
+}
+
+/// The communicator of the ranks that share this rank's node (MPI's shared-memory split).
+fn node_communicator(env: &Env, world_comm: ffi::MPI_Comm, rank: usize) -> Result<ffi::MPI_Comm> {
+    // SAFETY: extern static of the MPI binding.
+    let mut node_comm = unsafe { ffi::RSMPI_COMM_NULL };
+    let _g = env.lock();
+    // SAFETY: collective over MPI_COMM_WORLD.
+    check("MPI_Comm_split_type", unsafe {
+        ffi::MPI_Comm_split_type(
+            world_comm,
+            ffi::RSMPI_COMM_TYPE_SHARED,
+            rank as c_int,
+            ffi::RSMPI_INFO_NULL,
+            &mut node_comm,
+        )
+    })?;
+    Ok(node_comm)
+}
+
+/// (node index, node count): the leaders (local rank 0) number the nodes in world-rank
+/// order and each tells the other ranks of its node.
+fn node_place(world: &MpiTransport, node: &MpiTransport) -> Result<(u64, u64)> {
+    let leaders = world.split_raw(if node.rank == 0 { 0 } else { 1 }, world.rank as c_int)?;
+    let leader_info = [leaders.rank as u64, leaders.size as u64];
+    let bytes = collective::broadcast_bytes(
+        node,
+        leader_info.iter().flat_map(|v| v.to_le_bytes()).collect(),
+    )?;
+    let info: Vec<u64> = bytes
+        .chunks_exact(8)
+        .map(|c| u64::from_le_bytes(c.try_into().expect("8 bytes")))
+        .collect();
+    if info.len() != 2 {
+        return Err(CommError::InvalidArgument(format!(
+            "node leader sent {} values for (node index, node count)",
+            info.len()
+        )));
+    }
+    Ok((info[0], info[1]))
+}
+
+/// Whether every node has the same number of ranks and the ranks are node-contiguous
+/// (collective over `world_comm`, of `size` ranks).
+fn uniform_layout(
+    env: &Env,
+    world_comm: ffi::MPI_Comm,
+    size: usize,
+    node_index: u64,
+    node_size: usize,
+) -> Result<bool> {
+    let mine = [node_index, node_size as u64];
+    let mut all = vec![0u64; 2 * size];
+    {
+        let _g = env.lock();
+        // SAFETY: `mine` holds 2 and `all` 2 * size u64 values.
+        check("MPI_Allgather", unsafe {
+            ffi::MPI_Allgather(
+                mine.as_ptr().cast::<c_void>(),
+                2,
+                ffi::RSMPI_UINT64_T,
+                all.as_mut_ptr().cast::<c_void>(),
+                2,
+                ffi::RSMPI_UINT64_T,
+                world_comm,
+            )
+        })?;
+    }
+    let local = node_size as u64;
+    Ok(all
+        .chunks_exact(2)
+        .enumerate()
+        .all(|(r, v)| v[1] == local && v[0] == r as u64 / local))
 }

@@ -182,7 +182,10 @@ fn shm_runs_on_one_node_only_and_is_read_from_its_curve() {
     m.copy = 1e-10;
     m.shm_sync = 1e-6;
     let n = 4 << 20;
-    let chunks = (n / ddl_comm::allreduce::shm::DEFAULT_CHUNK_BYTES) as f64;
+    let Algorithm::Shm { chunk_bytes } = Algorithm::SHM else {
+        unreachable!("Algorithm::SHM is shm")
+    };
+    let chunks = (n / chunk_bytes) as f64;
     let expect = chunks * 1e-6 + 0.75 * n as f64 * (2.0 * 1e-10 + 1e-10);
     let got = m.predict(&Algorithm::SHM, n, one);
     assert!((got - expect).abs() < 1e-12, "{got} vs {expect}");

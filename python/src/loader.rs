@@ -1,7 +1,7 @@
 //! `ddl._ddl.Loader`: one process's view of ddl's pipeline (the Python class `ddl.Loader`
 //! adds the PyTorch conventions on top of it).
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -191,6 +191,99 @@ fn limit_error(e: LimitError) -> PyErr {
     value_error(&names, e)
 }
 
+/// Checks this process's place in the job: `node` of `nodes`, `rank_in_node` of
+/// `ranks_in_node`.
+fn check_world(
+    node: usize,
+    nodes: usize,
+    rank_in_node: usize,
+    ranks_in_node: usize,
+) -> PyResult<()> {
+    if nodes * ranks_in_node == 0 {
+        return Err(value_error("world size", "must be positive, got 0"));
+    }
+    if node >= nodes || rank_in_node >= ranks_in_node {
+        return Err(value_error(
+            "rank",
+            format!(
+                "node {node} of {nodes}, local rank {rank_in_node} of {ranks_in_node}: out of range"
+            ),
+        ));
+    }
+    Ok(())
+}
+
+/// The batch layout of the `dtype` argument.
+fn parse_dtype(dtype: &str) -> PyResult<Output> {
+    match dtype {
+        "float32" => Ok(Output::F32Nchw),
+        "uint8" => Ok(Output::U8Nhwc),
+        other => Err(value_error(
+            "dtype",
+            format!("{other:?} is not \"float32\" or \"uint8\""),
+        )),
+    }
+}
+
+/// The rule of the `on_bad_record` argument.
+fn parse_on_bad_record(on_bad_record: &str) -> PyResult<OnBadRecord> {
+    match on_bad_record {
+        "skip" => Ok(OnBadRecord::Skip),
+        "replace" => Ok(OnBadRecord::Replace),
+        "fail" => Ok(OnBadRecord::Fail),
+        other => Err(value_error(
+            "on_bad_record",
+            format!("{other:?} is not \"skip\", \"replace\" or \"fail\""),
+        )),
+    }
+}
+
+/// The manifest in `path`, which must have `split`, with a shard for each of `nodes` when it
+/// trains.
+fn load_manifest(path: &Path, split: &str, nodes: usize, train: bool) -> PyResult<Manifest> {
+    let manifest = Manifest::load(path).map_err(loader_error)?;
+    if !manifest.splits.contains_key(split) {
+        let have: Vec<&str> = manifest.splits.keys().map(String::as_str).collect();
+        return Err(value_error(
+            "split",
+            format!(
+                "{}: no split {split:?} (the manifest has {})",
+                path.display(),
+                have.join(", ")
+            ),
+        ));
+    }
+    let shards = manifest.splits[split].shards.len();
+    if nodes > shards && train {
+        return Err(value_error(
+            "world size",
+            format!(
+                "{nodes} nodes but split {split:?} of {} has {shards} shards: every node needs one",
+                path.display()
+            ),
+        ));
+    }
+    Ok(manifest)
+}
+
+/// Opens this node's shards of `split` (without the GIL) and its sampler over `min_node`
+/// records per node.
+fn open_node(
+    py: Python<'_>,
+    path: &Path,
+    split: &str,
+    residency: Residency,
+    opts: &OpenOptions,
+    min_node: usize,
+    sampling: SamplerConfig,
+) -> PyResult<(Arc<Dataset>, Sampler)> {
+    let dataset = py
+        .detach(|| Dataset::open(path, split, residency, opts))
+        .map_err(loader_error)?;
+    let sampler = Sampler::try_new(dataset.len(), min_node, sampling).map_err(loader_error)?;
+    Ok((Arc::new(dataset), sampler))
+}
+
 #[pymethods]
 impl Loader {
     /// Opens this node's shards of `split` in `path` and prepares the sampler and pipeline.
@@ -245,27 +338,8 @@ impl Loader {
             eval_resize: resize,
         };
         limits::check(&settings).map_err(limit_error)?;
-        if nodes * ranks_in_node == 0 {
-            return Err(value_error("world size", "must be positive, got 0"));
-        }
-        if node >= nodes || rank_in_node >= ranks_in_node {
-            return Err(value_error(
-                "rank",
-                format!(
-                    "node {node} of {nodes}, local rank {rank_in_node} of {ranks_in_node}: out of range"
-                ),
-            ));
-        }
-        let output = match dtype {
-            "float32" => Output::F32Nchw,
-            "uint8" => Output::U8Nhwc,
-            other => {
-                return Err(value_error(
-                    "dtype",
-                    format!("{other:?} is not \"float32\" or \"uint8\""),
-                ))
-            }
-        };
+        check_world(node, nodes, rank_in_node, ranks_in_node)?;
+        let output = parse_dtype(dtype)?;
         let buffers = Buffers {
             replicas: 1,
             ranks_on_node: ranks_in_node,
@@ -273,41 +347,10 @@ impl Loader {
         };
         limits::check_memory(&settings, buffers, limits::available_memory())
             .map_err(limit_error)?;
-        let on_bad = match on_bad_record {
-            "skip" => OnBadRecord::Skip,
-            "replace" => OnBadRecord::Replace,
-            "fail" => OnBadRecord::Fail,
-            other => {
-                return Err(value_error(
-                    "on_bad_record",
-                    format!("{other:?} is not \"skip\", \"replace\" or \"fail\""),
-                ))
-            }
-        };
+        let on_bad = parse_on_bad_record(on_bad_record)?;
         // "val" gets the eval transform and order; any other split trains.
         let train = split != "val";
-        let manifest = Manifest::load(&path).map_err(loader_error)?;
-        if !manifest.splits.contains_key(&split) {
-            let have: Vec<&str> = manifest.splits.keys().map(String::as_str).collect();
-            return Err(value_error(
-                "split",
-                format!(
-                    "{}: no split {split:?} (the manifest has {})",
-                    path.display(),
-                    have.join(", ")
-                ),
-            ));
-        }
-        let shards = manifest.splits[&split].shards.len();
-        if nodes > shards && train {
-            return Err(value_error(
-                "world size",
-                format!(
-                    "{nodes} nodes but split {split:?} of {} has {shards} shards: every node needs one",
-                    path.display()
-                ),
-            ));
-        }
+        let manifest = load_manifest(&path, &split, nodes, train)?;
         let classes = manifest.classes.iter().map(|c| c.wnid.clone()).collect();
         let per_node = Dataset::records_per_node(&manifest, &split, nodes);
         let node_records = per_node[node] as usize;
@@ -357,40 +400,34 @@ impl Loader {
         let opened = if node_records == 0 {
             None
         } else {
-            let residency = Residency { node, nodes };
-            let opts = OpenOptions {
-                populate,
-                ..OpenOptions::default()
-            };
-            let dataset = py
-                .detach(|| Dataset::open(&path, &split, residency, &opts))
-                .map_err(loader_error)?;
             let min_node = if train {
                 per_node.iter().copied().min().unwrap_or(0) as usize
             } else {
                 node_records
             };
-            let sampler = Sampler::try_new(
-                dataset.len(),
-                min_node,
-                SamplerConfig {
-                    seed,
-                    ranks_in_node,
-                    rank_in_node,
-                    replicas: 1,
-                    batch_per_replica: batch_size,
-                    // Val wraps and trims the padding itself (`real_rows`).
-                    tail: match (train, drop_last, wrap) {
-                        (true, true, _) => Tail::Drop,
-                        (true, false, false) => Tail::Short,
-                        _ => Tail::Pad,
-                    },
-                    shuffle: train,
+            let sampling = SamplerConfig {
+                seed,
+                ranks_in_node,
+                rank_in_node,
+                replicas: 1,
+                batch_per_replica: batch_size,
+                // Val wraps and trims the padding itself (`real_rows`).
+                tail: match (train, drop_last, wrap) {
+                    (true, true, _) => Tail::Drop,
+                    (true, false, false) => Tail::Short,
+                    _ => Tail::Pad,
                 },
-            )
-            .map_err(loader_error)?;
+                shuffle: train,
+            };
+            let opts = OpenOptions {
+                populate,
+                ..OpenOptions::default()
+            };
+            let residency = Residency { node, nodes };
+            let (dataset, sampler) =
+                open_node(py, &path, &split, residency, &opts, min_node, sampling)?;
             Some(Opened {
-                dataset: Arc::new(dataset),
+                dataset,
                 sampler,
                 pipeline,
             })

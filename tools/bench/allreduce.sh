@@ -12,7 +12,10 @@
 # Env: ALLREDUCE_NPS ("2 3 4"), ALLREDUCE_MIN_BYTES (4KiB), ALLREDUCE_MAX_BYTES (64MiB),
 #      ALLREDUCE_ITERS (5), ALLREDUCE_ALGOS (every ddl algorithm), BENCH_RUNS (alternating runs
 #      of C loop / ddl-bench / gloo; medians are reported; default 3), ALLREDUCE_GLOO (1; 0
-#      leaves gloo out), ALLREDUCE_CALIBRATE (0), PYTHON,
+#      leaves gloo out), ALLREDUCE_C (1; 0 leaves the C loop out), ALLREDUCE_REVERSE (0; 1
+#      times the algorithms in reverse order in every other run, so that `auto` and the
+#      others take turns going first), ALLREDUCE_STEP_FACTOR (ddl-bench's), ALLREDUCE_CALIBRATE
+#      (0), PYTHON,
 #      ALLREDUCE_LOCK=FILE (run each measurement under `flock FILE`, on a shared machine),
 #      ALLREDUCE_PEER=FILE (the C loop built elsewhere, for a machine without mpicc).
 # Raw JSON lines land in OUT_DIR/allreduce-*.jsonl; the tables of BENCHMARKS.md are printed.
@@ -39,7 +42,7 @@ mpirun_for() { if [ "$1" -gt "$cores" ]; then echo "mpirun --allow-run-as-root -
 mkdir -p "$out" "$(dirname "$peer")"
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 [ -x "$bench" ] || cargo build --release -p ddl-tools --bin ddl-bench
-[ -n "${ALLREDUCE_PEER:-}" ] || mpicc -O2 -Wall -o "$peer" tools/bench/mpi_allreduce.c
+[ -n "${ALLREDUCE_PEER:-}" ] || [ "${ALLREDUCE_C:-1}" = 0 ] || mpicc -O2 -Wall -o "$peer" tools/bench/mpi_allreduce.c
 bytes_of() {
   "$python" -c "
 s='$1'.lower().replace('ib','').rstrip('b'); m={'k':1<<10,'m':1<<20,'g':1<<30}
@@ -49,21 +52,27 @@ min_bytes=$(bytes_of "$min")
 max_bytes=$(bytes_of "$max")
 
 for f in ddl c gloo; do : > "$out/allreduce-$f.jsonl"; done
+step=(); [ -n "${ALLREDUCE_STEP_FACTOR:-}" ] && step=(--step-factor "$ALLREDUCE_STEP_FACTOR")
+reversed=$(echo "$algos" | tr ',' '\n' | tac | paste -sd, -)
 for run in $(seq "$runs"); do
+  order=$algos
+  [ "${ALLREDUCE_REVERSE:-0}" = 1 ] && [ $((run % 2)) = 0 ] && order=$reversed
   for np in $nps; do
     # Calibrated afresh every run (auto's choices come from it), so that a calibration
     # spoiled by a burst of load from other tenants spoils one run, not the median.
-    echo "allreduce: run $run, np $np: C loop, ddl-bench ($algos), gloo" >&2
+    echo "allreduce: run $run, np $np: C loop, ddl-bench ($order), gloo; load $(cut -d' ' -f1-3 /proc/loadavg)" >&2
     model=()
     if [ "${ALLREDUCE_CALIBRATE:-0}" = 1 ]; then
       "${lock[@]}" $(mpirun_for "$np") -np "$np" "$bench" calibrate \
         -o "$out/model-np$np-run$run.json" --max-bytes "$max" >/dev/null
       model=(--model-file "$out/model-np$np-run$run.json")
     fi
-    "${lock[@]}" $(mpirun_for "$np") -np "$np" "$peer" --min-bytes "$min_bytes" \
-      --max-bytes "$max_bytes" --iters "$iters" | grep '^{' >> "$out/allreduce-c.jsonl"
-    "${lock[@]}" $(mpirun_for "$np") -np "$np" "$bench" allreduce --json --algos "$algos" \
-      --min-bytes "$min" --max-bytes "$max" --iters "$iters" "${model[@]}" \
+    if [ "${ALLREDUCE_C:-1}" != 0 ]; then
+      "${lock[@]}" $(mpirun_for "$np") -np "$np" "$peer" --min-bytes "$min_bytes" \
+        --max-bytes "$max_bytes" --iters "$iters" | grep '^{' >> "$out/allreduce-c.jsonl"
+    fi
+    "${lock[@]}" $(mpirun_for "$np") -np "$np" "$bench" allreduce --json --algos "$order" \
+      --min-bytes "$min" --max-bytes "$max" --iters "$iters" "${step[@]}" "${model[@]}" \
       | grep '^{' >> "$out/allreduce-ddl.jsonl"
     if [ "${ALLREDUCE_GLOO:-1}" = 0 ]; then
       :

@@ -11,6 +11,8 @@ and ddl-bench times the algorithms size by size, next to each other), the fastes
 algorithm being the one with the lowest median:
   best/C     the C loop's time over the fastest ddl algorithm's (> 1: ddl is faster),
   auto/best  auto's time over the fastest algorithm's (<= 1.05: auto picked well),
+and, per run, what `auto` kept against the fastest algorithm of that run ("kept/best":
+`shm=shm` where it kept the run's fastest, `mpi!=shm` where not),
   mpi/C      the C loop's time over ddl's `mpi` (~1: ddl's baseline is not handicapped),
 and two of the medians:
   best/gloo  gloo's time over the fastest ddl algorithm's,
@@ -53,11 +55,21 @@ def paired_ratio(xs, ys):
     return f"{statistics.median(x / y for x, y in zip(xs, ys)):.2f}x"
 
 
+def kept_vs_best(kept, times, np_, b):
+    """Per run, what auto kept against that run's fastest ddl algorithm."""
+    cells = []
+    for k, a in enumerate(kept):
+        run = {d: times[(np_, b, d)][k] for d in DDL if len(times.get((np_, b, d), [])) > k}
+        best = min(run, key=run.get) if run else "?"
+        cells.append(f"{a}={best}" if a == best else f"{a}!={best}")
+    return " ".join(cells) or "-"
+
+
 def main(paths):
     times = defaultdict(list)  # (ranks, bytes, algo) -> time of run 0, 1, ...
     bound = defaultdict(list)
     correct = defaultdict(lambda: True)
-    resolved = defaultdict(set)
+    resolved = defaultdict(list)  # (ranks, bytes, "auto") -> what it ran in run 0, 1, ...
     for path in paths:
         try:
             lines = open(path).read().splitlines()
@@ -72,14 +84,14 @@ def main(paths):
             if "pass_us" in r:
                 bound[(r["ranks"], r["bytes"])].append(r["pass_us"])
             if r.get("resolved"):
-                resolved[key].add(family(r["resolved"]))
+                resolved[key].append(family(r["resolved"]))
     med = {k: statistics.median(v) for k, v in times.items()}
     for np_ in sorted({k[0] for k in med}):
         algos = [a for a in ORDER if any(k[0] == np_ and k[2] == a for k in med)]
         runs = max(len(v) for k, v in times.items() if k[0] == np_)
         print(f"\n# np {np_}: time per call, us (median of {runs} runs)")
         head = ["size"] + [("C loop" if a == "mpi-c" else a) for a in algos] + \
-            ["best/C", "auto/best", "mpi/C", "best/gloo", "bw", "shm/pass"]
+            ["best/C", "auto/best", "mpi/C", "best/gloo", "bw", "shm/pass", "kept/best"]
         print("| " + " | ".join(head) + " |")
         print("|" + "---|" * len(head))
         for b in sorted({k[1] for k in med if k[0] == np_}):
@@ -90,7 +102,7 @@ def main(paths):
                 if t is not None and not correct[(np_, b, a)]:
                     cell += "*"
                 if a == "auto" and resolved[(np_, b, a)]:
-                    cell += " (" + ",".join(sorted(resolved[(np_, b, a)])) + ")"
+                    cell += " (" + ",".join(sorted(set(resolved[(np_, b, a)]))) + ")"
                 row.append(cell)
             ddl = {a: med[(np_, b, a)] for a in DDL if (np_, b, a) in med}
             best_algo = min(ddl, key=ddl.get) if ddl else None
@@ -108,6 +120,7 @@ def main(paths):
             row.append("-" if not mc or best is None else f"{statistics.median(mc) / best:.2f}")
             shm = med.get((np_, b, "shm"))
             row.append("-" if not mc or shm is None else f"{shm / statistics.median(mc):.2f}")
+            row.append(kept_vs_best(resolved[(np_, b, "auto")], times, np_, b))
             print("| " + " | ".join(row) + " |")
 
 

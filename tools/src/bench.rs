@@ -132,6 +132,10 @@ pub struct AllreduceRow {
     /// timed); absent for other algorithms.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub tuning_calls: Option<usize>,
+    /// What `auto`'s tuning timed at this size: each candidate's time per call,
+    /// microseconds (absent unless it tuned here), to tell a wrong choice from a slow host.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tuned_us: Option<Vec<(String, f64)>>,
     /// The cost model's predicted time, microseconds (with a model file).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub predicted_us: Option<f64>,
@@ -215,6 +219,12 @@ fn allreduce_of<T: Element + Default>(
                 agrees_with_mpi(&mpi, ar, &mut buf[..n], &mut reference[..n], rank, salt)?;
             let calls = calls_for(bytes, opts.iters);
             let tuning_calls = finish_tuning(ar, &mut buf[..n])?;
+            let tuned = ar.take_tuned().pop().map(|c| {
+                c.timings
+                    .iter()
+                    .map(|(a, s)| (a.to_string(), s * 1e6))
+                    .collect()
+            });
             let time = mean_call_time(&*t, ar, &mut buf[..n], opts.warmup, calls)?;
             if rank != 0 {
                 continue;
@@ -234,6 +244,7 @@ fn allreduce_of<T: Element + Default>(
                 correct,
                 resolved: (*algo == Algorithm::Auto).then(|| ar.resolve(4 * n).to_string()),
                 tuning_calls: (*algo == Algorithm::Auto).then_some(tuning_calls),
+                tuned_us: tuned,
                 predicted_us: predicted.map(|t| t * 1e6),
                 ratio: predicted.map(|t| time / t),
             };
@@ -472,10 +483,7 @@ pub fn simulate(
     let algos = [
         Algorithm::Ring,
         Algorithm::Rhd,
-        Algorithm::Multicolor {
-            colors: ddl_comm::algorithm::DEFAULT_COLORS,
-            chunk_bytes: ddl_comm::algorithm::DEFAULT_CHUNK_BYTES,
-        },
+        Algorithm::MULTICOLOR,
         Algorithm::Multiring {
             dims: Vec::new(),
             segments: 0,

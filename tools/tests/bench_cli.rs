@@ -156,19 +156,13 @@ fn calibrate_times_every_candidate_and_auto_runs_the_fastest() {
     assert!(out.status.success(), "{text}");
     let m = ddl_comm::CostModel::load(&model).expect("the model file loads");
     // Every algorithm auto chooses between on one node under MPI, timed in this layout at
-    // 4, 16 and 64 KiB.
+    // 4, 16 and 64 KiB (multiring over one tier is the ring: auto never runs it, so it is
+    // not timed, and a fast run of it cannot be what auto should have kept).
     let mut names: Vec<&str> = m.measured.iter().map(|c| c.algorithm.as_str()).collect();
     names.sort_unstable();
     assert_eq!(
         names,
-        [
-            "mpi",
-            "multicolor:4:1048576",
-            "multiring",
-            "rhd",
-            "ring",
-            "shm"
-        ],
+        ["mpi", "multicolor:4:1048576", "rhd", "ring", "shm"],
         "{text}"
     );
     for c in &m.measured {

@@ -1,7 +1,7 @@
 //! Checkpoint files: one file per checkpoint, written by rank 0, holding everything a resumed
 //! run needs to continue bit-exactly.
 //!
-//! Contents: the parameters (identical on every replica of every rank; under `--head-parallel`
+//! Contents: the parameters (identical on every replica of every rank; under `head_parallel`
 //! the head whole, assembled from every replica's slice of it, and the split in the header),
 //! the SGD momentum (identical too), the BatchNorm running statistics of *every* replica of every rank (they
 //! differ, since each replica normalises its own batches), the position (epoch, step within
@@ -24,8 +24,8 @@
 //! `ckpt-<global step, 12 digits>.ddlck`, so lexical order is step order.
 //!
 //! A directory belongs to one run: a new run refuses a directory holding checkpoint files
-//! ([`occupants`]) unless it continues them (`--resume`) or moves them aside first
-//! ([`move_aside`], `--restart`); nothing deletes a checkpoint another run wrote.
+//! ([`occupants`]) unless it continues them (`resume`) or moves them aside first
+//! ([`move_aside`], `restart`); nothing deletes a checkpoint another run wrote.
 
 use std::collections::BTreeMap;
 use std::ffi::CString;
@@ -79,12 +79,12 @@ pub struct CheckpointMeta {
     pub loss_scale: f64,
     /// fp16 steps since the last overflow.
     pub good_steps: u64,
-    /// The run's flags (`--resume` compares them, see [`crate::run_flags`]).
+    /// The run's flags (`resume` compares them, see [`crate::run_flags`]).
     pub flags: serde_json::Value,
     /// Nodes sharing the data in the run that wrote it (absent in older checkpoints).
     #[serde(default)]
     pub nodes: Option<usize>,
-    /// Under `--head-parallel`: the classes of each replica's slice of the head, in replica
+    /// Under `head_parallel`: the classes of each replica's slice of the head, in replica
     /// order (rank by rank); the whole head is stored, the slices one after the other.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub head_split: Option<Vec<usize>>,
@@ -102,7 +102,7 @@ pub struct CheckpointMeta {
     /// Validation top-5 of these weights, when the run evaluated them at this step.
     #[serde(default)]
     pub val_top5: Option<f64>,
-    /// The `num_batches_tracked` of each BatchNorm (by prefix) in the `--init-from` file the
+    /// The `num_batches_tracked` of each BatchNorm (by prefix) in the `init_from` file the
     /// run started from (empty from scratch): an export adds the global step to it (see
     /// [`crate::weights`]).
     #[serde(default)]
@@ -353,7 +353,7 @@ fn is_partial(name: &str) -> bool {
 }
 
 /// Of the checkpoints up to global step `upto` in `dir`, deletes all but the newest `keep`,
-/// and deletes stale temporary files. Checkpoints past `upto` (damaged files `--resume`
+/// and deletes stale temporary files. Checkpoints past `upto` (damaged files `resume`
 /// skipped) are left alone. Only for a directory this run owns (see [`occupants`]).
 pub fn prune(dir: &Path, keep: usize, upto: u64) -> Result<()> {
     // Only one writer exists (rank 0, one checkpoint at a time), so any temporary file

@@ -12,9 +12,12 @@ use ddl_loader::pipeline::{
 use serde::{Serialize, Serializer};
 
 use crate::device::DeviceSpec;
+/// The arithmetic of forward and backward, a property of the devices (see [`crate::device`]).
+pub use crate::device::Precision;
 use crate::error::{Result, TrainError};
 use crate::model::ModelKind;
 use crate::schedule::DecayKind;
+use crate::setting::Setting;
 use crate::signal::StopRequest;
 use crate::size_schedule::SizeSchedule;
 
@@ -23,7 +26,7 @@ fn as_flag<T: Display, S: Serializer>(value: &T, s: S) -> std::result::Result<S:
     s.collect_str(value)
 }
 
-/// How the ranks of a node share the dataset (`--residency`).
+/// How the ranks of a node share the dataset (`residency`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, ValueEnum)]
 #[serde(rename_all = "lowercase")]
 pub enum ResidencyMode {
@@ -36,143 +39,142 @@ pub enum ResidencyMode {
 /// Everything a training run is configured with (the `ddl-train` flags).
 #[derive(Clone, Debug, Serialize)]
 pub struct TrainConfig {
-    /// Directory with `manifest.json` and the shards (`--data`; empty with `--synthetic-data`).
+    /// Directory with `manifest.json` and the shards (`data`; empty with `synthetic_data`).
     pub data: PathBuf,
     /// Train on one random batch held on each device instead of `data`: the model, the table
-    /// and the allreduce alone, for speed measurements (`--synthetic-data`).
+    /// and the allreduce alone, for speed measurements (`synthetic_data`).
     pub synthetic_data: bool,
-    /// Classes of the synthetic data's model (`--classes`; with data, the manifest's).
+    /// Classes of the synthetic data's model (`classes`; with data, the manifest's).
     pub classes: Option<usize>,
-    /// cuDNN's deterministic algorithms instead of its benchmark mode (`--deterministic`):
+    /// cuDNN's deterministic algorithms instead of its benchmark mode (`deterministic`):
     /// on a GPU, a resumed run is then bitwise the uninterrupted one.
     pub deterministic: bool,
-    /// Network (`--model`).
+    /// Network (`model`).
     pub model: ModelKind,
-    /// Epochs to train (`--epochs`).
+    /// Epochs to train (`epochs`).
     pub epochs: u32,
-    /// Images per replica per step (`--batch`).
+    /// Images per replica per step (`batch`).
     pub batch: usize,
-    /// Local devices (`--devices`).
+    /// Local devices (`devices`).
     #[serde(serialize_with = "as_flag")]
     pub devices: DeviceSpec,
-    /// Input side in pixels (`--image-size`).
+    /// Input side in pixels (`image_size`).
     pub image_size: u32,
-    /// Decode threads per rank (`--workers`).
+    /// Decode threads per rank (`workers`).
     pub workers: usize,
-    /// Ready batches queued per replica (`--prefetch`).
+    /// Ready batches queued per replica (`prefetch`).
     pub prefetch: usize,
-    /// Seed of weights, sampling and augmentation (`--seed`).
+    /// Seed of weights, sampling and augmentation (`seed`).
     pub seed: u64,
-    /// Base learning rate per 256 images (`--base-lr`).
+    /// Base learning rate per 256 images (`base_lr`).
     pub base_lr: f64,
-    /// Peak learning rate, overriding the linear scaling rule (`--lr`).
+    /// Peak learning rate, overriding the linear scaling rule (`lr`).
     pub lr: Option<f64>,
-    /// SGD momentum (`--momentum`).
+    /// SGD momentum (`momentum`).
     pub momentum: f64,
-    /// Nesterov momentum (`--nesterov`).
+    /// Nesterov momentum (`nesterov`).
     pub nesterov: bool,
-    /// Weight decay of conv/linear weights (`--weight-decay`).
+    /// Weight decay of conv/linear weights (`weight_decay`).
     pub weight_decay: f64,
-    /// Warmup epochs, fractional allowed (`--warmup-epochs`).
+    /// Warmup epochs, fractional allowed (`warmup_epochs`).
     pub warmup_epochs: f64,
-    /// Learning-rate decay after warmup (`--schedule`).
+    /// Learning-rate decay after warmup (`schedule`).
     pub schedule: DecayKind,
-    /// Step-decay epochs (`--milestones`).
+    /// Step-decay epochs (`milestones`).
     pub milestones: Vec<u32>,
-    /// Step-decay factor (`--gamma`).
+    /// Step-decay factor (`gamma`).
     pub gamma: f64,
-    /// Label smoothing (`--label-smoothing`).
+    /// Label smoothing (`label_smoothing`).
     pub label_smoothing: f64,
-    /// Arithmetic of forward and backward (`--precision`).
+    /// Arithmetic of forward and backward (`precision`).
     pub precision: Precision,
-    /// JSON-lines metrics file written by rank 0 (`--metrics`).
+    /// JSON-lines metrics file written by rank 0 (`metrics`).
     pub metrics: Option<PathBuf>,
-    /// Checkpoint directory (`--checkpoint-dir`).
+    /// Checkpoint directory (`checkpoint_dir`).
     pub checkpoint_dir: Option<PathBuf>,
-    /// Checkpoint every N global steps, 0 = only at epoch ends (`--checkpoint-every`).
+    /// Checkpoint every N global steps, 0 = only at epoch ends (`checkpoint_every`).
     pub checkpoint_every: u64,
-    /// Checkpoints kept (`--keep-checkpoints`).
+    /// Checkpoints kept (`keep_checkpoints`).
     pub keep_checkpoints: usize,
-    /// Continue from the newest valid checkpoint (`--resume`).
+    /// Continue from the newest valid checkpoint (`resume`).
     pub resume: bool,
-    /// Move another run's checkpoints in the directory aside and start over (`--restart`).
+    /// Move another run's checkpoints in the directory aside and start over (`restart`).
     pub restart: bool,
     /// Resume on a different layout (ranks, replicas, nodes) than the checkpoint's
-    /// (`--allow-new-layout`).
+    /// (`allow_new_layout`).
     pub allow_new_layout: bool,
-    /// Stop after this many global steps (`--max-steps`).
+    /// Stop after this many global steps (`max_steps`).
     pub max_steps: Option<u64>,
-    /// Allreduce algorithm (`--allreduce`).
+    /// Allreduce algorithm (`allreduce`).
     #[serde(serialize_with = "as_flag")]
     pub allreduce: Algorithm,
-    /// Cost model `auto` chooses with, from `ddl-bench calibrate` (`--cost-model`; none: the
+    /// Cost model `auto` chooses with, from `ddl-bench calibrate` (`cost_model`; none: the
     /// default model's formulas).
     pub cost_model: Option<PathBuf>,
-    /// Where rank 0 writes the cost model `--allreduce auto` tuned online, whenever it
-    /// settles another buffer size (`--save-cost-model`), for `--cost-model` of later jobs.
+    /// Where rank 0 writes the cost model `allreduce` auto tuned online, whenever it
+    /// settles another buffer size (`save_cost_model`), for `cost_model` of later jobs.
     pub save_cost_model: Option<PathBuf>,
     /// Split the classifier head by class over every replica of the job, the backbone staying
-    /// data-parallel (`--head-parallel`; see [`crate::table`]).
+    /// data-parallel (`head_parallel`; see [`crate::table`]).
     pub head_parallel: bool,
-    /// Allgather / reduce-scatter algorithm of `--head-parallel`'s exchanges (`--gather`).
+    /// Allgather / reduce-scatter algorithm of `head_parallel`'s exchanges (`gather`).
     #[serde(serialize_with = "as_flag")]
     pub gather: ShardAlgorithm,
-    /// Write final replica-0 weights here (`--dump-weights`).
+    /// Write final replica-0 weights here (`dump_weights`).
     pub dump_weights: Option<PathBuf>,
     /// Write the final model here as a torchvision-compatible `.safetensors` file
-    /// (`--export`; see [`crate::weights`]).
+    /// (`export`; see [`crate::weights`]).
     pub export: Option<PathBuf>,
     /// Start from the weights of this `.safetensors` file, with torchvision's names
-    /// (`--init-from`), unless `--resume` finds a checkpoint.
+    /// (`init_from`), unless `resume` finds a checkpoint.
     pub init_from: Option<PathBuf>,
-    /// Re-initialise the classifier head instead of loading it from `--init-from`
-    /// (`--reset-head`: fine-tuning on another class count).
+    /// Re-initialise the classifier head instead of loading it from `init_from`
+    /// (`reset_head`: fine-tuning on another class count).
     pub reset_head: bool,
-    /// Compare replica checksums every epoch (`--check-replicas`).
+    /// Compare replica checksums every epoch (`check_replicas`).
     pub check_replicas: bool,
-    /// How the ranks of a node share the dataset (`--residency`).
+    /// How the ranks of a node share the dataset (`residency`).
     pub residency: ResidencyMode,
-    /// What the gradient allreduce overlaps with (`--overlap backward|pipeline|off|auto`);
+    /// What the gradient allreduce overlaps with (`overlap` backward|pipeline|off|auto);
     /// `None` = auto ([`auto_overlap`]).
     pub overlap: Option<Overlap>,
-    /// The order of the buckets on the communication thread (`--comm-order`; see
+    /// The order of the buckets on the communication thread (`comm_order`; see
     /// [`comm_order`] for where `priority` applies).
     #[serde(serialize_with = "as_flag")]
     pub comm_order: CommOrder,
-    /// Gradient bucket size in MiB (`--bucket-mb`).
+    /// Gradient bucket size in MiB (`bucket_mb`).
     pub bucket_mb: f64,
     /// Keep images, activations and convolution weights channels-last (NHWC strides,
-    /// `--channels-last`), the layout tensor cores prefer.
+    /// `channels_last`), the layout tensor cores prefer.
     pub channels_last: bool,
-    /// Evaluate on the val split after every epoch (`--no-eval` turns it off).
+    /// Evaluate on the val split after every epoch.
     pub eval: bool,
-    /// Shorter side before the center crop in evaluation; 0 = image size x 8/7 (`--eval-resize`).
+    /// Shorter side before the center crop in evaluation; 0 = image size x 8/7 (`eval_resize`).
     pub eval_resize: u32,
-    /// The eval resize as a multiple of the image size when `eval_resize` is 0
-    /// (`--eval-resize-ratio`).
+    /// The eval resize as a multiple of the image size when `eval_resize` is 0.
     pub eval_resize_ratio: f64,
-    /// The train image size of each epoch (`--image-size-schedule`; empty: `image_size`).
+    /// The train image size of each epoch (empty: `image_size` throughout).
     pub image_size_schedule: SizeSchedule,
-    /// RandomResizedCrop's range of the crop's area fraction (`--crop-scale`).
+    /// RandomResizedCrop's range of the crop's area fraction.
     pub crop_scale: [f64; 2],
-    /// RandomResizedCrop's range of the crop's aspect ratio (`--crop-ratio`).
+    /// RandomResizedCrop's range of the crop's aspect ratio.
     pub crop_ratio: [f64; 2],
-    /// Probability of a horizontal flip of a train image (`--flip-prob`).
+    /// Probability of a horizontal flip of a train image.
     pub flip_prob: f64,
-    /// Channel means of the normalisation, 0-1 scale (`--mean`).
+    /// Channel means of the normalisation, 0-1 scale.
     pub mean: [f32; 3],
-    /// Channel standard deviations of the normalisation, 0-1 scale (`--std`).
+    /// Channel standard deviations of the normalisation, 0-1 scale.
     pub std: [f32; 3],
-    /// Pre-fault the node's shards (`--populate`).
+    /// Pre-fault the node's shards (`populate`).
     pub populate: bool,
-    /// mlock the node's shards (`--mlock`).
+    /// mlock the node's shards (`lock`).
     pub lock: bool,
-    /// Copy the node's shards here first, e.g. /dev/shm/ddl (`--stage`).
+    /// Copy the node's shards here first, e.g. /dev/shm/ddl (`stage`).
     pub stage: Option<PathBuf>,
-    /// Timeout of one communication operation in seconds (`--comm-timeout`).
+    /// Timeout of one communication operation in seconds (`comm_timeout_s`).
     pub comm_timeout_s: u64,
     /// `replace`, `skip` or `fail`: what a training batch does with a record whose checksum
-    /// or decoding fails (`--on-bad-record`; evaluation never scores a stand-in, it skips).
+    /// or decoding fails (`on_bad_record`; evaluation never scores a stand-in, it skips).
     pub on_bad_record: OnBadRecord,
     /// Print per-epoch lines (rank 0).
     pub verbose: bool,
@@ -251,8 +253,8 @@ impl Default for TrainConfig {
 }
 
 impl TrainConfig {
-    /// The shorter side of the eval resize: `--eval-resize`, or the image size x
-    /// `--eval-resize-ratio` (8/7: 256 for 224) when it is 0.
+    /// The shorter side of the eval resize: `eval_resize`, or the image size x
+    /// `eval_resize_ratio` (8/7: 256 for 224) when it is 0.
     pub fn eval_resize_px(&self) -> u32 {
         eval_resize_px(self.image_size, self.eval_resize, self.eval_resize_ratio)
     }
@@ -266,33 +268,20 @@ impl TrainConfig {
         }
     }
 
-    /// The train image size of `epoch` (`--image-size-schedule`, else `--image-size`).
+    /// The train image size of `epoch` (`image_size_schedule`, else `image_size`).
     pub fn train_size(&self, epoch: u64) -> u32 {
         self.image_size_schedule.size_at(epoch, self.image_size)
     }
 }
 
-/// The shorter side of the eval resize for `--image-size`, `--eval-resize` (0: the size x
-/// `ratio`) and `--eval-resize-ratio`.
+/// The shorter side of the eval resize for `image_size`, `eval_resize` (0: the size x
+/// `ratio`) and `eval_resize_ratio`.
 pub fn eval_resize_px(image_size: u32, eval_resize: u32, ratio: f64) -> u32 {
     if eval_resize > 0 {
         eval_resize
     } else {
         ddl_loader::pipeline::eval_resize(image_size, ratio)
     }
-}
-
-/// Arithmetic precision of forward and backward (`--precision`). Gradients are always reduced
-/// in f32.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, ValueEnum)]
-#[serde(rename_all = "lowercase")]
-pub enum Precision {
-    /// Everything in f32.
-    Fp32,
-    /// CUDA autocast to bfloat16 (on CPU: f32).
-    Bf16,
-    /// CUDA autocast to float16 with dynamic loss scaling (on CPU: f32).
-    Fp16,
 }
 
 /// How the gradient reduction overlaps the replicas' work (see [`crate::table`]).
@@ -316,7 +305,7 @@ impl std::str::FromStr for Overlap {
             "pipeline" => Ok(Overlap::Pipeline),
             "backward" => Ok(Overlap::Backward),
             _ => Err(TrainError::config(
-                "--overlap",
+                Setting::Overlap,
                 format!("{s:?} is not backward, pipeline, off or auto"),
             )),
         }
@@ -334,7 +323,7 @@ impl Overlap {
     }
 }
 
-/// `--overlap auto`: off when the job has one replica (there is nothing to reduce), else
+/// `overlap` auto: off when the job has one replica (there is nothing to reduce), else
 /// backward when the replicas are GPUs (the communication thread has cores of its own) or the
 /// ranks span more than one node (the allreduce crosses a network and is worth hiding); off for
 /// CPU replicas on one node, where the allreduce is a shared-memory copy and the communication
@@ -348,9 +337,9 @@ pub fn auto_overlap(gpus: bool, nodes: usize, replicas_in_job: usize) -> Overlap
     }
 }
 
-/// The order a table serves its buckets in, from `--comm-order` and the run: `priority`
-/// needs buckets cut at stage boundaries and a forward pass run stage by stage (`--overlap
-/// backward`), something that crosses ranks (with one rank nothing is reduced across them),
+/// The order a table serves its buckets in, from `comm_order` and the run: `priority`
+/// needs buckets cut at stage boundaries and a forward pass run stage by stage (`overlap`
+/// backward), something that crosses ranks (with one rank nothing is reduced across them),
 /// and no fp16 (whether an fp16 step is skipped is known only once every bucket is reduced,
 /// so its updates cannot start with the first). Otherwise `fifo`, with the reason, which the
 /// run prints.
@@ -359,16 +348,16 @@ pub fn comm_order(
     overlap: Overlap,
     ranks: usize,
     precision: Precision,
-) -> (CommOrder, Option<&'static str>) {
+) -> (CommOrder, Option<String>) {
     if requested == CommOrder::Fifo {
         return (requested, None);
     }
     let why = if overlap != Overlap::Backward {
-        "priority needs --overlap backward"
+        format!("priority needs {} backward", Setting::Overlap)
     } else if ranks <= 1 {
-        "priority needs several ranks"
+        "priority needs several ranks".to_string()
     } else if precision == Precision::Fp16 {
-        "priority does not run with --precision fp16"
+        format!("priority does not run with {} fp16", Setting::Precision)
     } else {
         return (requested, None);
     };

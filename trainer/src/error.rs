@@ -2,14 +2,16 @@
 
 use std::path::PathBuf;
 
+use crate::setting::{joined, Setting};
+
 /// Everything that can go wrong while configuring or running a training job.
 #[derive(Debug, thiserror::Error)]
 pub enum TrainError {
-    /// A command-line flag or configuration value is invalid; names the flag.
-    #[error("invalid {flag}: {message}")]
+    /// A setting's value is invalid; names the setting (or the settings that can lift it).
+    #[error("invalid {}: {message}", joined(.settings))]
     Config {
-        /// The flag (e.g. `--devices`) whose value is wrong.
-        flag: &'static str,
+        /// The settings whose values are wrong (usually one).
+        settings: Vec<Setting>,
         /// What is wrong with it.
         message: String,
     },
@@ -39,7 +41,7 @@ pub enum TrainError {
         /// What is wrong with it.
         message: String,
     },
-    /// A weights file (`--init-from`, `--export`, `ddl-export`, `ddl-predict`) is unreadable
+    /// A weights file (`init_from`, `export`, `ddl-export`, `ddl-predict`) is unreadable
     /// or does not fit the model; names the file and the tensor.
     #[error(transparent)]
     Weights(Box<crate::weights::WeightsError>),
@@ -63,10 +65,11 @@ pub enum TrainError {
     /// A checkpoint could not be written (disk full, ...); its partial file was removed.
     #[error(
         "checkpoint {path}: cannot write {needed} bytes ({}{}): {source}; the partial file was \
-         removed. Free space there, or resume with a lower --keep-checkpoints (older \
+         removed. Free space there, or resume with a lower {kc} (older \
          checkpoints are pruned before the next one is written)",
         mib(*.needed),
-        .available.map_or(String::new(), |a| format!(", {a} bytes ({}) free on its file system", mib(a)))
+        .available.map_or(String::new(), |a| format!(", {a} bytes ({}) free on its file system", mib(a))),
+        kc = Setting::KeepCheckpoints
     )]
     CheckpointWrite {
         /// The checkpoint file.
@@ -81,10 +84,13 @@ pub enum TrainError {
     },
     /// The checkpoint directory holds files of another run and this run would mix with them.
     #[error(
-        "--checkpoint-dir {dir} holds {count} checkpoint file(s) of another run (newest {newest}): \
-         add --resume to continue that run, --restart to move its files into a dated \
+        "{cd} {dir} holds {count} checkpoint file(s) of another run (newest {newest}): \
+         add {resume} to continue that run, {restart} to move its files into a dated \
          subdirectory and start over, or choose an empty directory",
-        dir = .dir.display()
+        dir = .dir.display(),
+        cd = Setting::CheckpointDir,
+        resume = Setting::Resume,
+        restart = Setting::Restart
     )]
     CheckpointDirInUse {
         /// The directory.
@@ -96,10 +102,11 @@ pub enum TrainError {
     },
     /// Another run holds the checkpoint directory's lock (see `train::dir_lock`).
     #[error(
-        "--checkpoint-dir {dir}: another ddl-train run is using it ({holder}); two runs in one \
+        "{cd} {dir}: another ddl-train run is using it ({holder}); two runs in one \
          directory would prune and replace each other's checkpoints: wait for that run to end, \
-         or give this one another --checkpoint-dir",
-        dir = .dir.display()
+         or give this one another {cd}",
+        dir = .dir.display(),
+        cd = Setting::CheckpointDir
     )]
     CheckpointDirLocked {
         /// The directory.
@@ -107,18 +114,21 @@ pub enum TrainError {
         /// Who holds it: "pid PID on host HOST".
         holder: String,
     },
-    /// `--resume` found a checkpoint written with flags that change the trajectory.
+    /// `resume` found a checkpoint written with settings that change the trajectory.
     #[error(
-        "--resume: checkpoint {path} was written by a run with other flags: {}. Rerun with the \
-         checkpoint's values to continue it, or start over with --restart (or another \
-         --checkpoint-dir)",
+        "{resume}: checkpoint {path} was written by a run with other flags: {}. Rerun with the \
+         checkpoint's values to continue it, or start over with {restart} (or another \
+         {cd})",
         .differences.join("; "),
-        path = .path.display()
+        path = .path.display(),
+        resume = Setting::Resume,
+        restart = Setting::Restart,
+        cd = Setting::CheckpointDir
     )]
     ResumeMismatch {
         /// The checkpoint file.
         path: PathBuf,
-        /// One line per differing flag, with both values.
+        /// One line per differing setting, with both values.
         differences: Vec<String>,
     },
     /// Rank 0 failed with this message in a decision it shares with every rank.
@@ -129,8 +139,8 @@ pub enum TrainError {
         "stopped by {} after global step {global_step} (epoch {epoch}, step {step}): {}",
         .signal.name(),
         .checkpoint.as_ref().map_or(
-            "no --checkpoint-dir, so nothing was saved".to_string(),
-            |p| format!("checkpoint {} written; run the same command with --resume to continue", p.display())
+            format!("no {}, so nothing was saved", Setting::CheckpointDir),
+            |p| format!("checkpoint {} written; run the same command with {} to continue", p.display(), Setting::Resume)
         )
     )]
     Preempted {
@@ -159,10 +169,10 @@ fn mib(bytes: u64) -> String {
 }
 
 impl TrainError {
-    /// Shorthand for a configuration error naming `flag`.
-    pub fn config(flag: &'static str, message: impl Into<String>) -> Self {
+    /// Shorthand for a configuration error naming `setting`.
+    pub fn config(setting: Setting, message: impl Into<String>) -> Self {
         TrainError::Config {
-            flag,
+            settings: vec![setting],
             message: message.into(),
         }
     }

@@ -1,5 +1,5 @@
 //! `ddl-export`: the model of any ddl-train checkpoint as a torchvision-compatible safetensors
-//! file, the same file `ddl-train --export` writes at the end of a run (see
+//! file, the same file `ddl-train`'s `export` writes at the end of a run (see
 //! [`crate::weights`]).
 //!
 //! A checkpoint holds the BatchNorm running statistics of every replica of every rank; the file
@@ -16,6 +16,7 @@ use crate::checkpoint::{self, Checkpoint};
 use crate::config::eval_resize_px;
 use crate::error::{Result, TrainError};
 use crate::model::ModelKind;
+use crate::setting::Setting;
 use crate::weights::meta::ModelMeta;
 use crate::weights::{self, file, Spec, StateDict};
 
@@ -32,10 +33,10 @@ pub struct Exported {
 
 /// Writes the model of the checkpoint `from` (a checkpoint file, or a checkpoint directory:
 /// its newest intact checkpoint) to `to`. The class names come from the checkpoint, or, for a
-/// checkpoint that predates them, from the manifest in `data` (default: the `--data` the run
+/// checkpoint that predates them, from the manifest in `data` (default: the `data` the run
 /// was given).
 pub fn export_checkpoint(from: &Path, to: &Path, data: Option<&Path>) -> Result<Exported> {
-    file::check_destination(to).map_err(|m| TrainError::config("-o", m))?;
+    file::check_destination(to).map_err(|m| TrainError::config(Setting::Output, m))?;
     let (path, ck) = if from.is_dir() {
         checkpoint::newest_valid(from)?
             .checkpoint
@@ -126,7 +127,7 @@ pub fn export_checkpoint(from: &Path, to: &Path, data: Option<&Path>) -> Result<
     })
 }
 
-/// The wnids of the manifest in `data`, or in the run's `--data` when `data` is `None`.
+/// The wnids of the manifest in `data`, or in the run's `data` when `data` is `None`.
 fn class_names_from_manifest(
     data: Option<&Path>,
     flags: &serde_json::Value,
@@ -134,13 +135,15 @@ fn class_names_from_manifest(
 ) -> std::result::Result<Vec<String>, String> {
     let dir = match data {
         Some(d) => d.to_path_buf(),
-        None => flags["data"]
-            .as_str()
-            .map(PathBuf::from)
-            .ok_or("the checkpoint predates class names and records no --data: pass --data")?,
+        None => flags["data"].as_str().map(PathBuf::from).ok_or_else(|| {
+            format!(
+                "the checkpoint predates class names and records no {data}: pass {data}",
+                data = Setting::Data
+            )
+        })?,
     };
     let manifest = Manifest::load(&dir).map_err(|e| {
-        format!("the checkpoint predates class names, and the run's data cannot give them ({e}): pass --data SHARDS")
+        format!("the checkpoint predates class names, and the run's data cannot give them ({e}): pass {} SHARDS", Setting::Data)
     })?;
     if manifest.num_classes() as i64 != classes {
         return Err(format!(

@@ -22,6 +22,9 @@ use ddl_trainer::signal::StopRequest;
 use ddl_trainer::size_schedule::SizeSchedule;
 use ddl_trainer::{TrainConfig, TrainError, TrainSummary};
 
+#[path = "cli/flags.rs"]
+mod flags;
+
 /// Train an image classifier data-parallel on ddl shards.
 #[derive(Parser, Debug)]
 #[command(name = "ddl-train", version, about)]
@@ -353,6 +356,7 @@ fn values<const N: usize, T>(flag: &str, v: Vec<T>) -> anyhow::Result<[T; N]> {
 
 fn main() -> anyhow::Result<()> {
     ddl_comm::cli::end_quietly_on_closed_pipe();
+    flags::install();
     tracing_subscriber::fmt()
         .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
         .with_writer(std::io::stderr)

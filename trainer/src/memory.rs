@@ -6,7 +6,7 @@
 //! of several ranks [`HOST_COPIES`] in host memory (the buckets' host buffers the allreduce
 //! runs on; a job of one rank keeps its gradients on the devices). A classifier head is part of
 //! the parameters like any layer: a 21,841-way ResNet-50 head adds 44.75 M parameters, so
-//! 179 MB to every copy. Under `--head-parallel` each replica keeps its slice of the head
+//! 179 MB to every copy. Under `head_parallel` each replica keeps its slice of the head
 //! instead, and a step sends the features of the global batch instead of the head's gradient:
 //! [`compare`] prints both modes side by side for a job ([`Job`]).
 
@@ -16,6 +16,7 @@ use ddl_comm::step::{crossover_batch, HeadExchange, Step};
 use ddl_loader::units::{mb, mib};
 
 use crate::config::Overlap;
+use crate::setting::Setting;
 use crate::table::{Layout, ALIGN};
 use crate::weights;
 
@@ -76,9 +77,12 @@ pub fn describe(layout: &Layout, plan: &PlanFor<'_>) -> String {
         head,
         mb(head as u64 * 4),
         if layout.left_out.is_empty() {
-            ""
+            String::new()
         } else {
-            "; --head-parallel: split over the replicas, outside the buckets and the state below"
+            format!(
+                "; {}: split over the replicas, outside the buckets and the state below",
+                Setting::HeadParallel
+            )
         }
     );
     let largest = &layout.buckets[layout.largest_bucket()];
@@ -206,8 +210,9 @@ pub fn compare(dp: &Layout, hp: &Layout, job: Job) -> String {
     let mut out = String::new();
     let _ = writeln!(
         out,
-        "data-parallel vs head-parallel (--head-parallel: fc split over {} replicas), {} rank(s) \
+        "data-parallel vs head-parallel ({}: fc split over {} replicas), {} rank(s) \
          x {} replica(s) x {} images = global batch {global}:",
+        Setting::HeadParallel,
         job.ranks * job.replicas,
         job.ranks,
         job.replicas,

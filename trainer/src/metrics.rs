@@ -25,7 +25,7 @@ pub struct StepRecord {
     pub lr: f64,
     /// Global images per second of this step.
     pub images_per_s: f64,
-    /// Wall time of the step on rank 0 (under `--comm-order priority`, from sending the step
+    /// Wall time of the step on rank 0 (under `comm_order` priority, from sending the step
     /// to the replicas to every rank's backward being done: the previous step's allreduce
     /// that overlaps this step's forward included, this step's that overlaps the next one's
     /// left out).
@@ -33,7 +33,7 @@ pub struct StepRecord {
     /// Mean time rank 0's replicas waited on the loader.
     pub data_wait_s: f64,
     /// Mean time rank 0's replicas' forward pass waited for the previous step's buckets to be
-    /// reduced (`--comm-order priority`; 0 under `fifo`, whose steps end after every bucket).
+    /// reduced (`comm_order` priority; 0 under `fifo`, whose steps end after every bucket).
     pub forward_wait_s: f64,
     /// Mean time rank 0's replicas were busy: the step but for waiting on the loader and on
     /// reduced gradients, in the forward pass or after backward (on a GPU, that includes
@@ -46,7 +46,7 @@ pub struct StepRecord {
     pub bytes_sent: u64,
 }
 
-/// One line per buffer size class whose algorithm `--allreduce auto` settled on by trying
+/// One line per buffer size class whose algorithm `allreduce` auto settled on by trying
 /// the candidates (`"type": "allreduce_tuned"`).
 #[derive(Clone, Debug, Serialize)]
 pub struct TunedRecord {
@@ -122,7 +122,7 @@ pub struct EpochRecord {
     /// Optimizer steps in this epoch (this run).
     pub steps: u64,
     /// Bad records met in training this epoch, all ranks (replaced or skipped, see
-    /// `--on-bad-record`).
+    /// `on_bad_record`).
     pub bad_records: u64,
     /// Val records left out of the evaluation as bad, all ranks (null without evaluation).
     pub val_bad_records: Option<u64>,

@@ -5,9 +5,9 @@
 //! Every model is a chain of stages ([`Network`]): the ResNets run stem, each residual block
 //! and the head (pool + fc) as stages; the convnet runs conv1, conv2 and the head. The full
 //! forward pass is the composition of the stages, so a staged forward/backward (the table's
-//! `--overlap backward`) computes exactly the same operations. The head is the pooled
+//! `overlap` backward) computes exactly the same operations. The head is the pooled
 //! features ([`Network::features`]) through one linear layer ([`Network::classifier`]), which
-//! `--head-parallel` runs apart, on the features of the whole global batch.
+//! `head_parallel` runs apart, on the features of the whole global batch.
 
 use std::fmt;
 use std::marker::PhantomData;

@@ -1,7 +1,7 @@
 //! `ddl-predict`: a model loaded from a weights file classifies images, on the CPU or a GPU,
 //! with the eval transform and the classes its metadata names.
 //!
-//! A file written by ddl (`ddl-train --export`, `ddl-export`) says everything: architecture,
+//! A file written by ddl (`ddl-train`'s `export`, `ddl-export`) says everything: architecture,
 //! classes in label order, image size, eval resize, mean and std. A plain torchvision state
 //! dict carries none of it: [`Overrides`] names the architecture (and optionally the sizes;
 //! ImageNet's 224 / 256 otherwise), and its classes are the label numbers.
@@ -16,9 +16,10 @@ use tch::{nn, Device, Kind, Tensor};
 use crate::config::eval_resize_px;
 use crate::error::{Result, TrainError};
 use crate::model::{self, Model, ModelKind};
+use crate::setting::Setting;
 use crate::table::Layout;
 use crate::weights::meta::ModelMeta;
-use crate::weights::{file, Spec, WeightsError};
+use crate::weights::{file, Spec, StateDict, WeightsError};
 
 /// What to assume for a weights file without ddl's metadata (and what to check against one
 /// with it).
@@ -52,10 +53,10 @@ pub struct Classifier {
     _vs: nn::VarStore,
 }
 
-/// `--device`: `auto` (the first GPU if there is one, else the CPU), `cpu`, `cuda` or `cuda:N`.
+/// `device`: `auto` (the first GPU if there is one, else the CPU), `cpu`, `cuda` or `cuda:N`.
 pub fn parse_device(spec: &str) -> Result<Device> {
     let gpus = tch::Cuda::device_count().max(0) as usize;
-    let bad = |m: String| TrainError::config("--device", m);
+    let bad = |m: String| TrainError::config(Setting::Device, m);
     let index = match spec {
         "auto" => {
             return Ok(if gpus > 0 {
@@ -91,41 +92,7 @@ impl Classifier {
         };
         let mut meta = match ModelMeta::from_map(&map, path)? {
             Some(m) => m,
-            None => {
-                let arch = overrides.arch.ok_or_else(|| {
-                    metadata_error(
-                        "model",
-                        "the file has no ddl metadata (a state dict saved outside ddl): name \
-                         its architecture with --arch"
-                            .into(),
-                    )
-                })?;
-                let classes = dict
-                    .tensors
-                    .get("fc.weight")
-                    .and_then(|e| e.shape.first().copied())
-                    .ok_or_else(|| WeightsError::Missing {
-                        path: path.to_path_buf(),
-                        key: "fc.weight".into(),
-                        model: arch.name().into(),
-                        more: 0,
-                    })?;
-                let size = overrides.image_size.unwrap_or(224);
-                ModelMeta {
-                    model: arch.name().to_string(),
-                    classes: (0..classes).map(|i| i.to_string()).collect(),
-                    image_size: size,
-                    eval_resize: eval_resize_px(size, 0, EVAL_RESIZE_RATIO),
-                    mean: IMAGENET_MEAN,
-                    std: IMAGENET_STD,
-                    ddl_version: String::new(),
-                    flags: None,
-                    global_step: None,
-                    val_top1: None,
-                    val_top5: None,
-                    batchnorm_statistics: None,
-                }
-            }
+            None => assumed_meta(&dict, path, overrides)?,
         };
         if let Some(arch) = overrides.arch.filter(|a| a.name() != meta.model) {
             return Err(metadata_error(
@@ -152,21 +119,7 @@ impl Classifier {
         let model = model::build(kind, &vs.root(), classes, meta.image_size);
         let layout = Layout::new(&vs, usize::MAX);
         dict.check(&Spec::of_layout(kind.name(), &layout), path, false)?;
-        let _guard = tch::no_grad_guard();
-        for (name, mut var) in vs.variables() {
-            let entry = dict
-                .tensors
-                .get(&name)
-                .ok_or_else(|| WeightsError::Missing {
-                    path: path.to_path_buf(),
-                    key: name.clone(),
-                    model: kind.name().into(),
-                    more: 0,
-                })?;
-            let values = entry.to_f32().unwrap_or_default();
-            let host = Tensor::f_from_slice(&values)?.f_view(var.size().as_slice())?;
-            var.f_copy_(&host)?;
-        }
+        copy_weights(&vs, &dict, path, kind)?;
         Ok(Classifier {
             meta,
             device,
@@ -188,8 +141,12 @@ impl Classifier {
     /// The eval transform the model was trained and evaluated with.
     pub fn transform(&self) -> Result<EvalTransform> {
         let m = &self.meta;
-        EvalTransform::new(m.image_size, m.eval_resize, m.mean, m.std)
-            .map_err(|e| TrainError::config("--image-size/--eval-resize", e.to_string()))
+        EvalTransform::new(m.image_size, m.eval_resize, m.mean, m.std).map_err(|e| {
+            TrainError::Config {
+                settings: vec![Setting::ImageSize, Setting::EvalResize],
+                message: e.to_string(),
+            }
+        })
     }
 
     /// Logits (float32, on the CPU, `[n, classes]`) of `n` transformed images (`images`: n x 3
@@ -269,7 +226,7 @@ pub fn image_files(inputs: &[std::path::PathBuf]) -> Result<Vec<std::path::PathB
 pub type Outcome<'a> = std::result::Result<&'a [Prediction], &'a str>;
 
 /// The transformed images and logits of the images a [`Classifier::classify_files`] call
-/// classified, in order (for `--save-tensors`).
+/// classified, in order (for saving them as tensors).
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct Kept {
     /// The images classified.
@@ -335,4 +292,69 @@ impl Classifier {
         }
         Ok(kept)
     }
+}
+
+/// The metadata of a state dict saved outside ddl: its architecture from `overrides.arch`,
+/// its classes numbered from the head's rows, torchvision's eval transform.
+fn assumed_meta(dict: &StateDict, path: &Path, overrides: &Overrides) -> Result<ModelMeta> {
+    let metadata_error = |key: &str, message: String| WeightsError::Metadata {
+        path: path.to_path_buf(),
+        key: key.to_string(),
+        message,
+    };
+    let arch = overrides.arch.ok_or_else(|| {
+        metadata_error(
+            "model",
+            format!(
+                "the file has no ddl metadata (a state dict saved outside ddl): \
+                 name its architecture with {}",
+                Setting::Arch
+            ),
+        )
+    })?;
+    let classes = dict
+        .tensors
+        .get("fc.weight")
+        .and_then(|e| e.shape.first().copied())
+        .ok_or_else(|| WeightsError::Missing {
+            path: path.to_path_buf(),
+            key: "fc.weight".into(),
+            model: arch.name().into(),
+            more: 0,
+        })?;
+    let size = overrides.image_size.unwrap_or(224);
+    Ok(ModelMeta {
+        model: arch.name().to_string(),
+        classes: (0..classes).map(|i| i.to_string()).collect(),
+        image_size: size,
+        eval_resize: eval_resize_px(size, 0, EVAL_RESIZE_RATIO),
+        mean: IMAGENET_MEAN,
+        std: IMAGENET_STD,
+        ddl_version: String::new(),
+        flags: None,
+        global_step: None,
+        val_top1: None,
+        val_top5: None,
+        batchnorm_statistics: None,
+    })
+}
+
+/// Copies every tensor of `dict` (checked against the model `kind`) into its variable of `vs`.
+fn copy_weights(vs: &nn::VarStore, dict: &StateDict, path: &Path, kind: ModelKind) -> Result<()> {
+    let _guard = tch::no_grad_guard();
+    for (name, mut var) in vs.variables() {
+        let entry = dict
+            .tensors
+            .get(&name)
+            .ok_or_else(|| WeightsError::Missing {
+                path: path.to_path_buf(),
+                key: name.clone(),
+                model: kind.name().into(),
+                more: 0,
+            })?;
+        let values = entry.to_f32().unwrap_or_default();
+        let host = Tensor::f_from_slice(&values)?.f_view(var.size().as_slice())?;
+        var.f_copy_(&host)?;
+    }
+    Ok(())
 }

@@ -1,4 +1,4 @@
-//! Which flags make a run what it is: `--resume` continues a checkpoint only when every flag
+//! Which flags make a run what it is: `resume` continues a checkpoint only when every flag
 //! that changes the training trajectory is the same as when it was written.
 //!
 //! Every field of [`TrainConfig`] is in exactly one of three lists, each with its reason (a
@@ -16,6 +16,7 @@
 use serde_json::Value;
 
 use crate::config::TrainConfig;
+use crate::setting::{spell, Setting};
 
 /// Flags that change the weights a run computes: (field, reason).
 pub const TRAJECTORY: &[(&str, &str)] = &[
@@ -81,7 +82,7 @@ pub const ROUNDING: &[(&str, &str)] = &[
     ),
     (
         "gather",
-        "another allgather / reduce-scatter of --head-parallel, so another summation order",
+        "another allgather / reduce-scatter of `head_parallel`, so another summation order",
     ),
     ("deterministic", "other convolution algorithms on GPUs"),
     (
@@ -98,7 +99,7 @@ pub const FREE: &[(&str, &str)] = &[
     ),
     (
         "epochs",
-        "only where the run ends (with --schedule cosine it also stretches the decay: warned)",
+        "only where the run ends (with `schedule` cosine it also stretches the decay: warned)",
     ),
     ("max_steps", "only where the run stops"),
     (
@@ -142,7 +143,7 @@ pub const FREE: &[(&str, &str)] = &[
     ),
     (
         "classes",
-        "only with --synthetic-data, which writes no checkpoint",
+        "only with `synthetic_data`, which writes no checkpoint",
     ),
 ];
 
@@ -162,22 +163,17 @@ pub struct LayoutCheck {
 /// What comparing a checkpoint with this run found.
 #[derive(Debug, Default, PartialEq)]
 pub struct Comparison {
-    /// Differences that change the trajectory, one per flag: `--seed 3 (this run: 4)`.
+    /// Differences that change the trajectory, one per flag: `seed` 3 (this run: 4).
     pub refused: Vec<String>,
-    /// Differences in the layout (ranks, replicas, nodes), allowed with `--allow-new-layout`.
+    /// Differences in the layout (ranks, replicas, nodes), allowed with `allow_new_layout`.
     pub layout: Vec<String>,
     /// Warnings: rounding-only differences, a stretched cosine schedule.
     pub warnings: Vec<String>,
 }
 
-fn flag_name(field: &str) -> String {
-    match field {
-        "comm_timeout_s" => "--comm-timeout".into(),
-        "eval" => "--no-eval".into(),
-        "verbose" => "--quiet".into(),
-        "lock" => "--mlock".into(),
-        _ => format!("--{}", field.replace('_', "-")),
-    }
+/// The setting of a field of the checkpoint's header, as this process spells settings.
+fn setting_name(field: &str) -> String {
+    Setting::from_name(field).map_or_else(|| format!("`{field}`"), |s| s.to_string())
 }
 
 fn show(v: Option<&Value>) -> String {
@@ -201,25 +197,33 @@ pub fn compare(old: &Value, cfg: &TrainConfig, layout: LayoutCheck) -> Compariso
     let differs = |field: &str| {
         let (a, b) = (old.get(field), new.get(field));
         // A flag the checkpoint predates was not recorded: nothing to compare.
-        (a.is_some() && a != b)
-            .then(|| format!("{} {} (this run: {})", flag_name(field), show(a), show(b)))
+        (a.is_some() && a != b).then(|| {
+            format!(
+                "{} {} (this run: {})",
+                setting_name(field),
+                show(a),
+                show(b)
+            )
+        })
     };
     for (field, why) in TRAJECTORY {
         if let Some(d) = differs(field) {
-            out.refused.push(format!("{d}: {why}"));
+            out.refused.push(format!("{d}: {}", spell(why)));
         }
     }
     let (data_old, data_new) = layout.data;
     if data_old.is_some_and(|d| d != data_new) {
         out.refused.push(format!(
-            "--data: another dataset (fingerprint {:08x}, this run's {data_new:08x})",
+            "{}: another dataset (fingerprint {:08x}, this run's {data_new:08x})",
+            Setting::Data,
             data_old.unwrap_or_default()
         ));
     }
     for (field, why) in ROUNDING {
         if let Some(d) = differs(field) {
             out.warnings.push(format!(
-                "{d}: {why}; the run continues but is no longer bitwise reproducible"
+                "{d}: {}; the run continues but is no longer bitwise reproducible",
+                spell(why)
             ));
         }
     }
@@ -237,7 +241,7 @@ pub fn compare(old: &Value, cfg: &TrainConfig, layout: LayoutCheck) -> Compariso
     };
     layout_diff("ranks", layout.ranks.0, layout.ranks.1);
     layout_diff(
-        "replicas per rank (--devices)",
+        &format!("replicas per rank ({})", Setting::Devices),
         layout.replicas.0,
         layout.replicas.1,
     );
@@ -293,13 +297,13 @@ mod tests {
         new.allreduce = ddl_comm::Algorithm::Ring;
         let c = compare(&old_v, &new, same_layout());
         assert_eq!(c.refused.len(), 2, "{c:?}");
-        assert!(c.refused[0].starts_with("--seed 0 (this run: 3)"), "{c:?}");
+        assert!(c.refused[0].starts_with("`seed` 0 (this run: 3)"), "{c:?}");
         assert!(
-            c.refused[1].starts_with("--lr unset (this run: 0.5)"),
+            c.refused[1].starts_with("`lr` unset (this run: 0.5)"),
             "{c:?}"
         );
         assert_eq!(c.warnings.len(), 1, "{c:?}");
-        assert!(c.warnings[0].starts_with("--allreduce auto (this run: ring)"));
+        assert!(c.warnings[0].starts_with("`allreduce` auto (this run: ring)"));
 
         let moved = LayoutCheck {
             ranks: (2, 4),
@@ -308,6 +312,6 @@ mod tests {
         };
         let c = compare(&old_v, &old, moved);
         assert_eq!(c.layout, vec!["ranks 2 (this run: 4)".to_string()]);
-        assert!(c.refused[0].starts_with("--data"), "{c:?}");
+        assert!(c.refused[0].starts_with("`data`"), "{c:?}");
     }
 }

@@ -15,11 +15,11 @@ pub enum Decay {
     Cosine,
 }
 
-/// Kind of decay as named on the command line (`--schedule step|cosine`).
+/// Kind of decay as named on the command line (`schedule` step|cosine).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum, serde::Serialize)]
 #[serde(rename_all = "lowercase")]
 pub enum DecayKind {
-    /// Step decay at `--milestones`.
+    /// Step decay at `milestones`.
     Step,
     /// Cosine decay.
     Cosine,

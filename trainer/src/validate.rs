@@ -1,102 +1,103 @@
-//! Checks of the numeric flags and of the memory the input batches will take, before anything
-//! is allocated: every error names its flag and says what is allowed.
+//! Checks of the numeric settings and of the memory the input batches will take, before
+//! anything is allocated: every error names its setting and says what is allowed.
 
 use ddl_loader::limits::{
-    self, AugmentError, AugmentSetting, AugmentSettings, Buffers, LimitError, Setting, Settings,
+    self, AugmentError, AugmentSetting, AugmentSettings, Buffers, LimitError, Settings,
 };
 use ddl_loader::pipeline::Output;
 
 use crate::config::TrainConfig;
 use crate::error::{Result, TrainError};
+use crate::setting::Setting;
 
-/// Largest `--bucket-mb`: one bucket of 64 GiB is already more than any model's gradient.
+/// Largest `bucket_mb`: one bucket of 64 GiB is already more than any model's gradient.
 const MAX_BUCKET_MB: f64 = 65536.0;
 
-/// Checks the range of every numeric flag (finite, and within what the flag means).
+/// Checks the range of every numeric setting (finite, and within what the setting means).
 pub fn ranges(cfg: &TrainConfig) -> Result<()> {
-    let finite = |flag: &'static str, x: f64| {
+    let finite = |setting: Setting, x: f64| {
         if x.is_finite() {
             Ok(())
         } else {
             Err(TrainError::config(
-                flag,
+                setting,
                 format!("{x} is not a finite number"),
             ))
         }
     };
-    let positive = |flag: &'static str, x: f64| {
-        finite(flag, x)?;
+    let positive = |setting: Setting, x: f64| {
+        finite(setting, x)?;
         if x > 0.0 {
             Ok(())
         } else {
-            Err(TrainError::config(flag, format!("{x} must be above 0")))
+            Err(TrainError::config(setting, format!("{x} must be above 0")))
         }
     };
-    positive("--base-lr", cfg.base_lr)?;
+    positive(Setting::BaseLr, cfg.base_lr)?;
     if let Some(lr) = cfg.lr {
-        positive("--lr", lr)?;
+        positive(Setting::Lr, lr)?;
     }
-    finite("--momentum", cfg.momentum)?;
+    finite(Setting::Momentum, cfg.momentum)?;
     if !(0.0..1.0).contains(&cfg.momentum) {
         return Err(TrainError::config(
-            "--momentum",
+            Setting::Momentum,
             format!("{} is outside [0, 1)", cfg.momentum),
         ));
     }
-    finite("--weight-decay", cfg.weight_decay)?;
+    finite(Setting::WeightDecay, cfg.weight_decay)?;
     if cfg.weight_decay < 0.0 {
         return Err(TrainError::config(
-            "--weight-decay",
+            Setting::WeightDecay,
             format!("{} is below 0", cfg.weight_decay),
         ));
     }
-    positive("--gamma", cfg.gamma)?;
+    positive(Setting::Gamma, cfg.gamma)?;
     if cfg.gamma > 1.0 {
         return Err(TrainError::config(
-            "--gamma",
+            Setting::Gamma,
             format!(
                 "{} would raise the learning rate at each milestone; the decay factor is in (0, 1]",
                 cfg.gamma
             ),
         ));
     }
-    finite("--warmup-epochs", cfg.warmup_epochs)?;
+    finite(Setting::WarmupEpochs, cfg.warmup_epochs)?;
     if cfg.warmup_epochs < 0.0 {
         return Err(TrainError::config(
-            "--warmup-epochs",
+            Setting::WarmupEpochs,
             format!("{} is below 0", cfg.warmup_epochs),
         ));
     }
-    finite("--label-smoothing", cfg.label_smoothing)?;
+    finite(Setting::LabelSmoothing, cfg.label_smoothing)?;
     if !(0.0..1.0).contains(&cfg.label_smoothing) {
         return Err(TrainError::config(
-            "--label-smoothing",
+            Setting::LabelSmoothing,
             format!("{} is outside [0, 1)", cfg.label_smoothing),
         ));
     }
-    positive("--bucket-mb", cfg.bucket_mb)?;
+    positive(Setting::BucketMb, cfg.bucket_mb)?;
     if cfg.bucket_mb > MAX_BUCKET_MB {
         return Err(TrainError::config(
-            "--bucket-mb",
+            Setting::BucketMb,
             format!("{} is above {MAX_BUCKET_MB}", cfg.bucket_mb),
         ));
     }
     let at_least_one = [
-        ("--epochs", u64::from(cfg.epochs)),
-        ("--keep-checkpoints", cfg.keep_checkpoints as u64),
-        ("--comm-timeout", cfg.comm_timeout_s),
+        (Setting::Epochs, u64::from(cfg.epochs)),
+        (Setting::KeepCheckpoints, cfg.keep_checkpoints as u64),
+        (Setting::CommTimeoutS, cfg.comm_timeout_s),
     ];
-    for (flag, value) in at_least_one {
+    for (setting, value) in at_least_one {
         if value == 0 {
-            return Err(TrainError::config(flag, "must be at least 1"));
+            return Err(TrainError::config(setting, "must be at least 1"));
         }
     }
     limits::check(&pipeline_settings(cfg)).map_err(limit_error)?;
     augment(cfg)
 }
 
-/// Checks the augmentation flags and the sizes of `--image-size-schedule` (the limits of
-/// `--image-size`).
+/// Checks the augmentation settings and the sizes of `image_size_schedule` (the limits of
+/// `image_size`).
 fn augment(cfg: &TrainConfig) -> Result<()> {
     limits::check_augment(&AugmentSettings {
         train: cfg.train_augment(),
@@ -112,35 +113,35 @@ fn augment(cfg: &TrainConfig) -> Result<()> {
             ..pipeline_settings(cfg)
         };
         limits::check(&settings).map_err(|e| {
-            TrainError::config("--image-size-schedule", format!("size {size}: {e}"))
+            TrainError::config(Setting::ImageSizeSchedule, format!("size {size}: {e}"))
         })?;
     }
     Ok(())
 }
 
-/// A refused augmentation value as the error of its flag.
+/// A refused augmentation value as the error of its setting.
 fn augment_error(e: AugmentError) -> TrainError {
-    let flag = match e.setting {
-        AugmentSetting::Scale => "--crop-scale",
-        AugmentSetting::Ratio => "--crop-ratio",
-        AugmentSetting::Flip => "--flip-prob",
-        AugmentSetting::EvalResizeRatio => "--eval-resize-ratio",
-        AugmentSetting::Mean => "--mean",
-        AugmentSetting::Std => "--std",
+    let setting = match e.setting {
+        AugmentSetting::Scale => Setting::CropScale,
+        AugmentSetting::Ratio => Setting::CropRatio,
+        AugmentSetting::Flip => Setting::FlipProb,
+        AugmentSetting::EvalResizeRatio => Setting::EvalResizeRatio,
+        AugmentSetting::Mean => Setting::Mean,
+        AugmentSetting::Std => Setting::Std,
     };
-    TrainError::config(flag, e.to_string())
+    TrainError::config(setting, e.to_string())
 }
 
-/// `--head-parallel` splits `classes` classes over `replicas` replicas (every replica of the
-/// job): each needs a class, and every batch must have `--batch` images, as many as the
-/// allgather takes from every replica, which `--on-bad-record skip` cannot promise.
+/// `head_parallel` splits `classes` classes over `replicas` replicas (every replica of the
+/// job): each needs a class, and every batch must have `batch` images, as many as the
+/// allgather takes from every replica, which `on_bad_record` skip cannot promise.
 pub fn head_split(cfg: &TrainConfig, classes: usize, replicas: usize) -> Result<()> {
     if !cfg.head_parallel {
         return Ok(());
     }
     if classes < replicas {
         return Err(TrainError::config(
-            "--head-parallel",
+            Setting::HeadParallel,
             format!(
                 "splits {classes} classes over {replicas} replicas (every replica of every rank): \
                  each replica needs at least one class"
@@ -149,9 +150,13 @@ pub fn head_split(cfg: &TrainConfig, classes: usize, replicas: usize) -> Result<
     }
     if cfg.on_bad_record == ddl_loader::pipeline::OnBadRecord::Skip {
         return Err(TrainError::config(
-            "--on-bad-record",
-            "skip makes batches shorter than --batch, and --head-parallel gathers --batch images \
-             from every replica: use replace or fail",
+            Setting::OnBadRecord,
+            format!(
+                "skip makes batches shorter than {batch}, and {hp} gathers {batch} images \
+                 from every replica: use replace or fail",
+                batch = Setting::Batch,
+                hp = Setting::HeadParallel
+            ),
         ));
     }
     Ok(())
@@ -169,24 +174,30 @@ pub fn pipeline_settings(cfg: &TrainConfig) -> Settings {
     }
 }
 
-/// The flag of a loader setting.
-fn flag(setting: Setting) -> &'static str {
+/// The setting of the run that is the loader's `setting`.
+fn of_loader(setting: limits::Setting) -> Setting {
     match setting {
-        Setting::Batch => "--batch",
-        Setting::ImageSize => "--image-size",
-        Setting::Workers => "--workers",
-        Setting::Prefetch => "--prefetch",
-        Setting::EvalResize => "--eval-resize",
+        limits::Setting::Batch => Setting::Batch,
+        limits::Setting::ImageSize => Setting::ImageSize,
+        limits::Setting::Workers => Setting::Workers,
+        limits::Setting::Prefetch => Setting::Prefetch,
+        limits::Setting::EvalResize => Setting::EvalResize,
     }
 }
 
-/// A refusal of the loader's limits as the error of the flags that would lift it.
+/// A refusal of the loader's limits as the error of the settings that would lift it.
 pub fn limit_error(e: LimitError) -> TrainError {
-    let flags = match &e {
-        LimitError::Memory { .. } => "--image-size/--batch/--prefetch",
-        other => other.settings().first().map_or("--batch", |s| flag(*s)),
+    let settings = match &e {
+        LimitError::Memory { .. } => vec![Setting::ImageSize, Setting::Batch, Setting::Prefetch],
+        other => vec![other
+            .settings()
+            .first()
+            .map_or(Setting::Batch, |s| of_loader(*s))],
     };
-    TrainError::config(flags, e.to_string())
+    TrainError::Config {
+        settings,
+        message: e.to_string(),
+    }
 }
 
 /// Fails when the batch buffers of the `ranks_on_node` ranks of this node (each with
@@ -202,12 +213,9 @@ pub fn batch_memory(
         ranks_on_node,
         output,
     };
-    // The largest batches of the run: progressive resizing may grow them past --image-size.
+    // The largest batches of the run: progressive resizing may grow them past `image_size`.
     let largest = Settings {
-        image_size: cfg
-            .image_size_schedule
-            .sizes()
-            .fold(cfg.image_size, u32::max),
+        image_size: cfg.image_size_schedule.sizes().fold(cfg.image_size, u32::max),
         ..pipeline_settings(cfg)
     };
     limits::check_memory(&largest, buffers, limits::available_memory()).map_err(limit_error)
@@ -218,13 +226,18 @@ mod tests {
     use super::*;
 
     #[test]
-    fn loader_limits_name_the_flags() {
+    fn loader_limits_name_the_settings() {
         let cfg = TrainConfig {
             workers: 100_000,
             ..TrainConfig::default()
         };
-        let e = ranges(&cfg).unwrap_err().to_string();
-        assert!(e.contains("--workers") && e.contains("1024"), "{e}");
+        match ranges(&cfg).unwrap_err() {
+            TrainError::Config { settings, message } => {
+                assert_eq!(settings, [Setting::Workers]);
+                assert!(message.contains("1024"), "{message}");
+            }
+            other => panic!("{other}"),
+        }
         let memory = limit_error(LimitError::Memory {
             need: 2,
             available: 1,
@@ -235,37 +248,36 @@ mod tests {
             batch: 32,
             image_size: 8192,
             bytes_per_value: 4,
-        })
-        .to_string();
+        });
         assert!(
-            memory.contains("--image-size/--batch/--prefetch"),
+            matches!(&memory, TrainError::Config { settings, .. }
+                if settings == &[Setting::ImageSize, Setting::Batch, Setting::Prefetch]),
             "{memory}"
         );
     }
 
     #[test]
-    fn augmentation_flags_are_checked_and_named() {
-        let refused = |f: fn(&mut TrainConfig)| {
-            let mut cfg = TrainConfig::default();
-            f(&mut cfg);
-            ranges(&cfg).unwrap_err().to_string()
-        };
+    fn augmentation_settings_are_checked_and_named() {
         type Change = fn(&mut TrainConfig);
-        let cases: [(Change, &str); 7] = [
-            (|c| c.crop_scale = [0.0, 1.0], "--crop-scale"),
-            (|c| c.crop_ratio = [1.5, 1.0], "--crop-ratio"),
-            (|c| c.flip_prob = -0.1, "--flip-prob"),
-            (|c| c.eval_resize_ratio = 0.5, "--eval-resize-ratio"),
-            (|c| c.std = [0.2, -1.0, 0.2], "--std"),
-            (|c| c.mean = [f32::INFINITY, 0.0, 0.0], "--mean"),
+        let cases: [(Change, Setting); 7] = [
+            (|c| c.crop_scale = [0.0, 1.0], Setting::CropScale),
+            (|c| c.crop_ratio = [1.5, 1.0], Setting::CropRatio),
+            (|c| c.flip_prob = -0.1, Setting::FlipProb),
+            (|c| c.eval_resize_ratio = 0.5, Setting::EvalResizeRatio),
+            (|c| c.std = [0.2, -1.0, 0.2], Setting::Std),
+            (|c| c.mean = [f32::INFINITY, 0.0, 0.0], Setting::Mean),
             (
                 |c| c.image_size_schedule = "0:160,3:8".parse().unwrap(),
-                "--image-size-schedule",
+                Setting::ImageSizeSchedule,
             ),
         ];
-        for (f, flag) in cases {
-            let e = refused(f);
-            assert!(e.contains(flag), "{flag}: {e}");
+        for (change, want) in cases {
+            let mut cfg = TrainConfig::default();
+            change(&mut cfg);
+            match ranges(&cfg).unwrap_err() {
+                TrainError::Config { settings, .. } => assert_eq!(settings, [want]),
+                other => panic!("{other}"),
+            }
         }
         assert!(ranges(&TrainConfig::default()).is_ok());
     }

@@ -150,3 +150,28 @@ fn flag_values_are_checked_by_the_command_line() {
         );
     }
 }
+
+/// The library names settings; `ddl-train` spells them as its flags, both the setting an error
+/// is about and the ones its message mentions, exactly as the user typed them.
+#[test]
+fn the_binary_names_its_flags_in_the_library_errors() {
+    for (args, want) in [
+        (
+            &["--momentum", "1"][..],
+            "invalid --momentum: 1 is outside [0, 1)",
+        ),
+        (
+            &["--resume"][..],
+            "invalid --resume: needs --checkpoint-dir",
+        ),
+    ] {
+        let out = std::process::Command::new(TRAIN)
+            .args(["--data", "/nonexistent"])
+            .args(args)
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{args:?}: {err}");
+        assert!(err.contains(want), "{args:?}: {err}");
+    }
+}

@@ -11,7 +11,7 @@ use std::path::{Path, PathBuf};
 use ddl_trainer::config::Overlap;
 use ddl_trainer::metrics::EpochRecord;
 use ddl_trainer::weights::{file, meta::ModelMeta};
-use ddl_trainer::{TrainConfig, TrainError};
+use ddl_trainer::{Setting, TrainConfig, TrainError};
 
 type Weights = Vec<(String, Vec<f32>)>;
 
@@ -209,8 +209,8 @@ fn a_split_that_leaves_a_replica_without_classes_is_refused() {
     let results = common::try_all(&cfg, 2);
     for r in results {
         match r {
-            Err(TrainError::Config { flag, message }) => {
-                assert_eq!(flag, "--head-parallel");
+            Err(TrainError::Config { settings, message }) => {
+                assert_eq!(settings, [Setting::HeadParallel]);
                 assert!(
                     message.contains("splits 3 classes over 4 replicas"),
                     "{message}"

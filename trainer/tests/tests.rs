@@ -4,7 +4,10 @@
 mod checkpoint_dir;
 mod common;
 mod config;
+// The binaries' spelling of settings, so that messages name flags as users see them.
 mod exactness;
+#[path = "../src/cli/flags.rs"]
+mod flags;
 mod head_parallel;
 mod learn;
 mod link;

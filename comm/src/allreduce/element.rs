@@ -1,7 +1,7 @@
 //! The element types an allreduce accepts (f32, f16, bf16) and the kernels the algorithms run
 //! on them: widening to f32, rounding back (to nearest, ties to even) and adding into an f32
 //! accumulator. On x86-64 they are compiled for F16C and AVX2 as well as the baseline and pick
-//! at run time what the CPU has: 2-5x faster than the `half` crate's slice conversions
+//! at run time what the CPU has: faster than the `half` crate's slice conversions
 //! (BENCHMARKS.md, "Half precision"), bitwise the same results.
 
 use half::{bf16, f16};

@@ -20,23 +20,22 @@ use std::sync::Arc;
 use super::shm::ShmAllreduce;
 use super::signature::{check_calls, Signature};
 use super::{Allreducer, Element};
-use crate::algorithm::Across;
 use crate::collective;
 use crate::error::Result;
 use crate::topology::Topology;
 use crate::transport::Transport;
 
-/// Default chunk per rank of the node stage, in bytes: each chunk's parts cross between the
-/// nodes in one blocking allreduce per rank, so chunks pay that latency. On the emulated
-/// 2 x 4 cluster (1 Gbit/s links, MPI_Allreduce between the nodes) 16 MiB took 290 ms in
-/// chunks of 512 KiB, 216 in 2 MiB, 186 in 4 MiB and 190 in 8 MiB (4 MiB: 93, 60, 50, 49 ms).
-pub const DEFAULT_CHUNK_BYTES: usize = 4 << 20;
+impl Hierarchical {
+    /// Default chunk per rank of the node stage, in bytes
+    /// ([`Algorithm::hierarchical`](crate::Algorithm::hierarchical)): each chunk's parts cross
+    /// between the nodes in one blocking allreduce per rank, so chunks pay that latency; past
+    /// 4 MiB larger chunks gained nothing (BENCHMARKS.md, "Figures behind the defaults").
+    pub(crate) const DEFAULT_CHUNK_BYTES: usize = 4 << 20;
+}
 
 /// Buffers of at most this many bytes (and at most a chunk) cross between the nodes once,
-/// from each node's first rank; larger ones in one part per rank. On the emulated 2 x 4
-/// cluster (8 ranks on 2 cores, 1 Gbit/s links, MPI_Allreduce between the nodes; two
-/// launches each, ms) one rank per node against all four: 0.5 MiB 4.7-5.3 against 7.8-8.3,
-/// 1 MiB 11.9-13.5 against 19.4-19.9, 2 MiB 26-29 against 29; level at 128-256 KiB.
+/// from each node's first rank; larger ones in one part per rank: below it one message per
+/// node beat one per rank (BENCHMARKS.md, "Figures behind the defaults").
 pub const LEADER_BYTES: usize = 1 << 20;
 
 /// One rank's share of the hierarchical allreduce: its node's group and region, and its
@@ -66,23 +65,24 @@ impl std::fmt::Debug for Hierarchical {
 
 impl Hierarchical {
     /// Collective over `t` laid out as `topology`: the node groups, their shared regions for
-    /// chunks of `chunk_bytes` and the peer groups reducing with `across`, or `None` (on every
-    /// rank) when some node's ranks do not share memory.
+    /// chunks of `chunk_bytes` and the peer groups reducing with the allreducer `peers` makes
+    /// of their transport, or `None` (on every rank) when some node's ranks do not share
+    /// memory.
     pub(crate) fn create(
         t: &dyn Transport,
         topology: Topology,
-        across: Across,
         chunk_bytes: usize,
+        peers: impl FnOnce(Arc<dyn Transport>) -> Result<Allreducer>,
     ) -> Result<Option<Hierarchical>> {
         let me = t.rank();
         let (node_index, local) = (topology.node_of(me), me % topology.ranks_per_node);
         let node = t.split(node_index, local)?;
-        let peers: Arc<dyn Transport> = Arc::from(t.split(local, node_index)?);
+        let peer_group: Arc<dyn Transport> = Arc::from(t.split(local, node_index)?);
         let shm = ShmAllreduce::create(&*node, chunk_bytes, LEADER_BYTES)?;
         if !collective::all(t, shm.is_some())? {
             return Ok(None);
         }
-        let peers = Allreducer::new(peers, across.algorithm(), Topology::flat(topology.nodes))?;
+        let peers = peers(peer_group)?;
         Ok(shm.map(|shm| Hierarchical {
             node,
             shm,
@@ -92,9 +92,14 @@ impl Hierarchical {
         }))
     }
 
-    /// Whether it runs `across` between the nodes in chunks of `chunk_bytes`.
-    pub(crate) fn runs(&self, across: Across, chunk_bytes: usize) -> bool {
-        *self.peers.algorithm() == across.algorithm() && self.chunk_bytes == chunk_bytes
+    /// Its chunk per rank, in bytes.
+    pub(crate) fn chunk_bytes(&self) -> usize {
+        self.chunk_bytes
+    }
+
+    /// The allreduce between the nodes.
+    pub(crate) fn peers(&self) -> &Allreducer {
+        &self.peers
     }
 
     /// Sums `buf` over all ranks of `world` in place (divided by the rank count with

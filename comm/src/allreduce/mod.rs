@@ -21,6 +21,7 @@ use half::{bf16, f16};
 use crate::algorithm::{Across, Algorithm};
 use crate::cost::{auto_candidates, CostModel};
 use crate::error::{CommError, Result};
+use crate::tags::{MAX_COLORS, MAX_DIMS};
 use crate::topology::Topology;
 use crate::transport::Transport;
 pub(crate) use element::add_into;
@@ -28,7 +29,6 @@ pub use element::Element;
 use first_exchange::{FirstExchange, Staging};
 use hierarchical::Hierarchical;
 use multicolor::MulticolorPlan;
-pub(crate) use ring::{MAX_DIMS, MAX_SEGMENTS};
 use shm::ShmAllreduce;
 use signature::check_calls;
 pub use signature::{describe_calls, Dtype, Signature};
@@ -42,9 +42,6 @@ pub(crate) const MAX_SHM_CHUNK: usize = 64 << 20;
 /// algorithms and `mpi` (1 MiB of f32: of 64 Ki, 256 Ki, 1 Mi and the whole buffer, the
 /// fastest at 4-64 MiB).
 const WIDEN_BLOCK: usize = 256 << 10;
-
-/// Most colors of the multicolor algorithm.
-pub(crate) const MAX_COLORS: usize = 1024;
 
 /// Reusable buffers: grown on first use, never shrunk, so steady-state calls allocate
 /// nothing.
@@ -134,10 +131,10 @@ impl Allreducer {
             Algorithm::Multiring { dims, .. } if !dims.is_empty() => dims.clone(),
             _ => topology.dims(),
         };
-        if dims.iter().product::<usize>() != p || dims.len() > ring::MAX_DIMS {
+        if dims.iter().product::<usize>() != p || dims.len() > MAX_DIMS {
             return Err(CommError::InvalidArgument(format!(
                 "multiring dimensions {dims:?} do not multiply to {p} ranks (at most {} dimensions)",
-                ring::MAX_DIMS
+                MAX_DIMS
             )));
         }
         let multicolor = match &algorithm {
@@ -160,8 +157,8 @@ impl Allreducer {
             Algorithm::Auto => Some(MulticolorPlan::new(
                 topology,
                 transport.rank(),
-                crate::algorithm::DEFAULT_COLORS,
-                crate::algorithm::DEFAULT_CHUNK_BYTES,
+                MulticolorPlan::DEFAULT_COLORS,
+                MulticolorPlan::DEFAULT_CHUNK_BYTES,
             )),
             _ => None,
         };
@@ -430,7 +427,7 @@ impl Allreducer {
         let bytes = 4 * buf.len();
         if self.topology.nodes == 1 {
             // Probed on the first call whatever its size, before anything is planned.
-            self.shared_memory(&mut scratch.shm, shm::DEFAULT_CHUNK_BYTES)?;
+            self.shared_memory(&mut scratch.shm, ShmAllreduce::DEFAULT_CHUNK_BYTES)?;
         }
         let shared = self.shared();
         let (algorithm, trial) = self.plan(bytes);
@@ -541,7 +538,7 @@ impl Allreducer {
             return Ok(());
         }
         // Block by block, so that the f32 copy stays in the caches: widening the whole buffer
-        // first made a 16 MiB f16 `mpi` call at np 2 take 23 ms instead of 5.8 ms.
+        // first made a large f16 `mpi` call several times slower (BENCHMARKS.md, "Figures behind the defaults").
         widened.resize(WIDEN_BLOCK.min(buf.len()), 0.0);
         if buf.is_empty() {
             return self.run(algorithm, t, &mut [], recv, steps);
@@ -593,9 +590,13 @@ impl Allreducer {
         across: Across,
         chunk_bytes: usize,
     ) -> Result<Option<&'a mut Box<Hierarchical>>> {
-        let stale = slot.as_ref().is_none_or(|h| !h.runs(across, chunk_bytes));
+        let stale = slot.as_ref().is_none_or(|h| {
+            *h.peers().algorithm() != across.algorithm() || h.chunk_bytes() != chunk_bytes
+        });
         if stale && self.shm_probe.load(Ordering::Relaxed) != SHM_NO {
-            *slot = Hierarchical::create(&*self.transport, self.topology, across, chunk_bytes)?
+            let nodes = Topology::flat(self.topology.nodes);
+            let peers = |t| Allreducer::new(t, across.algorithm(), nodes);
+            *slot = Hierarchical::create(&*self.transport, self.topology, chunk_bytes, peers)?
                 .map(Box::new);
             let found = if slot.is_some() { SHM_YES } else { SHM_NO };
             self.shm_probe.store(found, Ordering::Relaxed);
@@ -639,10 +640,10 @@ impl Allreducer {
 
 /// Checks a chunk size of `shm` or `hierarchical`.
 fn check_shm_chunk(chunk_bytes: usize) -> Result<()> {
-    if !(crate::shm::LINE..=MAX_SHM_CHUNK).contains(&chunk_bytes) {
+    if !(crate::shared_region::LINE..=MAX_SHM_CHUNK).contains(&chunk_bytes) {
         return Err(CommError::InvalidArgument(format!(
             "shm needs chunks of {} bytes to {MAX_SHM_CHUNK} bytes, got {chunk_bytes}",
-            crate::shm::LINE
+            crate::shared_region::LINE
         )));
     }
     Ok(())

@@ -8,6 +8,7 @@ use std::ops::Range;
 
 use super::element::add_into;
 use super::util::{ensure_len, part, RawBuf};
+use crate::cost::{CostModel, Round};
 use crate::error::Result;
 use crate::tags::MULTICOLOR;
 use crate::topology::Topology;
@@ -134,6 +135,15 @@ impl Tree {
             root_height,
         }
     }
+}
+
+impl MulticolorPlan {
+    /// Default number of colors ([`Algorithm::MULTICOLOR`](crate::Algorithm::MULTICOLOR)).
+    pub(crate) const DEFAULT_COLORS: usize = 4;
+    /// Default pipeline chunk, in bytes. Every pipeline step is a lock-step exchange among
+    /// tree neighbours, so on slow links each step costs milliseconds of synchronisation and
+    /// larger chunks ran faster there (BENCHMARKS.md, "Figures behind the defaults").
+    pub(crate) const DEFAULT_CHUNK_BYTES: usize = 1024 * 1024;
 }
 
 /// Precomputed trees of all colors for one rank.
@@ -393,6 +403,42 @@ pub(crate) fn allreduce(
         }
     }
     Ok(())
+}
+
+/// The multi-color allreduce's cost formula ([`CostModel::predict`]).
+impl CostModel {
+    /// Seconds of the multi-color allreduce: the steps of its schedule, each costing the
+    /// busiest rank's node-local chunks or the busiest node link's chunks (whichever is
+    /// slower), then the busiest rank's additions.
+    pub(crate) fn multicolor_time(
+        &self,
+        colors: usize,
+        chunk_bytes: usize,
+        n: f64,
+        topo: Topology,
+    ) -> f64 {
+        let k = colors.clamp(1, topo.ranks());
+        let per_color = n / k as f64;
+        let chunk = (chunk_bytes.max(4) as f64).min(per_color);
+        let chunks = (per_color / chunk).ceil() as usize;
+        schedule(topo, k, chunks)
+            .into_iter()
+            .map(|(steps, c)| {
+                let link = c.link as f64 * chunk;
+                let round = Round {
+                    alpha: if c.link > 0 {
+                        self.inter.alpha
+                    } else {
+                        self.intra.alpha
+                    },
+                    local: c.local as f64 * self.intra.xfer_in(chunk, n),
+                    link: self.inter.xfer(link),
+                    add: c.adds as f64 * chunk * self.intra.gamma,
+                };
+                steps as f64 * round.time()
+            })
+            .sum()
+    }
 }
 
 #[cfg(test)]

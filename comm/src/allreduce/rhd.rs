@@ -5,8 +5,10 @@ use std::ops::Range;
 
 use super::element::add_into;
 use super::util::{ensure_len, RawBuf};
+use crate::cost::CostModel;
 use crate::error::Result;
 use crate::tags::RHD;
+use crate::topology::Topology;
 use crate::transport::{f32_bytes, f32_bytes_mut, Op, Transport};
 
 const TAG_FOLD: u32 = RHD.tag(0);
@@ -131,4 +133,56 @@ pub(crate) fn allreduce(t: &dyn Transport, buf: &mut [f32], scratch: &mut Vec<f3
         }
     }
     Ok(())
+}
+
+/// The cost formula of recursive halving and doubling ([`CostModel::predict`]).
+impl CostModel {
+    /// Seconds of recursive halving and doubling (Rabenseifner; `halving`) or recursive
+    /// doubling of the whole buffer (otherwise), with the extra ranks folded in and out.
+    pub(crate) fn recursive_time(&self, n: f64, topo: Topology, halving: bool) -> f64 {
+        let p = topo.ranks();
+        let pow = 1usize << (usize::BITS - 1 - p.leading_zeros());
+        let extra = p - pow;
+        let real = |nr: usize| if nr < extra { 2 * nr + 1 } else { nr + extra };
+        let virt = |r: usize| {
+            if r < 2 * extra {
+                (r % 2 == 1).then_some(r / 2)
+            } else {
+                Some(r - extra)
+            }
+        };
+        let mut t = 0.0;
+        if extra > 0 {
+            let fold = |r: usize| {
+                if r < 2 * extra && r % 2 == 0 {
+                    r + 1
+                } else {
+                    r
+                }
+            };
+            let unfold = |r: usize| {
+                if r < 2 * extra && r % 2 == 1 {
+                    r - 1
+                } else {
+                    r
+                }
+            };
+            t += self.pairs_round(topo, n, n, true, fold).time();
+            t += self.pairs_round(topo, n, n, false, unfold).time();
+        }
+        let mut d = 1;
+        let mut size = n;
+        while d < pow {
+            if halving {
+                size /= 2.0;
+            }
+            let partner = |r: usize| virt(r).map_or(r, |nr| real(nr ^ d));
+            t += self.pairs_round(topo, n, size, true, partner).time();
+            if halving {
+                t += self.pairs_round(topo, n, size, false, partner).time();
+            }
+            d *= 2;
+        }
+        t
+    }
 }

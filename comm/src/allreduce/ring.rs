@@ -5,8 +5,10 @@ use std::ops::Range;
 
 use super::element::add_into;
 use super::util::{ensure_len, part, RawBuf};
+use crate::cost::{CostModel, Round};
 use crate::error::Result;
-use crate::tags::RING;
+use crate::tags::{MAX_DIMS, MAX_SEGMENTS, RING};
+use crate::topology::Topology;
 use crate::transport::{Op, Transport};
 
 /// Ranks `base + i * stride` for `i in 0..len`; this rank is member `me`.
@@ -113,9 +115,6 @@ pub(crate) const MIN_SEGMENT_MESSAGE: usize = 512 << 10;
 
 /// Most pipeline segments chosen automatically.
 pub(crate) const AUTO_MAX_SEGMENTS: usize = 16;
-
-/// Most pipeline segments of the multi-dimensional ring.
-pub(crate) const MAX_SEGMENTS: usize = 64;
 
 /// The number of pipeline segments for `bytes` over `dims`: `requested` if non-zero,
 /// otherwise, when at least two dimensions exceed 1 (with one there is nothing to overlap),
@@ -229,5 +228,78 @@ pub(crate) fn multiring(
     Ok(())
 }
 
-/// Most dimensions a multi-dimensional ring may have.
-pub(crate) const MAX_DIMS: usize = 16;
+/// The ring's cost formula ([`CostModel::predict`]).
+impl CostModel {
+    /// Seconds of a multi-dimensional ring over `dims` (empty: the topology's) in `requested`
+    /// pipeline segments (0: as [`segments_for`] picks).
+    pub(crate) fn multiring_cost(
+        &self,
+        dims: &[usize],
+        requested: usize,
+        bytes: usize,
+        topo: Topology,
+    ) -> f64 {
+        let dims = if dims.is_empty() {
+            topo.dims()
+        } else {
+            dims.to_vec()
+        };
+        let segments = segments_for(&dims, bytes, requested);
+        self.multiring_time(&dims, segments, bytes as f64, topo)
+    }
+
+    /// Rounds of one segment of `n` bytes of a multi-dimensional ring over `dims` (of a
+    /// `buffer`-byte allreduce).
+    fn multiring_rounds(&self, dims: &[usize], buffer: f64, n: f64, topo: Topology) -> Vec<Round> {
+        let mut per_dim = Vec::new();
+        let (mut size, mut stride) = (n, 1usize);
+        for &d in dims {
+            if d > 1 {
+                let msg = size / d as f64;
+                let right = |r: usize| {
+                    let c = (r / stride) % d;
+                    r - c * stride + (c + 1) % d * stride
+                };
+                per_dim.push((
+                    d,
+                    self.pairs_round(topo, buffer, msg, true, right),
+                    self.pairs_round(topo, buffer, msg, false, right),
+                ));
+                size = msg;
+            }
+            stride *= d;
+        }
+        let mut rounds = Vec::new();
+        for (d, rs, _) in &per_dim {
+            rounds.extend(std::iter::repeat_n(*rs, d - 1));
+        }
+        for (d, _, ag) in per_dim.iter().rev() {
+            rounds.extend(std::iter::repeat_n(*ag, d - 1));
+        }
+        rounds
+    }
+
+    /// Seconds of a multi-dimensional ring in `segments` pipeline segments: the executor's
+    /// rounds, each costing the sum of what its running segments do (see
+    /// [`Round::time`]).
+    pub(crate) fn multiring_time(
+        &self,
+        dims: &[usize],
+        segments: usize,
+        n: f64,
+        topo: Topology,
+    ) -> f64 {
+        let segments = segments.max(1);
+        let steps = self.multiring_rounds(dims, n, n / segments as f64, topo);
+        let offset = segment_offset(dims);
+        let rounds = steps.len() + (segments - 1) * offset;
+        (0..rounds)
+            .map(|round| {
+                (0..segments)
+                    .filter_map(|s| round.checked_sub(s * offset).and_then(|i| steps.get(i)))
+                    .fold(Round::default(), |a, b| a.with(b))
+                    .time()
+            })
+            .sum()
+    }
+}

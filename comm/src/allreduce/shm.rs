@@ -32,12 +32,16 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use super::signature::{agree, Signature};
 use super::util::part;
 use super::Element;
+use crate::cost::{CostModel, DEFAULT_SHM_SYNC};
 use crate::error::{CommError, Result};
-use crate::shm::{Pace, SharedRegion, COUNTER_BYTES, LINE};
+use crate::shared_region::{Pace, SharedRegion, COUNTER_BYTES, LINE};
+use crate::topology::Topology;
 use crate::transport::Transport;
 
-/// Default chunk per rank, in bytes.
-pub const DEFAULT_CHUNK_BYTES: usize = 512 << 10;
+impl ShmAllreduce {
+    /// Default chunk per rank, in bytes ([`Algorithm::SHM`](crate::Algorithm::SHM)).
+    pub(crate) const DEFAULT_CHUNK_BYTES: usize = 512 << 10;
+}
 
 /// Buffers of at most this many bytes are summed whole by every rank (one synchronisation).
 pub const WHOLE_BYTES: usize = 16 << 10;
@@ -441,5 +445,30 @@ unsafe fn reduce<T: Element>(
         }
         store(acc, start);
         start += n;
+    }
+}
+
+/// The shared-memory allreduce's cost formula ([`CostModel::predict`]).
+impl CostModel {
+    /// Seconds of the shared-memory allreduce in chunks of `chunk_bytes` per rank where it was
+    /// not measured (infinite across nodes, where it cannot run): one synchronisation per
+    /// chunk plus copying the others' parts in, summing the rank's part over all ranks and
+    /// copying the other parts out.
+    pub(crate) fn shm_time(&self, chunk_bytes: usize, n: f64, topo: Topology) -> f64 {
+        if topo.nodes > 1 {
+            return f64::INFINITY;
+        }
+        let p = topo.ranks() as f64;
+        let sync = if self.shm_sync > 0.0 {
+            self.shm_sync
+        } else {
+            DEFAULT_SHM_SYNC
+        };
+        let (copy, gamma) = (self.copy_per_byte(), self.intra.gamma);
+        if n <= WHOLE_BYTES as f64 {
+            return sync + n * copy + (p - 1.0) * n * gamma;
+        }
+        let chunks = (n / chunk_bytes.max(1) as f64).ceil();
+        sync * chunks + (p - 1.0) / p * n * (2.0 * copy + gamma)
     }
 }

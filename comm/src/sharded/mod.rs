@@ -80,7 +80,7 @@ impl ShardAlgorithm {
 
     /// The shared-memory algorithm with its default chunk.
     pub const SHM: ShardAlgorithm = ShardAlgorithm::Shm {
-        chunk_bytes: shm::DEFAULT_CHUNK_BYTES,
+        chunk_bytes: shm::ShmSharded::DEFAULT_CHUNK_BYTES,
     };
 }
 

@@ -13,11 +13,14 @@ use super::allgather::Allgather;
 use super::reduce_scatter::ReduceScatter;
 use super::{Parts, Reduce};
 use crate::error::Result;
-use crate::shm::{Pace, SharedRegion, COUNTER_BYTES, LINE};
+use crate::shared_region::{Pace, SharedRegion, COUNTER_BYTES, LINE};
 use crate::transport::Transport;
 
-/// Default chunk of the buffer per round, in bytes: each rank's slot holds one.
-pub const DEFAULT_CHUNK_BYTES: usize = 256 << 10;
+impl ShmSharded {
+    /// Default chunk of the buffer per round, in bytes: each rank's slot holds one
+    /// ([`ShardAlgorithm::SHM`](crate::ShardAlgorithm::SHM)).
+    pub(crate) const DEFAULT_CHUNK_BYTES: usize = 256 << 10;
+}
 
 /// Slots per rank: chunk `j` uses slot `j % SLOTS`.
 const SLOTS: usize = 2;

@@ -44,6 +44,13 @@ const HEADER: usize = 24;
 /// Messages up to this length go out with their header in one write.
 const COALESCE: usize = 64 << 10;
 
+/// Receive buffers of at least this many bytes are handed back to their reader for the next
+/// message ([`Inbox::recycle`]); smaller ones come cheaply from the allocator's free lists.
+const RECYCLE_MIN: usize = 64 << 10;
+
+/// Spare receive buffers an inbox keeps (those of a ring's few messages in flight).
+const SPARES: usize = 4;
+
 /// Messages received from one peer and not yet taken, and whether its connection ended.
 #[derive(Default)]
 struct Queued {
@@ -56,6 +63,10 @@ struct Queued {
 pub(crate) struct Inbox {
     queued: Mutex<Queued>,
     arrived: Condvar,
+    /// Buffers of messages taken, for the reader to receive the next ones into: a fresh
+    /// allocation of a large message is zeroed and page-faulted in on every message, and
+    /// freeing it unmaps it again.
+    spare: Mutex<Vec<Vec<u8>>>,
 }
 
 impl Inbox {
@@ -71,6 +82,42 @@ impl Inbox {
     fn close(&self) {
         self.lock().closed = true;
         self.arrived.notify_all();
+    }
+
+    /// A buffer of `len` bytes to receive a message into: the smallest spare that holds it
+    /// (its old contents are overwritten), else a new one.
+    fn buffer(&self, len: usize) -> Vec<u8> {
+        let mut spare = self.spare.lock().unwrap_or_else(|p| p.into_inner());
+        let fits = (0..spare.len())
+            .filter(|&i| spare[i].capacity() >= len)
+            .min_by_key(|&i| spare[i].capacity());
+        let Some(i) = fits.filter(|_| len >= RECYCLE_MIN) else {
+            return vec![0u8; len];
+        };
+        let mut buf = spare.swap_remove(i);
+        drop(spare);
+        if buf.len() < len {
+            buf.resize(len, 0);
+        } else {
+            buf.truncate(len);
+        }
+        buf
+    }
+
+    /// Hands a taken message's buffer back for [`Inbox::buffer`] (at most [`SPARES`] are
+    /// kept, the largest).
+    pub(crate) fn recycle(&self, buf: Vec<u8>) {
+        if buf.capacity() < RECYCLE_MIN {
+            return;
+        }
+        let mut spare = self.spare.lock().unwrap_or_else(|p| p.into_inner());
+        spare.push(buf);
+        if spare.len() > SPARES {
+            let smallest = (0..spare.len()).min_by_key(|&i| spare[i].capacity());
+            if let Some(i) = smallest {
+                spare.swap_remove(i);
+            }
+        }
     }
 }
 
@@ -162,7 +209,16 @@ impl Mesh {
         }
     }
 
-    /// The next message under `key` from job rank `from`, waiting until `deadline`.
+    /// Hands the buffer of a message taken from job rank `from` back to its reader (this
+    /// rank's own messages have none).
+    pub(crate) fn recycle(&self, from: usize, buf: Vec<u8>) {
+        if self.writers[from].is_some() {
+            self.inboxes[from].recycle(buf);
+        }
+    }
+
+    /// The next message under `key` from job rank `from`, waiting until `deadline` (its
+    /// buffer may go back through [`Mesh::recycle`]).
     pub(crate) fn take(
         &self,
         from: usize,
@@ -214,7 +270,7 @@ fn read_loop(mut stream: TcpStream, inbox: &Inbox) {
         let (Some(kind), Ok(len)) = (Kind::from_byte(header[8]), usize::try_from(len)) else {
             break;
         };
-        let mut data = vec![0u8; len];
+        let mut data = inbox.buffer(len);
         if stream.read_exact(&mut data).is_err() {
             break;
         }
@@ -235,5 +291,52 @@ pub(crate) fn io_error(
         rank,
         peer,
         message: e.to_string(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_large_message_is_received_into_the_buffer_of_one_taken_before() {
+        let inbox = Inbox::default();
+        let first = inbox.buffer(1 << 20);
+        let at = first.as_ptr();
+        inbox.recycle(first);
+        let smaller = inbox.buffer(300 << 10);
+        assert_eq!(smaller.as_ptr(), at, "a spare that holds it is reused");
+        assert_eq!(smaller.len(), 300 << 10);
+        inbox.recycle(smaller);
+        let again = inbox.buffer(1 << 20);
+        assert_eq!((again.as_ptr(), again.len()), (at, 1 << 20));
+        // Small messages come from the allocator and are not kept.
+        inbox.recycle(vec![0u8; 100]);
+        assert_eq!(inbox.spare.lock().unwrap().len(), 0);
+    }
+
+    #[test]
+    fn recycled_buffers_carry_each_message_exactly() {
+        let group = crate::tcp::tcp_group(2).expect("loopback group");
+        let sizes = [1 << 20, 100 << 10, 3 << 20, 64 << 10, 1 << 20];
+        std::thread::scope(|s| {
+            let (a, b) = (&group[0], &group[1]);
+            s.spawn(move || {
+                for (i, n) in sizes.iter().enumerate() {
+                    let msg: Vec<u8> = (0..*n).map(|j| (i * 7 + j % 251) as u8).collect();
+                    crate::Transport::send(a, 1, i as u32, &msg).expect("send");
+                }
+            });
+            for (i, n) in sizes.iter().enumerate() {
+                let mut got = vec![0u8; *n];
+                crate::Transport::recv(b, 0, i as u32, &mut got).expect("recv");
+                assert!(
+                    got.iter()
+                        .enumerate()
+                        .all(|(j, v)| *v == (i * 7 + j % 251) as u8),
+                    "message {i} of {n} bytes"
+                );
+            }
+        });
     }
 }

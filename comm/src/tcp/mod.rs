@@ -136,8 +136,10 @@ impl TcpTransport {
                 got: msg.len(),
             });
         }
-        buf[..msg.len()].copy_from_slice(&msg);
-        Ok(msg.len())
+        let len = msg.len();
+        buf[..len].copy_from_slice(&msg);
+        self.mesh.recycle(self.members[from], msg);
+        Ok(len)
     }
 
     /// Errors of the mesh name job ranks; the group's callers know group ranks.

@@ -8,6 +8,9 @@ use clap::Parser;
 use ddl_trainer::console::eprint_line;
 use ddl_trainer::export::export_checkpoint;
 
+#[path = "../cli/flags.rs"]
+mod flags;
+
 /// Write the model of a ddl-train checkpoint as FILE.safetensors, with torchvision's keys,
 /// shapes and dtypes and ddl's metadata (classes, eval transform, flags, val top-1/top-5).
 #[derive(Parser, Debug)]
@@ -29,6 +32,7 @@ struct Args {
 
 fn main() -> ExitCode {
     ddl_comm::cli::end_quietly_on_closed_pipe();
+    flags::install();
     let args = Args::parse();
     match run(&args) {
         Ok(()) => ExitCode::SUCCESS,

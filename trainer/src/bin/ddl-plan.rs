@@ -13,6 +13,9 @@ use ddl_trainer::memory::{compare, describe, Job, PlanFor};
 use ddl_trainer::model::ModelKind;
 use ddl_trainer::table::Layout;
 
+#[path = "../cli/flags.rs"]
+mod flags;
+
 /// Print the parameter count, the gradient bucket plan and the model-state memory ddl-train
 /// would have for a model and class count.
 #[derive(Parser, Debug)]
@@ -52,6 +55,7 @@ struct Args {
 
 fn main() -> ExitCode {
     ddl_comm::cli::end_quietly_on_closed_pipe();
+    flags::install();
     match run(&Args::parse()) {
         Ok(text) => {
             print!("{text}");

@@ -12,6 +12,9 @@ use ddl_trainer::model::ModelKind;
 use ddl_trainer::predict::{image_files, parse_device, Classifier, Overrides};
 use ddl_trainer::weights::{file, Entry, StateDict};
 
+#[path = "../cli/flags.rs"]
+mod flags;
+
 /// Classify images with a model written by `ddl-train --export` or `ddl-export` (or a
 /// torchvision state dict in .safetensors, with --arch).
 #[derive(Parser, Debug)]
@@ -55,6 +58,7 @@ struct Args {
 
 fn main() -> ExitCode {
     ddl_comm::cli::end_quietly_on_closed_pipe();
+    flags::install();
     let args = Args::parse();
     match run(&args) {
         Ok(0) => ExitCode::SUCCESS,

@@ -1,4 +1,4 @@
-//! Devices: which local devices get a replica ([`DeviceSpec`], `--devices`), and every place
+//! Devices: which local devices get a replica ([`DeviceSpec`], `devices`), and every place
 //! where a replica on a GPU works differently from one on the CPU, each with a CPU half that
 //! the CPU tests run:
 //!
@@ -14,13 +14,14 @@
 //! | cuDNN ([`configure_backend`]) | benchmark, or deterministic algorithms | no cuDNN |
 
 mod ffi;
+mod precision;
 mod spec;
 
 use tch::{Device, Kind, Tensor};
 
-use crate::config::Precision;
 use crate::error::Result;
 
+pub use precision::Precision;
 pub use spec::DeviceSpec;
 
 /// A point in the work queued on a stream, which other streams and threads can wait for. On

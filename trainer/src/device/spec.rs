@@ -1,4 +1,4 @@
-//! `--devices`: which local devices get a model replica.
+//! `devices`: which local devices get a model replica.
 
 use std::fmt;
 use std::str::FromStr;
@@ -6,8 +6,9 @@ use std::str::FromStr;
 use tch::{Cuda, Device};
 
 use crate::error::{Result, TrainError};
+use crate::setting::Setting;
 
-/// `--devices`: which local devices get a model replica.
+/// `devices`: which local devices get a model replica.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum DeviceSpec {
     /// `auto`: the GPUs visible to this process, split evenly between the ranks of the node
@@ -28,7 +29,7 @@ impl FromStr for DeviceSpec {
 
     /// Checks the form only; whether the GPUs exist is checked by [`DeviceSpec::resolve`].
     fn from_str(spec: &str) -> Result<DeviceSpec> {
-        let bad = |m: String| TrainError::config("--devices", m);
+        let bad = |m: String| TrainError::config(Setting::Devices, m);
         let spec = spec.trim();
         match spec {
             "auto" => return Ok(DeviceSpec::Auto),
@@ -76,7 +77,7 @@ impl fmt::Display for DeviceSpec {
 
 impl DeviceSpec {
     /// The devices of local rank `rank_in_node` of `ranks_in_node`; fails, naming
-    /// `--devices`, when a GPU asked for is not visible.
+    /// `devices`, when a GPU asked for is not visible.
     pub fn resolve(&self, rank_in_node: usize, ranks_in_node: usize) -> Result<Vec<Device>> {
         let gpus = Cuda::device_count().max(0) as usize;
         match self {
@@ -91,7 +92,7 @@ impl DeviceSpec {
             }
             DeviceSpec::Cpu(n) => Ok(vec![Device::Cpu; *n]),
             DeviceSpec::AllCuda if gpus == 0 => Err(TrainError::config(
-                "--devices",
+                Setting::Devices,
                 "cuda: no CUDA device is visible",
             )),
             DeviceSpec::AllCuda => Ok((0..gpus).map(Device::Cuda).collect()),
@@ -102,7 +103,7 @@ impl DeviceSpec {
                         Ok(Device::Cuda(i))
                     } else {
                         Err(TrainError::config(
-                            "--devices",
+                            Setting::Devices,
                             format!("{self}: cuda:{i} requested but {gpus} CUDA device(s) visible"),
                         ))
                     }
@@ -126,8 +127,11 @@ mod tests {
         assert_eq!(parse_devices("cpu", 0, 1).unwrap(), vec![Device::Cpu]);
         assert_eq!(parse_devices("cpu:3", 0, 1).unwrap(), vec![Device::Cpu; 3]);
         for bad in ["cpu:0", "cpu:x", "tpu", "cuda:a", ""] {
-            let e = parse_devices(bad, 0, 1).unwrap_err().to_string();
-            assert!(e.contains("--devices"), "{bad}: {e}");
+            let e = parse_devices(bad, 0, 1).unwrap_err();
+            assert!(
+                matches!(&e, TrainError::Config { settings, .. } if settings == &[Setting::Devices]),
+                "{bad}: {e}"
+            );
         }
     }
 

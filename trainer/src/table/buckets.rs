@@ -1,6 +1,6 @@
 //! The flat layout: every parameter's place in the flat f32 buffers of a replica (weights,
 //! gradients, momentum) and the buckets they are cut into, in reduction order (the last layers
-//! first), at stage boundaries under `--overlap backward`. Under `--head-parallel` the
+//! first), at stage boundaries under `overlap` backward. Under `head_parallel` the
 //! classifier head is left out ([`Layout::left_out`]): each replica holds a slice of it, whose
 //! gradient is its own and never reduced.
 
@@ -61,7 +61,7 @@ pub struct Layout {
     /// Elements of the flat buffers: the parameters and the gaps that align them.
     pub total: usize,
     /// Parameters left out of the flat buffers and the buckets, with their whole shapes, in
-    /// creation order (offsets 0): the classifier head under `--head-parallel`.
+    /// creation order (offsets 0): the classifier head under `head_parallel`.
     pub left_out: Vec<ParamInfo>,
 }
 

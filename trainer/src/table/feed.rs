@@ -1,6 +1,6 @@
 //! Where a replica's training batches come from: the loader's batches used in place (CPU),
 //! staged through pinned memory and copied to the GPU one batch ahead by an uploader thread
-//! (CUDA), or one batch made on the device and used at every step (`--synthetic-data`).
+//! (CUDA), or one batch made on the device and used at every step (`synthetic_data`).
 
 use std::thread::JoinHandle;
 

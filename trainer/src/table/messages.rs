@@ -56,7 +56,7 @@ pub(crate) struct ReplicaStep {
 pub(crate) enum Msg {
     /// Bucket k's node sum is in its host buffer once the event completes.
     Ready(usize, Event),
-    /// A head exchange to run across the ranks (`--head-parallel`).
+    /// A head exchange to run across the ranks (`head_parallel`).
     Head(Request),
     /// A replica's backward is done: every bucket of the step is handed over.
     StepDone(ReplicaStep),
@@ -121,7 +121,7 @@ pub(crate) struct Shared {
     pub(crate) reduced_cv: Condvar,
     /// Host buffer of each bucket (none when the job has one rank).
     pub(crate) host: Vec<Mutex<HostBucket>>,
-    /// The exchanges of the head split over the replicas (`--head-parallel`).
+    /// The exchanges of the head split over the replicas (`head_parallel`).
     pub(crate) head: Option<Exchange>,
     pub(crate) abort: AtomicBool,
 }

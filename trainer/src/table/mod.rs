@@ -18,10 +18,10 @@
 //! side stream, batches arrive one step ahead (see `feed`), and the streams are ordered by
 //! events ([`crate::device`]); on the CPU the same code runs with every event complete.
 //!
-//! How much of this overlaps is [`Overlap`] (`--overlap`):
+//! How much of this overlaps is [`Overlap`] (`overlap`):
 //!
 //! - `off`: the whole gradient is one bucket, summed, copied and allreduced after backward.
-//! - `pipeline`: buckets of about `--bucket-mb`; after backward, the communication thread
+//! - `pipeline`: buckets of about `bucket_mb`; after backward, the communication thread
 //!   allreduces bucket k while the replicas sum and copy bucket k+1.
 //! - `backward`: the allreduce also overlaps backward. tch has no autograd hooks, so the
 //!   replica runs the model as a chain of stages ([`crate::model::Network`]: stem, each
@@ -39,7 +39,7 @@
 //!
 //! The tree and the bucket order are fixed, so a run is deterministic on CPU in every mode.
 //!
-//! Under `--head-parallel` the classifier head is not in the buckets: every replica of the job
+//! Under `head_parallel` the classifier head is not in the buckets: every replica of the job
 //! holds a slice of its classes, and a step exchanges the features of the global batch and the
 //! softmax's sums instead of the head's gradient ([`head`]); the communication thread runs
 //! those exchanges across the ranks as it runs the buckets' allreduce.
@@ -69,6 +69,7 @@ use crate::device::DeviceCtx;
 use crate::error::{Result, TrainError};
 use crate::model::{self, ModelKind};
 use crate::optim::{Sgd, SgdConfig};
+use crate::setting::Setting;
 
 use feed::Feed;
 use flat::Flat;
@@ -139,7 +140,7 @@ pub struct TableConfig {
     pub global_replicas: usize,
     /// Ranks of the job: with one, gradients never leave the devices.
     pub ranks: usize,
-    /// With `--synthetic-data`: images per replica of the batch made on each device.
+    /// With `synthetic_data`: images per replica of the batch made on each device.
     pub synthetic_batch: Option<usize>,
     /// Images per replica of a training batch (and per rank of an evaluation batch).
     pub batch: usize,
@@ -199,7 +200,7 @@ pub struct ReplicaState {
     pub momentum: Vec<Vec<f32>>,
     /// BatchNorm buffers in [`Layout::buffers`] order.
     pub buffers: Vec<Vec<f32>>,
-    /// Under `--head-parallel`: this replica's slice of every head parameter
+    /// Under `head_parallel`: this replica's slice of every head parameter
     /// ([`Layout::left_out`] order; every replica's, as the slices differ).
     pub head: Vec<Vec<f32>>,
     /// The momentum of the slice, same order.
@@ -225,7 +226,7 @@ impl Table {
     /// rank starts from the same weights), then copied to every device.
     pub fn new(cfg: TableConfig) -> Result<Table> {
         if cfg.devices.is_empty() {
-            return Err(TrainError::config("--devices", "no device given"));
+            return Err(TrainError::config(Setting::Devices, "no device given"));
         }
         if cfg.devices.iter().all(|d| *d == Device::Cpu) {
             // Each replica thread is one core's worth of work.
@@ -392,7 +393,7 @@ impl Table {
     }
 
     /// Makes every replica train on one batch held on its device from now on
-    /// (`--synthetic-data`).
+    /// (`synthetic_data`).
     pub fn attach_synthetic(&self) -> Result<()> {
         for r in 0..self.replicas() {
             self.send(r, Cmd::Synthetic)?;
@@ -404,7 +405,7 @@ impl Table {
     /// buckets across ranks in place, called from this thread, in the same order on every rank
     /// (as handed over under `fifo`, agreed chunk by chunk under `priority`, where the step
     /// returns with some of its buckets still to reduce: see [`Table::flush`]), and runs the
-    /// head's exchanges under `--head-parallel` (with one rank, never).
+    /// head's exchanges under `head_parallel` (with one rank, never).
     pub fn step(&mut self, lr: f64, comm: &dyn Comm) -> Result<StepStats> {
         let start = Instant::now();
         let cmd = StepCmd {
@@ -435,7 +436,7 @@ impl Table {
 
     /// Evaluates replica 0 on `batches`, counting only the first `valid(batch)` images of each
     /// (padding is left out), and returns the sums (not yet reduced across ranks). Under
-    /// `--head-parallel` every replica of the job takes part (collective: every rank calls it,
+    /// `head_parallel` every replica of the job takes part (collective: every rank calls it,
     /// a rank without val records with no batches), and `comm` runs the head's exchanges.
     pub fn evaluate(
         &self,
@@ -484,7 +485,7 @@ impl Table {
             Some(exchange) => exchange.serve(request, comm),
             None => Err(TrainError::Replica {
                 replica: 0,
-                message: "a head exchange without --head-parallel".into(),
+                message: format!("a head exchange without {}", Setting::HeadParallel),
             }),
         };
         if served.is_err() {
@@ -493,7 +494,7 @@ impl Table {
         served
     }
 
-    /// How the head is split over the replicas of the job (`--head-parallel`).
+    /// How the head is split over the replicas of the job (`head_parallel`).
     pub fn head_split(&self) -> Option<HeadSplit> {
         self.cfg
             .head_parallel
@@ -507,7 +508,7 @@ impl Table {
 
     /// Host copies of every replica's state, in replica order. Parameters and momentum are
     /// identical on every replica, so only replica 0's are copied (`params` and `momentum`
-    /// are empty for the others); every replica's head slice is (`--head-parallel`).
+    /// are empty for the others); every replica's head slice is (`head_parallel`).
     pub fn states(&self) -> Result<Vec<ReplicaState>> {
         self.settled("reading the weights")?;
         let mut out = Vec::new();
@@ -641,7 +642,7 @@ fn build_replica(
 ) -> Result<Replica> {
     let ctx = DeviceCtx::new(cfg.devices[index])?;
     let vs = nn::VarStore::new(ctx.device());
-    // Under --head-parallel, this replica's model has the classes of its slice.
+    // Under `head_parallel`, this replica's model has the classes of its slice.
     let global = cfg.rank * cfg.devices.len() + index;
     let split = cfg
         .head_parallel
@@ -708,7 +709,7 @@ fn build_replica(
     })
 }
 
-/// The exchanges of the head under `--head-parallel`: with several ranks, over a host buffer
+/// The exchanges of the head under `head_parallel`: with several ranks, over a host buffer
 /// (pinned for GPUs) that holds the largest of them, the features and labels of the global
 /// batch.
 fn head_exchange(cfg: &TableConfig, layout: &Layout) -> Result<Option<Exchange>> {

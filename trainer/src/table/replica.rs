@@ -43,7 +43,7 @@ pub(crate) struct Replica {
     /// Host copy of the step's loss (pinned on a GPU).
     pub(crate) loss_host: Tensor,
     pub(crate) tx: Sender<Msg>,
-    /// This replica's slice of the head, under `--head-parallel`.
+    /// This replica's slice of the head, under `head_parallel`.
     pub(crate) head: Option<HeadSlice>,
     /// `priority` order: the step whose bucket updates are still to be applied, each just
     /// before the next forward pass runs its stage (or at a flush).
@@ -125,7 +125,7 @@ impl Replica {
             self.update(cmd)?
         } else {
             // The buckets are applied at the next forward pass, stage by stage; the head's
-            // slice (`--head-parallel`) is never reduced: now.
+            // slice (`head_parallel`) is never reduced: now.
             self.pending = Some(cmd);
             self.update_head(cmd)?;
             (Duration::ZERO, false)
@@ -441,7 +441,7 @@ impl Replica {
             .update(&mut params, &mut grads, &mut momentum, bucket.decayed)
     }
 
-    /// The update of this replica's slice of the head (`--head-parallel`), whose gradient is
+    /// The update of this replica's slice of the head (`head_parallel`), whose gradient is
     /// its own and never reduced.
     fn update_head(&mut self, cmd: StepCmd) -> Result<()> {
         let Some(head) = self.head.as_mut() else {

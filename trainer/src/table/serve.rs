@@ -1,5 +1,5 @@
 //! The communication thread's part of a step (the caller of [`Table::step`]): the replicas'
-//! buckets reduced across the ranks in the order `--comm-order` says (see
+//! buckets reduced across the ranks in the order `comm_order` says (see
 //! [`ddl_comm::priority`]).
 //!
 //! `fifo`: each bucket whole, as the replicas hand them over, and the step returns once every

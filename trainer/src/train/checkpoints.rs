@@ -7,6 +7,7 @@ use crate::checkpoint::{self, Checkpoint, CheckpointMeta, TensorEntry};
 use crate::console::eprint_line;
 use crate::error::{Result, TrainError};
 use crate::run_flags::{self, LayoutCheck};
+use crate::setting::Setting;
 use crate::table::ReplicaState;
 
 use super::dir_lock::{self, DirLock};
@@ -47,8 +48,8 @@ impl Run<'_> {
     /// Takes the checkpoint directory for this run: rank 0 locks it before looking into it
     /// ([`dir_lock`]; held while the returned lock lives), and a new run must not write into
     /// a directory holding another run's checkpoints: it would mix with them, and pruning
-    /// (which keeps the highest steps) would delete its own. Without `--resume`, rank 0
-    /// refuses such a directory, or with `--restart` moves the files into a dated
+    /// (which keeps the highest steps) would delete its own. Without `resume`, rank 0
+    /// refuses such a directory, or with `restart` moves the files into a dated
     /// subdirectory; every rank gets the verdict.
     pub(crate) fn claim_checkpoint_dir(&mut self) -> Result<Option<DirLock>> {
         let Some(dir) = self.cfg.checkpoint_dir.clone() else {
@@ -79,7 +80,7 @@ impl Run<'_> {
         }
     }
 
-    /// `Ok` when `dir` holds no checkpoint of another run, or (`--restart`) once they are
+    /// `Ok` when `dir` holds no checkpoint of another run, or (`restart`) once they are
     /// moved aside.
     fn unoccupied(&self, dir: &Path) -> Result<()> {
         let found = checkpoint::occupants(dir)?;
@@ -109,7 +110,7 @@ impl Run<'_> {
 
     /// Writes a checkpoint positioned at (`epoch`, `step`) after `global` steps. Collective:
     /// rank 0 gathers every rank's BatchNorm buffers and writes one file. Older checkpoints
-    /// beyond `--keep-checkpoints` are pruned before the write (to make room on a full disk)
+    /// beyond `keep_checkpoints` are pruned before the write (to make room on a full disk)
     /// and after it.
     pub(crate) fn save_checkpoint(&mut self, epoch: u64, step: u64, global: u64) -> Result<()> {
         let Some(dir) = self.cfg.checkpoint_dir.clone() else {
@@ -198,13 +199,40 @@ impl Run<'_> {
         let Some(dir) = self.cfg.checkpoint_dir.clone() else {
             return Ok(None);
         };
+        let Some((bytes, from)) = self.fetch_checkpoint(&dir, created)? else {
+            return Ok(None);
+        };
+        let path = from.clone().unwrap_or_else(|| dir.clone());
+        let ck = Checkpoint::from_bytes(&bytes, &path)?;
+        self.check_resumable(&ck, &path)?;
+        self.load_checkpoint(&ck, &path)?;
+        if self.is_root() && self.cfg.verbose {
+            println!(
+                "resume: {} (epoch {}, step {}, global step {})",
+                path.display(),
+                ck.meta.epoch,
+                ck.meta.step,
+                ck.meta.global_step
+            );
+        }
+        self.summary.resumed_from = from.or(Some(path));
+        Ok(Some((ck.meta.epoch, ck.meta.step, ck.meta.global_step)))
+    }
+
+    /// The bytes of the newest valid checkpoint in `dir` on every rank, with its path on rank
+    /// 0; `None` (said on rank 0) when there is none.
+    fn fetch_checkpoint(
+        &mut self,
+        dir: &Path,
+        created: bool,
+    ) -> Result<Option<(Vec<u8>, Option<PathBuf>)>> {
         let mut bytes = Vec::new();
         let mut from = None;
         if self.is_root() {
             let checkpoint::Found {
                 checkpoint: found,
                 warnings,
-            } = checkpoint::newest_valid(&dir)?;
+            } = checkpoint::newest_valid(dir)?;
             for w in &warnings {
                 eprint_line(&format!("warning: {w}"));
             }
@@ -216,7 +244,7 @@ impl Run<'_> {
         }
         let bytes = self.comm.broadcast_bytes(bytes)?;
         if bytes.is_empty() {
-            // On stderr even under --quiet: a mistyped directory must not pass for a resume.
+            // On stderr even when not `verbose`: a mistyped directory must not pass for a resume.
             if self.is_root() {
                 let why = if created {
                     "did not exist (this run creates it)"
@@ -230,10 +258,14 @@ impl Run<'_> {
             }
             return Ok(None);
         }
-        let path = from.clone().unwrap_or_else(|| dir.clone());
-        let ck = Checkpoint::from_bytes(&bytes, &path)?;
+        Ok(Some((bytes, from)))
+    }
+
+    /// Refuses a checkpoint of another model, class count, dataset, layout or trajectory
+    /// (naming each difference); warns of the differences that only change rounding.
+    fn check_resumable(&mut self, ck: &Checkpoint, path: &Path) -> Result<()> {
         let bad = |m: String| TrainError::Checkpoint {
-            path: path.clone(),
+            path: path.to_path_buf(),
             message: m,
         };
         if ck.meta.model != self.cfg.model.name() {
@@ -274,14 +306,15 @@ impl Run<'_> {
                 ));
             } else {
                 refused.push(format!(
-                    "{layout}: another data-parallel layout (pass --allow-new-layout to continue \
-                     on this one anyway, not bitwise identical)"
+                    "{layout}: another data-parallel layout (pass {} to continue \
+                     on this one anyway, not bitwise identical)",
+                    Setting::AllowNewLayout
                 ));
             }
         }
         if !refused.is_empty() {
             return Err(TrainError::ResumeMismatch {
-                path: path.clone(),
+                path: path.to_path_buf(),
                 differences: refused,
             });
         }
@@ -291,6 +324,16 @@ impl Run<'_> {
             }
             self.summary.warnings.push(w);
         }
+        Ok(())
+    }
+
+    /// Sets every replica's parameters, momentum and buffers, the loss scale and what an export
+    /// and the metrics carry on from the checkpoint `ck` (read from `path`).
+    fn load_checkpoint(&mut self, ck: &Checkpoint, path: &Path) -> Result<()> {
+        let bad = |m: String| TrainError::Checkpoint {
+            path: path.to_path_buf(),
+            message: m,
+        };
         let layout = self.table.layout().clone();
         let params = ck
             .tensors(layout.model_params().map(|p| format!("param/{}", p.name)))
@@ -323,23 +366,13 @@ impl Run<'_> {
                 top5: ck.meta.val_top5,
             });
         }
-        if self.is_root() && self.cfg.verbose {
-            println!(
-                "resume: {} (epoch {}, step {}, global step {})",
-                path.display(),
-                ck.meta.epoch,
-                ck.meta.step,
-                ck.meta.global_step
-            );
-        }
-        self.summary.resumed_from = from.or(Some(path));
-        Ok(Some((ck.meta.epoch, ck.meta.step, ck.meta.global_step)))
+        Ok(())
     }
 
     /// Writes replica 0's parameters and buffers as raw little-endian f32 to `path` and an
     /// index to `path.json`: `{"dtype": "f32", "tensors": [{"name", "shape", "offset"}]}` with
     /// offsets in elements.
-    /// Collective under `--head-parallel` (rank 0 gathers the head's slices).
+    /// Collective under `head_parallel` (rank 0 gathers the head's slices).
     pub(crate) fn dump_weights(&mut self, path: &Path) -> Result<()> {
         let (_, whole) = self.whole()?;
         let Some(whole) = whole.filter(|_| self.is_root()) else {
@@ -386,10 +419,11 @@ fn split_refusal(
     }
     Some(format!(
         "{}: the head is split over {} in the checkpoint and would be over {} in this run; a \
-         run with --head-parallel resumes on its checkpoint's layout only",
+         run with {} resumes on its checkpoint's layout only",
         layout.join(", "),
         split_name(checkpoint),
-        split_name(run.as_deref())
+        split_name(run.as_deref()),
+        Setting::HeadParallel
     ))
 }
 

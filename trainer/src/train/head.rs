@@ -1,7 +1,7 @@
-//! The whole model of a run whose head is split over the replicas (`--head-parallel`): every
-//! replica's slice gathered into the whole head for checkpoints, `--export` and
-//! `--dump-weights`, and a whole head cut into the replicas' slices for `--resume` and
-//! `--init-from`. A data-parallel run's whole model is replica 0's.
+//! The whole model of a run whose head is split over the replicas (`head_parallel`): every
+//! replica's slice gathered into the whole head for checkpoints, `export` and
+//! `dump_weights`, and a whole head cut into the replicas' slices for `resume` and
+//! `init_from`. A data-parallel run's whole model is replica 0's.
 //!
 //! The head's rows are classes and each replica holds consecutive ones, so the whole head is
 //! the slices one after the other in replica order (rank by rank): a checkpoint of a split
@@ -37,7 +37,7 @@ pub(super) struct Whole {
 
 impl Run<'_> {
     /// Every local replica's state and, on rank 0, the whole model (collective: under
-    /// `--head-parallel` rank 0 gathers every rank's slices).
+    /// `head_parallel` rank 0 gathers every rank's slices).
     pub(super) fn whole(&mut self) -> Result<(Vec<ReplicaState>, Option<Whole>)> {
         self.table.flush(&self.comm)?;
         let mut states = self.table.states()?;

@@ -18,7 +18,7 @@ use ddl_loader::pipeline::{Augment, BadRecord, OnBadRecord, Output, Pipeline, Pi
 use ddl_loader::sampler::{Sampler, SamplerConfig, Tail};
 
 use crate::checkpoint::{self};
-use crate::collective::Collective;
+use crate::comm::Collective;
 use crate::config::{auto_overlap, comm_order, Overlap, TrainConfig};
 use crate::console::eprint_line;
 use crate::device;
@@ -26,6 +26,7 @@ use crate::error::{Result, TrainError};
 use crate::metrics::{EpochRecord, MetricsWriter, StepRecord, TunedRecord};
 use crate::optim::SgdConfig;
 use crate::schedule::Schedule;
+use crate::setting::Setting;
 use crate::signal::StopSignal;
 use crate::table::{BatchIter, EvalSums, Table, TableConfig};
 use crate::validate;
@@ -113,9 +114,17 @@ struct Run<'a> {
     last_checkpoint: Option<u64>,
     /// The last evaluation's accuracies and the step of the weights it measured.
     last_eval: Option<EvalAt>,
-    /// `num_batches_tracked` of each BatchNorm in the `--init-from` file (empty from scratch):
+    /// `num_batches_tracked` of each BatchNorm in the `init_from` file (empty from scratch):
     /// an export adds the global step to it.
     batches_tracked_base: std::collections::BTreeMap<String, i64>,
+}
+
+/// Where a run is: the epoch, the step within it and the global step.
+#[derive(Clone, Copy, Debug)]
+struct Position {
+    epoch: u64,
+    step: u64,
+    global: u64,
 }
 
 /// Where a bad record was met.
@@ -178,64 +187,16 @@ pub fn train(
     let rank = transport.rank();
     let world = transport.size();
     let plan = plan(cfg, rank, world, info)?;
-    let model = match &cfg.cost_model {
-        Some(path) => {
-            CostModel::load(path).map_err(|e| TrainError::config("--cost-model", e.to_string()))?
-        }
-        None => CostModel::default(),
-    };
-    let comm = Collective::new(
-        transport,
-        cfg.allreduce.clone(),
-        cfg.gather.clone(),
-        topology,
-        model,
-    )?;
+    let comm = collective(cfg, transport, topology)?;
     let replicas = plan.devices.len();
     check_replica_counts(&comm, replicas)?;
     device::configure_backend(&plan.devices, cfg.deterministic);
     let global_replicas = replicas * world;
 
-    let opts = OpenOptions {
-        populate: cfg.populate,
-        lock: cfg.lock,
-        stage: cfg.stage.clone(),
-    };
-    let train_set = Arc::new(Dataset::open(&cfg.data, "train", plan.residency, &opts)?);
-    let per_node = Dataset::records_per_node(&plan.manifest, "train", plan.residency.nodes);
-    let min_node = per_node.iter().copied().min().unwrap_or(0) as usize;
-    let sampler = Sampler::try_new(
-        train_set.len(),
-        min_node,
-        SamplerConfig {
-            seed: cfg.seed,
-            ranks_in_node: plan.ranks_in_node,
-            rank_in_node: plan.rank_in_node,
-            replicas,
-            batch_per_replica: cfg.batch,
-            tail: Tail::Drop,
-            shuffle: true,
-        },
-    )
-    .map_err(|e| TrainError::config("--batch", e.to_string()))?;
-    limits::check_full_step(cfg.batch, plan.ranks_in_node, replicas, min_node)
-        .map_err(validate::limit_error)?;
+    let data = open_data(cfg, &plan, replicas)?;
+    let (train_set, sampler, val_set, min_node) =
+        (data.train, data.sampler, data.val, data.min_node);
     let steps_per_epoch = sampler.steps_per_epoch() as u64;
-    let val_set = if cfg.eval && plan.manifest.splits.contains_key("val") {
-        let per_node = Dataset::records_per_node(&plan.manifest, "val", plan.residency.nodes);
-        if per_node[plan.residency.node] > 0 {
-            Some(Arc::new(Dataset::open(
-                &cfg.data,
-                "val",
-                plan.residency,
-                &opts,
-            )?))
-        } else {
-            None
-        }
-    } else {
-        None
-    };
 
     let global_batch = global_replicas * cfg.batch;
     let mut schedule = Schedule::new(
@@ -258,43 +219,8 @@ pub fn train(
     );
     let overlap = table_cfg.overlap;
     let table = Table::new(table_cfg)?;
-    let bar = (rank == 0 && cfg.verbose && std::io::stderr().is_terminal()).then(|| {
-        let b = indicatif::ProgressBar::new(steps_per_epoch);
-        b.set_style(
-            indicatif::ProgressStyle::with_template("{prefix} [{bar:30}] {pos}/{len} {msg}")
-                .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
-        );
-        b
-    });
-    if rank == 0 && cfg.verbose {
-        let devs: Vec<String> = plan.devices.iter().map(|d| format!("{d:?}")).collect();
-        println!(
-            "ddl-train: {} on {} rank(s) x {} replica(s) [{}], {} classes{}, {} train images/node (min), \
-             global batch {}, peak lr {:.4}, {} steps/epoch, allreduce {}, overlap {}, comm order {}, {} bucket(s)",
-            cfg.model,
-            world,
-            replicas,
-            devs.join(","),
-            plan.manifest.num_classes(),
-            if cfg.head_parallel {
-                format!(" (head split over {global_replicas} replicas, gather {})", cfg.gather)
-            } else {
-                String::new()
-            },
-            min_node,
-            global_batch,
-            schedule.peak,
-            steps_per_epoch,
-            if comm.tunes() {
-                "auto (tuned on the first steps)".to_string()
-            } else {
-                cfg.allreduce.to_string()
-            },
-            overlap.name(),
-            order_line(cfg, overlap, world),
-            table.layout().buckets.len(),
-        );
-    }
+    let bar = (rank == 0 && cfg.verbose && std::io::stderr().is_terminal())
+        .then(|| progress_bar(steps_per_epoch));
     let run = Run {
         cfg,
         plan,
@@ -313,11 +239,106 @@ pub fn train(
         last_eval: None,
         batches_tracked_base: Default::default(),
     };
+    if rank == 0 && cfg.verbose {
+        run.print_start(world, min_node, overlap);
+    }
     run.go()
 }
 
+/// The collectives of the run over `transport`, with the cost model `auto` chooses by (the
+/// `cost_model` file, or the formulas).
+fn collective(
+    cfg: &TrainConfig,
+    transport: Arc<dyn Transport>,
+    topology: Topology,
+) -> Result<Collective> {
+    let model = match &cfg.cost_model {
+        Some(path) => CostModel::load(path)
+            .map_err(|e| TrainError::config(Setting::CostModel, e.to_string()))?,
+        None => CostModel::default(),
+    };
+    Collective::new(
+        transport,
+        cfg.allreduce.clone(),
+        cfg.gather.clone(),
+        topology,
+        model,
+    )
+}
+
+/// What a rank trains and evaluates on.
+struct Data {
+    /// Its node's train records.
+    train: Arc<Dataset>,
+    /// Which of them each replica takes at each step.
+    sampler: Sampler,
+    /// Its node's val records, if it evaluates and has any.
+    val: Option<Arc<Dataset>>,
+    /// Train records of the node with the fewest.
+    min_node: usize,
+}
+
+/// Opens this rank's share of the train and val splits and its sampler.
+fn open_data(cfg: &TrainConfig, plan: &Plan, replicas: usize) -> Result<Data> {
+    let opts = OpenOptions {
+        populate: cfg.populate,
+        lock: cfg.lock,
+        stage: cfg.stage.clone(),
+    };
+    let train_set = Arc::new(Dataset::open(&cfg.data, "train", plan.residency, &opts)?);
+    let per_node = Dataset::records_per_node(&plan.manifest, "train", plan.residency.nodes);
+    let min_node = per_node.iter().copied().min().unwrap_or(0) as usize;
+    let sampler = Sampler::try_new(
+        train_set.len(),
+        min_node,
+        SamplerConfig {
+            seed: cfg.seed,
+            ranks_in_node: plan.ranks_in_node,
+            rank_in_node: plan.rank_in_node,
+            replicas,
+            batch_per_replica: cfg.batch,
+            tail: Tail::Drop,
+            shuffle: true,
+        },
+    )
+    .map_err(|e| TrainError::config(Setting::Batch, e.to_string()))?;
+    limits::check_full_step(cfg.batch, plan.ranks_in_node, replicas, min_node)
+        .map_err(validate::limit_error)?;
+    let val_set = if cfg.eval && plan.manifest.splits.contains_key("val") {
+        let per_node = Dataset::records_per_node(&plan.manifest, "val", plan.residency.nodes);
+        if per_node[plan.residency.node] > 0 {
+            Some(Arc::new(Dataset::open(
+                &cfg.data,
+                "val",
+                plan.residency,
+                &opts,
+            )?))
+        } else {
+            None
+        }
+    } else {
+        None
+    };
+    Ok(Data {
+        train: train_set,
+        sampler,
+        val: val_set,
+        min_node,
+    })
+}
+
+/// The progress bar of an epoch of `steps` steps (rank 0, on a terminal).
+fn progress_bar(steps: u64) -> indicatif::ProgressBar {
+    let b = indicatif::ProgressBar::new(steps);
+    b.set_style(
+        indicatif::ProgressStyle::with_template("{prefix} [{bar:30}] {pos}/{len} {msg}")
+            .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
+    );
+    b
+}
+
 /// The table of rank `rank` of `ranks` (spread over `nodes`) with replicas on `devices`,
-/// training a model of `classes` classes as `cfg` says (`--overlap auto` resolved).
+/// training a model of `classes` classes as `cfg` says (`overlap` auto resolved).
 fn table_config(
     cfg: &TrainConfig,
     devices: Vec<tch::Device>,
@@ -364,7 +385,7 @@ fn check_replica_counts(comm: &Collective, replicas: usize) -> Result<()> {
     if counts.iter().any(|c| bytes_to_u64s(c) != [replicas as u64]) {
         let all: Vec<u64> = counts.iter().flat_map(|c| bytes_to_u64s(c)).collect();
         return Err(TrainError::config(
-            "--devices",
+            Setting::Devices,
             format!("ranks have different replica counts {all:?}"),
         ));
     }
@@ -380,13 +401,83 @@ impl Run<'_> {
         self.rank() == 0
     }
 
+    /// The run's opening line: the model, the layout, the data, the schedule and the
+    /// communication; `min_node`: train records of the node with the fewest.
+    fn print_start(&self, world: usize, min_node: usize, overlap: Overlap) {
+        let (cfg, plan) = (self.cfg, &self.plan);
+        let replicas = plan.devices.len();
+        let global_replicas = replicas * world;
+        let devs: Vec<String> = plan.devices.iter().map(|d| format!("{d:?}")).collect();
+        println!(
+            "ddl-train: {} on {} rank(s) x {} replica(s) [{}], {} classes{}, {} train images/node (min), \
+             global batch {}, peak lr {:.4}, {} steps/epoch, allreduce {}, overlap {}, comm order {}, {} bucket(s)",
+            cfg.model,
+            world,
+            replicas,
+            devs.join(","),
+            plan.manifest.num_classes(),
+            if cfg.head_parallel {
+                format!(" (head split over {global_replicas} replicas, gather {})", cfg.gather)
+            } else {
+                String::new()
+            },
+            min_node,
+            global_replicas * cfg.batch,
+            self.schedule.peak,
+            self.schedule.steps_per_epoch,
+            if self.comm.tunes() {
+                "auto (tuned on the first steps)".to_string()
+            } else {
+                cfg.allreduce.to_string()
+            },
+            overlap.name(),
+            order_line(cfg, overlap, world),
+            self.table.layout().buckets.len(),
+        );
+    }
+
     fn go(mut self) -> Result<TrainSummary> {
-        let (mut epoch, mut step, mut global) = (0u64, 0u64, 0u64);
         // Held until the run ends: no other run may use the directory meanwhile.
         let dir_lock = self.claim_checkpoint_dir()?;
+        let mut pos = self.start(dir_lock.as_ref().is_some_and(|l| l.created))?;
+        let steps_per_epoch = self.schedule.steps_per_epoch;
+        let epochs = u64::from(self.cfg.epochs);
+        let max_steps = self.cfg.max_steps.unwrap_or(u64::MAX);
+        let mut stopped = pos.global >= max_steps;
+        while pos.epoch < epochs && !stopped {
+            let epoch_start = Instant::now();
+            let acc = self.train_epoch(&mut pos, max_steps)?;
+            let epoch_s = epoch_start.elapsed();
+            if pos.step < steps_per_epoch {
+                // Stopped by `max_steps` inside the epoch.
+                break;
+            }
+            self.end_epoch(pos, &acc, epoch_s)?;
+            pos = Position {
+                epoch: pos.epoch + 1,
+                step: 0,
+                global: pos.global,
+            };
+            self.save_checkpoint(pos.epoch, 0, pos.global)?;
+            stopped = pos.global >= max_steps;
+            if !stopped && pos.epoch < epochs {
+                // A signal that arrived during evaluation.
+                if let Some(signal) = self.agreed_stop()? {
+                    return Err(self.preempt(signal, pos.epoch, 0, pos.global)?);
+                }
+            }
+        }
+        self.finish(pos)
+    }
+
+    /// Where the run starts (a checkpoint's position with `resume`, else the beginning), with
+    /// its weights in place (`init_from`), its metrics file open and, with
+    /// `check_replicas`, the replicas compared. `created`: this run created the checkpoint
+    /// directory.
+    fn start(&mut self, created: bool) -> Result<Position> {
+        let (mut epoch, mut step, mut global) = (0u64, 0u64, 0u64);
         let mut resumed = false;
         if self.cfg.resume {
-            let created = dir_lock.as_ref().is_some_and(|l| l.created);
             if let Some((e, s, g)) = self.resume(created)? {
                 (epoch, step, global) = (e, s, g);
                 resumed = true;
@@ -407,124 +498,128 @@ impl Run<'_> {
         if self.cfg.check_replicas {
             self.check_replicas()?;
         }
+        Ok(Position {
+            epoch,
+            step,
+            global,
+        })
+    }
+
+    /// Trains from `pos` to the end of its epoch, or to global step `max_steps`, and moves
+    /// `pos` there: the epoch's loss and accuracy.
+    fn train_epoch(&mut self, pos: &mut Position, max_steps: u64) -> Result<EpochAcc> {
+        let (epoch, mut step, mut global) = (pos.epoch, pos.step, pos.global);
         let steps_per_epoch = self.schedule.steps_per_epoch;
         let epochs = u64::from(self.cfg.epochs);
-        let max_steps = self.cfg.max_steps.unwrap_or(u64::MAX);
-        let mut stopped = global >= max_steps;
-        while epoch < epochs && !stopped {
-            let epoch_start = Instant::now();
-            // A shard changed under the job would SIGBUS a reader mid-epoch: catch it here.
-            self.train_set.check_unchanged()?;
-            let pipeline = Pipeline::start(
-                self.train_set.clone(),
-                self.sampler.clone(),
-                self.pipeline_config(
-                    Augment::Train,
-                    self.cfg.train_size(epoch),
-                    self.cfg.on_bad_record,
-                ),
-                epoch,
-                step as usize,
-            )?;
-            let sources: Vec<BatchIter> = (0..self.table.replicas())
-                .map(|r| Box::new(pipeline.replica(r)) as BatchIter)
-                .collect();
-            self.table.attach(sources)?;
-            if let Some(b) = &self.bar {
-                b.set_prefix(format!("epoch {epoch}"));
-                b.set_position(step);
-            }
-            let mut acc = EpochAcc::default();
-            let mut bad_seen = 0;
-            while step < steps_per_epoch {
-                if global >= max_steps {
-                    break;
-                }
-                let lr = self.schedule.lr(global);
-                let sent = self.comm.bytes_sent();
-                let stats = self.table.step(lr, &self.comm)?;
-                let sent = self.comm.bytes_sent() - sent;
-                if !stats.loss.is_finite() {
-                    return Err(TrainError::NonFinite { step: global });
-                }
-                step += 1;
-                global += 1;
-                self.summary.steps_run += 1;
-                bad_seen = self.collect_bad_records(&pipeline, bad_seen, BadRecordUse::Train);
-                self.report_tuning(global)?;
-                acc.add(&stats);
-                if let Some(m) = &mut self.metrics {
-                    let at = (global, epoch, lr);
-                    m.write(&StepRecord::new(at, &stats, self.comm.size(), sent))?;
-                }
-                if let Some(b) = &self.bar {
-                    b.set_position(step);
-                    b.set_message(format!("loss {:.4} lr {:.4}", stats.loss, lr));
-                }
-                let every =
-                    self.cfg.checkpoint_every > 0 && global % self.cfg.checkpoint_every == 0;
-                let last = global >= max_steps && step < steps_per_epoch;
-                if (every || last) && step < steps_per_epoch {
-                    self.save_checkpoint(epoch, step, global)?;
-                }
-                let run_ends =
-                    global >= max_steps || (step == steps_per_epoch && epoch + 1 == epochs);
-                if !run_ends {
-                    if let Some(signal) = self.agreed_stop()? {
-                        // At an epoch's last step the checkpoint sits at its end: a resumed
-                        // run evaluates the epoch and goes on.
-                        return Err(self.preempt(signal, epoch, step, global)?);
-                    }
-                }
-            }
-            drop(pipeline);
-            let epoch_s = epoch_start.elapsed();
-            if step < steps_per_epoch {
-                // Stopped by --max-steps inside the epoch.
+        // A shard changed under the job would SIGBUS a reader mid-epoch: catch it here.
+        self.train_set.check_unchanged()?;
+        let pipeline = Pipeline::start(
+            self.train_set.clone(),
+            self.sampler.clone(),
+            self.pipeline_config(
+                Augment::Train,
+                self.cfg.train_size(epoch),
+                self.cfg.on_bad_record,
+            ),
+            epoch,
+            step as usize,
+        )?;
+        let sources: Vec<BatchIter> = (0..self.table.replicas())
+            .map(|r| Box::new(pipeline.replica(r)) as BatchIter)
+            .collect();
+        self.table.attach(sources)?;
+        if let Some(b) = &self.bar {
+            b.set_prefix(format!("epoch {epoch}"));
+            b.set_position(step);
+        }
+        let mut acc = EpochAcc::default();
+        let mut bad_seen = 0;
+        while step < steps_per_epoch {
+            if global >= max_steps {
                 break;
             }
-            let val = self.evaluate(epoch)?;
-            if self.cfg.check_replicas {
-                self.check_replicas()?;
+            let lr = self.schedule.lr(global);
+            let sent = self.comm.bytes_sent();
+            let stats = self.table.step(lr, &self.comm)?;
+            let sent = self.comm.bytes_sent() - sent;
+            if !stats.loss.is_finite() {
+                return Err(TrainError::NonFinite { step: global });
             }
-            let record = self.epoch_record(epoch, &acc, epoch_s, val)?;
-            if record.val_top1.is_some() {
-                self.last_eval = Some(EvalAt {
-                    step: global,
-                    top1: record.val_top1,
-                    top5: record.val_top5,
-                });
+            step += 1;
+            global += 1;
+            self.summary.steps_run += 1;
+            bad_seen = self.collect_bad_records(&pipeline, bad_seen, BadRecordUse::Train);
+            self.report_tuning(global)?;
+            acc.add(&stats);
+            if let Some(m) = &mut self.metrics {
+                let at = (global, epoch, lr);
+                m.write(&StepRecord::new(at, &stats, self.comm.size(), sent))?;
             }
-            self.summary.bad_records_train += record.bad_records;
-            self.summary.bad_records_eval += record.val_bad_records.unwrap_or(0);
-            if record.bad_records + record.val_bad_records.unwrap_or(0) > 0 {
-                self.publish_bad_records()?;
+            if let Some(b) = &self.bar {
+                b.set_position(step);
+                b.set_message(format!("loss {:.4} lr {:.4}", stats.loss, lr));
             }
-            if self.is_root() {
-                if let Some(b) = &self.bar {
-                    b.finish_and_clear();
-                }
-                if self.cfg.verbose {
-                    println!("{}", epoch_line(&record));
-                }
-                if let Some(m) = &mut self.metrics {
-                    m.write(&record)?;
-                }
+            let every = self.cfg.checkpoint_every > 0 && global % self.cfg.checkpoint_every == 0;
+            let last = global >= max_steps && step < steps_per_epoch;
+            if (every || last) && step < steps_per_epoch {
+                self.save_checkpoint(epoch, step, global)?;
             }
-            self.summary.epochs.push(record);
-            epoch += 1;
-            step = 0;
-            self.save_checkpoint(epoch, 0, global)?;
-            stopped = global >= max_steps;
-            if !stopped && epoch < epochs {
-                // A signal that arrived during evaluation.
+            let run_ends = global >= max_steps || (step == steps_per_epoch && epoch + 1 == epochs);
+            if !run_ends {
                 if let Some(signal) = self.agreed_stop()? {
-                    return Err(self.preempt(signal, epoch, 0, global)?);
+                    // At an epoch's last step the checkpoint sits at its end: a resumed
+                    // run evaluates the epoch and goes on.
+                    return Err(self.preempt(signal, epoch, step, global)?);
                 }
             }
         }
+        drop(pipeline);
+        (pos.step, pos.global) = (step, global);
+        Ok(acc)
+    }
+
+    /// The end of a whole epoch at `pos`: evaluation, the replica check, the epoch's record
+    /// (printed, written to the metrics) and its bad records.
+    fn end_epoch(&mut self, pos: Position, acc: &EpochAcc, epoch_s: Duration) -> Result<()> {
+        let (epoch, global) = (pos.epoch, pos.global);
+        let val = self.evaluate(epoch)?;
+        if self.cfg.check_replicas {
+            self.check_replicas()?;
+        }
+        let record = self.epoch_record(epoch, acc, epoch_s, val)?;
+        if record.val_top1.is_some() {
+            self.last_eval = Some(EvalAt {
+                step: global,
+                top1: record.val_top1,
+                top5: record.val_top5,
+            });
+        }
+        self.summary.bad_records_train += record.bad_records;
+        self.summary.bad_records_eval += record.val_bad_records.unwrap_or(0);
+        if record.bad_records + record.val_bad_records.unwrap_or(0) > 0 {
+            self.publish_bad_records()?;
+        }
+        if self.is_root() {
+            if let Some(b) = &self.bar {
+                b.finish_and_clear();
+            }
+            if self.cfg.verbose {
+                println!("{}", epoch_line(&record));
+            }
+            if let Some(m) = &mut self.metrics {
+                m.write(&record)?;
+            }
+        }
+        self.summary.epochs.push(record);
+        Ok(())
+    }
+
+    /// The end of the run at `pos`: the last bad records published, the replicas flushed and
+    /// checksummed, the weights dumped and exported as asked.
+    fn finish(mut self, pos: Position) -> Result<TrainSummary> {
+        let (epoch, global) = (pos.epoch, pos.global);
         self.summary.global_steps = global;
-        // Those of a last epoch cut short by --max-steps.
+        // Those of a last epoch cut short by `max_steps`.
         self.publish_bad_records()?;
         self.table.flush(&self.comm)?;
         let sums = self.table.checksums()?;
@@ -540,7 +635,7 @@ impl Run<'_> {
 
     /// Whether any rank received a stop signal: every rank calls it after the same step, so all
     /// stop together (the signal may have reached only some of them).
-    /// Logs once each buffer size whose algorithm `--allreduce auto` settled on during the
+    /// Logs once each buffer size whose algorithm `allreduce` auto settled on during the
     /// last step (rank 0: a line, a metrics record) and saves the tuned model if asked.
     fn report_tuning(&mut self, global: u64) -> Result<()> {
         let fresh = self.comm.take_tuned();
@@ -578,7 +673,7 @@ impl Run<'_> {
             self.comm
                 .tuned_model()
                 .save(path)
-                .map_err(|e| TrainError::config("--save-cost-model", e.to_string()))?;
+                .map_err(|e| TrainError::config(Setting::SaveCostModel, e.to_string()))?;
         }
         Ok(())
     }
@@ -687,13 +782,14 @@ impl Run<'_> {
                     continue;
                 }
                 if self.cfg.verbose {
+                    let obr = Setting::OnBadRecord;
                     let action = match (eval, self.cfg.on_bad_record) {
-                        (true, _) => "left out of the evaluation",
+                        (true, _) => "left out of the evaluation".to_string(),
                         (false, OnBadRecord::Replace) => {
-                            "replaced by the next good record of the epoch (--on-bad-record replace)"
+                            format!("replaced by the next good record of the epoch ({obr} replace)")
                         }
-                        (false, OnBadRecord::Skip) => "left out of its batch (--on-bad-record skip)",
-                        (false, OnBadRecord::Fail) => "the run fails (--on-bad-record fail)",
+                        (false, OnBadRecord::Skip) => format!("left out of its batch ({obr} skip)"),
+                        (false, OnBadRecord::Fail) => format!("the run fails ({obr} fail)"),
                     };
                     eprint_line(&format!(
                         "ddl-train: bad record: shard {} record {record}: {reason}; {action}. \
@@ -713,7 +809,7 @@ impl Run<'_> {
     }
 
     /// The loader's settings for images of `image_size` (the epoch's train size, or
-    /// `--image-size` in evaluation) with the run's augmentation and normalisation.
+    /// `image_size` in evaluation) with the run's augmentation and normalisation.
     fn pipeline_config(
         &self,
         augment: Augment,
@@ -738,7 +834,7 @@ impl Run<'_> {
 
     /// Evaluates replica 0 on this rank's part of the node's val records, then sums over ranks.
     /// A bad val record is never scored through a stand-in: it is left out and counted
-    /// (`--on-bad-record fail` fails instead).
+    /// (`on_bad_record` fail fails instead).
     fn evaluate(&mut self, epoch: u64) -> Result<Option<EvalSums>> {
         if !self.cfg.eval || !self.plan.manifest.splits.contains_key("val") {
             return Ok(None);

@@ -1,4 +1,4 @@
-//! `--synthetic-data`: training on one random batch held on each device, without a loader,
+//! `synthetic_data`: training on one random batch held on each device, without a loader,
 //! evaluation or checkpoints. It times the model, the table and the allreduce alone, as a
 //! PyTorch loop on data already on the GPU does (trainer/bench/torch_eager.py).
 
@@ -6,20 +6,21 @@ use std::sync::Arc;
 
 use ddl_comm::{CostModel, Topology, Transport};
 
-use crate::collective::Collective;
+use crate::comm::Collective;
 use crate::config::TrainConfig;
 use crate::device;
 use crate::error::{Result, TrainError};
 use crate::metrics::{MetricsWriter, StepRecord};
 use crate::schedule::{Decay, Schedule};
+use crate::setting::Setting;
 use crate::table::Table;
 use crate::validate;
 
 use super::{check_replica_counts, table_config, RankInfo, TrainSummary};
 
-/// Classes of the synthetic model unless `--classes` says otherwise (ImageNet-1k's).
+/// Classes of the synthetic model unless `classes` says otherwise (ImageNet-1k's).
 const DEFAULT_CLASSES: usize = 1000;
-/// Steps of a synthetic "epoch" (`--epochs` x this, unless `--max-steps`).
+/// Steps of a synthetic "epoch" (`epochs` x this, unless `max_steps`).
 const STEPS_PER_EPOCH: u64 = 100;
 
 /// Trains on synthetic data on this rank (collective, as [`super::train`]).
@@ -92,24 +93,30 @@ pub(super) fn train(
     })
 }
 
-/// The flags that need data have none to work on.
+/// The settings that need data have none to work on.
 fn check_flags(cfg: &TrainConfig) -> Result<()> {
     validate::ranges(cfg)?;
     let needs_data = [
-        ("--data", !cfg.data.as_os_str().is_empty()),
-        ("--checkpoint-dir", cfg.checkpoint_dir.is_some()),
-        ("--init-from", cfg.init_from.is_some()),
-        ("--export", cfg.export.is_some()),
-        ("--dump-weights", cfg.dump_weights.is_some()),
+        (Setting::Data, !cfg.data.as_os_str().is_empty()),
+        (Setting::CheckpointDir, cfg.checkpoint_dir.is_some()),
+        (Setting::InitFrom, cfg.init_from.is_some()),
+        (Setting::Export, cfg.export.is_some()),
+        (Setting::DumpWeights, cfg.dump_weights.is_some()),
     ];
-    if let Some((flag, _)) = needs_data.iter().find(|(_, given)| *given) {
+    if let Some((setting, _)) = needs_data.iter().find(|(_, given)| *given) {
         return Err(TrainError::config(
-            flag,
-            "cannot be used with --synthetic-data, which trains on random data to time the model",
+            *setting,
+            format!(
+                "cannot be used with {}, which trains on random data to time the model",
+                Setting::SyntheticData
+            ),
         ));
     }
     if cfg.classes == Some(0) || cfg.classes == Some(1) {
-        return Err(TrainError::config("--classes", "needs at least 2 classes"));
+        return Err(TrainError::config(
+            Setting::Classes,
+            "needs at least 2 classes",
+        ));
     }
     Ok(())
 }

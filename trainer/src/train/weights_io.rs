@@ -1,5 +1,5 @@
-//! A run's model in and out: `--init-from` loads weights with torchvision's names before the
-//! first step, `--export` writes the final model as a torchvision-compatible safetensors file
+//! A run's model in and out: `init_from` loads weights with torchvision's names before the
+//! first step, `export` writes the final model as a torchvision-compatible safetensors file
 //! (see [`crate::weights`]).
 
 use std::path::Path;
@@ -8,6 +8,7 @@ use clap::ValueEnum;
 
 use crate::error::{Result, TrainError};
 use crate::model::ModelKind;
+use crate::setting::Setting;
 use crate::weights::meta::ModelMeta;
 use crate::weights::{self, file, Spec, StateDict, WeightsError};
 
@@ -25,37 +26,14 @@ pub(super) struct EvalAt {
 }
 
 impl Run<'_> {
-    /// `--init-from`: every replica starts from the weights and BatchNorm statistics of `path`
-    /// (the classifier head from the seed instead with `--reset-head`), momentum zero. Rank 0
+    /// `init_from`: every replica starts from the weights and BatchNorm statistics of `path`
+    /// (the classifier head from the seed instead with `reset_head`), momentum zero. Rank 0
     /// reads the file and broadcasts its bytes, so only rank 0 needs to see it; every rank then
     /// checks it the same way, so a bad file fails every rank before the first step, naming
     /// the key.
     pub(super) fn init_from(&mut self, path: &Path) -> Result<()> {
-        let read = if self.is_root() {
-            Some(std::fs::read(path).map_err(|source| WeightsError::Io {
-                path: path.to_path_buf(),
-                source,
-            }))
-        } else {
-            None
-        };
-        let payload = match &read {
-            Some(Ok(bytes)) => [&[0u8][..], bytes].concat(),
-            Some(Err(e)) => [&[1u8][..], e.to_string().as_bytes()].concat(),
-            None => Vec::new(),
-        };
-        drop(read);
-        let payload = self.comm.broadcast_bytes(payload)?;
-        let bytes = match payload.split_first() {
-            Some((0, bytes)) => bytes,
-            Some((_, message)) => {
-                return Err(TrainError::FromRoot(
-                    String::from_utf8_lossy(message).into_owned(),
-                ))
-            }
-            None => return Err(TrainError::FromRoot("--init-from: nothing received".into())),
-        };
-        let (dict, metadata) = file::parse(bytes, path)?;
+        let bytes = self.fetch_file(path)?;
+        let (dict, metadata) = file::parse(&bytes, path)?;
         let model = self.cfg.model.name();
         // A ddl file names its architecture: say so rather than list mismatching shapes. Other
         // tools' metadata (anything that is not one of ddl's model names) is not ours to read.
@@ -65,7 +43,10 @@ impl Run<'_> {
             return Err(WeightsError::Metadata {
                 path: path.to_path_buf(),
                 key: "model".into(),
-                message: format!("the file holds a {other}, this run trains --model {model}"),
+                message: format!(
+                    "the file holds a {other}, this run trains {} {model}",
+                    Setting::Model
+                ),
             }
             .into());
         }
@@ -108,9 +89,43 @@ impl Run<'_> {
         Ok(())
     }
 
-    /// `--export`: writes the final model to `path` (rank 0), with the validation accuracy of
+    /// The bytes of the file `path` on every rank: rank 0 reads it and broadcasts them (or
+    /// why it could not), so that every rank fails alike.
+    fn fetch_file(&mut self, path: &Path) -> Result<Vec<u8>> {
+        let read = if self.is_root() {
+            Some(std::fs::read(path).map_err(|source| WeightsError::Io {
+                path: path.to_path_buf(),
+                source,
+            }))
+        } else {
+            None
+        };
+        let payload = match &read {
+            Some(Ok(bytes)) => [&[0u8][..], bytes].concat(),
+            Some(Err(e)) => [&[1u8][..], e.to_string().as_bytes()].concat(),
+            None => Vec::new(),
+        };
+        drop(read);
+        let payload = self.comm.broadcast_bytes(payload)?;
+        match payload.split_first() {
+            Some((0, _)) => {
+                let mut bytes = payload;
+                bytes.drain(..1);
+                Ok(bytes)
+            }
+            Some((_, message)) => Err(TrainError::FromRoot(
+                String::from_utf8_lossy(message).into_owned(),
+            )),
+            None => Err(TrainError::FromRoot(format!(
+                "{}: nothing received",
+                Setting::InitFrom
+            ))),
+        }
+    }
+
+    /// `export`: writes the final model to `path` (rank 0), with the validation accuracy of
     /// exactly these weights in its metadata. Collective: when the last evaluation was not of
-    /// the weights after `global` steps (a run cut short by `--max-steps`, or one that trained
+    /// the weights after `global` steps (a run cut short by `max_steps`, or one that trained
     /// no step), every rank evaluates them first.
     pub(super) fn export(&mut self, path: &Path, epoch: u64, global: u64) -> Result<()> {
         let evaluated = match self.last_eval.filter(|e| e.step == global) {

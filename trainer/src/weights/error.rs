@@ -4,6 +4,8 @@
 use std::fmt;
 use std::path::PathBuf;
 
+use crate::setting::Setting;
+
 /// The problems a `.safetensors` weights file can have, each naming the file and the key.
 #[derive(Debug, thiserror::Error)]
 pub enum WeightsError {
@@ -136,11 +138,14 @@ pub enum WeightsError {
 }
 
 /// What to do about a classifier head of another shape: another class count.
-fn head_hint(key: &str) -> &'static str {
+fn head_hint(key: &str) -> String {
     if super::is_head(key) {
-        " (the classifier head: pass --reset-head to re-initialise it for this dataset's classes)"
+        format!(
+            " (the classifier head: pass {} to re-initialise it for this dataset's classes)",
+            Setting::ResetHead
+        )
     } else {
-        ""
+        String::new()
     }
 }
 

@@ -164,7 +164,32 @@ fn diagnose(bytes: &[u8], path: &Path, err: &safetensors::SafeTensorError) -> We
             Err(e) => return format(format!("header is not a JSON object: {e}")),
         };
     let have = bytes.len() - data_start;
-    let mut entries: Vec<(&String, usize, usize, Option<usize>)> = Vec::new();
+    let entries = match header_entries(&header, path) {
+        Ok(entries) => entries,
+        Err(e) => return e,
+    };
+    let expected_start = match check_entries(&entries, have, path) {
+        Ok(end) => end,
+        Err(e) => return e,
+    };
+    if expected_start != have {
+        return format(format!(
+            "{} bytes after the last tensor's data",
+            have - expected_start
+        ));
+    }
+    format(err.to_string())
+}
+
+/// A tensor of a header: its key, its byte range and the bytes its shape and dtype need.
+type HeaderEntry<'a> = (&'a String, usize, usize, Option<usize>);
+
+/// The tensors of a safetensors header (its metadata left out), in data order.
+fn header_entries<'a>(
+    header: &'a serde_json::Map<String, serde_json::Value>,
+    path: &Path,
+) -> Result<Vec<HeaderEntry<'a>>, WeightsError> {
+    let mut entries: Vec<HeaderEntry<'a>> = Vec::new();
     for (key, info) in header.iter().filter(|(k, _)| k.as_str() != "__metadata__") {
         let offsets = info["data_offsets"].as_array().and_then(|a| {
             let s = a.first()?.as_u64()? as usize;
@@ -172,11 +197,11 @@ fn diagnose(bytes: &[u8], path: &Path, err: &safetensors::SafeTensorError) -> We
             Some((s, e))
         });
         let Some((start, end)) = offsets else {
-            return WeightsError::BadEntry {
+            return Err(WeightsError::BadEntry {
                 path: path.to_path_buf(),
                 key: key.clone(),
                 message: "no valid data_offsets in the header".into(),
-            };
+            });
         };
         let dtype: Option<Dtype> = serde_json::from_value(info["dtype"].clone()).ok();
         let shape: Option<Vec<usize>> = serde_json::from_value(info["shape"].clone()).ok();
@@ -186,16 +211,22 @@ fn diagnose(bytes: &[u8], path: &Path, err: &safetensors::SafeTensorError) -> We
         entries.push((key, start, end, needed));
     }
     entries.sort_by_key(|&(k, s, e, _)| (s, e, k.clone()));
+    Ok(entries)
+}
+
+/// The first tensor whose data runs past the `have` data bytes, does not fit its shape and
+/// dtype or does not follow the previous one; else where the last one ends.
+fn check_entries(entries: &[HeaderEntry], have: usize, path: &Path) -> Result<usize, WeightsError> {
     let mut expected_start = 0;
-    for &(key, start, end, needed) in &entries {
+    for &(key, start, end, needed) in entries {
         if end > have {
-            return WeightsError::Truncated {
+            return Err(WeightsError::Truncated {
                 path: path.to_path_buf(),
                 key: key.clone(),
                 start,
                 end,
                 have,
-            };
+            });
         }
         let bad = |message: String| WeightsError::BadEntry {
             path: path.to_path_buf(),
@@ -203,28 +234,22 @@ fn diagnose(bytes: &[u8], path: &Path, err: &safetensors::SafeTensorError) -> We
             message,
         };
         match needed {
-            None => return bad("unknown dtype or bad shape in the header".into()),
+            None => return Err(bad("unknown dtype or bad shape in the header".into())),
             Some(n) if end < start || end - start != n => {
-                return bad(format!(
+                return Err(bad(format!(
                     "its shape and dtype need {n} bytes, its data_offsets span {start}..{end}"
-                ))
+                )))
             }
             Some(_) => {}
         }
         if start != expected_start {
-            return bad(format!(
+            return Err(bad(format!(
                 "its data starts at byte {start}, the previous tensor ends at {expected_start}"
-            ));
+            )));
         }
         expected_start = end;
     }
-    if expected_start != have {
-        return format(format!(
-            "{} bytes after the last tensor's data",
-            have - expected_start
-        ));
-    }
-    format(err.to_string())
+    Ok(expected_start)
 }
 
 #[cfg(test)]

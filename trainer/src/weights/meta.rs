@@ -16,7 +16,7 @@ use super::WeightsError;
 /// Metadata of a model written by ddl.
 #[derive(Clone, Debug, PartialEq)]
 pub struct ModelMeta {
-    /// Architecture, as `--model` names it (`resnet50`).
+    /// Architecture, as `model` names it (`resnet50`).
     pub model: String,
     /// Class names (WordNet ids) in label order: logit `i` is class `classes[i]`.
     pub classes: Vec<String>,

@@ -8,11 +8,11 @@
 //!
 //! - every parameter and BatchNorm running statistic as float32, convolution weights in NCHW
 //!   (`[out, in, kh, kw]`) whatever the training layout: values are copied out of the replica in
-//!   logical order, so `--channels-last` changes nothing in the file;
+//!   logical order, so `channels_last` changes nothing in the file;
 //! - each BatchNorm's `num_batches_tracked` as an int64 scalar. tch's BatchNorm keeps no such
 //!   counter, so ddl writes what torch's would hold: the number of training batches the exported
 //!   statistics were updated with, i.e. the run's global step count plus the count the
-//!   `--init-from` file carried (0 for a run from scratch). torch only reads the counter when a
+//!   `init_from` file carried (0 for a run from scratch). torch only reads the counter when a
 //!   BatchNorm has `momentum=None`, which torchvision's ResNets do not; it is there so that
 //!   `load_state_dict(strict=True)` finds every key, and it round-trips an imported file bitwise.
 //!
@@ -36,7 +36,7 @@ use crate::table::{Layout, ParamInfo};
 
 pub use error::WeightsError;
 
-/// Whose BatchNorm running statistics ddl-train's `--export` and ddl-export write, as the
+/// Whose BatchNorm running statistics ddl-train's `export` and ddl-export write, as the
 /// metadata says it. Every replica keeps its own statistics (each normalises its own batches),
 /// all estimates of the same moments; ddl writes rank 0's replica 0 because those are the
 /// statistics ddl-train's evaluation runs with, so the file reproduces the val top-1/top-5 it
@@ -48,7 +48,7 @@ pub const EXPORTED_STATISTICS: &str = "rank 0, replica 0 (the statistics ddl-tra
 pub const BATCHES_TRACKED: &str = "num_batches_tracked";
 
 /// Whether `key` belongs to the classifier head (`fc.weight`, `fc.bias`), the part
-/// `--reset-head` re-initialises.
+/// `reset_head` re-initialises.
 pub fn is_head(key: &str) -> bool {
     key.starts_with("fc.")
 }
@@ -287,7 +287,7 @@ impl StateDict {
     /// torchvision's dtypes: every key present with its shape and dtype, no other key. A
     /// missing `num_batches_tracked` is accepted (torch accepts it too: state dicts saved
     /// before the counter existed lack it). With `skip_head` the classifier head ([`is_head`])
-    /// is not checked at all (`--reset-head`: it is re-initialised). Errors name the key and
+    /// is not checked at all (`reset_head`: it is re-initialised). Errors name the key and
     /// `path`.
     pub fn check(&self, spec: &Spec, path: &Path, skip_head: bool) -> Result<(), WeightsError> {
         let wanted = |k: &&KeySpec| !(skip_head && is_head(&k.name));
@@ -456,7 +456,7 @@ mod tests {
         let other = Spec::of_model(ModelKind::Resnet18, 4, 64);
         let e = good.check(&other, p, false).unwrap_err().to_string();
         assert!(e.contains("fc.weight has shape [10, 512]"), "{e}");
-        assert!(e.contains("--reset-head"), "{e}");
+        assert!(e.contains("`reset_head`"), "{e}");
         good.check(&other, p, true).unwrap();
         let mut headless = good.clone();
         headless.tensors.retain(|k, _| !is_head(k));

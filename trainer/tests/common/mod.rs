@@ -87,8 +87,10 @@ pub fn make_dataset(
     write_manifest(dir, classes, splits, 1);
 }
 
-/// A quiet CPU configuration on `data` for tests.
+/// A quiet CPU configuration on `data` for tests; messages name settings as the binaries'
+/// flags (as a user of `ddl-train` reads them).
 pub fn config(data: &Path, model: &str, batch: usize, devices: &str) -> TrainConfig {
+    crate::flags::install();
     TrainConfig {
         data: data.to_path_buf(),
         model: ModelKind::from_str(model, false).expect("a model name"),

@@ -1,4 +1,4 @@
-//! The classifier head split by class over every replica of the job (`--head-parallel`, the
+//! The classifier head split by class over every replica of the job (`head_parallel`, the
 //! hybrid of Das et al. 2016 and Intel's MLSL): the backbone stays data-parallel, while replica
 //! `g` (rank x replicas + replica) holds classes [`HeadSplit::classes`]`(g)` of the head's
 //! weight and bias, its own flat weights, gradients and momentum, and updates them alone.

@@ -4,6 +4,7 @@
 use tch::{Kind, Tensor};
 
 use crate::error::{Result, TrainError};
+use crate::setting::Setting;
 
 use super::super::messages::StepCmd;
 use super::super::replica::Replica;
@@ -27,7 +28,7 @@ impl Replica {
         let (Some(head), Some(exchange)) = (self.head.as_mut(), self.shared.head.as_ref()) else {
             return Err(TrainError::Replica {
                 replica: index,
-                message: "a head exchange without --head-parallel".into(),
+                message: format!("a head exchange without {}", Setting::HeadParallel),
             });
         };
         head.seq += 1;
@@ -67,7 +68,8 @@ impl Replica {
             return Err(TrainError::Replica {
                 replica: self.index,
                 message: format!(
-                    "a batch of {b} images where --head-parallel gathers {} from every replica",
+                    "a batch of {b} images where {} gathers {} from every replica",
+                    Setting::HeadParallel,
                     self.cfg.batch
                 ),
             });

@@ -50,9 +50,9 @@ const SLEEP: Duration = Duration::from_millis(5);
 /// ranks outnumber its cores: its spinning would take the core from a rank with work to do),
 /// then sleeps on the counter until the rank it waits for publishes. It never yields: a
 /// yielding rank hands its core to whatever else runs on the host for a whole time slice,
-/// and on a host shared with other work every chunk's wait became milliseconds (np 2 and 4 on
-/// 2 cores: 1.5-4.5x slower; BENCHMARKS.md), where a sleeping one is woken as soon as the
-/// counter moves.
+/// and on a host shared with other work every chunk's wait became milliseconds (BENCHMARKS.md,
+/// "Why `shm` ran at ~2 GB/s here"), where a sleeping one is woken as soon as the counter
+/// moves.
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct Pace {
     /// Spinning before sleeping ([`SPIN`], or nothing when the ranks outnumber the cores).
