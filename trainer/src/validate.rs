@@ -215,7 +215,10 @@ pub fn batch_memory(
     };
     // The largest batches of the run: progressive resizing may grow them past `image_size`.
     let largest = Settings {
-        image_size: cfg.image_size_schedule.sizes().fold(cfg.image_size, u32::max),
+        image_size: cfg
+            .image_size_schedule
+            .sizes()
+            .fold(cfg.image_size, u32::max),
         ..pipeline_settings(cfg)
     };
     limits::check_memory(&largest, buffers, limits::available_memory()).map_err(limit_error)
