@@ -26,6 +26,10 @@ over the ranks (ddl.nn.ShardedLinearCrossEntropy; the backbone stays data-parall
 ``ddl-train --head-parallel`` does, e.g. for ImageNet-22k's 21,841 classes; each rank then
 checkpoints to ``ckpt.pt.rankN`` (its slice of the head). As root, Open MPI's mpirun needs ``--allow-run-as-root``;
 more ranks than cores need ``--oversubscribe``.
+
+``--gpu-augment`` shows augmentation of your own on the training device: the loader hands over
+uint8 batches (crop and flip done), and ``torchvision.transforms.v2`` jitters their colours and
+normalises them there, on the whole batch at once (on the GPU with ``--device cuda``).
 """
 
 from __future__ import annotations
@@ -78,6 +82,9 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--head-parallel", action="store_true",
                    help="split the classifier (fc) by class over the ranks; every rank "
                    "checkpoints to CHECKPOINT.rankN")
+    p.add_argument("--gpu-augment", action="store_true",
+                   help="uint8 batches from the loader, colour jitter and normalisation with "
+                   "torchvision.transforms.v2 on the training device, batch by batch")
     return p.parse_args()
 
 
@@ -102,6 +109,22 @@ class Normalize:
 
     def __call__(self, images: torch.Tensor) -> torch.Tensor:
         return (images.permute(0, 3, 1, 2).float() - self.mean) / self.std
+
+
+class BatchAugment:
+    """``--gpu-augment``: torchvision.transforms.v2 on a whole uint8 NHWC batch where it lies
+    (the GPU with ``--device cuda``): a colour jitter drawn once per batch, then the conversion
+    to normalised float32 NCHW. Evaluation gets the conversion alone."""
+
+    def __init__(self, train: bool) -> None:
+        from torchvision.transforms import v2
+
+        steps = [v2.ColorJitter(brightness=0.2, contrast=0.2, saturation=0.2)] if train else []
+        self.transform = v2.Compose([*steps, v2.ToDtype(torch.float32, scale=True),
+                                     v2.Normalize(ddl.IMAGENET_MEAN, ddl.IMAGENET_STD)])
+
+    def __call__(self, images: torch.Tensor) -> torch.Tensor:
+        return self.transform(images.permute(0, 3, 1, 2))
 
 
 def average_buffers(model: torch.nn.Module) -> None:
@@ -261,6 +284,10 @@ def main() -> None:
         device = torch.device("cpu")
         loader_kw = {"dtype": "float32", "layout": "NCHW"}
         prepare = torch.nn.Identity()  # the loader's float32 NCHW is normalised already
+    evaluate_prepare = prepare
+    if args.gpu_augment:
+        loader_kw.update(dtype="uint8", layout="NHWC")
+        prepare, evaluate_prepare = BatchAugment(train=True), BatchAugment(train=False)
     train_loader = ddl.Loader(args.data, split="train", batch_size=args.batch_size,
                               image_size=args.image_size, workers=args.workers, seed=args.seed,
                               **loader_kw)
@@ -314,7 +341,7 @@ def main() -> None:
         average_buffers(model)
         stopped = first + steps < len(train_loader)  # --max-steps ended the epoch early
         if not stopped:
-            result.update(evaluate(model, classifier, val_loader, prepare, args))
+            result.update(evaluate(model, classifier, val_loader, evaluate_prepare, args))
         if (rank == 0 or args.head_parallel) and args.checkpoint:
             # Stopped mid-epoch: resume in this epoch, at the loader's next batch.
             save_checkpoint(checkpoint_path(args.checkpoint, args), model, classifier,

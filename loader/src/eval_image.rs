@@ -9,7 +9,7 @@
 
 use crate::decode::{DecodeError, DecodeMode};
 use crate::pack::convert::{convert, ConvertOptions};
-use crate::transform::{Augment, Output, Slot, TransformConfig, Transformer};
+use crate::transform::{Augment, Output, Slot, TrainAugment, TransformConfig, Transformer};
 
 /// `ddl-pack`'s default JPEG quality for re-encoded images.
 const PACK_QUALITY: u8 = 90;
@@ -37,6 +37,7 @@ impl EvalTransform {
             mean,
             std,
             seed: 0,
+            train: TrainAugment::default(),
             decode: DecodeMode::default(),
         })?;
         Ok(EvalTransform { transformer })

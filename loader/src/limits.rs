@@ -1,9 +1,10 @@
 //! The limits of the settings a user gives the pipeline (batch, image size, decode workers,
-//! prefetch depth, eval resize) and the memory check of its batch buffers: one definition for
+//! prefetch depth, eval resize; the augmentation of [`check_augment`]) and the memory check of
+//! its batch buffers: one definition for
 //! ddl-train, ddl-prof and the Python binding, checked before anything is allocated. Errors
 //! carry the typed [`Setting`]; each caller names it its own way (a flag, a keyword argument).
 
-use crate::pipeline::Output;
+use crate::pipeline::{Output, TrainAugment};
 use crate::units::gib;
 
 /// A setting of the pipeline that callers take from their users.
@@ -300,6 +301,91 @@ pub fn check_full_step(
     })
 }
 
+/// A setting of the augmentation a recipe gives the pipeline (see [`check_augment`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum AugmentSetting {
+    /// RandomResizedCrop's range of the crop's area fraction.
+    Scale,
+    /// RandomResizedCrop's range of the crop's aspect ratio.
+    Ratio,
+    /// The probability of a horizontal flip.
+    Flip,
+    /// The eval resize as a multiple of the image size.
+    EvalResizeRatio,
+    /// The channel means of the float32 output.
+    Mean,
+    /// The channel standard deviations of the float32 output.
+    Std,
+}
+
+/// Why an augmentation setting is refused; each caller names the setting its own way.
+#[derive(Clone, Debug, PartialEq, thiserror::Error)]
+#[error("{why}")]
+pub struct AugmentError {
+    /// The setting.
+    pub setting: AugmentSetting,
+    /// What is wrong and what is allowed.
+    pub why: String,
+}
+
+/// The augmentation of one pipeline, as the user gave it.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct AugmentSettings {
+    /// Crop scale and ratio, flip probability.
+    pub train: TrainAugment,
+    /// Eval resize as a multiple of the image size.
+    pub eval_resize_ratio: f64,
+    /// Channel means (0-1 scale).
+    pub mean: [f32; 3],
+    /// Channel standard deviations (0-1 scale).
+    pub std: [f32; 3],
+}
+
+/// Checks a recipe's augmentation: scale in (0, 1] with lo <= hi, ratio positive with
+/// lo <= hi, flip probability in [0, 1], eval resize ratio at least 1 (the center crop must
+/// fit), means finite, stds positive; every value finite.
+pub fn check_augment(a: &AugmentSettings) -> Result<(), AugmentError> {
+    let refuse = |setting, why: String| Err(AugmentError { setting, why });
+    let (lo, hi) = a.train.scale;
+    if !(lo.is_finite() && hi.is_finite() && 0.0 < lo && lo <= hi && hi <= 1.0) {
+        return refuse(
+            AugmentSetting::Scale,
+            format!("({lo}, {hi}): the area fractions must satisfy 0 < lo <= hi <= 1"),
+        );
+    }
+    let (lo, hi) = a.train.ratio;
+    if !(lo.is_finite() && hi.is_finite() && 0.0 < lo && lo <= hi) {
+        return refuse(
+            AugmentSetting::Ratio,
+            format!("({lo}, {hi}): the aspect ratios must satisfy 0 < lo <= hi"),
+        );
+    }
+    let p = a.train.flip;
+    if !(0.0..=1.0).contains(&p) {
+        return refuse(AugmentSetting::Flip, format!("{p} is outside [0, 1]"));
+    }
+    let r = a.eval_resize_ratio;
+    if !(r.is_finite() && r >= 1.0) {
+        return refuse(
+            AugmentSetting::EvalResizeRatio,
+            format!("{r} is below 1 (or not finite): the center crop would not fit"),
+        );
+    }
+    if a.mean.iter().any(|m| !m.is_finite()) {
+        return refuse(
+            AugmentSetting::Mean,
+            format!("{:?}: every mean must be finite", a.mean),
+        );
+    }
+    if a.std.iter().any(|s| !(s.is_finite() && *s > 0.0)) {
+        return refuse(
+            AugmentSetting::Std,
+            format!("{:?}: every std must be above 0 (and finite)", a.std),
+        );
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -391,6 +477,45 @@ mod tests {
         assert!(e.to_string().contains("MemAvailable"), "{e}");
         assert_eq!(check_memory(&settings(), buffers, Some(1 << 34)), Ok(()));
         assert_eq!(check_memory(&s, buffers, None), Ok(()));
+    }
+
+    #[test]
+    fn each_augment_check_names_its_setting() {
+        let ok = AugmentSettings {
+            train: TrainAugment::default(),
+            eval_resize_ratio: 8.0 / 7.0,
+            mean: [0.5; 3],
+            std: [0.25; 3],
+        };
+        assert_eq!(check_augment(&ok), Ok(()));
+        let with = |f: fn(&mut AugmentSettings)| {
+            let mut a = ok;
+            f(&mut a);
+            check_augment(&a).unwrap_err().setting
+        };
+        assert_eq!(with(|a| a.train.scale = (0.0, 1.0)), AugmentSetting::Scale);
+        assert_eq!(with(|a| a.train.scale = (0.5, 1.5)), AugmentSetting::Scale);
+        assert_eq!(with(|a| a.train.scale = (0.9, 0.5)), AugmentSetting::Scale);
+        assert_eq!(with(|a| a.train.ratio = (2.0, 1.0)), AugmentSetting::Ratio);
+        assert_eq!(with(|a| a.train.ratio = (0.0, 1.0)), AugmentSetting::Ratio);
+        assert_eq!(with(|a| a.train.flip = 1.5), AugmentSetting::Flip);
+        assert_eq!(with(|a| a.train.flip = f64::NAN), AugmentSetting::Flip);
+        assert_eq!(
+            with(|a| a.eval_resize_ratio = 0.9),
+            AugmentSetting::EvalResizeRatio
+        );
+        assert_eq!(with(|a| a.mean[1] = f32::NAN), AugmentSetting::Mean);
+        assert_eq!(with(|a| a.std[2] = 0.0), AugmentSetting::Std);
+        assert!(check_augment(&AugmentSettings {
+            train: TrainAugment {
+                scale: (1.0, 1.0),
+                ratio: (1.0, 1.0),
+                flip: 0.0,
+            },
+            eval_resize_ratio: 1.0,
+            ..ok
+        })
+        .is_ok());
     }
 
     #[test]

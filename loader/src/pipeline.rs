@@ -39,7 +39,9 @@ use crate::decode::DecodeError;
 pub use crate::decode::DecodeMode;
 use crate::error::{LoaderError, Result};
 use crate::sampler::Sampler;
-pub use crate::transform::{Augment, Output, IMAGENET_MEAN, IMAGENET_STD};
+pub use crate::transform::{
+    eval_resize, Augment, Output, TrainAugment, EVAL_RESIZE_RATIO, IMAGENET_MEAN, IMAGENET_STD,
+};
 use crate::transform::{Slot, TransformConfig, Transformer};
 
 /// How many later records of the epoch order [`OnBadRecord::Replace`] tries before giving up.
@@ -75,6 +77,8 @@ pub struct PipelineConfig {
     pub output: Output,
     /// Train or eval transform.
     pub augment: Augment,
+    /// The train transform's crop scale and ratio and flip probability.
+    pub train: TrainAugment,
     /// Decode threads.
     pub workers: usize,
     /// Depth of each replica's queue of ready batches.
@@ -97,6 +101,7 @@ impl Default for PipelineConfig {
             image_size: 224,
             output: Output::F32Nchw,
             augment: Augment::Train,
+            train: TrainAugment::default(),
             workers: std::thread::available_parallelism().map_or(1, |n| n.get()),
             prefetch: 2,
             seed: 0,
@@ -359,7 +364,29 @@ impl Pipeline {
     /// sampler, configuration, worker threads and batch buffers (no reallocation, so memory
     /// stays flat across epochs). Batches of the old epoch still held elsewhere return their
     /// buffers to the new run when dropped.
-    pub fn next_epoch(mut self, epoch: u64, start_step: usize) -> Result<Pipeline> {
+    pub fn next_epoch(self, epoch: u64, start_step: usize) -> Result<Pipeline> {
+        let cfg = self.shared.cfg.clone();
+        self.next_epoch_with(cfg, epoch, start_step)
+    }
+
+    /// [`Pipeline::next_epoch`] with another transform: `cfg` may change the image size and
+    /// the augmentation (progressive resizing changes the size at an epoch boundary), not the
+    /// workers or the output type, which the reused threads and buffers were made for. The
+    /// buffers grow to a larger size on first use.
+    pub fn next_epoch_with(
+        mut self,
+        cfg: PipelineConfig,
+        epoch: u64,
+        start_step: usize,
+    ) -> Result<Pipeline> {
+        let old = &self.shared.cfg;
+        if cfg.workers != old.workers || cfg.output != old.output {
+            return Err(LoaderError::InvalidConfig(format!(
+                "pipeline: the next epoch changes workers ({} -> {}) or the output type \
+                 ({:?} -> {:?}): start a new pipeline",
+                old.workers, cfg.workers, old.output, cfg.output
+            )));
+        }
         self.shutdown();
         let reuse = Reuse {
             pool: Arc::clone(&self.pool),
@@ -368,7 +395,7 @@ impl Pipeline {
         Pipeline::launch(
             Arc::clone(&self.shared.dataset),
             self.shared.sampler.clone(),
-            self.shared.cfg.clone(),
+            cfg,
             epoch,
             start_step,
             self.mode,
@@ -412,6 +439,7 @@ impl Pipeline {
             mean: cfg.mean,
             std: cfg.std,
             seed: cfg.seed,
+            train: cfg.train,
             decode: mode,
         };
         let workers = (0..cfg.workers)
@@ -702,11 +730,12 @@ fn fill(
     mut bufs: Buffers,
     recycle: Sender<Buffers>,
 ) -> Result<Batch> {
-    let batch = shared.sampler.config().batch_per_replica;
     let n = shared.image_len;
     shared
         .sampler
         .batch_into(shared.epoch, step, replica, &mut bufs.records);
+    // The sampler's batch: shorter than the configured one at the end of a `Tail::Short` epoch.
+    let batch = bufs.records.len();
     bufs.images.resize(batch * n);
     bufs.labels.resize(batch, 0);
     bufs.indices.resize(batch, 0);

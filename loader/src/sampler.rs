@@ -12,7 +12,10 @@
 //! count comes from the *smallest* node record count, not this node's own:
 //! [`Tail::Drop`] uses `floor(min / (S * batch))` steps, [`Tail::Pad`] uses
 //! `ceil(min / (S * batch))` and wraps positions past the end of this node's permutation back
-//! to its start. A node with more records than the minimum leaves the tail of its permutation
+//! to its start. [`Tail::Short`] also takes `ceil(min / (S * batch))` steps, but its last step
+//! gives every stream the same shorter batch of `ceil(R / S)` records, `R` the records left
+//! (laid out stream-major like a full step, wrapping only to even them out), as a
+//! `DataLoader(drop_last=False)` over a `DistributedSampler` does. A node with more records than the minimum leaves the tail of its permutation
 //! unused for that epoch; since the permutation changes every epoch, a different tail is left
 //! out each time.
 //!
@@ -41,6 +44,9 @@ pub enum Tail {
     /// Complete the last step by wrapping around to the start of the permutation (evaluation:
     /// every record is seen; a few are seen twice, recognisable by their indices).
     Pad,
+    /// End with a shorter last step, the same size on every stream (`DataLoader`'s
+    /// `drop_last=False`): `ceil(R / S)` records each, `R` the records left.
+    Short,
 }
 
 /// Configuration of one process's [`Sampler`].
@@ -67,6 +73,8 @@ pub struct SamplerConfig {
 /// `Sampler` is `Send + Sync`; it caches the permutation of the most recent epoch.
 pub struct Sampler {
     node_records: usize,
+    /// The smallest node's record count, which sets the steps (and the short last batch).
+    min_node_records: usize,
     steps: usize,
     cfg: SamplerConfig,
     cache: Mutex<Option<(u64, Arc<[u32]>)>>,
@@ -76,6 +84,7 @@ impl Clone for Sampler {
     fn clone(&self) -> Self {
         Sampler {
             node_records: self.node_records,
+            min_node_records: self.min_node_records,
             steps: self.steps,
             cfg: self.cfg.clone(),
             cache: Mutex::new(None),
@@ -147,10 +156,11 @@ impl Sampler {
         let per_step = cfg.ranks_in_node * cfg.replicas * cfg.batch_per_replica;
         let steps = match cfg.tail {
             Tail::Drop => min_node_records / per_step,
-            Tail::Pad => min_node_records.div_ceil(per_step),
+            Tail::Pad | Tail::Short => min_node_records.div_ceil(per_step),
         };
         Ok(Sampler {
             node_records,
+            min_node_records,
             steps,
             cfg,
             cache: Mutex::new(None),
@@ -195,11 +205,44 @@ impl Sampler {
         order
     }
 
+    /// Records in each stream's batch at `step`: `batch_per_replica`, except the last step of
+    /// a [`Tail::Short`] epoch, which shares the records left evenly (rounded up).
+    pub fn batch_len(&self, step: usize) -> usize {
+        let batch = self.cfg.batch_per_replica;
+        if self.cfg.tail != Tail::Short || step + 1 != self.steps {
+            return batch;
+        }
+        let streams = self.cfg.ranks_in_node * self.cfg.replicas;
+        let left = self.min_node_records - step * streams * batch;
+        left.div_ceil(streams)
+    }
+
+    /// Records each stream gets per epoch (the sum of [`Sampler::batch_len`] over the steps).
+    pub fn samples_per_epoch(&self) -> usize {
+        match self.steps {
+            0 => 0,
+            n => (n - 1) * self.cfg.batch_per_replica + self.batch_len(n - 1),
+        }
+    }
+
+    /// Records of a stream's share of the epoch before batching, as `len()` of a
+    /// `DistributedSampler` counts them: `ceil(min / S)` for [`Tail::Drop`] (whose batches
+    /// leave the rest out, as `DataLoader(drop_last=True)`'s do) and [`Tail::Short`]; every
+    /// record drawn, padding included, for [`Tail::Pad`].
+    pub fn share_per_epoch(&self) -> usize {
+        match self.cfg.tail {
+            Tail::Drop | Tail::Short => self
+                .min_node_records
+                .div_ceil(self.cfg.ranks_in_node * self.cfg.replicas),
+            Tail::Pad => self.steps * self.cfg.batch_per_replica,
+        }
+    }
+
     /// Permutation position of item `j` of `replica`'s batch at `step`, before wrapping.
     fn position(&self, step: usize, replica: usize, j: usize) -> usize {
         let streams = self.cfg.ranks_in_node * self.cfg.replicas;
         let stream = self.cfg.rank_in_node * self.cfg.replicas + replica;
-        (step * streams + stream) * self.cfg.batch_per_replica + j
+        step * streams * self.cfg.batch_per_replica + stream * self.batch_len(step) + j
     }
 
     /// Node-local record indices of `replica`'s batch at `(epoch, step)`.
@@ -231,7 +274,7 @@ impl Sampler {
         );
         let order = self.order(epoch);
         out.clear();
-        for j in 0..self.cfg.batch_per_replica {
+        for j in 0..self.batch_len(step) {
             let p = self.position(step, replica, j) % self.node_records;
             out.push(order[p] as usize);
         }
@@ -433,6 +476,45 @@ mod tests {
         }
         let skip = (resumed.steps_per_epoch() + 5) * 2;
         assert_eq!(&uninterrupted[skip..], &tail[..]);
+    }
+
+    /// `Tail::Short`: a `DataLoader(drop_last=False)` over a `DistributedSampler` of `n`
+    /// records on `w` ranks gives each `ceil(n / w)` samples in `ceil(ceil(n / w) / b)`
+    /// batches, the last one shorter; every record is drawn, the few extra ones only to even
+    /// the ranks out.
+    #[test]
+    fn short_tail_is_dataloaders_last_batch() {
+        for (n, ranks, batch) in [
+            (10usize, 1usize, 4usize),
+            (96, 1, 100),
+            (23, 3, 4),
+            (97, 2, 8),
+            (64, 2, 8),
+        ] {
+            let per_rank = n.div_ceil(ranks);
+            let mut seen = HashMap::new();
+            for rank in 0..ranks {
+                let s = Sampler::new(n, n, cfg(ranks, rank, 1, batch, Tail::Short));
+                assert_eq!(
+                    s.steps_per_epoch(),
+                    per_rank.div_ceil(batch),
+                    "{n} {ranks} {batch}"
+                );
+                assert_eq!(s.samples_per_epoch(), per_rank);
+                assert_eq!(s.share_per_epoch(), per_rank);
+                let last = s.steps_per_epoch() - 1;
+                let lens: Vec<usize> = (0..=last).map(|t| s.batch(3, t, 0).len()).collect();
+                assert_eq!(lens[last], per_rank - last * batch, "{n} {ranks} {batch}");
+                assert!(lens[..last].iter().all(|&l| l == batch));
+                for t in 0..=last {
+                    for i in s.batch(3, t, 0) {
+                        *seen.entry(i).or_insert(0usize) += 1;
+                    }
+                }
+            }
+            assert_eq!(seen.len(), n, "every record drawn");
+            assert_eq!(seen.values().sum::<usize>(), per_rank * ranks);
+        }
     }
 
     #[test]

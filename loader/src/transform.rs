@@ -1,9 +1,11 @@
 //! Crop, flip, resize and normalize: the per-image work of the pipeline.
 //!
-//! Train images get torchvision's `RandomResizedCrop(size, scale=(0.08, 1), ratio=(3/4, 4/3))`
-//! (same algorithm, including the ten attempts, Python's round-half-to-even and the
-//! centre-crop fallback with ratio clamping) and `RandomHorizontalFlip(0.5)`; eval images get
-//! `Resize(resize)` of the shorter side then `CenterCrop(size)`. Both reduce to one crop
+//! Train images get torchvision's `RandomResizedCrop(size, scale, ratio)` (same algorithm,
+//! including the ten attempts, Python's round-half-to-even and the centre-crop fallback with
+//! ratio clamping) and `RandomHorizontalFlip(p)`, by default with torchvision's
+//! `scale=(0.08, 1)`, `ratio=(3/4, 4/3)` and `p=0.5` (see [`TrainAugment`]); eval images get
+//! `Resize(resize)` of the shorter side then `CenterCrop(size)`, `resize` by default
+//! `size x 8/7` ([`eval_resize`]). Both reduce to one crop
 //! rectangle in source pixels, which [`crate::decode::plan`] turns into a scaled, partial
 //! JPEG decode; the crop is then resized with an antialiased bilinear filter
 //! (`fast_image_resize`, like Pillow's), flipped while being written out, and normalized with a
@@ -32,7 +34,7 @@ pub enum Output {
 /// Which geometric transform to apply.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Augment {
-    /// RandomResizedCrop(size, scale 0.08-1, ratio 3/4-4/3) and a horizontal flip with p = 0.5.
+    /// RandomResizedCrop and a horizontal flip, as [`TrainAugment`] sets them.
     Train,
     /// Resize the shorter side to `resize`, then center-crop `size` x `size`.
     Eval {
@@ -45,6 +47,48 @@ pub enum Augment {
 pub const IMAGENET_MEAN: [f32; 3] = [0.485, 0.456, 0.406];
 /// ImageNet channel standard deviations (RGB, on the 0-1 scale).
 pub const IMAGENET_STD: [f32; 3] = [0.229, 0.224, 0.225];
+
+/// The random draws of the train transform: what a recipe sets of torchvision's
+/// `RandomResizedCrop(size, scale, ratio)` and `RandomHorizontalFlip(p)`. The default is
+/// torchvision's; [`crate::limits::check_augment`] checks a user's values.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct TrainAugment {
+    /// Range of the crop's area as a fraction of the image's, `0 < lo <= hi <= 1`.
+    pub scale: (f64, f64),
+    /// Range of the crop's aspect ratio (width / height), drawn log-uniformly, `0 < lo <= hi`.
+    pub ratio: (f64, f64),
+    /// Probability of a horizontal flip, in `[0, 1]`.
+    pub flip: f64,
+}
+
+impl Default for TrainAugment {
+    /// torchvision's: scale 0.08-1, ratio 3/4-4/3, flip with p = 0.5.
+    fn default() -> Self {
+        TrainAugment {
+            scale: (0.08, 1.0),
+            ratio: (0.75, 4.0 / 3.0),
+            flip: 0.5,
+        }
+    }
+}
+
+/// The eval resize ratio every recipe started from: resize to 256 for a 224 crop.
+pub const EVAL_RESIZE_RATIO: f64 = 8.0 / 7.0;
+
+/// The shorter side an eval image is resized to before its `size` center crop:
+/// `ceil(size x ratio)`, a product within 1e-9 of an integer counting as that integer (so
+/// that 8/7 gives 256 for 224, as the integer `ceil(8 size / 7)` does, whatever the rounding
+/// of 8/7 as a float).
+pub fn eval_resize(size: u32, ratio: f64) -> u32 {
+    let x = f64::from(size) * ratio;
+    let near = x.round();
+    let px = if (x - near).abs() <= 1e-9 * x.max(1.0) {
+        near
+    } else {
+        x.ceil()
+    };
+    px.clamp(f64::from(size), f64::from(u32::MAX)) as u32
+}
 
 /// Counter-based random numbers for one image: output `k` is a hash of the key and `k`.
 #[derive(Clone, Debug)]
@@ -379,6 +423,8 @@ pub struct TransformConfig {
     pub std: [f32; 3],
     /// Seed of the crop and flip draws.
     pub seed: u64,
+    /// The train transform's crop and flip settings.
+    pub train: TrainAugment,
     /// How much of each JPEG to decode.
     pub decode: DecodeMode,
 }
@@ -467,10 +513,10 @@ impl Transformer {
     pub fn geometry(&self, width: u32, height: u32, epoch: u64, id: u64) -> ([f64; 4], bool) {
         match self.cfg.augment {
             Augment::Train => {
+                let t = self.cfg.train;
                 let mut rng = ImageRng::new(self.cfg.seed, epoch, id);
-                let win =
-                    random_resized_crop(width, height, (0.08, 1.0), (0.75, 4.0 / 3.0), &mut rng);
-                let flip = rng.unit() < 0.5;
+                let win = random_resized_crop(width, height, t.scale, t.ratio, &mut rng);
+                let flip = rng.unit() < t.flip;
                 (win.rect(), flip)
             }
             Augment::Eval { resize } => (

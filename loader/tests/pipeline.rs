@@ -470,6 +470,64 @@ fn next_epoch_reuses_the_pipeline_and_matches_a_fresh_start() {
     assert_eq!(reused_resumed, fresh(2, 2));
 }
 
+/// Progressive resizing: the next epoch at another size gives that size's batches from its
+/// first one, the same as a fresh pipeline at that size (a resume across the change).
+#[test]
+fn next_epoch_with_another_size_changes_the_shape_at_the_boundary() {
+    let dir = scratch("resize-epoch");
+    solid_dataset(dir.path(), 40, 2);
+    let ds = open(dir.path());
+    let small = config(Output::U8Nhwc, Augment::Train, 2, OnBadRecord::Replace);
+    let large = PipelineConfig {
+        image_size: 48,
+        ..small.clone()
+    };
+    let start = |cfg: &PipelineConfig, epoch, step| {
+        Pipeline::start(
+            Arc::clone(&ds),
+            sampler(40, 1, 4, Tail::Drop, 3),
+            cfg.clone(),
+            epoch,
+            step,
+        )
+        .unwrap()
+    };
+    let p = start(&small, 0, 0);
+    let shapes =
+        |p: &Pipeline| -> Vec<[usize; 4]> { p.replica(0).map(|b| b.unwrap().shape()).collect() };
+    assert!(shapes(&p).iter().all(|s| *s == [4, 32, 32, 3]));
+    let p = p.next_epoch_with(large.clone(), 1, 0).unwrap();
+    let grown = collect(&p);
+    assert_eq!(grown.len(), 10);
+    assert_eq!(grown, collect(&start(&large, 1, 0)));
+    let p = p.next_epoch_with(large.clone(), 1, 0).unwrap();
+    assert!(shapes(&p).iter().all(|s| *s == [4, 48, 48, 3]));
+    // The thread pool and buffers stay: workers and output type may not change.
+    let other = PipelineConfig {
+        workers: 3,
+        ..large
+    };
+    assert!(p.next_epoch_with(other, 2, 0).is_err());
+}
+
+/// `Tail::Short`: every batch full but the last, which holds the records left.
+#[test]
+fn short_tail_ends_with_a_short_batch() {
+    let dir = scratch("short-tail");
+    solid_dataset(dir.path(), 42, 2);
+    let ds = open(dir.path());
+    let cfg = config(Output::U8Nhwc, Augment::Train, 2, OnBadRecord::Replace);
+    let p = Pipeline::start(ds, sampler(42, 1, 8, Tail::Short, 3), cfg, 0, 0).unwrap();
+    let (mut shapes, mut ids) = (Vec::new(), HashSet::new());
+    for b in p.replica(0) {
+        let b = b.unwrap(); // dropped at once: the pool holds a few batches only
+        shapes.push(b.shape()[0]);
+        ids.extend(b.indices.iter().copied());
+    }
+    assert_eq!(shapes, [8, 8, 8, 8, 8, 2]);
+    assert_eq!(ids.len(), 42, "every record once");
+}
+
 #[test]
 fn a_consumer_keeping_every_batch_is_fed_when_it_adds_buffers() {
     let dir = scratch("keep");

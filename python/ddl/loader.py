@@ -16,6 +16,11 @@ from .shards import Shards
 
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
+# torchvision's RandomResizedCrop and RandomHorizontalFlip defaults, and the 256-for-224 resize.
+CROP_SCALE = (0.08, 1.0)
+CROP_RATIO = (3.0 / 4.0, 4.0 / 3.0)
+FLIP_P = 0.5
+RESIZE_RATIO = 8.0 / 7.0
 
 _LAYOUTS = ("NCHW", "NHWC")
 _DEVICES = ("cpu", "cuda")
@@ -40,6 +45,11 @@ def _warn_binding(workers: int) -> None:
         warnings.warn(f"ddl.Loader: {line}", RuntimeWarning, stacklevel=3)
 
 
+def _pair(values: Sequence[float]) -> Tuple[float, float]:
+    """A ``(lo, hi)`` argument as the extension takes it."""
+    return float(values[0]), float(values[1])
+
+
 def _tensor(array: Any) -> torch.Tensor:
     # numpy.asarray reads the array interface and keeps the Rust batch alive as the array's
     # base; torch.from_numpy keeps the array alive: no copy on the way.
@@ -59,17 +69,21 @@ class Loader:
     Arguments (all but ``path`` keyword-only, as ``DataLoader``'s keyword arguments):
         path: directory written by ``ddl-pack`` (holds ``manifest.json``).
         split: ``"train"`` (random-resized crop and flip, shuffled) or ``"val"`` (resize to
-            ``resize`` = ``ceil(8/7 S)`` and center crop, in order, every record exactly once
-            over all ranks; the last batch may be short).
+            ``resize`` = ``ceil(resize_ratio S)`` and center crop, in order, every record
+            exactly once over all ranks; the last batch may be short).
         batch_size: images per batch of this rank.
-        image_size: output side S in pixels.
+        image_size: output side S in pixels (changed per epoch by :meth:`set_image_size`).
         workers: decode threads of this rank (default 8); ``num_workers``, DataLoader's
             name, is accepted for it (threads here, not processes).
         seed: seed of the order and the augmentation (the same on every rank).
         rank, world_size: this process's position; default: ``ddl.dist`` when initialised,
             else ``torch.distributed``, else the MPI / Slurm / torchrun environment, else 0/1.
             Ranks on one node share that node's shards (each node maps 1/nodes of them).
-        drop_last: train only: drop the incomplete last step (else it wraps around).
+        drop_last: train only: drop the incomplete last step; ``False`` ends the epoch with a
+            shorter batch, as ``DataLoader`` does (the same size on every rank, as with a
+            ``DistributedSampler``).
+        wrap: with ``drop_last=False``: complete the last batch by wrapping around to the
+            start of the epoch's order instead (every batch full).
         dtype: ``"float32"`` (normalised) or ``"uint8"`` (raw pixels, normalise on the GPU).
         layout: ``"NCHW"`` or ``"NHWC"`` (a view, never a copy).
         device: ``"cpu"`` or ``"cuda"``/``"cuda:N"``: batches are copied to the GPU from pinned
@@ -78,8 +92,13 @@ class Loader:
             batch is one shorter) or ``"fail"`` (raise ``ddl.DdlError``). Val never scores a
             stand-in: ``"replace"`` skips there.
         prefetch: ready batches queued ahead of the consumer.
-        mean, std: normalisation (0-1 scale) of float32 output.
-        resize: val only: shorter side before the center crop (0: ``ceil(8/7 S)``).
+        scale, ratio: train: ``RandomResizedCrop``'s area fraction range (``0 < lo <= hi <=
+            1``) and aspect ratio range (``0 < lo <= hi``), torchvision's defaults.
+        flip_p: train: probability of a horizontal flip (``RandomHorizontalFlip(p)``).
+        mean, std: normalisation (0-1 scale) of float32 output (``std > 0``).
+        resize: val only: shorter side before the center crop (0: ``ceil(resize_ratio S)``).
+        resize_ratio: val only: the resize as a multiple of the image size (at least 1;
+            ``8/7``: 256 for 224).
         populate: pre-fault this node's shards into RAM at start.
 
     With ``ddl.dist`` initialised, the first loader of a node warns (``RuntimeWarning``) when
@@ -90,8 +109,9 @@ class Loader:
     epoch (new order and augmentation); ``set_epoch(epoch)`` (as ``DistributedSampler`` has it)
     picks the epoch explicitly. ``state_dict()`` / ``load_state_dict()`` resume exactly
     mid-epoch (torchdata's ``Stateful`` protocol). DataLoader's attributes: ``dataset``
-    (:class:`ddl.Shards` of the split), ``sampler`` (``len``: this rank's samples per epoch),
-    ``batch_size``, ``drop_last``, ``num_workers``.
+    (:class:`ddl.Shards` of the split), ``sampler`` (``len``: this rank's share of the epoch,
+    as ``DistributedSampler``'s), ``batch_size``, ``drop_last``, ``num_workers``; ``len()`` and
+    the last batch as ``DataLoader``'s, for either ``drop_last``.
 
     Threads: ``stats()`` may be called from any thread at any time. A loader serves one
     iteration at a time: iterating it on a second thread while another iteration is under
@@ -100,7 +120,15 @@ class Loader:
 
     ``batch_size``, ``image_size``, ``workers``, ``prefetch`` and ``resize`` have ddl-train's
     limits, and the batch buffers must fit in the memory available: a refusal is a
-    ``ValueError`` naming the argument and the limit.
+    ``ValueError`` naming the argument and the limit; so are augmentation values out of range.
+
+    Progressive resizing: ``set_image_size(n)`` changes the output side from the next epoch
+    on (the running one keeps its size); ``state_dict()`` carries both, so a resume on either
+    side of the change yields the same batches.
+
+    uint8 output (``dtype="uint8"``) leaves normalisation and any further augmentation to the
+    GPU: apply ``torchvision.transforms.v2`` to the batch on the device (see
+    ``examples/pytorch/train.py --gpu-augment``).
 
     Example::
 
@@ -124,14 +152,19 @@ class Loader:
         rank: Optional[int] = None,
         world_size: Optional[int] = None,
         drop_last: bool = True,
+        wrap: bool = False,
         dtype: str = "float32",
         layout: str = "NCHW",
         device: "str | torch.device" = "cpu",
         on_bad_record: str = "replace",
         prefetch: int = 2,
+        scale: Sequence[float] = CROP_SCALE,
+        ratio: Sequence[float] = CROP_RATIO,
+        flip_p: float = FLIP_P,
         mean: Sequence[float] = IMAGENET_MEAN,
         std: Sequence[float] = IMAGENET_STD,
         resize: int = 0,
+        resize_ratio: float = RESIZE_RATIO,
         populate: bool = False,
     ) -> None:
         if workers is not None and num_workers is not None:
@@ -167,6 +200,12 @@ class Loader:
             raise ValueError(f"seed: must be a non-negative integer, got {seed!r}")
         if len(mean) != 3 or len(std) != 3:
             raise ValueError("mean, std: three channel values each")
+        for name, pair in (("scale", scale), ("ratio", ratio)):
+            if len(pair) != 2:
+                raise ValueError(f"{name}: a (lo, hi) pair, got {pair!r}")
+        if wrap and drop_last:
+            raise ValueError("wrap: completes the last batch of drop_last=False; "
+                             "drop_last=True has no last batch to complete")
         place = _placement.current()
         if rank is not None or world_size is not None:
             size = place.world_size if world_size is None else world_size
@@ -179,16 +218,20 @@ class Loader:
         self.placement = place
         self.path, self.split, self.batch_size = path, split, batch_size
         self.drop_last = drop_last if split == "train" else False
+        self.wrap = wrap
         self.num_workers = workers
         self.image_size, self.dtype, self.layout = image_size, dtype, layout
         self.seed = seed
         self._core = _ddl.Loader(
             path, split, batch_size, image_size, workers, seed, place.node, place.nodes,
-            place.local_rank, place.local_size, drop_last, dtype, prefetch, on_bad_record,
-            resize, [float(v) for v in mean], [float(v) for v in std], populate,
+            place.local_rank, place.local_size, drop_last, wrap, dtype, prefetch,
+            on_bad_record, resize, float(resize_ratio), _pair(scale), _pair(ratio),
+            float(flip_p), [float(v) for v in mean], [float(v) for v in std], populate,
         )
         _warn_binding(workers)
         self._dataset: Optional[Shards] = None
+        # The size asked for (from the next epoch on) and that of the epoch under way.
+        self._epoch_image_size = image_size
         self._epoch = 0
         self._start_step = 0
         self._next_step = 0
@@ -206,7 +249,8 @@ class Loader:
     @property
     def sampler(self) -> "RankSampler":
         """This rank's share of the epoch, as ``DataLoader.sampler`` with a
-        ``DistributedSampler`` (``len``: the samples this rank gets per epoch)."""
+        ``DistributedSampler`` (``len``: as ``DistributedSampler``'s, see
+        :class:`RankSampler`)."""
         return RankSampler(self)
 
     @property
@@ -239,18 +283,32 @@ class Loader:
         self._epoch = epoch
         self._completed = False
 
+    def set_image_size(self, image_size: int) -> None:
+        """Changes the output side from the next epoch on, for progressive resizing (FFCV's
+        ResNet recipes grow it from 160 to 192 over the epochs): an epoch under way, or broken
+        off and resumed, keeps the size it started with. Checked as ``image_size`` is (a
+        ``ValueError`` names the limit)."""
+        if isinstance(image_size, bool) or not isinstance(image_size, int) or image_size < 0:
+            raise ValueError(f"image_size: must be a non-negative integer, got {image_size!r}")
+        self._core.check_image_size(image_size)
+        self.image_size = image_size
+
     def state_dict(self) -> Dict[str, Any]:
         """Where the loader is: the epoch and the batches of it already delivered (after a
-        completed epoch: the next epoch, step 0), plus what must match on resume (seed, batch
-        size, world size, rank)."""
+        completed epoch: the next epoch, step 0), the image size of that epoch and of the
+        epochs after it, plus what must match on resume (seed, batch size, world size, rank)."""
+        mid_epoch = False
         if self._completed and not self._iterating:
             epoch, step = self._epoch + 1, 0  # this epoch is done: resume with the next one
         else:
             epoch = self._epoch
             step = self._next_step if self._iterating else self._start_step
+            mid_epoch = step > 0
         return {
             "epoch": epoch,
             "step": step,
+            "image_size": self._epoch_image_size if mid_epoch else self.image_size,
+            "next_image_size": self.image_size,
             "seed": self.seed,
             "batch_size": self.batch_size,
             "world_size": self.placement.world_size,
@@ -260,8 +318,9 @@ class Loader:
 
     def load_state_dict(self, state: Dict[str, Any]) -> None:
         """Resumes at ``state``: the next iteration yields exactly the batches the saved
-        loader had not yet delivered. Raises ValueError when the seed, batch size, world size
-        or split differ (those batches would not be the same)."""
+        loader had not yet delivered, at the saved epoch's image size, and later epochs at the
+        size set then. Raises ValueError when the seed, batch size, world size or split
+        differ (those batches would not be the same)."""
         for key in ("seed", "batch_size", "world_size", "split"):
             mine = self.state_dict()[key]
             if state.get(key) != mine:
@@ -272,11 +331,16 @@ class Loader:
         step = int(state["step"])
         if not 0 <= step <= len(self):
             raise ValueError(f"load_state_dict: step {step} beyond the epoch's {len(self)}")
+        # States of older versions lack the sizes: this loader's size then.
+        sizes = [int(state.get(k, self.image_size)) for k in ("image_size", "next_image_size")]
+        for size in sizes:
+            self._core.check_image_size(size)
         self._core.stop()
         self._iterating = False
         self._completed = False
         self._epoch = int(state["epoch"])
         self._start_step = step
+        self._epoch_image_size, self.image_size = sizes
 
     def stats(self) -> Dict[str, Any]:
         """Since the first batch: ``images``, ``batches``, ``seconds``, ``images_per_s``,
@@ -300,7 +364,9 @@ class Loader:
         """The epoch's batches from ``_start_step`` on, with their steps, as CPU tensors. The
         loader serves one iteration at a time: a second one on another thread while this one
         runs raises RuntimeError, and this one ends when the generator does."""
-        ticket = self._core.start(self._epoch, self._start_step)
+        if self._start_step == 0:
+            self._epoch_image_size = self.image_size  # a new epoch takes the size asked for
+        ticket = self._core.start(self._epoch, self._start_step, self._epoch_image_size)
         channels_first = self.dtype == "float32"
         want_first = self.layout == "NCHW"
         try:
@@ -346,14 +412,16 @@ class Loader:
 
 
 class RankSampler:
-    """What ``DataLoader.sampler`` is to a script: ``len`` the samples this rank gets per
-    epoch, ``set_epoch`` passed on to its loader."""
+    """What ``DataLoader.sampler`` is to a script: ``len`` this rank's share of the epoch
+    before batching, as a ``DistributedSampler`` counts it (``ceil(records / ranks)``, also
+    with ``drop_last=True``, whose loader leaves the incomplete batch out; with ``wrap=True``
+    every sample drawn; val: this rank's records), ``set_epoch`` passed on to its loader."""
 
     def __init__(self, loader: Loader) -> None:
         self._loader = loader
 
     def __len__(self) -> int:
-        return self._loader.samples()
+        return self._loader._core.sampler_len()
 
     def set_epoch(self, epoch: int) -> None:
         """The loader's :meth:`Loader.set_epoch`."""

@@ -7,10 +7,13 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use ddl_loader::dataset::{Dataset, OpenOptions, Residency};
-use ddl_loader::limits::{self, Buffers, LimitError, Setting, Settings};
+use ddl_loader::limits::{
+    self, AugmentError, AugmentSetting, AugmentSettings, Buffers, LimitError, Setting, Settings,
+};
 use ddl_loader::manifest::Manifest;
 use ddl_loader::pipeline::{
-    Augment, OnBadRecord, Output, Pipeline, PipelineConfig, ReplicaBatches,
+    eval_resize, Augment, OnBadRecord, Output, Pipeline, PipelineConfig, ReplicaBatches,
+    TrainAugment,
 };
 use ddl_loader::sampler::{Sampler, SamplerConfig, Tail};
 use pyo3::exceptions::{PyRuntimeError, PyValueError};
@@ -89,6 +92,55 @@ struct Opened {
     pipeline: PipelineConfig,
 }
 
+/// What an epoch's image size changes, and what a new size is checked against.
+#[derive(Clone, Copy)]
+struct Sizing {
+    /// The settings the loader was made with (their image size the first one).
+    settings: Settings,
+    buffers: Buffers,
+    /// Val: the shorter side before the center crop, or 0 for `resize_ratio` x the size.
+    resize: u32,
+    resize_ratio: f64,
+}
+
+impl Sizing {
+    /// Checks `size` as `image_size` would be checked: its limits and a val resize it must
+    /// fit in, and with `memory` the memory its batches take (when it is set, not at every
+    /// epoch's start: memory that the training took since must not stop a running loader).
+    fn check(&self, size: u32, memory: bool) -> PyResult<()> {
+        let settings = Settings {
+            image_size: size,
+            ..self.settings
+        };
+        limits::check(&settings).map_err(limit_error)?;
+        if !memory {
+            return Ok(());
+        }
+        limits::check_memory(&settings, self.buffers, limits::available_memory())
+            .map_err(limit_error)
+    }
+
+    /// The pipeline configuration of an epoch at `size`: `base` with the size and, for val,
+    /// the resize that goes with it.
+    fn config(&self, base: &PipelineConfig, size: u32) -> PipelineConfig {
+        let augment = match base.augment {
+            Augment::Train => Augment::Train,
+            Augment::Eval { .. } => Augment::Eval {
+                resize: if self.resize > 0 {
+                    self.resize
+                } else {
+                    eval_resize(size, self.resize_ratio)
+                },
+            },
+        };
+        PipelineConfig {
+            image_size: size,
+            augment,
+            ..base.clone()
+        }
+    }
+}
+
 /// One process's loader over one split (see `ddl.Loader` for the documented API).
 #[pyclass(module = "ddl._ddl")]
 pub struct Loader {
@@ -102,6 +154,7 @@ pub struct Loader {
     batch_size: usize,
     /// Records of this node (val trims the wrapped padding with it).
     node_records: usize,
+    sizing: Sizing,
     slot: Mutex<Slot>,
     held: Arc<AtomicUsize>,
     timing: Mutex<Timing>,
@@ -110,6 +163,19 @@ pub struct Loader {
 
 fn value_error(arg: &str, why: impl std::fmt::Display) -> PyErr {
     PyValueError::new_err(format!("{arg}: {why}"))
+}
+
+/// A refusal of the augmentation's checks as the ValueError of its argument.
+fn augment_error(e: AugmentError) -> PyErr {
+    let name = match e.setting {
+        AugmentSetting::Scale => "scale",
+        AugmentSetting::Ratio => "ratio",
+        AugmentSetting::Flip => "flip_p",
+        AugmentSetting::EvalResizeRatio => "resize_ratio",
+        AugmentSetting::Mean => "mean",
+        AugmentSetting::Std => "std",
+    };
+    value_error(name, e)
 }
 
 /// A refusal of the loader's limits (shared with ddl-train and ddl-prof) as the ValueError of
@@ -223,8 +289,8 @@ impl Loader {
     /// Opens this node's shards of `split` in `path` and prepares the sampler and pipeline.
     #[new]
     #[pyo3(signature = (path, split, batch_size, image_size, workers, seed, node, nodes,
-        rank_in_node, ranks_in_node, drop_last, dtype, prefetch, on_bad_record, resize,
-        mean, std, populate))]
+        rank_in_node, ranks_in_node, drop_last, wrap, dtype, prefetch, on_bad_record, resize,
+        resize_ratio, scale, ratio, flip_p, mean, std, populate))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
@@ -239,14 +305,31 @@ impl Loader {
         rank_in_node: usize,
         ranks_in_node: usize,
         drop_last: bool,
+        wrap: bool,
         dtype: &str,
         prefetch: usize,
         on_bad_record: &str,
         resize: u32,
+        resize_ratio: f64,
+        scale: (f64, f64),
+        ratio: (f64, f64),
+        flip_p: f64,
         mean: [f32; 3],
         std: [f32; 3],
         populate: bool,
     ) -> PyResult<Loader> {
+        let train_augment = TrainAugment {
+            scale,
+            ratio,
+            flip: flip_p,
+        };
+        limits::check_augment(&AugmentSettings {
+            train: train_augment,
+            eval_resize_ratio: resize_ratio,
+            mean,
+            std,
+        })
+        .map_err(augment_error)?;
         let settings = Settings {
             batch: batch_size,
             image_size,
@@ -278,7 +361,7 @@ impl Loader {
                     "batch_size",
                     format!(
                         "{e} of split {split:?} (the last incomplete batch is dropped; \
-                         drop_last=False wraps around instead)"
+                         drop_last=False keeps it)"
                     ),
                 )
             })?;
@@ -290,7 +373,7 @@ impl Loader {
                 resize: if resize > 0 {
                     resize
                 } else {
-                    (image_size * 8).div_ceil(7)
+                    eval_resize(image_size, resize_ratio)
                 },
             }
         };
@@ -298,6 +381,7 @@ impl Loader {
             image_size,
             output,
             augment,
+            train: train_augment,
             workers,
             prefetch,
             seed,
@@ -327,10 +411,11 @@ impl Loader {
                 rank_in_node,
                 replicas: 1,
                 batch_per_replica: batch_size,
-                tail: if train && drop_last {
-                    Tail::Drop
-                } else {
-                    Tail::Pad
+                // Val wraps and trims the padding itself (`real_rows`).
+                tail: match (train, drop_last, wrap) {
+                    (true, true, _) => Tail::Drop,
+                    (true, false, false) => Tail::Short,
+                    _ => Tail::Pad,
                 },
                 shuffle: train,
             };
@@ -355,6 +440,12 @@ impl Loader {
             rank_in_node,
             batch_size,
             node_records,
+            sizing: Sizing {
+                settings,
+                buffers,
+                resize,
+                resize_ratio,
+            },
             slot: Mutex::new(Slot::default()),
             held: Arc::new(AtomicUsize::new(0)),
             timing: Mutex::new(Timing::default()),
@@ -385,8 +476,25 @@ impl Loader {
         if self.split == "val" {
             (0..steps).map(|s| self.real_rows(s)).sum()
         } else {
-            steps * self.batch_size
+            self.opened
+                .as_ref()
+                .map_or(0, |o| o.sampler.samples_per_epoch())
         }
+    }
+
+    /// This process's share of the epoch's records before batching (`len()` of a
+    /// `DataLoader`'s `DistributedSampler`; val: its records, each once).
+    fn sampler_len(&self) -> usize {
+        match &self.opened {
+            Some(o) if self.split != "val" => o.sampler.share_per_epoch(),
+            _ => self.samples_per_epoch(),
+        }
+    }
+
+    /// Checks `size` as a new image size (the limits of `image_size`, the memory its batches
+    /// take, a val `resize` it must fit in).
+    fn check_image_size(&self, size: u32) -> PyResult<()> {
+        self.sizing.check(size, true)
     }
 
     /// The class wnids in label order.
@@ -401,9 +509,17 @@ impl Loader {
         self.node_records
     }
 
-    /// Starts (or restarts) iteration at `(epoch, start_step)`, stopping the previous run of
-    /// this thread; returns the iteration's ticket for `next` and `release`.
-    fn start(&self, py: Python<'_>, epoch: u64, start_step: usize) -> PyResult<u64> {
+    /// Starts (or restarts) iteration at `(epoch, start_step)` with images of `image_size`,
+    /// stopping the previous run of this thread; returns the iteration's ticket for `next` and
+    /// `release`.
+    fn start(
+        &self,
+        py: Python<'_>,
+        epoch: u64,
+        start_step: usize,
+        image_size: u32,
+    ) -> PyResult<u64> {
+        self.sizing.check(image_size, false)?;
         let steps = self.steps_per_epoch();
         if start_step > steps {
             return Err(value_error(
@@ -425,7 +541,8 @@ impl Loader {
         let Some(o) = &self.opened else {
             return Ok(ticket);
         };
-        let started = self.start_run(py, o, previous, epoch, start_step);
+        let cfg = self.sizing.config(&o.pipeline, image_size);
+        let started = self.start_run(py, o, previous, cfg, (epoch, start_step));
         let mut slot = self.lock_slot();
         match started {
             Ok(run) => {
@@ -569,15 +686,15 @@ impl Loader {
         self.slot.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// The run of `epoch` from `start_step`: `previous`'s pipeline moved on, or a new one.
-    /// Joins and starts threads with the GIL released.
+    /// The run of `epoch` from `start_step` with `cfg`: `previous`'s pipeline moved on, or a
+    /// new one. Joins and starts threads with the GIL released.
     fn start_run(
         &self,
         py: Python<'_>,
         o: &Opened,
         previous: Option<Run>,
-        epoch: u64,
-        start_step: usize,
+        cfg: PipelineConfig,
+        (epoch, start_step): (u64, usize),
     ) -> PyResult<Run> {
         // A shard rewritten or truncated since it was mapped is an exception here, at the
         // epoch's start, rather than a SIGBUS in the middle of it.
@@ -586,12 +703,12 @@ impl Loader {
             .detach(|| match previous {
                 Some(r) => r
                     .pipeline
-                    .next_epoch(epoch, start_step)
+                    .next_epoch_with(cfg, epoch, start_step)
                     .map(|p| (p, r.extra_buffers)),
                 None => Pipeline::start(
                     Arc::clone(&o.dataset),
                     o.sampler.clone(),
-                    o.pipeline.clone(),
+                    cfg,
                     epoch,
                     start_step,
                 )

@@ -77,6 +77,15 @@ def test_example_learns_as_well_under_torchrun(data: Path, full_run: Job, np_: i
     assert ours["val_top1"] >= (0.80 if np_ == 2 else 0.60), under_torchrun.output
 
 
+def test_example_learns_with_batch_side_torchvision_augmentation(data: Path) -> None:
+    """--gpu-augment: uint8 batches, colour jitter and normalisation by torchvision.transforms.v2
+    on the training device (the CPU here); it learns as the loader-normalised run does."""
+    job = train(data, "--gpu-augment")
+    result = final(job)
+    assert result["val_images"] == 300, result
+    assert result["val_top1"] >= 0.80, job.output
+
+
 def test_example_learns_with_the_head_split_over_the_ranks(data: Path, tmp_path: Path) -> None:
     ckpt = tmp_path / "ckpt.pt"
     job = train(data, "--head-parallel", "--checkpoint", ckpt)

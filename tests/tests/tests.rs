@@ -13,4 +13,5 @@ mod kill_resume;
 mod models;
 mod overlap_mpi;
 mod readme;
+mod recipe;
 mod synth;

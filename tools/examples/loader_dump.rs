@@ -15,7 +15,9 @@ use std::sync::Arc;
 use anyhow::{Context, Result};
 use clap::Parser;
 use ddl_loader::dataset::{Dataset, OpenOptions, Residency};
-use ddl_loader::pipeline::{Augment, Images, OnBadRecord, Output, Pipeline, PipelineConfig};
+use ddl_loader::pipeline::{
+    Augment, Images, OnBadRecord, Output, Pipeline, PipelineConfig, TrainAugment,
+};
 use ddl_loader::sampler::{Sampler, SamplerConfig, Tail};
 
 #[derive(Parser)]
@@ -94,6 +96,7 @@ fn main() -> Result<()> {
                 resize: (a.size * 8).div_ceil(7),
             }
         },
+        train: TrainAugment::default(),
         workers: a.workers,
         seed: a.seed,
         on_bad_record: if train {

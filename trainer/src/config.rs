@@ -6,7 +6,9 @@ use std::path::PathBuf;
 
 use clap::ValueEnum;
 use ddl_comm::{Algorithm, CommOrder, ShardAlgorithm};
-use ddl_loader::pipeline::OnBadRecord;
+use ddl_loader::pipeline::{
+    OnBadRecord, TrainAugment, EVAL_RESIZE_RATIO, IMAGENET_MEAN, IMAGENET_STD,
+};
 use serde::{Serialize, Serializer};
 
 use crate::device::DeviceSpec;
@@ -17,6 +19,7 @@ use crate::model::ModelKind;
 use crate::schedule::DecayKind;
 use crate::setting::Setting;
 use crate::signal::StopRequest;
+use crate::size_schedule::SizeSchedule;
 
 /// Serializes a flag value as it is written on the command line.
 fn as_flag<T: Display, S: Serializer>(value: &T, s: S) -> std::result::Result<S::Ok, S::Error> {
@@ -148,6 +151,20 @@ pub struct TrainConfig {
     pub eval: bool,
     /// Shorter side before the center crop in evaluation; 0 = image size x 8/7 (`eval_resize`).
     pub eval_resize: u32,
+    /// The eval resize as a multiple of the image size when `eval_resize` is 0.
+    pub eval_resize_ratio: f64,
+    /// The train image size of each epoch (empty: `image_size` throughout).
+    pub image_size_schedule: SizeSchedule,
+    /// RandomResizedCrop's range of the crop's area fraction.
+    pub crop_scale: [f64; 2],
+    /// RandomResizedCrop's range of the crop's aspect ratio.
+    pub crop_ratio: [f64; 2],
+    /// Probability of a horizontal flip of a train image.
+    pub flip_prob: f64,
+    /// Channel means of the normalisation, 0-1 scale.
+    pub mean: [f32; 3],
+    /// Channel standard deviations of the normalisation, 0-1 scale.
+    pub std: [f32; 3],
     /// Pre-fault the node's shards (`populate`).
     pub populate: bool,
     /// mlock the node's shards (`lock`).
@@ -217,6 +234,13 @@ impl Default for TrainConfig {
             channels_last: false,
             eval: true,
             eval_resize: 0,
+            eval_resize_ratio: EVAL_RESIZE_RATIO,
+            image_size_schedule: SizeSchedule::default(),
+            crop_scale: [0.08, 1.0],
+            crop_ratio: [0.75, 4.0 / 3.0],
+            flip_prob: 0.5,
+            mean: IMAGENET_MEAN,
+            std: IMAGENET_STD,
             populate: false,
             lock: false,
             stage: None,
@@ -229,19 +253,34 @@ impl Default for TrainConfig {
 }
 
 impl TrainConfig {
-    /// The shorter side of the eval resize: `eval_resize`, or the image size x 8/7 (256 for
-    /// 224) when it is 0.
+    /// The shorter side of the eval resize: `eval_resize`, or the image size x
+    /// `eval_resize_ratio` (8/7: 256 for 224) when it is 0.
     pub fn eval_resize_px(&self) -> u32 {
-        eval_resize_px(self.image_size, self.eval_resize)
+        eval_resize_px(self.image_size, self.eval_resize, self.eval_resize_ratio)
+    }
+
+    /// The train transform's crop and flip settings.
+    pub fn train_augment(&self) -> TrainAugment {
+        TrainAugment {
+            scale: (self.crop_scale[0], self.crop_scale[1]),
+            ratio: (self.crop_ratio[0], self.crop_ratio[1]),
+            flip: self.flip_prob,
+        }
+    }
+
+    /// The train image size of `epoch` (`image_size_schedule`, else `image_size`).
+    pub fn train_size(&self, epoch: u64) -> u32 {
+        self.image_size_schedule.size_at(epoch, self.image_size)
     }
 }
 
-/// The shorter side of the eval resize for `image_size` and `eval_resize` (0: x 8/7).
-pub fn eval_resize_px(image_size: u32, eval_resize: u32) -> u32 {
+/// The shorter side of the eval resize for `image_size`, `eval_resize` (0: the size x
+/// `ratio`) and `eval_resize_ratio`.
+pub fn eval_resize_px(image_size: u32, eval_resize: u32, ratio: f64) -> u32 {
     if eval_resize > 0 {
         eval_resize
     } else {
-        (image_size * 8).div_ceil(7)
+        ddl_loader::pipeline::eval_resize(image_size, ratio)
     }
 }
 

@@ -61,7 +61,11 @@ pub fn export_checkpoint(from: &Path, to: &Path, data: Option<&Path>) -> Result<
             .ok_or_else(|| bad(format!("no {name} among the run's flags")))
     };
     let image_size = flag("image_size")?;
-    let eval_resize = eval_resize_px(image_size, flag("eval_resize")?);
+    // Checkpoints that predate the flag were written with 8/7.
+    let ratio = m.flags["eval_resize_ratio"]
+        .as_f64()
+        .unwrap_or(ddl_loader::pipeline::EVAL_RESIZE_RATIO);
+    let eval_resize = eval_resize_px(image_size, flag("eval_resize")?, ratio);
     let classes = match &m.class_names {
         Some(names) => names.clone(),
         None => class_names_from_manifest(data, &m.flags, m.classes).map_err(bad)?,
@@ -106,8 +110,8 @@ pub fn export_checkpoint(from: &Path, to: &Path, data: Option<&Path>) -> Result<
         classes,
         image_size,
         eval_resize,
-        mean: IMAGENET_MEAN,
-        std: IMAGENET_STD,
+        mean: channels(&m.flags["mean"]).unwrap_or(IMAGENET_MEAN),
+        std: channels(&m.flags["std"]).unwrap_or(IMAGENET_STD),
         ddl_version: env!("CARGO_PKG_VERSION").to_string(),
         flags: Some(m.flags.clone()),
         global_step: Some(m.global_step),
@@ -149,4 +153,16 @@ fn class_names_from_manifest(
         ));
     }
     Ok(manifest.classes.into_iter().map(|c| c.wnid).collect())
+}
+
+/// A run's `--mean` or `--std` from its flags (absent in checkpoints that predate them: the
+/// ImageNet values they were trained with).
+fn channels(v: &serde_json::Value) -> Option<[f32; 3]> {
+    let a = v.as_array()?;
+    let c: Vec<f32> = a
+        .iter()
+        .filter_map(|x| x.as_f64())
+        .map(|x| x as f32)
+        .collect();
+    c.try_into().ok()
 }

@@ -66,6 +66,7 @@ pub mod run_flags;
 pub mod schedule;
 pub mod setting;
 pub mod signal;
+pub mod size_schedule;
 pub mod table;
 pub mod train;
 pub mod validate;

@@ -19,6 +19,7 @@ use ddl_trainer::job::Job;
 use ddl_trainer::model::ModelKind;
 use ddl_trainer::schedule::DecayKind;
 use ddl_trainer::signal::StopRequest;
+use ddl_trainer::size_schedule::SizeSchedule;
 use ddl_trainer::{TrainConfig, TrainError, TrainSummary};
 
 #[path = "cli/flags.rs"]
@@ -195,9 +196,53 @@ struct Cli {
     /// Skip the per-epoch evaluation.
     #[arg(long)]
     no_eval: bool,
-    /// Shorter side before the eval center crop (0: image size x 8/7).
+    /// Shorter side before the eval center crop (0: image size x --eval-resize-ratio).
     #[arg(long, default_value_t = defaults().eval_resize)]
     eval_resize: u32,
+    /// The eval resize as a multiple of the image size, when --eval-resize is 0 (at least 1;
+    /// 8/7: 256 for 224).
+    #[arg(long, default_value_t = defaults().eval_resize_ratio)]
+    eval_resize_ratio: f64,
+    /// Progressive resizing: the train image size per epoch, EPOCH:SIZE,... (0:160,10:192:
+    /// 160 px from epoch 0, 192 from epoch 10; --image-size before the first listed epoch).
+    /// Evaluation stays at --image-size.
+    #[arg(long, value_name = "EPOCH:SIZE,...")]
+    image_size_schedule: Option<SizeSchedule>,
+    /// RandomResizedCrop's range of the crop's area fraction, LO,HI (0 < LO <= HI <= 1).
+    #[arg(
+        long,
+        value_delimiter = ',',
+        default_value = "0.08,1",
+        value_name = "LO,HI"
+    )]
+    crop_scale: Vec<f64>,
+    /// RandomResizedCrop's range of the crop's aspect ratio (width / height), LO,HI.
+    #[arg(
+        long,
+        value_delimiter = ',',
+        default_value = "0.75,1.3333333333333333",
+        value_name = "LO,HI"
+    )]
+    crop_ratio: Vec<f64>,
+    /// Probability of a horizontal flip of a train image (0: never, 1: always).
+    #[arg(long, default_value_t = defaults().flip_prob)]
+    flip_prob: f64,
+    /// Channel means of the normalisation, R,G,B on the 0-1 scale.
+    #[arg(
+        long,
+        value_delimiter = ',',
+        default_value = "0.485,0.456,0.406",
+        value_name = "R,G,B"
+    )]
+    mean: Vec<f32>,
+    /// Channel standard deviations of the normalisation, R,G,B on the 0-1 scale (above 0).
+    #[arg(
+        long,
+        value_delimiter = ',',
+        default_value = "0.229,0.224,0.225",
+        value_name = "R,G,B"
+    )]
+    std: Vec<f32>,
     /// Pre-fault the node's shards at start.
     #[arg(long)]
     populate: bool,
@@ -284,6 +329,13 @@ impl Cli {
             channels_last: self.channels_last,
             eval: !self.no_eval,
             eval_resize: self.eval_resize,
+            eval_resize_ratio: self.eval_resize_ratio,
+            image_size_schedule: self.image_size_schedule.unwrap_or_default(),
+            crop_scale: values("--crop-scale", self.crop_scale)?,
+            crop_ratio: values("--crop-ratio", self.crop_ratio)?,
+            flip_prob: self.flip_prob,
+            mean: values("--mean", self.mean)?,
+            std: values("--std", self.std)?,
             populate: self.populate,
             lock: self.mlock,
             stage: self.stage,
@@ -293,6 +345,13 @@ impl Cli {
             stop,
         })
     }
+}
+
+/// The `N` comma-separated values of `flag`, or an error naming it.
+fn values<const N: usize, T>(flag: &str, v: Vec<T>) -> anyhow::Result<[T; N]> {
+    let n = v.len();
+    v.try_into()
+        .map_err(|_| anyhow::anyhow!("{flag}: takes {N} comma-separated values, got {n}"))
 }
 
 fn main() -> anyhow::Result<()> {

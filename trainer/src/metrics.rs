@@ -126,6 +126,8 @@ pub struct EpochRecord {
     pub bad_records: u64,
     /// Val records left out of the evaluation as bad, all ranks (null without evaluation).
     pub val_bad_records: Option<u64>,
+    /// Side of the epoch's train images (`image_size_schedule`, else `image_size`).
+    pub image_size: u32,
 }
 
 /// Appends JSON lines to a file, flushing after each.

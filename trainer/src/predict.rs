@@ -10,7 +10,7 @@ use std::path::Path;
 
 use clap::ValueEnum;
 use ddl_loader::eval_image::EvalTransform;
-use ddl_loader::pipeline::{IMAGENET_MEAN, IMAGENET_STD};
+use ddl_loader::pipeline::{EVAL_RESIZE_RATIO, IMAGENET_MEAN, IMAGENET_STD};
 use tch::{nn, Device, Kind, Tensor};
 
 use crate::config::eval_resize_px;
@@ -103,7 +103,7 @@ impl Classifier {
         }
         if let Some(size) = overrides.image_size {
             meta.image_size = size;
-            meta.eval_resize = eval_resize_px(size, 0);
+            meta.eval_resize = eval_resize_px(size, 0, EVAL_RESIZE_RATIO);
         }
         if let Some(resize) = overrides.eval_resize {
             meta.eval_resize = resize;
@@ -327,7 +327,7 @@ fn assumed_meta(dict: &StateDict, path: &Path, overrides: &Overrides) -> Result<
         model: arch.name().to_string(),
         classes: (0..classes).map(|i| i.to_string()).collect(),
         image_size: size,
-        eval_resize: eval_resize_px(size, 0),
+        eval_resize: eval_resize_px(size, 0, EVAL_RESIZE_RATIO),
         mean: IMAGENET_MEAN,
         std: IMAGENET_STD,
         ddl_version: String::new(),

@@ -43,6 +43,15 @@ pub const TRAJECTORY: &[(&str, &str)] = &[
         "on_bad_record",
         "other stand-ins for bad records (or none), so other batches",
     ),
+    (
+        "image_size_schedule",
+        "other input pixels from its epochs on",
+    ),
+    ("crop_scale", "other crops"),
+    ("crop_ratio", "other crops"),
+    ("flip_prob", "other flips"),
+    ("mean", "other input values"),
+    ("std", "other input values"),
 ];
 
 /// Flags that change only the order of floating-point sums: (field, reason).
@@ -122,6 +131,7 @@ pub const FREE: &[(&str, &str)] = &[
     ("check_replicas", "a check, changes nothing"),
     ("eval", "evaluation does not train"),
     ("eval_resize", "evaluation does not train"),
+    ("eval_resize_ratio", "evaluation does not train"),
     ("populate", "how the shards are loaded"),
     ("lock", "how the shards are loaded"),
     ("stage", "how the shards are loaded"),

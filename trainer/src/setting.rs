@@ -126,6 +126,20 @@ settings! {
     Eval = "eval",
     /// Shorter side before the eval center crop.
     EvalResize = "eval_resize",
+    /// The eval resize as a multiple of the image size.
+    EvalResizeRatio = "eval_resize_ratio",
+    /// The train image size of each epoch.
+    ImageSizeSchedule = "image_size_schedule",
+    /// RandomResizedCrop's area fraction range.
+    CropScale = "crop_scale",
+    /// RandomResizedCrop's aspect ratio range.
+    CropRatio = "crop_ratio",
+    /// Probability of a horizontal flip.
+    FlipProb = "flip_prob",
+    /// Channel means of the normalisation.
+    Mean = "mean",
+    /// Channel standard deviations of the normalisation.
+    Std = "std",
     /// Pre-fault the shards.
     Populate = "populate",
     /// mlock the shards.

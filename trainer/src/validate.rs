@@ -1,7 +1,9 @@
 //! Checks of the numeric settings and of the memory the input batches will take, before
 //! anything is allocated: every error names its setting and says what is allowed.
 
-use ddl_loader::limits::{self, Buffers, LimitError, Settings};
+use ddl_loader::limits::{
+    self, AugmentError, AugmentSetting, AugmentSettings, Buffers, LimitError, Settings,
+};
 use ddl_loader::pipeline::Output;
 
 use crate::config::TrainConfig;
@@ -90,7 +92,44 @@ pub fn ranges(cfg: &TrainConfig) -> Result<()> {
             return Err(TrainError::config(setting, "must be at least 1"));
         }
     }
-    limits::check(&pipeline_settings(cfg)).map_err(limit_error)
+    limits::check(&pipeline_settings(cfg)).map_err(limit_error)?;
+    augment(cfg)
+}
+
+/// Checks the augmentation settings and the sizes of `image_size_schedule` (the limits of
+/// `image_size`).
+fn augment(cfg: &TrainConfig) -> Result<()> {
+    limits::check_augment(&AugmentSettings {
+        train: cfg.train_augment(),
+        eval_resize_ratio: cfg.eval_resize_ratio,
+        mean: cfg.mean,
+        std: cfg.std,
+    })
+    .map_err(augment_error)?;
+    for size in cfg.image_size_schedule.sizes() {
+        let settings = Settings {
+            image_size: size,
+            eval_resize: 0,
+            ..pipeline_settings(cfg)
+        };
+        limits::check(&settings).map_err(|e| {
+            TrainError::config(Setting::ImageSizeSchedule, format!("size {size}: {e}"))
+        })?;
+    }
+    Ok(())
+}
+
+/// A refused augmentation value as the error of its setting.
+fn augment_error(e: AugmentError) -> TrainError {
+    let setting = match e.setting {
+        AugmentSetting::Scale => Setting::CropScale,
+        AugmentSetting::Ratio => Setting::CropRatio,
+        AugmentSetting::Flip => Setting::FlipProb,
+        AugmentSetting::EvalResizeRatio => Setting::EvalResizeRatio,
+        AugmentSetting::Mean => Setting::Mean,
+        AugmentSetting::Std => Setting::Std,
+    };
+    TrainError::config(setting, e.to_string())
 }
 
 /// `head_parallel` splits `classes` classes over `replicas` replicas (every replica of the
@@ -174,8 +213,15 @@ pub fn batch_memory(
         ranks_on_node,
         output,
     };
-    limits::check_memory(&pipeline_settings(cfg), buffers, limits::available_memory())
-        .map_err(limit_error)
+    // The largest batches of the run: progressive resizing may grow them past `image_size`.
+    let largest = Settings {
+        image_size: cfg
+            .image_size_schedule
+            .sizes()
+            .fold(cfg.image_size, u32::max),
+        ..pipeline_settings(cfg)
+    };
+    limits::check_memory(&largest, buffers, limits::available_memory()).map_err(limit_error)
 }
 
 #[cfg(test)]
@@ -211,5 +257,31 @@ mod tests {
                 if settings == &[Setting::ImageSize, Setting::Batch, Setting::Prefetch]),
             "{memory}"
         );
+    }
+
+    #[test]
+    fn augmentation_settings_are_checked_and_named() {
+        type Change = fn(&mut TrainConfig);
+        let cases: [(Change, Setting); 7] = [
+            (|c| c.crop_scale = [0.0, 1.0], Setting::CropScale),
+            (|c| c.crop_ratio = [1.5, 1.0], Setting::CropRatio),
+            (|c| c.flip_prob = -0.1, Setting::FlipProb),
+            (|c| c.eval_resize_ratio = 0.5, Setting::EvalResizeRatio),
+            (|c| c.std = [0.2, -1.0, 0.2], Setting::Std),
+            (|c| c.mean = [f32::INFINITY, 0.0, 0.0], Setting::Mean),
+            (
+                |c| c.image_size_schedule = "0:160,3:8".parse().unwrap(),
+                Setting::ImageSizeSchedule,
+            ),
+        ];
+        for (change, want) in cases {
+            let mut cfg = TrainConfig::default();
+            change(&mut cfg);
+            match ranges(&cfg).unwrap_err() {
+                TrainError::Config { settings, .. } => assert_eq!(settings, [want]),
+                other => panic!("{other}"),
+            }
+        }
+        assert!(ranges(&TrainConfig::default()).is_ok());
     }
 }

@@ -91,7 +91,7 @@ use ddl_loader::decode::DecodeMode;
 use ddl_loader::limits::{self, Buffers, LimitError, Setting, Settings};
 use ddl_loader::pipeline::OnBadRecord;
 use ddl_loader::transform::{
-    Augment, Output, TransformConfig, Transformer, IMAGENET_MEAN, IMAGENET_STD,
+    Augment, Output, TrainAugment, TransformConfig, Transformer, IMAGENET_MEAN, IMAGENET_STD,
 };
 use serde::{Deserialize, Serialize};
 
@@ -320,6 +320,7 @@ impl ProfConfig {
             mean: IMAGENET_MEAN,
             std: IMAGENET_STD,
             seed: self.seed,
+            train: TrainAugment::default(),
             decode,
         }
     }

@@ -259,7 +259,9 @@ mod tests {
     use std::sync::Arc;
 
     use ddl_loader::dataset::{Dataset, OpenOptions, Residency};
-    use ddl_loader::pipeline::{Augment, Output, Pipeline, PipelineConfig};
+    use ddl_loader::pipeline::{
+        Augment, Output, Pipeline, PipelineConfig, IMAGENET_MEAN, IMAGENET_STD,
+    };
     use ddl_loader::sampler::{Sampler, SamplerConfig, Tail};
     use ddl_testkit::{write_manifest, write_shards, Record};
 
@@ -305,7 +307,7 @@ mod tests {
         let start = || Pipeline::start(data.clone(), sampler.clone(), cfg.clone(), 0, 0).unwrap();
         let (p1, p2) = (start(), start());
         let ctx = DeviceCtx::new(Device::Cpu).unwrap();
-        let norm = Normalizer::new(Device::Cpu, true).unwrap();
+        let norm = Normalizer::new(Device::Cpu, true, (IMAGENET_MEAN, IMAGENET_STD)).unwrap();
         let mut direct = Feed::Direct(Box::new(p1.replica(0)));
         let mut uploaded =
             Feed::Upload(Uploader::start(Box::new(p2.replica(0)), Device::Cpu).unwrap());

@@ -115,6 +115,10 @@ pub struct TableConfig {
     pub classes: i64,
     /// Square input size in pixels.
     pub image_size: u32,
+    /// Channel means of the normalisation of uint8 batches on the device (0-1 scale).
+    pub mean: [f32; 3],
+    /// Channel standard deviations of that normalisation.
+    pub std: [f32; 3],
     /// Seed of the weight initialisation (identical on every rank).
     pub seed: u64,
     /// Optimizer.
@@ -686,7 +690,7 @@ fn build_replica(
     Ok(Replica {
         index,
         sgd: Sgd::new(cfg.sgd, ctx.device())?,
-        norm: Normalizer::new(ctx.device(), cfg.channels_last)?,
+        norm: Normalizer::new(ctx.device(), cfg.channels_last, (cfg.mean, cfg.std))?,
         loss_host: ctx.host_buffer(1, Kind::Float)?,
         ctx,
         cfg,

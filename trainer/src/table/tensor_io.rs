@@ -1,6 +1,6 @@
 //! Copies between host memory and tensors on any device, and loader batches as tensors.
 
-use ddl_loader::pipeline::{Batch, Images, IMAGENET_MEAN, IMAGENET_STD};
+use ddl_loader::pipeline::{Batch, Images};
 use tch::{Device, Kind, Tensor};
 
 use crate::error::Result;
@@ -70,16 +70,20 @@ pub(crate) struct Normalizer {
 }
 
 impl Normalizer {
-    /// The normalizer of `device`; images stored channels-last when `nhwc`.
-    pub(crate) fn new(device: Device, nhwc: bool) -> Result<Normalizer> {
+    /// The normalizer of `device` with `(mean, std)`; images stored channels-last when `nhwc`.
+    pub(crate) fn new(
+        device: Device,
+        nhwc: bool,
+        (mean, std): ([f32; 3], [f32; 3]),
+    ) -> Result<Normalizer> {
         let on_device = |v: &[f32]| -> Result<Tensor> {
             Ok(Tensor::f_from_slice(v)?
                 .f_view([1, 3, 1, 1])?
                 .f_to_device(device)?)
         };
         Ok(Normalizer {
-            mean: on_device(&IMAGENET_MEAN)?,
-            std: on_device(&IMAGENET_STD)?,
+            mean: on_device(&mean)?,
+            std: on_device(&std)?,
             nhwc,
         })
     }
@@ -177,6 +181,7 @@ fn images_tensor(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use ddl_loader::pipeline::{IMAGENET_MEAN, IMAGENET_STD};
 
     /// NHWC strides of an NCHW shape.
     fn nhwc_strides(t: &Tensor) -> Vec<i64> {
@@ -205,8 +210,9 @@ mod tests {
         let (n, h, w) = (2usize, 3usize, 4usize);
         let u8s: Vec<u8> = (0..n * h * w * 3).map(|i| (i * 7 % 256) as u8).collect();
         let u8_images = Images::U8(u8s.clone());
-        let plain = Normalizer::new(Device::Cpu, false).unwrap();
-        let cl = Normalizer::new(Device::Cpu, true).unwrap();
+        let imagenet = (IMAGENET_MEAN, IMAGENET_STD);
+        let plain = Normalizer::new(Device::Cpu, false, imagenet).unwrap();
+        let cl = Normalizer::new(Device::Cpu, true, imagenet).unwrap();
         let nchw = images_tensor(&u8_images, [n, h, w, 3], Device::Cpu, &plain).unwrap();
         let nhwc = images_tensor(&u8_images, [n, h, w, 3], Device::Cpu, &cl).unwrap();
         assert_eq!(nchw.size(), [2, 3, 3, 4]);

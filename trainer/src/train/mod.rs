@@ -356,6 +356,8 @@ fn table_config(
         model: cfg.model,
         classes,
         image_size: cfg.image_size,
+        mean: cfg.mean,
+        std: cfg.std,
         seed: cfg.seed,
         sgd: SgdConfig {
             momentum: cfg.momentum,
@@ -514,7 +516,11 @@ impl Run<'_> {
         let pipeline = Pipeline::start(
             self.train_set.clone(),
             self.sampler.clone(),
-            self.pipeline_config(Augment::Train, self.cfg.on_bad_record),
+            self.pipeline_config(
+                Augment::Train,
+                self.cfg.train_size(epoch),
+                self.cfg.on_bad_record,
+            ),
             epoch,
             step as usize,
         )?;
@@ -802,18 +808,27 @@ impl Run<'_> {
         Ok(())
     }
 
-    fn pipeline_config(&self, augment: Augment, on_bad_record: OnBadRecord) -> PipelineConfig {
+    /// The loader's settings for images of `image_size` (the epoch's train size, or
+    /// `image_size` in evaluation) with the run's augmentation and normalisation.
+    fn pipeline_config(
+        &self,
+        augment: Augment,
+        image_size: u32,
+        on_bad_record: OnBadRecord,
+    ) -> PipelineConfig {
         let gpu = self.plan.devices.iter().any(|d| d.is_cuda());
         PipelineConfig {
-            image_size: self.cfg.image_size,
+            image_size,
             // On GPUs ship bytes and normalise on the device; on the CPU the loader normalises.
             output: if gpu { Output::U8Nhwc } else { Output::F32Nchw },
             augment,
+            train: self.cfg.train_augment(),
+            mean: self.cfg.mean,
+            std: self.cfg.std,
             workers: self.cfg.workers,
             prefetch: self.cfg.prefetch,
             seed: self.cfg.seed,
             on_bad_record,
-            ..PipelineConfig::default()
         }
     }
 
@@ -856,7 +871,7 @@ impl Run<'_> {
             let pipeline = Pipeline::start(
                 val.clone(),
                 sampler,
-                self.pipeline_config(Augment::Eval { resize }, on_bad),
+                self.pipeline_config(Augment::Eval { resize }, self.cfg.image_size, on_bad),
                 epoch,
                 0,
             )?;
@@ -929,6 +944,7 @@ impl Run<'_> {
             steps: acc.steps,
             bad_records: buf[5] as u64,
             val_bad_records,
+            image_size: self.cfg.train_size(epoch),
         })
     }
 

@@ -5,7 +5,6 @@
 use std::path::Path;
 
 use clap::ValueEnum;
-use ddl_loader::pipeline::{IMAGENET_MEAN, IMAGENET_STD};
 
 use crate::error::{Result, TrainError};
 use crate::model::ModelKind;
@@ -172,8 +171,8 @@ impl Run<'_> {
             classes: self.class_names(),
             image_size: self.cfg.image_size,
             eval_resize: self.cfg.eval_resize_px(),
-            mean: IMAGENET_MEAN,
-            std: IMAGENET_STD,
+            mean: self.cfg.mean,
+            std: self.cfg.std,
             ddl_version: env!("CARGO_PKG_VERSION").to_string(),
             flags: Some(serde_json::to_value(self.cfg).unwrap_or_default()),
             global_step: Some(global),
