@@ -82,7 +82,7 @@ impl fmt::Display for SizeSchedule {
     }
 }
 
-/// As written on the command line (`0:160,10:192`), so that `--resume` compares and names it.
+/// As written by the user (`0:160,10:192`), so that a resumed run compares and names it.
 impl Serialize for SizeSchedule {
     fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
         s.collect_str(self)
