@@ -155,8 +155,8 @@ fn class_names_from_manifest(
     Ok(manifest.classes.into_iter().map(|c| c.wnid).collect())
 }
 
-/// A run's mean or std setting from its recorded settings (absent in checkpoints that predate them: the
-/// ImageNet values they were trained with).
+/// A run's mean or std setting from its recorded settings (absent in checkpoints that
+/// predate them: the ImageNet values they were trained with).
 fn channels(v: &serde_json::Value) -> Option<[f32; 3]> {
     let a = v.as_array()?;
     let c: Vec<f32> = a
