@@ -209,39 +209,19 @@ struct Cli {
     #[arg(long, value_name = "EPOCH:SIZE,...")]
     image_size_schedule: Option<SizeSchedule>,
     /// RandomResizedCrop's range of the crop's area fraction, LO,HI (0 < LO <= HI <= 1).
-    #[arg(
-        long,
-        value_delimiter = ',',
-        default_value = "0.08,1",
-        value_name = "LO,HI"
-    )]
+    #[arg(long, value_delimiter = ',', default_values_t = defaults().crop_scale, value_name = "LO,HI")]
     crop_scale: Vec<f64>,
     /// RandomResizedCrop's range of the crop's aspect ratio (width / height), LO,HI.
-    #[arg(
-        long,
-        value_delimiter = ',',
-        default_value = "0.75,1.3333333333333333",
-        value_name = "LO,HI"
-    )]
+    #[arg(long, value_delimiter = ',', default_values_t = defaults().crop_ratio, value_name = "LO,HI")]
     crop_ratio: Vec<f64>,
     /// Probability of a horizontal flip of a train image (0: never, 1: always).
     #[arg(long, default_value_t = defaults().flip_prob)]
     flip_prob: f64,
     /// Channel means of the normalisation, R,G,B on the 0-1 scale.
-    #[arg(
-        long,
-        value_delimiter = ',',
-        default_value = "0.485,0.456,0.406",
-        value_name = "R,G,B"
-    )]
+    #[arg(long, value_delimiter = ',', default_values_t = defaults().mean, value_name = "R,G,B")]
     mean: Vec<f32>,
     /// Channel standard deviations of the normalisation, R,G,B on the 0-1 scale (above 0).
-    #[arg(
-        long,
-        value_delimiter = ',',
-        default_value = "0.229,0.224,0.225",
-        value_name = "R,G,B"
-    )]
+    #[arg(long, value_delimiter = ',', default_values_t = defaults().std, value_name = "R,G,B")]
     std: Vec<f32>,
     /// Pre-fault the node's shards at start.
     #[arg(long)]
