@@ -5,8 +5,10 @@ from __future__ import annotations
 import os
 import warnings
 from collections import deque
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import replace
-from typing import Any, Callable, Deque, Dict, Iterator, List, Optional, Sequence, Tuple
+from typing import (Any, Callable, Deque, Dict, Generator, Iterator, List, Optional, Sequence,
+                    Tuple)
 
 import numpy as np
 import torch
@@ -87,7 +89,8 @@ class Loader:
         dtype: ``"float32"`` (normalised) or ``"uint8"`` (raw pixels, normalise on the GPU).
         layout: ``"NCHW"`` or ``"NHWC"`` (a view, never a copy).
         device: ``"cpu"`` or ``"cuda"``/``"cuda:N"``: batches are copied to the GPU from pinned
-            memory on a side stream, one batch ahead of the step that uses it.
+            memory on a side stream by a thread of the loader's, one batch ahead of the step
+            that uses it.
         on_bad_record: ``"replace"`` (by the next good record of the epoch), ``"skip"`` (the
             batch is one shorter) or ``"fail"`` (raise ``ddl.DdlError``). Val never scores a
             stand-in: ``"replace"`` skips there.
@@ -357,10 +360,10 @@ class Loader:
             self._completed = False
         source = self._batches()
         if self.device.type == "cuda":
-            source = _CudaPrefetcher(source, self.device)
+            source = _to_cuda(source, self.device)
         return self._deliver(source)
 
-    def _batches(self) -> Iterator[Tuple[torch.Tensor, torch.Tensor, int]]:
+    def _batches(self) -> Generator[Tuple[torch.Tensor, torch.Tensor, int], None, None]:
         """The epoch's batches from ``_start_step`` on, with their steps, as CPU tensors. The
         loader serves one iteration at a time: a second one on another thread while this one
         runs raises RuntimeError, and this one ends when the generator does."""
@@ -383,7 +386,7 @@ class Loader:
         finally:
             self._core.release(ticket)
 
-    def _deliver(self, source: Iterator[Tuple[torch.Tensor, torch.Tensor, int]]
+    def _deliver(self, source: Generator[Tuple[torch.Tensor, torch.Tensor, int], None, None]
                  ) -> Iterator[Tuple[torch.Tensor, torch.Tensor]]:
         """Hands batches to the caller, counting those delivered (for ``state_dict``)."""
         self._next_step = self._start_step
@@ -394,6 +397,7 @@ class Loader:
                 self._next_step = step + 1
                 yield images, labels
         finally:
+            source.close()  # a staging thread, if any, stops before the iteration ends
             finished = self._next_step >= len(self)
             self._iterating = False
             # A completed epoch is followed by the next when iterated again (unless
@@ -461,44 +465,82 @@ class _StagingPool:
         self.in_flight.append((done, buffers))
 
 
-class _CudaPrefetcher:
-    """Copies each batch to the GPU on a side stream, one batch ahead, through pinned staging
-    buffers reused from batch to batch (pinning a new buffer per batch costs more than the
-    copy)."""
+class _StagedAhead:
+    """Runs ``stage(images, labels, step)`` on each batch of ``batches`` on a thread of its own,
+    one batch ahead of the consumer, so that staging batch n+1 (a copy into pinned memory, the
+    copy to the GPU) overlaps the step on batch n, as DataLoader's pin-memory thread does. The
+    batches themselves are taken on the consumer's thread: the loader's iteration belongs to it.
+    An error raised by ``batches`` reaches the consumer after the batches before it."""
 
     def __init__(self, batches: Iterator[Tuple[torch.Tensor, torch.Tensor, int]],
-                 device: torch.device) -> None:
+                 stage: Callable[[torch.Tensor, torch.Tensor, int], Any]) -> None:
         self.batches = batches
-        self.device = device
-        self.stream = torch.cuda.Stream(device)
-        self.pool = _StagingPool(2, lambda like: torch.empty_like(like, pin_memory=True))
-        self.ahead: Optional[Tuple[torch.Tensor, torch.Tensor, int, Any]] = None
-        self._advance()
+        self.stage = stage
+        self.worker = ThreadPoolExecutor(1, thread_name_prefix="ddl-stage")
+        self.ahead: Optional[Future] = None
+        self._submit()
 
-    def _advance(self) -> None:
+    def _submit(self) -> None:
         try:
             images, labels, step = next(self.batches)
         except StopIteration:
             self.ahead = None
-            return
+        except BaseException as e:  # delivered in order, after the batch being staged
+            self.ahead = Future()
+            self.ahead.set_exception(e)
+        else:
+            self.ahead = self.worker.submit(self.stage, images, labels, step)
+
+    def __iter__(self) -> "_StagedAhead":
+        return self
+
+    def __next__(self) -> Any:
+        if self.ahead is None:
+            raise StopIteration
+        staged = self.ahead.result()
+        self._submit()
+        return staged
+
+    def close(self) -> None:
+        """Waits for the staging in flight, then ends ``batches`` (the iteration's end)."""
+        self.worker.shutdown(wait=True, cancel_futures=True)
+        self.ahead = None
+        close = getattr(self.batches, "close", None)
+        if close is not None:
+            close()
+
+
+class _CudaStager:
+    """Stages a batch for the GPU: a copy into a pinned buffer reused from batch to batch
+    (pinning a new buffer per batch costs more than the copy), then a non-blocking copy on a
+    side stream, whose completion the returned event marks."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
+        self.stream = torch.cuda.Stream(device)
+        self.pool = _StagingPool(2, lambda like: torch.empty_like(like, pin_memory=True))
+
+    def __call__(self, images: torch.Tensor, labels: torch.Tensor,
+                 step: int) -> Tuple[torch.Tensor, torch.Tensor, int, Any]:
         staged = [self.pool.take(t).copy_(t) for t in (images, labels)]
         with torch.cuda.stream(self.stream):
             on_gpu = [t.to(self.device, non_blocking=True) for t in staged]
             done = torch.cuda.Event()
             done.record(self.stream)
         self.pool.copying(done, staged)
-        self.ahead = (on_gpu[0], on_gpu[1], step, done)
+        return on_gpu[0], on_gpu[1], step, done
 
-    def __iter__(self) -> "_CudaPrefetcher":
-        return self
 
-    def __next__(self) -> Tuple[torch.Tensor, torch.Tensor, int]:
-        if self.ahead is None:
-            raise StopIteration
-        images, labels, step, done = self.ahead
-        current = torch.cuda.current_stream(self.device)
-        current.wait_event(done)
-        images.record_stream(current)
-        labels.record_stream(current)
-        self._advance()
-        return images, labels, step
+def _to_cuda(batches: Iterator[Tuple[torch.Tensor, torch.Tensor, int]], device: torch.device
+             ) -> Generator[Tuple[torch.Tensor, torch.Tensor, int], None, None]:
+    """The batches on ``device``, staged one ahead; the consumer's stream waits for each copy."""
+    ahead = _StagedAhead(batches, _CudaStager(device))
+    try:
+        for images, labels, step, done in ahead:
+            current = torch.cuda.current_stream(device)
+            current.wait_event(done)
+            images.record_stream(current)
+            labels.record_stream(current)
+            yield images, labels, step
+    finally:
+        ahead.close()

@@ -1,14 +1,17 @@
-"""The staging pool behind ``ddl.Loader(device="cuda")``: pinned buffers reused from batch to
-batch, never while a copy may still read them. Run on the CPU with events whose completion the
-test controls (the pool only calls ``query()`` and ``synchronize()`` on them)."""
+"""The staging behind ``ddl.Loader(device="cuda")``: pinned buffers reused from batch to batch,
+never while a copy may still read them, and a thread that stages batch n+1 while the consumer
+works on batch n. Run on the CPU: with events whose completion the test controls (the pool only
+calls ``query()`` and ``synchronize()`` on them), and a staging function the test observes."""
 
 from __future__ import annotations
 
-from typing import List
+import threading
+from typing import Iterator, List, Tuple
 
+import pytest
 import torch
 
-from ddl.loader import _StagingPool
+from ddl.loader import _StagedAhead, _StagingPool
 
 
 class Event:
@@ -91,3 +94,71 @@ def test_another_shape_gets_its_own_buffer() -> None:
     p.copying(done, [p.take(full)])
     assert p.take(short).shape == short.shape
     assert p.take(full) is made[0]
+
+
+def numbered(n: int, taken_on: List[int], closed: List[bool],
+             fail_at: int = -1) -> Iterator[Tuple[torch.Tensor, torch.Tensor, int]]:
+    """Batches 0..n-1 (images filled with the step), noting the thread that takes each."""
+    try:
+        for step in range(n):
+            taken_on.append(threading.get_ident())
+            if step == fail_at:
+                raise ValueError(f"bad record in batch {step}")
+            yield torch.full((2, 3), float(step)), torch.tensor([step, step]), step
+    finally:
+        closed.append(True)
+
+
+class Stager:
+    """Doubles the images, noting the thread of each staging and signalling each step staged."""
+
+    def __init__(self, n: int) -> None:
+        self.threads: List[int] = []
+        self.staged = [threading.Event() for _ in range(n)]
+
+    def __call__(self, images: torch.Tensor, labels: torch.Tensor, step: int):
+        self.threads.append(threading.get_ident())
+        self.staged[step].set()
+        return images * 2, labels, step
+
+
+def test_batches_are_staged_on_a_thread_of_their_own_in_order() -> None:
+    taken_on: List[int] = []
+    closed: List[bool] = []
+    stage = Stager(4)
+    ahead = _StagedAhead(numbered(4, taken_on, closed), stage)
+    out = list(ahead)
+    ahead.close()
+    assert [step for _, _, step in out] == [0, 1, 2, 3]
+    assert all(torch.equal(images, torch.full((2, 3), 2.0 * s)) for images, _, s in out)
+    me = threading.get_ident()
+    assert set(taken_on) == {me}, "the loader's batches are taken on the consumer's thread"
+    assert me not in stage.threads
+    assert closed == [True]
+
+
+def test_the_next_batch_is_staged_while_the_consumer_holds_this_one() -> None:
+    stage = Stager(3)
+    ahead = _StagedAhead(numbered(3, [], []), stage)
+    assert next(ahead)[2] == 0
+    # No further call: batch 1 is staged on the worker meanwhile.
+    assert stage.staged[1].wait(timeout=30), "batch 1 was not staged ahead of the consumer"
+    assert not stage.staged[2].is_set()
+    ahead.close()
+
+
+def test_an_error_reaches_the_consumer_after_the_batches_before_it() -> None:
+    ahead = _StagedAhead(numbered(4, [], [], fail_at=2), Stager(4))
+    assert [next(ahead)[2] for _ in range(2)] == [0, 1]
+    with pytest.raises(ValueError, match="bad record in batch 2"):
+        next(ahead)
+    ahead.close()
+
+
+def test_closing_early_ends_the_batches() -> None:
+    closed: List[bool] = []
+    ahead = _StagedAhead(numbered(10, [], closed), Stager(10))
+    next(ahead)
+    ahead.close()
+    assert closed == [True]
+    assert ahead.worker._shutdown  # no thread left behind

@@ -32,6 +32,10 @@ extern "C" {
     fn ddl_set_grad(param: *mut c_void, grad: *const c_void) -> *mut c_char;
     fn ddl_pin_memory(t: *const c_void, out: *mut *mut c_void) -> *mut c_char;
     fn ddl_set_cudnn(benchmark: bool, deterministic: bool);
+    fn ddl_autocast_enter() -> bool;
+    fn ddl_autocast_exit(was_enabled: bool);
+    #[cfg(test)]
+    fn ddl_autocast_enabled() -> bool;
 }
 
 /// The shim's error message, if any, as a `TchError` (and the message freed).
@@ -151,4 +155,23 @@ pub(super) fn set_grad(param: &Tensor, grad: &Tensor) -> Result<(), TchError> {
 pub(super) fn set_cudnn(benchmark: bool, deterministic: bool) {
     // SAFETY: plain setters of libtorch's global context.
     unsafe { ddl_set_cudnn(benchmark, deterministic) }
+}
+
+/// Enables CUDA autocast on this thread; returns whether it was enabled.
+pub(super) fn autocast_enter() -> bool {
+    // SAFETY: touches only libtorch's thread-local autocast state.
+    unsafe { ddl_autocast_enter() }
+}
+
+/// Leaves the region `autocast_enter` began, restoring `was_enabled`.
+pub(super) fn autocast_exit(was_enabled: bool) {
+    // SAFETY: as autocast_enter.
+    unsafe { ddl_autocast_exit(was_enabled) }
+}
+
+/// Whether CUDA autocast is enabled on this thread.
+#[cfg(test)]
+pub(super) fn autocast_enabled() -> bool {
+    // SAFETY: as autocast_enter.
+    unsafe { ddl_autocast_enabled() }
 }

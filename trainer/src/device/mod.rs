@@ -181,6 +181,24 @@ pub fn configure_backend(devices: &[Device], deterministic: bool) {
     }
 }
 
+/// Runs `f` under CUDA autocast on this thread when `enabled` (the dtype is the one
+/// [`DeviceCtx::autocast`] set). tch's own `autocast` calls libtorch's deprecated entry points,
+/// which print a warning on every call.
+pub fn autocast<T>(enabled: bool, f: impl FnOnce() -> T) -> T {
+    /// Leaves the region, also when `f` panics.
+    struct Exit(bool);
+    impl Drop for Exit {
+        fn drop(&mut self) {
+            ffi::autocast_exit(self.0);
+        }
+    }
+    if !enabled {
+        return f();
+    }
+    let _exit = Exit(ffi::autocast_enter());
+    f()
+}
+
 /// One backward pass from every `outputs[i]`, seeded with `grads[i]` (what
 /// `torch.autograd.backward(outputs, grads)` does).
 pub fn backward(outputs: &[&Tensor], grads: &[&Tensor]) -> Result<()> {
@@ -238,6 +256,15 @@ mod tests {
             SCALAR_TYPE_BFLOAT16
         );
         assert_eq!(set_cuda_autocast_dtype(Precision::Fp16), SCALAR_TYPE_HALF);
+    }
+
+    #[test]
+    fn autocast_is_enabled_inside_its_region_only() {
+        // Runs on the CPU too: the CUDA autocast state is a thread-local flag either way.
+        assert!(!ffi::autocast_enabled());
+        assert!(autocast(true, || autocast(true, ffi::autocast_enabled)));
+        assert!(!ffi::autocast_enabled());
+        assert!(!autocast(false, ffi::autocast_enabled));
     }
 
     #[test]

@@ -5,6 +5,7 @@
 // message that the caller frees with `ddl_free_error`.
 
 #include <ATen/Context.h>
+#include <ATen/autocast_mode.h>
 #include <ATen/core/Tensor.h>
 #include <c10/core/Event.h>
 #include <c10/core/Stream.h>
@@ -131,6 +132,25 @@ char* ddl_pin_memory(const at::Tensor* t, at::Tensor** out) {
 char* ddl_set_grad(at::Tensor* param, const at::Tensor* grad) {
   return guarded([&] { param->mutable_grad() = *grad; });
 }
+
+// Enables CUDA autocast on the calling thread (its state is thread-local) and returns whether it
+// was enabled, for ddl_autocast_exit. These are libtorch's per-device calls: tch's `autocast`
+// uses the deprecated device-less ones, which print a warning on every call.
+bool ddl_autocast_enter() {
+  bool was_enabled = at::autocast::is_autocast_enabled(at::kCUDA);
+  at::autocast::set_autocast_enabled(at::kCUDA, true);
+  at::autocast::increment_nesting();
+  return was_enabled;
+}
+
+// Leaves the autocast region entered by ddl_autocast_enter (its cast cache freed with the
+// outermost one).
+void ddl_autocast_exit(bool was_enabled) {
+  if (at::autocast::decrement_nesting() == 0) at::autocast::clear_cache();
+  at::autocast::set_autocast_enabled(at::kCUDA, was_enabled);
+}
+
+bool ddl_autocast_enabled() { return at::autocast::is_autocast_enabled(at::kCUDA); }
 
 void ddl_set_cudnn(bool benchmark, bool deterministic) {
   at::globalContext().setBenchmarkCuDNN(benchmark);

@@ -9,7 +9,7 @@ use tch::nn;
 use tch::{Kind, Reduction, Tensor};
 
 use crate::config::{Overlap, Precision};
-use crate::device::{DeviceCtx, Event};
+use crate::device::{autocast, DeviceCtx, Event};
 use crate::error::{Result, TrainError};
 use crate::model;
 use crate::optim::Sgd;
@@ -195,7 +195,7 @@ impl Replica {
                 Ok(())
             };
             let (net, images) = (model.as_ref().as_ref(), &batch.images);
-            tch::autocast(amp, || {
+            autocast(amp, || {
                 model::StagedPass::run(net, images, mode, &mut before)
             })?
         };
@@ -500,8 +500,8 @@ impl Replica {
             };
             let images = tensors.images().f_narrow(0, 0, n)?;
             let labels = tensors.labels().f_narrow(0, 0, n)?;
-            let logits = tch::autocast(amp, || self.model.forward_t(&images, false))
-                .f_to_kind(Kind::Float)?;
+            let logits =
+                autocast(amp, || self.model.forward_t(&images, false)).f_to_kind(Kind::Float)?;
             let loss =
                 logits.f_cross_entropy_loss::<Tensor>(&labels, None, Reduction::Sum, -100, 0.0)?;
             let k = self.cfg.classes.min(5);

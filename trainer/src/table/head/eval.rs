@@ -4,6 +4,7 @@
 
 use tch::{Kind, Tensor};
 
+use crate::device::autocast;
 use crate::error::Result;
 
 use super::super::replica::{read_sums, Replica};
@@ -36,7 +37,7 @@ impl Replica {
                     let labels = tensors.labels().f_narrow(0, 0, n)?;
                     let amp = self.ctx.autocast(self.cfg.precision);
                     let model = self.model.as_ref().as_ref();
-                    let f = tch::autocast(amp, || crate::model::features_t(model, &images, false));
+                    let f = autocast(amp, || crate::model::features_t(model, &images, false));
                     rows = Tensor::f_cat(
                         &[
                             f.f_to_kind(Kind::Float)?,
@@ -62,7 +63,7 @@ impl Replica {
             let amp = self.ctx.autocast(self.cfg.precision);
             let x = all.f_narrow(1, 0, features as i64)?;
             let classifier = self.model.classifier();
-            let logits = tch::autocast(amp, || x.apply(classifier)).f_to_kind(Kind::Float)?;
+            let logits = autocast(amp, || x.apply(classifier)).f_to_kind(Kind::Float)?;
             let targets = all.f_select(1, features as i64)?.f_to_kind(Kind::Int64)?;
             let softmax = self.softmax(&logits, &targets)?;
             // How many of this replica's logits exceed the target's, summed over the replicas:
