@@ -196,11 +196,35 @@ impl SharedRegion {
             let _ = std::fs::remove_file(path);
         }
         let all_ok = verdict?;
-        Ok(map.filter(|_| all_ok).map(|map| SharedRegion {
+        let region = map.filter(|_| all_ok).map(|map| SharedRegion {
             map,
             segment_bytes,
             ranks: p,
-        }))
+        });
+        if let Some(region) = &region {
+            region.prefault(t.rank());
+        }
+        Ok(region)
+    }
+
+    /// Fills this rank's page tables for the whole region now, writable over its own segment
+    /// (the only one it writes), without touching the data: otherwise the first calls that
+    /// reach new slots take a minor fault per page and run several times slower than the
+    /// calls after them, which misleads `auto`'s tuning (BENCHMARKS.md, issue 33). Best
+    /// effort: a kernel older than Linux 5.14 faults as the calls go.
+    fn prefault(&self, me: usize) {
+        // SAFETY: sysconf has no preconditions.
+        let page = usize::try_from(unsafe { libc::sysconf(libc::_SC_PAGESIZE) }).unwrap_or(4096);
+        let base = self.map.as_mut_ptr() as usize;
+        let populate = |from: usize, to: usize, advice: libc::c_int| {
+            let start = from / page * page;
+            // SAFETY: a page-aligned range within the mapping; these advices only populate
+            // page tables (no data changes), and failure leaves the mapping as it was.
+            unsafe { libc::madvise(start as *mut libc::c_void, to - start, advice) };
+        };
+        populate(base, base + self.map.len(), libc::MADV_POPULATE_READ);
+        let own = self.segment(me) as usize;
+        populate(own, own + self.segment_bytes, libc::MADV_POPULATE_WRITE);
     }
 
     /// Start of rank `q`'s segment (aligned to [`LINE`]).

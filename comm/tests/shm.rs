@@ -177,3 +177,39 @@ fn nothing_is_left_in_dev_shm() {
     }
     assert_eq!(ours(), 0, "a region's file was left in /dev/shm");
 }
+
+/// Minor page faults of the calling thread so far.
+fn thread_minor_faults() -> i64 {
+    // SAFETY: getrusage fills the zeroed struct it is given.
+    let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
+    assert_eq!(
+        unsafe { libc::getrusage(libc::RUSAGE_THREAD, &mut usage) },
+        0
+    );
+    usage.ru_minflt
+}
+
+#[test]
+fn the_first_call_of_a_new_size_takes_no_page_faults_in_the_region() {
+    // The region's page tables are filled when it is made: a first call that reaches slots
+    // no call touched before (here 256 KiB after 4 bytes) would otherwise take a fault per
+    // page of its own slots (64 at 256 KiB) and of those it reads.
+    let faults = on_ranks(2, |r, t| {
+        let shm = Allreducer::new(t, Algorithm::SHM, Topology::flat(2)).expect("shm");
+        let mut small = vec![r as f32];
+        shm.allreduce_f32(&mut small, false)
+            .expect("the region is made");
+        // Non-zero: written (faulted in) here, not in the call.
+        let mut big = vec![1.0 + r as f32; 64 << 10];
+        let before = thread_minor_faults();
+        shm.allreduce_f32(&mut big, false).expect("256 KiB");
+        assert_eq!(big[0], 3.0);
+        thread_minor_faults() - before
+    });
+    for (r, f) in faults.iter().enumerate() {
+        assert!(
+            *f < 16,
+            "rank {r}: {f} minor page faults in its first 256 KiB call"
+        );
+    }
+}
