@@ -44,7 +44,9 @@ fi
 mkdir -p "$dir/bin" "$dir/py" "$dir/wheel"
 dir=$(cd "$dir" && pwd)
 
-make build wheel WHEEL_DIR="$dir/wheel"
+# The build `make test` makes (one feature resolution, tests included): after the tests, as in
+# CI, nothing is compiled again, and the bundle carries the binaries the tests ran.
+make build-tests wheel WHEEL_DIR="$dir/wheel"
 for p in "${programs[@]}"; do
   objcopy --strip-all "target/release/$p" "$dir/bin/$p"
 done
