@@ -16,6 +16,13 @@ export OMPI_ALLOW_RUN_AS_ROOT := 1
 export OMPI_ALLOW_RUN_AS_ROOT_CONFIRM := 1
 # tch's zip reader links zstd: Debian's libzstd (setup installs it) saves compiling it.
 export ZSTD_SYS_USE_PKG_CONFIG := 1
+# The environment maturin builds the Python extension in, given to every cargo build too: pyo3's
+# build script reruns whenever these change, so otherwise each `maturin develop` (every `make
+# setup`) and the next `cargo build` rebuild pyo3 and the extension for each other.
+export PYO3_PYTHON := $(VENV)/bin/python
+export PYTHON_SYS_EXECUTABLE := $(VENV)/bin/python
+export PYO3_BUILD_EXTENSION_MODULE := 1
+export PYO3_ENVIRONMENT_SIGNATURE := cpython-$(shell python3 -c 'import sys; print("%d.%d" % sys.version_info[:2])' 2>/dev/null)-64bit
 # One MPI process per node may use the node's cores; keep OpenMP from oversubscribing them.
 export OMP_NUM_THREADS ?= 1
 

@@ -74,9 +74,13 @@ fi
 
 # The Python package `ddl` (python/), built in release and installed editable: its Python files
 # are used in place, its extension module is rebuilt when the Rust sources changed.
+# Once this checkout is installed (its .pth names python/), only the extension is rebuilt in
+# place: pip's install step and its dependency check are skipped at every later `make` target.
+install=()
+grep -qsx "$here/python" "$venv"/lib/python3*/site-packages/ddl.pth && install=(--skip-install)
 echo "setup: building the Python package ddl (maturin develop)" >&2
 if ! log=$(cd "$here" && VIRTUAL_ENV="$venv" PATH="$venv/bin:$PATH" ZSTD_SYS_USE_PKG_CONFIG=1 \
-           "$venv/bin/maturin" develop --release --quiet -m python/Cargo.toml 2>&1); then
+           "$venv/bin/maturin" develop --release --quiet "${install[@]}" -m python/Cargo.toml 2>&1); then
   echo "$log" >&2
   die "building the Python package ddl failed (maturin develop -m python/Cargo.toml)"
 fi
