@@ -472,7 +472,7 @@ class _StagedAhead:
     batches themselves are taken on the consumer's thread: the loader's iteration belongs to it.
     An error raised by ``batches`` reaches the consumer after the batches before it."""
 
-    def __init__(self, batches: Iterator[Tuple[torch.Tensor, torch.Tensor, int]],
+    def __init__(self, batches: Generator[Tuple[torch.Tensor, torch.Tensor, int], None, None],
                  stage: Callable[[torch.Tensor, torch.Tensor, int], Any]) -> None:
         self.batches = batches
         self.stage = stage
@@ -505,9 +505,7 @@ class _StagedAhead:
         """Waits for the staging in flight, then ends ``batches`` (the iteration's end)."""
         self.worker.shutdown(wait=True, cancel_futures=True)
         self.ahead = None
-        close = getattr(self.batches, "close", None)
-        if close is not None:
-            close()
+        self.batches.close()
 
 
 class _CudaStager:
@@ -531,8 +529,8 @@ class _CudaStager:
         return on_gpu[0], on_gpu[1], step, done
 
 
-def _to_cuda(batches: Iterator[Tuple[torch.Tensor, torch.Tensor, int]], device: torch.device
-             ) -> Generator[Tuple[torch.Tensor, torch.Tensor, int], None, None]:
+def _to_cuda(batches: Generator[Tuple[torch.Tensor, torch.Tensor, int], None, None],
+             device: torch.device) -> Generator[Tuple[torch.Tensor, torch.Tensor, int], None, None]:
     """The batches on ``device``, staged one ahead; the consumer's stream waits for each copy."""
     ahead = _StagedAhead(batches, _CudaStager(device))
     try:

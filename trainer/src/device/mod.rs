@@ -9,7 +9,7 @@
 //! | host buffers ([`DeviceCtx::host_buffer`]) | pinned, so that copies run without the thread | plain memory |
 //! | copies ([`DeviceCtx::copy`]) | `non_blocking` | synchronous |
 //! | [`DeviceCtx::sync`] before a time is read | waits for the device | nothing to wait for |
-//! | autocast ([`DeviceCtx::autocast`]) | bf16 or fp16 | f32 |
+//! | autocast ([`autocast`]) | bf16 or fp16 | f32 |
 //! | loss scaling ([`DeviceCtx::loss_scaled`]) | fp16 | never |
 //! | cuDNN ([`configure_backend`]) | benchmark, or deterministic algorithms | no cuDNN |
 
@@ -155,16 +155,6 @@ impl DeviceCtx {
         }
     }
 
-    /// Whether forward runs under autocast in `precision` (GPUs only; the CPU computes in
-    /// f32). Sets the calling thread's CUDA autocast dtype when it does.
-    pub fn autocast(&self, precision: Precision) -> bool {
-        let amp = self.is_cuda() && precision != Precision::Fp32;
-        if amp {
-            set_cuda_autocast_dtype(precision);
-        }
-        amp
-    }
-
     /// Whether the loss is scaled (fp16 on a GPU; autocast never runs fp16 on the CPU).
     pub fn loss_scaled(&self, precision: Precision) -> bool {
         self.is_cuda() && precision == Precision::Fp16
@@ -181,19 +171,25 @@ pub fn configure_backend(devices: &[Device], deterministic: bool) {
     }
 }
 
-/// Runs `f` under CUDA autocast on this thread when `enabled` (the dtype is the one
-/// [`DeviceCtx::autocast`] set). tch's own `autocast` calls libtorch's deprecated entry points,
-/// which print a warning on every call.
-pub fn autocast<T>(enabled: bool, f: impl FnOnce() -> T) -> T {
+/// Runs `f` under CUDA autocast in `precision` on this thread when that applies: on a GPU, not
+/// in fp32 (the CPU computes in f32).
+pub fn autocast<T>(device: Device, precision: Precision, f: impl FnOnce() -> T) -> T {
+    if !device.is_cuda() || precision == Precision::Fp32 {
+        return f();
+    }
+    set_cuda_autocast_dtype(precision);
+    in_autocast(f)
+}
+
+/// Runs `f` in a CUDA autocast region of this thread, through ddl's shim: tch's own `autocast`
+/// calls libtorch's deprecated entry points, which print a warning on every call.
+fn in_autocast<T>(f: impl FnOnce() -> T) -> T {
     /// Leaves the region, also when `f` panics.
     struct Exit(bool);
     impl Drop for Exit {
         fn drop(&mut self) {
             ffi::autocast_exit(self.0);
         }
-    }
-    if !enabled {
-        return f();
     }
     let _exit = Exit(ffi::autocast_enter());
     f()
@@ -262,15 +258,23 @@ mod tests {
     fn autocast_is_enabled_inside_its_region_only() {
         // Runs on the CPU too: the CUDA autocast state is a thread-local flag either way.
         assert!(!ffi::autocast_enabled());
-        assert!(autocast(true, || autocast(true, ffi::autocast_enabled)));
+        assert!(in_autocast(|| in_autocast(ffi::autocast_enabled)));
         assert!(!ffi::autocast_enabled());
-        assert!(!autocast(false, ffi::autocast_enabled));
+        assert!(!autocast(
+            Device::Cpu,
+            Precision::Bf16,
+            ffi::autocast_enabled
+        ));
     }
 
     #[test]
     fn cpu_half_copies_at_once_and_events_are_complete() {
         let ctx = DeviceCtx::new(Device::Cpu).unwrap();
-        assert!(!ctx.autocast(Precision::Bf16));
+        assert!(!autocast(
+            ctx.device(),
+            Precision::Bf16,
+            ffi::autocast_enabled
+        ));
         assert!(!ctx.loss_scaled(Precision::Fp16));
         let src = Tensor::arange(6, (Kind::Float, Device::Cpu));
         let mut host = ctx.host_buffer(6, Kind::Float).unwrap();

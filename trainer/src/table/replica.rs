@@ -177,7 +177,7 @@ impl Replica {
         if let Some(head) = self.head.as_mut() {
             head.zero_grad()?;
         }
-        let amp = self.ctx.autocast(self.cfg.precision);
+        let (device, precision) = (self.ctx.device(), self.cfg.precision);
         let model = Rc::clone(&self.model);
         let mode = model::PassMode {
             train: true,
@@ -195,7 +195,7 @@ impl Replica {
                 Ok(())
             };
             let (net, images) = (model.as_ref().as_ref(), &batch.images);
-            autocast(amp, || {
+            autocast(device, precision, || {
                 model::StagedPass::run(net, images, mode, &mut before)
             })?
         };
@@ -493,15 +493,16 @@ impl Replica {
         // Loss, top-1 and top-5 sums, kept on the device: read once at the end.
         let mut sums_dev = Tensor::f_zeros([3], (Kind::Double, device))?;
         let mut sums = EvalSums::default();
-        let amp = self.ctx.autocast(self.cfg.precision);
         for batch in it {
             let Some((tensors, n)) = self.eval_inputs(batch?, valid, &mut sums)? else {
                 continue;
             };
             let images = tensors.images().f_narrow(0, 0, n)?;
             let labels = tensors.labels().f_narrow(0, 0, n)?;
-            let logits =
-                autocast(amp, || self.model.forward_t(&images, false)).f_to_kind(Kind::Float)?;
+            let logits = autocast(device, self.cfg.precision, || {
+                self.model.forward_t(&images, false)
+            })
+            .f_to_kind(Kind::Float)?;
             let loss =
                 logits.f_cross_entropy_loss::<Tensor>(&labels, None, Reduction::Sum, -100, 0.0)?;
             let k = self.cfg.classes.min(5);

@@ -35,9 +35,10 @@ impl Replica {
                 if let Some((tensors, n)) = self.eval_inputs(batch, valid, &mut sums)? {
                     let images = tensors.images().f_narrow(0, 0, n)?;
                     let labels = tensors.labels().f_narrow(0, 0, n)?;
-                    let amp = self.ctx.autocast(self.cfg.precision);
                     let model = self.model.as_ref().as_ref();
-                    let f = autocast(amp, || crate::model::features_t(model, &images, false));
+                    let f = autocast(self.ctx.device(), self.cfg.precision, || {
+                        crate::model::features_t(model, &images, false)
+                    });
                     rows = Tensor::f_cat(
                         &[
                             f.f_to_kind(Kind::Float)?,
@@ -60,10 +61,12 @@ impl Replica {
             let all = self
                 .fetch(&gathered, 0..n * (features + 1))?
                 .f_view([n as i64, width])?;
-            let amp = self.ctx.autocast(self.cfg.precision);
             let x = all.f_narrow(1, 0, features as i64)?;
             let classifier = self.model.classifier();
-            let logits = autocast(amp, || x.apply(classifier)).f_to_kind(Kind::Float)?;
+            let logits = autocast(self.ctx.device(), self.cfg.precision, || {
+                x.apply(classifier)
+            })
+            .f_to_kind(Kind::Float)?;
             let targets = all.f_select(1, features as i64)?.f_to_kind(Kind::Int64)?;
             let softmax = self.softmax(&logits, &targets)?;
             // How many of this replica's logits exceed the target's, summed over the replicas:

@@ -93,9 +93,11 @@ impl Replica {
             .f_contiguous()?
             .set_requires_grad(true);
         let targets = all.f_select(1, f as i64)?.f_to_kind(Kind::Int64)?;
-        let amp = self.ctx.autocast(self.cfg.precision);
         let classifier = self.model.classifier();
-        let logits = autocast(amp, || global.apply(classifier)).f_to_kind(Kind::Float)?;
+        let logits = autocast(self.ctx.device(), self.cfg.precision, || {
+            global.apply(classifier)
+        })
+        .f_to_kind(Kind::Float)?;
         let softmax = self.softmax(&logits.f_detach()?, &targets)?;
         let (eps, classes) = (self.cfg.label_smoothing, self.cfg.classes as usize);
         let dz = softmax.gradient(eps, classes, 1.0 / b as f64)?;
