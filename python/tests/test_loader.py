@@ -497,3 +497,14 @@ def test_the_extension_has_stubs_for_every_name() -> None:
     stubbed = {n.name for n in tree.body if isinstance(n, (ast.FunctionDef, ast.ClassDef))}
     exported = {n for n in dir(ddl._ddl) if not n.startswith("_")}
     assert stubbed == exported, (stubbed ^ exported)
+    # And each class its methods and attributes (exceptions inherit theirs).
+    for cls in (n for n in tree.body if isinstance(n, ast.ClassDef)):
+        runtime = getattr(ddl._ddl, cls.name)
+        if issubclass(runtime, BaseException):
+            continue
+        members = {f.name for f in cls.body if isinstance(f, ast.FunctionDef)}
+        members |= {f.target.id for f in cls.body
+                    if isinstance(f, ast.AnnAssign) and isinstance(f.target, ast.Name)}
+        public = {m for m in members if not m.startswith("_")}
+        actual = {m for m in dir(runtime) if not m.startswith("_")}
+        assert public == actual, (cls.name, public ^ actual)
