@@ -18,6 +18,7 @@
 #    job's step = the slowest rank's seconds per step.
 # 4. One node (mpirun -np 2, shared memory): ddl-train, each model, CO_RUNS runs per order.
 # env: CO_MODELS ("resnet18 resnet50"), CO_PY_MODELS (resnet18), CO_SIZE (64), CO_BATCH (8),
+#      CO_ALLREDUCE (auto: ddl-train's --allreduce; its online tuning runs in the first steps),
 #      CO_CLASSES (1000), CO_STEPS (8), CO_PY_STEPS (6), CO_SKIP (2), CO_RUNS (5),
 #      CO_RATE (1gbit), CO_PARTS ("cluster sim python node"), NETNS_LOCK.
 set -euo pipefail
@@ -34,7 +35,8 @@ train=$PWD/target/release/ddl-train
 bench=$PWD/target/release/ddl-bench
 py=$PWD/.venv/bin/python
 common=(--synthetic-data --classes "$classes" --image-size "$size" --batch "$batch"
-        --devices cpu:1 --overlap backward --quiet --max-steps "$steps")
+        --devices cpu:1 --overlap backward --allreduce "${CO_ALLREDUCE:-auto}" --quiet
+        --max-steps "$steps")
 if [ -d /tmp/ddl-netns-cluster ]; then
   echo "comm_order: an emulated cluster is up (/tmp/ddl-netns-cluster): another run owns it" >&2
   exit 1
