@@ -3,6 +3,7 @@
 
 use std::sync::Arc;
 
+use ddl_comm::mpi::Polling;
 use ddl_comm::{thread_group, CommError, Topology, Transport, World};
 
 use crate::RankInfo;
@@ -42,6 +43,7 @@ impl Job {
                 nodes: w.node_count(),
                 rank_in_node: w.local_rank(),
                 ranks_in_node: w.local_size(),
+                oversubscribed: w.polling() == Polling::Backoff,
             },
             Job::Alone(_) => RankInfo::single(),
         }

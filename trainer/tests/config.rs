@@ -106,6 +106,7 @@ fn bad_flags_are_named() {
                         nodes: 1,
                         rank_in_node: 0,
                         ranks_in_node: 1,
+                        oversubscribed: false,
                     };
                     train(&c, t, Topology::new(1, 3), info)
                         .unwrap_err()

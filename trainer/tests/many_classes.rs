@@ -182,6 +182,7 @@ fn a_2000_class_head_trains_with_one_allreduce_per_bucket_and_reports_top5() {
                         nodes: 1,
                         rank_in_node: r,
                         ranks_in_node: ranks,
+                        oversubscribed: false,
                     };
                     anyhow::Ok(train(cfg, transport, topology, info)?)
                 })

@@ -148,6 +148,33 @@ pub struct TableConfig {
     pub rank: usize,
     /// Split the classifier head by class over every replica of the job.
     pub head_parallel: bool,
+    /// CPU replicas on a node whose ranks outnumber its cores: the replica threads run below
+    /// the communication thread's CPU priority ([`REPLICA_NICE`]), so that it gets a core as
+    /// soon as its data arrives instead of waiting for a replica's time slice (every step
+    /// waits for the slowest allreduce; BENCHMARKS.md, "Communication priorities").
+    pub yield_to_comm: bool,
+}
+
+/// What replica threads add to their nice value with [`TableConfig::yield_to_comm`]: at +10
+/// the scheduler weighs a communication thread about 10 times a replica's.
+pub const REPLICA_NICE: i32 = 10;
+
+/// Adds `by` to the calling thread's nice value (Linux sets it per thread), at most 19.
+fn lower_thread_priority(by: i32) -> std::io::Result<()> {
+    // SAFETY (the libc calls): this thread's id and errno; no memory of ours is touched.
+    let tid = unsafe { libc::gettid() };
+    let id = libc::id_t::try_from(tid).map_err(std::io::Error::other)?;
+    // getpriority may return -1 as a nice value: errno, cleared first, tells an error.
+    unsafe { *libc::__errno_location() = 0 };
+    let now = unsafe { libc::getpriority(libc::PRIO_PROCESS, id) };
+    let error = std::io::Error::last_os_error();
+    if now == -1 && error.raw_os_error() != Some(0) {
+        return Err(error);
+    }
+    if unsafe { libc::setpriority(libc::PRIO_PROCESS, id, (now + by).min(19)) } != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(())
 }
 
 /// Per-step measurements of one rank.
@@ -608,6 +635,11 @@ impl ReplicaParts {
             .name(format!("replica-{index}"))
             .spawn(move || {
                 ddl_trace::set_thread_name(format!("replica {index}"));
+                if cfg.yield_to_comm {
+                    if let Err(e) = lower_thread_priority(REPLICA_NICE) {
+                        tracing::warn!("replica {index}: cannot lower its CPU priority: {e}");
+                    }
+                }
                 let replica = build_replica(index, cfg, layout, shared, &init, flat, grads, tx);
                 drop(init);
                 match replica {
@@ -748,4 +780,29 @@ fn host_buckets(cfg: &TableConfig, layout: &Layout) -> Result<Vec<Mutex<HostBuck
             )))
         })
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// This thread's nice value.
+    fn nice_of_this_thread() -> i32 {
+        let tid = unsafe { libc::gettid() } as libc::id_t;
+        unsafe { libc::getpriority(libc::PRIO_PROCESS, tid) }
+    }
+
+    #[test]
+    fn a_replica_thread_lowers_its_own_priority_only() {
+        let before = nice_of_this_thread();
+        let (inside, after) = std::thread::spawn(move || {
+            let start = nice_of_this_thread();
+            lower_thread_priority(3).unwrap();
+            (start, nice_of_this_thread())
+        })
+        .join()
+        .unwrap();
+        assert_eq!(after, (inside + 3).min(19));
+        assert_eq!(nice_of_this_thread(), before);
+    }
 }

@@ -53,6 +53,10 @@ pub struct RankInfo {
     pub rank_in_node: usize,
     /// Ranks on this node (assumed equal on every node).
     pub ranks_in_node: usize,
+    /// This node's ranks outnumber its cores: ddl-comm waits by sleeping between polls
+    /// ([`ddl_comm::mpi::Polling::Backoff`]), and CPU replicas leave the cores to a
+    /// communication thread that has work ([`crate::table::TableConfig::yield_to_comm`]).
+    pub oversubscribed: bool,
 }
 
 impl RankInfo {
@@ -63,6 +67,7 @@ impl RankInfo {
             nodes: 1,
             rank_in_node: 0,
             ranks_in_node: 1,
+            oversubscribed: false,
         }
     }
 }
@@ -214,7 +219,7 @@ pub fn train(
         cfg,
         plan.devices.clone(),
         plan.manifest.num_classes() as i64,
-        info.nodes,
+        &info,
         (rank, world),
     );
     let overlap = table_cfg.overlap;
@@ -337,15 +342,16 @@ fn progress_bar(steps: u64) -> indicatif::ProgressBar {
     b
 }
 
-/// The table of rank `rank` of `ranks` (spread over `nodes`) with replicas on `devices`,
+/// The table of rank `rank` of `ranks` (placed as `info` says) with replicas on `devices`,
 /// training a model of `classes` classes as `cfg` says (`overlap` auto resolved).
 fn table_config(
     cfg: &TrainConfig,
     devices: Vec<tch::Device>,
     classes: i64,
-    nodes: usize,
+    info: &RankInfo,
     (rank, ranks): (usize, usize),
 ) -> TableConfig {
+    let nodes = info.nodes;
     let global_replicas = devices.len() * ranks;
     let gpus = devices.iter().any(|d| d.is_cuda());
     let overlap = cfg
@@ -376,6 +382,7 @@ fn table_config(
         batch: cfg.batch,
         rank,
         head_parallel: cfg.head_parallel,
+        yield_to_comm: info.oversubscribed && !gpus && ranks > 1,
     }
 }
 

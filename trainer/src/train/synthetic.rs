@@ -46,7 +46,7 @@ pub(super) fn train(
     let global_replicas = devices.len() * world;
     let classes = cfg.classes.unwrap_or(DEFAULT_CLASSES) as i64;
     validate::head_split(cfg, classes as usize, global_replicas)?;
-    let table_cfg = table_config(cfg, devices, classes, info.nodes, (rank, world));
+    let table_cfg = table_config(cfg, devices, classes, &info, (rank, world));
     let mut table = Table::new(table_cfg)?;
     table.attach_synthetic()?;
     let mut schedule = Schedule::new(

@@ -132,6 +132,7 @@ pub fn try_all(cfg: &TrainConfig, ranks: usize) -> Vec<ddl_trainer::Result<Train
                         nodes: 1,
                         rank_in_node: r,
                         ranks_in_node: ranks,
+                        oversubscribed: false,
                     };
                     train(&cfg, transport, Topology::new(1, ranks), info)
                 })
