@@ -6,8 +6,6 @@ use std::sync::Arc;
 use ddl_comm::mpi::Polling;
 use ddl_comm::{thread_group, CommError, Topology, Transport, World};
 
-use crate::RankInfo;
-
 /// This process's job.
 pub enum Job {
     /// Ranks started by an MPI launcher.
@@ -71,6 +69,36 @@ impl Job {
         match self {
             Job::Mpi(w) => w.abort(code),
             Job::Alone(_) => std::process::exit(code),
+        }
+    }
+}
+
+/// Where this process sits in the job.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RankInfo {
+    /// Node index (MPI shared-memory split).
+    pub node: usize,
+    /// Number of nodes.
+    pub nodes: usize,
+    /// Rank within the node.
+    pub rank_in_node: usize,
+    /// Ranks on this node (assumed equal on every node).
+    pub ranks_in_node: usize,
+    /// This node's ranks outnumber its cores: ddl-comm waits by sleeping between polls
+    /// ([`ddl_comm::mpi::Polling::Backoff`]), and CPU replicas leave the cores to a
+    /// communication thread that has work ([`crate::table::TableConfig::yield_to_comm`]).
+    pub oversubscribed: bool,
+}
+
+impl RankInfo {
+    /// A single process: one node, one rank.
+    pub fn single() -> RankInfo {
+        RankInfo {
+            node: 0,
+            nodes: 1,
+            rank_in_node: 0,
+            ranks_in_node: 1,
+            oversubscribed: false,
         }
     }
 }

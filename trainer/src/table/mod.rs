@@ -159,19 +159,26 @@ pub struct TableConfig {
 /// the scheduler weighs a communication thread about 10 times a replica's.
 pub const REPLICA_NICE: i32 = 10;
 
-/// Adds `by` to the calling thread's nice value (Linux sets it per thread), at most 19.
-fn lower_thread_priority(by: i32) -> std::io::Result<()> {
+/// The calling thread's id and nice value (Linux keeps one per thread).
+fn thread_nice() -> std::io::Result<(libc::id_t, i32)> {
     // SAFETY (the libc calls): this thread's id and errno; no memory of ours is touched.
     let tid = unsafe { libc::gettid() };
     let id = libc::id_t::try_from(tid).map_err(std::io::Error::other)?;
     // getpriority may return -1 as a nice value: errno, cleared first, tells an error.
     unsafe { *libc::__errno_location() = 0 };
-    let now = unsafe { libc::getpriority(libc::PRIO_PROCESS, id) };
+    let nice = unsafe { libc::getpriority(libc::PRIO_PROCESS, id) };
     let error = std::io::Error::last_os_error();
-    if now == -1 && error.raw_os_error() != Some(0) {
+    if nice == -1 && error.raw_os_error() != Some(0) {
         return Err(error);
     }
-    if unsafe { libc::setpriority(libc::PRIO_PROCESS, id, (now + by).min(19)) } != 0 {
+    Ok((id, nice))
+}
+
+/// Adds `by` to the calling thread's nice value, at most 19.
+fn lower_thread_priority(by: i32) -> std::io::Result<()> {
+    let (id, nice) = thread_nice()?;
+    // SAFETY: setpriority on this thread's id; no memory is touched.
+    if unsafe { libc::setpriority(libc::PRIO_PROCESS, id, (nice + by).min(19)) } != 0 {
         return Err(std::io::Error::last_os_error());
     }
     Ok(())
@@ -786,10 +793,8 @@ fn host_buckets(cfg: &TableConfig, layout: &Layout) -> Result<Vec<Mutex<HostBuck
 mod tests {
     use super::*;
 
-    /// This thread's nice value.
     fn nice_of_this_thread() -> i32 {
-        let tid = unsafe { libc::gettid() } as libc::id_t;
-        unsafe { libc::getpriority(libc::PRIO_PROCESS, tid) }
+        thread_nice().unwrap().1
     }
 
     #[test]

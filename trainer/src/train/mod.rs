@@ -42,35 +42,7 @@ use checkpoints::{bytes_to_u64s, u64s_to_bytes};
 use plan::{plan, Plan};
 use weights_io::EvalAt;
 
-/// Where this process sits in the job.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct RankInfo {
-    /// Node index (MPI shared-memory split).
-    pub node: usize,
-    /// Number of nodes.
-    pub nodes: usize,
-    /// Rank within the node.
-    pub rank_in_node: usize,
-    /// Ranks on this node (assumed equal on every node).
-    pub ranks_in_node: usize,
-    /// This node's ranks outnumber its cores: ddl-comm waits by sleeping between polls
-    /// ([`ddl_comm::mpi::Polling::Backoff`]), and CPU replicas leave the cores to a
-    /// communication thread that has work ([`crate::table::TableConfig::yield_to_comm`]).
-    pub oversubscribed: bool,
-}
-
-impl RankInfo {
-    /// A single process: one node, one rank.
-    pub fn single() -> RankInfo {
-        RankInfo {
-            node: 0,
-            nodes: 1,
-            rank_in_node: 0,
-            ranks_in_node: 1,
-            oversubscribed: false,
-        }
-    }
-}
+pub use crate::job::RankInfo;
 
 /// What a finished run reports.
 #[derive(Clone, Debug, Default)]
@@ -382,7 +354,7 @@ fn table_config(
         batch: cfg.batch,
         rank,
         head_parallel: cfg.head_parallel,
-        yield_to_comm: info.oversubscribed && !gpus && ranks > 1,
+        yield_to_comm: info.oversubscribed && !gpus,
     }
 }
 
