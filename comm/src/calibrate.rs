@@ -7,9 +7,11 @@ use std::time::Instant;
 
 use crate::algorithm::Algorithm;
 use crate::allreduce::{Allreducer, Element};
-use crate::collective::max_on_root;
+use crate::collective::{broadcast_bytes, max_on_root};
+use crate::contention::{self, Contention};
 use crate::cost::{auto_candidates, CostModel, MeasuredCurve, Tier};
 use crate::error::{CommError, Result};
+use crate::mpi::Polling;
 use crate::tags::PINGPONG;
 use crate::topology::Topology;
 use crate::transport::Transport;
@@ -250,9 +252,18 @@ fn beta_curve(
 ///   [`MeasuredCurve`]s for this layout, so that `auto` picks what ran fastest, not what the
 ///   formulas (which serve `ddl-bench sim`'s other layouts) say.
 ///
+/// - with `compute_threads` (stand-ins for each rank's CPU replicas, 0 for none), the
+///   [`Contention`] of the compute and `auto`'s allreduce of a bucket's size on the same
+///   cores (at most 3 passes).
+///
 /// Each sweep runs `passes` times, per size the median pass. A tier that this layout
 /// cannot measure copies the other one (noted in `source`).
-pub fn calibrate(world: &World, max_bytes: usize, passes: usize) -> Result<CostModel> {
+pub fn calibrate(
+    world: &World,
+    max_bytes: usize,
+    passes: usize,
+    compute_threads: usize,
+) -> Result<CostModel> {
     let t: Arc<dyn Transport> = world.transport();
     let topo = world.topology();
     if world.size() < 2 {
@@ -316,7 +327,7 @@ pub fn calibrate(world: &World, max_bytes: usize, passes: usize) -> Result<CostM
     let host = world.processor_name();
     let cores = std::thread::available_parallelism().map_or(1, |c| c.get());
     let (intra, inter, note) = both_tiers(intra, inter);
-    Ok(CostModel {
+    let mut model = CostModel {
         intra,
         inter,
         source: format!(
@@ -330,8 +341,33 @@ pub fn calibrate(world: &World, max_bytes: usize, passes: usize) -> Result<CostM
         copy,
         shm_sync,
         measured,
-    })
+        contention: Contention::SEPARATE,
+    };
+    if compute_threads > 0 {
+        let bytes = CONTENTION_BYTES.min(max_bytes).max(4);
+        // The times are rank 0's: so is the choice every rank makes.
+        let chosen = model.choose(bytes, topo).to_string().into_bytes();
+        let chosen = String::from_utf8_lossy(&broadcast_bytes(&*t, chosen)?).into_owned();
+        let algo: Algorithm = chosen.parse()?;
+        let ar = Allreducer::new(t.clone(), algo, topo)?;
+        let yield_to_comm = world.polling() == Polling::Backoff;
+        let calls = calibration_iters(bytes);
+        model.contention = contention::measure(
+            &*t,
+            &ar,
+            bytes,
+            calls,
+            compute_threads,
+            yield_to_comm,
+            passes.min(3),
+        )?;
+    }
+    Ok(model)
 }
+
+/// The allreduce the contention is measured with: a bucket's size (ddl-train's are 25 MiB at
+/// most, cut at stage boundaries).
+const CONTENTION_BYTES: usize = 16 << 20;
 
 /// The ring's curve within this rank's node into `tier` (and its rank count), timed over the
 /// node's ranks at `curve_sizes`: the seconds of one `shm` synchronisation (a whole allreduce

@@ -97,6 +97,37 @@ pub fn oversubscribed(node: &dyn Transport) -> Result<bool> {
     Ok(node.size() > node_cores(node)?)
 }
 
+/// What compute threads on cores they share with the communication (CPU replicas, the
+/// calibration's stand-ins for them) add to their nice value: at +10 the scheduler weighs a
+/// communication thread about 10 times a compute thread, so that it gets a core as soon as its
+/// data arrives.
+pub const COMPUTE_NICE: i32 = 10;
+
+/// The calling thread's id and nice value (Linux keeps one per thread).
+fn thread_nice() -> std::io::Result<(libc::id_t, i32)> {
+    // SAFETY (the libc calls): this thread's id and errno; no memory of ours is touched.
+    let tid = unsafe { libc::gettid() };
+    let id = libc::id_t::try_from(tid).map_err(std::io::Error::other)?;
+    // getpriority may return -1 as a nice value: errno, cleared first, tells an error.
+    unsafe { *libc::__errno_location() = 0 };
+    let nice = unsafe { libc::getpriority(libc::PRIO_PROCESS, id) };
+    let error = std::io::Error::last_os_error();
+    if nice == -1 && error.raw_os_error() != Some(0) {
+        return Err(error);
+    }
+    Ok((id, nice))
+}
+
+/// Adds `by` to the calling thread's nice value, at most 19.
+pub fn lower_thread_priority(by: i32) -> std::io::Result<()> {
+    let (id, nice) = thread_nice()?;
+    // SAFETY: setpriority on this thread's id; no memory is touched.
+    if unsafe { libc::setpriority(libc::PRIO_PROCESS, id, (nice + by).min(19)) } != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -174,5 +205,23 @@ mod tests {
         let parallelism = std::thread::available_parallelism().unwrap().get();
         // available_parallelism also honours a cgroup CPU quota, which the mask does not.
         assert!(cpus.len() >= parallelism, "{cpus:?} vs {parallelism}");
+    }
+
+    fn nice_of_this_thread() -> i32 {
+        thread_nice().unwrap().1
+    }
+
+    #[test]
+    fn a_thread_lowers_its_own_priority_only() {
+        let before = nice_of_this_thread();
+        let (inside, after) = std::thread::spawn(move || {
+            let start = nice_of_this_thread();
+            lower_thread_priority(3).unwrap();
+            (start, nice_of_this_thread())
+        })
+        .join()
+        .unwrap();
+        assert_eq!(after, (inside + 3).min(19));
+        assert_eq!(nice_of_this_thread(), before);
     }
 }

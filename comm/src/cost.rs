@@ -9,6 +9,7 @@ use std::path::Path;
 use serde::{Deserialize, Serialize};
 
 use crate::algorithm::{Across, Algorithm};
+use crate::contention::Contention;
 use crate::error::{CommError, Result};
 use crate::sharded::{ShardAlgorithm, ShardedOp};
 use crate::topology::Topology;
@@ -230,6 +231,11 @@ pub struct CostModel {
     /// other layouts (the simulator's) and algorithms not timed. Absent in presets.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub measured: Vec<MeasuredCurve>,
+    /// How the allreduce and compute threads on the same cores slow each other, as
+    /// `calibrate` measured it (`ddl-bench sim --cpu-replicas`); [`Contention::SEPARATE`] in
+    /// presets.
+    #[serde(default)]
+    pub contention: Contention,
 }
 
 /// Shared-memory synchronisation time assumed when none was measured.
@@ -245,6 +251,7 @@ impl Default for CostModel {
             copy: 0.0,
             shm_sync: 0.0,
             measured: Vec::new(),
+            contention: Contention::SEPARATE,
         }
     }
 }
@@ -261,6 +268,7 @@ impl CostModel {
             copy: 0.0,
             shm_sync: 0.0,
             measured: Vec::new(),
+            contention: Contention::SEPARATE,
         }
     }
 

@@ -16,7 +16,8 @@
 //! - [`priority`]: the order of a training step's buckets ([`CommOrder`]), and the negotiation
 //!   that keeps a `priority` schedule the same on every rank.
 //! - [`CostModel`]: alpha-beta-gamma per tier, predicting each algorithm's time, and its
-//!   measurement under MPI ([`calibrate`]); [`timeline`]: a step whose allreduce overlaps
+//!   measurement under MPI ([`calibrate`], with the [`contention`] of compute on the same
+//!   cores); [`timeline`]: a step whose allreduce overlaps
 //!   backward and, under `priority`, the next forward, simulated with its predictions.
 //! - [`cores`] and [`Binding`]: the CPUs a node's ranks hold together, and the warning for
 //!   ranks the launcher bound to fewer CPUs than their busy threads.
@@ -29,6 +30,7 @@ pub mod binding;
 pub mod calibrate;
 pub mod cli;
 pub mod collective;
+pub mod contention;
 pub mod cores;
 pub mod cost;
 mod counted;
@@ -51,6 +53,7 @@ pub mod world;
 pub use algorithm::{Across, Algorithm};
 pub use allreduce::{Allreducer, Choice, Element};
 pub use binding::Binding;
+pub use contention::Contention;
 pub use cost::{auto_candidates, CostModel, MeasuredCurve, Tier};
 pub use counted::Counted;
 pub use error::{CommError, Result};

@@ -10,8 +10,11 @@
 //!
 //! The compute is one stream (a rank's replicas in step), and the allreduce times come from
 //! the caller (the cost model's prediction per size), so what the simulation adds is the
-//! schedule: how much of the allreduce the compute hides.
+//! schedule: how much of the allreduce the compute hides. Where the replicas compute on the
+//! cores that run the communication (CPU replicas) the two streams slow each other while both
+//! run, as the [`Contention`] measured by `calibrate` says; with GPU replicas neither does.
 
+use crate::contention::Contention;
 use crate::priority::CommOrder;
 
 /// One stage of a model in a simulated step.
@@ -46,7 +49,7 @@ const SETTLED: usize = 3;
 
 /// How the allreduce stream runs: `order`, buckets of at most `bucket_bytes` cut at stage
 /// boundaries, `reduce(bytes)` the seconds of one allreduce, `negotiate_s` the round before
-/// each `priority` chunk.
+/// each `priority` chunk, and `contention` how it and the compute slow each other.
 pub struct Streams<'a> {
     /// The order of the buckets.
     pub order: CommOrder,
@@ -56,6 +59,10 @@ pub struct Streams<'a> {
     pub reduce: &'a dyn Fn(usize) -> f64,
     /// Seconds of one negotiation round (`priority`).
     pub negotiate_s: f64,
+    /// While both streams run, the allreduce's work proceeds at `1 / comm_slowdown` of its
+    /// speed and the compute's at `1 / compute_slowdown` ([`Contention::SEPARATE`]: neither
+    /// slows).
+    pub contention: Contention,
 }
 
 /// One bucket of the simulated model: its stage and bytes.
@@ -64,69 +71,96 @@ struct Bucket {
     bytes: usize,
 }
 
-/// The allreduce stream: per bucket, when its current instance was handed over, how many of
-/// its bytes are left, and when its last instance was complete.
+/// What the compute stream does next in a step.
+#[derive(Clone, Copy)]
+enum Op {
+    /// Wait until every bucket is reduced (`fifo`).
+    WaitAll,
+    /// Wait until the buckets of this stage are reduced (`priority`).
+    Wait(usize),
+    /// A stage's forward.
+    Forward(usize),
+    /// A stage's backward; its buckets are handed over as it ends.
+    Backward(usize),
+}
+
+/// A step's operations in the order the compute stream runs them.
+fn step_ops(stages: usize, priority: bool) -> Vec<Op> {
+    let mut ops = Vec::with_capacity(3 * stages + 1);
+    if !priority {
+        ops.push(Op::WaitAll);
+    }
+    for stage in 0..stages {
+        if priority {
+            ops.push(Op::Wait(stage));
+        }
+        ops.push(Op::Forward(stage));
+    }
+    ops.extend((0..stages).rev().map(Op::Backward));
+    ops
+}
+
+/// The allreduce stream: each bucket's bytes handed over and not yet reduced, and the chunk
+/// in flight (bucket, bytes, seconds of work left at full speed).
 struct Comm<'s, 'a> {
     streams: &'s Streams<'a>,
     buckets: Vec<Bucket>,
-    ready: Vec<f64>,
     left: Vec<usize>,
-    done: Vec<f64>,
-    clock: f64,
+    chunk: Option<(usize, usize, f64)>,
     busy: f64,
 }
 
 impl Comm<'_, '_> {
-    /// Serves chunks until bucket `b`'s last instance is complete; returns when it was.
-    fn finish(&mut self, b: usize) -> f64 {
-        while self.left[b] > 0 {
-            self.serve_one();
+    /// The buckets of `stage` handed over.
+    fn hand_over(&mut self, stage: usize) {
+        for (left, bucket) in self.left.iter_mut().zip(&self.buckets) {
+            if bucket.stage == stage {
+                *left = bucket.bytes;
+            }
         }
-        self.done[b]
     }
 
-    /// The next allreduce the order picks at the stream's clock (or, when nothing is ready
-    /// yet, at the next hand-over).
-    fn serve_one(&mut self) {
-        let pending: Vec<usize> = (0..self.buckets.len())
-            .filter(|&b| self.left[b] > 0)
-            .collect();
-        let Some(first) = pending.iter().map(|&b| self.ready[b]).reduce(f64::min) else {
+    /// Runs the chunk in flight for `dt` seconds at `rate` of its speed; `ends`: it is done.
+    fn advance(&mut self, dt: f64, rate: f64, ends: bool) {
+        let Some((b, bytes, work)) = self.chunk else {
             return;
         };
-        let now = self.clock.max(first);
-        let (b, bytes, took) = match self.streams.order {
-            // Handed over in bucket order, each reduced whole.
-            CommOrder::Fifo => {
-                let b = pending[0];
-                let bytes = self.left[b];
-                (b, bytes, (self.streams.reduce)(bytes))
-            }
-            CommOrder::Priority { chunk_bytes } => {
-                let b = pending
-                    .iter()
-                    .copied()
-                    .filter(|&b| self.ready[b] <= now)
-                    .min_by_key(|&b| (self.buckets[b].stage, b))
-                    .unwrap_or(pending[0]);
-                let bytes = self.left[b].min(chunk_bytes.max(4));
-                let took = self.streams.negotiate_s + (self.streams.reduce)(bytes);
-                (b, bytes, took)
-            }
-        };
-        let start = self.clock.max(self.ready[b]);
-        self.clock = start + took;
-        self.busy += took;
-        self.left[b] -= bytes;
-        if self.left[b] == 0 {
-            self.done[b] = self.clock;
+        self.busy += dt;
+        self.chunk = (!ends).then_some((b, bytes, work - dt * rate));
+        if ends {
+            self.left[b] -= bytes;
         }
     }
 
-    /// Bucket `b` handed over at `t`.
-    fn hand_over(&mut self, b: usize, t: f64) {
-        self.ready[b] = t;
-        self.left[b] = self.buckets[b].bytes;
+    /// Whether every bucket of `stage` (of all stages with `None`) is reduced.
+    fn reduced(&self, stage: Option<usize>) -> bool {
+        self.buckets
+            .iter()
+            .zip(&self.left)
+            .all(|(b, &left)| left == 0 || stage.is_some_and(|s| s != b.stage))
+    }
+
+    /// When the stream is free, starts the allreduce the order picks among the buckets
+    /// handed over: `fifo` the first one whole, `priority` a chunk of the lowest stage's after
+    /// a negotiation round.
+    fn start_next(&mut self) {
+        if self.chunk.is_some() {
+            return;
+        }
+        let mut pending = (0..self.buckets.len()).filter(|&b| self.left[b] > 0);
+        let streams = self.streams;
+        self.chunk = match streams.order {
+            CommOrder::Fifo => pending.next().map(|b| {
+                let bytes = self.left[b];
+                (b, bytes, (streams.reduce)(bytes))
+            }),
+            CommOrder::Priority { chunk_bytes } => pending
+                .min_by_key(|&b| (self.buckets[b].stage, b))
+                .map(|b| {
+                    let bytes = self.left[b].min(chunk_bytes.max(4));
+                    (b, bytes, streams.negotiate_s + (streams.reduce)(bytes))
+                }),
+        };
     }
 }
 
@@ -145,48 +179,56 @@ fn buckets(stages: &[StageCost], bucket_bytes: usize) -> Vec<Bucket> {
 }
 
 /// The steady-state step of `stages` (in forward order) with the allreduce run as `streams`
-/// says (see the module doc).
+/// says (see the module doc): the two streams advance event by event, each at the speed the
+/// contention leaves it while the other runs.
 pub fn simulate(stages: &[StageCost], streams: &Streams<'_>) -> StepTime {
     let buckets = buckets(stages, streams.bucket_bytes);
-    let n = buckets.len();
     let mut comm = Comm {
         streams,
+        left: vec![0; buckets.len()],
         buckets,
-        ready: vec![0.0; n],
-        left: vec![0; n],
-        done: vec![0.0; n],
-        clock: 0.0,
+        chunk: None,
         busy: 0.0,
     };
-    let mut of_stage = vec![Vec::new(); stages.len()];
-    for (b, bucket) in comm.buckets.iter().enumerate() {
-        of_stage[bucket.stage].push(b);
-    }
-    let priority = matches!(streams.order, CommOrder::Priority { .. });
-    let mut t = 0.0;
+    let ops = step_ops(stages.len(), streams.order != CommOrder::Fifo);
+    // A stream's speed: slowed while the other one runs.
+    let speed = |other_runs: bool, slowdown: f64| if other_runs { 1.0 / slowdown } else { 1.0 };
+    let (mut t, mut op, mut work) = (0.0, 0, None::<f64>);
     let mut starts = Vec::with_capacity(STEPS);
     let mut busy_at = Vec::with_capacity(STEPS);
-    for _ in 0..STEPS {
-        if !priority {
-            for b in 0..n {
-                t = comm.finish(b).max(t);
-            }
-        }
-        starts.push(t);
-        busy_at.push(comm.busy);
-        for (stage, s) in stages.iter().enumerate() {
-            if priority {
-                for &b in &of_stage[stage] {
-                    t = comm.finish(b).max(t);
+    while starts.len() < STEPS {
+        // The compute stream passes the waits that are met and starts its next stage.
+        while work.is_none() {
+            match ops[op] {
+                Op::WaitAll if comm.reduced(None) => op += 1,
+                Op::Wait(stage) if comm.reduced(Some(stage)) => op += 1,
+                Op::WaitAll | Op::Wait(_) => break,
+                Op::Forward(stage) => {
+                    if stage == 0 {
+                        starts.push(t);
+                        busy_at.push(comm.busy);
+                    }
+                    work = Some(stages[stage].forward_s);
                 }
+                Op::Backward(stage) => work = Some(stages[stage].backward_s),
             }
-            t += s.forward_s;
         }
-        for (stage, s) in stages.iter().enumerate().rev() {
-            t += s.backward_s;
-            for &b in &of_stage[stage] {
-                comm.hand_over(b, t);
+        comm.start_next();
+        let compute_rate = speed(comm.chunk.is_some(), streams.contention.compute_slowdown);
+        let comm_rate = speed(work.is_some(), streams.contention.comm_slowdown);
+        let compute_end = work.map_or(f64::INFINITY, |w| w / compute_rate);
+        let comm_end = comm.chunk.map_or(f64::INFINITY, |c| c.2 / comm_rate);
+        let dt = compute_end.min(comm_end);
+        assert!(dt.is_finite(), "a wait with nothing left to reduce is met");
+        t += dt;
+        comm.advance(dt, comm_rate, comm_end == dt);
+        work = work.map(|w| w - dt * compute_rate);
+        if compute_end == dt {
+            work = None;
+            if let Op::Backward(stage) = ops[op] {
+                comm.hand_over(stage);
             }
+            op = (op + 1) % ops.len();
         }
     }
     let steps = (STEPS - 1 - SETTLED) as f64;
@@ -223,6 +265,7 @@ mod tests {
             bucket_bytes: 1000,
             reduce: &linear,
             negotiate_s: 0.0,
+            contention: Contention::SEPARATE,
         };
         simulate(stages, &streams)
     }
@@ -264,6 +307,43 @@ mod tests {
         for order in [CommOrder::Fifo, CommOrder::PRIORITY] {
             assert_eq!(run(&free, order).step_s, 6.0);
         }
+    }
+
+    #[test]
+    fn streams_sharing_the_cores_slow_each_other_while_both_run() {
+        // As in the fifo test, but the allreduce runs at half its speed beside the compute
+        // and the compute at two thirds of its speed beside the allreduce. Stage 1's bucket is
+        // handed over at 4; stage 0's backward (2 s of work) then ends at 7, while 1.5 s of
+        // the bucket's 3 are reduced; the rest of it alone ends at 8.5, stage 0's bucket at
+        // 11.5, when the next forward starts.
+        let stages = [stage(100, 1.0, 2.0), stage(100, 1.0, 2.0)];
+        let streams = Streams {
+            order: CommOrder::Fifo,
+            bucket_bytes: 1000,
+            reduce: &linear,
+            negotiate_s: 0.0,
+            contention: Contention {
+                comm_slowdown: 2.0,
+                compute_slowdown: 1.5,
+                compute_threads: 1,
+            },
+        };
+        let shared = simulate(&stages, &streams);
+        assert!((shared.step_s - 11.5).abs() < 1e-9, "{shared:?}");
+        assert!((shared.allreduce_s - 7.5).abs() < 1e-9, "{shared:?}");
+        // Under priority the next forward's stage 0 runs beside stage 1's reduction, slowed.
+        let priority = simulate(
+            &stages,
+            &Streams {
+                order: CommOrder::Priority { chunk_bytes: 25 },
+                ..streams
+            },
+        );
+        let separate = run(&stages, CommOrder::Priority { chunk_bytes: 25 });
+        assert!(
+            priority.step_s > separate.step_s + 1.0,
+            "{priority:?} {separate:?}"
+        );
     }
 
     #[test]

@@ -15,6 +15,7 @@ fn two_tier() -> CostModel {
         copy: 0.0,
         shm_sync: 0.0,
         measured: Vec::new(),
+        contention: ddl_comm::Contention::SEPARATE,
     }
 }
 
@@ -40,6 +41,7 @@ fn beta_curve_interpolates_in_log_size_and_clamps() {
         copy: 0.0,
         shm_sync: 0.0,
         measured: Vec::new(),
+        contention: ddl_comm::Contention::SEPARATE,
     };
     let n = 16 << 20;
     let expect = 2.0 * 3.0 * (1e-6 + n as f64 / 4.0 * 1e-9);
@@ -363,6 +365,7 @@ fn shared_memory_chunks_pay_the_per_byte_cost_of_their_whole_buffer() {
         copy: 0.0,
         shm_sync: 0.0,
         measured: Vec::new(),
+        contention: ddl_comm::Contention::SEPARATE,
     };
     let (curved, flat) = (model(curved), model(flat));
     let topo = Topology::flat(2);

@@ -11,8 +11,9 @@
 #    the median step (global images / images_per_s) after the first CO_SKIP, and the medians of
 #    compute_s, allreduce_s and forward_wait_s; then the median over the runs and the ratio.
 # 2. The cost model: ddl-bench calibrate on the same cluster, then ddl-bench sim of the same
-#    layout, model and image size with the fifo runs' median compute per step: the predicted
-#    fifo / priority ratio beside the measured one.
+#    layout, model, image size and allreduce with the fifo runs' median compute per step and
+#    the contention calibrate measured (--cpu-replicas): the predicted fifo / priority ratio
+#    beside the measured one.
 # 3. The Python optimizer on the same cluster (CO_PY_MODELS), CO_PY_STEPS timed steps after 2
 #    of warm-up, buckets of CO_PY_BUCKET_MB (4) MiB, CO_RUNS runs per order, alternating; the
 #    job's step = the slowest rank's seconds per step.
@@ -87,4 +88,4 @@ if [[ $parts == *" python "* ]]; then
 fi
 
 python3 tools/bench/comm_order_report.py "$out" "$runs" "$skip" "$batch" "$size" "$classes" \
-  "$bench" "$models" "$py_models" "$parts" | tee "$out/report.txt"
+  "$bench" "$models" "$py_models" "$parts" "${CO_ALLREDUCE:-auto}" | tee "$out/report.txt"

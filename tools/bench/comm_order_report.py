@@ -1,7 +1,7 @@
 """The tables of tools/bench/comm_order.sh from the files it leaves in OUT_DIR.
 
 Usage: python3 tools/bench/comm_order_report.py OUT_DIR RUNS SKIP BATCH SIZE CLASSES DDL_BENCH
-           "MODELS" "PY_MODELS" "PARTS"
+           "MODELS" "PY_MODELS" "PARTS" ALLREDUCE
 """
 import json
 import re
@@ -54,14 +54,16 @@ def report_train(out, where, models, runs, skip, batch, size):
     return measured
 
 
-def report_sim(out, measured, bench, classes, size, batch):
-    """ddl-bench sim's prediction for the cluster with its calibrated model."""
+def report_sim(out, measured, bench, classes, size, batch, allreduce):
+    """ddl-bench sim's prediction for the cluster with its calibrated model, the runs'
+    allreduce and the contention of CPU replicas and communication on the same cores."""
     print("## ddl-bench sim with the cluster's calibrated model and the fifo runs' compute")
     for m, (gain, compute, step) in measured.items():
         cmd = [bench, "sim", "--nodes", "2", "--gpus-per-node", "4", "--model", m,
                "--classes", str(classes), "--image-size", str(size), "--batch", str(batch),
                "--step-compute-ms", f"{compute * 1e3:.1f}",
-               "--model-file", f"{out}/netns-model.json", "--json"]
+               "--model-file", f"{out}/netns-model.json", "--allreduce", allreduce,
+               "--cpu-replicas", "--json"]
         lines = subprocess.run(cmd, capture_output=True, text=True, check=True).stdout
         sched = {r["order"]: r for r in map(json.loads, lines.splitlines()) if "order" in r}
         pred = sched["fifo"]["step_ms"] / sched["priority"]["step_ms"]
@@ -97,13 +99,14 @@ def report_python(out, py_models, runs, size, batch):
 def main():
     out, runs, skip, batch, size, classes, bench = sys.argv[1:8]
     models, py_models, parts = sys.argv[8].split(), sys.argv[9].split(), sys.argv[10].split()
+    allreduce = sys.argv[11]
     runs, skip, batch = int(runs), int(skip), int(batch)
     measured = {}
     for where in ("cluster", "node"):
         if where in parts:
             measured[where] = report_train(out, where, models, runs, skip, batch, size)
     if "sim" in parts and "cluster" in measured:
-        report_sim(out, measured["cluster"], bench, classes, size, batch)
+        report_sim(out, measured["cluster"], bench, classes, size, batch, allreduce)
     if "python" in parts:
         report_python(out, py_models, runs, size, batch)
 

@@ -7,7 +7,7 @@ use std::io::Write;
 
 use anyhow::Result;
 use ddl_comm::timeline::{simulate, StageCost, Streams};
-use ddl_comm::{Algorithm, CommOrder, CostModel, Topology};
+use ddl_comm::{Algorithm, CommOrder, Contention, CostModel, Topology};
 use serde::Serialize;
 
 use crate::resnet::Stage;
@@ -29,6 +29,10 @@ pub struct ScheduleSetup<'a> {
     pub chunk_bytes: usize,
     /// The layout of the ranks.
     pub topo: Topology,
+    /// How the compute and the allreduce slow each other (CPU replicas; `SEPARATE` for GPUs).
+    pub contention: Contention,
+    /// The allreduce of every bucket and chunk (`auto`: what the model picks per size).
+    pub algorithm: &'a Algorithm,
 }
 
 /// One simulated order.
@@ -68,12 +72,13 @@ fn costs(setup: &ScheduleSetup<'_>) -> Vec<StageCost> {
         .collect()
 }
 
-/// The `fifo` and `priority` rows, each allreduce as `model` predicts `auto` at its size; a
+/// The `fifo` and `priority` rows, each allreduce as `model` predicts the setup's algorithm
+/// at its size; a
 /// negotiation round is the allreduce of its flags (two and one per bucket, f32).
 pub fn simulate_schedule(model: &CostModel, setup: &ScheduleSetup<'_>) -> Vec<ScheduleRow> {
     let stages = costs(setup);
     let topo = setup.topo;
-    let reduce = |bytes: usize| model.predict(&Algorithm::Auto, bytes, topo);
+    let reduce = |bytes: usize| model.predict(setup.algorithm, bytes, topo);
     let buckets: usize = stages
         .iter()
         .map(|s| s.bytes.div_ceil(setup.bucket_bytes.max(1)))
@@ -93,6 +98,7 @@ pub fn simulate_schedule(model: &CostModel, setup: &ScheduleSetup<'_>) -> Vec<Sc
                 bucket_bytes: setup.bucket_bytes,
                 reduce: &reduce,
                 negotiate_s,
+                contention: setup.contention,
             };
             let t = simulate(&stages, &streams);
             ScheduleRow {
@@ -117,11 +123,20 @@ pub fn print_schedule(
 ) -> Result<()> {
     writeln!(
         out,
-        "# schedule: flat/auto, --overlap backward, buckets of up to {:.1} MiB cut at the {} stages (compute split by their multiply-accumulates at {image_size} px, forward 1/3, backward 2/3); priority in chunks of {:.1} MiB, one negotiation round each",
+        "# schedule: flat/{}, --overlap backward, buckets of up to {:.1} MiB cut at the {} stages (compute split by their multiply-accumulates at {image_size} px, forward 1/3, backward 2/3); priority in chunks of {:.1} MiB, one negotiation round each",
+        setup.algorithm,
         setup.bucket_bytes as f64 / (1u64 << 20) as f64,
         setup.stages.len(),
         setup.chunk_bytes as f64 / (1u64 << 20) as f64,
     )?;
+    let c = setup.contention;
+    if c.measured() {
+        writeln!(
+            out,
+            "# CPU replicas on the cores of the communication ({} compute thread(s) per rank measured): the allreduce runs {:.2}x as long beside the compute, the compute {:.2}x beside the allreduce",
+            c.compute_threads, c.comm_slowdown, c.compute_slowdown
+        )?;
+    }
     writeln!(
         out,
         "# {:>10} {:>10} {:>12} {:>14} {:>11} {:>9}",
@@ -156,6 +171,8 @@ mod tests {
             bucket_bytes: 25 << 20,
             chunk_bytes: 4 << 20,
             topo: Topology::new(64, 4),
+            contention: Contention::SEPARATE,
+            algorithm: &Algorithm::Auto,
         };
         // The default model's links (10 Gbit/s): the 102 MB allreduce outlasts backward.
         let rows = simulate_schedule(&CostModel::default(), &setup);

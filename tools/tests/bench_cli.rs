@@ -127,6 +127,12 @@ fn sim_takes_the_class_count_and_compares_with_ddls_22k_run() {
             1,
             "--model \"vgg16\" is not one of resnet18",
         ),
+        (
+            vec!["--cpu-replicas"],
+            1,
+            "--cpu-replicas needs the contention measured by `ddl-bench calibrate`",
+        ),
+        (vec!["--allreduce", "fastest"], 1, "--allreduce \"fastest\""),
     ] {
         let w = sim(&args);
         assert_eq!(w.status.code(), Some(status), "{args:?}: {}", w.all());
@@ -238,5 +244,39 @@ fn calibrate_times_every_candidate_and_auto_runs_the_fastest() {
             (predicted - measured).abs() < 1e-6 * measured,
             "{predicted} vs {measured}"
         );
+    }
+    // The contention of a compute thread per rank and the allreduce, measured on these
+    // shared cores, slows the schedule of `sim --cpu-replicas`.
+    let c = m.contention;
+    assert_eq!(c.compute_threads, 1, "{text}");
+    for slowdown in [c.comm_slowdown, c.compute_slowdown] {
+        assert!(slowdown.is_finite() && slowdown > 0.0, "{c:?}");
+    }
+    let schedule = |extra: &[&str]| -> f64 {
+        let out = run(Command::new(BENCH)
+            .args([
+                "sim",
+                "--nodes",
+                "2",
+                "--gpus-per-node",
+                "1",
+                "--model",
+                "resnet18",
+            ])
+            .args(["--step-compute-ms", "100", "--json", "--model-file"])
+            .arg(&model)
+            .args(extra));
+        assert!(out.status.success(), "{out:?}");
+        let fifo = String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .map(|l| serde_json::from_str::<serde_json::Value>(l).expect("a JSON row"))
+            .find(|r| r["order"] == "fifo")
+            .expect("the fifo row");
+        fifo["step_ms"].as_f64().expect("step_ms")
+    };
+    let (separate, shared) = (schedule(&[]), schedule(&["--cpu-replicas"]));
+    if c.comm_slowdown.min(c.compute_slowdown) >= 1.0 {
+        let slower = c.comm_slowdown.max(c.compute_slowdown) > 1.0;
+        assert_eq!(shared > separate, slower, "{separate} / {shared} ms, {c:?}");
     }
 }

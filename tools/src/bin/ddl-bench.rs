@@ -74,6 +74,11 @@ enum Cmd {
         /// Sweeps over all sizes (ring curves, auto's candidates); per size the median.
         #[arg(long, default_value_t = 5, value_parser = clap::value_parser!(u64).range(1..))]
         passes: u64,
+        /// Compute threads per rank standing in for its CPU replicas (ddl-train's --devices
+        /// cpu:N) while the contention of compute and allreduce on the same cores is measured
+        /// (`sim --cpu-replicas`); 0 skips it.
+        #[arg(long, default_value_t = 1)]
+        compute_threads: usize,
     },
     /// Predict one allreduce's time from a cost model (JSON line: algo, resolved = what
     /// `auto` would run, bytes, ranks, time_us).
@@ -147,6 +152,15 @@ struct SimArgs {
     /// for `allreduce --min-bytes`.
     #[arg(long, default_value = "4MiB", value_parser = bench::parse_message_bytes)]
     chunk_bytes: usize,
+    /// The schedule's allreduce (ddl-train's --allreduce; as for `allreduce --algos`): `auto`
+    /// is what the model picks at each size.
+    #[arg(long, default_value = "auto")]
+    allreduce: String,
+    /// The replicas compute on the cores that run the communication (CPU replicas): the
+    /// schedule slows each by the other as the model file's `contention` says (measured by
+    /// `calibrate`). Without it they are separate resources, as with GPUs.
+    #[arg(long)]
+    cpu_replicas: bool,
     /// JSON lines instead of the table.
     #[arg(long)]
     json: bool,
@@ -214,9 +228,11 @@ fn run(cli: Cli) -> Result<()> {
             output,
             max_bytes,
             passes,
+            compute_threads,
         } => {
             let world = World::init_single_threaded(bench::DEFAULT_BENCH_TIMEOUT)?;
-            match ddl_comm::calibrate::calibrate(&world, max_bytes, passes as usize) {
+            let passes = passes as usize;
+            match ddl_comm::calibrate::calibrate(&world, max_bytes, passes, compute_threads) {
                 Ok(model) => {
                     if world.rank() == 0 {
                         model.save(&output)?;
@@ -268,8 +284,13 @@ fn sim(args: SimArgs, out: &mut dyn Write) -> Result<()> {
         image_size,
         bucket_mb,
         chunk_bytes,
+        allreduce,
+        cpu_replicas,
         json,
     } = args;
+    let algorithm: Algorithm = allreduce
+        .parse()
+        .with_context(|| format!("--allreduce {allreduce:?}"))?;
     let bench::Backbone {
         params: backbone,
         features,
@@ -295,6 +316,13 @@ fn sim(args: SimArgs, out: &mut dyn Write) -> Result<()> {
         bail!("--bucket-mb {bucket_mb} is not a positive number of MiB");
     }
     let cost = load_model(preset, model_file)?;
+    if cpu_replicas && !cost.contention.measured() {
+        bail!(
+            "--cpu-replicas needs the contention measured by `ddl-bench calibrate` (--model-file \
+             of a calibration with --compute-threads 1 or more); this model has none ({})",
+            cost.source
+        );
+    }
     let rows = bench::simulate(&cost, nodes, gpus_per_node, shape, step_compute_ms, overlap);
     let stages =
         resnet::stages(&model, classes, image_size).expect("every model sim knows has its stages");
@@ -304,6 +332,12 @@ fn sim(args: SimArgs, out: &mut dyn Write) -> Result<()> {
         bucket_bytes: (bucket_mb * (1u64 << 20) as f64) as usize,
         chunk_bytes,
         topo: ddl_comm::Topology::new(nodes, gpus_per_node),
+        contention: if cpu_replicas {
+            cost.contention
+        } else {
+            ddl_comm::Contention::SEPARATE
+        },
+        algorithm: &algorithm,
     };
     let schedule = schedule::simulate_schedule(&cost, &schedule_setup);
     if json {

@@ -59,6 +59,7 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use crossbeam_channel::{unbounded, Receiver, Sender};
+use ddl_comm::cores::{lower_thread_priority, COMPUTE_NICE};
 use ddl_comm::{CommOrder, Parts};
 use ddl_loader::pipeline::Batch;
 use tch::nn;
@@ -149,39 +150,10 @@ pub struct TableConfig {
     /// Split the classifier head by class over every replica of the job.
     pub head_parallel: bool,
     /// CPU replicas on a node whose ranks outnumber its cores: the replica threads run below
-    /// the communication thread's CPU priority ([`REPLICA_NICE`]), so that it gets a core as
+    /// the communication thread's CPU priority ([`COMPUTE_NICE`]), so that it gets a core as
     /// soon as its data arrives instead of waiting for a replica's time slice (every step
     /// waits for the slowest allreduce; BENCHMARKS.md, "Communication priorities").
     pub yield_to_comm: bool,
-}
-
-/// What replica threads add to their nice value with [`TableConfig::yield_to_comm`]: at +10
-/// the scheduler weighs a communication thread about 10 times a replica's.
-pub const REPLICA_NICE: i32 = 10;
-
-/// The calling thread's id and nice value (Linux keeps one per thread).
-fn thread_nice() -> std::io::Result<(libc::id_t, i32)> {
-    // SAFETY (the libc calls): this thread's id and errno; no memory of ours is touched.
-    let tid = unsafe { libc::gettid() };
-    let id = libc::id_t::try_from(tid).map_err(std::io::Error::other)?;
-    // getpriority may return -1 as a nice value: errno, cleared first, tells an error.
-    unsafe { *libc::__errno_location() = 0 };
-    let nice = unsafe { libc::getpriority(libc::PRIO_PROCESS, id) };
-    let error = std::io::Error::last_os_error();
-    if nice == -1 && error.raw_os_error() != Some(0) {
-        return Err(error);
-    }
-    Ok((id, nice))
-}
-
-/// Adds `by` to the calling thread's nice value, at most 19.
-fn lower_thread_priority(by: i32) -> std::io::Result<()> {
-    let (id, nice) = thread_nice()?;
-    // SAFETY: setpriority on this thread's id; no memory is touched.
-    if unsafe { libc::setpriority(libc::PRIO_PROCESS, id, (nice + by).min(19)) } != 0 {
-        return Err(std::io::Error::last_os_error());
-    }
-    Ok(())
 }
 
 /// Per-step measurements of one rank.
@@ -643,7 +615,7 @@ impl ReplicaParts {
             .spawn(move || {
                 ddl_trace::set_thread_name(format!("replica {index}"));
                 if cfg.yield_to_comm {
-                    if let Err(e) = lower_thread_priority(REPLICA_NICE) {
+                    if let Err(e) = lower_thread_priority(COMPUTE_NICE) {
                         tracing::warn!("replica {index}: cannot lower its CPU priority: {e}");
                     }
                 }
@@ -787,27 +759,4 @@ fn host_buckets(cfg: &TableConfig, layout: &Layout) -> Result<Vec<Mutex<HostBuck
             )))
         })
         .collect()
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn nice_of_this_thread() -> i32 {
-        thread_nice().unwrap().1
-    }
-
-    #[test]
-    fn a_replica_thread_lowers_its_own_priority_only() {
-        let before = nice_of_this_thread();
-        let (inside, after) = std::thread::spawn(move || {
-            let start = nice_of_this_thread();
-            lower_thread_priority(3).unwrap();
-            (start, nice_of_this_thread())
-        })
-        .join()
-        .unwrap();
-        assert_eq!(after, (inside + 3).min(19));
-        assert_eq!(nice_of_this_thread(), before);
-    }
 }

@@ -1,0 +1,210 @@
+//! How the allreduce and the compute slow each other where they share the cores (CPU
+//! replicas): measured by [`crate::calibrate`] with stand-ins for the replicas, used by
+//! `ddl-bench sim`'s schedule ([`crate::timeline`]) to predict a step on such a cluster.
+//!
+//! The two slowdowns are what a step feels of the sharing: an allreduce waits for its threads
+//! to be scheduled between hops, and takes cycles from the compute beside it. With GPU
+//! replicas they are 1 ([`Contention::SEPARATE`]).
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use serde::{Deserialize, Serialize};
+
+use crate::allreduce::Allreducer;
+use crate::calibrate::median;
+use crate::collective::max_on_root;
+use crate::cores::{lower_thread_priority, COMPUTE_NICE};
+use crate::error::Result;
+use crate::transport::Transport;
+
+/// The slowdowns of the allreduce and the compute running at once on shared cores.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Contention {
+    /// An allreduce's time while every rank's compute threads run, over its time alone.
+    pub comm_slowdown: f64,
+    /// The compute's time for the same work while an allreduce runs, over its time alone.
+    pub compute_slowdown: f64,
+    /// Compute threads per rank it was measured with (0: not measured).
+    pub compute_threads: usize,
+}
+
+impl Default for Contention {
+    fn default() -> Self {
+        Contention::SEPARATE
+    }
+}
+
+impl Contention {
+    /// Compute and communication on resources of their own (GPU replicas, presets).
+    pub const SEPARATE: Contention = Contention {
+        comm_slowdown: 1.0,
+        compute_slowdown: 1.0,
+        compute_threads: 0,
+    };
+
+    /// Whether this was measured (a model from `calibrate` with compute threads).
+    pub fn measured(&self) -> bool {
+        self.compute_threads > 0
+    }
+}
+
+/// Floats of the stand-in's working set: 256 KiB, in the caches, like a convolution's tile.
+const UNIT_FLOATS: usize = 64 << 10;
+
+/// The shortest phase timed: a time slice of the scheduler is a few milliseconds.
+const MIN_PHASE: Duration = Duration::from_millis(300);
+
+/// Stand-ins for a rank's replicas: `threads` threads doing multiply-adds over a cached buffer
+/// until dropped, counting the units of work done, at the replicas' nice value when they
+/// yield to the communication.
+struct ComputeLoad {
+    done: Arc<AtomicU64>,
+    stop: Arc<AtomicBool>,
+    threads: Vec<std::thread::JoinHandle<()>>,
+}
+
+impl ComputeLoad {
+    fn start(threads: usize, yield_to_comm: bool) -> ComputeLoad {
+        let done = Arc::new(AtomicU64::new(0));
+        let stop = Arc::new(AtomicBool::new(false));
+        let threads = (0..threads)
+            .map(|_| {
+                let (done, stop) = (done.clone(), stop.clone());
+                std::thread::spawn(move || {
+                    if yield_to_comm {
+                        // Without it the measurement is of replicas that do not yield.
+                        let _ = lower_thread_priority(COMPUTE_NICE);
+                    }
+                    let mut buf = vec![1.0f32; UNIT_FLOATS];
+                    while !stop.load(Ordering::Relaxed) {
+                        for x in buf.iter_mut() {
+                            *x = x.mul_add(0.999, 0.001);
+                        }
+                        std::hint::black_box(&mut buf);
+                        done.fetch_add(1, Ordering::Relaxed);
+                    }
+                })
+            })
+            .collect();
+        ComputeLoad {
+            done,
+            stop,
+            threads,
+        }
+    }
+
+    /// Units of work done so far.
+    fn done(&self) -> u64 {
+        self.done.load(Ordering::Relaxed)
+    }
+}
+
+impl Drop for ComputeLoad {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        for t in self.threads.drain(..) {
+            let _ = t.join();
+        }
+    }
+}
+
+/// Seconds per call of `calls` allreduces of `buf` on this rank.
+fn time_calls(ar: &Allreducer, buf: &mut [f32], calls: usize) -> Result<f64> {
+    let start = Instant::now();
+    for _ in 0..calls {
+        ar.allreduce(buf, false)?;
+    }
+    Ok(start.elapsed().as_secs_f64() / calls as f64)
+}
+
+/// One pass: the allreduce alone, the compute alone for as long, then both at once; the
+/// slowest rank's (comm, compute) slowdowns on rank 0.
+fn pass(
+    t: &dyn Transport,
+    ar: &Allreducer,
+    buf: &mut [f32],
+    calls: usize,
+    threads: usize,
+    yield_to_comm: bool,
+) -> Result<(f64, f64)> {
+    t.barrier()?;
+    let alone = time_calls(ar, buf, calls)?;
+    let load = ComputeLoad::start(threads, yield_to_comm);
+    t.barrier()?;
+    let (start, before) = (Instant::now(), load.done());
+    std::thread::sleep(MIN_PHASE.max(Duration::from_secs_f64(alone * calls as f64)));
+    let rate_alone = (load.done() - before) as f64 / start.elapsed().as_secs_f64();
+    t.barrier()?;
+    let (start, before) = (Instant::now(), load.done());
+    let beside = time_calls(ar, buf, calls)?;
+    let rate_beside = (load.done() - before) as f64 / start.elapsed().as_secs_f64();
+    drop(load);
+    let worst = max_on_root(t, &[beside / alone, rate_alone / rate_beside.max(1e-9)])?;
+    Ok((worst[0], worst[1]))
+}
+
+/// Measures [`Contention`] with `threads` compute threads per rank (at the replicas' nice
+/// value with `yield_to_comm`) and `ar`'s allreduce of `bytes`: per pass the allreduce alone,
+/// the compute alone, then both, `calls` allreduces per phase; the median of `passes`, each
+/// the slowest rank's. Every rank of `t` must call this; rank 0 gets the figures.
+pub fn measure(
+    t: &dyn Transport,
+    ar: &Allreducer,
+    bytes: usize,
+    calls: usize,
+    threads: usize,
+    yield_to_comm: bool,
+    passes: usize,
+) -> Result<Contention> {
+    let mut buf = vec![0.0f32; (bytes / 4).max(1)];
+    for _ in 0..2 {
+        ar.allreduce(&mut buf, false)?;
+    }
+    let (mut comm, mut compute) = (Vec::new(), Vec::new());
+    for _ in 0..passes.max(1) {
+        let (c, k) = pass(t, ar, &mut buf, calls.max(1), threads, yield_to_comm)?;
+        comm.push(c);
+        compute.push(k);
+    }
+    Ok(Contention {
+        comm_slowdown: median(&mut comm),
+        compute_slowdown: median(&mut compute),
+        compute_threads: threads,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{thread_group, Algorithm, Topology};
+
+    #[test]
+    fn contention_is_measured_on_every_rank_and_the_threads_stop() {
+        let group = thread_group(2);
+        let got: Vec<Contention> = std::thread::scope(|s| {
+            let handles: Vec<_> = group
+                .into_iter()
+                .map(|t| {
+                    s.spawn(move || {
+                        let t: Arc<dyn Transport> = Arc::new(t);
+                        let ar =
+                            Allreducer::new(t.clone(), Algorithm::Ring, Topology::flat(2)).unwrap();
+                        measure(&*t, &ar, 1 << 20, 3, 1, false, 1).unwrap()
+                    })
+                })
+                .collect();
+            handles.into_iter().map(|h| h.join().unwrap()).collect()
+        });
+        let c = got[0];
+        assert_eq!(c.compute_threads, 1);
+        assert!(c.measured());
+        // Two ranks and two compute threads on this machine's cores: both are real ratios of
+        // timed work, never zero, infinite or NaN.
+        for s in [c.comm_slowdown, c.compute_slowdown] {
+            assert!(s.is_finite() && s > 0.0, "{c:?}");
+        }
+        assert!(!Contention::SEPARATE.measured());
+    }
+}
