@@ -253,8 +253,8 @@ fn beta_curve(
 ///   formulas (which serve `ddl-bench sim`'s other layouts) say.
 ///
 /// - with `compute_threads` (stand-ins for each rank's CPU replicas, 0 for none), the
-///   [`Contention`] of the compute and `auto`'s allreduce of a bucket's size on the same
-///   cores (at most 3 passes).
+///   [`Contention`] of the compute and `auto`'s allreduces of a bucket's size and of a
+///   negotiation round's on the same cores (at most 3 passes).
 ///
 /// Each sweep runs `passes` times, per size the median pass. A tier that this layout
 /// cannot measure copies the other one (noted in `source`).
@@ -345,16 +345,13 @@ pub fn calibrate(
     };
     if compute_threads > 0 {
         let bytes = CONTENTION_BYTES.min(max_bytes).max(4);
-        // The times are rank 0's: so is the choice every rank makes.
-        let chosen = model.choose(bytes, topo).to_string().into_bytes();
-        let chosen = String::from_utf8_lossy(&broadcast_bytes(&*t, chosen)?).into_owned();
-        let algo: Algorithm = chosen.parse()?;
-        let ar = Allreducer::new(t.clone(), algo, topo)?;
+        let ar = chosen_allreducer(&t, &model, bytes, topo)?;
+        let round = chosen_allreducer(&t, &model, contention::ROUND_BYTES, topo)?;
         let yield_to_comm = world.polling() == Polling::Backoff;
         let calls = calibration_iters(bytes);
         model.contention = contention::measure(
             &*t,
-            &ar,
+            [&ar, &round],
             bytes,
             calls,
             compute_threads,
@@ -363,6 +360,19 @@ pub fn calibrate(
         )?;
     }
     Ok(model)
+}
+
+/// The allreducer of what `model` picks at `bytes` on rank 0, which holds the times: every
+/// rank runs rank 0's choice.
+fn chosen_allreducer(
+    t: &Arc<dyn Transport>,
+    model: &CostModel,
+    bytes: usize,
+    topo: Topology,
+) -> Result<Allreducer> {
+    let chosen = model.choose(bytes, topo).to_string().into_bytes();
+    let chosen = String::from_utf8_lossy(&broadcast_bytes(&**t, chosen)?).into_owned();
+    Allreducer::new(t.clone(), chosen.parse()?, topo)
 }
 
 /// The allreduce the contention is measured with: a bucket's size (ddl-train's are 25 MiB at

@@ -2,9 +2,10 @@
 //! replicas): measured by [`crate::calibrate`] with stand-ins for the replicas, used by
 //! `ddl-bench sim`'s schedule ([`crate::timeline`]) to predict a step on such a cluster.
 //!
-//! The two slowdowns are what a step feels of the sharing: an allreduce waits for its threads
-//! to be scheduled between hops, and takes cycles from the compute beside it. With GPU
-//! replicas they are 1 ([`Contention::SEPARATE`]).
+//! The slowdowns are what a step feels of the sharing: an allreduce waits for its threads to
+//! be scheduled between hops (most of the time of a tiny one, as `priority`'s negotiation
+//! rounds are), and takes cycles from the compute beside it. With GPU replicas they are 1
+//! ([`Contention::SEPARATE`]).
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
@@ -22,8 +23,12 @@ use crate::transport::Transport;
 /// The slowdowns of the allreduce and the compute running at once on shared cores.
 #[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
 pub struct Contention {
-    /// An allreduce's time while every rank's compute threads run, over its time alone.
+    /// A bucket's allreduce time while every rank's compute threads run, over its time alone.
     pub comm_slowdown: f64,
+    /// The same for an allreduce of a few floats, the size of a negotiation round
+    /// ([`ROUND_BYTES`]): its time is the hops' latency, which the sharing stretches most.
+    #[serde(default = "no_slowdown")]
+    pub round_slowdown: f64,
     /// The compute's time for the same work while an allreduce runs, over its time alone.
     pub compute_slowdown: f64,
     /// Compute threads per rank it was measured with (0: not measured).
@@ -40,6 +45,7 @@ impl Contention {
     /// Compute and communication on resources of their own (GPU replicas, presets).
     pub const SEPARATE: Contention = Contention {
         comm_slowdown: 1.0,
+        round_slowdown: 1.0,
         compute_slowdown: 1.0,
         compute_threads: 0,
     };
@@ -49,6 +55,18 @@ impl Contention {
         self.compute_threads > 0
     }
 }
+
+/// A slowdown of 1, for model files written before it was measured.
+fn no_slowdown() -> f64 {
+    1.0
+}
+
+/// Bytes of the tiny allreduce timed for [`Contention::round_slowdown`]: a negotiation round's
+/// flags for a dozen buckets.
+pub const ROUND_BYTES: usize = 64;
+
+/// Calls of that allreduce per phase.
+const ROUND_CALLS: usize = 100;
 
 /// Floats of the stand-in's working set: 256 KiB, in the caches, like a convolution's tile.
 const UNIT_FLOATS: usize = 64 << 10;
@@ -119,18 +137,21 @@ fn time_calls(ar: &Allreducer, buf: &mut [f32], calls: usize) -> Result<f64> {
     Ok(start.elapsed().as_secs_f64() / calls as f64)
 }
 
-/// One pass: the allreduce alone, the compute alone for as long, then both at once; the
-/// slowest rank's (comm, compute) slowdowns on rank 0.
+/// One pass: the allreduces alone (the bucket's, then the round's), the compute alone for as
+/// long as the bucket's took, then each allreduce beside the compute (its rate counted during
+/// the bucket's); the slowest rank's (comm, compute, round) slowdowns on rank 0.
 fn pass(
     t: &dyn Transport,
-    ar: &Allreducer,
+    [ar, round]: [&Allreducer; 2],
     buf: &mut [f32],
     calls: usize,
     threads: usize,
     yield_to_comm: bool,
-) -> Result<(f64, f64)> {
+) -> Result<[f64; 3]> {
+    let round_buf = &mut [0.0f32; ROUND_BYTES / 4];
     t.barrier()?;
     let alone = time_calls(ar, buf, calls)?;
+    let round_alone = time_calls(round, round_buf, ROUND_CALLS)?;
     let load = ComputeLoad::start(threads, yield_to_comm);
     t.barrier()?;
     let (start, before) = (Instant::now(), load.done());
@@ -140,18 +161,27 @@ fn pass(
     let (start, before) = (Instant::now(), load.done());
     let beside = time_calls(ar, buf, calls)?;
     let rate_beside = (load.done() - before) as f64 / start.elapsed().as_secs_f64();
+    let round_beside = time_calls(round, round_buf, ROUND_CALLS)?;
     drop(load);
-    let worst = max_on_root(t, &[beside / alone, rate_alone / rate_beside.max(1e-9)])?;
-    Ok((worst[0], worst[1]))
+    let worst = max_on_root(
+        t,
+        &[
+            beside / alone,
+            rate_alone / rate_beside.max(1e-9),
+            round_beside / round_alone,
+        ],
+    )?;
+    Ok([worst[0], worst[1], worst[2]])
 }
 
 /// Measures [`Contention`] with `threads` compute threads per rank (at the replicas' nice
-/// value with `yield_to_comm`) and `ar`'s allreduce of `bytes`: per pass the allreduce alone,
-/// the compute alone, then both, `calls` allreduces per phase; the median of `passes`, each
-/// the slowest rank's. Every rank of `t` must call this; rank 0 gets the figures.
+/// value with `yield_to_comm`), `ar`'s allreduce of `bytes` and `round`'s of
+/// [`ROUND_BYTES`]: per pass the allreduces alone, the compute alone, then both (`calls`
+/// bucket allreduces, [`ROUND_CALLS`] rounds per phase); the median of `passes`, each the
+/// slowest rank's. Every rank of `t` must call this; rank 0 gets the figures.
 pub fn measure(
     t: &dyn Transport,
-    ar: &Allreducer,
+    [ar, round]: [&Allreducer; 2],
     bytes: usize,
     calls: usize,
     threads: usize,
@@ -161,16 +191,27 @@ pub fn measure(
     let mut buf = vec![0.0f32; (bytes / 4).max(1)];
     for _ in 0..2 {
         ar.allreduce(&mut buf, false)?;
+        round.allreduce(&mut [0.0f32; ROUND_BYTES / 4], false)?;
     }
-    let (mut comm, mut compute) = (Vec::new(), Vec::new());
+    let mut figures: [Vec<f64>; 3] = Default::default();
     for _ in 0..passes.max(1) {
-        let (c, k) = pass(t, ar, &mut buf, calls.max(1), threads, yield_to_comm)?;
-        comm.push(c);
-        compute.push(k);
+        let pass = pass(
+            t,
+            [ar, round],
+            &mut buf,
+            calls.max(1),
+            threads,
+            yield_to_comm,
+        )?;
+        for (all, one) in figures.iter_mut().zip(pass) {
+            all.push(one);
+        }
     }
+    let [comm, compute, round] = &mut figures;
     Ok(Contention {
-        comm_slowdown: median(&mut comm),
-        compute_slowdown: median(&mut compute),
+        comm_slowdown: median(comm),
+        round_slowdown: median(round),
+        compute_slowdown: median(compute),
         compute_threads: threads,
     })
 }
@@ -191,7 +232,7 @@ mod tests {
                         let t: Arc<dyn Transport> = Arc::new(t);
                         let ar =
                             Allreducer::new(t.clone(), Algorithm::Ring, Topology::flat(2)).unwrap();
-                        measure(&*t, &ar, 1 << 20, 3, 1, false, 1).unwrap()
+                        measure(&*t, [&ar, &ar], 1 << 20, 3, 1, false, 1).unwrap()
                     })
                 })
                 .collect();
@@ -202,7 +243,7 @@ mod tests {
         assert!(c.measured());
         // Two ranks and two compute threads on this machine's cores: both are real ratios of
         // timed work, never zero, infinite or NaN.
-        for s in [c.comm_slowdown, c.compute_slowdown] {
+        for s in [c.comm_slowdown, c.compute_slowdown, c.round_slowdown] {
             assert!(s.is_finite() && s > 0.0, "{c:?}");
         }
         assert!(!Contention::SEPARATE.measured());

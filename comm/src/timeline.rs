@@ -60,8 +60,8 @@ pub struct Streams<'a> {
     /// Seconds of one negotiation round (`priority`).
     pub negotiate_s: f64,
     /// While both streams run, the allreduce's work proceeds at `1 / comm_slowdown` of its
-    /// speed and the compute's at `1 / compute_slowdown` ([`Contention::SEPARATE`]: neither
-    /// slows).
+    /// speed, a negotiation round's at `1 / round_slowdown`, and the compute's at
+    /// `1 / compute_slowdown` ([`Contention::SEPARATE`]: neither slows).
     pub contention: Contention,
 }
 
@@ -100,13 +100,36 @@ fn step_ops(stages: usize, priority: bool) -> Vec<Op> {
     ops
 }
 
-/// The allreduce stream: each bucket's bytes handed over and not yet reduced, and the chunk
-/// in flight (bucket, bytes, seconds of work left at full speed).
+/// An allreduce in flight: its negotiation round, then the allreduce itself.
+#[derive(Clone, Copy)]
+struct Chunk {
+    bucket: usize,
+    bytes: usize,
+    /// Seconds of the round left at full speed (0 once done, and under `fifo`).
+    round_s: f64,
+    /// Seconds of the allreduce left at full speed.
+    reduce_s: f64,
+}
+
+impl Chunk {
+    /// Seconds of work left in the current part at full speed, and its slowdown beside the
+    /// compute.
+    fn part(&self, c: &Contention) -> (f64, f64) {
+        if self.round_s > 0.0 {
+            (self.round_s, c.round_slowdown)
+        } else {
+            (self.reduce_s, c.comm_slowdown)
+        }
+    }
+}
+
+/// The allreduce stream: each bucket's bytes handed over and not yet reduced, the chunk in
+/// flight, and the seconds it was busy.
 struct Comm<'s, 'a> {
     streams: &'s Streams<'a>,
     buckets: Vec<Bucket>,
     left: Vec<usize>,
-    chunk: Option<(usize, usize, f64)>,
+    chunk: Option<Chunk>,
     busy: f64,
 }
 
@@ -120,15 +143,24 @@ impl Comm<'_, '_> {
         }
     }
 
-    /// Runs the chunk in flight for `dt` seconds at `rate` of its speed; `ends`: it is done.
+    /// Runs the chunk in flight for `dt` seconds at `rate` of its speed; `ends`: its current
+    /// part (the round, or the allreduce and with it the chunk) is done.
     fn advance(&mut self, dt: f64, rate: f64, ends: bool) {
-        let Some((b, bytes, work)) = self.chunk else {
+        let Some(mut c) = self.chunk else {
             return;
         };
         self.busy += dt;
-        self.chunk = (!ends).then_some((b, bytes, work - dt * rate));
-        if ends {
-            self.left[b] -= bytes;
+        let part = if c.round_s > 0.0 {
+            &mut c.round_s
+        } else {
+            &mut c.reduce_s
+        };
+        *part = if ends { 0.0 } else { *part - dt * rate };
+        if c.reduce_s == 0.0 {
+            self.left[c.bucket] -= c.bytes;
+            self.chunk = None;
+        } else {
+            self.chunk = Some(c);
         }
     }
 
@@ -149,18 +181,24 @@ impl Comm<'_, '_> {
         }
         let mut pending = (0..self.buckets.len()).filter(|&b| self.left[b] > 0);
         let streams = self.streams;
-        self.chunk = match streams.order {
-            CommOrder::Fifo => pending.next().map(|b| {
-                let bytes = self.left[b];
-                (b, bytes, (streams.reduce)(bytes))
-            }),
-            CommOrder::Priority { chunk_bytes } => pending
-                .min_by_key(|&b| (self.buckets[b].stage, b))
-                .map(|b| {
-                    let bytes = self.left[b].min(chunk_bytes.max(4));
-                    (b, bytes, streams.negotiate_s + (streams.reduce)(bytes))
-                }),
+        let (bucket, bytes, round_s) = match streams.order {
+            CommOrder::Fifo => match pending.next() {
+                Some(b) => (b, self.left[b], 0.0),
+                None => return,
+            },
+            CommOrder::Priority { chunk_bytes } => {
+                match pending.min_by_key(|&b| (self.buckets[b].stage, b)) {
+                    Some(b) => (b, self.left[b].min(chunk_bytes.max(4)), streams.negotiate_s),
+                    None => return,
+                }
+            }
         };
+        self.chunk = Some(Chunk {
+            bucket,
+            bytes,
+            round_s,
+            reduce_s: (streams.reduce)(bytes).max(f64::MIN_POSITIVE),
+        });
     }
 }
 
@@ -215,9 +253,12 @@ pub fn simulate(stages: &[StageCost], streams: &Streams<'_>) -> StepTime {
         }
         comm.start_next();
         let compute_rate = speed(comm.chunk.is_some(), streams.contention.compute_slowdown);
-        let comm_rate = speed(work.is_some(), streams.contention.comm_slowdown);
+        let (part_s, part_slowdown) = comm
+            .chunk
+            .map_or((f64::INFINITY, 1.0), |c| c.part(&streams.contention));
+        let comm_rate = speed(work.is_some(), part_slowdown);
         let compute_end = work.map_or(f64::INFINITY, |w| w / compute_rate);
-        let comm_end = comm.chunk.map_or(f64::INFINITY, |c| c.2 / comm_rate);
+        let comm_end = part_s / comm_rate;
         let dt = compute_end.min(comm_end);
         assert!(dt.is_finite(), "a wait with nothing left to reduce is met");
         t += dt;
@@ -324,6 +365,7 @@ mod tests {
             negotiate_s: 0.0,
             contention: Contention {
                 comm_slowdown: 2.0,
+                round_slowdown: 10.0,
                 compute_slowdown: 1.5,
                 compute_threads: 1,
             },
@@ -344,6 +386,29 @@ mod tests {
             priority.step_s > separate.step_s + 1.0,
             "{priority:?} {separate:?}"
         );
+        // Rounds of 0.1 s (1 s beside the compute): the step grows by more than their idle
+        // cost where the compute runs beside them.
+        let rounds = |contention| {
+            simulate(
+                &stages,
+                &Streams {
+                    order: CommOrder::Priority { chunk_bytes: 25 },
+                    negotiate_s: 0.1,
+                    contention,
+                    ..streams
+                },
+            )
+        };
+        let slow_rounds = rounds(streams.contention);
+        let idle_rounds = rounds(Contention {
+            round_slowdown: 1.0,
+            ..streams.contention
+        });
+        assert!(
+            slow_rounds.step_s > idle_rounds.step_s + 0.5,
+            "{slow_rounds:?} {idle_rounds:?}"
+        );
+        assert!(idle_rounds.step_s > priority.step_s, "{idle_rounds:?}");
     }
 
     #[test]

@@ -133,8 +133,8 @@ pub fn print_schedule(
     if c.measured() {
         writeln!(
             out,
-            "# CPU replicas on the cores of the communication ({} compute thread(s) per rank measured): the allreduce runs {:.2}x as long beside the compute, the compute {:.2}x beside the allreduce",
-            c.compute_threads, c.comm_slowdown, c.compute_slowdown
+            "# CPU replicas on the cores of the communication ({} compute thread(s) per rank measured): beside the compute a bucket's allreduce runs {:.2}x as long, a negotiation round {:.2}x; the compute {:.2}x beside the allreduce",
+            c.compute_threads, c.comm_slowdown, c.round_slowdown, c.compute_slowdown
         )?;
     }
     writeln!(

@@ -249,7 +249,7 @@ fn calibrate_times_every_candidate_and_auto_runs_the_fastest() {
     // shared cores, slows the schedule of `sim --cpu-replicas`.
     let c = m.contention;
     assert_eq!(c.compute_threads, 1, "{text}");
-    for slowdown in [c.comm_slowdown, c.compute_slowdown] {
+    for slowdown in [c.comm_slowdown, c.compute_slowdown, c.round_slowdown] {
         assert!(slowdown.is_finite() && slowdown > 0.0, "{c:?}");
     }
     let schedule = |extra: &[&str]| -> f64 {
