@@ -215,37 +215,3 @@ pub fn measure(
         compute_threads: threads,
     })
 }
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::{thread_group, Algorithm, Topology};
-
-    #[test]
-    fn contention_is_measured_on_every_rank_and_the_threads_stop() {
-        let group = thread_group(2);
-        let got: Vec<Contention> = std::thread::scope(|s| {
-            let handles: Vec<_> = group
-                .into_iter()
-                .map(|t| {
-                    s.spawn(move || {
-                        let t: Arc<dyn Transport> = Arc::new(t);
-                        let ar =
-                            Allreducer::new(t.clone(), Algorithm::Ring, Topology::flat(2)).unwrap();
-                        measure(&*t, [&ar, &ar], 1 << 20, 3, 1, false, 1).unwrap()
-                    })
-                })
-                .collect();
-            handles.into_iter().map(|h| h.join().unwrap()).collect()
-        });
-        let c = got[0];
-        assert_eq!(c.compute_threads, 1);
-        assert!(c.measured());
-        // Two ranks and two compute threads on this machine's cores: both are real ratios of
-        // timed work, never zero, infinite or NaN.
-        for s in [c.comm_slowdown, c.compute_slowdown, c.round_slowdown] {
-            assert!(s.is_finite() && s > 0.0, "{c:?}");
-        }
-        assert!(!Contention::SEPARATE.measured());
-    }
-}

@@ -112,13 +112,13 @@ struct Chunk {
 }
 
 impl Chunk {
-    /// Seconds of work left in the current part at full speed, and its slowdown beside the
-    /// compute.
-    fn part(&self, c: &Contention) -> (f64, f64) {
+    /// The seconds of work left in the current part at full speed (the round until it is
+    /// done, then the allreduce), and its slowdown beside the compute.
+    fn part(&mut self, c: &Contention) -> (&mut f64, f64) {
         if self.round_s > 0.0 {
-            (self.round_s, c.round_slowdown)
+            (&mut self.round_s, c.round_slowdown)
         } else {
-            (self.reduce_s, c.comm_slowdown)
+            (&mut self.reduce_s, c.comm_slowdown)
         }
     }
 }
@@ -150,11 +150,7 @@ impl Comm<'_, '_> {
             return;
         };
         self.busy += dt;
-        let part = if c.round_s > 0.0 {
-            &mut c.round_s
-        } else {
-            &mut c.reduce_s
-        };
+        let (part, _) = c.part(&self.streams.contention);
         *part = if ends { 0.0 } else { *part - dt * rate };
         if c.reduce_s == 0.0 {
             self.left[c.bucket] -= c.bytes;
@@ -253,9 +249,10 @@ pub fn simulate(stages: &[StageCost], streams: &Streams<'_>) -> StepTime {
         }
         comm.start_next();
         let compute_rate = speed(comm.chunk.is_some(), streams.contention.compute_slowdown);
-        let (part_s, part_slowdown) = comm
-            .chunk
-            .map_or((f64::INFINITY, 1.0), |c| c.part(&streams.contention));
+        let (part_s, part_slowdown) = comm.chunk.map_or((f64::INFINITY, 1.0), |mut c| {
+            let (left, slowdown) = c.part(&streams.contention);
+            (*left, slowdown)
+        });
         let comm_rate = speed(work.is_some(), part_slowdown);
         let compute_end = work.map_or(f64::INFINITY, |w| w / compute_rate);
         let comm_end = part_s / comm_rate;
