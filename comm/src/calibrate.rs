@@ -344,6 +344,8 @@ pub fn calibrate(
         contention: Contention::SEPARATE,
     };
     if compute_threads > 0 {
+        // As ddl-train with as many CPU replicas per rank waits.
+        world.share_cores(compute_threads);
         let bytes = CONTENTION_BYTES.min(max_bytes).max(4);
         let ar = chosen_allreducer(&t, &model, bytes, topo)?;
         let round = chosen_allreducer(&t, &model, contention::ROUND_BYTES, topo)?;

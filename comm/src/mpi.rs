@@ -8,11 +8,14 @@
 //! caller must end it with [`World::abort`](crate::world::World::abort).
 //!
 //! Polling: while every rank has a core of its own, a waiting rank spins on `MPI_Test`
-//! (lowest latency). When a node runs more ranks than they have cores together (oversubscribed,
-//! or an emulated cluster on one machine), spinning ranks steal the cores of the ranks that
-//! copy and reduce, so a rank that has waited for a while sleeps between polls, for about a
-//! sixteenth of the time it has waited so far (at most [`MAX_IDLE_SLEEP`]). [`World`](crate::world::World) picks
-//! the mode from the node's rank count and the cores; `DDL_COMM_POLL=spin|backoff` overrides.
+//! (lowest latency). When a node runs more ranks, or more CPU replicas, than they have cores
+//! together (oversubscribed, or an emulated cluster on one machine), spinning ranks steal the
+//! cores of the threads that compute, copy and reduce, so a rank that has waited for a while
+//! sleeps between polls, for about a sixteenth of the time it has waited so far (at most
+//! [`MAX_IDLE_SLEEP`]). [`World`](crate::world::World) picks the mode from the node's rank
+//! count and the cores, and again from its compute threads when told of them
+//! ([`World::share_cores`](crate::world::World::share_cores)); `DDL_COMM_POLL=spin|backoff`
+//! overrides.
 
 use std::ffi::{c_int, c_void};
 use std::os::raw::c_char;
@@ -75,14 +78,15 @@ pub enum Polling {
 }
 
 impl Polling {
-    /// The mode for `ranks_on_node` ranks that may run on `cores` cores together
-    /// ([`crate::cores::node_cores`]): `DDL_COMM_POLL` (`spin` or `backoff`) if set, otherwise
-    /// backoff exactly when the ranks outnumber the cores.
-    pub fn for_node(ranks_on_node: usize, cores: usize) -> Polling {
+    /// The mode for a node whose ranks keep `busy_threads` threads busy together (the ranks,
+    /// or their CPU replicas) on `cores` cores ([`crate::cores::node_cores`]): `DDL_COMM_POLL`
+    /// (`spin` or `backoff`) if set, otherwise backoff exactly when the threads outnumber the
+    /// cores.
+    pub fn for_node(busy_threads: usize, cores: usize) -> Polling {
         match std::env::var("DDL_COMM_POLL").as_deref() {
             Ok("spin") => Polling::Spin,
             Ok("backoff") => Polling::Backoff,
-            _ if ranks_on_node > cores => Polling::Backoff,
+            _ if busy_threads > cores => Polling::Backoff,
             _ => Polling::Spin,
         }
     }

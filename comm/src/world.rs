@@ -169,6 +169,16 @@ impl World {
         self.world.polling()
     }
 
+    /// Declares that every rank of this node runs `threads` busy compute threads (CPU
+    /// replicas) on the cores it communicates on: the ranks wait by backoff where these
+    /// threads outnumber the node's cores, as where the ranks alone do. Call it before
+    /// splitting groups from the world transport: they keep the polling they were split with.
+    pub fn share_cores(&self, threads: usize) {
+        let polling = Polling::for_node(self.node.size * threads.max(1), self.node_cpus);
+        self.world.set_polling(polling);
+        self.node.set_polling(polling);
+    }
+
     /// The thread level MPI granted (`Serialized` when ddl initialised MPI, the host's level
     /// when it joined).
     pub fn threading(&self) -> Threading {

@@ -15,3 +15,4 @@ mod overlap_mpi;
 mod readme;
 mod recipe;
 mod synth;
+mod tuning;

@@ -33,6 +33,14 @@ impl Job {
         }
     }
 
+    /// Declares the busy compute threads (CPU replicas) each rank runs beside its
+    /// communication ([`World::share_cores`]); read [`Job::info`] after it.
+    pub fn share_cores(&self, threads: usize) {
+        if let Job::Mpi(w) = self {
+            w.share_cores(threads);
+        }
+    }
+
     /// Where this process sits.
     pub fn info(&self) -> RankInfo {
         match self {
@@ -84,9 +92,9 @@ pub struct RankInfo {
     pub rank_in_node: usize,
     /// Ranks on this node (assumed equal on every node).
     pub ranks_in_node: usize,
-    /// This node's ranks outnumber its cores: ddl-comm waits by sleeping between polls
-    /// ([`ddl_comm::mpi::Polling::Backoff`]), and CPU replicas leave the cores to a
-    /// communication thread that has work ([`crate::table::TableConfig::yield_to_comm`]).
+    /// This node's ranks, or their CPU replicas, outnumber its cores: ddl-comm waits by
+    /// sleeping between polls ([`ddl_comm::mpi::Polling::Backoff`]), and CPU replicas leave
+    /// the cores to a communication thread that has work ([`crate::table::TableConfig::yield_to_comm`]).
     pub oversubscribed: bool,
 }
 

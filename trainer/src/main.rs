@@ -348,7 +348,6 @@ fn main() -> anyhow::Result<()> {
     let stop = StopRequest::install().context("installing the SIGTERM/SIGINT handlers")?;
     ddl_loader::fault::report_sigbus().context("installing the SIGBUS report")?;
     let job = Job::start().context("initialising MPI")?;
-    let info = job.info();
     let transport: Arc<dyn Transport> = job.transport();
     let rank = transport.rank();
     let size = transport.size();
@@ -359,11 +358,16 @@ fn main() -> anyhow::Result<()> {
         ddl_trace::enable();
     }
     let cfg = cli.config(stop)?;
+    let place = job.info();
+    // An error resolving the devices is the run's to report, with the others.
+    let devices = cfg
+        .devices
+        .resolve(place.rank_in_node, place.ranks_in_node)
+        .unwrap_or_default();
+    job.share_cores(devices.iter().filter(|d| !d.is_cuda()).count());
+    let info = job.info();
     if info.rank_in_node == 0 {
-        let replicas = cfg
-            .devices
-            .resolve(info.rank_in_node, info.ranks_in_node)
-            .map_or(1, |devices| devices.len());
+        let replicas = devices.len().max(1);
         if let Some(line) = job.binding_warning(cfg.workers + replicas) {
             eprint_line(&format!("ddl-train: {line}"));
         }

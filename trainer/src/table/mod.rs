@@ -325,6 +325,12 @@ impl Table {
         self.cmds.len()
     }
 
+    /// Whether the replicas run at a lower CPU priority than the communication
+    /// ([`TableConfig::yield_to_comm`]).
+    pub fn yields_to_comm(&self) -> bool {
+        self.cfg.yield_to_comm
+    }
+
     /// Current fp16 loss scale and the count of steps since the last overflow.
     pub fn loss_scale(&self) -> (f64, u64) {
         self.loss_scale.state()

@@ -23,7 +23,7 @@ use crate::config::{auto_overlap, comm_order, Overlap, TrainConfig};
 use crate::console::eprint_line;
 use crate::device;
 use crate::error::{Result, TrainError};
-use crate::metrics::{EpochRecord, MetricsWriter, StepRecord, TunedRecord};
+use crate::metrics::{EpochRecord, MetricsWriter, StepRecord};
 use crate::optim::SgdConfig;
 use crate::schedule::Schedule;
 use crate::setting::Setting;
@@ -36,6 +36,7 @@ pub mod dir_lock;
 mod head;
 mod plan;
 mod synthetic;
+mod tuning;
 mod weights_io;
 
 use checkpoints::{bytes_to_u64s, u64s_to_bytes};
@@ -389,7 +390,7 @@ impl Run<'_> {
         let devs: Vec<String> = plan.devices.iter().map(|d| format!("{d:?}")).collect();
         println!(
             "ddl-train: {} on {} rank(s) x {} replica(s) [{}], {} classes{}, {} train images/node (min), \
-             global batch {}, peak lr {:.4}, {} steps/epoch, allreduce {}, overlap {}, comm order {}, {} bucket(s)",
+             global batch {}, peak lr {:.4}, {} steps/epoch, allreduce {}, overlap {}, comm order {}, {} bucket(s){}",
             cfg.model,
             world,
             replicas,
@@ -412,6 +413,11 @@ impl Run<'_> {
             overlap.name(),
             order_line(cfg, overlap, world),
             self.table.layout().buckets.len(),
+            if self.table.yields_to_comm() {
+                "; the CPU replicas outnumber the cores and yield them to the communication"
+            } else {
+                ""
+            },
         );
     }
 
@@ -528,7 +534,13 @@ impl Run<'_> {
             global += 1;
             self.summary.steps_run += 1;
             bad_seen = self.collect_bad_records(&pipeline, bad_seen, BadRecordUse::Train);
-            self.report_tuning(global)?;
+            tuning::report(
+                &self.comm,
+                global,
+                self.is_root() && self.cfg.verbose,
+                self.metrics.as_mut(),
+                self.cfg.save_cost_model.as_deref(),
+            )?;
             acc.add(&stats);
             if let Some(m) = &mut self.metrics {
                 let at = (global, epoch, lr);
@@ -614,49 +626,6 @@ impl Run<'_> {
 
     /// Whether any rank received a stop signal: every rank calls it after the same step, so all
     /// stop together (the signal may have reached only some of them).
-    /// Logs once each buffer size whose algorithm `allreduce` auto settled on during the
-    /// last step (rank 0: a line, a metrics record) and saves the tuned model if asked.
-    fn report_tuning(&mut self, global: u64) -> Result<()> {
-        let fresh = self.comm.take_tuned();
-        if fresh.is_empty() || !self.is_root() {
-            return Ok(());
-        }
-        for c in &fresh {
-            let timings: Vec<(String, f64)> =
-                c.timings.iter().map(|(a, s)| (a.to_string(), *s)).collect();
-            if self.cfg.verbose {
-                let tried: Vec<String> = timings
-                    .iter()
-                    .map(|(a, s)| format!("{a} {:.3} ms", s * 1e3))
-                    .collect();
-                println!(
-                    "ddl-train: allreduce auto at {} bytes: {} (tried {}; tuning cost {:.1} ms)",
-                    c.bytes,
-                    c.algorithm,
-                    tried.join(", "),
-                    c.cost * 1e3
-                );
-            }
-            if let Some(m) = &mut self.metrics {
-                m.write(&TunedRecord {
-                    kind: "allreduce_tuned",
-                    step: global,
-                    bytes: c.bytes,
-                    algorithm: c.algorithm.to_string(),
-                    timings,
-                    cost_s: c.cost,
-                })?;
-            }
-        }
-        if let Some(path) = &self.cfg.save_cost_model {
-            self.comm
-                .tuned_model()
-                .save(path)
-                .map_err(|e| TrainError::config(Setting::SaveCostModel, e.to_string()))?;
-        }
-        Ok(())
-    }
-
     fn agreed_stop(&self) -> Result<Option<StopSignal>> {
         let mut votes = [0f32; 2];
         match self.cfg.stop.requested() {

@@ -83,6 +83,13 @@ pub(super) fn train(
                 comm.bytes_sent() - sent,
             ))?;
         }
+        super::tuning::report(
+            &comm,
+            step + 1,
+            rank == 0 && cfg.verbose,
+            metrics.as_mut(),
+            cfg.save_cost_model.as_deref(),
+        )?;
     }
     table.flush(&comm)?;
     Ok(TrainSummary {
