@@ -1,7 +1,9 @@
 """The tables of tools/bench/comm_order.sh from the files it leaves in OUT_DIR.
 
 Usage: python3 tools/bench/comm_order_report.py OUT_DIR RUNS SKIP BATCH SIZE CLASSES DDL_BENCH
-           "MODELS" "PY_MODELS" "PARTS" ALLREDUCE
+           "MODELS" "PY_MODELS" "PARTS" ALLREDUCE REPLICAS
+
+REPLICAS: CPU replicas per rank on the cluster (8 in all: 8 / REPLICAS ranks).
 """
 import json
 import re
@@ -17,28 +19,29 @@ def listed(values):
     return ", ".join(f"{v:.3f}" for v in values)
 
 
-def train_runs(out, where, m, order, runs, skip, batch):
-    """Per run: the median step (global images / images_per_s) after `skip` steps and the
-    medians of the step's compute, allreduce and forward-wait times."""
-    ranks = 8 if where == "cluster" else 2
+def train_runs(out, where, m, order, runs, skip):
+    """Per run: the mean step after `skip` steps (the run's wall time per step, which its
+    throughput sees; a median would hide steps that are slow every few steps) and the medians
+    of the step's compute, allreduce and forward-wait times."""
     rows = []
     for r in range(1, runs + 1):
         steps = [json.loads(line) for line in open(f"{out}/{where}-{m}-{order}-{r}.jsonl")
                  if '"step"' in line][skip:]
-        rows.append({"step": med(ranks * batch / s["images_per_s"] for s in steps),
+        rows.append({"step": statistics.fmean(s["step_s"] for s in steps),
                      **{k: med(s[k + "_s"] for s in steps)
                         for k in ("compute", "allreduce", "forward_wait")}})
     return rows
 
 
-def report_train(out, where, models, runs, skip, batch, size):
+def report_train(out, where, models, runs, skip, batch, size, replicas):
     """The fifo / priority table of `where`; returns per model (gain, compute, step) of fifo."""
-    layout = "2 x 4 emulated nodes" if where == "cluster" else "2 ranks, one node"
-    print(f"## {where}: ddl-train, {layout}, {size} px, batch {batch} per rank, median of "
-          f"{runs} runs (steps {skip + 1}-)")
+    layout = (f"2 emulated nodes x {4 // replicas} rank(s) x {replicas} CPU replica(s)"
+              if where == "cluster" else "2 ranks, one node")
+    print(f"## {where}: ddl-train, {layout}, {size} px, batch {batch} per replica, median of "
+          f"{runs} runs of the mean step (steps {skip + 1}-)")
     measured = {}
     for m in models:
-        res = {o: train_runs(out, where, m, o, runs, skip, batch) for o in ("fifo", "priority")}
+        res = {o: train_runs(out, where, m, o, runs, skip) for o in ("fifo", "priority")}
         for o, rows in res.items():
             print(f"{m} {o:>8}: step {med(r['step'] for r in rows):.3f} s (runs: "
                   f"{listed(r['step'] for r in rows)}); compute "
@@ -54,12 +57,12 @@ def report_train(out, where, models, runs, skip, batch, size):
     return measured
 
 
-def report_sim(out, measured, bench, classes, size, batch, allreduce):
-    """ddl-bench sim's prediction for the cluster with its calibrated model, the runs'
+def report_sim(out, measured, bench, classes, size, batch, allreduce, replicas):
+    """ddl-bench sim's prediction for the cluster's ranks with its calibrated model, the runs'
     allreduce and the contention of CPU replicas and communication on the same cores."""
     print("## ddl-bench sim with the cluster's calibrated model and the fifo runs' compute")
     for m, (gain, compute, step) in measured.items():
-        cmd = [bench, "sim", "--nodes", "2", "--gpus-per-node", "4", "--model", m,
+        cmd = [bench, "sim", "--nodes", "2", "--gpus-per-node", str(4 // replicas), "--model", m,
                "--classes", str(classes), "--image-size", str(size), "--batch", str(batch),
                "--step-compute-ms", f"{compute * 1e3:.1f}",
                "--model-file", f"{out}/netns-model.json", "--allreduce", allreduce,
@@ -99,14 +102,15 @@ def report_python(out, py_models, runs, size, batch):
 def main():
     out, runs, skip, batch, size, classes, bench = sys.argv[1:8]
     models, py_models, parts = sys.argv[8].split(), sys.argv[9].split(), sys.argv[10].split()
-    allreduce = sys.argv[11]
+    allreduce, replicas = sys.argv[11], int(sys.argv[12])
     runs, skip, batch = int(runs), int(skip), int(batch)
     measured = {}
     for where in ("cluster", "node"):
         if where in parts:
-            measured[where] = report_train(out, where, models, runs, skip, batch, size)
+            measured[where] = report_train(out, where, models, runs, skip, batch, size,
+                                           replicas if where == "cluster" else 1)
     if "sim" in parts and "cluster" in measured:
-        report_sim(out, measured["cluster"], bench, classes, size, batch, allreduce)
+        report_sim(out, measured["cluster"], bench, classes, size, batch, allreduce, replicas)
     if "python" in parts:
         report_python(out, py_models, runs, size, batch)
 
