@@ -94,7 +94,8 @@ pub struct RankInfo {
     pub ranks_in_node: usize,
     /// This node's ranks, or their CPU replicas, outnumber its cores: ddl-comm waits by
     /// sleeping between polls ([`ddl_comm::mpi::Polling::Backoff`]), and CPU replicas leave
-    /// the cores to a communication thread that has work ([`crate::table::TableConfig::yield_to_comm`]).
+    /// the cores to a communication thread that has work
+    /// ([`crate::table::TableConfig::yield_to_comm`]).
     pub oversubscribed: bool,
 }
 
