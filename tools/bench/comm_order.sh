@@ -16,7 +16,8 @@
 #    threads per rank, then ddl-bench sim of the same ranks, model, image size and allreduce with the fifo runs' median compute per step and
 #    the contention calibrate measured (--cpu-replicas): the predicted fifo / priority ratio
 #    beside the measured one.
-# 3. The Python optimizer on the same cluster (CO_PY_MODELS), CO_PY_STEPS timed steps after 2
+# 3. The Python optimizer on the same cluster (CO_PY_MODELS), 8 ranks of one model each
+#    whatever CO_REPLICAS (a PyTorch process has no table), CO_PY_STEPS timed steps after 2
 #    of warm-up, buckets of CO_PY_BUCKET_MB (4) MiB, CO_RUNS runs per order, alternating; the
 #    job's step = the slowest rank's seconds per step.
 # 4. One node (mpirun -np 2, shared memory): ddl-train, each model, CO_RUNS runs per order.
