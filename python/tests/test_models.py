@@ -182,5 +182,5 @@ def test_head_parallel_export_loads_into_torchvision_and_scores_as_ddl(tmp_path:
     ours, theirs = hits / images, float(meta["val_top1"])
     assert 0.2 < theirs < 1.0, f"val top-1 {theirs}: the comparison would be vacuous"
     # ddl-train's rank 1 evaluated its half with its own BatchNorm statistics, the file holds
-    # rank 0's: within one point.
-    assert abs(ours - theirs) <= 0.01, (ours, theirs)
+    # rank 0's: within one point (2 of the 200 images, counted: 0.87 - 0.86 > 0.01 in floats).
+    assert abs(hits - round(theirs * images)) <= 2, (ours, theirs)
