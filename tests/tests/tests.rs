@@ -3,6 +3,7 @@
 
 mod bad_record;
 mod binding;
+mod compiled_mpi;
 mod demo_learns;
 mod demo_path;
 mod finetune;

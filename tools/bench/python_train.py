@@ -21,6 +21,7 @@ cross-entropy, one intra-op thread per rank), on the CPU or on one GPU per rank.
 --device cuda         the GPU of the rank's local rank, channels_last (and --amp: bf16 autocast);
                       the GPU is synchronised at the end of every step, so that data_s is time
                       the GPU had nothing to do
+--compile             torch.compile the model (default mode; compiled in the warmup steps)
 --feed-batches N      before training, WARMUP then N timed batches that are only read on the
                       device (normalised and summed): the loader alone (feed_images_per_s)
 
@@ -135,6 +136,7 @@ def main():
     ap.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     ap.add_argument("--dtype", choices=("float32", "uint8"), default="float32")
     ap.add_argument("--amp", action="store_true")
+    ap.add_argument("--compile", action="store_true")
     ap.add_argument("--feed-batches", type=int, default=0)
     args = ap.parse_args()
     torch.set_num_threads(1)
@@ -172,6 +174,7 @@ def main():
         if args.comm == "ddl-ddp":
             model.register_comm_hook(args.algorithm, dd.allreduce_hook)
     model.train()
+    forward = torch.compile(model) if args.compile else model
 
     it = batches(args, rank, size, args.classes, device)
     prepare = model_input(args, device)
@@ -189,7 +192,7 @@ def main():
         x, y = next(it)
         t1 = time.perf_counter()
         with torch.autocast(device.type, dtype=torch.bfloat16, enabled=args.amp):
-            loss = F.cross_entropy(model(prepare(x)), y)
+            loss = F.cross_entropy(forward(prepare(x)), y)
         opt.zero_grad()
         loss.backward()
         t2 = time.perf_counter()
@@ -208,7 +211,7 @@ def main():
         "size": args.size, "steps": args.steps, "images": images, "seconds": seconds,
         "images_per_s": images / seconds, "data_s": data_s, "fwd_bwd_s": fb_s, "step_s": step_s,
         "data_wait_frac": data_s / seconds, "loss": loss.item(), "device": str(device),
-        "arch": args.arch, "dtype": args.dtype, **fed,
+        "arch": args.arch, "dtype": args.dtype, "compiled": args.compile, **fed,
     }), flush=True)
     if args.comm in ("gloo", "ddl-ddp"):
         tdist.destroy_process_group()

@@ -91,8 +91,10 @@ def train_summary(path, warmup, images_per_step):
     return out
 
 
-def compare_weights(a, b):
-    """Tensor by tensor comparison of two ddl-train --dump-weights files (raw f32 LE + .json)."""
+def compare_weights(a, b, init=None):
+    """Tensor by tensor comparison of two ddl-train --dump-weights files (raw f32 LE + .json);
+    with INIT (the weights both started from), also how far B's update is from A's:
+    update_rel_diff = |B - A| / |A - INIT| over all weights."""
     import numpy as np
 
     with open(a + ".json") as f:
@@ -110,7 +112,12 @@ def compare_weights(a, b):
             scale = float(np.abs(ta).max()) or 1.0
             differ.append({"name": t["name"], "max_abs_diff": diff, "max_rel_diff": diff / scale})
     differ.sort(key=lambda d: -d["max_rel_diff"])
-    return {"bitwise": not differ, "tensors": len(index["tensors"]),
+    update = {}
+    if init:
+        z = np.fromfile(init, dtype="<f4").astype(np.float64)
+        update["update_rel_diff"] = float(np.linalg.norm(y - x.astype(np.float64))
+                                          / np.linalg.norm(x - z))
+    return {**update, "bitwise": not differ, "tensors": len(index["tensors"]),
             "tensors_differ": len(differ),
             "max_abs_diff": max((d["max_abs_diff"] for d in differ), default=0.0),
             "max_rel_diff": max((d["max_rel_diff"] for d in differ), default=0.0),
@@ -167,7 +174,7 @@ def cmd_add(a):
     if a.metrics:
         fields.update(train_summary(a.metrics, a.warmup, a.images_per_step))
     if a.weights:
-        fields.update(compare_weights(*a.weights))
+        fields.update(compare_weights(*a.weights, init=a.update_from))
     for kv in a.pairs:
         k, _, v = kv.partition("=")
         fields[k] = value(v)
@@ -218,7 +225,7 @@ def figure(v):
 def cmd_summary(a):
     lines = read(a.results)
     start = next((l for l in lines if l["check"] == "start"), {})
-    out = [f"# ddl, issue 34 part B: {start.get('device', '?')} run of {start.get('commit', '?')}",
+    out = [f"# ddl on a GPU machine (tools/gpu/run.sh): {start.get('device', '?')} run of {start.get('commit', '?')}",
            "", "| stage | check | result | figures |", "|---|---|---|---|"]
     for l in lines:
         if l["check"] == "start":
@@ -248,6 +255,7 @@ def main():
     p.add_argument("--warmup", type=int, default=0)
     p.add_argument("--images-per-step", type=int, default=0)
     p.add_argument("--weights", nargs=2)
+    p.add_argument("--update-from", help="with --weights: the initial weights of both")
     p.add_argument("--ok-if", action="append", default=[])
     p.add_argument("--target", action="append", default=[])
     p.add_argument("pairs", nargs="*")

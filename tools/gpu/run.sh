@@ -1,11 +1,15 @@
 #!/usr/bin/env bash
-# Part B of issue 34 in one command: ddl on a GPU machine that has python3 with torch (CUDA) and
-# nothing else (no MPI, no Rust, no package registry). tools/gpu/bundle.sh DIR puts this script
-# at DIR/run.sh beside everything it runs (bin/, py/, wheel/, Open MPI and env.sh).
+# ddl on a GPU machine that has python3 with torch (CUDA) and nothing else (no MPI, no Rust, no
+# package registry): issue 34's part B and issue 43's compiled step, in one command.
+# tools/gpu/bundle.sh DIR puts this script at DIR/run.sh beside everything it runs (bin/, py/,
+# wheel/, Open MPI and env.sh).
 #
-#   OUT=results DIR/run.sh                 # on the GPU machine: every stage, <= 8 min on an H100
-#   DEVICE=cpu OUT=results DIR/run.sh      # anywhere: the same stages, tiny, on the CPU (< 2 min)
+#   OUT=results DIR/run.sh                 # on the GPU machine: the default stages, <= 8 min
+#   DEVICE=cpu OUT=results DIR/run.sh      # anywhere: every stage, tiny, on the CPU
 #   STAGES="speed prof" OUT=results DIR/run.sh
+#
+# On the GPU the default stages are env, compile, compiled_speed, compile_check and
+# compiled_python (the stages of issue 34 that passed there run when named); on the CPU, all.
 #
 # Stages, each under its own timeout; one that fails or times out is recorded and the next runs:
 #   env          GPU, driver, Python, torch, CUDA, cuDNN; no bundled program lacks a library;
@@ -25,6 +29,27 @@
 #                and run counts
 #   prof         ddl-prof on those shards at 224 px on all cores: how many such GPUs (at the
 #                speed stage's ddl-train rate) the node can feed
+#   compile      ddl-train --compile: ResNet-50 (batch 256, bf16, channels-last) compiled into a
+#                new cache (the seconds it took); on the GPU, its package alone from Python,
+#                plain and replayed from a CUDA graph (tools/gpu/compiled_graphs.py); then 10
+#                steps compiled against 10 eager from the same weights and batches, in that
+#                configuration (the update's difference, as compile_check measures it)
+#   compile_check  resnet18 on the small shards, compiled against eager for fp32 and bf16 (30
+#                steps at a small learning rate from the same initial weights: the update of
+#                the compiled run against eager's, |w_compiled - w_eager| / |w_eager - w_init|),
+#                and a compiled run checkpointed and resumed (bitwise the uninterrupted one)
+#   compile_variants  (named only) the ResNet-50 package compiled again with other Inductor
+#                options, in parallel, each timed alone and its top kernels profiled
+#   compiled_speed  ResNet-50 as in speed: ddl-train --compile fed by its own loader from the
+#                1000-class shards (images/s, data-wait); then, data on the device, alternating
+#                rounds of ddl-train --compile, ddl-train eager, torch_eager.py eager, under
+#                torch.compile (default mode) and under torch.compile reduce-overhead with the
+#                optimizer step compiled too (the strongest PyTorch loop that compiles in the
+#                budget): medians and run counts
+#   compiled_python  tools/bench/python_train.py under torch.compile (ResNet-50, bf16,
+#                channels-last): fed by ddl.Loader (uint8) vs torchvision's DataLoader (a worker
+#                per core): images/s and data-wait (on the CPU: skipped, torch.compile's CPU
+#                compile is minutes)
 #   python       examples/pytorch/train.py on the device under the bundled mpirun (one rank);
 #                a loop fed by ddl.Loader(device=...) (uint8 and float32) vs torchvision's
 #                ImageFolder + DataLoader (a worker per core) on the same images at 224 px
@@ -46,7 +71,11 @@ D=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 BIN=$D/bin PY=$D/py
 DEVICE=${DEVICE:-cuda}
 PYTHON=${PYTHON:-python3}
-STAGES=${STAGES:-env correctness speed prof python}
+case $DEVICE in
+  cuda) STAGES=${STAGES:-env compile compiled_speed compile_check compiled_python} ;;
+  *) STAGES=${STAGES:-env compile compiled_speed compile_check compiled_python correctness speed
+     prof python} ;;
+esac
 cores=$(env -u OMP_NUM_THREADS -u OMP_THREAD_LIMIT nproc)  # nproc reads OMP_NUM_THREADS
 WORKERS=${WORKERS:-$((cores > 3 ? cores - 2 : 1))}
 
@@ -62,7 +91,13 @@ case $DEVICE in
     Y_DTYPES="uint8 float32" Y_DEADLINE=${PYTHON_BUDGET:-50}
     TRAIN_PY=(--device cuda --arch resnet18 --image-size 64 --batch-size 32 --epochs 2
               --warmup-epochs 0.5 --lr 0.2 --workers 8 --amp)
-    T_env=30 T_correctness=135 T_speed=$((S_DEADLINE + 60)) T_prof=35 T_python=$((Y_DEADLINE + 45)) ;;
+    K_MODEL=resnet50 K_SIZE=224 K_BATCH=256 K_PRECISION=bf16 K_LAYOUT=(--channels-last)
+    K_CHECK_MODEL=resnet18 K_CHECK_PRECISIONS=${COMPILED_CHECK_PRECISIONS:-fp32 bf16}
+    K_PEERS=${COMPILED_PEERS:-eager default reduce-overhead}
+    K_DEADLINE=${COMPILED_BUDGET:-150} KY_DEADLINE=${COMPILED_PYTHON_BUDGET:-60}
+    T_env=30 T_correctness=135 T_speed=$((S_DEADLINE + 60)) T_prof=35 T_python=$((Y_DEADLINE + 45))
+    T_compile=300 T_compile_check=200 T_compiled_speed=$((K_DEADLINE + 100))
+    T_compiled_python=$((KY_DEADLINE + 60)) ;;
   cpu)
     DEV1=cpu:1 DEV2=cpu:2 TORCH_DEV=cpu
     C_SIZE=32 C_BATCH=8 C_CLASSES=4 C_PER_CLASS=24 C_VAL=4 C_WORKERS=1 C_RESUME_AT=18
@@ -73,7 +108,13 @@ case $DEVICE in
     Y_DTYPES=uint8 Y_DEADLINE=${PYTHON_BUDGET:-0}
     TRAIN_PY=(--device cpu --arch resnet18 --image-size 32 --batch-size 8 --epochs 1
               --warmup-epochs 0.5 --lr 0.2 --workers 1)
-    T_env=60 T_correctness=150 T_speed=120 T_prof=60 T_python=120 ;;
+    # One key on the CPU (resnet_small, 32 px, batch 8, f32, NCHW): compiled once, then found;
+    # no PyTorch peer (resnet_small is ddl's own model).
+    K_MODEL=resnet_small K_SIZE=$C_SIZE K_BATCH=$C_BATCH K_PRECISION=fp32 K_LAYOUT=()
+    K_CHECK_MODEL=resnet_small K_CHECK_PRECISIONS=fp32 K_PEERS=""
+    K_DEADLINE=${COMPILED_BUDGET:-0} KY_DEADLINE=0
+    T_env=60 T_correctness=150 T_speed=120 T_prof=60 T_python=120
+    T_compile=200 T_compile_check=200 T_compiled_speed=150 T_compiled_python=60 ;;
   *) echo "run.sh: DEVICE=$DEVICE: give cuda or cpu" >&2; exit 2 ;;
 esac
 LIMIT=120  # seconds one command may take (LIMIT=N step ... for another; the stage's timeout
@@ -239,6 +280,181 @@ stage_speed() {
   rounds "$S_DEADLINE" speed_round
 }
 
+# A ResNet-50 step compiled into a new cache (timed); on the GPU, its package alone.
+stage_compile() {
+  W=$WORK/compile; mkdir -p "$W"
+  local m=$W/first.jsonl start=$SECONDS
+  LIMIT=280 step compile-"$K_MODEL" "$BIN/ddl-train" --synthetic-data --model "$K_MODEL" \
+    --classes 1000 --image-size "$K_SIZE" --batch "$K_BATCH" --devices "$DEV1" \
+    --precision "$K_PRECISION" "${K_LAYOUT[@]}" --compile --compile-cache "$CACHE" \
+    --max-steps 5 --metrics "$m" || return
+  local entry; entry=$(dirname "$(ls "$CACHE/$K_MODEL"-*/step.json | head -n 1)")
+  add compile model="$K_MODEL" run_s=$((SECONDS - start)) compile_s="$("$PYTHON" -c \
+    'import json, sys; print(json.load(open(sys.argv[1]))["compile_seconds"])' \
+    "$entry/step.json")" --metrics "$m" --ok-if finite==true
+  # The package alone, plain and replayed from a CUDA graph: whether graphs pay.
+  [ "$DEVICE" = cuda ] && step graphs "${PLAIN[@]}" "$PYTHON" "$PY/compiled_graphs.py" "$entry" &&
+    add graphs --from "$(logof graphs)" --ok-if loss_agrees==true
+  # The compiled step against eager in this configuration, from the same weights and batches
+  # (the 1000-class shards on the GPU; on the CPU the small ones, whose step compile_check
+  # compiles too).
+  local data=$SMALL/shards
+  if [ "$DEVICE" = cuda ]; then data_big && data=$BIG/shards; else data_small; fi || return
+  local run=(--data "$data" --model "$K_MODEL" --image-size "$K_SIZE" --batch "$K_BATCH"
+    --devices "$DEV1" --precision "$K_PRECISION" "${K_LAYOUT[@]}" --workers "$WORKERS"
+    --lr 0.01 --warmup-epochs 0 --no-eval --quiet)
+  step init "$BIN/ddl-train" "${run[@]}" --max-steps 0 --dump-weights "$W/init.f32" &&
+    step eager "$BIN/ddl-train" "${run[@]}" --max-steps 10 --dump-weights "$W/eager.f32" &&
+    step compiled "$BIN/ddl-train" "${run[@]}" --max-steps 10 --compile --compile-cache "$CACHE" \
+      --dump-weights "$W/compiled.f32" &&
+    add update model="$K_MODEL" --weights "$W/eager.f32" "$W/compiled.f32" \
+      --update-from "$W/init.f32" --ok-if "update_rel_diff<0.25"
+}
+
+# Variants of the ResNet-50 package, compiled in parallel from the compile stage's spec with
+# other Inductor options (COMPILE_VARIANTS: space-separated KEY=VALUE[,KEY=VALUE]; default
+# "layout_optimization=False force_layout_optimization=True"), each timed alone beside the package ddl-train compiled, its top
+# kernels profiled (tools/gpu/compiled_graphs.py --profile): where the compiled step's time
+# goes. Not a default stage: STAGES="compile compile_variants".
+stage_compile_variants() {
+  W=$WORK/compile_variants; mkdir -p "$W"
+  # The compile stage's entry, or its failed compile's folder (the spec is in either).
+  local entry; entry=$(dirname "$(ls "$CACHE/$K_MODEL"-*/spec.json | head -n 1)") || return
+  local variants=${COMPILE_VARIANTS:-layout_optimization=False force_layout_optimization=True}
+  local v i=0 pids=()
+  for v in $variants; do
+    i=$((i + 1)); mkdir -p "$W/v$i"; cp "$entry/spec.json" "$W/v$i/"
+    local configs=(); IFS=, read -ra opts <<< "$v"
+    for o in "${opts[@]}"; do configs+=(--inductor-config "$o"); done
+    (LIMIT=290 step "variant-$i" "${PLAIN[@]}" "$PYTHON" "$entry/step.py" "$W/v$i/spec.json" \
+      "$W/v$i" "${configs[@]}") & pids+=($!)
+  done
+  for p in "${pids[@]}"; do wait "$p"; done
+  i=0
+  for v in ddl-train $variants; do
+    local dir=$entry
+    [ "$v" = ddl-train ] || { i=$((i + 1)); dir=$W/v$i; cp "$entry/spec.json" "$dir/" 2>/dev/null; }
+    [ -f "$dir/step.json" ] || continue
+    step "time-$i" "${PLAIN[@]}" "$PYTHON" "$PY/compiled_graphs.py" "$dir" --profile 12 &&
+      add variant options="$v" --from "$(logof "time-$i")"
+  done
+}
+
+# The compiled step against eager on the small shards, and a compiled run resumed.
+stage_compile_check() {
+  W=$WORK/compile_check; mkdir -p "$W"
+  data_small || return
+  CHECK_RUN=(--data "$SMALL/shards" --model "$K_CHECK_MODEL" --image-size "$C_SIZE"
+    --batch "$C_BATCH" --epochs 2 --lr 0.02 --warmup-epochs 0 --seed 1 --workers "$C_WORKERS"
+    --no-eval --devices "$DEV1" --deterministic)
+  step init "$BIN/ddl-train" "${CHECK_RUN[@]}" --max-steps 0 --dump-weights "$W/init.f32" ||
+    return
+  for p in $K_CHECK_PRECISIONS; do
+    local run=("${CHECK_RUN[@]}" --precision "$p" --max-steps 30)
+    step "eager-$p" "$BIN/ddl-train" "${run[@]}" --dump-weights "$W/eager-$p.f32" &&
+      step "compiled-$p" "$BIN/ddl-train" "${run[@]}" --compile --compile-cache "$CACHE" \
+        --checkpoint-dir "$W/ck-$p" --checkpoint-every 15 --keep-checkpoints 10 \
+        --metrics "$W/compiled-$p.jsonl" --dump-weights "$W/compiled-$p.f32" &&
+      add "compiled-$p" --weights "$W/eager-$p.f32" "$W/compiled-$p.f32" \
+        --update-from "$W/init.f32" --metrics "$W/compiled-$p.jsonl" --ok-if finite==true \
+        --ok-if "update_rel_diff<$([ "$p" = fp32 ] && echo 0.05 || echo 0.25)"
+  done
+  local p=${K_CHECK_PRECISIONS%% *} ckpt
+  ckpt=$(printf 'ckpt-%012d.ddlck' 15)
+  mkdir -p "$W/ck-resume" && cp "$W/ck-$p/$ckpt" "$W/ck-resume/" 2>/dev/null || {
+    add resume ok=false error="no compiled $p run or no checkpoint $ckpt to resume from"
+    return 1
+  }
+  step resume "$BIN/ddl-train" "${CHECK_RUN[@]}" --precision "$p" --max-steps 30 --compile \
+    --compile-cache "$CACHE" \
+    --checkpoint-dir "$W/ck-resume" --checkpoint-every 15 --resume \
+    --dump-weights "$W/resume.f32" &&
+    add resume precision="$p" --weights "$W/compiled-$p.f32" "$W/resume.f32" \
+      --ok-if bitwise==true
+}
+
+# One round of the compiled comparison, data on the device: ddl-train --compile, ddl-train
+# eager, then PyTorch's loop in each of K_PEERS's modes (eager, or a torch.compile mode).
+compiled_round() {
+  local r=$1 common=(--synthetic-data --model "$K_MODEL" --classes 1000 --image-size "$K_SIZE"
+    --batch "$K_BATCH" --devices "$DEV1" --precision "$K_PRECISION" "${K_LAYOUT[@]}"
+    --max-steps "$S_STEPS" --quiet)
+  local peer
+  for peer in ddl-train-compile ddl-train; do
+    local flags=() m=$W/$peer-$r.jsonl
+    [ "$peer" = ddl-train-compile ] && flags=(--compile --compile-cache "$CACHE")
+    step "$peer-$r" "$BIN/ddl-train" "${common[@]}" "${flags[@]}" --metrics "$m" &&
+      add synthetic peer="$peer" round="$r" --metrics "$m" --warmup "$S_WARMUP" \
+        --ok-if finite==true
+  done
+  local mode
+  for mode in $K_PEERS; do
+    local flags=() limit=$LIMIT
+    case $mode in
+      eager) ;;
+      default) flags=(--compile) limit=160 ;;
+      *) flags=(--compile --compile-mode "$mode" --compile-optimizer) limit=200 ;;
+    esac
+    LIMIT=$limit step "torch-$mode-$r" "${PLAIN[@]}" "$PYTHON" "$PY/torch_eager.py" \
+      --model "$K_MODEL" --classes 1000 --image-size "$K_SIZE" --batch "$K_BATCH" \
+      --device "$TORCH_DEV" --precision "$K_PRECISION" "${K_LAYOUT[@]}" \
+      --steps $((S_STEPS - S_WARMUP)) --warmup "$S_WARMUP" "${flags[@]}" &&
+      add synthetic round="$r" --from "$(logof "torch-$mode-$r")"
+  done
+}
+
+# ddl-train --compile fed by its own loader: images/s and the data-wait share of the step.
+compiled_fed() {
+  local m=$W/fed.jsonl
+  step fed "$BIN/ddl-train" --data "$BIG/shards" --model "$K_MODEL" --image-size "$K_SIZE" \
+    --batch "$K_BATCH" --devices "$DEV1" --precision "$K_PRECISION" "${K_LAYOUT[@]}" \
+    --compile --compile-cache "$CACHE" --workers "$WORKERS" --max-steps "$S_STEPS" --no-eval \
+    --quiet --metrics "$m" &&
+    add fed workers="$WORKERS" --metrics "$m" --warmup "$S_WARMUP" \
+      --images-per-step "$K_BATCH" --ok-if finite==true --ok-if epochs_seen==1 \
+      --target 'data_wait_frac<0.01'
+}
+
+stage_compiled_speed() {
+  W=$WORK/compiled_speed; mkdir -p "$W"
+  data_big && compiled_fed
+  rounds "$K_DEADLINE" compiled_round
+}
+
+finish_compiled_speed() {
+  report medians "$RESULTS" compiled_speed synthetic --by peer --value images_per_s \
+    --base ddl-train-compile --target 'ddl_train_compile_per_ddl_train>=1.35' \
+    --target 'ddl_train_compile_per_pytorch_compile_reduce_overhead_opt>=1.0' >> "$LOG"
+}
+
+# The Python loop under torch.compile fed by ddl.Loader or torchvision's DataLoader.
+compiled_python_round() {
+  local r=$1 common=(--comm none --device "$TORCH_DEV" --arch "$Y_MODEL" --classes "$BIG_CLASSES"
+    --batch "$Y_BATCH" --size "$Y_SIZE" --steps "$Y_STEPS" --warmup "$Y_WARMUP" --compile --amp)
+  LIMIT=150 step "ddl-$r" "$PYTHON" "$PY/python_train.py" --loader ddl --data "$BIG/shards" \
+    --dtype uint8 --workers "$WORKERS" "${common[@]}" &&
+    add feed variant=ddl-uint8 round="$r" --from "$(logof "ddl-$r")" --ok-if 'loss<100'
+  LIMIT=150 step "torchvision-$r" "${PLAIN[@]}" "$PYTHON" "$PY/python_train.py" \
+    --loader torchvision --data "$BIG/images" --workers "$cores" "${common[@]}" &&
+    add feed variant=torchvision round="$r" --from "$(logof "torchvision-$r")" --ok-if 'loss<100'
+}
+
+stage_compiled_python() {
+  if [ "$DEVICE" != cuda ]; then
+    add compiled skipped="torch.compile of the Python loop is measured on the GPU only"
+    return
+  fi
+  data_big && rounds "$KY_DEADLINE" compiled_python_round
+}
+
+finish_compiled_python() {
+  [ "$DEVICE" = cuda ] || return 0
+  report medians "$RESULTS" compiled_python feed --by variant --value images_per_s \
+    --base ddl-uint8 >> "$LOG"
+  report medians "$RESULTS" compiled_python feed --by variant --value data_wait_frac \
+    --base ddl-uint8 >> "$LOG"
+}
+
 # After the speed stage, however it ended: the medians of its rounds.
 finish_speed() {
   report medians "$RESULTS" speed synthetic --by peer --value images_per_s --base ddl-train \
@@ -323,7 +539,7 @@ main() {
   if [ -z "${WORK:-}" ]; then WORK=$(mktemp -d /tmp/ddl-gpu.XXXXXX) && made_work=$WORK; fi
   trap cleanup EXIT
   mkdir -p "$WORK/logs"
-  SMALL=$WORK/small BIG=$WORK/big
+  SMALL=$WORK/small BIG=$WORK/big CACHE=$WORK/compile-cache
   ORIG_LD_LIBRARY_PATH=${LD_LIBRARY_PATH:-}
   local torch_lib
   torch_lib=$("$PYTHON" -c 'import importlib.util as u, os
@@ -333,7 +549,9 @@ print(os.path.join(os.path.dirname(u.find_spec("torch").origin), "lib"))') ||
   . "$D/env.sh"
   # The machine's own libtorch first, then the bundle's Open MPI and libraries.
   export LD_LIBRARY_PATH=$torch_lib:$LD_LIBRARY_PATH
-  export OUT RESULTS LOG WORK SMALL BIG ORIG_LD_LIBRARY_PATH PYTHON DEVICE WORKERS
+  # ddl-train --compile compiles with this Python, whose torch the binaries load.
+  export DDL_PYTHON=$PYTHON
+  export OUT RESULTS LOG WORK SMALL BIG CACHE ORIG_LD_LIBRARY_PATH PYTHON DEVICE WORKERS
   STAGE=run add start device="$DEVICE" python="$PYTHON" stages="$STAGES" workers="$WORKERS" \
     --from "$D/bundle.json"
   STAGE=run step wheel "$PYTHON" -m pip install -q --no-index --no-deps --no-compile \

@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
-# ddl-train step time and images/s per --overlap mode, 2 ranks x 1 CPU replica (BENCHMARKS.md,
-# ddl-train section). Runs the modes alternately RUNS times; per run the median over steps
+# ddl-train step time and images/s per --overlap mode, 2 ranks x REPLICAS CPU replicas
+# (BENCHMARKS.md, ddl-train section; REPLICAS=4 over netns: the emulated 2 x 4 cluster in ddl's
+# own layout, one rank per node with a table of 4, as issue 43 measures what the compiled step,
+# which only pipelines, gives up against backward). Runs the modes alternately RUNS times; per run the median over steps
 # 4..STEPS of the per-step metrics (step wall = global batch / images_per_s), then the median
 # over runs.
 #
@@ -8,7 +10,8 @@
 #   trainer/bench/overlap.sh netns SHARDS [OUT]   # across tools/bench/netns-cluster.sh hosts
 #                                                 # (run its `setup 2 1gbit` first)
 # Environment: RUNS (5), STEPS (15), MODES ("off pipeline backward"), MODEL (resnet18),
-# IMAGE_SIZE (64), BATCH (16), ALGO (ring), BUCKET_MB (25), DDL_TRAIN (target/release/ddl-train).
+# IMAGE_SIZE (64), BATCH (16), REPLICAS (1), ALGO (ring), BUCKET_MB (25), DDL_TRAIN
+# (target/release/ddl-train).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 launch=${1:?shm or netns}
@@ -27,7 +30,7 @@ for run in $(seq "${RUNS:-5}"); do
   for mode in ${MODES:-off pipeline backward}; do
     "${launcher[@]}" "${DDL_TRAIN:-$PWD/target/release/ddl-train}" --data "$shards" \
       --model "${MODEL:-resnet18}" --image-size "${IMAGE_SIZE:-64}" --batch "${BATCH:-16}" \
-      --devices cpu:1 --workers 1 --residency rank --no-eval --quiet \
+      --devices "cpu:${REPLICAS:-1}" --workers 1 --residency rank --no-eval --quiet \
       --max-steps "${STEPS:-15}" --allreduce "${ALGO:-ring}" --bucket-mb "${BUCKET_MB:-25}" \
       --overlap "$mode" --metrics "$out/$mode-$run.jsonl"
   done
@@ -39,7 +42,7 @@ for path in sorted(glob.glob(os.path.join(sys.argv[1], "*-*.jsonl"))):
     mode = os.path.basename(path).rsplit("-", 1)[0]
     steps = [json.loads(l) for l in open(path)][3:]
     steps = [s for s in steps if s.get("type") == "step"]
-    batch = 2 * int(os.environ.get("BATCH", "16"))
+    batch = 2 * int(os.environ.get("REPLICAS", "1")) * int(os.environ.get("BATCH", "16"))
     med = lambda k: statistics.median(s[k] for s in steps)
     runs.setdefault(mode, []).append(
         (statistics.median(batch / s["images_per_s"] for s in steps),

@@ -147,6 +147,10 @@ pub struct TrainConfig {
     /// Keep images, activations and convolution weights channels-last (NHWC strides,
     /// `channels_last`), the layout tensor cores prefer.
     pub channels_last: bool,
+    /// Run the step compiled ahead of time by Inductor (`compile`; see [`crate::compiled`]).
+    pub compile: bool,
+    /// The compile cache (`compile_cache`; none: [`crate::compiled::default_cache_dir`]).
+    pub compile_cache: Option<PathBuf>,
     /// Evaluate on the val split after every epoch.
     pub eval: bool,
     /// Shorter side before the center crop in evaluation; 0 = image size x 8/7 (`eval_resize`).
@@ -232,6 +236,8 @@ impl Default for TrainConfig {
             comm_order: CommOrder::Fifo,
             bucket_mb: 25.0,
             channels_last: false,
+            compile: false,
+            compile_cache: None,
             eval: true,
             eval_resize: 0,
             eval_resize_ratio: EVAL_RESIZE_RATIO,
@@ -328,10 +334,14 @@ impl Overlap {
 /// ranks span more than one node (the allreduce crosses a network and is worth hiding); off for
 /// CPU replicas on one node, where the allreduce is a shared-memory copy and the communication
 /// thread would only take cores from the replicas. Measured in BENCHMARKS.md ("Overlap of the
-/// gradient allreduce with backward").
-pub fn auto_overlap(gpus: bool, nodes: usize, replicas_in_job: usize) -> Overlap {
+/// gradient allreduce with backward"). A `compiled` step is one graph, whose gradients are
+/// complete only at its end: pipeline instead of backward.
+pub fn auto_overlap(gpus: bool, nodes: usize, replicas_in_job: usize, compiled: bool) -> Overlap {
     if replicas_in_job > 1 && (gpus || nodes > 1) {
-        Overlap::Backward
+        match compiled {
+            true => Overlap::Pipeline,
+            false => Overlap::Backward,
+        }
     } else {
         Overlap::Off
     }

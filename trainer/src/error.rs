@@ -15,6 +15,9 @@ pub enum TrainError {
         /// What is wrong with it.
         message: String,
     },
+    /// The compiled step (`compile`) could not be compiled, loaded or run.
+    #[error("compile: {0}")]
+    Compile(String),
     /// A libtorch call failed.
     #[error("torch: {0}")]
     Torch(#[from] tch::TchError),

@@ -1,6 +1,7 @@
 //! ddl-trainer: data-parallel training of image classifiers with tch (libtorch).
 //!
 //! - [`model`]: torchvision ResNet-18/34/50/101/152, a small ResNet and a BatchNorm-free net.
+//! - [`compiled`]: the training step compiled ahead of time by Inductor (`compile`).
 //! - [`table`]: the data-parallel table (one thread and replica per local device, bucketed
 //!   tree sum inside the node, allreduce across ranks overlapped with a staged backward or
 //!   pipelined after it: `overlap`).
@@ -51,6 +52,7 @@
 
 pub mod checkpoint;
 pub mod comm;
+pub mod compiled;
 pub mod config;
 pub mod console;
 pub mod device;

@@ -175,7 +175,8 @@ struct Cli {
     residency: ResidencyMode,
     /// What the gradient allreduce overlaps: backward (staged backward, buckets reduced while
     /// earlier stages are still in backward) | pipeline (after backward, bucket by bucket) |
-    /// off | auto (backward for GPU replicas or ranks on more than one node, else off).
+    /// off | auto (backward for GPU replicas or ranks on more than one node, else off; with
+    /// --compile pipeline instead of backward).
     #[arg(long, default_value = "auto", value_parser = ["auto", "backward", "pipeline", "off"])]
     overlap: String,
     /// The order the communication thread reduces the buckets in: fifo (as backward hands them
@@ -193,6 +194,18 @@ struct Cli {
     /// Channels-last (NHWC) images, activations and convolution weights.
     #[arg(long)]
     channels_last: bool,
+    /// Run the training step (forward, loss, backward) compiled ahead of time by PyTorch's
+    /// Inductor, which fuses each block's batch-norm, ReLU and residual add: compiled once per
+    /// model, classes, batch, image size, precision, layout, device and torch into
+    /// --compile-cache by the Python whose torch ddl-train runs on (DDL_PYTHON to choose
+    /// another), then loaded at once. With it --overlap auto is pipeline (the step is one
+    /// graph); --overlap backward and --head-parallel are refused.
+    #[arg(long)]
+    compile: bool,
+    /// Where --compile keeps its compiled steps (default: $XDG_CACHE_HOME/ddl/compiled, else
+    /// ~/.cache/ddl/compiled).
+    #[arg(long, value_name = "DIR", requires = "compile")]
+    compile_cache: Option<PathBuf>,
     /// Skip the per-epoch evaluation.
     #[arg(long)]
     no_eval: bool,
@@ -307,6 +320,8 @@ impl Cli {
             comm_order: self.comm_order,
             bucket_mb: self.bucket_mb,
             channels_last: self.channels_last,
+            compile: self.compile,
+            compile_cache: self.compile_cache,
             eval: !self.no_eval,
             eval_resize: self.eval_resize,
             eval_resize_ratio: self.eval_resize_ratio,

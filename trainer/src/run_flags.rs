@@ -76,6 +76,10 @@ pub const ROUNDING: &[(&str, &str)] = &[
     ),
     ("channels_last", "other convolution kernels"),
     (
+        "compile",
+        "Inductor's fused kernels compute the same step, summing in another order",
+    ),
+    (
         "head_parallel",
         "the head's gradient from every sample on the replica owning each class, not summed \
          over the replicas: another summation order",
@@ -111,6 +115,7 @@ pub const FREE: &[(&str, &str)] = &[
         "batches depend only on seed, epoch, step and replica",
     ),
     ("metrics", "output only"),
+    ("compile_cache", "where the compiled step is kept"),
     ("save_cost_model", "output only"),
     ("checkpoint_dir", "output only"),
     ("checkpoint_every", "output only"),

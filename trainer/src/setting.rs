@@ -74,6 +74,10 @@ settings! {
     Gamma = "gamma",
     /// Label smoothing.
     LabelSmoothing = "label_smoothing",
+    /// The step compiled ahead of time by Inductor.
+    Compile = "compile",
+    /// The compile cache.
+    CompileCache = "compile_cache",
     /// Arithmetic of forward and backward.
     Precision = "precision",
     /// The metrics file.

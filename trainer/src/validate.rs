@@ -162,6 +162,52 @@ pub fn head_split(cfg: &TrainConfig, classes: usize, replicas: usize) -> Result<
     Ok(())
 }
 
+/// `compile` runs the step as one graph of the whole model over a whole batch, compiled for
+/// that batch size: refused with the settings that need the model cut apart (`head_parallel`,
+/// `overlap` backward) or batches of any size (`on_bad_record` skip).
+pub fn compile(cfg: &TrainConfig) -> Result<()> {
+    if !cfg.compile {
+        return Ok(());
+    }
+    let refuse = |other: Setting, why: String| {
+        Err(TrainError::Config {
+            settings: vec![Setting::Compile, other],
+            message: why,
+        })
+    };
+    if cfg.head_parallel {
+        return refuse(
+            Setting::HeadParallel,
+            "the compiled step computes the whole classifier on every replica, which \
+             head-parallel splits over them: use one or the other"
+                .into(),
+        );
+    }
+    if cfg.overlap == Some(crate::config::Overlap::Backward) {
+        return refuse(
+            Setting::Overlap,
+            format!(
+                "the compiled step is one graph whose gradients are complete only at its \
+                 end, so backward has no stages to reduce during: use {} pipeline (the \
+                 default with {})",
+                Setting::Overlap,
+                Setting::Compile
+            ),
+        );
+    }
+    if cfg.on_bad_record == ddl_loader::pipeline::OnBadRecord::Skip {
+        return refuse(
+            Setting::OnBadRecord,
+            format!(
+                "skip makes batches shorter than {}, and the step is compiled for that \
+                 size: use replace or fail",
+                Setting::Batch
+            ),
+        );
+    }
+    Ok(())
+}
+
 /// The loader's settings of a run (their limits are the loader's, shared with ddl-prof and
 /// `ddl.Loader`).
 pub fn pipeline_settings(cfg: &TrainConfig) -> Settings {

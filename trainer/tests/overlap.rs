@@ -15,11 +15,15 @@ use ddl_trainer::config::{auto_overlap, comm_order, Precision};
 
 #[test]
 fn auto_overlaps_backward_on_gpus_and_across_nodes() {
-    assert_eq!(auto_overlap(false, 1, 2), Overlap::Off);
-    assert_eq!(auto_overlap(false, 2, 2), Overlap::Backward);
-    assert_eq!(auto_overlap(true, 1, 2), Overlap::Backward);
+    assert_eq!(auto_overlap(false, 1, 2, false), Overlap::Off);
+    assert_eq!(auto_overlap(false, 2, 2, false), Overlap::Backward);
+    assert_eq!(auto_overlap(true, 1, 2, false), Overlap::Backward);
     // One replica in the whole job has nothing to reduce: no staged backward.
-    assert_eq!(auto_overlap(true, 1, 1), Overlap::Off);
+    assert_eq!(auto_overlap(true, 1, 1, false), Overlap::Off);
+    // A compiled step is one graph: its buckets are pipelined after it.
+    assert_eq!(auto_overlap(true, 1, 2, true), Overlap::Pipeline);
+    assert_eq!(auto_overlap(false, 2, 2, true), Overlap::Pipeline);
+    assert_eq!(auto_overlap(false, 1, 2, true), Overlap::Off);
 }
 
 #[test]

@@ -3,6 +3,7 @@
 
 mod checkpoint_dir;
 mod common;
+mod compiled;
 mod config;
 // The binaries' spelling of settings, so that messages name flags as users see them.
 mod exactness;

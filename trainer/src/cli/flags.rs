@@ -31,6 +31,8 @@ pub fn flag(setting: Setting) -> &'static str {
         Setting::Milestones => "--milestones",
         Setting::Gamma => "--gamma",
         Setting::LabelSmoothing => "--label-smoothing",
+        Setting::Compile => "--compile",
+        Setting::CompileCache => "--compile-cache",
         Setting::Precision => "--precision",
         Setting::Metrics => "--metrics",
         Setting::CheckpointDir => "--checkpoint-dir",

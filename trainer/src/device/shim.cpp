@@ -2,7 +2,7 @@
 // c10's device-generic interfaces, so this compiles against a CPU-only libtorch too), copies
 // with `non_blocking`, backward from several outputs with their gradients, assigning a
 // parameter's `.grad`, and the cuDNN switches. Every function returns nullptr or an error
-// message that the caller frees with `ddl_free_error`.
+// message that the caller frees with `ddl_free_error` (guarded.h).
 
 #include <ATen/Context.h>
 #include <ATen/autocast_mode.h>
@@ -12,6 +12,8 @@
 #include <c10/core/StreamGuard.h>
 #include <c10/core/impl/VirtualGuardImpl.h>
 #include <torch/csrc/autograd/autograd.h>
+
+#include "guarded.h"
 
 #include <cstdlib>
 #include <cstring>
@@ -39,19 +41,7 @@ void pack(const c10::Stream& s, Stream* out) {
   out->device_type = static_cast<int64_t>(d.device_type);
 }
 
-char* message(const char* what) { return strdup(what ? what : "unknown libtorch error"); }
-
-template <typename F>
-char* guarded(F f) {
-  try {
-    f();
-    return nullptr;
-  } catch (const std::exception& e) {
-    return message(e.what());
-  } catch (...) {
-    return message(nullptr);
-  }
-}
+using ddl::guarded;
 
 }  // namespace
 

@@ -65,7 +65,9 @@ use ddl_loader::pipeline::Batch;
 use tch::nn;
 use tch::{Device, Kind, Tensor};
 
+use crate::compiled::{self, CompileSettings, Entry, StepSpec};
 use crate::config::{Overlap, Precision};
+use crate::console::eprint_line;
 use crate::device::DeviceCtx;
 use crate::error::{Result, TrainError};
 use crate::model::{self, ModelKind};
@@ -154,6 +156,9 @@ pub struct TableConfig {
     /// soon as its data arrives instead of waiting for a replica's time slice (every step
     /// waits for the slowest allreduce; BENCHMARKS.md, "Communication priorities").
     pub yield_to_comm: bool,
+    /// Run the step compiled by Inductor (`compile`): where its packages are cached and the
+    /// image sizes it is compiled for; none: the eager step.
+    pub compile: Option<CompileSettings>,
 }
 
 /// Per-step measurements of one rank.
@@ -253,6 +258,7 @@ impl Table {
             cfg.bucket_bytes,
             cfg.head_parallel,
         ));
+        let steps = Arc::new(compile_steps(&cfg, &layout)?);
         let init: Vec<(String, Vec<f32>)> = {
             let vars = reference.variables();
             let mut v: Vec<_> = vars
@@ -282,6 +288,7 @@ impl Table {
             layout: layout.clone(),
             shared: shared.clone(),
             init: Arc::new(init),
+            steps,
             grads: flats.iter().map(|f| f.grads.shallow_clone()).collect(),
             tx: msg_tx,
         };
@@ -593,6 +600,8 @@ struct ReplicaParts {
     shared: Arc<Shared>,
     /// The initial values of every variable, by name.
     init: Arc<Vec<(String, Vec<f32>)>>,
+    /// The compiled steps, by image size (`compile`).
+    steps: Arc<Vec<(u32, Entry)>>,
     /// Every replica's flat gradients.
     grads: Vec<Tensor>,
     tx: Sender<Msg>,
@@ -608,11 +617,12 @@ impl ReplicaParts {
         rx: Receiver<Cmd>,
         built: Sender<Result<()>>,
     ) -> Result<JoinHandle<()>> {
-        let (cfg, layout, shared, init, tx) = (
+        let (cfg, layout, shared, init, steps, tx) = (
             self.cfg.clone(),
             self.layout.clone(),
             self.shared.clone(),
             self.init.clone(),
+            self.steps.clone(),
             self.tx.clone(),
         );
         let grads: Vec<Tensor> = self.grads.iter().map(|g| g.shallow_clone()).collect();
@@ -625,7 +635,8 @@ impl ReplicaParts {
                         tracing::warn!("replica {index}: cannot lower its CPU priority: {e}");
                     }
                 }
-                let replica = build_replica(index, cfg, layout, shared, &init, flat, grads, tx);
+                let replica = build_replica(index, cfg, layout, shared, &init, flat, grads, tx)
+                    .and_then(|r| r.with_compiled_steps(&steps));
                 drop(init);
                 match replica {
                     Ok(r) => {
@@ -723,7 +734,41 @@ fn build_replica(
         tx,
         head,
         pending: None,
+        compiled: Vec::new(),
     })
+}
+
+/// The compiled step of every image size of `cfg.compile` (none without it), found in the
+/// cache or compiled there now, before any replica is built; rank 0 says which.
+fn compile_steps(cfg: &TableConfig, layout: &Layout) -> Result<Vec<(u32, Entry)>> {
+    let Some(settings) = &cfg.compile else {
+        return Ok(Vec::new());
+    };
+    let mut progress = |line: &str| {
+        if settings.verbose && cfg.rank == 0 {
+            eprint_line(line);
+        }
+    };
+    settings
+        .image_sizes
+        .iter()
+        .map(|&size| {
+            let spec = StepSpec {
+                model: cfg.model,
+                classes: cfg.classes,
+                batch: cfg.batch,
+                image_size: size,
+                model_image_size: cfg.image_size,
+                precision: cfg.precision,
+                channels_last: cfg.channels_last,
+                label_smoothing: cfg.label_smoothing,
+                layout,
+                device: cfg.devices[0],
+                fold_small_constants: settings.fold_small_constants,
+            };
+            Ok((size, compiled::prepare(&spec, settings, &mut progress)?))
+        })
+        .collect()
 }
 
 /// The exchanges of the head under `head_parallel`: with several ranks, over a host buffer

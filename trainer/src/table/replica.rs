@@ -8,6 +8,7 @@ use crossbeam_channel::{Receiver, Sender};
 use tch::nn;
 use tch::{Kind, Reduction, Tensor};
 
+use crate::compiled::{Entry, StepPackage};
 use crate::config::{Overlap, Precision};
 use crate::device::{autocast, DeviceCtx, Event};
 use crate::error::{Result, TrainError};
@@ -48,6 +49,9 @@ pub(crate) struct Replica {
     /// `priority` order: the step whose bucket updates are still to be applied, each just
     /// before the next forward pass runs its stage (or at a flush).
     pub(crate) pending: Option<StepCmd>,
+    /// The compiled step of each image size (`compile`), bound to this replica's tensors;
+    /// empty: the eager step.
+    pub(crate) compiled: Vec<(i64, StepPackage)>,
 }
 
 /// The factor a summed gradient is multiplied by, rounded to f32 once.
@@ -56,6 +60,32 @@ fn f32_factor(inv: f64) -> f64 {
 }
 
 impl Replica {
+    /// This replica with the compiled `steps` loaded and bound to its parameters, buffers and
+    /// flat gradients.
+    pub(crate) fn with_compiled_steps(mut self, steps: &[(u32, Entry)]) -> Result<Replica> {
+        let named: Vec<(String, Tensor)> = self
+            .layout
+            .params
+            .iter()
+            .map(|p| p.name.clone())
+            .zip(self.params.iter().map(Tensor::shallow_clone))
+            .chain(
+                self.layout
+                    .buffers
+                    .iter()
+                    .map(|(n, _)| n.clone())
+                    .zip(self.buffers.iter().map(Tensor::shallow_clone)),
+            )
+            .collect();
+        for (size, entry) in steps {
+            let mut package =
+                StepPackage::load(&entry.package(), entry.described.clone(), self.ctx.device())?;
+            package.bind(&named, &self.flat.grads)?;
+            self.compiled.push((i64::from(*size), package));
+        }
+        Ok(self)
+    }
+
     pub(crate) fn run(mut self, rx: Receiver<Cmd>) {
         for cmd in rx {
             let out = match cmd {
@@ -151,8 +181,12 @@ impl Replica {
     /// the forward pass waited for the previous step's buckets (`priority` order).
     fn forward_backward(&mut self, batch: &StepBatch, cmd: StepCmd) -> Result<(Event, Duration)> {
         let start = Instant::now();
-        let (pass, waited) = self.forward(batch, cmd)?;
-        let loss_read = self.backward(pass, batch, cmd)?;
+        let (loss_read, waited) = if self.compiled.is_empty() {
+            let (pass, waited) = self.forward(batch, cmd)?;
+            (self.backward(pass, batch, cmd)?, waited)
+        } else {
+            (self.compiled_step(batch, cmd)?, Duration::ZERO)
+        };
         ddl_trace::record(
             "forward_backward",
             "train",
@@ -265,6 +299,33 @@ impl Replica {
                 self.hand_off(k, cmd)?;
             }
             handed += ready;
+        }
+        Ok(loss_read)
+    }
+
+    /// Forward and backward of `batch` by the compiled step of its image size, which writes
+    /// the whole flat gradient, then every bucket handed over; returns the event after the
+    /// loss was copied to the host.
+    fn compiled_step(&mut self, batch: &StepBatch, cmd: StepCmd) -> Result<Event> {
+        let size = batch.images.size().last().copied().unwrap_or(0);
+        let replica = self.index;
+        let (_, package) = self
+            .compiled
+            .iter_mut()
+            .find(|(s, _)| *s == size)
+            .ok_or_else(|| TrainError::Replica {
+                replica,
+                message: format!("no compiled step for {size} px images"),
+            })?;
+        let loss = {
+            let _span =
+                ddl_trace::span_args("compiled_step", "train", &[("replica", replica as i64)]);
+            package.run(&batch.images, &batch.labels, cmd.loss_scale)?
+        };
+        self.ctx.copy(&mut self.loss_host, &loss.f_reshape([1])?)?;
+        let loss_read = self.ctx.record()?;
+        for k in 0..self.layout.buckets.len() {
+            self.hand_off(k, cmd)?;
         }
         Ok(loss_read)
     }

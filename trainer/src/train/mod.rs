@@ -19,6 +19,7 @@ use ddl_loader::sampler::{Sampler, SamplerConfig, Tail};
 
 use crate::checkpoint::{self};
 use crate::comm::Collective;
+use crate::compiled::{self, CompileSettings};
 use crate::config::{auto_overlap, comm_order, Overlap, TrainConfig};
 use crate::console::eprint_line;
 use crate::device;
@@ -329,7 +330,7 @@ fn table_config(
     let gpus = devices.iter().any(|d| d.is_cuda());
     let overlap = cfg
         .overlap
-        .unwrap_or_else(|| auto_overlap(gpus, nodes, global_replicas));
+        .unwrap_or_else(|| auto_overlap(gpus, nodes, global_replicas, cfg.compile));
     TableConfig {
         devices,
         model: cfg.model,
@@ -356,7 +357,27 @@ fn table_config(
         rank,
         head_parallel: cfg.head_parallel,
         yield_to_comm: info.oversubscribed && !gpus,
+        compile: cfg.compile.then(|| CompileSettings {
+            cache: cfg
+                .compile_cache
+                .clone()
+                .unwrap_or_else(compiled::default_cache_dir),
+            image_sizes: train_sizes(cfg),
+            verbose: cfg.verbose,
+            fold_small_constants: false,
+        }),
     }
+}
+
+/// Every train image size of the run, in the order its epochs meet them.
+fn train_sizes(cfg: &TrainConfig) -> Vec<u32> {
+    let mut sizes: Vec<u32> = Vec::new();
+    for size in (0..u64::from(cfg.epochs.max(1))).map(|e| cfg.train_size(e)) {
+        if !sizes.contains(&size) {
+            sizes.push(size);
+        }
+    }
+    sizes
 }
 
 /// Every rank must have the same number of replicas: the sampler and the average assume it.

@@ -37,6 +37,7 @@ fn data_fingerprint(manifest: &Manifest) -> u32 {
 /// Checks the configuration before anything expensive happens; every error names its setting.
 pub(super) fn plan(cfg: &TrainConfig, rank: usize, world: usize, info: RankInfo) -> Result<Plan> {
     validate::ranges(cfg)?;
+    validate::compile(cfg)?;
     let decay = check_settings(cfg, rank)?;
     let (manifest, train_shards) = load_manifest(cfg)?;
     let (residency, ranks_in_node, rank_in_node) = residency(cfg, rank, world, info, train_shards)?;

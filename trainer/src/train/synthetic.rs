@@ -103,6 +103,7 @@ pub(super) fn train(
 /// The settings that need data have none to work on.
 fn check_flags(cfg: &TrainConfig) -> Result<()> {
     validate::ranges(cfg)?;
+    validate::compile(cfg)?;
     let needs_data = [
         (Setting::Data, !cfg.data.as_os_str().is_empty()),
         (Setting::CheckpointDir, cfg.checkpoint_dir.is_some()),

@@ -1,0 +1,194 @@
+//! One compile-cache entry: a folder holding `step.pt2` (the package), `step.json` (what the
+//! compile script says the package reads and takes) and `entry.json` (the key it was compiled
+//! for and the package's size and crc32c), written last: a folder without it is not a
+//! finished entry.
+
+use std::fs;
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+use tch::Tensor;
+
+use super::StepKey;
+use crate::error::{Result, TrainError};
+
+/// The package file of an entry.
+pub const PACKAGE: &str = "step.pt2";
+/// The compile script's description of the package.
+pub const DESCRIBED: &str = "step.json";
+/// The key and checksum of the entry.
+pub const ENTRY: &str = "entry.json";
+/// Files an entry may hold, all written by ddl-train (the spec and the compile's output too).
+pub const FILES: &[&str] = &[
+    PACKAGE,
+    DESCRIBED,
+    ENTRY,
+    "spec.json",
+    "step.py",
+    "compile.log",
+];
+
+/// A tensor the package reads or writes, as the compile script saw it.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct TensorSpec {
+    /// ddl's name (empty for the flat gradients and the inputs).
+    #[serde(default)]
+    pub name: String,
+    /// The package's name.
+    #[serde(default)]
+    pub fqn: String,
+    /// Shape.
+    pub shape: Vec<i64>,
+    /// Strides in elements.
+    pub strides: Vec<i64>,
+    /// torch's name of the dtype, e.g. `torch.float32`.
+    pub dtype: String,
+}
+
+impl TensorSpec {
+    /// Fails, naming `what`, unless `t` has this shape, strides and dtype.
+    pub fn check(&self, what: &str, t: &Tensor) -> Result<()> {
+        let dtype = match t.kind() {
+            tch::Kind::Float => "torch.float32",
+            tch::Kind::Int64 => "torch.int64",
+            tch::Kind::BFloat16 => "torch.bfloat16",
+            tch::Kind::Half => "torch.float16",
+            _ => "another dtype",
+        };
+        let (shape, strides) = (t.size(), t.stride());
+        // A dimension of size 1 may have any stride.
+        let strides_match = self.strides.len() == strides.len()
+            && self
+                .shape
+                .iter()
+                .zip(self.strides.iter().zip(&strides))
+                .all(|(&n, (a, b))| n == 1 || a == b);
+        if shape != self.shape || !strides_match || dtype != self.dtype {
+            return Err(TrainError::Compile(format!(
+                "{what}: the compiled step takes shape {:?}, strides {:?}, {}; ddl has shape \
+                 {shape:?}, strides {strides:?}, {dtype}",
+                self.shape, self.strides, self.dtype
+            )));
+        }
+        Ok(())
+    }
+}
+
+/// `step.json`: what the compile script says of the package.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct Described {
+    /// The torch that compiled it.
+    pub torch_version: String,
+    /// Every constant: the network's parameters and buffers, and the flat gradients.
+    pub constants: Vec<TensorSpec>,
+    /// images, labels, loss scale.
+    pub inputs: Vec<TensorSpec>,
+    /// Seconds the compile took.
+    pub compile_seconds: f64,
+}
+
+/// `entry.json`.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+struct EntryFile {
+    key: StepKey,
+    package_bytes: u64,
+    package_crc32c: u32,
+}
+
+/// A finished entry, checked.
+#[derive(Clone, Debug)]
+pub struct Entry {
+    /// Its folder.
+    pub dir: PathBuf,
+    /// Its description.
+    pub described: Described,
+}
+
+impl Entry {
+    /// The package file.
+    pub fn package(&self) -> PathBuf {
+        self.dir.join(PACKAGE)
+    }
+}
+
+/// Why an existing entry cannot be used.
+pub enum Unusable {
+    /// Nothing there.
+    Missing,
+    /// There, but stale (another key or torch), foreign or damaged: why.
+    Bad(String),
+}
+
+fn read_json<T: serde::de::DeserializeOwned>(path: &Path) -> std::result::Result<T, String> {
+    let text = fs::read(path).map_err(|e| format!("{}: {e}", path.display()))?;
+    serde_json::from_slice(&text).map_err(|e| format!("{}: {e}", path.display()))
+}
+
+/// crc32c and size of `path`, read in pieces.
+fn checksum(path: &Path) -> std::io::Result<(u32, u64)> {
+    use std::io::Read;
+    let mut f = fs::File::open(path)?;
+    let mut buf = vec![0u8; 1 << 20];
+    let (mut crc, mut len) = (0u32, 0u64);
+    loop {
+        let n = f.read(&mut buf)?;
+        if n == 0 {
+            return Ok((crc, len));
+        }
+        crc = crc32c::crc32c_append(crc, &buf[..n]);
+        len += n as u64;
+    }
+}
+
+/// The entry in `dir` if it is a finished one for `key`, whole.
+pub fn open(dir: &Path, key: &StepKey) -> std::result::Result<Entry, Unusable> {
+    let entry_file = dir.join(ENTRY);
+    if !dir.exists() {
+        return Err(Unusable::Missing);
+    }
+    let entry: EntryFile = read_json(&entry_file).map_err(Unusable::Bad)?;
+    if &entry.key != key {
+        return Err(Unusable::Bad(format!(
+            "it was compiled for another step ({})",
+            key.differences(&entry.key).join(", ")
+        )));
+    }
+    let package = dir.join(PACKAGE);
+    match checksum(&package) {
+        Ok((crc, len)) if crc == entry.package_crc32c && len == entry.package_bytes => {}
+        Ok((_, len)) => {
+            return Err(Unusable::Bad(format!(
+                "{} is damaged ({len} bytes, crc32c differs from the {} bytes compiled)",
+                package.display(),
+                entry.package_bytes
+            )))
+        }
+        Err(e) => return Err(Unusable::Bad(format!("{}: {e}", package.display()))),
+    }
+    let described: Described = read_json(&dir.join(DESCRIBED)).map_err(Unusable::Bad)?;
+    Ok(Entry {
+        dir: dir.to_path_buf(),
+        described,
+    })
+}
+
+/// Finishes the entry compiled into `dir` for `key`: checks the script's description and
+/// writes `entry.json` with the package's checksum.
+pub fn seal(dir: &Path, key: &StepKey) -> Result<Entry> {
+    let bad = |m: String| TrainError::Compile(format!("the compile wrote no usable entry: {m}"));
+    let described: Described = read_json(&dir.join(DESCRIBED)).map_err(bad)?;
+    let package = dir.join(PACKAGE);
+    let (crc, len) = checksum(&package).map_err(|e| TrainError::io(&package, e))?;
+    let entry = EntryFile {
+        key: key.clone(),
+        package_bytes: len,
+        package_crc32c: crc,
+    };
+    let path = dir.join(ENTRY);
+    let text = serde_json::to_vec_pretty(&entry).expect("an entry serializes");
+    fs::write(&path, text).map_err(|e| TrainError::io(&path, e))?;
+    Ok(Entry {
+        dir: dir.to_path_buf(),
+        described,
+    })
+}

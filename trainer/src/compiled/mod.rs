@@ -1,0 +1,249 @@
+//! The training step compiled ahead of time by Inductor (`compile`).
+//!
+//! Eager libtorch runs every batch-norm, ReLU and residual add of a ResNet as its own
+//! memory-bound kernel; Inductor fuses them. `step.py` (run by the Python whose torch is the
+//! libtorch this process loaded, [`python`]) builds the same network in PyTorch, exports the
+//! joint forward + backward graph of one step and compiles it with AOTInductor into a package
+//! that libtorch's own loader runs from here ([`StepPackage`]). The package computes with the
+//! replica's own tensors, bound without a copy: the parameters (views of the flat weights), the
+//! BatchNorm buffers (updated in place) and the flat gradient buffer (written whole), so
+//! the buckets, the allreduce, the optimizer, checkpoints and evaluation see what they see
+//! in an eager step.
+//!
+//! A compile takes minutes, so packages are kept in a cache ([`prepare`]): one entry per
+//! [`StepKey`] (model, classes, per-replica batch, image size, precision, layout, device and
+//! architecture, torch, the flat layout and the script itself). A later run with the same key
+//! loads the entry; one whose key, torch or checksum does not match is compiled again, never
+//! run.
+
+mod cache;
+mod cuda;
+mod entry;
+mod package;
+mod python;
+
+use std::path::PathBuf;
+
+use serde::{Deserialize, Serialize};
+use tch::Device;
+
+use crate::device::Precision;
+use crate::error::Result;
+use crate::model::ModelKind;
+use crate::table::Layout;
+
+pub use entry::Entry;
+pub use package::StepPackage;
+
+/// The compile script, written into each entry it compiles.
+const SCRIPT: &str = include_str!("step.py");
+
+/// Where the steps are compiled and for which sizes. The Python that compiles is `DDL_PYTHON`
+/// if set, else the one the loaded torch belongs to.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct CompileSettings {
+    /// The cache folder (`compile_cache`).
+    pub cache: PathBuf,
+    /// Every train image size of the run: one step each, all compiled before the first step.
+    pub image_sizes: Vec<u32>,
+    /// Print what is compiled or loaded, and how long it took.
+    pub verbose: bool,
+    /// Let Inductor fold small 1-D constants into the code (tests of the check that refuses
+    /// such a package).
+    pub fold_small_constants: bool,
+}
+
+/// The default cache folder: `$XDG_CACHE_HOME/ddl/compiled`, else `~/.cache/ddl/compiled`.
+pub fn default_cache_dir() -> PathBuf {
+    let base = std::env::var_os("XDG_CACHE_HOME")
+        .filter(|v| !v.is_empty())
+        .map(PathBuf::from)
+        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache")))
+        .unwrap_or_else(std::env::temp_dir);
+    base.join("ddl").join("compiled")
+}
+
+/// What a compiled step is for: two runs share a package exactly when their keys are equal.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct StepKey {
+    /// Network.
+    pub model: String,
+    /// Output classes.
+    pub classes: i64,
+    /// Images per replica.
+    pub batch: usize,
+    /// Square input side in pixels.
+    pub image_size: u32,
+    /// The image size the model was built for (the stem of `resnet_small` depends on it).
+    pub model_image_size: u32,
+    /// The arithmetic it runs in (`fp32` on the CPU, whatever was asked).
+    pub precision: String,
+    /// Channels-last images and weights.
+    pub channels_last: bool,
+    /// Label smoothing of the loss.
+    pub label_smoothing: f64,
+    /// `cpu`, or `cuda <name> sm_<arch>`.
+    pub device: String,
+    /// The torch version that compiles and runs it.
+    pub torch: String,
+    /// crc32c of the flat layout (names, shapes, offsets) the gradients are written in.
+    pub layout: u32,
+    /// crc32c of the compile script.
+    pub script: u32,
+}
+
+impl StepKey {
+    /// The entry's folder name: readable, and unique by the key's checksum.
+    fn dir_name(&self) -> String {
+        let json = serde_json::to_vec(self).expect("a key serializes");
+        let device = match self.device.rsplit_once(" sm_") {
+            Some((_, arch)) => format!("cuda-sm{arch}"),
+            None => "cpu".into(),
+        };
+        format!(
+            "{}-c{}-b{}-{}px-{}-{}-{device}-{:08x}",
+            self.model,
+            self.classes,
+            self.batch,
+            self.image_size,
+            self.precision,
+            if self.channels_last { "nhwc" } else { "nchw" },
+            crc32c::crc32c(&json)
+        )
+    }
+
+    /// The fields in which `other` differs from this key, with both values.
+    fn differences(&self, other: &StepKey) -> Vec<String> {
+        let (a, b) = (serde_json::json!(self), serde_json::json!(other));
+        let (Some(a), Some(b)) = (a.as_object(), b.as_object()) else {
+            return Vec::new();
+        };
+        a.iter()
+            .filter(|(k, v)| b.get(*k) != Some(v))
+            .map(|(k, v)| format!("{k} {} instead of {v}", b.get(k).unwrap_or(&v.clone())))
+            .collect()
+    }
+}
+
+/// One step to compile: the model and how it trains, on one device.
+#[derive(Clone, Copy, Debug)]
+pub struct StepSpec<'a> {
+    /// Network.
+    pub model: ModelKind,
+    /// Output classes.
+    pub classes: i64,
+    /// Images per replica.
+    pub batch: usize,
+    /// Square input side.
+    pub image_size: u32,
+    /// The image size the model was built for.
+    pub model_image_size: u32,
+    /// Arithmetic (f32 on the CPU whatever is asked, as an eager step).
+    pub precision: Precision,
+    /// Channels-last images and weights.
+    pub channels_last: bool,
+    /// Label smoothing.
+    pub label_smoothing: f64,
+    /// Where the gradients go.
+    pub layout: &'a Layout,
+    /// The replicas' device (the first of them for CUDA: one architecture per rank).
+    pub device: Device,
+    /// Let Inductor fold small 1-D constants into the code, as it does by default (for the
+    /// tests of the check that refuses such a package).
+    pub fold_small_constants: bool,
+}
+
+impl StepSpec<'_> {
+    fn precision(&self) -> &'static str {
+        match (self.device, self.precision) {
+            (Device::Cuda(_), Precision::Bf16) => "bf16",
+            (Device::Cuda(_), Precision::Fp16) => "fp16",
+            _ => "fp32",
+        }
+    }
+
+    /// The key of this step for `torch`.
+    fn key(&self, torch: &str) -> Result<StepKey> {
+        let device = match self.device {
+            Device::Cuda(i) => format!("cuda {}", cuda::describe(i)?),
+            _ => "cpu".into(),
+        };
+        Ok(StepKey {
+            model: self.model.name().into(),
+            classes: self.classes,
+            batch: self.batch,
+            image_size: self.image_size,
+            model_image_size: self.model_image_size,
+            precision: self.precision().into(),
+            channels_last: self.channels_last,
+            label_smoothing: self.label_smoothing,
+            device,
+            torch: torch.into(),
+            layout: crc32c::crc32c(self.layout_json().to_string().as_bytes()),
+            script: crc32c::crc32c(SCRIPT.as_bytes()) ^ u32::from(self.fold_small_constants),
+        })
+    }
+
+    fn layout_json(&self) -> serde_json::Value {
+        let l = self.layout;
+        serde_json::json!({
+            "params": l.params.iter().map(|p| serde_json::json!({
+                "name": p.name, "shape": p.shape, "offset": p.offset})).collect::<Vec<_>>(),
+            "buffers": l.buffers.iter().map(|(n, s)| serde_json::json!({
+                "name": n, "shape": s})).collect::<Vec<_>>(),
+            "total": l.total,
+        })
+    }
+
+    /// The spec the compile script reads.
+    fn script_spec(&self, key: &StepKey) -> serde_json::Value {
+        let mut spec = self.layout_json();
+        let device = match self.device {
+            Device::Cuda(i) => format!("cuda:{i}"),
+            _ => "cpu".into(),
+        };
+        let fields = serde_json::json!({
+            "model": key.model, "classes": key.classes, "batch": key.batch,
+            "image_size": key.image_size, "model_image_size": key.model_image_size,
+            "precision": key.precision,
+            "channels_last": key.channels_last, "label_smoothing": key.label_smoothing,
+            "device": device, "torch_version": key.torch,
+            "inline_small_constants": self.fold_small_constants,
+        });
+        if let (Some(s), Some(f)) = (spec.as_object_mut(), fields.as_object()) {
+            s.extend(f.clone());
+        }
+        spec
+    }
+
+    /// What the progress line calls this step.
+    fn describe(&self, key: &StepKey) -> String {
+        format!(
+            "{} step ({} classes, batch {}, {} px, {}, {}, {})",
+            key.model,
+            key.classes,
+            key.batch,
+            key.image_size,
+            key.precision,
+            if key.channels_last {
+                "channels-last"
+            } else {
+                "NCHW"
+            },
+            key.device
+        )
+    }
+}
+
+/// The cache entry of `spec`: found in `settings.cache`, or compiled into it (`progress` is
+/// told what is compiled, and when it is done how long it took).
+pub fn prepare(
+    spec: &StepSpec,
+    settings: &CompileSettings,
+    progress: &mut dyn FnMut(&str),
+) -> Result<Entry> {
+    let explicit = std::env::var_os("DDL_PYTHON").map(PathBuf::from);
+    let python = python::find(explicit.as_deref())?;
+    let key = spec.key(&python.torch_version)?;
+    cache::get_or_build(&settings.cache, &key, &python, spec, progress)
+}

@@ -1,0 +1,346 @@
+"""Compiles ddl-train's training step ahead of time with AOTInductor (issue 43).
+
+ddl-train writes a spec (the network, its flat layout, the batch and arithmetic) and runs
+this script with the Python whose torch is the libtorch it runs on. The script builds the same
+network in PyTorch (torchvision's ResNets under the names ddl uses, ddl's small models here),
+exports the joint forward + backward graph of one step (cross-entropy with label smoothing,
+scaled by a loss scale given at run time), and compiles it into OUT/step.pt2, a package that
+`torch::inductor::AOTIModelPackageLoader` runs from C++. The package
+
+- reads every parameter and BatchNorm buffer as a constant that the caller binds to its own
+  tensors (user-managed: nothing is copied, so ddl's optimizer updates are what it computes
+  with; no constant is folded into the code, whatever its size);
+- updates the running statistics in place, in those tensors;
+- writes the gradient of every parameter into `flat_grad`, a constant bound to ddl's flat
+  gradient buffer, at the parameter's offset (channels-last weights in NHWC order), the
+  alignment gaps zero;
+- takes (images, labels, loss_scale) and returns the unscaled loss.
+
+Before it is kept, the package runs one step on a random batch beside the eager PyTorch step
+of the same weights (on the device it is for) and must agree with it: the loss, and the whole
+gradient within what the arithmetic allows (AOTInductor checks no strides at run time, so a
+layout it mispredicted would otherwise go unnoticed); a package that disagrees fails the
+compile, naming the gradients furthest off.
+
+OUT/step.json describes the package: every constant (its name in ddl, its name in the package,
+shape, strides, dtype), the inputs, the Inductor options it was compiled with, the check and
+the seconds the compile took.
+
+    python3 step.py SPEC.json OUT_DIR [--inductor-config KEY=VALUE]...
+
+--inductor-config sets an option of torch._inductor.config for this compile (a Python literal:
+layout_optimization=False), to compare variants of the package by hand (tools/gpu/
+compiled_graphs.py times one); ddl-train never passes one.
+"""
+import argparse
+import json
+import os
+import shutil
+import sys
+import time
+import warnings
+
+
+def fail(message):
+    print(f"ddl compile: {message}", file=sys.stderr)
+    sys.exit(2)
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("spec", help="the spec ddl-train wrote (JSON)")
+    p.add_argument("out", help="an existing, empty folder for step.pt2 and step.json")
+    p.add_argument("--inductor-config", action="append", default=[], metavar="KEY=VALUE")
+    p.add_argument("--check", action="store_true",
+                   help="only check the package already in OUT against eager (a JSON line)")
+    a = p.parse_args()
+    with open(a.spec) as f:
+        spec = json.load(f)
+    try:
+        import torch
+    except ImportError as e:
+        fail(f"{sys.executable} cannot import torch ({e}); the compile needs torch "
+             f"{spec['torch_version']}, the libtorch ddl-train runs on")
+    if torch.__version__ != spec["torch_version"]:
+        fail(f"{sys.executable} has torch {torch.__version__}, but ddl-train runs on libtorch "
+             f"{spec['torch_version']}: compile with that torch (set DDL_PYTHON to its python)")
+    if not (shutil.which("g++") or shutil.which("c++") or os.environ.get("CXX")):
+        fail("AOTInductor needs a C++ compiler and none was found (g++, c++ or $CXX): "
+             "install g++ (Debian: apt-get install g++)")
+    device = torch.device(spec["device"])
+    if device.type == "cuda" and not torch.cuda.is_available():
+        fail(f"{sys.executable}'s torch sees no CUDA device, but the step is for {device}")
+    warnings.filterwarnings("ignore", category=FutureWarning)
+    warnings.filterwarnings("ignore", category=UserWarning)
+    if a.check:
+        print(json.dumps(check_package(torch, spec, device, a.out)))
+        return
+    import ast
+
+    extra = {}
+    for item in a.inductor_config:
+        key, _, value = item.partition("=")
+        extra[key] = ast.literal_eval(value)
+    start = time.perf_counter()
+    described = compile_step(torch, spec, device, a.out, extra)
+    described["compile_seconds"] = time.perf_counter() - start
+    described["check"] = checked(a.spec, a.out)
+    with open(os.path.join(a.out, "step.json"), "w") as f:
+        json.dump(described, f)
+
+
+def build_network(torch, spec):
+    """The network ddl-train trains, with its names: torchvision's ResNets, or ddl's small
+    models defined here as in trainer/src/model.rs."""
+    import torch.nn as nn
+
+    name, classes = spec["model"], spec["classes"]
+    if name.startswith("resnet") and name != "resnet_small":
+        import torchvision
+
+        return getattr(torchvision.models, name)(num_classes=classes)
+    if name == "resnet_small":
+        from torchvision.models.resnet import BasicBlock
+
+        size = spec["model_image_size"]
+        stride, pool = (1, False) if size <= 48 else (2, False) if size <= 96 else (2, True)
+
+        class SmallResNet(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.conv1 = nn.Conv2d(3, 16, 3, stride, 1, bias=False)
+                self.bn1 = nn.BatchNorm2d(16)
+                self.pool = pool
+                c_in = 16
+                for i, width in enumerate([16, 32, 64]):
+                    blocks = []
+                    for b in range(2):
+                        s = 2 if i > 0 and b == 0 else 1
+                        down = None
+                        if s != 1 or c_in != width:
+                            down = nn.Sequential(nn.Conv2d(c_in, width, 1, s, bias=False),
+                                                 nn.BatchNorm2d(width))
+                        blocks.append(BasicBlock(c_in, width, s, down))
+                        c_in = width
+                    self.add_module(f"layer{i + 1}", nn.Sequential(*blocks))
+                self.fc = nn.Linear(c_in, classes)
+
+            def forward(self, x):
+                x = torch.relu(self.bn1(self.conv1(x)))
+                if self.pool:
+                    x = torch.nn.functional.max_pool2d(x, 3, 2, 1)
+                x = self.layer3(self.layer2(self.layer1(x)))
+                return self.fc(torch.flatten(torch.nn.functional.adaptive_avg_pool2d(x, 1), 1))
+
+        return SmallResNet()
+    if name == "convnet_nobn":
+
+        class ConvNet(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.conv1 = nn.Conv2d(3, 16, 3, 2, 1)
+                self.conv2 = nn.Conv2d(16, 32, 3, 2, 1)
+                self.fc = nn.Linear(32, classes)
+
+            def forward(self, x):
+                x = torch.relu(self.conv2(torch.relu(self.conv1(x))))
+                return self.fc(torch.flatten(torch.nn.functional.adaptive_avg_pool2d(x, 1), 1))
+
+        return ConvNet()
+    fail(f"no Python definition of the model {name!r}")
+
+
+def loss_and_inputs(torch, spec, device):
+    """The network of `spec` on `device` (its weights drawn from seed 0) inside the step's loss
+    module, and a random batch (the same draws for the same spec): the compile traces them and
+    its check runs them again."""
+    import torch.nn as nn
+    import torch.nn.functional as F
+
+    torch.manual_seed(0)
+    net = build_network(torch, spec)
+    for m in net.modules():
+        if isinstance(m, nn.modules.batchnorm._BatchNorm):
+            # ddl's BatchNorm has no step counter (momentum is fixed at 0.1).
+            m.num_batches_tracked = None
+    fmt = torch.channels_last if spec["channels_last"] else torch.contiguous_format
+    net = net.to(device, memory_format=fmt).train()
+    check_names(net, spec)
+    dtype = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}[spec["precision"]]
+    smoothing = spec["label_smoothing"]
+
+    class Loss(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.net = net
+
+        def forward(self, images, labels, loss_scale):
+            with torch.autocast(device.type, dtype=dtype, enabled=dtype is not None):
+                logits = self.net(images)
+            loss = F.cross_entropy(logits.float(), labels, label_smoothing=smoothing)
+            return loss * loss_scale, loss.detach()
+
+    n, size = spec["batch"], spec["image_size"]
+    images = torch.randn(n, 3, size, size, device=device).to(memory_format=fmt)
+    labels = torch.randint(0, spec["classes"], (n,), device=device)
+    loss_scale = torch.ones((), device=device)
+    return Loss(), (images, labels, loss_scale)
+
+
+def compile_step(torch, spec, device, out, extra_configs):
+    from torch.export.experimental import _export_forward_backward
+
+    loss, inputs = loss_and_inputs(torch, spec, device)
+    joint = _export_forward_backward(torch.export.export(loss, inputs), joint_loss_index=0)
+    step = FlatStep(torch, loss.net, joint, spec)
+    with torch.no_grad():
+        program = torch.export.export(step, inputs)
+    configs = {
+        "always_keep_tensor_constants": not spec.get("inline_small_constants", False),
+        "aot_inductor.package_constants_in_so": False,
+        **extra_configs,
+    }
+    torch._inductor.aoti_compile_and_package(
+        program, package_path=os.path.join(out, "step.pt2"), inductor_configs=configs)
+    state = dict(step.named_parameters())
+    state.update(step.named_buffers())
+    constants = []
+    for fqn, t in sorted(state.items()):
+        name = "" if fqn == "flat_grad" else fqn.removeprefix("net.")
+        constants.append({"name": name, "fqn": fqn, "shape": list(t.shape),
+                          "strides": list(t.stride()), "dtype": str(t.dtype)})
+    return {
+        "torch_version": torch.__version__,
+        "inductor_configs": configs,
+        "constants": constants,
+        "inputs": [{"name": k, "shape": list(t.shape), "strides": list(t.stride()),
+                    "dtype": str(t.dtype)}
+                   for k, t in zip(["images", "labels", "loss_scale"], inputs)],
+    }
+
+
+def checked(spec_path, out):
+    """The check of the package in `out`, run in a process of its own (a crash of torch's Python
+    loader must not pass for a verdict): its figures, or why it could not run. Fails the
+    compile when the package disagrees with eager."""
+    import subprocess
+
+    run = subprocess.run([sys.executable, __file__, spec_path, out, "--check"],
+                         capture_output=True, text=True)
+    if run.returncode == 0:
+        return json.loads(run.stdout.strip().splitlines()[-1])
+    ours = [l for l in run.stderr.splitlines() if l.startswith("ddl compile: ")]
+    if run.returncode == 2 and ours:
+        fail(ours[-1].removeprefix("ddl compile: "))
+    return {"skipped": f"the check exited with {run.returncode} before a verdict: "
+                       + " | ".join(run.stderr.strip().splitlines()[-3:])}
+
+
+# How far the compiled step may be from eager's, over the whole gradient (relative L2) and in
+# the loss: float32 sums in another order (and TF32 convolutions on a GPU) stay far below the
+# first; bf16 and fp16 round every activation, ~0.2 at ResNet initialisation. A gradient read
+# in the wrong layout is off by about 1.
+TOLERANCE = {"fp32": (0.05, 1e-4), "bf16": (0.5, 2e-2), "fp16": (0.5, 2e-2)}
+
+
+def check_package(torch, spec, device, out):
+    """Runs the package in `out` and the eager step from the same weights on the same batch as
+    the compile traced; fails unless they agree within TOLERANCE. Returns the figures."""
+    loss_module, inputs = loss_and_inputs(torch, spec, device)
+    net = loss_module.net
+    constants = {"net." + k: v.detach().clone()
+                 for k, v in list(net.named_parameters()) + list(net.named_buffers())}
+    constants["flat_grad"] = torch.zeros(spec["total"], device=device)
+    index = (device.index or 0) if device.type == "cuda" else -1
+    loader = torch._inductor.aoti_load_package(os.path.join(out, "step.pt2"),
+                                               device_index=index).loader
+    loader.load_constants(constants, False, True, True)
+    compiled_loss = float(loader.run(list(inputs))[0])
+    flat = constants["flat_grad"]
+    scaled, loss = loss_module(*inputs)
+    scaled.backward()
+    eager = {k: p.grad.detach() for k, p in net.named_parameters()}
+
+    worst, diff_sq, norm_sq = [], 0.0, 0.0
+    for p in spec["params"]:
+        g = eager[p["name"]]
+        if spec["channels_last"] and g.dim() == 4:
+            g = g.permute(0, 2, 3, 1)
+        g = g.reshape(-1).double()
+        c = flat[p["offset"]:p["offset"] + g.numel()].double()
+        d, n = float((c - g).norm()), float(g.norm())
+        diff_sq, norm_sq = diff_sq + d * d, norm_sq + n * n
+        worst.append((d / n if n else d, p["name"]))
+    worst.sort(reverse=True)
+    grad_rel = (diff_sq / norm_sq) ** 0.5 if norm_sq else 0.0
+    loss_rel = abs(compiled_loss - float(loss)) / max(abs(float(loss)), 1e-12)
+    figures = {"grad_rel": grad_rel, "loss_rel": loss_rel,
+               "worst": [{"name": n, "rel": r} for r, n in worst[:5]]}
+    grad_tol, loss_tol = TOLERANCE[spec["precision"]]
+    if not (grad_rel <= grad_tol and loss_rel <= loss_tol):
+        fail(f"the compiled step disagrees with eager PyTorch on {device} (whole gradient "
+             f"{grad_rel:.3g} off, allowed {grad_tol}; loss {loss_rel:.3g}, allowed {loss_tol}); "
+             f"furthest off: {', '.join(f'{n} {r:.3g}' for r, n in worst[:5])}")
+    return figures
+
+
+def check_names(net, spec):
+    """Fails unless the network's parameters and buffers are exactly ddl's (names, shapes)."""
+    ours = {n: list(p.shape) for n, p in net.named_parameters()}
+    ours.update({n: list(b.shape) for n, b in net.named_buffers()})
+    theirs = {p["name"]: p["shape"] for p in spec["params"]}
+    theirs.update({b["name"]: b["shape"] for b in spec["buffers"]})
+    if ours != theirs:
+        diff = sorted(set(map(str, ours.items())) ^ set(map(str, theirs.items())))
+        fail(f"the Python {spec['model']} differs from ddl's: {diff[:6]}")
+
+
+def FlatStep(torch, net, joint, spec):
+    """A module that runs the joint graph on the network's own parameters and buffers, applies
+    its running-statistics updates in place and writes the gradients into `flat_grad`."""
+    import torch.nn as nn
+
+    signature = joint.graph_signature
+    order = [s.target for s in signature.input_specs if s.target is not None]
+    kinds = [(s.kind.name, s.target) for s in signature.output_specs]
+    params = {p["name"]: p for p in spec["params"]}
+
+    class Step(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.net = net
+            self.graph = joint.graph_module
+            self.register_buffer(
+                "flat_grad", torch.zeros(spec["total"], device=next(net.parameters()).device))
+
+        def forward(self, images, labels, loss_scale):
+            state = dict(self.named_parameters())
+            state.update(self.named_buffers())
+            outs = self.graph(*[state[n] for n in order], images, labels, loss_scale)
+            grads, loss = {}, None
+            for (kind, target), value in zip(kinds, outs):
+                if kind == "BUFFER_MUTATION":
+                    state[target].copy_(value)
+                elif kind == "GRADIENT_TO_PARAMETER":
+                    grads[target.removeprefix("net.")] = value
+                elif kind == "USER_OUTPUT":
+                    loss = value
+            pieces, at = [], 0
+            for name, info in sorted(params.items(), key=lambda kv: kv[1]["offset"]):
+                if info["offset"] > at:
+                    pieces.append(torch.zeros(info["offset"] - at, device=images.device))
+                g = grads[name]
+                if spec["channels_last"] and g.dim() == 4:
+                    g = g.permute(0, 2, 3, 1)
+                pieces.append(g.reshape(-1).float())
+                at = info["offset"] + g.numel()
+            if spec["total"] > at:
+                pieces.append(torch.zeros(spec["total"] - at, device=images.device))
+            self.flat_grad.copy_(torch.cat(pieces))
+            return (loss,)
+
+    return Step()
+
+
+if __name__ == "__main__":
+    main()
