@@ -17,15 +17,87 @@ pub fn stderr_line(line: &str) {
     write_stderr(&format!("{line}\n"));
 }
 
-/// Restores SIGPIPE's default action, so that a binary whose reader closed the pipe
-/// (`ddl-predict ... | head`) ends on its next write without a word, as C tools do. Rust
-/// ignores SIGPIPE: the write fails with EPIPE and `println!` panics with a backtrace. Call
-/// it first thing in `main`, in binaries only: a library (the Python extension included)
-/// leaves its host's signals alone.
-pub fn end_quietly_on_closed_pipe() {
-    // SAFETY: setting a signal's disposition to its default has no preconditions; called at
-    // start-up, before any thread that could be writing.
-    unsafe { libc::signal(libc::SIGPIPE, libc::SIG_DFL) };
+/// Writes `text` to stdout and flushes it. When stdout fails (a full disk, a file that cannot
+/// grow), ends the process with one line on stderr naming the program and the failure, and
+/// status 1: `println!` would panic with a backtrace and status 101. (A reader that closed
+/// the pipe ends the process before, by SIGPIPE: [`init_binary_signals`].) For the
+/// binaries' output and the lines the trainer prints for them; `outln!` formats.
+pub fn write_stdout(text: &str) {
+    let mut out = std::io::stdout().lock();
+    if let Err(e) = out.write_all(text.as_bytes()).and_then(|()| out.flush()) {
+        let program = std::env::args_os()
+            .next()
+            .map(std::path::PathBuf::from)
+            .and_then(|p| p.file_name().map(|n| n.to_string_lossy().into_owned()))
+            .unwrap_or_else(|| "ddl".into());
+        stderr_line(&format!("{program}: cannot write to standard output: {e}"));
+        std::process::exit(1);
+    }
+}
+
+/// `println!` for ddl's binaries: the formatted line through [`write_stdout`], which ends the
+/// process with one line when stdout fails instead of panicking.
+///
+/// # Examples
+///
+/// ```
+/// ddl_comm::outln!("{} records", 42);
+/// ```
+#[macro_export]
+macro_rules! outln {
+    () => {
+        $crate::cli::write_stdout("\n")
+    };
+    ($($arg:tt)*) => {
+        $crate::cli::write_stdout(&format!("{}\n", format_args!($($arg)*)))
+    };
+}
+
+/// The signal dispositions of a ddl binary, set first thing in `main` (in binaries only: a
+/// library, the Python extension included, leaves its host's signals alone):
+///
+/// - SIGPIPE to its default, so that a binary whose reader closed the pipe (`ddl-predict ... |
+///   head`) ends on its next write without a word, as C tools do (Rust ignores SIGPIPE: the
+///   write fails with EPIPE and `println!` panics with a backtrace);
+/// - SIGXFSZ ignored, so that a write past the file-size limit (`ulimit -f`) fails with EFBIG,
+///   which the binary reports naming the file (a checkpoint's partial file removed), instead of
+///   the signal killing it without a line.
+pub fn init_binary_signals() {
+    // SAFETY: setting a signal's disposition has no preconditions; called at start-up, before
+    // any thread that could be writing.
+    unsafe {
+        libc::signal(libc::SIGPIPE, libc::SIG_DFL);
+        libc::signal(libc::SIGXFSZ, libc::SIG_IGN);
+    }
+}
+
+/// `text` with its control characters escaped as JSON escapes them (`\n`, `\t`, `\u001b`...):
+/// for names that come from outside (file names, archive members) on the way to a terminal,
+/// where a newline would forge a line of output and an escape sequence would act on the
+/// terminal. Text without control characters is returned as it is.
+///
+/// # Examples
+///
+/// ```
+/// use ddl_comm::cli::escape_controls;
+/// assert_eq!(escape_controls("n01/a.JPEG"), "n01/a.JPEG");
+/// assert_eq!(escape_controls("a\nb\u{1b}[2J"), "a\\nb\\u001b[2J");
+/// ```
+pub fn escape_controls(text: &str) -> std::borrow::Cow<'_, str> {
+    if !text.chars().any(char::is_control) {
+        return std::borrow::Cow::Borrowed(text);
+    }
+    let mut out = String::with_capacity(text.len() + 8);
+    for c in text.chars() {
+        match c {
+            '\n' => out.push_str("\\n"),
+            '\r' => out.push_str("\\r"),
+            '\t' => out.push_str("\\t"),
+            c if c.is_control() => out.push_str(&format!("\\u{:04x}", c as u32)),
+            c => out.push(c),
+        }
+    }
+    std::borrow::Cow::Owned(out)
 }
 
 /// `e` and its causes joined by ": ", leaving out a cause whose text the line already ends

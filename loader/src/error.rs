@@ -209,6 +209,18 @@ pub enum LoaderError {
         conflict: Box<crate::pack::OutputConflict>,
     },
 
+    /// Another ddl-pack is writing into the output directory (it holds the directory's lock);
+    /// nothing was written.
+    #[error(
+        "{path}: another ddl-pack is writing into this directory (it holds the directory's \
+         lock): wait for it to finish, or give this pack another output directory",
+        path = .path.display()
+    )]
+    OutputBusy {
+        /// The output directory.
+        path: PathBuf,
+    },
+
     /// A packer option's value is unusable, or the input needs an option that was not given.
     #[error("{path}: {source}", path = .path.display())]
     Option {

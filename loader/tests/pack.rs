@@ -1039,3 +1039,26 @@ fn a_pack_written_by_identity_v1_is_resumed_as_the_same_pack() {
         "{e}"
     );
 }
+
+#[test]
+fn a_pack_into_a_directory_another_pack_is_writing_is_refused() {
+    use fs4::fs_std::FileExt;
+    let (tmp, input) = scratch_tree("pack-busy");
+    let out = tmp.path().join("out");
+    std::fs::create_dir_all(&out).unwrap();
+    // Another ddl-pack's lock, as it holds it while it writes.
+    let other = std::fs::File::open(&out).unwrap();
+    assert!(other.try_lock_exclusive().unwrap());
+    let e = pack::pack(&opts(&input, &out), &NoProgress).unwrap_err();
+    assert!(matches!(e, LoaderError::OutputBusy { .. }), "{e}");
+    assert!(e.to_string().contains("another ddl-pack is writing"), "{e}");
+    assert_eq!(
+        std::fs::read_dir(&out).unwrap().count(),
+        0,
+        "nothing written"
+    );
+    // Once it is done, the pack runs.
+    drop(other);
+    let rep = run(&opts(&input, &out));
+    assert_eq!(rep.splits["train"].records, 15);
+}

@@ -29,6 +29,28 @@ pub fn closed_pipe() -> std::process::Stdio {
     }
 }
 
+/// A standard output that is a full disk (`/dev/full`: every write fails with ENOSPC), for the
+/// tests of what a binary does when its output cannot be written.
+pub fn full_disk() -> std::process::Stdio {
+    let f = std::fs::OpenOptions::new()
+        .write(true)
+        .open("/dev/full")
+        .expect("/dev/full");
+    std::process::Stdio::from(f)
+}
+
+/// The one error line a binary wrote when its standard output was a full disk: it failed with
+/// status 1 and said so in one line naming the failure, without a panic.
+pub fn assert_ended_on_full_disk(what: &str, out: &std::process::Output) {
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{what}: {err}");
+    assert!(
+        err.contains("cannot write to standard output") && err.contains("No space left"),
+        "{what}: {err}"
+    );
+    assert!(!err.contains("panicked"), "{what}: {err}");
+}
+
 /// A fresh, empty scratch directory named after `name`, removed with everything in it when
 /// dropped.
 pub fn scratch(name: &str) -> TempDir {

@@ -301,3 +301,86 @@ fn sigterm_stops_and_resumes(mode: Mode) {
 
     resume_and_compare(r, &ckpt, 0, step, &tmp.path().join("resumed.f32"));
 }
+
+/// A second SIGTERM while the checkpoint a first one asked for is being written: the write is
+/// finished first, the process says so and exits with SIGTERM's status, and the checkpoint is
+/// whole (it was lost before).
+#[test]
+fn a_second_sigterm_lets_the_checkpoint_write_finish() {
+    use std::io::{BufRead, BufReader};
+    use std::process::Stdio;
+
+    let tmp = scratch("second-sigterm");
+    let shards = synth_and_pack(
+        tmp.path(),
+        &SynthSpec {
+            classes: 2,
+            per_class: 8,
+            val_per_class: 1,
+            seed: 4,
+            shards: 1,
+            max_short_side: 40,
+        },
+    );
+    let ck = tmp.path().join("ck");
+    // ResNet-50: a checkpoint of about 200 MB, long enough a write to signal into.
+    let mut child = Command::new(ddl_tests::bin("ddl-train"))
+        .arg("--data")
+        .arg(&shards)
+        .args(["--model", "resnet50", "--image-size", "32", "--batch", "2"])
+        .args(["--devices", "cpu:1", "--workers", "1", "--no-eval"])
+        .arg("--checkpoint-dir")
+        .arg(&ck)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let pid = child.id();
+    // Its start line: the signal handlers are installed.
+    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+    let started = lines.next().unwrap().unwrap();
+    assert!(started.starts_with("ddl-train: resnet50"), "{started}");
+    signal(pid, libc::SIGTERM);
+    let deadline = Instant::now() + LAUNCH_TIMEOUT;
+    let writing = loop {
+        let tmp_file = fs::read_dir(&ck).ok().and_then(|d| {
+            d.filter_map(|e| e.ok())
+                .find(|e| e.file_name().to_string_lossy().ends_with(".tmp"))
+        });
+        if tmp_file.is_some() {
+            break true;
+        }
+        if Instant::now() > deadline || child.try_wait().unwrap().is_some() {
+            break false;
+        }
+        std::thread::yield_now();
+    };
+    assert!(
+        writing,
+        "the checkpoint write was never seen in {}",
+        ck.display()
+    );
+    signal(pid, libc::SIGTERM);
+    // Bounded: a hang fails the test instead of stalling CI.
+    let deadline = Instant::now() + LAUNCH_TIMEOUT;
+    let status = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            break status;
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            panic!("ddl-train did not end after the second SIGTERM");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let mut err = String::new();
+    std::io::Read::read_to_string(&mut child.stderr.take().unwrap(), &mut err).unwrap();
+    assert_eq!(status.code(), Some(143), "{err}");
+    assert!(
+        err.contains("second SIGTERM came during the checkpoint write") && err.contains("complete"),
+        "{err}"
+    );
+    let written = checkpoint::list(&ck).unwrap();
+    assert_eq!(written.len(), 1, "{written:?}");
+    Checkpoint::read(&written[0]).expect("the checkpoint is whole");
+}

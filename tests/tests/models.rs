@@ -123,6 +123,25 @@ fn export_predict_and_a_bad_init_under_mpirun() {
         "{err}"
     );
 
+    // Its output a full disk: one line and status 1, as ddl-export's.
+    let out = Command::new(bin("ddl-predict"))
+        .arg("--model")
+        .arg(&model)
+        .arg(&val)
+        .args(["--device", "cpu"])
+        .stdout(ddl_testkit::full_disk())
+        .output()
+        .unwrap();
+    ddl_testkit::assert_ended_on_full_disk("ddl-predict", &out);
+    let out = Command::new(bin("ddl-export"))
+        .arg(dir.join("ck"))
+        .arg("-o")
+        .arg(dir.join("third.safetensors"))
+        .stdout(ddl_testkit::full_disk())
+        .output()
+        .unwrap();
+    ddl_testkit::assert_ended_on_full_disk("ddl-export", &out);
+
     // Text, with one unreadable image among good ones: the others are printed, the bad one
     // is named, the exit status says something failed.
     let one = val.join("ILSVRC2012_val_00000002.JPEG");

@@ -7,6 +7,7 @@ mod compiled_mpi;
 mod demo_learns;
 mod demo_path;
 mod finetune;
+mod full_disk;
 mod gpu_bundle;
 mod head_parallel;
 mod imagenet22k;

@@ -33,10 +33,12 @@ fn rank_prefix() -> String {
     launcher_rank().map_or_else(String::new, |r| format!("rank {r}: "))
 }
 
-/// The line `[rank N: ]TOOL: error: CONTEXT: CAUSE: ...` (the whole chain on one line), with
-/// its newline.
+/// The line `[rank N: ]TOOL: error: CONTEXT: CAUSE: ...` (the whole chain on one line, its
+/// control characters escaped: an error names files whose names come from outside), with its
+/// newline.
 pub fn error_line(tool: &str, e: &anyhow::Error) -> String {
     let chain = ddl_comm::cli::error_chain(&**e);
+    let chain = ddl_comm::cli::escape_controls(&chain);
     format!("{}{tool}: error: {chain}\n", rank_prefix())
 }
 
@@ -83,7 +85,7 @@ where
 /// a reader that closes the output pipe ends the tool quietly
 /// ([`ddl_comm::cli`]).
 pub fn run(tool: &str, body: impl FnOnce() -> anyhow::Result<()>) -> ExitCode {
-    ddl_comm::cli::end_quietly_on_closed_pipe();
+    ddl_comm::cli::init_binary_signals();
     match body() {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {

@@ -1,6 +1,7 @@
 //! Output of ddl-pack, ddl-prof, ddl-bench and ddl-synth when stderr is not a terminal: no
 //! ANSI colour codes, and every error (usage or run time) written in one piece, so that under
-//! `mpirun` one rank's error line never interleaves with another's.
+//! `mpirun` one rank's error line never interleaves with another's; a closed pipe or a full disk
+//! ends a tool with at most one line; names from the input reach the terminal escaped.
 
 use crate::common;
 
@@ -99,20 +100,7 @@ fn progress_and_summaries_carry_no_colour() {
     let dir = tmp.path();
     let tree = dir.join("tree");
     let out = dir.join("shards");
-    let mut synth = bin("ddl-synth");
-    synth.arg(&tree).args([
-        "--classes",
-        "2",
-        "--per-class",
-        "4",
-        "--val-per-class",
-        "1",
-        "--min-side",
-        "32",
-        "--max-side",
-        "48",
-    ]);
-    let w = stderr_writes(synth);
+    let w = stderr_writes(synth_small(&tree));
     assert!(w.status.success(), "{}", w.all());
     assert_no_ansi(&w);
     let mut pack = bin("ddl-pack");
@@ -142,5 +130,116 @@ fn progress_and_summaries_carry_no_colour() {
         w.stderr.iter().all(|s| s.matches('\n').count() == 1),
         "{}",
         w.all()
+    );
+}
+
+/// ddl-synth of a small tree (2 classes of 4 images, 32-48 px) into `tree`.
+fn synth_small(tree: &std::path::Path) -> Command {
+    let mut synth = bin("ddl-synth");
+    synth.arg(tree).args([
+        "--classes",
+        "2",
+        "--per-class",
+        "4",
+        "--val-per-class",
+        "1",
+        "--min-side",
+        "32",
+        "--max-side",
+        "48",
+    ]);
+    synth
+}
+
+/// A small generated tree packed into shards in `dir`: (tree, shards).
+fn small_pack(dir: &std::path::Path) -> (std::path::PathBuf, std::path::PathBuf) {
+    let (tree, shards) = (dir.join("tree"), dir.join("shards"));
+    assert!(synth_small(&tree).output().unwrap().status.success());
+    let out = bin("ddl-pack")
+        .arg(&tree)
+        .arg("-o")
+        .arg(&shards)
+        .args(["--shards", "1"])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    (tree, shards)
+}
+
+#[test]
+fn a_full_disk_ends_a_tool_with_one_line() {
+    let tmp = ddl_testkit::scratch("hygiene-full-disk");
+    let (tree, shards) = small_pack(tmp.path());
+    let m = |p: &std::path::Path| p.to_str().unwrap().to_string();
+    let again = tmp.path().join("again");
+    let runs: [(&str, Vec<String>); 3] = [
+        ("ddl-pack", vec![m(&tree), "-o".into(), m(&again)]),
+        ("ddl-pack", vec!["--verify".into(), m(&shards)]),
+        (
+            "ddl-prof",
+            [
+                &m(&shards),
+                "--threads",
+                "1",
+                "--batch",
+                "4",
+                "--image-size",
+                "32",
+                "--seconds",
+                "0.1",
+            ]
+            .map(String::from)
+            .to_vec(),
+        ),
+    ];
+    for (tool, args) in runs {
+        let out = bin(tool)
+            .args(&args)
+            .stdout(ddl_testkit::full_disk())
+            .output()
+            .unwrap();
+        ddl_testkit::assert_ended_on_full_disk(tool, &out);
+    }
+}
+
+#[test]
+fn names_from_the_input_reach_the_terminal_escaped() {
+    let tmp = ddl_testkit::scratch("hygiene-names");
+    let (tree, _) = small_pack(tmp.path());
+    // An unreadable input whose name holds a newline (that would forge a summary line) and an
+    // escape sequence (that would clear the screen).
+    let class = std::fs::read_dir(tree.join("train"))
+        .unwrap()
+        .next()
+        .unwrap()
+        .unwrap()
+        .path();
+    let evil = "x\ntrain: 9999 records\u{1b}[2J.JPEG";
+    std::fs::write(class.join(evil), b"not a jpeg").unwrap();
+    let out = bin("ddl-pack")
+        .arg(&tree)
+        .arg("-o")
+        .arg(tmp.path().join("evil"))
+        .args(["--shards", "1", "--max-skip-fraction", "0.5"])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{text}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(!text.contains('\u{1b}'), "{text:?}");
+    assert!(
+        !text.lines().any(|l| l.starts_with("train: 9999")),
+        "a forged line: {text}"
+    );
+    assert!(
+        text.contains("x\\ntrain: 9999 records\\u001b[2J.JPEG"),
+        "{text}"
     );
 }

@@ -243,7 +243,7 @@ impl Checkpoint {
 
     /// Writes the checkpoint atomically into `dir` and returns its path. On failure the
     /// partial file is removed and the error says how many bytes were needed and how many are
-    /// free.
+    /// free (or that they exceed the process's file-size limit).
     pub fn write(&self, dir: &Path) -> Result<PathBuf> {
         fs::create_dir_all(dir).map_err(|e| TrainError::io(dir, e))?;
         let path = dir.join(file_name(self.meta.global_step));
@@ -256,6 +256,12 @@ impl Checkpoint {
         if let Err(source) = written {
             // Ours, and useless half-written: never leave it to fill the disk.
             let _ = fs::remove_file(&tmp);
+            if source.kind() == std::io::ErrorKind::FileTooLarge {
+                return Err(TrainError::CheckpointTooLarge {
+                    path,
+                    needed: bytes.len() as u64,
+                });
+            }
             return Err(TrainError::CheckpointWrite {
                 path,
                 needed: bytes.len() as u64,

@@ -85,6 +85,22 @@ pub enum TrainError {
         #[source]
         source: std::io::Error,
     },
+    /// A checkpoint would exceed this process's file-size limit (`ulimit -f`, RLIMIT_FSIZE); its
+    /// partial file was removed.
+    #[error(
+        "checkpoint {path}: its {needed} bytes ({}) exceed this process's file-size limit \
+         (ulimit -f): raise the limit (ulimit -f unlimited) and run the same command with \
+         {resume}; the partial file was removed",
+        mib(*.needed),
+        path = .path.display(),
+        resume = Setting::Resume
+    )]
+    CheckpointTooLarge {
+        /// The checkpoint file.
+        path: PathBuf,
+        /// Size of the checkpoint.
+        needed: u64,
+    },
     /// The checkpoint directory holds files of another run and this run would mix with them.
     #[error(
         "{cd} {dir} holds {count} checkpoint file(s) of another run (newest {newest}): \
@@ -102,6 +118,24 @@ pub enum TrainError {
         count: usize,
         /// Name of the newest.
         newest: String,
+    },
+    /// `resume` found checkpoint files, every one of them damaged: nothing to continue from,
+    /// and nothing was trained or removed.
+    #[error(
+        "{resume}: every checkpoint in {dir} ({damaged} file(s), each named in a warning above) \
+         is damaged, so there is nothing to continue from; nothing was trained and nothing \
+         removed. Restore an intact checkpoint there, or move the damaged ones aside (or rerun \
+         without {resume} and with {restart}, which moves them into a dated subdirectory) to \
+         start over",
+        dir = .dir.display(),
+        resume = Setting::Resume,
+        restart = Setting::Restart
+    )]
+    NoIntactCheckpoint {
+        /// The checkpoint directory.
+        dir: PathBuf,
+        /// Damaged checkpoint files.
+        damaged: usize,
     },
     /// Another run holds the checkpoint directory's lock (see `train::dir_lock`).
     #[error(

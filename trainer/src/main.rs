@@ -350,7 +350,7 @@ fn values<const N: usize, T>(flag: &str, v: Vec<T>) -> anyhow::Result<[T; N]> {
 }
 
 fn main() -> anyhow::Result<()> {
-    ddl_comm::cli::end_quietly_on_closed_pipe();
+    ddl_comm::cli::init_binary_signals();
     flags::install();
     tracing_subscriber::fmt()
         .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
@@ -397,12 +397,14 @@ fn main() -> anyhow::Result<()> {
                 }
             }
             if rank == 0 && cfg.verbose {
-                println!(
+                ddl_comm::outln!(
                     "done: {} global steps ({} in this run), replica-0 parameter crc32c {:08x}",
-                    summary.global_steps, summary.steps_run, summary.param_checksum
+                    summary.global_steps,
+                    summary.steps_run,
+                    summary.param_checksum
                 );
                 if let Some(line) = bad_record_summary(&summary) {
-                    println!("{line}");
+                    ddl_comm::outln!("{line}");
                 }
             }
             Ok(())

@@ -2,7 +2,10 @@
 //! SIGINT (Ctrl-C) ask a run to stop; they do not kill it.
 //!
 //! [`StopRequest::install`] registers both signals (through signal-hook): the first one only
-//! sets a flag, a second one exits at once with status 128 + signal. The training loop reads
+//! sets a flag, a second one exits at once with status 128 + signal and a line, unless a
+//! checkpoint is being written ([`hold_for_checkpoint`]): then the write finishes first, so
+//! that the checkpoint a first signal asked for is never lost to the second. The training loop
+//! reads
 //! the flag after every step and the ranks agree on it collectively ([`crate::train`](mod@crate::train) folds it
 //! into a tiny allreduce), so that every rank stops after the same step even when the signal
 //! reached only some of them; rank 0 then writes a checkpoint and every rank says where to
@@ -10,6 +13,8 @@
 
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
+
+use crate::console::eprint_line;
 
 use signal_hook::consts::{SIGINT, SIGTERM};
 
@@ -49,6 +54,63 @@ impl StopSignal {
     }
 }
 
+/// Whether a checkpoint is being written (a second stop signal then waits for it).
+static WRITING: AtomicBool = AtomicBool::new(false);
+/// A second stop signal that came during a checkpoint write (0: none).
+static DEFERRED: AtomicUsize = AtomicUsize::new(0);
+
+/// What a second stop signal does outside a checkpoint write: one line on stderr, then the
+/// exit. Only async-signal-safe calls (write, _exit).
+fn exit_now(sig: i32) {
+    const LINE: &[u8] = b"ddl-train: a second stop signal: exiting now; the last checkpoint \
+written (if any) is where --resume continues\n";
+    // SAFETY: write(2) and _exit(2) are async-signal-safe; LINE is a static buffer.
+    unsafe {
+        libc::write(2, LINE.as_ptr().cast(), LINE.len());
+        libc::_exit(128 + sig);
+    }
+}
+
+/// Held while a checkpoint is written ([`hold_for_checkpoint`]): a second stop signal that
+/// comes meanwhile waits for the write; [`CheckpointHold::release`] then says how the write
+/// ended and exits with that signal's status.
+#[must_use = "release the hold once the checkpoint is written"]
+pub struct CheckpointHold(());
+
+/// Makes a second stop signal wait until the returned hold is released.
+pub fn hold_for_checkpoint() -> CheckpointHold {
+    WRITING.store(true, Ordering::SeqCst);
+    CheckpointHold(())
+}
+
+impl CheckpointHold {
+    /// Ends the hold after the write, whose outcome is `written` (the checkpoint's path, or
+    /// its error): when a second stop signal came meanwhile, says so with that outcome and
+    /// exits with the signal's status.
+    pub fn release(self, written: std::result::Result<&std::path::Path, String>) {
+        drop(self);
+        let sig = DEFERRED.swap(0, Ordering::SeqCst);
+        if let Some(signal) = StopSignal::from_raw(sig) {
+            let outcome = match written {
+                Ok(path) => format!("{} is complete", path.display()),
+                Err(e) => format!("it failed ({e})"),
+            };
+            eprint_line(&format!(
+                "ddl-train: a second {} came during the checkpoint write, which was let finish: \
+                 {outcome}; exiting",
+                signal.name()
+            ));
+            std::process::exit(signal.exit_code());
+        }
+    }
+}
+
+impl Drop for CheckpointHold {
+    fn drop(&mut self) {
+        WRITING.store(false, Ordering::SeqCst);
+    }
+}
+
 /// The stop flag of one process: which stop signal arrived first, if any. Clones share it.
 #[derive(Clone, Debug, Default)]
 pub struct StopRequest {
@@ -58,21 +120,30 @@ pub struct StopRequest {
 
 impl StopRequest {
     /// Registers SIGTERM and SIGINT for this process: the first sets the flag, a second exits
-    /// at once with status 128 + signal. Call once, early in `main`.
+    /// at once with status 128 + signal (after the checkpoint write in progress, if any). Call
+    /// once, early in `main`.
     pub fn install() -> std::io::Result<StopRequest> {
         let request = StopRequest::default();
         let seen = Arc::new(AtomicBool::new(false));
         for sig in [SIGTERM, SIGINT] {
-            // Registered first, so it runs before `seen` is set: it exits only on a second signal.
-            signal_hook::flag::register_conditional_shutdown(sig, 128 + sig, seen.clone())?;
-            signal_hook::flag::register(sig, seen.clone())?;
             let first = request.signal.clone();
-            // SAFETY: the action is one compare-and-swap on an atomic, which is
+            let seen = seen.clone();
+            // SAFETY: the action uses atomics, write(2) and _exit(2), which are
             // async-signal-safe, and cannot panic.
             unsafe {
                 signal_hook::low_level::register(sig, move || {
-                    let _ =
-                        first.compare_exchange(0, sig as usize, Ordering::SeqCst, Ordering::SeqCst);
+                    if !seen.swap(true, Ordering::SeqCst) {
+                        let _ = first.compare_exchange(
+                            0,
+                            sig as usize,
+                            Ordering::SeqCst,
+                            Ordering::SeqCst,
+                        );
+                    } else if WRITING.load(Ordering::SeqCst) {
+                        DEFERRED.store(sig as usize, Ordering::SeqCst);
+                    } else {
+                        exit_now(sig);
+                    }
                 })?;
             }
         }

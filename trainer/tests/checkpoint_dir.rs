@@ -361,3 +361,39 @@ fn resume_from_a_missing_directory_says_so_even_when_quiet() {
         stderr(&out)
     );
 }
+
+#[test]
+fn resume_with_every_checkpoint_damaged_is_refused_and_touches_nothing() {
+    let (tmp, data) = scratch_with_data("ckdir-damaged");
+    let ckpt = tmp.path().join("ckpt");
+    let mut first = base(&data, &ckpt);
+    first.max_steps = Some(3);
+    run(&first).unwrap();
+    // Every checkpoint damaged (a byte flipped in the middle of each).
+    for (name, mut bytes) in contents(&ckpt) {
+        if name.starts_with("ckpt-") {
+            let mid = bytes.len() / 2;
+            bytes[mid] ^= 0xff;
+            std::fs::write(ckpt.join(&name), bytes).unwrap();
+        }
+    }
+    let before = contents(&ckpt);
+    let mut again = base(&data, &ckpt);
+    again.resume = true;
+    again.max_steps = Some(6);
+    let e = run(&again).unwrap_err();
+    assert!(
+        matches!(e, TrainError::NoIntactCheckpoint { damaged: 3, .. }),
+        "{e}"
+    );
+    let msg = e.to_string();
+    assert!(
+        msg.contains("--resume") && msg.contains("--restart"),
+        "{msg}"
+    );
+    assert_eq!(
+        contents(&ckpt),
+        before,
+        "the damaged checkpoints were touched"
+    );
+}

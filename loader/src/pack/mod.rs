@@ -94,7 +94,11 @@ pub fn pack(opts: &PackOptions, progress: &dyn PackProgress) -> Result<PackRepor
     // Nothing is written to the output directory before it is claimed.
     let files = plan::shard_files(&plans);
     let id = identity::Identity::of(opts);
-    let output::Claim { mut state, left } = output::claim(&opts.output, &id, &files, opts.force)?;
+    let output::Claim {
+        mut state,
+        left,
+        lock: _lock,
+    } = output::claim(&opts.output, &id, &files, opts.force)?;
     let mut tally =
         shards::keep_finished(&pool, &opts.output, &plans, &mut state, &inputs, opts.nodes);
     let total: u64 = plans.iter().map(|p| p.items.len() as u64).sum();

@@ -83,6 +83,24 @@ pub(crate) struct Claim {
     pub state: PackState,
     /// Entries of the directory this pack did not write and leaves untouched.
     pub left: Vec<String>,
+    /// The directory's lock ([`lock`]), held until the pack ends.
+    pub lock: std::fs::File,
+}
+
+/// Takes the lock of the output directory `out` (flock on the directory itself, released by
+/// the kernel when the process ends), so that two packs never write into one directory at
+/// once: the second is refused, naming the directory, instead of failing on the first's
+/// renames.
+fn lock(out: &Path) -> Result<std::fs::File> {
+    use fs4::fs_std::FileExt;
+    let dir = std::fs::File::open(out).map_err(|e| LoaderError::io("open directory", out, e))?;
+    match dir.try_lock_exclusive() {
+        Ok(true) => Ok(dir),
+        Ok(false) => Err(LoaderError::OutputBusy {
+            path: out.to_path_buf(),
+        }),
+        Err(e) => Err(LoaderError::io("lock directory", out, e)),
+    }
 }
 
 /// Who an entry of the output directory belongs to.
@@ -421,6 +439,7 @@ pub(crate) fn claim(out: &Path, id: &Identity, shards: &[String], force: bool) -
         });
     }
     std::fs::create_dir_all(out).map_err(|e| LoaderError::io("create directory", out, e))?;
+    let lock = lock(out)?;
     let found = load_state(out);
     let ours = found
         .as_ref()
@@ -448,7 +467,7 @@ pub(crate) fn claim(out: &Path, id: &Identity, shards: &[String], force: bool) -
         remove(&manifest)?;
     }
     let left = clean(out, &mut state, &owners, &planned)?;
-    Ok(Claim { state, left })
+    Ok(Claim { state, left, lock })
 }
 
 fn remove(path: &Path) -> Result<()> {

@@ -285,10 +285,10 @@ fn run(args: Args) -> Result<()> {
 /// Rank 0's output: the table (and one row per node), `--json` and `--plot`.
 fn print_and_write(args: &Args, reports: &[Report]) -> Result<()> {
     let report = &reports[0];
-    print!("{}", prof::render_table(report));
+    ddl_comm::cli::write_stdout(&prof::render_table(report));
     if reports.len() > 1 {
-        println!();
-        print!("{}", prof::render_nodes(reports));
+        ddl_comm::outln!();
+        ddl_comm::cli::write_stdout(&prof::render_nodes(reports));
     }
     if let Some(path) = &args.json {
         let text = if reports.len() > 1 {

@@ -7,6 +7,7 @@ mod progress;
 use std::path::Path;
 
 use anyhow::{bail, Context, Result};
+use ddl_comm::cli::escape_controls;
 use ddl_loader::pack::{self, PackOptions, PackReport};
 
 use crate::cli::stderr_line;
@@ -46,7 +47,7 @@ fn verify(dir: &Path) -> Result<()> {
             dir.display()
         );
     }
-    println!(
+    ddl_comm::outln!(
         "{}: OK, {} shards, {} records, {} bytes verified",
         dir.display(),
         report.shards,
@@ -60,7 +61,7 @@ fn verify(dir: &Path) -> Result<()> {
 /// skipped inputs, files left in place, ignored classes, and the totals.
 fn print_summary(report: &PackReport, opts: &PackOptions) {
     for (name, s) in &report.splits {
-        println!(
+        ddl_comm::outln!(
             "{name}: {} records in {} shards ({} kept), {} skipped, {} bytes \
              (copied {}, re-encoded {}, resized {})",
             s.records,
@@ -74,13 +75,16 @@ fn print_summary(report: &PackReport, opts: &PackOptions) {
         );
     }
     if let Some(v) = &report.val_split {
-        println!(
+        ddl_comm::outln!(
             "val held out by {}: {} inputs to val, {} to train (seed {})",
-            v.rule, v.val_inputs, v.train_inputs, v.seed
+            v.rule,
+            v.val_inputs,
+            v.train_inputs,
+            v.seed
         );
     }
     if !report.dropped_classes.is_empty() {
-        println!(
+        ddl_comm::outln!(
             "dropped {} classes with fewer than {} usable inputs (--min-per-class; listed in \
              the report)",
             report.dropped_classes.len(),
@@ -88,7 +92,7 @@ fn print_summary(report: &PackReport, opts: &PackOptions) {
         );
     }
     print_left_out(report, &opts.output);
-    println!(
+    ddl_comm::outln!(
         "{} classes, {:.0} images/s on {} threads, {:.1} s; report: {}",
         report.classes,
         report.images_per_s,
@@ -101,22 +105,27 @@ fn print_summary(report: &PackReport, opts: &PackOptions) {
 /// The first skipped inputs, the files left in `output`, and the classes not in the list.
 fn print_left_out(report: &PackReport, output: &Path) {
     for s in report.skipped.iter().take(SHOWN) {
-        println!("skipped {} ({}: {})", s.path, s.reason, s.detail);
+        ddl_comm::outln!(
+            "skipped {} ({}: {})",
+            escape_controls(&s.path),
+            s.reason,
+            escape_controls(&s.detail)
+        );
     }
     if report.skipped.len() > SHOWN {
-        println!(
+        ddl_comm::outln!(
             "... and {} more skipped inputs",
             report.skipped.len() - SHOWN
         );
     }
     if !report.left_in_place.is_empty() {
-        let shown: Vec<&str> = report
+        let shown: Vec<std::borrow::Cow<str>> = report
             .left_in_place
             .iter()
             .take(SHOWN)
-            .map(String::as_str)
+            .map(|name| escape_controls(name))
             .collect();
-        println!(
+        ddl_comm::outln!(
             "left {} file(s) in {} that this pack did not write untouched: {}{}",
             report.left_in_place.len(),
             output.display(),
@@ -130,7 +139,7 @@ fn print_left_out(report: &PackReport, output: &Path) {
     }
     if !report.ignored_classes.is_empty() {
         // Only --classes leaves classes out this way (empty ones are refused or kept).
-        println!(
+        ddl_comm::outln!(
             "ignored {} classes not in --classes ({} files)",
             report.ignored_classes.len(),
             report.ignored_classes.values().sum::<u64>()

@@ -31,7 +31,7 @@ struct Args {
 }
 
 fn main() -> ExitCode {
-    ddl_comm::cli::end_quietly_on_closed_pipe();
+    ddl_comm::cli::init_binary_signals();
     flags::install();
     let args = Args::parse();
     match run(&args) {
@@ -51,7 +51,7 @@ fn run(args: &Args) -> anyhow::Result<()> {
     if !args.quiet {
         let m = &out.meta;
         let pct = |v: Option<f64>| v.map_or("-".to_string(), |v| format!("{:.2}%", v * 100.0));
-        println!(
+        ddl_comm::outln!(
             "ddl-export: {} -> {} ({}, {} classes, global step {}, {} tensors, val top-1 {} top-5 {})",
             out.checkpoint.display(),
             args.output.display(),

@@ -54,11 +54,11 @@ struct Args {
 }
 
 fn main() -> ExitCode {
-    ddl_comm::cli::end_quietly_on_closed_pipe();
+    ddl_comm::cli::init_binary_signals();
     flags::install();
     match run(&Args::parse()) {
         Ok(text) => {
-            print!("{text}");
+            ddl_comm::cli::write_stdout(&text);
             ExitCode::SUCCESS
         }
         Err(e) => {

@@ -57,7 +57,7 @@ struct Args {
 }
 
 fn main() -> ExitCode {
-    ddl_comm::cli::end_quietly_on_closed_pipe();
+    ddl_comm::cli::init_binary_signals();
     flags::install();
     let args = Args::parse();
     match run(&args) {
@@ -107,7 +107,7 @@ fn run(args: &Args) -> anyhow::Result<usize> {
                         })
                     })
                     .collect();
-                println!("{}", serde_json::json!({"image": path, "top": top}));
+                ddl_comm::outln!("{}", serde_json::json!({"image": path, "top": top}));
             }
             Ok(top) => {
                 let mut text = format!("{}\n", path.display());
@@ -119,7 +119,7 @@ fn run(args: &Args) -> anyhow::Result<usize> {
                         p.probability
                     ));
                 }
-                print!("{text}");
+                ddl_comm::cli::write_stdout(&text);
             }
         },
     )?;

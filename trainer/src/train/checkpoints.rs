@@ -100,7 +100,7 @@ impl Run<'_> {
         }
         let (aside, n) = checkpoint::move_aside(dir)?;
         if self.cfg.verbose {
-            println!(
+            ddl_comm::outln!(
                 "restart: moved {n} checkpoint file(s) of the previous run into {}",
                 aside.display()
             );
@@ -187,7 +187,10 @@ impl Run<'_> {
             data,
         };
         checkpoint::prune(&dir, self.cfg.keep_checkpoints, global)?;
-        ck.write(&dir)?;
+        let hold = crate::signal::hold_for_checkpoint();
+        let written = ck.write(&dir);
+        hold.release(written.as_deref().map_err(|e| e.to_string()));
+        written?;
         checkpoint::prune(&dir, self.cfg.keep_checkpoints, global)?;
         Ok(())
     }
@@ -207,7 +210,7 @@ impl Run<'_> {
         self.check_resumable(&ck, &path)?;
         self.load_checkpoint(&ck, &path)?;
         if self.is_root() && self.cfg.verbose {
-            println!(
+            ddl_comm::outln!(
                 "resume: {} (epoch {}, step {}, global step {})",
                 path.display(),
                 ck.meta.epoch,
@@ -228,6 +231,7 @@ impl Run<'_> {
     ) -> Result<Option<(Vec<u8>, Option<PathBuf>)>> {
         let mut bytes = Vec::new();
         let mut from = None;
+        let mut refusal = None;
         if self.is_root() {
             let checkpoint::Found {
                 checkpoint: found,
@@ -236,11 +240,34 @@ impl Run<'_> {
             for w in &warnings {
                 eprint_line(&format!("warning: {w}"));
             }
-            self.summary.warnings.extend(warnings);
-            if let Some((path, ck)) = found {
-                bytes = ck.to_bytes()?;
-                from = Some(path);
+            match found {
+                Some((path, ck)) => {
+                    bytes = ck.to_bytes()?;
+                    from = Some(path);
+                }
+                // Checkpoints there, none intact: starting over would pass for a resume (and
+                // prune them later).
+                None if !warnings.is_empty() => {
+                    refusal = Some(TrainError::NoIntactCheckpoint {
+                        dir: dir.to_path_buf(),
+                        damaged: warnings.len(),
+                    })
+                }
+                None => {}
             }
+            self.summary.warnings.extend(warnings);
+        }
+        let message = refusal.as_ref().map(ToString::to_string);
+        let message = self
+            .comm
+            .broadcast_bytes(message.unwrap_or_default().into_bytes())?;
+        if let Some(e) = refusal {
+            return Err(e);
+        }
+        if !message.is_empty() {
+            return Err(TrainError::FromRoot(
+                String::from_utf8_lossy(&message).into_owned(),
+            ));
         }
         let bytes = self.comm.broadcast_bytes(bytes)?;
         if bytes.is_empty() {
