@@ -115,6 +115,7 @@ impl Dataset {
                     ),
                 });
             }
+            reader.check_labels(manifest.num_classes())?;
             if opts.populate {
                 reader.populate()?;
             }

@@ -17,8 +17,7 @@ use std::ffi::CStr;
 
 use turbojpeg::raw;
 
-/// Largest image (in pixels) the decoder accepts; larger headers are treated as bad records.
-pub const MAX_PIXELS: u64 = 1 << 27;
+use crate::limits::MAX_PIXELS;
 
 /// An error from libjpeg-turbo (or an impossible request), without file context; the caller
 /// wraps it into [`crate::LoaderError::Decode`] with the shard file and record.

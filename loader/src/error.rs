@@ -176,6 +176,41 @@ pub enum LoaderError {
         reason: String,
     },
 
+    /// A record's label is not one of the manifest's classes.
+    #[error(
+        "{path}: record {record} has label {label}, but manifest.json lists {classes} classes \
+         (labels 0..{classes}): the manifest does not belong to these shards (was a class \
+         removed by hand?); restore the manifest ddl-pack wrote, or pack again",
+        path = .path.display()
+    )]
+    LabelOutOfRange {
+        /// The shard file.
+        path: PathBuf,
+        /// The record's index in the shard.
+        record: usize,
+        /// Its label.
+        label: u32,
+        /// The manifest's class count.
+        classes: usize,
+    },
+
+    /// Every input of a training class was skipped, so the class has no record.
+    #[error(
+        "{path}: {} training class(es) lost every input to decoding or reading errors and \
+         would have no record: {}; the report lists every skipped file. Fix or remove those \
+         files and rerun the same command (only their shards are redone), or rerun with \
+         --keep-empty-classes to keep the classes without records",
+        classes.len(),
+        list_counts(classes),
+        path = .path.display()
+    )]
+    ClassesWithoutRecords {
+        /// The pack report.
+        path: PathBuf,
+        /// The classes by wnid, with their input counts.
+        classes: std::collections::BTreeMap<String, u64>,
+    },
+
     /// Too many inputs were skipped; the report lists them.
     #[error(
         "{path}: skipped {skipped} of {inputs} inputs, more than the limit of {max} \
@@ -308,3 +343,17 @@ impl LoaderError {
 
 /// Result type of ddl-loader.
 pub type Result<T> = std::result::Result<T, LoaderError>;
+
+/// The first classes of `classes` as `wnid (N inputs)`, control characters escaped.
+fn list_counts(classes: &std::collections::BTreeMap<String, u64>) -> String {
+    const SHOWN: usize = 5;
+    let mut out: Vec<String> = classes
+        .iter()
+        .take(SHOWN)
+        .map(|(w, n)| format!("{} ({n} inputs)", w.escape_debug()))
+        .collect();
+    if classes.len() > SHOWN {
+        out.push(format!("and {} more", classes.len() - SHOWN));
+    }
+    out.join(", ")
+}

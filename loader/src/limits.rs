@@ -33,6 +33,11 @@ impl Setting {
     ];
 }
 
+/// Largest image, in pixels, that ddl-pack stores, the pipeline decodes and ddl-predict reads
+/// (one limit, so that nothing packed is refused later): checked from the header before any
+/// pixel is allocated, against hostile dimensions (134 M pixels, 400 MB of RGB).
+pub const MAX_PIXELS: u64 = 1 << 27;
+
 /// Smallest output side: at 16 pixels the ResNets' stride-32 stages already reduce an image
 /// to one pixel; a smaller side is a slip, not a model input.
 pub const MIN_IMAGE_SIZE: u32 = 16;

@@ -203,6 +203,20 @@ impl ShardReader {
         IndexRow::decode(&self.map[at..at + INDEX_ROW_LEN])
     }
 
+    /// Checks that every record's label names one of `classes` classes: a manifest edited by
+    /// hand (a class removed) would otherwise hand the model labels it has no output for.
+    pub fn check_labels(&self, classes: usize) -> Result<()> {
+        match (0..self.len()).find(|&i| self.row(i).label as usize >= classes) {
+            None => Ok(()),
+            Some(record) => Err(LoaderError::LabelOutOfRange {
+                path: self.path.clone(),
+                record,
+                label: self.row(record).label,
+                classes,
+            }),
+        }
+    }
+
     /// Record `i`, after checking its bytes against the crc32c in its index row.
     /// Panics if `i >= len()`.
     pub fn record(&self, i: usize) -> Result<Record<'_>> {

@@ -934,6 +934,107 @@ fn a_class_without_training_images_is_refused_or_kept_as_asked() {
     );
 }
 
+#[test]
+fn a_class_whose_every_input_fails_stops_the_pack_naming_it() {
+    let (tmp, input) = scratch_tree("pack-all-bad-class");
+    let root = tmp.path();
+    // n03000003 keeps its five files, each now a damaged JPEG: counted as usable inputs,
+    // every one skipped when decoded.
+    let class = input.join("train/n03000003");
+    for e in std::fs::read_dir(&class).unwrap() {
+        std::fs::write(e.unwrap().path(), b"\xFF\xD8\xFF\xE0 not really a jpeg").unwrap();
+    }
+    let out = root.join("out");
+    let e = pack::pack(&opts(&input, &out), &NoProgress).unwrap_err();
+    match &e {
+        LoaderError::ClassesWithoutRecords { classes, .. } => {
+            assert_eq!(classes, &BTreeMap::from([("n03000003".to_string(), 5)]))
+        }
+        other => panic!("expected ClassesWithoutRecords, got {other}"),
+    }
+    assert!(e.to_string().contains("--keep-empty-classes"), "{e}");
+    assert!(
+        !out.join("manifest.json").exists(),
+        "an unusable pack got a manifest"
+    );
+    let report: PackReport =
+        serde_json::from_slice(&std::fs::read(out.join(pack::REPORT_FILE)).unwrap()).unwrap();
+    assert!(!report.ok);
+    assert_eq!(report.empty_classes.get("n03000003"), Some(&5));
+
+    // Kept as asked: the class stays, without training records.
+    let out = root.join("out-kept");
+    let mut o = opts(&input, &out);
+    o.keep_empty_classes = true;
+    let rep = run(&o);
+    assert!(rep.ok && rep.empty_classes.is_empty());
+    assert_eq!(Manifest::load(&out).unwrap().classes.len(), 3);
+}
+
+#[test]
+fn a_file_among_the_class_folders_is_reported_as_ignored() {
+    let (tmp, input) = scratch_tree("pack-file-as-class");
+    let stray = input.join("train/n10000500");
+    write(&stray, &jpeg(24, 20, 5));
+    let rep = run(&opts(&input, &tmp.path().join("out")));
+    assert_eq!(rep.classes, 3);
+    let ignored: Vec<&str> = rep
+        .ignored_files
+        .iter()
+        .filter(|f| f.path == stray.display().to_string())
+        .map(|f| f.reason.as_str())
+        .collect();
+    assert_eq!(
+        ignored,
+        ["a file among the class folders, not a class"],
+        "{rep:?}"
+    );
+}
+
+#[test]
+fn labels_beyond_an_edited_manifests_classes_are_caught_at_open_and_by_verify() {
+    let (tmp, input) = scratch_tree("pack-class-removed");
+    let out = tmp.path().join("out");
+    run(&opts(&input, &out));
+    // The last class removed from manifest.json by hand: labels 0..2 stay in order.
+    let path = out.join("manifest.json");
+    let mut m: serde_json::Value = serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
+    m["classes"].as_array_mut().unwrap().pop();
+    std::fs::write(&path, serde_json::to_vec_pretty(&m).unwrap()).unwrap();
+
+    let v = pack::verify(&out).unwrap();
+    assert!(
+        v.problems.iter().any(|p| matches!(
+            p,
+            LoaderError::LabelOutOfRange {
+                label: 2,
+                classes: 2,
+                ..
+            }
+        )),
+        "{:?}",
+        v.problems
+    );
+    let residency = ddl_loader::dataset::Residency { node: 0, nodes: 1 };
+    let e = ddl_loader::dataset::Dataset::open(&out, "train", residency, &Default::default())
+        .unwrap_err();
+    assert!(
+        matches!(
+            e,
+            LoaderError::LabelOutOfRange {
+                label: 2,
+                classes: 2,
+                ..
+            }
+        ),
+        "{e}"
+    );
+    assert!(
+        e.to_string().contains("manifest.json lists 2 classes"),
+        "{e}"
+    );
+}
+
 /// Where the identity-v1 fixture's input lay when ddl-pack at 959e01e packed it (v1 hashed the
 /// canonical input path; see tests/data/pack-v1/NOTE.md).
 const V1_ROOT: &str = "/tmp/ddl-pack-identity-v1";

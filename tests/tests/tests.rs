@@ -12,6 +12,7 @@ mod gpu_bundle;
 mod head_parallel;
 mod imagenet22k;
 mod kill_resume;
+mod launchers;
 mod models;
 mod overlap_mpi;
 mod readme;

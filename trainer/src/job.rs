@@ -15,10 +15,20 @@ pub enum Job {
 }
 
 impl Job {
-    /// Joins the MPI job when an MPI launcher started this process, else a job of one rank.
+    /// Joins the MPI job when an MPI launcher started this process, else a job of one rank;
+    /// refuses a process that another launcher (torchrun) started as one of several, which
+    /// would otherwise train alone on the whole data set beside its siblings.
     pub fn start() -> Result<Job, CommError> {
         if World::launched() {
             Ok(Job::Mpi(World::init()?))
+        } else if let Some(size) = foreign_world_size() {
+            Err(CommError::Unsupported(format!(
+                "this process is one of {size} started by another launcher (WORLD_SIZE={size}, \
+                 as torchrun sets), but ddl-train forms its job through MPI: launch it with \
+                 `mpirun -np {size} ddl-train ...` or `srun -n {size} ddl-train ...` (torchrun \
+                 runs Python scripts on ddl.Loader and ddl.dist, e.g. \
+                 examples/pytorch/train.py)"
+            )))
         } else {
             let one = thread_group(1).pop().expect("a group of one rank");
             Ok(Job::Alone(Arc::new(one)))
@@ -110,4 +120,11 @@ impl RankInfo {
             oversubscribed: false,
         }
     }
+}
+
+/// The world size a non-MPI launcher announced (`WORLD_SIZE`, torchrun's and
+/// torch.distributed's variable), when it is more than one process.
+fn foreign_world_size() -> Option<u64> {
+    let size = std::env::var("WORLD_SIZE").ok()?.trim().parse().ok()?;
+    (size > 1).then_some(size)
 }

@@ -362,7 +362,7 @@ fn main() -> anyhow::Result<()> {
     // in a shard mapping names the shard.
     let stop = StopRequest::install().context("installing the SIGTERM/SIGINT handlers")?;
     ddl_loader::fault::report_sigbus().context("installing the SIGBUS report")?;
-    let job = Job::start().context("initialising MPI")?;
+    let job = Job::start().context("starting the job")?;
     let transport: Arc<dyn Transport> = job.transport();
     let rank = transport.rank();
     let size = transport.size();

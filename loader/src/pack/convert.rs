@@ -7,13 +7,11 @@
 use std::cell::RefCell;
 
 use crate::decode::{dct_denominator, scaled_dim};
+use crate::limits::MAX_PIXELS;
 
 use fast_image_resize as fr;
 use fr::pixels::U8x3;
 use turbojpeg::{Colorspace, Decompressor, Image, PixelFormat, ScalingFactor, Subsamp};
-
-/// Largest decoded image accepted, in pixels (guards memory against hostile dimensions).
-pub const MAX_PIXELS: u64 = 1 << 28;
 
 /// Smallest `max_short_side` other than 0 (keep the size): the pipeline's smallest output side.
 /// Shorter images would only be blown up again by every crop, with nothing gained on disk.
@@ -67,7 +65,7 @@ pub enum SkipReason {
     NotAnImage,
     /// The image is damaged in a way no decoder accepts.
     Corrupt,
-    /// The image is too large to store (dimensions over 65535 or over [`MAX_PIXELS`]).
+    /// The image is too large to store (dimensions over 65535 or over [`MAX_PIXELS`](crate::limits::MAX_PIXELS)).
     TooLarge,
 }
 
@@ -289,23 +287,18 @@ fn turbo_decode(
 }
 
 /// Decodes anything the image crate reads (CMYK/YCCK JPEG, PNG, ...) to RGB; alpha is composited
-/// over white.
+/// over white. The size is checked from the header first, so that a small file claiming a huge
+/// image (a 31 KB PNG of 16000 x 16000) is refused before any pixel is allocated.
 fn image_decode(bytes: &[u8]) -> Result<Rgb, Skip> {
-    let img = image::load_from_memory(bytes).map_err(|e| {
-        let msg = e.to_string();
-        let lower = msg.to_ascii_lowercase();
-        let reason =
-            if lower.contains("eof") || lower.contains("end of") || lower.contains("truncat") {
-                SkipReason::Truncated
-            } else if matches!(e, image::ImageError::Unsupported(_)) {
-                SkipReason::NotAnImage
-            } else {
-                SkipReason::Corrupt
-            };
-        skip(reason, msg)
-    })?;
-    let (width, height) = (img.width(), img.height());
+    let reader = || {
+        image::ImageReader::new(std::io::Cursor::new(bytes))
+            .with_guessed_format()
+            .expect("reading from memory cannot fail")
+    };
+    let (width, height) = reader().into_dimensions().map_err(image_skip)?;
     check_size(width, height)?;
+    let img = reader().decode().map_err(image_skip)?;
+    let (width, height) = (img.width(), img.height());
     let pixels = if img.color().has_alpha() {
         let rgba = img.to_rgba8();
         let mut out = Vec::with_capacity(width as usize * height as usize * 3);
@@ -326,6 +319,20 @@ fn image_decode(bytes: &[u8]) -> Result<Rgb, Skip> {
         height,
         full: (width, height),
     })
+}
+
+/// The skip an image crate error makes, by what it says.
+fn image_skip(e: image::ImageError) -> Skip {
+    let msg = e.to_string();
+    let lower = msg.to_ascii_lowercase();
+    let reason = if lower.contains("eof") || lower.contains("end of") || lower.contains("truncat") {
+        SkipReason::Truncated
+    } else if matches!(e, image::ImageError::Unsupported(_)) {
+        SkipReason::NotAnImage
+    } else {
+        SkipReason::Corrupt
+    };
+    skip(reason, msg)
 }
 
 fn check_size(width: u32, height: u32) -> Result<(), Skip> {
@@ -549,6 +556,44 @@ mod tests {
         assert_eq!(target_size(5000, 300, 0), (5000, 300));
         assert_eq!(target_size(10000, 257, 256), (9961, 256));
         assert_eq!(target_size(1000, 1000, 1), (1, 1));
+    }
+
+    /// A PNG whose header claims `w` x `h` 8-bit grey pixels, followed by a few bytes of
+    /// image data: a small file that would cost `w * h` bytes (and three times that as RGB)
+    /// if it were decoded.
+    fn png_claiming(w: u32, h: u32) -> Vec<u8> {
+        fn chunk(out: &mut Vec<u8>, kind: &[u8; 4], data: &[u8]) {
+            out.extend((data.len() as u32).to_be_bytes());
+            let start = out.len();
+            out.extend(kind);
+            out.extend(data);
+            let crc = crc32fast::hash(&out[start..]);
+            out.extend(crc.to_be_bytes());
+        }
+        let mut png = b"\x89PNG\r\n\x1a\n".to_vec();
+        let mut ihdr = Vec::new();
+        ihdr.extend(w.to_be_bytes());
+        ihdr.extend(h.to_be_bytes());
+        ihdr.extend([8, 0, 0, 0, 0]); // 8 bits, grey, deflate, no filter, no interlace
+        chunk(&mut png, b"IHDR", &ihdr);
+        chunk(&mut png, b"IDAT", &[0x78, 0x9c, 0x63, 0x00, 0x00]);
+        chunk(&mut png, b"IEND", &[]);
+        png
+    }
+
+    #[test]
+    fn a_small_file_claiming_a_huge_image_is_refused_from_its_header() {
+        let opts = ConvertOptions {
+            max_short_side: 0,
+            quality: 90,
+            reencode: true,
+        };
+        let e = convert(&png_claiming(16000, 16000), &opts).unwrap_err();
+        assert_eq!(e.reason, SkipReason::TooLarge, "{}", e.detail);
+        assert!(e.detail.contains("16000x16000"), "{}", e.detail);
+        // Just under the limit, the same file is read and found truncated.
+        let e = convert(&png_claiming(11000, 11000), &opts).unwrap_err();
+        assert_ne!(e.reason, SkipReason::TooLarge, "{}", e.detail);
     }
 
     fn test_jpeg(w: usize, h: usize) -> Vec<u8> {

@@ -109,7 +109,12 @@ pub struct PackReport {
     pub skip_fraction: f64,
     /// The limit it was checked against.
     pub max_skip_fraction: f64,
-    /// Whether the skip fraction was within the limit (manifest written).
+    /// Training classes left without a record although they had inputs (every one failed),
+    /// by wnid, with their input counts: the pack stops unless `keep_empty_classes`.
+    #[serde(default)]
+    pub empty_classes: BTreeMap<String, u64>,
+    /// Whether the pack is usable (manifest written): the skip fraction within the limit and
+    /// no class emptied by skipped inputs.
     pub ok: bool,
     /// Entries of the output directory this pack did not write, left untouched.
     #[serde(default)]
@@ -199,8 +204,9 @@ pub(crate) struct RunFacts {
     pub started: Instant,
 }
 
-/// Writes `pack-report.json` and, when the skip fraction is within the limit,
-/// `manifest.json`; returns the report, or [`LoaderError::SkipFraction`] above the limit.
+/// Writes `pack-report.json` and, when the pack is usable, `manifest.json`; returns the
+/// report, or [`LoaderError::ClassesWithoutRecords`] when skipped inputs emptied a training
+/// class, or [`LoaderError::SkipFraction`] above the limit.
 pub(crate) fn finish(
     opts: &PackOptions,
     inputs: &Inputs,
@@ -223,6 +229,11 @@ pub(crate) fn finish(
     } else {
         skipped.len() as f64 / total as f64
     };
+    let empty_classes = if opts.keep_empty_classes {
+        BTreeMap::new()
+    } else {
+        emptied_classes(plans, &splits)
+    };
     let elapsed = run.started.elapsed().as_secs_f64();
     let report = PackReport {
         input: opts.input.display().to_string(),
@@ -244,7 +255,8 @@ pub(crate) fn finish(
         skipped,
         skip_fraction,
         max_skip_fraction: opts.max_skip_fraction,
-        ok: skip_fraction <= opts.max_skip_fraction,
+        ok: skip_fraction <= opts.max_skip_fraction && empty_classes.is_empty(),
+        empty_classes,
         left_in_place: run.left,
         threads: run.threads,
         elapsed_s: elapsed,
@@ -256,6 +268,12 @@ pub(crate) fn finish(
         source,
     })?;
     write_atomic(&report_path, &text)?;
+    if !report.empty_classes.is_empty() {
+        return Err(LoaderError::ClassesWithoutRecords {
+            path: report_path,
+            classes: report.empty_classes.clone(),
+        });
+    }
     if !report.ok {
         return Err(LoaderError::SkipFraction {
             path: report_path,
@@ -266,6 +284,29 @@ pub(crate) fn finish(
     }
     manifest(opts, inputs, plans, splits_manifest, run.val_split).save(&opts.output)?;
     Ok(report)
+}
+
+/// The training classes that had inputs but got no record (every input skipped), with their
+/// input counts: a model would carry an output no image ever trains.
+fn emptied_classes(
+    plans: &[SplitPlan<'_>],
+    splits: &BTreeMap<String, SplitReport>,
+) -> BTreeMap<String, u64> {
+    let (Some(plan), Some(rep)) = (
+        plans.iter().find(|p| p.name == "train"),
+        splits.get("train"),
+    ) else {
+        return BTreeMap::new();
+    };
+    let mut inputs = vec![0u64; rep.classes.len()];
+    for it in plan.items {
+        inputs[it.label as usize] += 1;
+    }
+    rep.classes
+        .iter()
+        .filter(|c| c.records == 0 && inputs[c.label as usize] > 0)
+        .map(|c| (c.wnid.clone(), inputs[c.label as usize]))
+        .collect()
 }
 
 /// The manifest of a finished pack.

@@ -259,8 +259,9 @@ fn list_dir(dir: &Path) -> Result<Vec<Entry>> {
 
 /// The class folders among `entries` of `root`; an entry that may be one but cannot be used
 /// (not examinable, or a folder whose name is not UTF-8) is an error naming it, since leaving
-/// a class out would shift every later label.
-fn class_folders(root: &Path, entries: &[Entry]) -> Result<Vec<String>> {
+/// a class out would shift every later label. A regular file among them is listed in the
+/// report's ignored files.
+fn class_folders(root: &Path, entries: &[Entry], scan: &mut Scan) -> Result<Vec<String>> {
     let mut classes = Vec::new();
     for e in entries {
         match &e.kind {
@@ -277,7 +278,10 @@ fn class_folders(root: &Path, entries: &[Entry]) -> Result<Vec<String>> {
                 ))
             }
             Kind::Dir => classes.push(e.name.clone()),
-            Kind::File(_) => {}
+            Kind::File(_) => scan.ignored_files.push((
+                root.join(&e.name).display().to_string(),
+                "a file among the class folders, not a class".into(),
+            )),
         }
     }
     Ok(classes)
@@ -301,7 +305,7 @@ fn file_input(e: &Entry, dir: u32) -> (u64, Loc) {
 
 /// Scans a folder tree `root/<wnid>/*` (one directory per class).
 fn scan_tree(root: &Path, scan: &mut Scan) -> Result<Vec<Found>> {
-    let classes = class_folders(root, &list_dir(root)?)?;
+    let classes = class_folders(root, &list_dir(root)?, scan)?;
     let listed: Vec<Result<Vec<Entry>>> = classes
         .par_iter()
         .map(|c| list_dir(&root.join(c)))

@@ -1,5 +1,5 @@
 //! Checking a packed directory against its manifest (`ddl-pack`'s verification): every shard's
-//! header, index and record checksums, record count, size and whole-file checksum.
+//! header, index and record checksums, record count, size, whole-file checksum and labels.
 
 use std::path::Path;
 
@@ -23,7 +23,8 @@ pub struct VerifyReport {
 }
 
 /// Re-reads the manifest in `dir` and every shard it lists: header, index, every record's
-/// checksum, record count, size and whole-file checksum against the manifest.
+/// checksum, record count, size and whole-file checksum against the manifest, and every
+/// label against its class count.
 pub fn verify(dir: &Path) -> Result<VerifyReport> {
     let manifest = Manifest::load(dir)?;
     let shards: Vec<&ShardInfo> = manifest
@@ -31,9 +32,10 @@ pub fn verify(dir: &Path) -> Result<VerifyReport> {
         .values()
         .flat_map(|s| s.shards.iter())
         .collect();
+    let classes = manifest.num_classes();
     let results: Vec<(u64, u64, Vec<LoaderError>)> = shards
         .par_iter()
-        .map(|info| verify_shard(dir, info))
+        .map(|info| verify_shard(dir, info, classes))
         .collect();
     let mut report = VerifyReport {
         shards: shards.len(),
@@ -49,7 +51,7 @@ pub fn verify(dir: &Path) -> Result<VerifyReport> {
     Ok(report)
 }
 
-fn verify_shard(dir: &Path, info: &ShardInfo) -> (u64, u64, Vec<LoaderError>) {
+fn verify_shard(dir: &Path, info: &ShardInfo, classes: usize) -> (u64, u64, Vec<LoaderError>) {
     let path = dir.join(&info.file);
     let reader = match ShardReader::open(&path) {
         Ok(r) => r,
@@ -81,6 +83,7 @@ fn verify_shard(dir: &Path, info: &ShardInfo) -> (u64, u64, Vec<LoaderError>) {
             info.crc32c
         )));
     }
+    problems.extend(reader.check_labels(classes).err());
     problems.extend(reader.verify());
     (reader.len() as u64, reader.file_bytes(), problems)
 }

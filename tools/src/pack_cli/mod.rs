@@ -102,7 +102,8 @@ fn print_summary(report: &PackReport, opts: &PackOptions) {
     );
 }
 
-/// The first skipped inputs, the files left in `output`, and the classes not in the list.
+/// The first skipped inputs, the files left in `output`, the files that were not inputs, and
+/// the classes not in the list.
 fn print_left_out(report: &PackReport, output: &Path) {
     for s in report.skipped.iter().take(SHOWN) {
         ddl_comm::outln!(
@@ -132,6 +133,24 @@ fn print_left_out(report: &PackReport, output: &Path) {
             shown.join(", "),
             if report.left_in_place.len() > shown.len() {
                 ", ..."
+            } else {
+                ""
+            }
+        );
+    }
+    if !report.ignored_files.is_empty() {
+        let shown: Vec<String> = report
+            .ignored_files
+            .iter()
+            .take(SHOWN)
+            .map(|f| format!("{} ({})", escape_controls(&f.path), f.reason))
+            .collect();
+        ddl_comm::outln!(
+            "ignored {} file(s) that are not inputs: {}{}",
+            report.ignored_files.len(),
+            shown.join(", "),
+            if report.ignored_files.len() > shown.len() {
+                ", ... (the report lists all)"
             } else {
                 ""
             }
