@@ -62,7 +62,7 @@ pub use half::{bf16, f16};
 pub use parts::Parts;
 pub use priority::CommOrder;
 pub use sharded::{Reduce, ShardAlgorithm, Sharded, ShardedOp};
-pub use tcp::{tcp_group, tcp_group_with_timeout, Listener, TcpTransport};
+pub use tcp::{tcp_group, tcp_group_with_timeout, Listener, Secret, TcpTransport};
 pub use tcp_world::TcpWorld;
 pub use thread::{thread_group, thread_group_with_timeout, ThreadTransport};
 pub use topology::Topology;

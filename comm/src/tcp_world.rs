@@ -10,7 +10,7 @@ use crate::binding::Binding;
 use crate::collective::allgather_bytes;
 use crate::cores;
 use crate::error::Result;
-use crate::tcp::{Listener, TcpTransport};
+use crate::tcp::{Listener, Secret, TcpTransport};
 use crate::topology::Topology;
 use crate::transport::Transport;
 
@@ -62,16 +62,17 @@ fn layout_of(names: &[Vec<u8>], rank: usize) -> (Layout, usize) {
 }
 
 impl TcpWorld {
-    /// Connects rank `rank` of the job whose ranks listen at `addrs` (see
+    /// Connects rank `rank` of the job whose ranks listen at `addrs` and hold `secret` (see
     /// [`TcpTransport::connect`]) and finds the nodes from each rank's `node` name.
     pub fn connect(
         listener: Listener,
         rank: usize,
         addrs: &[SocketAddr],
+        secret: &Secret,
         node: &str,
         timeout: Duration,
     ) -> Result<TcpWorld> {
-        let world = TcpTransport::connect(listener, rank, addrs, timeout)?;
+        let world = TcpTransport::connect(listener, rank, addrs, secret, timeout)?;
         TcpWorld::over(world, node)
     }
 

@@ -1,13 +1,18 @@
 //! The TCP transport (no MPI launcher): every allreduce algorithm, the sharded collectives and
 //! the allreduce call check over loopback connections between in-process ranks, plus the
-//! failures it must name (a silent rank, a rank that went away, a rank of another job size).
+//! failures it must name (a silent rank, a rank that went away, a rank of another job size),
+//! and the strangers it must drop while the job starts anyway (garbage, silence, a forged
+//! greeting, a rank without the job's secret).
 
+use std::io::Write;
+use std::net::{SocketAddr, TcpStream};
 use std::sync::Arc;
+use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use ddl_comm::{
     tcp_group_with_timeout, Algorithm, Allreducer, CommError, CostModel, Listener, Parts, Reduce,
-    ShardAlgorithm, Sharded, TcpTransport, TcpWorld, Topology, Transport,
+    Secret, ShardAlgorithm, Sharded, TcpTransport, TcpWorld, Topology, Transport,
 };
 use half::f16;
 
@@ -274,9 +279,12 @@ fn a_rank_of_another_job_size_is_refused_by_name() {
         .local_addr()
         .expect("addr");
     let timeout = Duration::from_secs(2);
-    let t0 = std::thread::spawn(move || TcpTransport::connect(l0, 0, &[a0, a1], timeout));
+    let secret = Secret::random().expect("secret");
+    let s1 = secret.clone();
+    let t0 = std::thread::spawn(move || TcpTransport::connect(l0, 0, &[a0, a1], &secret, timeout));
     // Rank 1 believes the job has three ranks.
-    let t1 = std::thread::spawn(move || TcpTransport::connect(l1, 1, &[a0, a1, stray], timeout));
+    let t1 =
+        std::thread::spawn(move || TcpTransport::connect(l1, 1, &[a0, a1, stray], &s1, timeout));
     let err = t0.join().expect("rank 0").expect_err("refused");
     assert!(
         err.to_string()
@@ -295,15 +303,16 @@ fn the_world_finds_its_nodes_from_their_names() {
         .iter()
         .map(|l| l.local_addr().expect("addr"))
         .collect();
+    let secret = Secret::random().expect("secret");
     let handles: Vec<_> = listeners
         .into_iter()
         .enumerate()
         .map(|(r, l)| {
-            let addrs = addrs.clone();
+            let (addrs, secret) = (addrs.clone(), secret.clone());
             std::thread::spawn(move || {
                 let node = if r < 2 { "n0" } else { "n1" };
-                let w =
-                    TcpWorld::connect(l, r, &addrs, node, Duration::from_secs(20)).expect("world");
+                let timeout = Duration::from_secs(20);
+                let w = TcpWorld::connect(l, r, &addrs, &secret, node, timeout).expect("world");
                 let ar =
                     Allreducer::new(w.transport(), Algorithm::Auto, w.topology()).expect("auto");
                 let mut buf = vec![1.0f32; 1000];
@@ -328,4 +337,153 @@ fn the_world_finds_its_nodes_from_their_names() {
         assert_eq!(g.4, Topology::new(2, 2), "rank {r}");
         assert_eq!(g.5, 4.0, "rank {r}");
     }
+}
+
+/// Operation timeout of the start-up tests: a rank that is held up fails within it.
+const START: Duration = Duration::from_secs(20);
+
+/// Listeners of a job of `n` ranks over loopback, and their addresses.
+fn listeners(n: usize) -> (Vec<Listener>, Vec<SocketAddr>) {
+    let ls: Vec<Listener> = (0..n)
+        .map(|_| Listener::bind("127.0.0.1").expect("bind"))
+        .collect();
+    let addrs = ls.iter().map(|l| l.local_addr().expect("addr")).collect();
+    (ls, addrs)
+}
+
+/// Rank `r` of the job at `addrs` on a thread of its own: connects holding `secret`, then
+/// sums `r + 1` over the ranks.
+fn rank_summing(
+    l: Listener,
+    r: usize,
+    addrs: &[SocketAddr],
+    secret: &Secret,
+) -> JoinHandle<Result<f32, CommError>> {
+    let (addrs, secret) = (addrs.to_vec(), secret.clone());
+    std::thread::spawn(move || {
+        let t = TcpTransport::connect(l, r, &addrs, &secret, START)?;
+        let ar = Allreducer::new(Arc::new(t), Algorithm::Ring, Topology::flat(addrs.len()))?;
+        let mut buf = vec![r as f32 + 1.0; 5];
+        ar.allreduce_f32(&mut buf, false)?;
+        Ok(buf[4])
+    })
+}
+
+/// Starts the ranks of `ls` and checks that each ends with the sum 1 + 2 + ... + n, within
+/// half the operation timeout (no stranger held a rank up).
+fn starts_and_sums(ls: Vec<Listener>, addrs: &[SocketAddr], secret: &Secret) {
+    let begun = Instant::now();
+    let ranks: Vec<_> = ls
+        .into_iter()
+        .enumerate()
+        .map(|(r, l)| rank_summing(l, r, addrs, secret))
+        .collect();
+    let n = addrs.len();
+    for (r, h) in ranks.into_iter().enumerate() {
+        let sum = h.join().expect("rank thread");
+        assert_eq!(
+            sum.expect("the job starts"),
+            (n * (n + 1) / 2) as f32,
+            "rank {r}"
+        );
+    }
+    assert!(begun.elapsed() < START / 2, "took {:?}", begun.elapsed());
+}
+
+/// A connection to `addr` that has sent `bytes` (queued before the rank accepts it).
+fn stranger(addr: SocketAddr, bytes: &[u8]) -> TcpStream {
+    let mut s = TcpStream::connect(addr).expect("connect to a listener");
+    s.write_all(bytes).expect("send");
+    s
+}
+
+#[test]
+fn a_stranger_sending_garbage_is_dropped_and_the_job_starts() {
+    let (ls, addrs) = listeners(3);
+    let http = b"GET / HTTP/1.1\r\nHost: ddl\r\n\r\n";
+    let noise: Vec<u8> = (0..4096u32)
+        .map(|i| (i.wrapping_mul(2_654_435_761) >> 13) as u8)
+        .collect();
+    let _held = [stranger(addrs[0], http), stranger(addrs[1], &noise)];
+    starts_and_sums(ls, &addrs, &Secret::random().expect("secret"));
+}
+
+#[test]
+fn a_silent_stranger_neither_holds_up_nor_stops_the_start() {
+    let (ls, addrs) = listeners(3);
+    // Connected first, silent while the ranks start (before: rank 0 waited the whole timeout).
+    let _held = [stranger(addrs[0], &[]), stranger(addrs[1], &[])];
+    starts_and_sums(ls, &addrs, &Secret::random().expect("secret"));
+}
+
+#[test]
+fn a_forged_greeting_is_dropped_and_the_job_starts() {
+    let (ls, addrs) = listeners(3);
+    let words = |w: [&[u8]; 3]| w.concat();
+    // The unauthenticated greeting that made a stranger rank 1 before.
+    let old = words([b"ddl-tcp1", &1u64.to_le_bytes(), &3u64.to_le_bytes()]);
+    // Today's greeting of rank 2 with a proof made without the secret.
+    let zeros = [0u8; 64];
+    let forged = words([b"ddl-tcp2", &2u64.to_le_bytes(), &3u64.to_le_bytes()]);
+    let forged = [forged.as_slice(), &zeros].concat();
+    let _held = [stranger(addrs[0], &old), stranger(addrs[1], &forged)];
+    starts_and_sums(ls, &addrs, &Secret::random().expect("secret"));
+}
+
+#[test]
+fn a_rank_without_the_jobs_secret_is_dropped_and_the_job_starts() {
+    let (mut ls, addrs) = listeners(2);
+    let l1 = ls.pop().expect("rank 1's listener");
+    let l0 = ls.pop().expect("rank 0's listener");
+    let secret = Secret::random().expect("secret");
+    let rank0 = rank_summing(l0, 0, &addrs, &secret);
+    // A well-formed rank 1 holding another secret dials rank 0 until its own timeout.
+    let (stray, stray_addr) = listeners(1);
+    let stray_l = stray.into_iter().next().expect("listener");
+    let other = Secret::random().expect("secret");
+    let timeout = Duration::from_millis(800);
+    let refused = TcpTransport::connect(stray_l, 1, &[addrs[0], stray_addr[0]], &other, timeout)
+        .expect_err("rank 0 drops it");
+    assert!(
+        refused.to_string().contains("no handshake with") && refused.to_string().contains("secret"),
+        "{refused}"
+    );
+    // Then the real rank 1 joins rank 0, which is still accepting.
+    let rank1 = rank_summing(l1, 1, &addrs, &secret);
+    assert_eq!(rank0.join().expect("rank 0").expect("rank 0 starts"), 3.0);
+    assert_eq!(rank1.join().expect("rank 1").expect("rank 1 starts"), 3.0);
+}
+
+#[test]
+fn the_listener_is_closed_once_the_mesh_is_connected() {
+    let (ls, addrs) = listeners(2);
+    let secret = Secret::random().expect("secret");
+    let connecting: Vec<_> = ls
+        .into_iter()
+        .enumerate()
+        .map(|(r, l)| {
+            let (addrs, secret) = (addrs.clone(), secret.clone());
+            std::thread::spawn(move || TcpTransport::connect(l, r, &addrs, &secret, START))
+        })
+        .collect();
+    let ranks: Vec<TcpTransport> = connecting
+        .into_iter()
+        .map(|h| h.join().expect("rank thread").expect("connected"))
+        .collect();
+    // The job runs on; nobody can connect to its ranks any more.
+    for (r, addr) in addrs.iter().enumerate() {
+        let err = TcpStream::connect(addr).expect_err("nobody listens any more");
+        assert_eq!(
+            err.kind(),
+            std::io::ErrorKind::ConnectionRefused,
+            "rank {r} at {addr}"
+        );
+    }
+    let sums = on_group(ranks, |r, t| {
+        let ar = Allreducer::new(t, Algorithm::Ring, Topology::flat(2)).expect("allreducer");
+        let mut buf = vec![r as f32 + 1.0; 3];
+        ar.allreduce_f32(&mut buf, false).expect("allreduce");
+        buf[2]
+    });
+    assert_eq!(sums, vec![3.0, 3.0]);
 }

@@ -31,6 +31,7 @@ import datetime
 import operator
 import os
 import queue
+import secrets
 import socket
 import threading
 from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Union
@@ -143,6 +144,8 @@ def _init_tcp(timeout: float, model: Optional[str], place: "_placement.Placement
     node = f"group{env['GROUP_RANK']}" if env.get("GROUP_RANK") else socket.gethostname()
     global _rendezvous
     _rendezvous = store  # a store rank 0 serves must outlive every rank's reads
+    if rank == 0:  # the job's secret, set before rank 0's address: whoever sees one has both
+        store.set("secret", secrets.token_bytes(32))
     store.set(f"addr/{rank}", mine)
     peers = []
     for r in range(size):
@@ -154,7 +157,7 @@ def _init_tcp(timeout: float, model: Optional[str], place: "_placement.Placement
                 f"{timeout:g} s at the store {env['MASTER_ADDR']}:{env['MASTER_PORT']} ({e})"
             ) from None
         peers.append(store.get(f"addr/{r}").decode())
-    _ddl.dist_init_tcp(timeout, model, rank, peers, node)
+    _ddl.dist_init_tcp(timeout, model, rank, peers, node, store.get("secret"))
 
 
 def _shutdown() -> None:

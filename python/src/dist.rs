@@ -8,7 +8,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use ddl_comm::collective::broadcast_bytes_from;
-use ddl_comm::{bf16, f16, Algorithm, Allreducer, CostModel, Listener, TcpWorld, World};
+use ddl_comm::{bf16, f16, Algorithm, Allreducer, CostModel, Listener, Secret, TcpWorld, World};
 use pyo3::exceptions::{PyRuntimeError, PyValueError};
 use pyo3::prelude::*;
 
@@ -121,9 +121,10 @@ pub fn dist_listen(host: &str) -> PyResult<String> {
 }
 
 /// Connects rank `rank` to the ranks listening at `addrs` (ddl's TCP transport, no MPI), the
-/// ranks stating the same `node` forming a node; otherwise as [`dist_init`].
+/// ranks stating the same `node` forming a node; every connection proves that both ends hold
+/// `secret` (the job's random bytes from the rendezvous store); otherwise as [`dist_init`].
 #[pyfunction]
-#[pyo3(signature = (timeout, cost_model, rank, addrs, node))]
+#[pyo3(signature = (timeout, cost_model, rank, addrs, node, secret))]
 pub fn dist_init_tcp(
     py: Python<'_>,
     timeout: f64,
@@ -131,8 +132,10 @@ pub fn dist_init_tcp(
     rank: usize,
     addrs: Vec<String>,
     node: &str,
+    secret: &[u8],
 ) -> PyResult<()> {
     let timeout = check_timeout(timeout)?;
+    let secret = Secret::new(secret).map_err(comm_error)?;
     let model = model(cost_model)?;
     let addrs = addrs
         .iter()
@@ -150,7 +153,7 @@ pub fn dist_init_tcp(
         .ok_or_else(|| PyRuntimeError::new_err("dist_init_tcp: call dist_listen first"))?;
     py.detach(|| {
         start(model, || {
-            TcpWorld::connect(listener, rank, &addrs, node, timeout)
+            TcpWorld::connect(listener, rank, &addrs, &secret, node, timeout)
                 .map(Backend::Tcp)
                 .map_err(comm_error)
         })

@@ -177,6 +177,17 @@ def test_init_under_torchrun_is_the_tcp_backend_at_the_launchers_ranks(
                              "backend=tcp" for r in range(np_)], job.output
 
 
+def test_tcp_start_up_drops_strangers_and_listens_on_loopback_only() -> None:
+    """torchrun at 127.0.0.1: each rank's listener is bound on loopback, a port scanner's
+    request, a silent connection and an unauthenticated greeting at rank 0's listener during
+    start-up are dropped (before: rank 0 failed, waited out its timeout or took the greeting
+    for rank 1's), the sums are right and the listener is closed once the ranks connect."""
+    job = launch("torchrun", 2, "dist_tcp_listener.py", timeout=SHORT)
+    lines = ok_lines(job, "dist_tcp_listener")
+    assert sorted(lines) == [f"dist_tcp_listener ok rank={r} host=127.0.0.1"
+                             for r in range(2)], job.output
+
+
 def test_a_contradictory_launch_environment_is_refused_naming_both(shards: Path) -> None:
     """MPI's variables say 1 rank, torchrun's say 2: init() and a Loader refuse, naming both
     (before: each process trained alone, or a Loader made before init() took another rank)."""

@@ -41,6 +41,11 @@ pub(crate) type Key = (u64, Kind, u32);
 /// Bytes of a frame header: context u64, kind u8 (+3 padding), tag u32, length u64.
 const HEADER: usize = 24;
 
+/// Longest message a frame carries (64 GiB, beyond any tensor ddl moves in one message): a
+/// header claiming more is refused naming its sender instead of being allocated (a claim of
+/// 2^40 bytes aborted the process); a send of more is refused before it goes out.
+pub(crate) const MAX_FRAME: u64 = 1 << 36;
+
 /// Messages up to this length go out with their header in one write.
 const COALESCE: usize = 64 << 10;
 
@@ -51,11 +56,30 @@ const RECYCLE_MIN: usize = 64 << 10;
 /// Spare receive buffers an inbox keeps (those of a ring's few messages in flight).
 const SPARES: usize = 4;
 
+/// `len` zeroed bytes, or None when the allocator has none: a fallible `vec![0u8; len]`
+/// (calloc, whose fresh pages cost nothing until a message is read into them).
+fn zeroed(len: usize) -> Option<Vec<u8>> {
+    if len == 0 {
+        return Some(Vec::new());
+    }
+    let layout = std::alloc::Layout::array::<u8>(len).ok()?;
+    // SAFETY: the layout's size is not zero.
+    let ptr = unsafe { std::alloc::alloc_zeroed(layout) };
+    if ptr.is_null() {
+        return None;
+    }
+    // SAFETY: `ptr` comes from the global allocator with the layout of `len` u8s, all of them
+    // initialised (zeroed); the Vec takes over the allocation.
+    Some(unsafe { Vec::from_raw_parts(ptr, len, len) })
+}
+
 /// Messages received from one peer and not yet taken, and whether its connection ended.
 #[derive(Default)]
 struct Queued {
     msgs: HashMap<Key, VecDeque<Vec<u8>>>,
     closed: bool,
+    /// Why the reader stopped, when the peer sent what is not a ddl frame.
+    broken: Option<String>,
 }
 
 /// One peer's inbox, filled by its reader thread.
@@ -79,20 +103,27 @@ impl Inbox {
         self.arrived.notify_all();
     }
 
-    fn close(&self) {
-        self.lock().closed = true;
+    /// Marks the connection ended: by the peer (`broken` None) or for a frame that is not
+    /// ddl's (why).
+    fn close(&self, broken: Option<String>) {
+        let mut q = self.lock();
+        q.closed = true;
+        q.broken = broken;
+        drop(q);
         self.arrived.notify_all();
     }
 
     /// A buffer of `len` bytes to receive a message into: the smallest spare that holds it
-    /// (its old contents are overwritten), else a new one.
-    fn buffer(&self, len: usize) -> Vec<u8> {
+    /// (its old contents are overwritten), else a new one; an allocation that fails is an
+    /// error, not an abort.
+    fn buffer(&self, len: usize) -> std::result::Result<Vec<u8>, String> {
         let mut spare = self.spare.lock().unwrap_or_else(|p| p.into_inner());
         let fits = (0..spare.len())
             .filter(|&i| spare[i].capacity() >= len)
             .min_by_key(|&i| spare[i].capacity());
         let Some(i) = fits.filter(|_| len >= RECYCLE_MIN) else {
-            return vec![0u8; len];
+            drop(spare);
+            return zeroed(len).ok_or_else(|| format!("no memory for its message of {len} bytes"));
         };
         let mut buf = spare.swap_remove(i);
         drop(spare);
@@ -101,7 +132,7 @@ impl Inbox {
         } else {
             buf.truncate(len);
         }
-        buf
+        Ok(buf)
     }
 
     /// Hands a taken message's buffer back for [`Inbox::buffer`] (at most [`SPARES`] are
@@ -127,6 +158,8 @@ pub(crate) enum Missing {
     Timeout,
     /// The peer's connection ended.
     Closed,
+    /// The peer sent what is not a ddl frame (why); its connection was dropped.
+    Broken(String),
 }
 
 /// A rank's connections to all ranks of the job (itself included, through its own inbox).
@@ -156,7 +189,7 @@ impl Mesh {
             let inbox = Arc::clone(&inboxes[peer]);
             std::thread::Builder::new()
                 .name(format!("ddl-tcp-read-{peer}"))
-                .spawn(move || read_loop(reader, &inbox))
+                .spawn(move || inbox.close(read_frames(reader, &inbox).err()))
                 .map_err(|e| io_error("connect", rank, peer, &e))?;
             writers.push(Some(Mutex::new(stream)));
         }
@@ -176,6 +209,14 @@ impl Mesh {
         data: &[u8],
         timeout: Duration,
     ) -> Result<()> {
+        if data.len() as u64 > MAX_FRAME {
+            return Err(CommError::InvalidArgument(format!(
+                "{op} on rank {}: a message of {} bytes to rank {to} is over the TCP \
+                 transport's limit of {MAX_FRAME} bytes: send it in parts",
+                self.rank,
+                data.len()
+            )));
+        }
         let Some(writer) = &self.writers[to] else {
             self.inboxes[to].push(key, data.to_vec());
             return Ok(());
@@ -232,7 +273,7 @@ impl Mesh {
                 return Ok(msg);
             }
             if q.closed {
-                return Err(Missing::Closed);
+                return Err(q.broken.clone().map_or(Missing::Closed, Missing::Broken));
             }
             let now = Instant::now();
             if now >= deadline {
@@ -259,24 +300,31 @@ impl Drop for Mesh {
     }
 }
 
-/// Reads frames from `stream` into `inbox` until the connection ends (closed by the peer,
-/// failed, or a frame that is not ddl's).
-fn read_loop(mut stream: TcpStream, inbox: &Inbox) {
+/// Reads frames from `stream` into `inbox` until the connection ends: Ok when it closed or
+/// failed (the peer went away), Err (why) at a frame that is not ddl's, whose length is never
+/// allocated.
+fn read_frames(mut stream: impl Read, inbox: &Inbox) -> std::result::Result<(), String> {
     let mut header = [0u8; HEADER];
     while stream.read_exact(&mut header).is_ok() {
         let ctx = u64::from_le_bytes(header[..8].try_into().expect("8 bytes"));
         let tag = u32::from_le_bytes(header[12..16].try_into().expect("4 bytes"));
         let len = u64::from_le_bytes(header[16..].try_into().expect("8 bytes"));
-        let (Some(kind), Ok(len)) = (Kind::from_byte(header[8]), usize::try_from(len)) else {
-            break;
+        let Some(kind) = Kind::from_byte(header[8]) else {
+            return Err(format!("it sent a frame of unknown kind {}", header[8]));
         };
-        let mut data = inbox.buffer(len);
+        let Some(len) = usize::try_from(len).ok().filter(|_| len <= MAX_FRAME) else {
+            return Err(format!(
+                "it sent a frame header claiming {len} bytes, over the limit of {MAX_FRAME} \
+                 (a corrupted stream, or a peer of another ddl version)"
+            ));
+        };
+        let mut data = inbox.buffer(len)?;
         if stream.read_exact(&mut data).is_err() {
             break;
         }
         inbox.push((ctx, kind, tag), data);
     }
-    inbox.close();
+    Ok(())
 }
 
 /// A socket error of `op` between `rank` and `peer`.
@@ -299,16 +347,25 @@ mod tests {
     use super::*;
 
     #[test]
+    fn a_buffer_the_allocator_cannot_give_is_an_error_not_an_abort() {
+        let inbox = Inbox::default();
+        let err = inbox.buffer(usize::MAX / 2).expect_err("no such memory");
+        assert!(err.contains(&format!("no memory for its message of {}", usize::MAX / 2)));
+        assert_eq!(inbox.buffer(100).expect("100 bytes"), vec![0u8; 100]);
+        assert!(inbox.buffer(0).expect("none").is_empty());
+    }
+
+    #[test]
     fn a_large_message_is_received_into_the_buffer_of_one_taken_before() {
         let inbox = Inbox::default();
-        let first = inbox.buffer(1 << 20);
+        let first = inbox.buffer(1 << 20).expect("1 MiB");
         let at = first.as_ptr();
         inbox.recycle(first);
-        let smaller = inbox.buffer(300 << 10);
+        let smaller = inbox.buffer(300 << 10).expect("300 KiB");
         assert_eq!(smaller.as_ptr(), at, "a spare that holds it is reused");
         assert_eq!(smaller.len(), 300 << 10);
         inbox.recycle(smaller);
-        let again = inbox.buffer(1 << 20);
+        let again = inbox.buffer(1 << 20).expect("1 MiB");
         assert_eq!((again.as_ptr(), again.len()), (at, 1 << 20));
         // Small messages come from the allocator and are not kept.
         inbox.recycle(vec![0u8; 100]);

@@ -3,6 +3,9 @@
 //! rendezvous distributes: torchrun's TCPStore in `ddl.dist`); in-process groups over loopback
 //! ([`tcp_group`]) serve the tests.
 //!
+//! Every connection starts with a handshake in which both ends prove that they hold the job's
+//! [`Secret`] ([`handshake`]); a connection that does not is dropped and never stops the job.
+//!
 //! Messages are framed (group, kind, tag, length) and read by one thread per connection into
 //! per-peer inboxes ([`mesh`]); a group made by [`Transport::split`] shares the connections
 //! and tells its messages apart by a context number all its ranks derive alike. A receive
@@ -10,6 +13,7 @@
 //! is reported as [`CommError::Disconnected`] at once.
 
 mod connect;
+mod handshake;
 mod mesh;
 
 use std::net::SocketAddr;
@@ -18,6 +22,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 pub use connect::Listener;
+pub use handshake::Secret;
 use mesh::{Key, Kind, Mesh, Missing};
 
 use crate::error::{CommError, Result};
@@ -52,14 +57,16 @@ impl std::fmt::Debug for TcpTransport {
 
 impl TcpTransport {
     /// Connects rank `rank` of the job whose ranks listen at `addrs` (`listener` is this rank's,
-    /// at `addrs[rank]`); connecting and every later operation fail after `timeout`.
+    /// at `addrs[rank]`) and hold `secret`; connecting and every later operation fail after
+    /// `timeout`.
     pub fn connect(
         listener: Listener,
         rank: usize,
         addrs: &[SocketAddr],
+        secret: &Secret,
         timeout: Duration,
     ) -> Result<TcpTransport> {
-        let streams = connect::mesh_streams(listener, rank, addrs, timeout)?;
+        let streams = connect::mesh_streams(listener, rank, addrs, secret, timeout)?;
         let mesh = Arc::new(Mesh::start(rank, streams)?);
         Ok(TcpTransport::group(
             mesh,
@@ -126,6 +133,12 @@ impl TcpTransport {
                     rank: self.rank,
                     peer: from,
                 },
+                Missing::Broken(message) => CommError::Connection {
+                    op,
+                    rank: self.rank,
+                    peer: from,
+                    message,
+                },
             })?;
         if msg.len() != buf.len() && !(up_to && msg.len() < buf.len()) {
             return Err(CommError::SizeMismatch {
@@ -168,8 +181,9 @@ impl TcpTransport {
     }
 }
 
-/// `n` connected endpoints of one in-process job over loopback (rank i at index i), with the
-/// default timeout: the TCP transport's tests and benchmarks without a launcher.
+/// `n` connected endpoints of one in-process job over loopback (rank i at index i, sharing a
+/// random secret), with the default timeout: the TCP transport's tests and benchmarks without
+/// a launcher.
 pub fn tcp_group(n: usize) -> Result<Vec<TcpTransport>> {
     tcp_group_with_timeout(n, DEFAULT_TIMEOUT)
 }
@@ -183,12 +197,13 @@ pub fn tcp_group_with_timeout(n: usize, timeout: Duration) -> Result<Vec<TcpTran
         .iter()
         .map(Listener::local_addr)
         .collect::<Result<Vec<_>>>()?;
+    let secret = Secret::random()?;
     let handles: Vec<_> = listeners
         .into_iter()
         .enumerate()
         .map(|(r, l)| {
-            let addrs = addrs.clone();
-            std::thread::spawn(move || TcpTransport::connect(l, r, &addrs, timeout))
+            let (addrs, secret) = (addrs.clone(), secret.clone());
+            std::thread::spawn(move || TcpTransport::connect(l, r, &addrs, &secret, timeout))
         })
         .collect();
     handles
@@ -309,5 +324,33 @@ impl Transport for TcpTransport {
     fn set_timeout(&self, timeout: Duration) {
         self.timeout_ns
             .store(duration_ns(timeout), Ordering::Relaxed);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::io::Write;
+    use std::net::{TcpListener, TcpStream};
+
+    use super::*;
+
+    #[test]
+    fn a_frame_claiming_two_to_the_forty_bytes_is_an_error_naming_its_sender() {
+        // Rank 0's connection to an authenticated rank 1 (the handshake is not the point).
+        let l = TcpListener::bind("127.0.0.1:0").expect("bind");
+        let mut rank1 = TcpStream::connect(l.local_addr().expect("addr")).expect("connect");
+        let (to_rank1, _) = l.accept().expect("accept");
+        let mesh = Arc::new(Mesh::start(0, vec![None, Some(to_rank1)]).expect("mesh"));
+        let rank0 = TcpTransport::group(mesh, 0, vec![0, 1], 0, Duration::from_secs(10));
+        let mut header = [0u8; 24];
+        header[16..].copy_from_slice(&(1u64 << 40).to_le_bytes());
+        rank1.write_all(&header).expect("send the header");
+        // Before: "memory allocation of 1099511627776 bytes failed" and SIGABRT.
+        let err = rank0.recv(1, 0, &mut [0u8; 4]).expect_err("refused");
+        assert!(
+            matches!(&err, CommError::Connection { op: "recv", rank: 0, peer: 1, message }
+                if message.contains("claiming 1099511627776 bytes, over the limit")),
+            "{err}"
+        );
     }
 }
