@@ -62,6 +62,34 @@ pub const SPLITS: [&str; 2] = ["train", "val"];
 /// report is written, no manifest, and [`LoaderError::SkipFraction`] is returned; the shards
 /// stay and a rerun with a higher limit finishes without redoing them. An option's value is
 /// checked before anything is read ([`LoaderError::Option`]).
+///
+/// # Examples
+///
+/// Packing a folder tree of two classes and reading a record back from the node's shards:
+///
+/// ```
+/// use ddl_loader::dataset::{Dataset, OpenOptions, Residency};
+/// use ddl_loader::pack::{self, NoProgress, PackOptions};
+///
+/// let tmp = tempfile::tempdir()?;
+/// let (input, output) = (tmp.path().join("imagenet"), tmp.path().join("shards"));
+/// for (class, wnid) in ["n01440764", "n01443537"].iter().enumerate() {
+///     let dir = input.join("train").join(wnid);
+///     std::fs::create_dir_all(&dir)?;
+///     for i in 0..3 {
+///         let jpeg = ddl_testkit::jpeg(48, 40, class * 10 + i);
+///         std::fs::write(dir.join(format!("{wnid}_{i}.JPEG")), jpeg)?;
+///     }
+/// }
+/// let report = pack::pack(&PackOptions::new(&input, &output), &NoProgress)?;
+/// assert_eq!((report.classes, report.splits["train"].records), (2, 6));
+///
+/// let one_node = Residency { node: 0, nodes: 1 };
+/// let train = Dataset::open(&output, "train", one_node, &OpenOptions::default())?;
+/// let record = train.record(0)?;
+/// assert_eq!((record.label, record.width, record.height), (0, 48, 40));
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
 pub fn pack(opts: &PackOptions, progress: &dyn PackProgress) -> Result<PackReport> {
     let started = Instant::now();
     opts.validate().map_err(|source| {
