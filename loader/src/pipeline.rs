@@ -734,7 +734,8 @@ fn fill(
     shared
         .sampler
         .batch_into(shared.epoch, step, replica, &mut bufs.records);
-    // The sampler's batch: shorter than the configured one at the end of a `Tail::Short` epoch.
+    // The sampler's batch: shorter than the configured one at the end of a `Tail::Short` or
+    // `Tail::Even` epoch (empty on the streams `Tail::Even` has no records left for).
     let batch = bufs.records.len();
     bufs.images.resize(batch * n);
     bufs.labels.resize(batch, 0);

@@ -47,6 +47,16 @@ pub enum Tail {
     /// End with a shorter last step, the same size on every stream (`DataLoader`'s
     /// `drop_last=False`): `ceil(R / S)` records each, `R` the records left.
     Short,
+    /// Evaluation: every record of the node exactly once, no padding, and `steps` steps on
+    /// every stream (the job-wide count: the largest node's `ceil(records / (S * batch))`).
+    /// Full batches while every stream can have one, then the `R` records left shared as
+    /// evenly as the streams allow (`floor(R / S)` or one more each, the first `R % S`
+    /// streams the larger share; none when `R < S` for the rest), then empty batches up to
+    /// `steps`. Each stream's share of the node is `floor` or `ceil` of `records / S`.
+    Even {
+        /// Steps per epoch of every stream of the job.
+        steps: usize,
+    },
 }
 
 /// Configuration of one process's [`Sampler`].
@@ -157,6 +167,15 @@ impl Sampler {
         let steps = match cfg.tail {
             Tail::Drop => min_node_records / per_step,
             Tail::Pad | Tail::Short => min_node_records.div_ceil(per_step),
+            Tail::Even { steps } if steps < node_records.div_ceil(per_step) => {
+                return invalid(format!(
+                    "{steps} steps cannot deal this node's {node_records} records in batches \
+                     of {} to {} streams",
+                    cfg.batch_per_replica,
+                    cfg.ranks_in_node * cfg.replicas
+                ));
+            }
+            Tail::Even { steps } => steps,
         };
         Ok(Sampler {
             node_records,
@@ -205,44 +224,82 @@ impl Sampler {
         order
     }
 
-    /// Records in each stream's batch at `step`: `batch_per_replica`, except the last step of
-    /// a [`Tail::Short`] epoch, which shares the records left evenly (rounded up).
-    pub fn batch_len(&self, step: usize) -> usize {
-        let batch = self.cfg.batch_per_replica;
-        if self.cfg.tail != Tail::Short || step + 1 != self.steps {
-            return batch;
-        }
-        let streams = self.cfg.ranks_in_node * self.cfg.replicas;
-        let left = self.min_node_records - step * streams * batch;
-        left.div_ceil(streams)
+    /// Records in `replica`'s batch at `step`: `batch_per_replica`, except the last step of
+    /// a [`Tail::Short`] epoch, which shares the records left evenly (rounded up), and the
+    /// steps of a [`Tail::Even`] epoch past its full batches.
+    pub fn batch_len(&self, step: usize, replica: usize) -> usize {
+        self.span(step, replica).1
     }
 
-    /// Records each stream gets per epoch (the sum of [`Sampler::batch_len`] over the steps).
-    pub fn samples_per_epoch(&self) -> usize {
-        match self.steps {
-            0 => 0,
-            n => (n - 1) * self.cfg.batch_per_replica + self.batch_len(n - 1),
+    /// Records `replica` of this rank gets per epoch (the sum of [`Sampler::batch_len`] over
+    /// the steps).
+    pub fn samples_per_epoch(&self, replica: usize) -> usize {
+        match (self.cfg.tail, self.steps) {
+            (_, 0) => 0,
+            (Tail::Even { .. }, _) => {
+                let full = self.node_records / self.per_step();
+                full * self.cfg.batch_per_replica + self.batch_len(full, replica)
+            }
+            (_, n) => (n - 1) * self.cfg.batch_per_replica + self.batch_len(n - 1, replica),
         }
     }
 
     /// Records of a stream's share of the epoch before batching, as `len()` of a
     /// `DistributedSampler` counts them: `ceil(min / S)` for [`Tail::Drop`] (whose batches
     /// leave the rest out, as `DataLoader(drop_last=True)`'s do) and [`Tail::Short`]; every
-    /// record drawn, padding included, for [`Tail::Pad`].
+    /// record drawn, padding included, for [`Tail::Pad`]; the first replica's records for
+    /// [`Tail::Even`].
     pub fn share_per_epoch(&self) -> usize {
         match self.cfg.tail {
             Tail::Drop | Tail::Short => self
                 .min_node_records
                 .div_ceil(self.cfg.ranks_in_node * self.cfg.replicas),
             Tail::Pad => self.steps * self.cfg.batch_per_replica,
+            Tail::Even { .. } => self.samples_per_epoch(0),
+        }
+    }
+
+    /// Records every stream's batch takes in a full step.
+    fn per_step(&self) -> usize {
+        self.cfg.ranks_in_node * self.cfg.replicas * self.cfg.batch_per_replica
+    }
+
+    /// First permutation position (before wrapping) and length of `replica`'s batch at `step`.
+    fn span(&self, step: usize, replica: usize) -> (usize, usize) {
+        let batch = self.cfg.batch_per_replica;
+        let streams = self.cfg.ranks_in_node * self.cfg.replicas;
+        let stream = self.cfg.rank_in_node * self.cfg.replicas + replica;
+        let start = step * streams * batch;
+        match self.cfg.tail {
+            Tail::Even { .. } => {
+                let full = self.node_records / (streams * batch);
+                if step < full {
+                    return (start + stream * batch, batch);
+                }
+                // The records left (none after the step that deals them).
+                let left = if step == full {
+                    self.node_records - start
+                } else {
+                    0
+                };
+                let (each, more) = (left / streams, left % streams);
+                (
+                    start + stream * each + stream.min(more),
+                    each + usize::from(stream < more),
+                )
+            }
+            Tail::Short if step + 1 == self.steps => {
+                let left = self.min_node_records - start;
+                let len = left.div_ceil(streams);
+                (start + stream * len, len)
+            }
+            _ => (start + stream * batch, batch),
         }
     }
 
     /// Permutation position of item `j` of `replica`'s batch at `step`, before wrapping.
     fn position(&self, step: usize, replica: usize, j: usize) -> usize {
-        let streams = self.cfg.ranks_in_node * self.cfg.replicas;
-        let stream = self.cfg.rank_in_node * self.cfg.replicas + replica;
-        step * streams * self.cfg.batch_per_replica + stream * self.batch_len(step) + j
+        self.span(step, replica).0 + j
     }
 
     /// Node-local record indices of `replica`'s batch at `(epoch, step)`.
@@ -274,7 +331,7 @@ impl Sampler {
         );
         let order = self.order(epoch);
         out.clear();
-        for j in 0..self.batch_len(step) {
+        for j in 0..self.batch_len(step, replica) {
             let p = self.position(step, replica, j) % self.node_records;
             out.push(order[p] as usize);
         }
@@ -500,7 +557,7 @@ mod tests {
                     per_rank.div_ceil(batch),
                     "{n} {ranks} {batch}"
                 );
-                assert_eq!(s.samples_per_epoch(), per_rank);
+                assert_eq!(s.samples_per_epoch(0), per_rank);
                 assert_eq!(s.share_per_epoch(), per_rank);
                 let last = s.steps_per_epoch() - 1;
                 let lens: Vec<usize> = (0..=last).map(|t| s.batch(3, t, 0).len()).collect();
@@ -515,6 +572,52 @@ mod tests {
             assert_eq!(seen.len(), n, "every record drawn");
             assert_eq!(seen.values().sum::<usize>(), per_rank * ranks);
         }
+    }
+
+    /// `Tail::Even`: every stream takes the same steps (the job's), every record exactly once
+    /// over all streams, each stream `floor` or `ceil` of `n / S` records in full batches then
+    /// one shorter (or empty) batch: ImageNet's 50,000 val images at batch 512 on 8 ranks,
+    /// 100 records at batch 512 on 2, fewer records left than streams, and replicas.
+    #[test]
+    fn even_tail_deals_every_record_once_in_equal_steps() {
+        for (n, ranks, replicas, batch, steps) in [
+            (50_000usize, 8usize, 1usize, 512usize, 13usize),
+            (100, 2, 1, 512, 1),
+            (28, 3, 1, 9, 2),
+            (29, 2, 2, 3, 3),
+            (7, 2, 1, 4, 4), // a smaller node of a job whose largest takes 4 steps
+        ] {
+            let streams = ranks * replicas;
+            let mut seen = HashMap::new();
+            for rank in 0..ranks {
+                let c = SamplerConfig {
+                    shuffle: false,
+                    ..cfg(ranks, rank, replicas, batch, Tail::Even { steps })
+                };
+                let s = Sampler::new(n, n, c);
+                assert_eq!(s.steps_per_epoch(), steps, "{n} {ranks} {batch}");
+                for r in 0..replicas {
+                    let lens: Vec<usize> = (0..steps).map(|t| s.batch(0, t, r).len()).collect();
+                    let total: usize = lens.iter().sum();
+                    assert_eq!(total, s.samples_per_epoch(r));
+                    assert!(
+                        total == n / streams || total == n.div_ceil(streams),
+                        "{lens:?}"
+                    );
+                    let full = lens.iter().take_while(|&&l| l == batch).count();
+                    assert!(lens[full..].iter().skip(1).all(|&l| l == 0), "{lens:?}");
+                    for t in 0..steps {
+                        for i in s.batch(0, t, r) {
+                            *seen.entry(i).or_insert(0usize) += 1;
+                        }
+                    }
+                }
+            }
+            assert_eq!(seen.len(), n, "every record drawn");
+            assert!(seen.values().all(|&c| c == 1), "no record twice");
+        }
+        // Fewer steps than the node's records need is a configuration error.
+        assert!(Sampler::try_new(10, 10, cfg(1, 0, 1, 4, Tail::Even { steps: 2 })).is_err());
     }
 
     #[test]

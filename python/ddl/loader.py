@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import operator
 import os
 import warnings
+import weakref
 from collections import deque
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import replace
@@ -26,6 +28,66 @@ RESIZE_RATIO = 8.0 / 7.0
 
 _LAYOUTS = ("NCHW", "NHWC")
 _DEVICES = ("cpu", "cuda")
+#: The output types by name; the pipeline makes float32 (normalised) or uint8 (raw) pixels.
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16,
+           "uint8": torch.uint8}
+_MEMORY_FORMATS = (torch.contiguous_format, torch.channels_last)
+_U32 = 2**32 - 1
+_U64 = 2**64 - 1
+
+
+def _integer(name: str, value: Any, high: int = _U64, low: int = 0) -> int:
+    """``value`` as an ``int``: any integral number (``int``, NumPy integers, anything with
+    ``__index__``) from ``low`` to ``high``; bools and floats are refused (ValueError naming
+    ``name``)."""
+    if isinstance(value, (bool, np.bool_)):
+        raise ValueError(f"{name}: must be an integer, got the bool {value!r}")
+    try:
+        number = operator.index(value)
+    except TypeError:
+        raise ValueError(f"{name}: must be an integer (int or NumPy integer), got {value!r} "
+                         f"of type {type(value).__name__}") from None
+    if not low <= number <= high:
+        top = {_U64: "2**64 - 1", _U32: "2**32 - 1"}.get(high, str(high))
+        raise ValueError(f"{name}: must be an integer from {low} to {top}, got {number}")
+    return number
+
+
+def _output_dtype(dtype: Any) -> torch.dtype:
+    """The ``dtype`` argument (a ``torch.dtype`` or its name) as a ``torch.dtype``."""
+    found = _DTYPES.get(dtype) if isinstance(dtype, str) else dtype
+    if not any(found is known for known in _DTYPES.values()):
+        raise ValueError(f"dtype: {dtype!r} is not one of torch.float32, torch.bfloat16, "
+                         "torch.float16, torch.uint8 (or their names)")
+    return found
+
+
+def _check_normalization(mean: Sequence[float], std: Sequence[float]) -> None:
+    """Refuses ``mean``/``std`` of the 0-255 scale (FFCV's): on the 0-1 scale the loader
+    uses, they would make every input nearly constant. Neither is above 1 on the 0-1 scale
+    (a mean is a pixel value, a std of values in [0, 1] at most 0.5)."""
+    if len(mean) != 3 or len(std) != 3:
+        raise ValueError("mean, std: three channel values each")
+    for name, values in (("mean", mean), ("std", std)):
+        if any(float(v) > 1 for v in values):
+            raise ValueError(
+                f"{name}: {tuple(values)!r} is above 1, the 0-255 scale, but ddl.Loader normalises "
+                "pixels on the 0-1 scale ((x / 255 - mean) / std): divide each value by 255, "
+                f"e.g. {tuple(round(float(v) / 255, 4) for v in values)!r}")
+
+
+#: Every loader not yet freed, for the reset of a forked child.
+_LIVE: "weakref.WeakSet[Loader]" = weakref.WeakSet()
+
+
+def _after_fork_in_child() -> None:
+    """In a child just forked: the loaders' threads stayed in the parent, so each live loader
+    forgets its running epoch and starts new threads on its next iteration."""
+    for loader in list(_LIVE):
+        loader._after_fork()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 _binding_checked = False
@@ -52,6 +114,13 @@ def _pair(values: Sequence[float]) -> Tuple[float, float]:
     return float(values[0]), float(values[1])
 
 
+def _to_output(images: torch.Tensor, dtype: torch.dtype,
+               memory_format: Optional[torch.memory_format]) -> torch.Tensor:
+    """``images`` as ``dtype`` in ``memory_format`` (None: as they are): one pass where they
+    differ, ``images`` itself where not."""
+    return images.to(dtype=dtype, memory_format=memory_format or torch.preserve_format)
+
+
 def _tensor(array: Any) -> torch.Tensor:
     # numpy.asarray reads the array interface and keeps the Rust batch alive as the array's
     # base; torch.from_numpy keeps the array alive: no copy on the way.
@@ -63,21 +132,22 @@ class Loader:
     threads (no worker processes, the GIL released while waiting).
 
     Each iteration yields ``(images, labels)``: ``images`` is a ``torch.Tensor`` of shape
-    ``[B, 3, S, S]`` (``layout="NCHW"``) or ``[B, S, S, 3]`` (``"NHWC"``), float32 normalised
-    with ``mean``/``std`` or raw uint8 RGB (``dtype="uint8"``); ``labels`` is int64 ``[B]``.
-    Tensors share memory with ddl's batch buffers: keep them as long as you like (they stay
-    valid); once freed, their buffers are reused.
+    ``[B, 3, S, S]`` (``layout="NCHW"``) or ``[B, S, S, 3]`` (``"NHWC"``), float32 (or
+    bfloat16 / float16) normalised with ``mean``/``std`` or raw uint8 RGB (``dtype=torch.uint8``);
+    ``labels`` is int64 ``[B]``. float32 NCHW and uint8 tensors share memory with ddl's batch
+    buffers: keep them as long as you like (they stay valid); once freed, their buffers are
+    reused.
 
     Arguments (all but ``path`` keyword-only, as ``DataLoader``'s keyword arguments):
         path: directory written by ``ddl-pack`` (holds ``manifest.json``).
         split: ``"train"`` (random-resized crop and flip, shuffled) or ``"val"`` (resize to
             ``resize`` = ``ceil(resize_ratio S)`` and center crop, in order, every record
-            exactly once over all ranks; the last batch may be short).
+            exactly once over all ranks, never padded; see "Validation" below).
         batch_size: images per batch of this rank.
         image_size: output side S in pixels (changed per epoch by :meth:`set_image_size`).
         workers: decode threads of this rank (default 8); ``num_workers``, DataLoader's
             name, is accepted for it (threads here, not processes).
-        seed: seed of the order and the augmentation (the same on every rank).
+        seed: seed of the order and the augmentation (the same on every rank), 0 to 2**64 - 1.
         rank, world_size: this process's position; default: ``ddl.dist`` when initialised,
             else ``torch.distributed``, else the MPI / Slurm / torchrun environment, else 0/1.
             Ranks on one node share that node's shards (each node maps 1/nodes of them).
@@ -86,8 +156,14 @@ class Loader:
             ``DistributedSampler``).
         wrap: with ``drop_last=False``: complete the last batch by wrapping around to the
             start of the epoch's order instead (every batch full).
-        dtype: ``"float32"`` (normalised) or ``"uint8"`` (raw pixels, normalise on the GPU).
+        dtype: ``torch.float32`` (normalised), ``torch.bfloat16`` or ``torch.float16`` (the
+            normalised float32 values rounded to nearest, what autocast feeds the model), or
+            ``torch.uint8`` (raw pixels, normalise on the GPU); their names are accepted too.
         layout: ``"NCHW"`` or ``"NHWC"`` (a view, never a copy).
+        memory_format: with ``layout="NCHW"``: ``torch.channels_last`` (for a model in
+            channels-last) or ``torch.contiguous_format``; None (default): float32 batches
+            contiguous, uint8 channels-last (as decoded). Integer arguments accept any integral
+            number (NumPy integers included).
         device: ``"cpu"`` or ``"cuda"``/``"cuda:N"``: batches are copied to the GPU from pinned
             memory on a side stream by a thread of the loader's, one batch ahead of the step
             that uses it.
@@ -98,7 +174,9 @@ class Loader:
         scale, ratio: train: ``RandomResizedCrop``'s area fraction range (``0 < lo <= hi <=
             1``) and aspect ratio range (``0 < lo <= hi``), torchvision's defaults.
         flip_p: train: probability of a horizontal flip (``RandomHorizontalFlip(p)``).
-        mean, std: normalisation (0-1 scale) of float32 output (``std > 0``).
+        mean, std: normalisation of float output on the 0-1 scale, ``(x / 255 - mean) / std``
+            (``0 < std <= 1``, ``mean <= 1``): values on the 0-255 scale (FFCV's, e.g.
+            ``(123.7, 116.3, 103.5)``) are refused; divide them by 255.
         resize: val only: shorter side before the center crop (0: ``ceil(resize_ratio S)``).
         resize_ratio: val only: the resize as a multiple of the image size (at least 1;
             ``8/7``: 256 for 224).
@@ -116,6 +194,22 @@ class Loader:
     as ``DistributedSampler``'s), ``batch_size``, ``drop_last``, ``num_workers``; ``len()`` and
     the last batch as ``DataLoader``'s, for either ``drop_last``.
 
+    Validation: every rank gets the same number of batches (``len()`` equal on every rank, so
+    a DDP-wrapped model in eval runs the same forwards everywhere), and no record is dropped
+    or repeated, unlike ``DistributedSampler``'s padding. Each rank gets ``floor`` or ``ceil``
+    of ``records / ranks`` of its node's records: full batches while every rank can have one,
+    then the records left shared evenly (the first ranks one more), so a rank's last batch is
+    short. A rank left without records in that last step (fewer records left than ranks), or a
+    node with fewer records (or none) than the largest node, gets empty batches (``[0, 3, S,
+    S]`` images, ``[0]`` labels) for its remaining steps: torch's layers accept them, and a
+    metric summed over ranks counts each record once.
+
+    Lifetime: ``close()`` (or leaving ``with ddl.Loader(...) as loader:``) stops the threads and
+    frees the buffers; iterating afterwards raises RuntimeError. A process forked after
+    iterating (``os.fork``, multiprocessing's ``fork``) gets loaders whose next iteration
+    starts new threads in the child, at the position the parent's loader had reached (the
+    parent's threads do not exist there; their state is left, not freed, in the child).
+
     Threads: ``stats()`` may be called from any thread at any time. A loader serves one
     iteration at a time: iterating it on a second thread while another iteration is under
     way raises ``RuntimeError`` (give each thread its own loader), and a newer ``iter()`` on
@@ -129,7 +223,12 @@ class Loader:
     on (the running one keeps its size); ``state_dict()`` carries both, so a resume on either
     side of the change yields the same batches.
 
-    uint8 output (``dtype="uint8"``) leaves normalisation and any further augmentation to the
+    Output types and layouts: the pipeline writes float32 NCHW or uint8 NHWC; other types and
+    memory formats are converted in one pass per batch (on the CPU into a new tensor; with
+    ``device="cuda"`` by the copy into pinned memory that the transfer needs anyway, so half
+    the bytes cross to the GPU for bfloat16 / float16).
+
+    uint8 output (``dtype=torch.uint8``) leaves normalisation and any further augmentation to the
     GPU: apply ``torchvision.transforms.v2`` to the batch on the device (see
     ``examples/pytorch/train.py --gpu-augment``).
 
@@ -156,8 +255,9 @@ class Loader:
         world_size: Optional[int] = None,
         drop_last: bool = True,
         wrap: bool = False,
-        dtype: str = "float32",
+        dtype: "str | torch.dtype" = torch.float32,
         layout: str = "NCHW",
+        memory_format: Optional[torch.memory_format] = None,
         device: "str | torch.device" = "cpu",
         on_bad_record: str = "replace",
         prefetch: int = 2,
@@ -173,8 +273,9 @@ class Loader:
         if workers is not None and num_workers is not None:
             raise ValueError("workers, num_workers: give one (num_workers is DataLoader's "
                              "spelling of workers)")
-        workers = 8 if workers is None and num_workers is None else (
-            workers if workers is not None else num_workers)
+        workers = _integer("workers" if num_workers is None else "num_workers",
+                           8 if workers is None and num_workers is None else (
+                               workers if workers is not None else num_workers))
         path = os.fspath(path)
         if not os.path.isdir(path):
             raise FileNotFoundError(f"path: {path!r} is not a directory of ddl shards")
@@ -185,6 +286,13 @@ class Loader:
             )
         if layout not in _LAYOUTS:
             raise ValueError(f"layout: {layout!r} is not one of {_LAYOUTS}")
+        out_dtype = _output_dtype(dtype)
+        if memory_format is not None and memory_format not in _MEMORY_FORMATS:
+            raise ValueError(f"memory_format: {memory_format!r} is not torch.contiguous_format "
+                             "or torch.channels_last")
+        if memory_format is not None and layout != "NCHW":
+            raise ValueError("memory_format: applies to layout=\"NCHW\" ([B, 3, S, S] "
+                             "tensors); layout=\"NHWC\" is channels-last memory already")
         try:
             self.device = torch.device(device)
         except (RuntimeError, TypeError) as e:
@@ -193,16 +301,13 @@ class Loader:
             raise ValueError(f"device: {device!r} is not a CPU or CUDA device")
         if self.device.type == "cuda" and not torch.cuda.is_available():
             raise ValueError(f"device: {device!r} requested but CUDA is not available")
-        # Types here; the ranges (and the memory the batches take) are checked by the Rust
-        # loader, with the same limits as ddl-train and ddl-prof.
-        for name, value in (("batch_size", batch_size), ("image_size", image_size),
-                            ("workers", workers), ("prefetch", prefetch), ("resize", resize)):
-            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-                raise ValueError(f"{name}: must be a non-negative integer, got {value!r}")
-        if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
-            raise ValueError(f"seed: must be a non-negative integer, got {seed!r}")
-        if len(mean) != 3 or len(std) != 3:
-            raise ValueError("mean, std: three channel values each")
+        # Types and the integers' widths here; the ranges (and the memory the batches take)
+        # are checked by the Rust loader, with the same limits as ddl-train and ddl-prof.
+        batch_size, prefetch = _integer("batch_size", batch_size), _integer("prefetch", prefetch)
+        image_size, resize = _integer("image_size", image_size, _U32), _integer("resize", resize,
+                                                                                _U32)
+        seed = _integer("seed", seed)
+        _check_normalization(mean, std)
         for name, pair in (("scale", scale), ("ratio", ratio)):
             if len(pair) != 2:
                 raise ValueError(f"{name}: a (lo, hi) pair, got {pair!r}")
@@ -211,9 +316,9 @@ class Loader:
                              "drop_last=True has no last batch to complete")
         place = _placement.current()
         if rank is not None or world_size is not None:
-            size = place.world_size if world_size is None else world_size
-            me = place.rank if rank is None else rank
-            if not (isinstance(me, int) and isinstance(size, int) and 0 <= me < size):
+            size = place.world_size if world_size is None else _integer("world_size", world_size)
+            me = place.rank if rank is None else _integer("rank", rank)
+            if not 0 <= me < size:
                 raise ValueError(f"rank, world_size: rank {me!r} of {size!r} is out of range")
             if size != place.world_size or me != place.rank:
                 # Explicit positions: each rank its own node unless the launcher says otherwise.
@@ -223,14 +328,20 @@ class Loader:
         self.drop_last = drop_last if split == "train" else False
         self.wrap = wrap
         self.num_workers = workers
-        self.image_size, self.dtype, self.layout = image_size, dtype, layout
+        self.image_size, self.dtype, self.layout = image_size, out_dtype, layout
+        self.memory_format = memory_format
         self.seed = seed
-        self._core = _ddl.Loader(
-            path, split, batch_size, image_size, workers, seed, place.node, place.nodes,
-            place.local_rank, place.local_size, drop_last, wrap, dtype, prefetch,
-            on_bad_record, resize, float(resize_ratio), _pair(scale), _pair(ratio),
-            float(flip_p), [float(v) for v in mean], [float(v) for v in std], populate,
+        # By name: two arguments swapped cannot pass unnoticed.
+        self._core: Optional[_ddl.Loader] = _ddl.Loader(
+            path, split=split, batch_size=batch_size, image_size=image_size, workers=workers,
+            seed=seed, node=place.node, nodes=place.nodes, rank_in_node=place.local_rank,
+            ranks_in_node=place.local_size, drop_last=drop_last, wrap=wrap,
+            dtype="uint8" if out_dtype == torch.uint8 else "float32", prefetch=prefetch,
+            on_bad_record=on_bad_record, resize=resize, resize_ratio=float(resize_ratio),
+            scale=_pair(scale), ratio=_pair(ratio), flip_p=float(flip_p),
+            mean=[float(v) for v in mean], std=[float(v) for v in std], populate=populate,
         )
+        _LIVE.add(self)
         _warn_binding(workers)
         self._dataset: Optional[Shards] = None
         # The size asked for (from the next epoch on) and that of the epoch under way.
@@ -259,28 +370,61 @@ class Loader:
     @property
     def classes(self) -> List[str]:
         """The class wnids in label order (label ``i`` is ``classes[i]``)."""
-        return self._core.classes
+        return self._live().classes
 
     @property
     def num_classes(self) -> int:
         """The number of classes."""
-        return len(self._core.classes)
+        return len(self.classes)
 
     def __len__(self) -> int:
-        """Batches this rank gets per epoch (the same on every rank for train)."""
-        return self._core.steps_per_epoch()
+        """Batches this rank gets per epoch (the same on every rank, val included)."""
+        return self._live().steps_per_epoch()
 
     def samples(self) -> int:
         """Images this rank gets per epoch (val: its share of every record exactly once)."""
-        return self._core.samples_per_epoch()
+        return self._live().samples_per_epoch()
+
+    def _live(self) -> _ddl.Loader:
+        """The Rust loader, or RuntimeError once closed."""
+        if self._core is None:
+            raise RuntimeError("ddl.Loader: closed (by close() or the end of its with block): "
+                               "make a new ddl.Loader to load again")
+        return self._core
+
+    def close(self) -> None:
+        """Stops the decode threads and frees the batch buffers and this loader's mapping of
+        the shards; batches already handed out stay valid. Iterating (or any other use)
+        afterwards raises RuntimeError; closing again does nothing. ``with ddl.Loader(...) as
+        loader:`` closes it at the end of the block."""
+        if self._core is None:
+            return
+        self._core.stop()
+        self._core = None
+        self._iterating = False
+
+    def __enter__(self) -> "Loader":
+        return self
+
+    def __exit__(self, *exc_info: Any) -> None:
+        self.close()
+
+    def _after_fork(self) -> None:
+        """In a child just forked: forgets the parent's running epoch (its threads are not
+        here) so that the next iteration starts new ones where the parent was."""
+        if self._core is None:
+            return
+        self._core.forget_after_fork()
+        if self._iterating:
+            self._start_step, self._iterating = self._next_step, False
 
     def set_epoch(self, epoch: int) -> None:
         """Selects the epoch the next iteration runs (its order and augmentation). Without it,
         iterating again after a completed epoch runs the next epoch, as a shuffling
         ``DataLoader`` does; with it, the epoch given. A loader restored with
-        ``load_state_dict`` resumes mid-epoch when set to the saved epoch."""
-        if isinstance(epoch, bool) or not isinstance(epoch, int) or epoch < 0:
-            raise ValueError(f"epoch: must be a non-negative integer, got {epoch!r}")
+        ``load_state_dict`` resumes mid-epoch when set to the saved epoch. ``epoch``: an
+        integer from 0 to 2**64 - 1."""
+        epoch = _integer("epoch", epoch)
         if epoch != self._epoch:
             self._start_step = 0
         self._epoch = epoch
@@ -291,9 +435,8 @@ class Loader:
         ResNet recipes grow it from 160 to 192 over the epochs): an epoch under way, or broken
         off and resumed, keeps the size it started with. Checked as ``image_size`` is (a
         ``ValueError`` names the limit)."""
-        if isinstance(image_size, bool) or not isinstance(image_size, int) or image_size < 0:
-            raise ValueError(f"image_size: must be a non-negative integer, got {image_size!r}")
-        self._core.check_image_size(image_size)
+        image_size = _integer("image_size", image_size, _U32)
+        self._live().check_image_size(image_size)
         self.image_size = image_size
 
     def state_dict(self) -> Dict[str, Any]:
@@ -323,7 +466,9 @@ class Loader:
         """Resumes at ``state``: the next iteration yields exactly the batches the saved
         loader had not yet delivered, at the saved epoch's image size, and later epochs at the
         size set then. Raises ValueError when the seed, batch size, world size or split
-        differ (those batches would not be the same)."""
+        differ (those batches would not be the same), or when a value is out of its range
+        (``epoch`` 0 to 2**64 - 1, ``step`` 0 to ``len(self)``), before changing anything."""
+        core = self._live()
         for key in ("seed", "batch_size", "world_size", "split"):
             mine = self.state_dict()[key]
             if state.get(key) != mine:
@@ -331,17 +476,21 @@ class Loader:
                     f"load_state_dict: {key} is {state.get(key)!r} in the state but "
                     f"{mine!r} in this loader"
                 )
-        step = int(state["step"])
-        if not 0 <= step <= len(self):
-            raise ValueError(f"load_state_dict: step {step} beyond the epoch's {len(self)}")
+        for key in ("epoch", "step"):
+            if key not in state:
+                raise ValueError(f"load_state_dict: the state has no {key!r} (not a state_dict() "
+                                 "of a ddl.Loader)")
+        epoch = _integer("load_state_dict: epoch", state["epoch"])
+        step = _integer("load_state_dict: step", state["step"], len(self))
         # States of older versions lack the sizes: this loader's size then.
-        sizes = [int(state.get(k, self.image_size)) for k in ("image_size", "next_image_size")]
+        sizes = [_integer(f"load_state_dict: {k}", state.get(k, self.image_size), _U32)
+                 for k in ("image_size", "next_image_size")]
         for size in sizes:
-            self._core.check_image_size(size)
-        self._core.stop()
+            core.check_image_size(size)
+        core.stop()
         self._iterating = False
         self._completed = False
-        self._epoch = int(state["epoch"])
+        self._epoch = epoch
         self._start_step = step
         self._epoch_image_size, self.image_size = sizes
 
@@ -350,18 +499,31 @@ class Loader:
         ``wait_s`` and ``wait_fraction`` (time the consumer waited for batches) and
         ``bad_records`` (``(file, record, reason)`` of each bad record met). Safe from any
         thread, also while another one iterates."""
-        return dict(self._core.stats())
+        return dict(self._live().stats())
 
     def __iter__(self) -> Iterator[Tuple[torch.Tensor, torch.Tensor]]:
+        self._live()
         if self._completed:
             # The previous epoch ran to its end and set_epoch did not pin another: go on.
             self._epoch += 1
             self._start_step = 0
             self._completed = False
-        source = self._batches()
         if self.device.type == "cuda":
-            source = _to_cuda(source, self.device)
+            # Converted to the output type and memory format by the copy into pinned memory.
+            source = _to_cuda(self._batches(), self.device, self.dtype, self.memory_format)
+        else:
+            source = self._converted(self._batches())
         return self._deliver(source)
+
+    def _converted(self, batches: Generator[Tuple[torch.Tensor, torch.Tensor, int], None, None]
+                   ) -> Generator[Tuple[torch.Tensor, torch.Tensor, int], None, None]:
+        """The batches in the output type and memory format: one conversion pass where they
+        differ from the pipeline's, the pipeline's buffers themselves where not."""
+        try:
+            for images, labels, step in batches:
+                yield _to_output(images, self.dtype, self.memory_format), labels, step
+        finally:
+            batches.close()
 
     def _batches(self) -> Generator[Tuple[torch.Tensor, torch.Tensor, int], None, None]:
         """The epoch's batches from ``_start_step`` on, with their steps, as CPU tensors. The
@@ -369,12 +531,17 @@ class Loader:
         runs raises RuntimeError, and this one ends when the generator does."""
         if self._start_step == 0:
             self._epoch_image_size = self.image_size  # a new epoch takes the size asked for
-        ticket = self._core.start(self._epoch, self._start_step, self._epoch_image_size)
-        channels_first = self.dtype == "float32"
+        core = self._live()
+        ticket = core.start(self._epoch, self._start_step, self._epoch_image_size)
+        channels_first = self.dtype != torch.uint8
         want_first = self.layout == "NCHW"
         try:
+            if core.node_records == 0:
+                # Val on a node without records: as many (empty) batches as every other rank.
+                yield from self._empty_batches(channels_first, want_first)
+                return
             while True:
-                item = self._core.next(ticket)
+                item = core.next(ticket)
                 if item is None:
                     return
                 images, labels, _indices, step = item
@@ -384,7 +551,17 @@ class Loader:
                               else images.permute(0, 2, 3, 1))
                 yield images, _tensor(labels), step
         finally:
-            self._core.release(ticket)
+            core.release(ticket)
+
+    def _empty_batches(self, channels_first: bool, want_first: bool
+                       ) -> Iterator[Tuple[torch.Tensor, torch.Tensor, int]]:
+        """The epoch's remaining steps as batches of no images."""
+        s = self._epoch_image_size
+        first, last = (0, 3, s, s), (0, s, s, 3)
+        shape = first if want_first else last
+        dtype = torch.float32 if channels_first else torch.uint8
+        for step in range(self._start_step, len(self)):
+            yield torch.empty(shape, dtype=dtype), torch.empty(0, dtype=torch.int64), step
 
     def _deliver(self, source: Generator[Tuple[torch.Tensor, torch.Tensor, int], None, None]
                  ) -> Iterator[Tuple[torch.Tensor, torch.Tensor]]:
@@ -398,7 +575,8 @@ class Loader:
                 yield images, labels
         finally:
             source.close()  # a staging thread, if any, stops before the iteration ends
-            finished = self._next_step >= len(self)
+            # (After close() the position no longer matters.)
+            finished = self._core is None or self._next_step >= len(self)
             self._iterating = False
             # A completed epoch is followed by the next when iterated again (unless
             # set_epoch says otherwise); a broken-off one resumes where the consumer stopped.
@@ -408,10 +586,12 @@ class Loader:
 
     def __repr__(self) -> str:
         p = self.placement
+        batches = "closed" if self._core is None else f"batches={len(self)}"
         return (
             f"ddl.Loader({self.path!r}, split={self.split!r}, batch_size={self.batch_size}, "
-            f"image_size={self.image_size}, dtype={self.dtype!r}, layout={self.layout!r}, "
-            f"rank={p.rank}, world_size={p.world_size}, nodes={p.nodes}, batches={len(self)})"
+            f"image_size={self.image_size}, dtype={self.dtype}, layout={self.layout!r}, "
+            f"memory_format={self.memory_format}, rank={p.rank}, world_size={p.world_size}, "
+            f"nodes={p.nodes}, {batches})"
         )
 
 
@@ -425,7 +605,7 @@ class RankSampler:
         self._loader = loader
 
     def __len__(self) -> int:
-        return self._loader._core.sampler_len()
+        return self._loader._live().sampler_len()
 
     def set_epoch(self, epoch: int) -> None:
         """The loader's :meth:`Loader.set_epoch`."""
@@ -510,17 +690,24 @@ class _StagedAhead:
 
 class _CudaStager:
     """Stages a batch for the GPU: a copy into a pinned buffer reused from batch to batch
-    (pinning a new buffer per batch costs more than the copy), then a non-blocking copy on a
-    side stream, whose completion the returned event marks."""
+    (pinning a new buffer per batch costs more than the copy), which also converts the images
+    to ``dtype`` in ``memory_format`` (None: as they are), then a non-blocking copy on a side
+    stream, whose completion the returned event marks."""
 
-    def __init__(self, device: torch.device) -> None:
+    def __init__(self, device: torch.device, dtype: torch.dtype,
+                 memory_format: Optional[torch.memory_format]) -> None:
         self.device = device
         self.stream = torch.cuda.Stream(device)
-        self.pool = _StagingPool(2, lambda like: torch.empty_like(like, pin_memory=True))
+        self.pool = _StagingPool(
+            2, lambda like: torch.empty_like(like, device="cpu", pin_memory=True))
+        self.dtype, self.memory_format = dtype, memory_format
 
     def __call__(self, images: torch.Tensor, labels: torch.Tensor,
                  step: int) -> Tuple[torch.Tensor, torch.Tensor, int, Any]:
-        staged = [self.pool.take(t).copy_(t) for t in (images, labels)]
+        # The pinned buffer's shape, type and strides (a meta tensor: nothing allocated).
+        target = _to_output(images.to("meta"), self.dtype, self.memory_format)
+        staged = [self.pool.take(like).copy_(t) for like, t in ((target, images),
+                                                                (labels, labels))]
         with torch.cuda.stream(self.stream):
             on_gpu = [t.to(self.device, non_blocking=True) for t in staged]
             done = torch.cuda.Event()
@@ -530,9 +717,12 @@ class _CudaStager:
 
 
 def _to_cuda(batches: Generator[Tuple[torch.Tensor, torch.Tensor, int], None, None],
-             device: torch.device) -> Generator[Tuple[torch.Tensor, torch.Tensor, int], None, None]:
-    """The batches on ``device``, staged one ahead; the consumer's stream waits for each copy."""
-    ahead = _StagedAhead(batches, _CudaStager(device))
+             device: torch.device, dtype: torch.dtype,
+             memory_format: Optional[torch.memory_format]
+             ) -> Generator[Tuple[torch.Tensor, torch.Tensor, int], None, None]:
+    """The batches on ``device`` as ``dtype`` in ``memory_format``, staged one ahead; the
+    consumer's stream waits for each copy."""
+    ahead = _StagedAhead(batches, _CudaStager(device, dtype, memory_format))
     try:
         for images, labels, step, done in ahead:
             current = torch.cuda.current_stream(device)

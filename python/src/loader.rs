@@ -2,8 +2,8 @@
 //! adds the PyTorch conventions on top of it).
 
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, TryLockError};
 use std::time::{Duration, Instant};
 
 use ddl_loader::dataset::{Dataset, OpenOptions, Residency};
@@ -59,7 +59,8 @@ impl Slot {
                  loader (iter() restarts the loader; keep one iterator per loader)",
             )),
             None if ticket.is_some() => Err(PyRuntimeError::new_err(
-                "ddl.Loader: this iterator has ended (the loader was stopped or restored)",
+                "ddl.Loader: this iterator has ended (the loader was closed, restored by \
+                 load_state_dict or forked since)",
             )),
             _ => Ok(()),
         }
@@ -147,18 +148,17 @@ pub struct Loader {
     /// None when this node holds no records of the split (a small val split over many nodes).
     opened: Option<Opened>,
     classes: Vec<String>,
-    split: String,
-    /// Streams (ranks) on this node and this process's stream.
-    ranks_in_node: usize,
-    rank_in_node: usize,
-    batch_size: usize,
-    /// Records of this node (val trims the wrapped padding with it).
+    /// Records of this node.
     node_records: usize,
+    /// Val: the steps of every rank of the job (a node without records takes them empty).
+    val_steps: usize,
     sizing: Sizing,
     slot: Mutex<Slot>,
     held: Arc<AtomicUsize>,
     timing: Mutex<Timing>,
     bad_seen: Mutex<Vec<(String, usize, String)>>,
+    /// Set in a forked child whose copy of the slot was locked by a parent thread at the fork.
+    unusable_after_fork: AtomicBool,
 }
 
 fn value_error(arg: &str, why: impl std::fmt::Display) -> PyErr {
@@ -288,7 +288,7 @@ fn open_node(
 impl Loader {
     /// Opens this node's shards of `split` in `path` and prepares the sampler and pipeline.
     #[new]
-    #[pyo3(signature = (path, split, batch_size, image_size, workers, seed, node, nodes,
+    #[pyo3(signature = (path, *, split, batch_size, image_size, workers, seed, node, nodes,
         rank_in_node, ranks_in_node, drop_last, wrap, dtype, prefetch, on_bad_record, resize,
         resize_ratio, scale, ratio, flip_p, mean, std, populate))]
     #[allow(clippy::too_many_arguments)]
@@ -354,6 +354,16 @@ impl Loader {
         let classes = manifest.classes.iter().map(|c| c.wnid.clone()).collect();
         let per_node = Dataset::records_per_node(&manifest, &split, nodes);
         let node_records = per_node[node] as usize;
+        // Val: every rank of the job takes the steps of the node with the most records.
+        let val_steps = if train {
+            0
+        } else {
+            per_node
+                .iter()
+                .map(|&n| (n as usize).div_ceil(ranks_in_node * batch_size))
+                .max()
+                .unwrap_or(0)
+        };
         if train && drop_last {
             let smallest = per_node.iter().copied().min().unwrap_or(0) as usize;
             limits::check_full_step(batch_size, ranks_in_node, 1, smallest).map_err(|e| {
@@ -411,11 +421,11 @@ impl Loader {
                 rank_in_node,
                 replicas: 1,
                 batch_per_replica: batch_size,
-                // Val wraps and trims the padding itself (`real_rows`).
                 tail: match (train, drop_last, wrap) {
+                    (false, _, _) => Tail::Even { steps: val_steps },
                     (true, true, _) => Tail::Drop,
                     (true, false, false) => Tail::Short,
-                    _ => Tail::Pad,
+                    (true, false, true) => Tail::Pad,
                 },
                 shuffle: train,
             };
@@ -435,11 +445,8 @@ impl Loader {
         Ok(Loader {
             opened,
             classes,
-            split,
-            ranks_in_node,
-            rank_in_node,
-            batch_size,
             node_records,
+            val_steps,
             sizing: Sizing {
                 settings,
                 buffers,
@@ -450,45 +457,32 @@ impl Loader {
             held: Arc::new(AtomicUsize::new(0)),
             timing: Mutex::new(Timing::default()),
             bad_seen: Mutex::new(Vec::new()),
+            unusable_after_fork: AtomicBool::new(false),
         })
     }
 
-    /// Batches per epoch for this process.
+    /// Batches per epoch for this process (val: the same on every rank of the job, some of
+    /// them empty on a node without records).
     fn steps_per_epoch(&self) -> usize {
-        match &self.opened {
-            None => 0,
-            Some(_) if self.split == "val" => {
-                // Val: the steps in which this rank has at least one real (not padding) record:
-                // step s does when (s * ranks + rank) * batch < records.
-                let batches = self.node_records.div_ceil(self.batch_size);
-                batches
-                    .saturating_sub(self.rank_in_node)
-                    .div_ceil(self.ranks_in_node)
-            }
-            Some(o) => o.sampler.steps_per_epoch(),
-        }
+        self.opened
+            .as_ref()
+            .map_or(self.val_steps, |o| o.sampler.steps_per_epoch())
     }
 
     /// Images this process gets per epoch: every step's batch for train, this rank's share of
     /// every record exactly once for val.
     fn samples_per_epoch(&self) -> usize {
-        let steps = self.steps_per_epoch();
-        if self.split == "val" {
-            (0..steps).map(|s| self.real_rows(s)).sum()
-        } else {
-            self.opened
-                .as_ref()
-                .map_or(0, |o| o.sampler.samples_per_epoch())
-        }
+        self.opened
+            .as_ref()
+            .map_or(0, |o| o.sampler.samples_per_epoch(0))
     }
 
     /// This process's share of the epoch's records before batching (`len()` of a
     /// `DataLoader`'s `DistributedSampler`; val: its records, each once).
     fn sampler_len(&self) -> usize {
-        match &self.opened {
-            Some(o) if self.split != "val" => o.sampler.share_per_epoch(),
-            _ => self.samples_per_epoch(),
-        }
+        self.opened
+            .as_ref()
+            .map_or(0, |o| o.sampler.share_per_epoch())
     }
 
     /// Checks `size` as a new image size (the limits of `image_size`, the memory its batches
@@ -519,6 +513,7 @@ impl Loader {
         start_step: usize,
         image_size: u32,
     ) -> PyResult<u64> {
+        self.check_usable()?;
         self.sizing.check(image_size, false)?;
         let steps = self.steps_per_epoch();
         if start_step > steps {
@@ -563,7 +558,7 @@ impl Loader {
         py: Python<'_>,
         ticket: u64,
     ) -> PyResult<Option<(BatchArray, BatchArray, BatchArray, usize)>> {
-        let steps = self.steps_per_epoch();
+        self.check_usable()?;
         let mut run = {
             let mut slot = self.lock_slot();
             slot.check(Some(ticket))?;
@@ -580,14 +575,7 @@ impl Loader {
             run.extra_buffers = kept;
         }
         let t0 = Instant::now();
-        let item = py.detach(|| {
-            loop {
-                match run.batches.next() {
-                    Some(Ok(b)) if b.step >= steps => continue, // val: padding-only steps
-                    other => return other,
-                }
-            }
-        });
+        let item = py.detach(|| run.batches.next());
         let waited = t0.elapsed();
         self.note_bad_records(&mut run);
         self.lock_slot().run = Some(run);
@@ -595,12 +583,7 @@ impl Loader {
             return Ok(None);
         };
         let step = batch.step;
-        let rows = if self.split == "val" {
-            let real = self.real_rows(step);
-            real - batch.dropped_among_first(real)
-        } else {
-            batch.len()
-        };
+        let rows = batch.len();
         {
             let mut timing = self.timing.lock().unwrap_or_else(|p| p.into_inner());
             timing.first.get_or_insert(t0);
@@ -620,6 +603,9 @@ impl Loader {
     /// Ends iteration `ticket` (its generator finished or was dropped): another thread may
     /// iterate now. The pipeline stays for the next epoch. A superseded ticket is ignored.
     fn release(&self, ticket: u64) {
+        if self.unusable_after_fork.load(Ordering::SeqCst) {
+            return; // an iteration of the parent ending in the child: nothing to release
+        }
         let mut slot = self.lock_slot();
         if slot.owner.is_some_and(|o| o.ticket == ticket) {
             slot.owner = None;
@@ -628,6 +614,7 @@ impl Loader {
 
     /// Stops the running epoch (its threads are joined; batches already lent stay valid).
     fn stop(&self, py: Python<'_>) -> PyResult<()> {
+        self.check_usable()?;
         let run = {
             let mut slot = self.lock_slot();
             slot.check(None)?;
@@ -636,6 +623,26 @@ impl Loader {
         };
         py.detach(move || drop(run));
         Ok(())
+    }
+
+    /// In a child process just forked (`os.register_at_fork`): forgets the parent's running
+    /// epoch, whose threads do not exist here, so that the next `start` starts new ones. Its
+    /// state is leaked, not dropped: dropping it would join the absent threads and block
+    /// forever. A lock a parent thread held at the fork stays held in the child: then the
+    /// loader refuses every further use with an error instead of blocking.
+    fn forget_after_fork(&self) {
+        /// Whether a parent thread held the lock at the fork (a poisoned lock is free).
+        fn held<T>(m: &Mutex<T>) -> bool {
+            matches!(m.try_lock(), Err(TryLockError::WouldBlock))
+        }
+        if held(&self.timing) || held(&self.bad_seen) || held(&self.slot) {
+            // The run stays in the locked slot, and `Drop` leaks it.
+            self.unusable_after_fork.store(true, Ordering::SeqCst);
+            return;
+        }
+        let mut slot = self.lock_slot();
+        std::mem::forget(slot.run.take());
+        slot.owner = None;
     }
 
     /// Batches lent to Python and still alive.
@@ -647,6 +654,7 @@ impl Loader {
     /// thread at any time: while `next` waits for a batch it holds the run, and the bad
     /// records it meets are counted when the batch arrives.
     fn stats<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        self.check_usable()?;
         if let Some(run) = self.lock_slot().run.as_mut() {
             self.note_bad_records(run);
         }
@@ -681,7 +689,30 @@ impl Loader {
     }
 }
 
+impl Drop for Loader {
+    /// In a forked child whose slot stayed locked, the parent's run is leaked, not dropped
+    /// (dropping it would join threads that do not exist here).
+    fn drop(&mut self) {
+        if self.unusable_after_fork.load(Ordering::SeqCst) {
+            let slot = self.slot.get_mut().unwrap_or_else(|p| p.into_inner());
+            std::mem::forget(slot.run.take());
+        }
+    }
+}
+
 impl Loader {
+    /// Fails in a forked child in which the loader's state was locked at the fork.
+    fn check_usable(&self) -> PyResult<()> {
+        if self.unusable_after_fork.load(Ordering::SeqCst) {
+            return Err(PyRuntimeError::new_err(
+                "ddl.Loader: this process was forked while another thread of the parent was \
+                 using the loader, which left its state locked here: make a new ddl.Loader in \
+                 the child",
+            ));
+        }
+        Ok(())
+    }
+
     fn lock_slot(&self) -> std::sync::MutexGuard<'_, Slot> {
         self.slot.lock().unwrap_or_else(|p| p.into_inner())
     }
@@ -722,12 +753,6 @@ impl Loader {
             extra_buffers: extra,
             bad_reported: 0,
         })
-    }
-
-    /// Real (not wrapped-around padding) rows of this process's val batch at `step`.
-    fn real_rows(&self, step: usize) -> usize {
-        let first = (step * self.ranks_in_node + self.rank_in_node) * self.batch_size;
-        self.node_records.saturating_sub(first).min(self.batch_size)
     }
 
     /// Appends the run's bad records not yet seen to `bad_seen`.

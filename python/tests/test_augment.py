@@ -53,7 +53,7 @@ def test_flip_p_0_never_flips_and_1_always_flips(shards: Path) -> None:
 
 
 def test_mean_and_std_set_the_float_output(shards: Path) -> None:
-    mean, std = (0.1, 0.5, 0.9), (0.5, 2.0, 0.125)
+    mean, std = (0.1, 0.5, 0.9), (0.5, 1.0, 0.125)
     common: Dict[str, object] = {"batch_size": 8, "image_size": 32, "workers": 1, "seed": 5}
     raw = collect(ddl.Loader(shards, dtype="uint8", layout="NCHW", **common))
     floats = collect(ddl.Loader(shards, mean=mean, std=std, **common))

@@ -9,6 +9,7 @@ import os
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Dict, List, Tuple
 
@@ -197,6 +198,16 @@ def test_metadata_and_stats(shards: Path) -> None:
     ({"device": "tpu"}, ValueError, "device"),
     ({"rank": 2, "world_size": 2}, ValueError, "rank"),
     ({"rank": 0, "world_size": 9}, ValueError, "shards"),
+    # FFCV's 0-255 scale: every input would be nearly constant.
+    ({"mean": (123.7, 116.3, 103.5)}, ValueError, r"mean: .*0-255 scale.*0-1 scale.*divide"),
+    ({"std": (58.4, 57.1, 57.4)}, ValueError, r"std: .*0-255 scale.*divide each value by 255"),
+    ({"image_size": 32.0}, ValueError, r"image_size: must be an integer .*float"),
+    ({"batch_size": True}, ValueError, r"batch_size: must be an integer, got the bool"),
+    ({"seed": 2**64}, ValueError, r"seed: .* 0 to 2\*\*64 - 1, got 18446744073709551616"),
+    ({"seed": -1}, ValueError, "seed"),
+    ({"dtype": torch.int32}, ValueError, "dtype"),
+    ({"memory_format": torch.preserve_format}, ValueError, "memory_format"),
+    ({"layout": "NHWC", "memory_format": torch.channels_last}, ValueError, "memory_format"),
 ])
 def test_bad_arguments_name_the_argument(shards: Path, kwargs: Dict[str, object],
                                          error: type, names: str) -> None:
@@ -508,3 +519,176 @@ def test_the_extension_has_stubs_for_every_name() -> None:
         public = {m for m in members if not m.startswith("_")}
         actual = {m for m in dir(runtime) if not m.startswith("_")}
         assert public == actual, (cls.name, public ^ actual)
+
+
+def split_records(loaders: List[ddl.Loader]) -> List[List[int]]:
+    """Each loader's batch sizes over one val epoch, checking that it yields len() batches."""
+    sizes = []
+    for loader in loaders:
+        got = [len(y) for x, y in loader]
+        assert len(got) == len(loader)
+        sizes.append(got)
+    return sizes
+
+
+@pytest.mark.parametrize("batch, world, on_one_node, sizes", [
+    # 28 val records at a batch larger than the split, 2 ranks of one node: 14 each, where
+    # whole batches left rank 1 without any (a DDP model in eval waited for it forever).
+    (512, 2, True, [[14], [14]]),
+    # 3 ranks of one node, batch 9: 27 records in full batches, the one left goes to rank 0;
+    # the others take an empty last batch.
+    (9, 3, True, [[9, 1], [9, 0], [9, 0]]),
+    # 3 nodes holding 14, 7 and 7 records: the smaller nodes end with empty batches.
+    (4, 3, False, [[4, 4, 4, 2], [4, 3, 0, 0], [4, 3, 0, 0]]),
+    # 5 nodes, 4 val shards: the fifth node holds no records, and still takes the steps.
+    (8, 5, False, [[7], [7], [7], [7], [0]]),
+])
+def test_val_gives_every_rank_the_same_number_of_batches(
+        shards: Path, monkeypatch: pytest.MonkeyPatch, batch: int, world: int,
+        on_one_node: bool, sizes: List[List[int]]) -> None:
+    """Like DistributedSampler: len() and the batches yielded equal on every rank, every val
+    record exactly once over all ranks (no padding), each rank floor or ceil of its node's
+    records / ranks."""
+    single = image_hashes(collect(ddl.Loader(shards, split="val", batch_size=4, image_size=32)))
+    loaders = []
+    for rank in range(world):
+        if on_one_node:
+            for k, v in {"OMPI_COMM_WORLD_RANK": rank, "OMPI_COMM_WORLD_SIZE": world,
+                         "OMPI_COMM_WORLD_LOCAL_RANK": rank,
+                         "OMPI_COMM_WORLD_LOCAL_SIZE": world}.items():
+                monkeypatch.setenv(k, str(v))
+            loaders.append(ddl.Loader(shards, split="val", batch_size=batch, image_size=32,
+                                      workers=1))
+        else:
+            loaders.append(ddl.Loader(shards, split="val", batch_size=batch, image_size=32,
+                                      workers=1, rank=rank, world_size=world))
+    assert split_records(loaders) == sizes
+    assert [len(v) for v in loaders] == [len(sizes[0])] * world
+    assert [v.samples() for v in loaders] == [sum(s) for s in sizes]
+    parts = [h for v in loaders for h in image_hashes(collect(v))]
+    assert sorted(parts) == sorted(single)
+    empty = [x for v in loaders for x, _ in v if len(x) == 0]
+    assert all(x.shape == (0, 3, 32, 32) and x.dtype == torch.float32 for x in empty)
+
+
+def test_a_forked_child_loads_with_new_threads(shards: Path) -> None:
+    """A process that iterated a loader forks (os.fork mid-epoch, multiprocessing's fork
+    context after a completed epoch): the child's iteration starts new threads and yields
+    the batches the parent would have, where it used to block forever on its first batch."""
+    code = """
+import multiprocessing, os, sys, ddl
+L = ddl.Loader(sys.argv[1], batch_size=4, image_size=32, workers=2)
+epoch0 = [y.tolist() for _, y in L]
+epoch1 = [y.tolist() for _, y in L]
+L.set_epoch(0)
+it = iter(L)
+next(it), next(it)
+pid = os.fork()
+if pid == 0:  # the rest of epoch 0, where the parent was
+    os._exit(0 if [y.tolist() for _, y in L] == epoch0[2:] else 1)
+_, status = os.waitpid(pid, 0)
+assert os.waitstatus_to_exitcode(status) == 0, "os.fork child"
+assert [y.tolist() for _, y in it] == epoch0[2:]  # the parent goes on
+def child_epoch(_):
+    return [y.tolist() for _, y in L]
+with multiprocessing.get_context("fork").Pool(1) as pool:
+    assert pool.map(child_epoch, [0]) == [epoch1], "multiprocessing child"
+print("ok")
+"""
+    done = run_script(code, shards)
+    assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr
+
+
+def threads() -> int:
+    return len(os.listdir("/proc/self/task"))
+
+
+def test_close_stops_the_threads_and_refuses_iteration(shards: Path) -> None:
+    before = threads()
+    loader = ddl.Loader(shards, batch_size=8, image_size=32, workers=4)
+    images, labels = next(iter(loader))
+    kept = images.clone()
+    assert threads() >= before + 4
+    loader.close()
+    # The threads are joined by close(); the kernel drops their entries as they exit.
+    deadline = time.monotonic() + 10
+    while threads() > before and time.monotonic() < deadline:
+        os.sched_yield()
+    assert threads() == before
+    assert torch.equal(images, kept)  # a batch handed out stays valid
+    with pytest.raises(RuntimeError, match="closed"):
+        iter(loader)
+    loader.close()  # again: nothing
+    assert "closed" in repr(loader)
+    with ddl.Loader(shards, batch_size=8, image_size=32, workers=1) as scoped:
+        assert sum(1 for _ in scoped) == len(scoped)
+        unfinished = iter(scoped)
+        next(unfinished)
+    with pytest.raises(RuntimeError, match=r"closed .*with block"):
+        next(iter(scoped))
+    with pytest.raises(RuntimeError, match="ended"):  # the iterator open at the close
+        next(unfinished)
+
+
+def test_numpy_integers_are_integers(shards: Path) -> None:
+    plain = ddl.Loader(shards, batch_size=8, image_size=32, workers=1, seed=3, rank=1,
+                       world_size=2)
+    numpy = ddl.Loader(shards, batch_size=np.int64(8), image_size=np.int32(32),
+                       workers=np.uint8(1), seed=np.uint64(3), rank=np.int64(1),
+                       world_size=np.int16(2), prefetch=np.int64(2), resize=np.int64(0))
+    numpy.set_epoch(np.int64(1))
+    numpy.set_image_size(np.int64(32))
+    assert image_hashes(collect(plain, epoch=1)) == image_hashes(batches_of(numpy))
+
+
+def test_out_of_range_epochs_and_seeds_are_refused_up_front(shards: Path) -> None:
+    loader = ddl.Loader(shards, batch_size=8, image_size=32, workers=1, seed=2**64 - 1)
+    with pytest.raises(ValueError, match=r"epoch: must be an integer from 0 to 2\*\*64 - 1"):
+        loader.set_epoch(2**70)
+    with pytest.raises(ValueError, match="epoch"):
+        loader.set_epoch(-1)
+    state = loader.state_dict()
+    for bad, name in (({"epoch": -5}, "epoch"), ({"epoch": 2**64}, "epoch"),
+                      ({"step": 10**6}, "step"), ({"epoch": 1.5}, "epoch")):
+        with pytest.raises(ValueError, match=f"load_state_dict: {name}"):
+            loader.load_state_dict({**state, **bad})
+    # Nothing changed: the loader still runs its epoch 0.
+    assert loader.state_dict() == state
+    assert len(batches_of(loader)) == len(loader)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+@pytest.mark.parametrize("memory_format", [torch.channels_last, torch.contiguous_format])
+def test_output_dtype_and_memory_format(shards: Path, dtype: torch.dtype,
+                                        memory_format: torch.memory_format) -> None:
+    """The float32 NCHW batches rounded to ``dtype`` (as torch rounds them) in
+    ``memory_format``, as autocast and a channels-last model take them."""
+    reference = collect(ddl.Loader(shards, batch_size=8, image_size=32, workers=1))
+    got = collect(ddl.Loader(shards, batch_size=8, image_size=32, workers=1, dtype=dtype,
+                             memory_format=memory_format))
+    assert len(got) == len(reference)
+    for (x, y), (rx, ry) in zip(got, reference):
+        assert x.dtype == dtype and x.shape == rx.shape
+        assert x.is_contiguous(memory_format=memory_format)
+        assert torch.equal(x.float(), rx.to(dtype).float()) and torch.equal(y, ry)
+    # By name, too; uint8 in channels-last NCHW is the decoded buffer itself (no copy).
+    named = ddl.Loader(shards, batch_size=8, image_size=32, workers=1, dtype="bfloat16")
+    assert next(iter(named))[0].dtype == torch.bfloat16
+    raw = ddl.Loader(shards, batch_size=8, image_size=32, workers=1, dtype=torch.uint8,
+                     memory_format=torch.channels_last)
+    x, _ = next(iter(raw))
+    assert x.is_contiguous(memory_format=torch.channels_last) and x.shape == (8, 3, 32, 32)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_output_dtype_and_memory_format_on_the_gpu(shards: Path) -> None:
+    """device="cuda": converted by the copy into pinned memory, the same values and layout."""
+    kw: Dict[str, object] = {"batch_size": 8, "image_size": 32, "workers": 1,
+                             "dtype": torch.bfloat16, "memory_format": torch.channels_last}
+    on_cpu = collect(ddl.Loader(shards, **kw))  # type: ignore[arg-type]
+    on_gpu = collect(ddl.Loader(shards, device="cuda", **kw))  # type: ignore[arg-type]
+    assert len(on_gpu) == len(on_cpu)
+    for (x, y), (cx, cy) in zip(on_gpu, on_cpu):
+        assert x.is_cuda and x.dtype == torch.bfloat16
+        assert x.is_contiguous(memory_format=torch.channels_last)
+        assert torch.equal(x.cpu(), cx) and torch.equal(y.cpu(), cy)
