@@ -81,6 +81,35 @@ pub struct SamplerConfig {
 /// Deterministic sampler of node-local record indices; see the module documentation.
 ///
 /// `Sampler` is `Send + Sync`; it caches the permutation of the most recent epoch.
+///
+/// # Examples
+///
+/// The two ranks of a node, one replica each, share its 10 records: every step gives each a
+/// batch of 4 distinct records, and a new epoch a new order.
+///
+/// ```
+/// use ddl_loader::sampler::{Sampler, SamplerConfig, Tail};
+///
+/// let rank = |rank_in_node| {
+///     let cfg = SamplerConfig {
+///         seed: 7,
+///         ranks_in_node: 2,
+///         rank_in_node,
+///         replicas: 1,
+///         batch_per_replica: 4,
+///         tail: Tail::Drop,
+///         shuffle: true,
+///     };
+///     Sampler::new(10, 10, cfg)
+/// };
+/// let (a, b) = (rank(0), rank(1));
+/// assert_eq!(a.steps_per_epoch(), 1); // 8 of the 10 records; Drop leaves the last 2 out
+/// let mut step: Vec<usize> = a.batch(0, 0, 0).into_iter().chain(b.batch(0, 0, 0)).collect();
+/// step.sort_unstable();
+/// step.dedup();
+/// assert_eq!(step.len(), 8);
+/// assert_ne!(a.batch(0, 0, 0), a.batch(1, 0, 0));
+/// ```
 pub struct Sampler {
     node_records: usize,
     /// The smallest node's record count, which sets the steps (and the short last batch).

@@ -231,7 +231,10 @@ fn allreduce_of<T: Element + Default>(
             }
             let algbw = bytes as f64 / time / 1e9;
             let busbw = algbw * 2.0 * (p as f64 - 1.0) / p as f64;
-            let predicted = opts.predict.then(|| opts.model.predict(algo, bytes, topo));
+            // `auto` is predicted as the algorithm it ran: the model's own pick may be one
+            // `auto` never runs here (multiring over one tier is the ring).
+            let ran = ar.resolve(4 * n);
+            let predicted = opts.predict.then(|| opts.model.predict(&ran, bytes, topo));
             let row = AllreduceRow {
                 algo: algo.to_string(),
                 dtype: opts.dtype,
@@ -242,7 +245,7 @@ fn allreduce_of<T: Element + Default>(
                 algbw_gbps: algbw,
                 busbw_gbps: busbw,
                 correct,
-                resolved: (*algo == Algorithm::Auto).then(|| ar.resolve(4 * n).to_string()),
+                resolved: (*algo == Algorithm::Auto).then(|| ran.to_string()),
                 tuning_calls: (*algo == Algorithm::Auto).then_some(tuning_calls),
                 tuned_us: tuned,
                 predicted_us: predicted.map(|t| t * 1e6),

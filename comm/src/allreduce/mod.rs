@@ -110,6 +110,33 @@ impl Allreducer {
     /// [`Topology::flat`] when unknown, [`crate::world::World::topology`] under MPI). Fails if
     /// the algorithm cannot run here: `mpi` on a non-MPI transport, multiring dimensions
     /// whose product is not the rank count, or a topology of another size.
+    ///
+    /// # Examples
+    ///
+    /// Four ranks, each a thread of this process, sum their buffers with the ring:
+    ///
+    /// ```
+    /// use std::sync::Arc;
+    /// use ddl_comm::{thread_group, Algorithm, Allreducer, Topology, Transport};
+    ///
+    /// let sums: Vec<Vec<f32>> = std::thread::scope(|s| {
+    ///     let ranks: Vec<_> = thread_group(4)
+    ///         .into_iter()
+    ///         .map(|t| {
+    ///             s.spawn(move || {
+    ///                 let rank = t.rank() as f32;
+    ///                 let t: Arc<dyn Transport> = Arc::new(t);
+    ///                 let ar = Allreducer::new(t, Algorithm::Ring, Topology::flat(4))?;
+    ///                 let mut grads = vec![rank, 1.0, 2.0 * rank];
+    ///                 ar.allreduce(&mut grads, false)?;
+    ///                 Ok::<_, ddl_comm::CommError>(grads)
+    ///             })
+    ///         })
+    ///         .collect();
+    ///     ranks.into_iter().map(|r| r.join().unwrap().unwrap()).collect()
+    /// });
+    /// assert!(sums.iter().all(|g| g == &[6.0, 4.0, 12.0]));
+    /// ```
     pub fn new(
         transport: Arc<dyn Transport>,
         algorithm: Algorithm,

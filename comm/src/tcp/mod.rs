@@ -184,6 +184,30 @@ impl TcpTransport {
 /// `n` connected endpoints of one in-process job over loopback (rank i at index i, sharing a
 /// random secret), with the default timeout: the TCP transport's tests and benchmarks without
 /// a launcher.
+///
+/// # Examples
+///
+/// Two ranks connected over loopback: one sends, the other echoes.
+///
+/// ```
+/// use ddl_comm::tcp::tcp_group;
+/// use ddl_comm::{tags, Transport};
+///
+/// let (ping, pong) = (tags::PINGPONG.tag(0), tags::PINGPONG.tag(1));
+/// let mut ranks = tcp_group(2)?.into_iter();
+/// let (zero, one) = (ranks.next().unwrap(), ranks.next().unwrap());
+/// let echo = std::thread::spawn(move || {
+///     let mut got = [0u8; 5];
+///     one.recv(0, ping, &mut got)?;
+///     one.send(0, pong, &got)
+/// });
+/// zero.send(1, ping, b"hello")?;
+/// let mut back = [0u8; 5];
+/// zero.recv(1, pong, &mut back)?;
+/// assert_eq!(&back, b"hello");
+/// echo.join().unwrap()?;
+/// # Ok::<(), ddl_comm::CommError>(())
+/// ```
 pub fn tcp_group(n: usize) -> Result<Vec<TcpTransport>> {
     tcp_group_with_timeout(n, DEFAULT_TIMEOUT)
 }

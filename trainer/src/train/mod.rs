@@ -153,6 +153,49 @@ fn order_line(cfg: &TrainConfig, overlap: Overlap, ranks: usize) -> String {
 
 /// Trains on this rank. Collective: every rank of `transport` must call it with the same
 /// configuration. `topology` describes the physical layout for the allreduce cost model.
+///
+/// # Examples
+///
+/// One epoch of resnet_small on a small packed dataset, on one rank with one CPU replica,
+/// then the weights read back from the checkpoint it wrote at the end:
+///
+/// ```
+/// use std::sync::Arc;
+/// use ddl_comm::{thread_group, Topology, Transport};
+/// use ddl_trainer::{checkpoint, model::ModelKind, train, RankInfo, TrainConfig};
+///
+/// let tmp = ddl_testkit::scratch("train-example");
+/// let (images, shards) = (tmp.path().join("imagenet"), tmp.path().join("shards"));
+/// for (class, wnid) in ["n01440764", "n01443537"].iter().enumerate() {
+///     let dir = images.join("train").join(wnid);
+///     std::fs::create_dir_all(&dir)?;
+///     for i in 0..4 {
+///         let jpeg = ddl_testkit::jpeg(40, 40, class * 10 + i);
+///         std::fs::write(dir.join(format!("{i}.JPEG")), jpeg)?;
+///     }
+/// }
+/// let pack = ddl_loader::pack::PackOptions::new(&images, &shards);
+/// ddl_loader::pack::pack(&pack, &ddl_loader::pack::NoProgress)?;
+///
+/// let cfg = TrainConfig {
+///     data: shards,
+///     model: ModelKind::ResnetSmall,
+///     image_size: 32,
+///     batch: 4,
+///     devices: "cpu:1".parse()?,
+///     checkpoint_dir: Some(tmp.path().join("ckpt")),
+///     ..TrainConfig::default()
+/// };
+/// let one_rank: Arc<dyn Transport> = Arc::new(thread_group(1).pop().unwrap());
+/// let summary = train(&cfg, one_rank, Topology::new(1, 1), RankInfo::single())?;
+/// assert_eq!(summary.global_steps, 2); // 8 images, batch 4
+///
+/// let found = checkpoint::newest_valid(&tmp.path().join("ckpt"))?;
+/// let (_, ckpt) = found.checkpoint.expect("a checkpoint at the end of the epoch");
+/// assert_eq!((ckpt.meta.model.as_str(), ckpt.meta.global_step), ("resnet_small", 2));
+/// assert_eq!(ckpt.get("fc.bias").map(|b| b.len()), Some(2));
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
 pub fn train(
     cfg: &TrainConfig,
     transport: Arc<dyn Transport>,
