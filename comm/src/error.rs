@@ -66,6 +66,17 @@ pub enum CommError {
         /// The group size.
         size: usize,
     },
+    /// A peer's process exited while this rank waited for it in shared memory (the `shm`
+    /// algorithms watch their node's peers; the job cannot go on).
+    #[error("{op} on rank {rank}: peer {peer}'s process exited while this rank waited for it")]
+    PeerExited {
+        /// The operation.
+        op: &'static str,
+        /// The rank that observed it.
+        rank: usize,
+        /// The rank whose process is gone.
+        peer: usize,
+    },
     /// A connection of the TCP transport could not be made or failed (other than a peer
     /// closing it: [`CommError::Disconnected`]).
     #[error("{op} on rank {rank}: connection to rank {peer}: {message}")]

@@ -10,9 +10,14 @@
 //! cannot open the file, so the region exists exactly when the whole group shares memory.
 //! Dropping a region unmaps it locally; nothing collective happens on drop, so a failed job
 //! never hangs in teardown.
+//!
+//! A rank waiting on a peer's counter also watches that peer's process (a pidfd, where the
+//! ranks share a pid namespace): a peer that exited is reported within [`LIVENESS`] as
+//! [`CommError::PeerExited`], not after the whole timeout (a message transport learns it
+//! from the closed connection at once).
 
 use std::fs::OpenOptions;
-use std::os::fd::AsRawFd;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
@@ -46,6 +51,10 @@ const POLLS_PER_LOOK: u32 = 32;
 /// Longest sleep on a counter before the waiting rank looks again (and checks its timeout).
 const SLEEP: Duration = Duration::from_millis(5);
 
+/// How often a rank that has waited that long on a peer's counter checks that the peer's
+/// process still runs.
+const LIVENESS: Duration = Duration::from_millis(100);
+
 /// How a rank waits for the others' counters: it spins a little (not at all when the node's
 /// ranks outnumber its cores: its spinning would take the core from a rank with work to do),
 /// then sleeps on the counter until the rank it waits for publishes. It never yields: a
@@ -75,6 +84,9 @@ pub(crate) struct SharedRegion {
     map: MmapRaw,
     segment_bytes: usize,
     ranks: usize,
+    /// A pidfd of every other rank's process that this rank can watch (`None` for itself, a
+    /// rank of this process, or one in another pid namespace).
+    peers: Vec<Option<OwnedFd>>,
 }
 
 // SAFETY: the mapping is plain shared memory; all access goes through raw pointers whose
@@ -196,15 +208,35 @@ impl SharedRegion {
             let _ = std::fs::remove_file(path);
         }
         let all_ok = verdict?;
-        let region = map.filter(|_| all_ok).map(|map| SharedRegion {
+        let Some(map) = map.filter(|_| all_ok) else {
+            return Ok(None);
+        };
+        // Every rank has the region (the verdict is the same on all): each learns the others'
+        // processes, to tell a dead peer from a slow one while it waits.
+        let ids = collective::allgather_bytes(t, process_id().into_bytes())?;
+        let region = SharedRegion {
             map,
             segment_bytes,
             ranks: p,
-        });
-        if let Some(region) = &region {
-            region.prefault(t.rank());
-        }
-        Ok(region)
+            peers: ids.iter().map(|id| watch(id)).collect(),
+        };
+        region.prefault(t.rank());
+        Ok(Some(region))
+    }
+
+    /// Whether rank `q`'s process is known to have exited (never for a rank it cannot watch).
+    fn exited(&self, q: usize) -> bool {
+        let Some(fd) = &self.peers[q] else {
+            return false;
+        };
+        let mut poll = libc::pollfd {
+            fd: fd.as_raw_fd(),
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        // SAFETY: one valid pollfd; a zero timeout never blocks. A pidfd polls readable once
+        // its process has terminated.
+        unsafe { libc::poll(&mut poll, 1, 0) == 1 && poll.revents & libc::POLLIN != 0 }
     }
 
     /// Fills this rank's page tables for the whole region now, writable over its own segment
@@ -278,6 +310,7 @@ impl SharedRegion {
     ) -> Result<()> {
         let mut polls = 0u32;
         let mut since: Option<Instant> = None;
+        let mut look_at_peer = LIVENESS;
         for q in ranks {
             let counter = self.counter(q, c);
             while counter.load(Ordering::Acquire) < target {
@@ -295,6 +328,16 @@ impl SharedRegion {
                         timeout: t.timeout(),
                     });
                 }
+                if waited >= look_at_peer {
+                    look_at_peer = waited + LIVENESS;
+                    if self.exited(q) {
+                        return Err(CommError::PeerExited {
+                            op,
+                            rank: t.rank(),
+                            peer: q,
+                        });
+                    }
+                }
                 if waited >= pace.spin {
                     let sleepers = self.sleepers(q, c);
                     sleepers.fetch_add(1, Ordering::SeqCst);
@@ -308,6 +351,32 @@ impl SharedRegion {
         }
         Ok(())
     }
+}
+
+/// This process as the other ranks of a region see it: `pid namespace`, where `pid` is its
+/// pid and `namespace` the link of its pid namespace (empty where it cannot be read).
+fn process_id() -> String {
+    let ns = std::fs::read_link("/proc/self/ns/pid")
+        .map(|l| l.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    format!("{} {ns}", std::process::id())
+}
+
+/// A pidfd of the process `id` ([`process_id`] of a rank) when this process can watch it:
+/// another process in this pid namespace (a pid of another namespace names another process
+/// here), on a kernel with pidfds (Linux 5.3); `None` otherwise.
+fn watch(id: &[u8]) -> Option<OwnedFd> {
+    let (pid, ns) = std::str::from_utf8(id).ok()?.split_once(' ')?;
+    let pid: libc::pid_t = pid.parse().ok()?;
+    let (me, my_ns) = (std::process::id(), process_id());
+    let same_ns = !ns.is_empty() && my_ns.split_once(' ').map(|(_, n)| n) == Some(ns);
+    if !same_ns || u32::try_from(pid).ok()? == me {
+        return None;
+    }
+    // SAFETY: pidfd_open takes a pid and flags and returns a new descriptor or -1.
+    let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid, 0) };
+    // SAFETY: a descriptor pidfd_open just returned, owned by nothing else.
+    (fd >= 0).then(|| unsafe { OwnedFd::from_raw_fd(fd as libc::c_int) })
 }
 
 /// The futex word of `counter`: its low 32 bits.

@@ -23,7 +23,9 @@ order on every rank), while backward goes on. CUDA tensors are staged through pi
 memory. A rank that dies makes the others raise :class:`ddl.DistError` within the timeout
 given to :func:`init` (under ``mpirun`` the launcher usually ends the job first), except
 with ``algorithm="mpi"``, or ``"auto"`` at sizes where it picks ``mpi``: MPI_Allreduce blocks
-with no timeout, so there only the launcher ends the job. After a DistError the job cannot go on: exit, or call :func:`abort`.
+with no timeout, so there only the launcher ends the job; under ``shm`` a peer whose process
+exited is named within a tenth of a second. After a DistError the job cannot go on: exit, or
+call :func:`abort`. After the shutdown at interpreter exit every call raises RuntimeError.
 """
 
 import atexit
@@ -34,7 +36,8 @@ import queue
 import secrets
 import socket
 import threading
-from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Union
+from typing import (Any, Callable, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple,
+                    Union)
 
 import torch
 import torch.distributed
@@ -65,7 +68,8 @@ __all__ = [
     "size",
 ]
 
-ALGORITHMS = ("auto", "shm", "hierarchical", "multicolor", "multiring", "ring", "rhd", "mpi")
+#: The algorithms of :func:`allreduce_` (``"auto"`` first), as ddl's Rust side names them.
+ALGORITHMS = tuple(_ddl.ALGORITHMS)
 #: The algorithms of :func:`all_gather_` and :func:`reduce_scatter_`.
 SHARD_ALGORITHMS = ("auto", "ring", "shm")
 _GradBucket = torch.distributed.GradBucket
@@ -85,7 +89,15 @@ def init(timeout: float = 60.0,
     serves it; otherwise rank 0 does, or ``torch.distributed``'s store if it is initialised
     already) and the ranks of one node (torchrun's GROUP_RANK, else the host name) still
     reduce through shared memory. An environment where both launchers' variables disagree
-    raises ValueError naming both.
+    raises ValueError naming both; so do ranks started with different world sizes, and a
+    MASTER_ADDR or MASTER_PORT that is no address (naming the variable). A store that does
+    not answer within ``timeout`` raises :class:`ddl.DistError` naming its address.
+
+    When ``torch.distributed`` is initialised already, ddl.dist joins its world: with no
+    launcher (``torch.multiprocessing.spawn`` and ``init_process_group(rank=...,
+    world_size=...)``, as FFCV launches) the TCP backend at torch.distributed's rank and size,
+    through its store; a launcher whose ranks disagree with torch.distributed's raises
+    ValueError naming both sizes.
 
     ``timeout``: seconds after which a blocking operation waiting on a dead or stuck peer
     raises :class:`ddl.DistError` naming it. ``cost_model``: a model file written by
@@ -98,32 +110,153 @@ def init(timeout: float = 60.0,
     model = None if cost_model is None else os.fspath(cost_model)
     if first:
         backend, place = _placement.launcher(os.environ)
+        env: Mapping[str, str] = os.environ
+        joined = _torch_world()
+        if joined is not None:
+            backend, place, env = _join_torch(backend, place, joined)
         if backend == "tcp":
-            _init_tcp(float(timeout), model, place)
+            _check_rendezvous(env)
+            _init_tcp(float(timeout), model, place, env)
         else:
             _ddl.dist_init(float(timeout), model)
         atexit.register(_shutdown)
+        if joined is not None and (rank(), size()) != joined:
+            raise DistError(
+                f"ddl.dist formed a world of {size()} ranks (this is rank {rank()}) but "
+                f"torch.distributed has {joined[1]} ranks (this is rank {joined[0]}): start "
+                "ddl.dist and torch.distributed with the same launcher and ranks")
     else:
         _ddl.dist_init(float(timeout), model)
+
+
+def _torch_world() -> Optional[Tuple[int, int]]:
+    """``(rank, size)`` of torch.distributed's default group when it is initialised."""
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        return torch.distributed.get_rank(), torch.distributed.get_world_size()
+    return None
+
+
+def _join_torch(backend: str, place: "Optional[_placement.Placement]",
+                joined: Tuple[int, int]) -> Tuple[str, Any, Mapping[str, str]]:
+    """The backend, placement and environment of a process whose torch.distributed is
+    initialised at rank ``joined[0]`` of ``joined[1]``: an MPI launcher's or torchrun's own
+    when they agree with torch.distributed (ValueError naming both otherwise); without a
+    launcher (``torch.multiprocessing.spawn`` + ``init_process_group(rank=, world_size=)``)
+    ddl's TCP backend at torch.distributed's rank and size, through its store."""
+    rank_, size_ = joined
+    launched = place is not None and (backend == "tcp" or place.source != "torchrun")
+    if launched and (place.rank, place.world_size) != joined:
+        raise ValueError(
+            f"torch.distributed is initialised as rank {rank_} of {size_} ranks but "
+            f"{place.source} launched this process as rank {place.rank} of {place.world_size} "
+            "ranks: ddl.dist joins torch.distributed's world; give init_process_group the "
+            "launcher's rank and world size")
+    if launched or size_ == 1:
+        return backend, place, os.environ
+    env = dict(os.environ)
+    if not (env.get("MASTER_ADDR") and env.get("MASTER_PORT")):
+        # init_method="tcp://HOST:PORT": the route to the other ranks is the store's.
+        store = torch.distributed.distributed_c10d._get_default_store()
+        base = getattr(store, "_underlying_non_prefix_store", store)
+        if not isinstance(base, torch.distributed.TCPStore):
+            raise ValueError(
+                f"torch.distributed is initialised with a {type(base).__name__} and MASTER_ADDR "
+                "/ MASTER_PORT are unset: set them to the address of rank 0's machine and a "
+                "port for ddl.dist to route from")
+        env.update(MASTER_ADDR=base.host, MASTER_PORT=str(base.port))
+    return "tcp", _placement.Placement(rank_, size_, 0, 1, 0, 1, "torch.distributed"), env
+
+
+def _check_rendezvous(env: Mapping[str, str]) -> None:
+    """Checks MASTER_ADDR and MASTER_PORT of ``env``: ValueError naming the variable, its
+    value and the form expected when the port is not one or the host does not resolve."""
+    host, port = env.get("MASTER_ADDR", ""), env.get("MASTER_PORT", "")
+    try:
+        number = int(port)
+    except ValueError:
+        number = -1
+    if not 1 <= number <= 65535:
+        raise ValueError(
+            f"MASTER_PORT={port!r} is not a TCP port: expected an integer from 1 to 65535 "
+            "(the port of the rendezvous store on MASTER_ADDR)")
+    try:
+        socket.getaddrinfo(host, number, proto=socket.IPPROTO_TCP)
+    except (OSError, UnicodeError) as e:
+        raise ValueError(
+            f"MASTER_ADDR={host!r} does not resolve ({e}): expected the host name or IP "
+            "address of rank 0's machine, which serves the rendezvous store") from None
 
 
 #: The TCP backend's rendezvous store, kept for the life of the process.
 _rendezvous: Optional["torch.distributed.Store"] = None
 
 
-def _store(timeout: float, rank: int, world_size: int) -> "torch.distributed.Store":
+def _store(timeout: float, rank: int, world_size: int,
+           env: Mapping[str, str]) -> "torch.distributed.Store":
     """The rendezvous store of the TCP backend, its keys under a ``ddl/`` prefix of this run."""
-    env = os.environ
     run = f"ddl/{env.get('TORCHELASTIC_RUN_ID', 'run')}/{env.get('TORCHELASTIC_RESTART_COUNT', '0')}"
     if torch.distributed.is_available() and torch.distributed.is_initialized():
         base = torch.distributed.distributed_c10d._get_default_store()
     else:
         agent = env.get("TORCHELASTIC_USE_AGENT_STORE") == "True"
-        base = torch.distributed.TCPStore(
+        base = _within(timeout, rank, env, lambda: torch.distributed.TCPStore(
             env["MASTER_ADDR"], int(env["MASTER_PORT"]), world_size,
             is_master=rank == 0 and not agent, timeout=datetime.timedelta(seconds=timeout),
-            wait_for_workers=False)
+            wait_for_workers=False))
     return torch.distributed.PrefixStore(run, base)
+
+
+def _within(timeout: float, rank: int, env: Mapping[str, str],
+            connect: Callable[[], "torch.distributed.Store"]) -> "torch.distributed.Store":
+    """``connect()`` (a TCPStore's construction), given up after ``timeout`` seconds with a
+    DistError naming MASTER_ADDR:MASTER_PORT: torch's TCPStore client waits for the server's
+    answer to its handshake without its own timeout, so a port held by something that accepts
+    and never answers blocked for minutes. The construction runs on a daemon thread (it
+    releases the GIL), left behind if it never returns."""
+    done: List[Any] = []
+
+    def run() -> None:
+        try:
+            done.append((True, connect()))
+        except BaseException as e:  # re-raised on the calling thread
+            done.append((False, e))
+
+    thread = threading.Thread(target=run, name="ddl-store-connect", daemon=True)
+    thread.start()
+    thread.join(timeout)
+    if not done:
+        raise DistError(
+            f"ddl.dist.init on rank {rank}: the rendezvous store at MASTER_ADDR:MASTER_PORT = "
+            f"{env['MASTER_ADDR']}:{env['MASTER_PORT']} did not answer within {timeout:g} s: "
+            "check that rank 0 (or torchrun's agent) serves it there and that no other process "
+            "holds that port")
+    ok, value = done[0]
+    if not ok:
+        raise value
+    return value
+
+
+def _agree_on_world(store: "torch.distributed.Store", place: "_placement.Placement",
+                    timeout: float) -> None:
+    """Compares this rank's world size with the other ranks' through the store, before the
+    ranks wait for each other's addresses: every rank checks rank 0's and rank 0 every other
+    rank's, so that ranks started with different sizes (WORLD_SIZE 2 on one, 3 on another)
+    all raise ValueError naming both, instead of waiting for a rank that never comes."""
+    rank_, size_ = place.rank, place.world_size
+    variable = "WORLD_SIZE" if place.source == "torchrun" else f"{place.source}'s world size"
+    store.set(f"world_size/{rank_}", str(size_))
+    for r in range(1, size_) if rank_ == 0 else [0]:
+        try:
+            store.wait([f"world_size/{r}"], datetime.timedelta(seconds=timeout))
+        except (RuntimeError, torch.distributed.DistStoreError) as e:
+            raise DistError(
+                f"ddl.dist.init on rank {rank_}: rank {r} did not publish its world size within "
+                f"{timeout:g} s at the rendezvous store ({e})") from None
+        theirs = int(store.get(f"world_size/{r}").decode())
+        if theirs != size_:
+            raise ValueError(
+                f"ddl.dist.init on rank {rank_}: {variable} is {size_} here but {theirs} on rank "
+                f"{r}: start every rank with the same {variable}")
 
 
 def _local_address(host: str, port: int) -> str:
@@ -134,13 +267,14 @@ def _local_address(host: str, port: int) -> str:
         return s.getsockname()[0]
 
 
-def _init_tcp(timeout: float, model: Optional[str], place: "_placement.Placement") -> None:
+def _init_tcp(timeout: float, model: Optional[str], place: "_placement.Placement",
+              env: Mapping[str, str]) -> None:
     """Connects the ranks of a torchrun-style job with ddl's TCP transport."""
-    env = os.environ
     rank, size = place.rank, place.world_size
     host = env.get("DDL_TCP_ADDR") or _local_address(env["MASTER_ADDR"], int(env["MASTER_PORT"]))
     mine = _ddl.dist_listen(host)
-    store = _store(timeout, rank, size)
+    store = _store(timeout, rank, size, env)
+    _agree_on_world(store, place, timeout)
     node = f"group{env['GROUP_RANK']}" if env.get("GROUP_RANK") else socket.gethostname()
     global _rendezvous
     _rendezvous = store  # a store rank 0 serves must outlive every rank's reads
@@ -399,8 +533,7 @@ def _comm_thread() -> _CommThread:
     global _comm
     with _comm_lock:
         if _comm is None:
-            if not is_initialized():
-                raise RuntimeError("ddl.dist is not initialised: call ddl.dist.init() first")
+            _ddl.dist_require()  # RuntimeError: not initialised yet, or shut down
             _comm = _CommThread()
         return _comm
 
@@ -416,7 +549,9 @@ def allreduce_(tensor: torch.Tensor, average: bool = True,
     ``rhd``, ``mpi`` (MPI_Allreduce in place).
     Every rank must make the same calls in the same order, with tensors of the same size and
     dtype: ranks that differ all raise :class:`ddl.DistError` naming each rank's element
-    count and dtype, before any tensor changes (the job may go on)."""
+    count and dtype, before any tensor changes (the job may go on). The ranks compare their
+    ``algorithm`` on their first call: ranks that chose differently all raise DistError
+    naming each rank's choice."""
     _validate(tensor, algorithm)
     comm = _comm_thread()
     ready = _producer_event(tensor)
@@ -470,7 +605,9 @@ def all_gather_(tensor: torch.Tensor, counts: Optional[Sequence[int]] = None, *,
     default as even as possible), and its own rows are its input. float32, CPU or CUDA; every
     rank ends bitwise the same. ``algorithm``: ``auto`` (the cost model picks), ``ring``, or
     ``shm`` (the ranks of one node meet in shared memory). Every rank must make the same calls
-    with the same ``counts``."""
+    with the same ``counts`` and element count: ranks that differ all raise
+    :class:`ddl.DistError` naming each rank's, before any tensor changes (as do
+    :func:`reduce_scatter_`'s)."""
     rows = _rows(tensor, counts)
     _check_shard_algorithm(algorithm)
     comm = _comm_thread()
@@ -533,7 +670,8 @@ def _check_root(root: int) -> int:
 
 def broadcast_(tensor: torch.Tensor, root: int = 0) -> torch.Tensor:
     """Copies rank ``root``'s ``tensor`` into ``tensor`` on every rank (any dtype) and
-    returns it."""
+    returns it. The ranks compare their tensors' sizes first: ranks that differ all raise
+    :class:`ddl.DistError` naming each rank's size in bytes, before any tensor changes."""
     if not isinstance(tensor, torch.Tensor):
         raise TypeError(f"tensor: expected a torch.Tensor, got {type(tensor).__name__}")
     comm = _comm_thread()

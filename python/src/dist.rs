@@ -4,16 +4,17 @@
 
 use std::collections::HashMap;
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
-use ddl_comm::collective::broadcast_bytes_from;
+use ddl_comm::collective::{allgather_bytes, broadcast_bytes_from};
 use ddl_comm::{bf16, f16, Algorithm, Allreducer, CostModel, Listener, Secret, TcpWorld, World};
 use pyo3::exceptions::{PyRuntimeError, PyValueError};
 use pyo3::prelude::*;
 
 use crate::backend::Backend;
-use crate::errors::comm_error;
+use crate::errors::{comm_error, DistError};
 
 /// The process's job and its allreducers and allgather / reduce-scatter engines, one per
 /// algorithm name.
@@ -23,6 +24,9 @@ pub(crate) struct Dist {
     pub(crate) model: CostModel,
     pub(crate) reducers: Mutex<HashMap<String, Arc<Allreducer>>>,
     pub(crate) sharders: Mutex<HashMap<String, Arc<ddl_comm::Sharded>>>,
+    /// Whether the ranks have compared the algorithm names of their first allreduce (and
+    /// found them the same).
+    algorithms_agreed: AtomicBool,
 }
 
 /// The process's world once `dist_init` ran; taken again by `dist_finalize`.
@@ -45,10 +49,26 @@ pub(crate) fn dist() -> PyResult<Arc<Dist>> {
         State::Uninitialised => Err(PyRuntimeError::new_err(
             "ddl.dist is not initialised: call ddl.dist.init() first",
         )),
-        State::Finalised => Err(PyRuntimeError::new_err(
-            "ddl.dist was finalised at interpreter exit; MPI cannot be restarted",
-        )),
+        State::Finalised => Err(PyRuntimeError::new_err(SHUT_DOWN)),
     }
+}
+
+/// Why nothing runs after `dist_finalize` (at interpreter exit, or a call to it).
+const SHUT_DOWN: &str = "ddl.dist was shut down in this process (at interpreter exit); it \
+     cannot be used or initialised again: make every call before the interpreter exits";
+
+/// Raises the RuntimeError saying why ddl.dist cannot be used (never initialised, or shut
+/// down) unless it runs.
+#[pyfunction]
+pub fn dist_require() -> PyResult<()> {
+    dist().map(drop)
+}
+
+/// The names of the allreduce algorithms (`ddl.dist.ALGORITHMS`), `auto` first.
+pub fn algorithm_names() -> Vec<&'static str> {
+    let mut names = Algorithm::NAMES.to_vec();
+    names.sort_by_key(|n| *n != "auto");
+    names
 }
 
 /// The cost model in the file `cost_model` (written by `ddl-bench calibrate`), or the default.
@@ -73,11 +93,7 @@ fn start(model: CostModel, start: impl FnOnce() -> PyResult<Backend>) -> PyResul
     let mut s = state();
     match &*s {
         State::Running(_) => return Ok(()),
-        State::Finalised => {
-            return Err(PyRuntimeError::new_err(
-                "ddl.dist was finalised; it cannot be restarted",
-            ))
-        }
+        State::Finalised => return Err(PyRuntimeError::new_err(SHUT_DOWN)),
         State::Uninitialised => {}
     }
     *s = State::Running(Arc::new(Dist {
@@ -85,6 +101,7 @@ fn start(model: CostModel, start: impl FnOnce() -> PyResult<Backend>) -> PyResul
         model,
         reducers: Mutex::new(HashMap::new()),
         sharders: Mutex::new(HashMap::new()),
+        algorithms_agreed: AtomicBool::new(false),
     }));
     Ok(())
 }
@@ -264,6 +281,9 @@ pub fn allreduce(
     if ptr == 0 && numel > 0 {
         return Err(PyValueError::new_err("tensor: null data pointer"));
     }
+    if !d.algorithms_agreed.load(Ordering::Relaxed) {
+        py.detach(|| agree_on_algorithm(&d, algorithm))?;
+    }
     // An empty tensor still takes part in the call: the ranks compare their element counts
     // and types, and a rank of another count must not wait alone.
     let result = match dtype {
@@ -279,6 +299,49 @@ pub fn allreduce(
         }
     };
     result.map_err(comm_error)
+}
+
+/// On the first allreduce (every rank's first, the same call): compares the ranks'
+/// algorithm names, which would otherwise wait for each other's messages in different places
+/// until the timeout. A DistError naming each rank's choice when they differ (compared again
+/// at the next call).
+fn agree_on_algorithm(d: &Dist, algorithm: &str) -> PyResult<()> {
+    let t = d.world.transport();
+    let names = allgather_bytes(&*t, algorithm.as_bytes().to_vec()).map_err(comm_error)?;
+    if names.iter().any(|n| n != algorithm.as_bytes()) {
+        let each: Vec<String> = names
+            .iter()
+            .enumerate()
+            .map(|(r, n)| format!("rank {r} {:?}", String::from_utf8_lossy(n)))
+            .collect();
+        return Err(DistError::new_err(format!(
+            "allreduce on rank {}: the ranks chose different algorithms: {} (pass the same \
+             algorithm on every rank)",
+            t.rank(),
+            each.join(", ")
+        )));
+    }
+    d.algorithms_agreed.store(true, Ordering::Relaxed);
+    Ok(())
+}
+
+/// The DistError of `op` on rank `me` when the ranks passed tensors of different sizes:
+/// `each` says what each rank passed, in rank order; `fix` what to do.
+pub(crate) fn size_mismatch(
+    op: &str,
+    me: usize,
+    each: impl IntoIterator<Item = String>,
+    fix: &str,
+) -> PyErr {
+    let each: Vec<String> = each
+        .into_iter()
+        .enumerate()
+        .map(|(r, what)| format!("rank {r} {what}"))
+        .collect();
+    DistError::new_err(format!(
+        "{op} on rank {me}: the ranks passed tensors of different sizes: {} ({fix})",
+        each.join(", ")
+    ))
 }
 
 /// `numel` elements of `T` at `ptr` (an empty slice for none, whatever `ptr`).
@@ -316,6 +379,19 @@ pub fn broadcast(py: Python<'_>, ptr: usize, nbytes: usize, root: usize) -> PyRe
         } else {
             unsafe { slice(ptr, nbytes) }
         };
+        // Every rank's size first: a rank of another size would otherwise fail alone (or
+        // truncate under MPI) while the root returns.
+        let mut sizes = vec![0u64; t.size()];
+        t.allgather_u64(buf.len() as u64, &mut sizes)
+            .map_err(comm_error)?;
+        if sizes.iter().any(|&n| n != sizes[root]) {
+            return Err(size_mismatch(
+                "broadcast_",
+                t.rank(),
+                sizes.iter().map(|n| format!("has {n} bytes")),
+                &format!("every rank must pass a tensor of rank {root}'s size and dtype"),
+            ));
+        }
         let data = if t.rank() == root {
             buf.to_vec()
         } else {

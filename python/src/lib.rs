@@ -28,11 +28,13 @@ fn _ddl(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("DdlError", py.get_type::<errors::DdlError>())?;
     m.add("ShardError", py.get_type::<errors::ShardError>())?;
     m.add("DistError", py.get_type::<errors::DistError>())?;
+    m.add("ALGORITHMS", dist::algorithm_names())?;
     m.add_function(wrap_pyfunction!(dist::dist_init, m)?)?;
     m.add_function(wrap_pyfunction!(dist::dist_listen, m)?)?;
     m.add_function(wrap_pyfunction!(dist::dist_init_tcp, m)?)?;
     m.add_function(wrap_pyfunction!(dist::dist_backend, m)?)?;
     m.add_function(wrap_pyfunction!(dist::dist_initialized, m)?)?;
+    m.add_function(wrap_pyfunction!(dist::dist_require, m)?)?;
     m.add_function(wrap_pyfunction!(dist::dist_finalize, m)?)?;
     m.add_function(wrap_pyfunction!(dist::dist_info, m)?)?;
     m.add_function(wrap_pyfunction!(dist::dist_resolve, m)?)?;

@@ -6,11 +6,12 @@
 
 use std::sync::Arc;
 
+use ddl_comm::collective::allgather_bytes;
 use ddl_comm::{Parts, Reduce, ShardAlgorithm, Sharded};
 use pyo3::exceptions::PyValueError;
 use pyo3::prelude::*;
 
-use crate::dist::{dist, engine, slice, Dist};
+use crate::dist::{dist, engine, size_mismatch, slice, Dist};
 use crate::errors::comm_error;
 
 /// The allgather / reduce-scatter engine of `algorithm` (built on first use).
@@ -29,6 +30,7 @@ fn sharder(d: &Dist, algorithm: &str) -> PyResult<Arc<Sharded>> {
 /// (all rows as long), with the GIL released. Same contract as `allreduce`.
 fn run_on(
     py: Python<'_>,
+    name: &str,
     (ptr, numel): (usize, usize),
     counts: &[usize],
     algorithm: &str,
@@ -36,14 +38,53 @@ fn run_on(
 ) -> PyResult<()> {
     let d = dist()?;
     let s = sharder(&d, algorithm)?;
-    let parts = parts(numel, counts)?;
-    if numel == 0 {
+    py.detach(|| {
+        agree_on_shape(&d, name, numel, counts)?;
+        // The same on every rank now: a bad cut fails on all of them.
+        let parts = parts(numel, counts)?;
+        if numel == 0 {
+            return Ok(());
+        }
+        // SAFETY: the caller's contract (see `allreduce`); the GIL is released but the tensor
+        // is kept alive and unused by the Python caller until this returns.
+        op(&s, unsafe { slice(ptr, numel) }, &parts).map_err(comm_error)
+    })
+}
+
+/// A word for a call of `numel` elements in `counts` rows per rank (FNV-1a over them).
+fn shape_word(numel: usize, counts: &[usize]) -> u64 {
+    std::iter::once(numel)
+        .chain(counts.iter().copied())
+        .flat_map(|v| (v as u64).to_le_bytes())
+        .fold(0xcbf2_9ce4_8422_2325, |h, b| {
+            (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
+        })
+}
+
+/// Compares the ranks' `numel` and `counts` before any data moves (one word per rank): ranks
+/// that differ would otherwise fail on some ranks only, or truncate a message under MPI. A
+/// DistError on every rank naming each rank's element count and rows when they differ.
+fn agree_on_shape(d: &Dist, op: &str, numel: usize, counts: &[usize]) -> PyResult<()> {
+    let t = d.world.transport();
+    if t.size() == 1 {
         return Ok(());
     }
-    // SAFETY: the caller's contract (see `allreduce`); the GIL is released but the tensor is
-    // kept alive and unused by the Python caller until this returns.
-    py.detach(|| op(&s, unsafe { slice(ptr, numel) }, &parts))
-        .map_err(comm_error)
+    let mut words = vec![0u64; t.size()];
+    t.allgather_u64(shape_word(numel, counts), &mut words)
+        .map_err(comm_error)?;
+    if words.iter().all(|w| *w == words[0]) {
+        return Ok(());
+    }
+    // They differ: every rank learns what each passed, to name it.
+    let mine = format!("{numel} elements in rows {counts:?}");
+    let all = allgather_bytes(&*t, mine.into_bytes()).map_err(comm_error)?;
+    Err(size_mismatch(
+        op,
+        t.rank(),
+        all.iter()
+            .map(|b| format!("passed {}", String::from_utf8_lossy(b))),
+        "every rank must pass the same tensor shape and counts",
+    ))
 }
 
 /// The parts of a buffer of `numel` elements whose rows (`counts[q]` of rank `q`) are all as
@@ -80,6 +121,11 @@ pub fn sharded(
     } else {
         counts
     };
+    let name = match op {
+        "all_gather" => "all_gather_",
+        "reduce_scatter" => "reduce_scatter_",
+        _ => "allreduce_max",
+    };
     let op = match op {
         "all_gather" => |s: &Sharded, buf: &mut [f32], parts: &Parts| s.all_gather(buf, parts),
         "reduce_scatter" => {
@@ -92,5 +138,5 @@ pub fn sharded(
             )))
         }
     };
-    run_on(py, (ptr, numel), &counts, algorithm, op)
+    run_on(py, name, (ptr, numel), &counts, algorithm, op)
 }

@@ -56,6 +56,43 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def launcher_env(**variables: object) -> Dict[str, str]:
+    """This environment without any launcher's variables, plus ``variables``."""
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(("OMPI_", "PMIX_", "PMI_", "SLURM_", "TORCHELASTIC_"))
+           and k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR",
+                         "MASTER_PORT", "GROUP_RANK")}
+    env.update(OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
+    env.update({k: str(v) for k, v in variables.items()})
+    return env
+
+
+def processes(code: str, envs: Sequence[Dict[str, str]],
+              timeout: float = SHORT) -> "list[subprocess.CompletedProcess]":
+    """Runs ``python -c code`` once per environment of ``envs``, all at once; fails the test
+    if any runs past ``timeout`` seconds (all are killed)."""
+    procs = [subprocess.Popen([sys.executable, "-c", code], env=env, stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True) for env in envs]
+    deadline = time.monotonic() + timeout
+    done = []
+    try:
+        for proc in procs:
+            out, err = proc.communicate(timeout=max(0.1, deadline - time.monotonic()))
+            done.append(subprocess.CompletedProcess(proc.args, proc.returncode, out, err))
+    except subprocess.TimeoutExpired:
+        for proc in procs:
+            proc.kill()
+        outputs = [proc.communicate() for proc in procs]
+        pytest.fail(f"hung past {timeout} s:\n{outputs}")
+    return done
+
+
+def last_line(proc: "subprocess.CompletedProcess") -> str:
+    """The last line of a failed process's stderr (its exception)."""
+    assert proc.returncode != 0, proc.stdout
+    return proc.stderr.strip().splitlines()[-1]
+
+
 # 1. allreduce_, allreduce_async_, broadcast_ ----------------------------------------------
 
 def algorithm_count(launcher: str) -> int:
@@ -108,6 +145,19 @@ def test_mismatched_tensors_raise_on_every_rank(np_: int, launcher: str) -> None
     cases = algorithm_count(launcher) * 4
     assert sorted(lines) == [f"dist_mismatch ok rank={r} cases={cases}"
                              for r in range(np_)], job.output
+
+
+@pytest.mark.parametrize("launcher", ["mpirun", "torchrun"])
+@pytest.mark.parametrize("np_", [2, 3])
+def test_disagreeing_ranks_raise_on_every_rank_at_once(np_: int, launcher: str) -> None:
+    """The last rank picks another algorithm (rhd / ring) for its first allreduce, broadcasts
+    a tensor of another size, passes other row counts or element counts to all_gather_ and
+    reduce_scatter_: every rank raises DistError at once naming each rank's choice or size
+    (before: a 15 s timeout, the root returning while the others raised, or MPI_ERR_TRUNCATE),
+    and the job goes on (see dist_disagree.py)."""
+    job = launch(launcher, np_, "dist_disagree.py", timeout=SHORT)
+    lines = ok_lines(job, "dist_disagree")
+    assert sorted(lines) == [f"dist_disagree ok rank={r} cases=6" for r in range(np_)], job.output
 
 
 # 2. DDP equivalence -----------------------------------------------------------------------
@@ -206,6 +256,97 @@ def test_a_contradictory_launch_environment_is_refused_naming_both(shards: Path)
                                "2"), proc.stderr
 
 
+def test_init_after_spawn_joins_torch_distributed_world() -> None:
+    """FFCV's launch: torch.multiprocessing.spawn of 2 processes, init_process_group(rank=,
+    world_size=2), then ddl.dist.init(): ddl.dist takes torch.distributed's 2 ranks and its
+    store, and sums over both (before: two 1-rank worlds, each summing alone)."""
+    lines = ok_lines(alone("dist_spawn.py", [free_port()]), "dist_spawn")
+    assert sorted(lines) == [f"dist_spawn ok rank={r} size=2 sum=3" for r in range(2)]
+
+
+def test_a_launch_disagreeing_with_torch_distributed_is_refused_naming_both() -> None:
+    """torchrun's variables say 2 ranks, torch.distributed was initialised with 1: init()
+    raises ValueError naming both at once (before: it waited for a second rank that never
+    came)."""
+    code = ("import torch.distributed as td, ddl.dist as dd\n"
+            f"td.init_process_group('gloo', rank=0, world_size=1, "
+            f"init_method='tcp://127.0.0.1:{free_port()}')\n"
+            "dd.init(timeout=60)")
+    env = launcher_env(RANK=0, WORLD_SIZE=2, LOCAL_RANK=0, LOCAL_WORLD_SIZE=2,
+                       MASTER_ADDR="127.0.0.1", MASTER_PORT=free_port())
+    start = time.monotonic()
+    [proc] = processes(code, [env])
+    # (torch prefixes the lines of a process in a group with "[rank0]: ")
+    assert ("ValueError: torch.distributed is initialised as rank 0 of 1 ranks but torchrun "
+            "launched this process as rank 0 of 2 ranks") in last_line(proc), proc.stderr
+    assert time.monotonic() - start < 30
+
+
+def test_an_mpi_world_disagreeing_with_torch_distributed_is_refused(tmp_path: Path) -> None:
+    """Under an MPI launcher ddl does not recognise (Open MPI's per-rank variables hidden),
+    each process with a 1-rank torch.distributed: init() forms MPI's 2 ranks and raises
+    DistError naming both sizes (see dist_unknown_launcher.py) instead of going on."""
+    job = mpirun(2, "dist_unknown_launcher.py", [tmp_path], timeout=SHORT)
+    lines = ok_lines(job, "dist_unknown_launcher")
+    assert sorted(lines) == [f"dist_unknown_launcher ok rank={r}" for r in range(2)], job.output
+
+
+def test_ranks_started_with_different_world_sizes_raise_naming_both() -> None:
+    """Rank 0 has WORLD_SIZE=2, rank 1 WORLD_SIZE=3: both raise ValueError naming the variable
+    and both values well within init()'s timeout (before: both timed out, saying only that a
+    rank did not publish its address)."""
+    port = free_port()
+    envs = [launcher_env(RANK=r, WORLD_SIZE=n, LOCAL_RANK=r, LOCAL_WORLD_SIZE=n,
+                         MASTER_ADDR="127.0.0.1", MASTER_PORT=port)
+            for r, n in ((0, 2), (1, 3))]
+    start = time.monotonic()
+    zero, one = processes("import ddl.dist as dd; dd.init(timeout=60)", envs)
+    assert last_line(zero).endswith(
+        "ddl.dist.init on rank 0: WORLD_SIZE is 2 here but 3 on rank 1: start every rank with "
+        "the same WORLD_SIZE"), zero.stderr
+    assert last_line(one).endswith(
+        "ddl.dist.init on rank 1: WORLD_SIZE is 3 here but 2 on rank 0: start every rank with "
+        "the same WORLD_SIZE"), one.stderr
+    assert time.monotonic() - start < 30
+
+
+@pytest.mark.parametrize("addr,port,needle", [
+    ("127.0.0.1", "abc", "MASTER_PORT='abc' is not a TCP port: expected an integer from 1 to "
+                         "65535"),
+    ("127.0.0.1", "70000", "MASTER_PORT='70000' is not a TCP port"),
+    ("no-such-host.invalid", "29500", "MASTER_ADDR='no-such-host.invalid' does not resolve"),
+])
+def test_a_bad_rendezvous_address_is_refused_naming_the_variable(
+        addr: str, port: str, needle: str) -> None:
+    """MASTER_ADDR that does not resolve, MASTER_PORT not a port: ValueError naming the
+    variable, its value and the form expected (before: socket.gaierror, "invalid literal for
+    int()", OverflowError)."""
+    env = launcher_env(RANK=0, WORLD_SIZE=1, LOCAL_RANK=0, LOCAL_WORLD_SIZE=1,
+                       MASTER_ADDR=addr, MASTER_PORT=port)
+    [proc] = processes("import ddl.dist as dd; dd.init(timeout=10)", [env])
+    line = last_line(proc)
+    assert line.startswith("ValueError: " + needle), proc.stderr
+
+
+def test_a_store_port_that_never_answers_fails_within_the_timeout() -> None:
+    """MASTER_PORT held by a process that accepts connections and never answers: rank 1's
+    init(timeout=3) raises DistError naming MASTER_ADDR:MASTER_PORT within seconds (before:
+    it stayed in torch's TCPStore constructor for minutes)."""
+    with socket.socket() as silent:
+        silent.bind(("127.0.0.1", 0))
+        silent.listen(8)  # the kernel completes the connections; nobody ever answers
+        port = silent.getsockname()[1]
+        env = launcher_env(RANK=1, WORLD_SIZE=2, LOCAL_RANK=1, LOCAL_WORLD_SIZE=2,
+                           MASTER_ADDR="127.0.0.1", MASTER_PORT=port)
+        start = time.monotonic()
+        [proc] = processes("import ddl.dist as dd; dd.init(timeout=3)", [env], timeout=60)
+        elapsed = time.monotonic() - start
+    assert last_line(proc).startswith(
+        "_ddl.DistError: ddl.dist.init on rank 1: the rendezvous store at MASTER_ADDR:MASTER_PORT"
+        f" = 127.0.0.1:{port} did not answer within 3 s"), proc.stderr
+    assert elapsed < 20, f"took {elapsed:.0f} s"
+
+
 @pytest.mark.parametrize("mode", ["mpirun", "mpi4py"])
 def test_init_under_mpirun(mode: str) -> None:
     """Under mpirun (alone, or after mpi4py initialised MPI): ranks and sums agree with the
@@ -296,12 +437,29 @@ def test_killed_rank_raises_dist_error_in_survivors() -> None:
     assert elapsed < SHORT / 2, f"took {elapsed:.0f} s"
 
 
+def test_killed_rank_under_shm_is_named_at_once() -> None:
+    """Under the shared-memory algorithm (auto's pick on one node) with init(timeout=60), the
+    survivors of a rank that exits raise DistError naming it within seconds (before: only
+    after the whole 60 s, where TCP names it at once)."""
+    start = time.monotonic()
+    job = mpirun(3, "dist_kill.py", ["shm", 1, 60], timeout=SHORT,
+                 env={"OMPI_MCA_orte_abort_on_non_zero_status": "0"})
+    elapsed = time.monotonic() - start
+    assert "victim rank 1 exits at iteration 10" in job.stdout, job.output
+    assert "finished" not in job.stdout, job.output
+    for r in (0, 2):
+        assert re.search(rf"survivor rank {r}: DistError: shm allreduce on rank {r}: peer 1's "
+                         r"process exited", job.stdout), job.output
+    assert elapsed < 30, f"took {elapsed:.0f} s"
+
+
 # 5. bad arguments -------------------------------------------------------------------------
 
 def test_bad_arguments_raise_clear_errors() -> None:
     """Not initialised -> RuntimeError saying to call init(); int64 and other dtypes ->
     TypeError naming the dtype; unknown algorithm -> ValueError naming it; broadcast root out
-    of range -> ValueError (see dist_errors.py for every case)."""
+    of range -> ValueError; after the shutdown at interpreter exit -> RuntimeError saying it
+    was shut down, not to call init() (see dist_errors.py for every case)."""
     lines = ok_lines(alone("dist_errors.py"), "dist_errors")
     assert len(lines) == 1
     assert int(lines[0].split("cases=")[1]) >= 25, lines

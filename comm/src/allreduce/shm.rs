@@ -25,7 +25,8 @@
 //! [`ShmAllreduce::run`] for why one wait per chunk suffices). A waiting rank spins briefly
 //! (not when the ranks outnumber the cores), then sleeps until the counter moves ([`Pace`]). It gives up with
 //! [`CommError::Timeout`](crate::CommError::Timeout) naming the rank it waited for after the
-//! transport's timeout.
+//! transport's timeout, or with [`CommError::PeerExited`](crate::CommError::PeerExited) within
+//! a tenth of a second once that rank's process has exited.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 

@@ -1,7 +1,7 @@
 """Bad arguments to ddl.dist raise clear exceptions. Run alone (a one-rank job).
 
-Each case calls a function with a bad argument and checks the exception's type and that its
-message names the offending value. Prints ``dist_errors ok cases=N`` on success.
+Each case calls a function with a bad argument (or after the shutdown that interpreter exit
+runs) and checks the exception's type and that its message names the offending value. Prints ``dist_errors ok cases=N`` on success.
 """
 
 from __future__ import annotations
@@ -76,6 +76,14 @@ def main() -> None:
     dd.allreduce_(x, average=False)
     assert torch.equal(x, torch.arange(6, dtype=torch.float32)), "one-rank sum is not identity"
     assert isinstance(ddl.DistError(), ddl.DdlError)
+    # After the shutdown that interpreter exit runs: every entry point says it was shut
+    # down and cannot be used again (not "call init() first", which init() then refuses).
+    dd._shutdown()
+    shut = "shut down.*cannot be used or initialised again"
+    raises(RuntimeError, shut, lambda: dd.allreduce_(t), "allreduce_ after shutdown")
+    raises(RuntimeError, shut, lambda: dd.broadcast_(t), "broadcast_ after shutdown")
+    raises(RuntimeError, shut, dd.rank, "rank() after shutdown")
+    raises(RuntimeError, shut, dd.init, "init() after shutdown")
     say(f"dist_errors ok cases={CASES}")
 
 
