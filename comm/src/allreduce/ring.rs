@@ -107,10 +107,9 @@ fn multiring_steps(
 }
 
 /// Smallest message per rank and round that the automatic segment count allows: a segment
-/// of `b` bytes over `p` ranks moves messages of `b / p` bytes in its last-tier rounds. On the
-/// emulated 1 Gbit/s cluster (2 x 4 ranks) segments whose messages fell to 128 KiB ran 1.7-2x
-/// slower than unsegmented (every round then pays rendezvous handshakes queued behind the
-/// loaded link), while 256-512 KiB messages gained.
+/// of `b` bytes over `p` ranks moves messages of `b / p` bytes in its last-tier rounds. Smaller
+/// messages make every round pay rendezvous handshakes queued behind a loaded link
+/// (BENCHMARKS.md, "Figures behind the defaults").
 pub(crate) const MIN_SEGMENT_MESSAGE: usize = 512 << 10;
 
 /// Most pipeline segments chosen automatically.

@@ -40,8 +40,9 @@ pub const FIRST_PRUNE: f64 = 30.0;
 pub const PRUNE: f64 = 3.0;
 
 /// A candidate whose first call took longer than this (seconds) goes on only if it was
-/// within [`PRUNE`] of the fastest: `mpi` under `--oversubscribe` took 30-75 ms for 701 KB where
-/// the others took under 1 ms, and a second such call was most of the tuning's cost.
+/// within [`PRUNE`] of the fastest: a second call of a slow candidate (`mpi` under
+/// `--oversubscribe`) would be most of the tuning's cost (BENCHMARKS.md, "Figures behind the
+/// defaults").
 pub const PROBE_BUDGET: f64 = 10e-3;
 
 /// Seconds of calls the race may spend, all racing candidates together, when that buys more
