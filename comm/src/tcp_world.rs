@@ -77,6 +77,26 @@ impl TcpWorld {
     }
 
     /// The layout of an already connected world transport, each rank stating its `node`.
+    ///
+    /// # Examples
+    ///
+    /// Two ranks on one node (as `ddl.dist` names it under torchrun): one node of two ranks.
+    ///
+    /// ```
+    /// use ddl_comm::{tcp_group, TcpWorld};
+    ///
+    /// let worlds = std::thread::scope(|s| {
+    ///     let ranks: Vec<_> = tcp_group(2)?
+    ///         .into_iter()
+    ///         .map(|t| s.spawn(move || TcpWorld::over(t, "node-a")))
+    ///         .collect();
+    ///     ranks.into_iter().map(|r| r.join().unwrap()).collect::<Result<Vec<_>, _>>()
+    /// })?;
+    /// for (rank, w) in worlds.iter().enumerate() {
+    ///     assert_eq!((w.rank(), w.node_count(), w.local_size()), (rank, 1, 2));
+    /// }
+    /// # Ok::<(), ddl_comm::CommError>(())
+    /// ```
     pub fn over(world: TcpTransport, node: &str) -> Result<TcpWorld> {
         let names = allgather_bytes(&world, node.as_bytes().to_vec())?;
         let (layout, color) = layout_of(&names, world.rank());

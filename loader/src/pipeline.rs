@@ -304,6 +304,47 @@ struct Shared {
 type Done = (usize, usize, Result<Batch>);
 
 /// A running epoch of the pipeline; see the module documentation.
+///
+/// # Examples
+///
+/// One epoch of a node's training shards, decoded and augmented by two threads into batches of
+/// 4 images of 32 x 32 for one replica (here: shards `ddl-testkit` writes directly):
+///
+/// ```
+/// use std::sync::Arc;
+/// use ddl_loader::dataset::{Dataset, OpenOptions, Residency};
+/// use ddl_loader::pipeline::{Pipeline, PipelineConfig};
+/// use ddl_loader::sampler::{Sampler, SamplerConfig, Tail};
+/// use ddl_testkit::{jpeg, write_manifest, write_shards, Record};
+///
+/// let tmp = tempfile::tempdir()?;
+/// let records = (0..8).map(|i| Record::jpeg(jpeg(48, 40, i), (i % 2) as u32)).collect();
+/// let train = write_shards(tmp.path(), "train", &[records], 1);
+/// write_manifest(tmp.path(), 2, vec![("train", train)], 1);
+///
+/// let one_node = Residency { node: 0, nodes: 1 };
+/// let data = Arc::new(Dataset::open(tmp.path(), "train", one_node, &OpenOptions::default())?);
+/// let sampler = Sampler::new(data.len(), data.len(), SamplerConfig {
+///     seed: 0,
+///     ranks_in_node: 1,
+///     rank_in_node: 0,
+///     replicas: 1,
+///     batch_per_replica: 4,
+///     tail: Tail::Drop,
+///     shuffle: true,
+/// });
+/// let cfg = PipelineConfig { image_size: 32, workers: 2, ..PipelineConfig::default() };
+/// let epoch = Pipeline::start(data, sampler, cfg, 0, 0)?;
+/// let mut labels = Vec::new();
+/// for batch in epoch.replica(0) {
+///     let batch = batch?;
+///     assert_eq!(batch.shape(), [4, 3, 32, 32]);
+///     labels.extend_from_slice(&batch.labels);
+/// }
+/// labels.sort_unstable();
+/// assert_eq!(labels, [0, 0, 0, 0, 1, 1, 1, 1]);
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
 pub struct Pipeline {
     shared: Arc<Shared>,
     receivers: Vec<Receiver<Result<Batch>>>,
