@@ -506,6 +506,8 @@ def test_the_extension_has_stubs_for_every_name() -> None:
     assert (package / "py.typed").exists()
     tree = ast.parse((package / "_ddl.pyi").read_text())
     stubbed = {n.name for n in tree.body if isinstance(n, (ast.FunctionDef, ast.ClassDef))}
+    stubbed |= {n.target.id for n in tree.body
+                if isinstance(n, ast.AnnAssign) and isinstance(n.target, ast.Name)}
     exported = {n for n in dir(ddl._ddl) if not n.startswith("_")}
     assert stubbed == exported, (stubbed ^ exported)
     # And each class its methods and attributes (exceptions inherit theirs).
