@@ -12,8 +12,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use ddl_comm::{CostModel, Topology, Transport};
-use ddl_loader::dataset::{Dataset, OpenOptions};
-use ddl_loader::limits;
+use ddl_loader::dataset::Dataset;
 use ddl_loader::pipeline::{Augment, BadRecord, OnBadRecord, Output, Pipeline, PipelineConfig};
 use ddl_loader::sampler::{Sampler, SamplerConfig, Tail};
 
@@ -30,9 +29,9 @@ use crate::schedule::Schedule;
 use crate::setting::Setting;
 use crate::signal::StopSignal;
 use crate::table::{BatchIter, EvalSums, Table, TableConfig};
-use crate::validate;
 
 mod checkpoints;
+mod data;
 pub mod dir_lock;
 mod head;
 mod plan;
@@ -41,6 +40,7 @@ mod tuning;
 mod weights_io;
 
 use checkpoints::{bytes_to_u64s, u64s_to_bytes};
+use data::open_data;
 use plan::{plan, Plan};
 use weights_io::EvalAt;
 
@@ -289,67 +289,6 @@ fn collective(
         topology,
         model,
     )
-}
-
-/// What a rank trains and evaluates on.
-struct Data {
-    /// Its node's train records.
-    train: Arc<Dataset>,
-    /// Which of them each replica takes at each step.
-    sampler: Sampler,
-    /// Its node's val records, if it evaluates and has any.
-    val: Option<Arc<Dataset>>,
-    /// Train records of the node with the fewest.
-    min_node: usize,
-}
-
-/// Opens this rank's share of the train and val splits and its sampler.
-fn open_data(cfg: &TrainConfig, plan: &Plan, replicas: usize) -> Result<Data> {
-    let opts = OpenOptions {
-        populate: cfg.populate,
-        lock: cfg.lock,
-        stage: cfg.stage.clone(),
-    };
-    let train_set = Arc::new(Dataset::open(&cfg.data, "train", plan.residency, &opts)?);
-    let per_node = Dataset::records_per_node(&plan.manifest, "train", plan.residency.nodes);
-    let min_node = per_node.iter().copied().min().unwrap_or(0) as usize;
-    let sampler = Sampler::try_new(
-        train_set.len(),
-        min_node,
-        SamplerConfig {
-            seed: cfg.seed,
-            ranks_in_node: plan.ranks_in_node,
-            rank_in_node: plan.rank_in_node,
-            replicas,
-            batch_per_replica: cfg.batch,
-            tail: Tail::Drop,
-            shuffle: true,
-        },
-    )
-    .map_err(|e| TrainError::config(Setting::Batch, e.to_string()))?;
-    limits::check_full_step(cfg.batch, plan.ranks_in_node, replicas, min_node)
-        .map_err(validate::limit_error)?;
-    let val_set = if cfg.eval && plan.manifest.splits.contains_key("val") {
-        let per_node = Dataset::records_per_node(&plan.manifest, "val", plan.residency.nodes);
-        if per_node[plan.residency.node] > 0 {
-            Some(Arc::new(Dataset::open(
-                &cfg.data,
-                "val",
-                plan.residency,
-                &opts,
-            )?))
-        } else {
-            None
-        }
-    } else {
-        None
-    };
-    Ok(Data {
-        train: train_set,
-        sampler,
-        val: val_set,
-        min_node,
-    })
 }
 
 /// The progress bar of an epoch of `steps` steps (rank 0, on a terminal).
