@@ -9,6 +9,7 @@
 use std::fs::File;
 use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use crate::error::{LoaderError, Result};
 use crate::manifest::Manifest;
@@ -39,16 +40,18 @@ pub struct OpenOptions {
 /// One shard this node owns.
 #[derive(Debug)]
 struct NodeShard {
-    reader: ShardReader,
+    reader: Arc<ShardReader>,
     /// Global id of the shard's first record: records of all earlier shards of the split.
     global_base: u64,
 }
 
-/// The shards of one split that this node owns, memory-mapped. `Send + Sync`.
+/// The records of one split that this node serves, memory-mapped. `Send + Sync`.
 ///
-/// Records are addressed by a node-local index `0..len()` (shards in split order, records in
-/// shard order). Each record also has a global id, its position in the whole split
-/// (earlier shards' records first), which is the same on every node and for every node count.
+/// Records are addressed by a node-local index `0..len()`. Opened with [`Dataset::open`], the
+/// node serves the shards it owns (shards in split order, records in shard order); a view
+/// made with [`Dataset::holding`] serves a given set of records instead, ascending by global
+/// id. Each record also has a global id, its position in the whole split (earlier shards'
+/// records first), which is the same on every node and for every node count.
 #[derive(Debug)]
 pub struct Dataset {
     manifest: Manifest,
@@ -57,6 +60,17 @@ pub struct Dataset {
     shards: Vec<NodeShard>,
     /// `starts[k]` is the node-local index of shard k's first record; one extra entry = len.
     starts: Vec<usize>,
+    /// The records a view serves, in place of every record of `shards`.
+    held: Option<Held>,
+}
+
+/// The records a [`Dataset::holding`] view serves.
+#[derive(Debug)]
+struct Held {
+    /// Global ids, ascending.
+    ids: Vec<u32>,
+    /// Where each lives: the index in `shards` and the record within it.
+    at: Vec<(u32, u32)>,
 }
 
 impl Dataset {
@@ -124,7 +138,7 @@ impl Dataset {
             }
             starts.push(starts[starts.len() - 1] + reader.len());
             shards.push(NodeShard {
-                reader,
+                reader: Arc::new(reader),
                 global_base: base,
             });
         }
@@ -144,7 +158,97 @@ impl Dataset {
             residency,
             shards,
             starts,
+            held: None,
         })
+    }
+
+    /// A view serving the records `ids` (global ids, ascending) of this node's shards and of
+    /// `arena`, a shard holding other nodes' records whose global ids are `arena_ids` (one per
+    /// record, in file order): what a node holds in an epoch of a record exchange
+    /// ([`crate::placement`]). The shards stay mapped once, shared with `self`.
+    ///
+    /// Fails when `ids` is not ascending, or names a record neither this node's shards nor
+    /// the arena hold, or the arena's labels exceed the class count.
+    pub fn holding(&self, ids: &[u32], arena: Option<(ShardReader, &[u32])>) -> Result<Dataset> {
+        let mut shards: Vec<NodeShard> = self
+            .shards
+            .iter()
+            .map(|s| NodeShard {
+                reader: Arc::clone(&s.reader),
+                global_base: s.global_base,
+            })
+            .collect();
+        let mut arena_at: Vec<(u32, u32)> = Vec::new();
+        if let Some((reader, arena_ids)) = arena {
+            if reader.len() != arena_ids.len() {
+                return Err(LoaderError::ShardMismatch {
+                    path: reader.path().to_path_buf(),
+                    reason: format!(
+                        "{} records, the exchange expected {}",
+                        reader.len(),
+                        arena_ids.len()
+                    ),
+                });
+            }
+            reader.check_labels(self.manifest.num_classes())?;
+            arena_at = arena_ids
+                .iter()
+                .zip(0u32..)
+                .map(|(&id, r)| (id, r))
+                .collect();
+            arena_at.sort_unstable();
+            shards.push(NodeShard {
+                reader: Arc::new(reader),
+                global_base: u64::MAX,
+            });
+        }
+        let arena_index = (shards.len() - 1) as u32;
+        let mut at = Vec::with_capacity(ids.len());
+        for (i, &id) in ids.iter().enumerate() {
+            if i > 0 && ids[i - 1] >= id {
+                return Err(LoaderError::InvalidConfig(format!(
+                    "held records are not ascending at {i}: {} then {id}",
+                    ids[i - 1]
+                )));
+            }
+            let home = self.home_index(u64::from(id));
+            let place = match home {
+                Some((k, r)) => (k as u32, r as u32),
+                None => match arena_at.binary_search_by_key(&id, |&(a, _)| a) {
+                    Ok(p) => (arena_index, arena_at[p].1),
+                    Err(_) => {
+                        return Err(LoaderError::InvalidConfig(format!(
+                            "record {id} of split {:?} is neither in node {}'s shards nor in \
+                             the records it received",
+                            self.split, self.residency.node
+                        )))
+                    }
+                },
+            };
+            at.push(place);
+        }
+        Ok(Dataset {
+            manifest: self.manifest.clone(),
+            split: self.split.clone(),
+            residency: self.residency,
+            shards,
+            starts: self.starts.clone(),
+            held: Some(Held {
+                ids: ids.to_vec(),
+                at,
+            }),
+        })
+    }
+
+    /// The home shard (index in `shards`) and record of global id `id`, if this node's shards
+    /// hold it.
+    fn home_index(&self, id: u64) -> Option<(usize, usize)> {
+        let home = &self.shards[..self.starts.len() - 1];
+        let k = home
+            .partition_point(|s| s.global_base <= id)
+            .checked_sub(1)?;
+        let r = (id - home[k].global_base) as usize;
+        (r < home[k].reader.len()).then_some((k, r))
     }
 
     /// The manifest of the packed dataset.
@@ -164,7 +268,10 @@ impl Dataset {
 
     /// Number of records on this node.
     pub fn len(&self) -> usize {
-        self.starts[self.starts.len() - 1]
+        match &self.held {
+            Some(held) => held.ids.len(),
+            None => self.starts[self.starts.len() - 1],
+        }
     }
 
     /// True when this node holds no records (never, for an opened dataset).
@@ -183,6 +290,10 @@ impl Dataset {
             "record {i} out of range ({} records on this node)",
             self.len()
         );
+        if let Some(held) = &self.held {
+            let (k, r) = held.at[i];
+            return (&self.shards[k as usize].reader, r as usize);
+        }
         let k = self.starts.partition_point(|&s| s <= i) - 1;
         (&self.shards[k].reader, i - self.starts[k])
     }
@@ -218,8 +329,19 @@ impl Dataset {
             "record {i} out of range ({} records on this node)",
             self.len()
         );
+        if let Some(held) = &self.held {
+            return u64::from(held.ids[i]);
+        }
         let k = self.starts.partition_point(|&s| s <= i) - 1;
         self.shards[k].global_base + (i - self.starts[k]) as u64
+    }
+
+    /// Global ids of the node's records, ascending (node-local index `i` is the `i`-th).
+    pub fn global_ids(&self) -> Vec<u32> {
+        match &self.held {
+            Some(held) => held.ids.clone(),
+            None => (0..self.len()).map(|i| self.global_id(i) as u32).collect(),
+        }
     }
 
     /// Records of `split` on each of `nodes` nodes (node `n` owns shards `s % nodes == n`);

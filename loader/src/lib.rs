@@ -13,6 +13,7 @@ pub mod limits;
 pub mod manifest;
 pub mod pack;
 pub mod pipeline;
+pub mod placement;
 pub mod sampler;
 pub mod shard;
 pub mod transform;
