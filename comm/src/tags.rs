@@ -77,8 +77,12 @@ pub const REDUCE_SCATTER: TagRange = TagRange::after(ALLGATHER, "reduce-scatter"
 /// before a call's first message ([`Transport::allgather_u64`](crate::Transport::allgather_u64)).
 pub const CALL_CHECK: TagRange = TagRange::after(REDUCE_SCATTER, "allreduce call check", 1);
 
+/// The record exchange between nodes (ddl-exchange): a piece's length, then its bytes. It
+/// runs beside the training's collectives, from its own thread.
+pub const EXCHANGE: TagRange = TagRange::after(CALL_CHECK, "record exchange", 2);
+
 /// Every range of the registry, in tag order.
-pub const ALL: [TagRange; 8] = [
+pub const ALL: [TagRange; 9] = [
     RING,
     MULTICOLOR,
     RHD,
@@ -87,6 +91,7 @@ pub const ALL: [TagRange; 8] = [
     ALLGATHER,
     REDUCE_SCATTER,
     CALL_CHECK,
+    EXCHANGE,
 ];
 
 #[cfg(test)]

@@ -5,7 +5,7 @@
 
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Mutex;
+use std::sync::{Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use crossbeam_channel::{unbounded, Receiver, RecvTimeoutError, Sender};
@@ -43,7 +43,7 @@ pub struct ThreadTransport {
     /// `from[s]` receives from rank s.
     from: Vec<Receiver<Msg>>,
     /// Messages received from rank s that did not match the receive in progress.
-    stash: Vec<Mutex<VecDeque<Msg>>>,
+    stash: Vec<Stash>,
     timeout_ns: AtomicU64,
 }
 
@@ -54,6 +54,28 @@ impl std::fmt::Debug for ThreadTransport {
             .field("size", &self.to.len())
             .field("timeout", &self.timeout())
             .finish()
+    }
+}
+
+/// Messages from one peer that their receiver did not want, and who is receiving: threads
+/// that receive from the same peer at once take turns at its channel, and the one receiving
+/// hands the others their messages through the stash.
+#[derive(Default)]
+struct Stash {
+    queued: Mutex<Queued>,
+    arrived: Condvar,
+}
+
+/// The messages of a [`Stash`] and whether a thread is receiving from the channel.
+#[derive(Default)]
+struct Queued {
+    msgs: VecDeque<Msg>,
+    receiving: bool,
+}
+
+impl Stash {
+    fn lock(&self) -> MutexGuard<'_, Queued> {
+        self.queued.lock().unwrap_or_else(|e| e.into_inner())
     }
 }
 
@@ -82,7 +104,7 @@ pub fn thread_group_with_timeout(n: usize, timeout: Duration) -> Vec<ThreadTrans
         .enumerate()
         .map(|(rank, (to, from))| ThreadTransport {
             rank,
-            stash: (0..n).map(|_| Mutex::new(VecDeque::new())).collect(),
+            stash: (0..n).map(|_| Stash::default()).collect(),
             to,
             from,
             timeout_ns: AtomicU64::new(timeout_ns),
@@ -113,7 +135,8 @@ impl ThreadTransport {
             })
     }
 
-    /// Receives the next message of (kind, tag) from `from`, stashing others.
+    /// Receives the next message of (kind, tag) from `from`, stashing others (for the threads
+    /// that wait for them).
     fn take(
         &self,
         op: &'static str,
@@ -123,29 +146,41 @@ impl ThreadTransport {
         deadline: Instant,
     ) -> Result<Payload> {
         check_peer(op, self.rank, from, self.from.len())?;
-        {
-            let mut stash = self.stash[from].lock().unwrap_or_else(|e| e.into_inner());
-            if let Some(i) = stash.iter().position(|m| m.kind == kind && m.tag == tag) {
-                if let Some(m) = stash.remove(i) {
+        let stash = &self.stash[from];
+        let mut q = stash.lock();
+        loop {
+            if let Some(i) = q.msgs.iter().position(|m| m.kind == kind && m.tag == tag) {
+                if let Some(m) = q.msgs.remove(i) {
                     return Ok(m.payload);
                 }
             }
-        }
-        loop {
-            match self.from[from].recv_deadline(deadline) {
-                Ok(m) if m.kind == kind && m.tag == tag => return Ok(m.payload),
-                Ok(m) => self.stash[from]
-                    .lock()
+            let now = Instant::now();
+            if now >= deadline {
+                return Err(CommError::Timeout {
+                    op,
+                    rank: self.rank,
+                    peer: Some(from),
+                    timeout: self.timeout(),
+                });
+            }
+            if q.receiving {
+                q = stash
+                    .arrived
+                    .wait_timeout(q, deadline - now)
                     .unwrap_or_else(|e| e.into_inner())
-                    .push_back(m),
-                Err(RecvTimeoutError::Timeout) => {
-                    return Err(CommError::Timeout {
-                        op,
-                        rank: self.rank,
-                        peer: Some(from),
-                        timeout: self.timeout(),
-                    })
-                }
+                    .0;
+                continue;
+            }
+            q.receiving = true;
+            drop(q);
+            let got = self.from[from].recv_deadline(deadline);
+            q = stash.lock();
+            q.receiving = false;
+            stash.arrived.notify_all();
+            match got {
+                Ok(m) if m.kind == kind && m.tag == tag => return Ok(m.payload),
+                Ok(m) => q.msgs.push_back(m),
+                Err(RecvTimeoutError::Timeout) => continue,
                 Err(RecvTimeoutError::Disconnected) => {
                     return Err(CommError::Disconnected {
                         op,
@@ -314,5 +349,37 @@ impl Transport for ThreadTransport {
     fn set_timeout(&self, timeout: Duration) {
         self.timeout_ns
             .store(duration_ns(timeout), Ordering::Relaxed);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Two threads of one rank receive from the same peer at once, each its own tag, the
+    /// messages arriving in the order that makes each thread first read the other's.
+    #[test]
+    fn threads_receiving_from_one_peer_each_get_their_messages() {
+        let mut group = thread_group_with_timeout(2, Duration::from_secs(20));
+        let receiver = std::sync::Arc::new(group.pop().expect("rank 1"));
+        let sender = group.pop().expect("rank 0");
+        let waiting: Vec<_> = [1u32, 2]
+            .into_iter()
+            .map(|tag| {
+                let r = receiver.clone();
+                std::thread::spawn(move || {
+                    let mut buf = [0u8; 1];
+                    r.recv(0, tag, &mut buf).map(|()| buf[0])
+                })
+            })
+            .collect();
+        for tag in [2u32, 1] {
+            sender.send(1, tag, &[tag as u8 * 10]).expect("send");
+        }
+        let got: Vec<u8> = waiting
+            .into_iter()
+            .map(|t| t.join().expect("thread").expect("recv"))
+            .collect();
+        assert_eq!(got, [10, 20]);
     }
 }

@@ -1,0 +1,172 @@
+//! The exchange between emulated nodes (threads over the in-process transport): every
+//! record served once per epoch with its own bytes, several ranks per node, and a node lost
+//! mid-exchange.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use ddl_comm::{thread_group_with_timeout, Transport};
+use ddl_exchange::{Exchange, ExchangeConfig, ExchangeError};
+use ddl_loader::dataset::{Dataset, OpenOptions, Residency};
+use ddl_testkit::{write_manifest, write_shards, Record};
+
+/// Records of shard `s`: `sizes[s]` JPEGs, labelled by their global id modulo 3.
+fn dataset(dir: &Path, sizes: &[usize], nodes: usize) {
+    std::fs::create_dir_all(dir).unwrap();
+    let mut id = 0;
+    let shards: Vec<Vec<Record>> = sizes
+        .iter()
+        .map(|&n| {
+            (0..n)
+                .map(|_| {
+                    id += 1;
+                    Record::jpeg(ddl_testkit::jpeg(8 + id % 5, 8, id), (id % 3) as u32)
+                })
+                .collect()
+        })
+        .collect();
+    let split = write_shards(dir, "train", &shards, nodes);
+    write_manifest(dir, 3, vec![("train", split)], nodes);
+}
+
+fn config(fraction: f64, epochs: u64, base: &Path, leader: bool) -> ExchangeConfig {
+    ExchangeConfig {
+        fraction,
+        seed: 9,
+        epochs,
+        base_dir: base.to_path_buf(),
+        leader,
+        piece_bytes: 4096,
+        lock: false,
+    }
+}
+
+/// What one rank served: per epoch, (global id, crc32c of the record's bytes, label).
+type Served = Vec<Vec<(u64, u32, u32)>>;
+
+/// Runs `nodes x ranks_per_node` ranks for `epochs` epochs at `fraction`.
+fn run(
+    data: &Path,
+    base: &Path,
+    nodes: usize,
+    ranks_per_node: usize,
+    fraction: f64,
+    epochs: u64,
+) -> Vec<(usize, Served)> {
+    let world = thread_group_with_timeout(nodes * ranks_per_node, Duration::from_secs(30));
+    let threads: Vec<_> = world
+        .into_iter()
+        .enumerate()
+        .map(|(rank, t)| {
+            let (data, base) = (data.to_path_buf(), base.to_path_buf());
+            std::thread::spawn(move || {
+                let node = rank / ranks_per_node;
+                let residency = Residency { node, nodes };
+                let home = Dataset::open(&data, "train", residency, &OpenOptions::default())
+                    .expect("open");
+                let leader = rank % ranks_per_node == 0;
+                let t: Arc<dyn Transport> = Arc::new(t);
+                let mut x = Exchange::new(
+                    t,
+                    Arc::new(home),
+                    &data,
+                    config(fraction, epochs, &base, leader),
+                )
+                .expect("exchange");
+                let served: Served = (0..epochs)
+                    .map(|e| {
+                        let d = x.epoch(e).expect("epoch");
+                        (0..d.len())
+                            .map(|i| {
+                                let r = d.record(i).expect("record");
+                                (d.global_id(i), crc32c::crc32c(r.bytes), r.label)
+                            })
+                            .collect()
+                    })
+                    .collect();
+                (node, served)
+            })
+        })
+        .collect();
+    threads
+        .into_iter()
+        .map(|t| t.join().expect("rank"))
+        .collect()
+}
+
+#[test]
+fn every_record_is_served_once_per_epoch_with_its_own_bytes() {
+    let tmp = ddl_testkit::scratch("exchange-accounting");
+    let data = tmp.path().join("data");
+    let sizes = [7, 9, 8, 6, 10, 7];
+    dataset(&data, &sizes, 1);
+    let truth = run(&data, &tmp.path().join("solo"), 1, 1, 0.0, 1)
+        .remove(0)
+        .1
+        .remove(0);
+    for (nodes, ranks, q) in [(2, 1, 0.25), (3, 2, 0.5), (3, 1, 1.0)] {
+        let base = tmp.path().join(format!("arenas-{nodes}-{q}"));
+        let served = run(&data, &base, nodes, ranks, q, 4);
+        for epoch in 0..4 {
+            let mut all: Vec<(u64, u32, u32)> = served
+                .iter()
+                .filter(|(_, s)| !s.is_empty())
+                .step_by(ranks)
+                .flat_map(|(_, s)| s[epoch].clone())
+                .collect();
+            all.sort_unstable();
+            assert_eq!(all, truth, "{nodes} nodes, Q {q}, epoch {epoch}");
+            for pair in served.chunks(ranks) {
+                assert!(
+                    pair.iter().all(|(_, s)| s[epoch] == pair[0].1[epoch]),
+                    "ranks of a node agree"
+                );
+            }
+        }
+        let node0: Vec<&Vec<(u64, u32, u32)>> = served[0].1.iter().collect();
+        assert_ne!(node0[0], node0[3], "records moved ({nodes} nodes, Q {q})");
+        assert!(
+            std::fs::read_dir(&base).unwrap().next().is_none(),
+            "the arenas are removed at the end"
+        );
+    }
+}
+
+#[test]
+fn a_node_lost_mid_exchange_fails_every_rank_and_serves_nothing_half_exchanged() {
+    let tmp = ddl_testkit::scratch("exchange-loss");
+    let data = tmp.path().join("data");
+    dataset(&data, &[20, 20, 20], 3);
+    let base: PathBuf = tmp.path().join("arenas");
+    let world = thread_group_with_timeout(3, Duration::from_secs(3));
+    let threads: Vec<_> = world
+        .into_iter()
+        .enumerate()
+        .map(|(node, t)| {
+            let (data, base) = (data.clone(), base.clone());
+            std::thread::spawn(move || -> Result<(), ExchangeError> {
+                let residency = Residency { node, nodes: 3 };
+                let home =
+                    Dataset::open(&data, "train", residency, &OpenOptions::default()).unwrap();
+                let t: Arc<dyn Transport> = Arc::new(t);
+                let mut x = Exchange::new(t, Arc::new(home), &data, config(0.5, 3, &base, true))?;
+                x.epoch(0)?;
+                if node == 2 {
+                    // Killed during epoch 0: its transport goes with it.
+                    std::mem::forget(x);
+                    return Ok(());
+                }
+                x.epoch(1).map(|_| ())
+            })
+        })
+        .collect();
+    let results: Vec<_> = threads.into_iter().map(|t| t.join().unwrap()).collect();
+    for (node, r) in results.iter().enumerate().take(2) {
+        let e = r
+            .as_ref()
+            .expect_err("a survivor must not serve epoch 1")
+            .to_string();
+        assert!(e.contains("record exchange"), "node {node}: {e}");
+    }
+}
