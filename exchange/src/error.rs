@@ -70,11 +70,11 @@ pub enum ExchangeError {
     },
     /// The records a node may hold during the exchange would not fit in its memory.
     #[error(
-        "--exchange {fraction}: node {node} may hold up to {records} records of other nodes \
-         in each of two arenas (this epoch's and the next one's, being received), about {need} \
+        "exchanging {fraction} of every node's records, node {node} may hold up to {records} \
+         records of other nodes in each of two arenas (this epoch's and the next one's, being received), about {need} \
          bytes ({:.1} GiB at {avg:.0} bytes per record) on top of its own shards, but only \
-         {available} bytes ({:.1} GiB) are available ({why}); lower --exchange, use more \
-         nodes or a machine with more memory",
+         {available} bytes ({:.1} GiB) are available ({why}); exchange a smaller fraction, \
+         or use more nodes or nodes with more memory",
         *need as f64 / (1u64 << 30) as f64,
         *available as f64 / (1u64 << 30) as f64
     )]

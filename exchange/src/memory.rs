@@ -74,7 +74,7 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(
-            e.contains("--exchange 0.5")
+            e.contains("exchanging 0.5")
                 && e.contains("node 2")
                 && e.contains("1099511627776 records"),
             "{e}"

@@ -135,6 +135,9 @@ pub struct TrainConfig {
     pub check_replicas: bool,
     /// How the ranks of a node share the dataset (`residency`).
     pub residency: ResidencyMode,
+    /// Fraction of every node's train records exchanged with the other nodes at each epoch
+    /// boundary, in `[0, 1]` (`exchange`; ddl-exchange).
+    pub exchange: f64,
     /// What the gradient allreduce overlaps with (`overlap` backward|pipeline|off|auto);
     /// `None` = auto ([`auto_overlap`]).
     pub overlap: Option<Overlap>,
@@ -232,6 +235,7 @@ impl Default for TrainConfig {
             reset_head: false,
             check_replicas: false,
             residency: ResidencyMode::Node,
+            exchange: 0.0,
             overlap: None,
             comm_order: CommOrder::Fifo,
             bucket_mb: 25.0,

@@ -27,6 +27,9 @@ pub enum TrainError {
     /// A collective operation failed.
     #[error("comm: {0}")]
     Comm(#[from] ddl_comm::CommError),
+    /// The record exchange between nodes failed.
+    #[error(transparent)]
+    Exchange(#[from] ddl_exchange::ExchangeError),
     /// A file could not be read or written.
     #[error("{path}: {source}")]
     Io {

@@ -173,6 +173,11 @@ struct Cli {
     /// How the ranks of a node share the dataset.
     #[arg(long, value_enum, default_value_t = defaults().residency)]
     residency: ResidencyMode,
+    /// Fraction Q of every node's train records moved to other nodes at each epoch boundary,
+    /// received during the epoch before (0: each node serves its own shards forever; 1: a
+    /// global shuffle every epoch). Needs more than one node.
+    #[arg(long, default_value_t = defaults().exchange)]
+    exchange: f64,
     /// What the gradient allreduce overlaps: backward (staged backward, buckets reduced while
     /// earlier stages are still in backward) | pipeline (after backward, bucket by bucket) |
     /// off | auto (backward for GPU replicas or ranks on more than one node, else off; with
@@ -313,6 +318,7 @@ impl Cli {
             reset_head: self.reset_head,
             check_replicas: self.check_replicas,
             residency: self.residency,
+            exchange: self.exchange,
             overlap: match self.overlap.as_str() {
                 "auto" => None,
                 other => Some(other.parse()?),

@@ -128,6 +128,22 @@ pub struct EpochRecord {
     pub val_bad_records: Option<u64>,
     /// Side of the epoch's train images (`image_size_schedule`, else `image_size`).
     pub image_size: u32,
+    /// The record exchange into this epoch (`exchange`; absent without one).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub exchange: Option<ExchangeRecord>,
+}
+
+/// What the record exchange into an epoch moved, over all nodes (see ddl-exchange).
+#[derive(Clone, Copy, Debug, Default, Serialize, PartialEq)]
+pub struct ExchangeRecord {
+    /// Records the nodes received.
+    pub records: u64,
+    /// Bytes of those records.
+    pub bytes: u64,
+    /// Seconds the slowest node's transfer took (during the epoch before, on its own thread).
+    pub transfer_s: f64,
+    /// Seconds the epoch's start waited for the transfers, the longest wait of any rank.
+    pub wait_s: f64,
 }
 
 /// Appends JSON lines to a file, flushing after each.

@@ -40,6 +40,10 @@ pub const TRAJECTORY: &[(&str, &str)] = &[
     ("precision", "other arithmetic on GPUs"),
     ("residency", "other records on each node, so other batches"),
     (
+        "exchange",
+        "other records on each node from the next epoch on",
+    ),
+    (
         "on_bad_record",
         "other stand-ins for bad records (or none), so other batches",
     ),

@@ -118,6 +118,8 @@ settings! {
     CheckReplicas = "check_replicas",
     /// How the ranks of a node share the dataset.
     Residency = "residency",
+    /// Fraction of the train records nodes exchange each epoch.
+    Exchange = "exchange",
     /// What the allreduce overlaps with.
     Overlap = "overlap",
     /// The order of the buckets on the communication thread.

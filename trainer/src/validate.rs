@@ -75,6 +75,17 @@ pub fn ranges(cfg: &TrainConfig) -> Result<()> {
             format!("{} is outside [0, 1)", cfg.label_smoothing),
         ));
     }
+    finite(Setting::Exchange, cfg.exchange)?;
+    if !(0.0..=1.0).contains(&cfg.exchange) {
+        return Err(TrainError::config(
+            Setting::Exchange,
+            format!(
+                "{} is outside [0, 1] (0: every node serves its own shards, 1: a global \
+                 shuffle every epoch)",
+                cfg.exchange
+            ),
+        ));
+    }
     positive(Setting::BucketMb, cfg.bucket_mb)?;
     if cfg.bucket_mb > MAX_BUCKET_MB {
         return Err(TrainError::config(

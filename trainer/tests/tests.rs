@@ -7,6 +7,7 @@ mod compiled;
 mod config;
 // The binaries' spelling of settings, so that messages name flags as users see them.
 mod exactness;
+mod exchange;
 #[path = "../src/cli/flags.rs"]
 mod flags;
 mod head_parallel;

@@ -53,6 +53,7 @@ pub fn flag(setting: Setting) -> &'static str {
         Setting::ResetHead => "--reset-head",
         Setting::CheckReplicas => "--check-replicas",
         Setting::Residency => "--residency",
+        Setting::Exchange => "--exchange",
         Setting::Overlap => "--overlap",
         Setting::CommOrder => "--comm-order",
         Setting::BucketMb => "--bucket-mb",

@@ -1,8 +1,11 @@
 //! The data a rank trains and evaluates on: its node's shards of the train and val splits,
 //! opened as the run's flags say, and the sampler that deals the train records to its replicas.
 
+use std::path::PathBuf;
 use std::sync::Arc;
 
+use ddl_comm::Transport;
+use ddl_exchange::{Exchange, ExchangeConfig, ExchangeError};
 use ddl_loader::dataset::{Dataset, OpenOptions};
 use ddl_loader::limits;
 use ddl_loader::sampler::{Sampler, SamplerConfig, Tail};
@@ -23,10 +26,18 @@ pub(super) struct Data {
     pub val: Option<Arc<Dataset>>,
     /// Train records of the node with the fewest.
     pub min_node: usize,
+    /// The exchange of train records between the nodes (`exchange` above 0 on several nodes).
+    pub exchange: Option<Exchange>,
 }
 
-/// Opens this rank's share of the train and val splits and its sampler.
-pub(super) fn open_data(cfg: &TrainConfig, plan: &Plan, replicas: usize) -> Result<Data> {
+/// Opens this rank's share of the train and val splits, its sampler and (collective over
+/// `transport`) the exchange of train records between the nodes.
+pub(super) fn open_data(
+    cfg: &TrainConfig,
+    plan: &Plan,
+    replicas: usize,
+    transport: &Arc<dyn Transport>,
+) -> Result<Data> {
     let opts = OpenOptions {
         populate: cfg.populate,
         lock: cfg.lock,
@@ -66,10 +77,53 @@ pub(super) fn open_data(cfg: &TrainConfig, plan: &Plan, replicas: usize) -> Resu
     } else {
         None
     };
+    let exchange = exchange(cfg, plan, &train_set, transport)?;
     Ok(Data {
         train: train_set,
         sampler,
         val: val_set,
         min_node,
+        exchange,
     })
+}
+
+/// The exchange of `train`'s records between the nodes, when the run exchanges some and has
+/// several nodes. The arenas live in the `stage` directory, else in `/dev/shm`.
+fn exchange(
+    cfg: &TrainConfig,
+    plan: &Plan,
+    train: &Arc<Dataset>,
+    transport: &Arc<dyn Transport>,
+) -> Result<Option<Exchange>> {
+    if cfg.exchange == 0.0 || plan.residency.nodes < 2 {
+        return Ok(None);
+    }
+    let base_dir = cfg.stage.clone().unwrap_or_else(default_arena_base);
+    let x = ExchangeConfig {
+        fraction: cfg.exchange,
+        seed: cfg.seed,
+        epochs: u64::from(cfg.epochs),
+        base_dir,
+        leader: plan.rank_in_node == 0,
+        piece_bytes: ExchangeConfig::PIECE_BYTES,
+        lock: cfg.lock,
+    };
+    match Exchange::new(transport.clone(), train.clone(), &cfg.data, x) {
+        Ok(x) => Ok(Some(x)),
+        Err(e @ ExchangeError::Memory { .. }) => {
+            Err(TrainError::config(Setting::Exchange, e.to_string()))
+        }
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// Where the arenas of records from other nodes live without `stage`: memory the node's
+/// ranks share (`/dev/shm`), else the temporary directory.
+fn default_arena_base() -> PathBuf {
+    let shm = PathBuf::from("/dev/shm");
+    if shm.is_dir() {
+        shm
+    } else {
+        std::env::temp_dir()
+    }
 }

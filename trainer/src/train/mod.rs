@@ -23,7 +23,7 @@ use crate::config::{auto_overlap, comm_order, Overlap, TrainConfig};
 use crate::console::eprint_line;
 use crate::device;
 use crate::error::{Result, TrainError};
-use crate::metrics::{EpochRecord, MetricsWriter, StepRecord};
+use crate::metrics::{EpochRecord, ExchangeRecord, MetricsWriter, StepRecord};
 use crate::optim::SgdConfig;
 use crate::schedule::Schedule;
 use crate::setting::Setting;
@@ -82,6 +82,8 @@ struct Run<'a> {
     train_set: Arc<Dataset>,
     sampler: Sampler,
     val_set: Option<Arc<Dataset>>,
+    /// The exchange of train records between the nodes, which gives each epoch's `train_set`.
+    exchange: Option<ddl_exchange::Exchange>,
     metrics: Option<MetricsWriter>,
     summary: TrainSummary,
     bar: Option<indicatif::ProgressBar>,
@@ -133,6 +135,14 @@ fn epoch_line(r: &EpochRecord) -> String {
         r.allreduce_frac * 100.0,
         r.epoch_s,
     );
+    if let Some(x) = &r.exchange {
+        line.push_str(&format!(
+            "  exchanged {} records ({:.1} MB, waited {:.2} s)",
+            x.records,
+            x.bytes as f64 / 1e6,
+            x.wait_s
+        ));
+    }
     let val_bad = r.val_bad_records.unwrap_or(0);
     if r.bad_records + val_bad > 0 {
         line.push_str(&format!(
@@ -212,15 +222,27 @@ pub fn train(
     let rank = transport.rank();
     let world = transport.size();
     let plan = plan(cfg, rank, world, info)?;
-    let comm = collective(cfg, transport, topology)?;
+    let comm = collective(cfg, transport.clone(), topology)?;
     let replicas = plan.devices.len();
     check_replica_counts(&comm, replicas)?;
     device::configure_backend(&plan.devices, cfg.deterministic);
     let global_replicas = replicas * world;
 
-    let data = open_data(cfg, &plan, replicas)?;
-    let (train_set, sampler, val_set, min_node) =
-        (data.train, data.sampler, data.val, data.min_node);
+    let data = open_data(cfg, &plan, replicas, &transport)?;
+    if cfg.exchange > 0.0 && plan.residency.nodes < 2 && rank == 0 && cfg.verbose {
+        eprint_line(&format!(
+            "note: {} {} exchanges nothing: the job has one node, which holds every record",
+            Setting::Exchange,
+            cfg.exchange
+        ));
+    }
+    let (train_set, sampler, val_set, min_node, exchange) = (
+        data.train,
+        data.sampler,
+        data.val,
+        data.min_node,
+        data.exchange,
+    );
     let steps_per_epoch = sampler.steps_per_epoch() as u64;
 
     let global_batch = global_replicas * cfg.batch;
@@ -255,6 +277,7 @@ pub fn train(
         train_set,
         sampler,
         val_set,
+        exchange,
         metrics: None,
         summary: TrainSummary::default(),
         bar,
@@ -502,6 +525,9 @@ impl Run<'_> {
         let (epoch, mut step, mut global) = (pos.epoch, pos.step, pos.global);
         let steps_per_epoch = self.schedule.steps_per_epoch;
         let epochs = u64::from(self.cfg.epochs);
+        if let Some(exchange) = &mut self.exchange {
+            self.train_set = exchange.epoch(epoch)?;
+        }
         // A shard changed under the job would SIGBUS a reader mid-epoch: catch it here.
         self.train_set.check_unchanged()?;
         let pipeline = Pipeline::start(
@@ -899,7 +925,31 @@ impl Run<'_> {
             bad_records: buf[5] as u64,
             val_bad_records,
             image_size: self.cfg.train_size(epoch),
+            exchange: self.exchange_record()?,
         })
+    }
+
+    /// What the record exchange into the epoch being trained moved, over all nodes; `None`
+    /// without an exchange. Collective.
+    fn exchange_record(&self) -> Result<Option<ExchangeRecord>> {
+        let Some(last) = self.exchange.as_ref().map(|x| x.last().unwrap_or_default()) else {
+            return Ok(None);
+        };
+        let mine = u64s_to_bytes(&[
+            last.moved.records_in,
+            last.moved.bytes_in,
+            last.transfer_s.to_bits(),
+            last.wait_s.to_bits(),
+        ]);
+        let mut total = ExchangeRecord::default();
+        for v in self.comm.allgather_bytes(mine)? {
+            let v = bytes_to_u64s(&v);
+            total.records += v[0];
+            total.bytes += v[1];
+            total.transfer_s = total.transfer_s.max(f64::from_bits(v[2]));
+            total.wait_s = total.wait_s.max(f64::from_bits(v[3]));
+        }
+        Ok(Some(total))
     }
 
     /// Compares parameter checksums of all replicas of all ranks; fails loudly on a mismatch.
