@@ -14,6 +14,7 @@ pub mod manifest;
 pub mod pack;
 pub mod pipeline;
 pub mod placement;
+pub mod progress;
 pub mod sampler;
 pub mod shard;
 pub mod transform;

@@ -107,6 +107,10 @@ pub struct CheckpointMeta {
     /// [`crate::weights`]).
     #[serde(default)]
     pub batches_tracked_base: BTreeMap<String, i64>,
+    /// The records the epoch had served over the whole job, when written mid-epoch: a run
+    /// resumed on another layout serves the others in the rest of it (see `train::elastic`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub progress: Option<ddl_loader::progress::EpochProgress>,
     /// Tensors in data order.
     pub tensors: Vec<TensorEntry>,
 }
@@ -465,6 +469,7 @@ mod tests {
                 val_top1: None,
                 val_top5: None,
                 batches_tracked_base: BTreeMap::new(),
+                progress: None,
                 tensors: vec![
                     TensorEntry {
                         name: "param/a".into(),

@@ -122,6 +122,7 @@ impl Run<'_> {
             "train",
             &[("epoch", epoch as i64), ("step", global as i64)],
         );
+        let progress = self.progress(epoch, step)?;
         let (states, whole) = self.whole()?;
         let gathered = self.comm.gather_bytes(encode_buffers(&states))?;
         let (Some(gathered), Some(full)) = (gathered, whole) else {
@@ -182,6 +183,7 @@ impl Run<'_> {
                 val_top1: evaluated.and_then(|e| e.top1),
                 val_top5: evaluated.and_then(|e| e.top5),
                 batches_tracked_base: self.batches_tracked_base.clone(),
+                progress,
                 tensors,
             },
             data,
@@ -207,8 +209,14 @@ impl Run<'_> {
         };
         let path = from.clone().unwrap_or_else(|| dir.clone());
         let ck = Checkpoint::from_bytes(&bytes, &path)?;
-        self.check_resumable(&ck, &path)?;
+        let new_layout = self.check_resumable(&ck, &path)?;
         self.load_checkpoint(&ck, &path)?;
+        let mut step = ck.meta.step;
+        if let Some(progress) = ck.meta.progress.clone() {
+            if new_layout || progress.resumed {
+                step = self.resume_elsewhere(progress, &path)?;
+            }
+        }
         if self.is_root() && self.cfg.verbose {
             ddl_comm::outln!(
                 "resume: {} (epoch {}, step {}, global step {})",
@@ -219,7 +227,7 @@ impl Run<'_> {
             );
         }
         self.summary.resumed_from = from.or(Some(path));
-        Ok(Some((ck.meta.epoch, ck.meta.step, ck.meta.global_step)))
+        Ok(Some((ck.meta.epoch, step, ck.meta.global_step)))
     }
 
     /// The bytes of the newest valid checkpoint in `dir` on every rank, with its path on rank
@@ -289,8 +297,9 @@ impl Run<'_> {
     }
 
     /// Refuses a checkpoint of another model, class count, dataset, layout or trajectory
-    /// (naming each difference); warns of the differences that only change rounding.
-    fn check_resumable(&mut self, ck: &Checkpoint, path: &Path) -> Result<()> {
+    /// (naming each difference); warns of the differences that only change rounding. Whether
+    /// the run continues on another layout (`allow_new_layout`).
+    fn check_resumable(&mut self, ck: &Checkpoint, path: &Path) -> Result<bool> {
         let bad = |m: String| TrainError::Checkpoint {
             path: path.to_path_buf(),
             message: m,
@@ -351,7 +360,7 @@ impl Run<'_> {
             }
             self.summary.warnings.push(w);
         }
-        Ok(())
+        Ok(!comparison.layout.is_empty())
     }
 
     /// Sets every replica's parameters, momentum and buffers, the loss scale and what an export

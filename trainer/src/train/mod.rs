@@ -33,6 +33,7 @@ use crate::table::{BatchIter, EvalSums, Table, TableConfig};
 mod checkpoints;
 mod data;
 pub mod dir_lock;
+mod elastic;
 mod head;
 mod plan;
 mod synthetic;
@@ -84,6 +85,8 @@ struct Run<'a> {
     val_set: Option<Arc<Dataset>>,
     /// The exchange of train records between the nodes, which gives each epoch's `train_set`.
     exchange: Option<ddl_exchange::Exchange>,
+    /// The rest of an epoch resumed on another layout, until that epoch ends.
+    remainder: Option<elastic::Remainder>,
     metrics: Option<MetricsWriter>,
     summary: TrainSummary,
     bar: Option<indicatif::ProgressBar>,
@@ -278,6 +281,7 @@ pub fn train(
         sampler,
         val_set,
         exchange,
+        remainder: None,
         metrics: None,
         summary: TrainSummary::default(),
         bar,
@@ -525,21 +529,28 @@ impl Run<'_> {
         let (epoch, mut step, mut global) = (pos.epoch, pos.step, pos.global);
         let steps_per_epoch = self.schedule.steps_per_epoch;
         let epochs = u64::from(self.cfg.epochs);
-        if let Some(exchange) = &mut self.exchange {
-            self.train_set = exchange.epoch(epoch)?;
-        }
+        let (train_set, sampler, first) = match self.remainder.as_ref().filter(|r| r.epoch == epoch)
+        {
+            Some(r) => (r.train_set.clone(), r.sampler.clone(), r.sampler_step(step)),
+            None => {
+                if let Some(exchange) = &mut self.exchange {
+                    self.train_set = exchange.epoch(epoch)?;
+                }
+                (self.train_set.clone(), self.sampler.clone(), step as usize)
+            }
+        };
         // A shard changed under the job would SIGBUS a reader mid-epoch: catch it here.
-        self.train_set.check_unchanged()?;
+        train_set.check_unchanged()?;
         let pipeline = Pipeline::start(
-            self.train_set.clone(),
-            self.sampler.clone(),
+            train_set,
+            sampler,
             self.pipeline_config(
                 Augment::Train,
                 self.cfg.train_size(epoch),
                 self.cfg.on_bad_record,
             ),
             epoch,
-            step as usize,
+            first,
         )?;
         let sources: Vec<BatchIter> = (0..self.table.replicas())
             .map(|r| Box::new(pipeline.replica(r)) as BatchIter)
@@ -597,6 +608,9 @@ impl Run<'_> {
             }
         }
         drop(pipeline);
+        if step == steps_per_epoch {
+            self.remainder = None;
+        }
         (pos.step, pos.global) = (step, global);
         Ok(acc)
     }

@@ -1,0 +1,137 @@
+//! How far an epoch has got, in a form that does not depend on the layout: the set of the
+//! split's records it has served. A run stopped mid-epoch keeps it in its checkpoint; a run
+//! resumed on another number of nodes, ranks or replicas deals the records not yet served
+//! over its own layout ([`crate::placement::Holdings::dealt`]) and serves each exactly once
+//! in the rest of the epoch.
+
+use serde::{Deserialize, Serialize};
+
+use crate::error::{LoaderError, Result};
+
+/// The records of one epoch served so far: bit `i % 32` of word `i / 32` is record `i`
+/// (its global id, the position in the split).
+///
+/// # Examples
+///
+/// ```
+/// use ddl_loader::progress::EpochProgress;
+///
+/// let mut p = EpochProgress::new(3, 10);
+/// p.mark_all([0u64, 4, 9])?;
+/// assert_eq!(p.served(), 3);
+/// assert_eq!(p.unserved(), [1, 2, 3, 5, 6, 7, 8]);
+/// # Ok::<(), ddl_loader::LoaderError>(())
+/// ```
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct EpochProgress {
+    /// The epoch.
+    pub epoch: u64,
+    /// Records in the split.
+    pub records: u64,
+    /// Whether the epoch was resumed on another layout (its rest dealt from this set), so
+    /// that a later resume continues the same way on any layout.
+    #[serde(default)]
+    pub resumed: bool,
+    words: Vec<u32>,
+}
+
+impl EpochProgress {
+    /// Nothing served yet of `epoch` of a split of `records` records.
+    pub fn new(epoch: u64, records: u64) -> EpochProgress {
+        EpochProgress {
+            epoch,
+            records,
+            resumed: false,
+            words: vec![0; records.div_ceil(32) as usize],
+        }
+    }
+
+    /// Marks the records `ids` served; fails on an id outside the split.
+    pub fn mark_all(&mut self, ids: impl IntoIterator<Item = u64>) -> Result<()> {
+        for id in ids {
+            if id >= self.records {
+                return Err(LoaderError::InvalidConfig(format!(
+                    "record {id} served in epoch {}, whose split has {} records",
+                    self.epoch, self.records
+                )));
+            }
+            self.words[(id / 32) as usize] |= 1 << (id % 32);
+        }
+        Ok(())
+    }
+
+    /// Adds what `other` served; fails when it is another epoch or split size.
+    pub fn merge(&mut self, other: &EpochProgress) -> Result<()> {
+        if (other.epoch, other.records) != (self.epoch, self.records) {
+            return Err(LoaderError::InvalidConfig(format!(
+                "progress of epoch {} over {} records cannot merge with epoch {} over {}",
+                other.epoch, other.records, self.epoch, self.records
+            )));
+        }
+        for (a, b) in self.words.iter_mut().zip(&other.words) {
+            *a |= b;
+        }
+        Ok(())
+    }
+
+    /// Whether record `id` was served.
+    pub fn is_served(&self, id: u64) -> bool {
+        id < self.records && self.words[(id / 32) as usize] & (1 << (id % 32)) != 0
+    }
+
+    /// Records served.
+    pub fn served(&self) -> u64 {
+        self.words.iter().map(|w| u64::from(w.count_ones())).sum()
+    }
+
+    /// The records not served yet, ascending.
+    pub fn unserved(&self) -> Vec<u32> {
+        (0..self.records as u32)
+            .filter(|&id| !self.is_served(u64::from(id)))
+            .collect()
+    }
+
+    /// Checks that the progress read from a checkpoint is whole: as many words as the split
+    /// needs, no record beyond it.
+    pub fn check(&self) -> Result<()> {
+        let tail = self.records % 32;
+        let spare = match self.words.last() {
+            Some(&w) if tail != 0 => w >> tail,
+            _ => 0,
+        };
+        if self.words.len() as u64 != self.records.div_ceil(32) || spare != 0 {
+            return Err(LoaderError::InvalidConfig(format!(
+                "the progress of epoch {} has {} words for {} records",
+                self.epoch,
+                self.words.len(),
+                self.records
+            )));
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn marks_merge_and_survive_json() {
+        let mut a = EpochProgress::new(1, 70);
+        a.mark_all([0, 33, 69]).unwrap();
+        let mut b = EpochProgress::new(1, 70);
+        b.mark_all([1, 33]).unwrap();
+        a.merge(&b).unwrap();
+        assert_eq!(a.served(), 4);
+        assert!(a.is_served(69) && !a.is_served(68) && !a.is_served(70));
+        let back: EpochProgress =
+            serde_json::from_str(&serde_json::to_string(&a).unwrap()).unwrap();
+        assert_eq!(back, a);
+        back.check().unwrap();
+        assert!(a.mark_all([70]).is_err());
+        assert!(a.merge(&EpochProgress::new(2, 70)).is_err());
+        let mut bad = a.clone();
+        bad.words.push(0);
+        assert!(bad.check().is_err());
+    }
+}

@@ -1,0 +1,184 @@
+//! Exact elastic resume: a checkpoint written mid-epoch keeps the set of records the epoch
+//! has served over the whole job ([`EpochProgress`], independent of the layout). A run
+//! resumed from it on another number of nodes, ranks or replicas deals the records not yet
+//! served over its own nodes ([`Holdings::dealt`]) and serves them, each once (the Drop
+//! tail's rule aside), in the rest of the epoch: a [`Remainder`]. Each node reads its part
+//! from the shard directory (a lost node's shards included); the epochs after it are the new
+//! layout's own.
+
+use std::ops::Range;
+use std::path::Path;
+use std::sync::Arc;
+
+use ddl_loader::dataset::{Dataset, OpenOptions, Residency};
+use ddl_loader::placement::Holdings;
+use ddl_loader::progress::EpochProgress;
+use ddl_loader::sampler::Sampler;
+
+use super::checkpoints::{bytes_to_u64s, u64s_to_bytes};
+use super::Run;
+use crate::config::TrainConfig;
+use crate::error::{Result, TrainError};
+
+/// The rest of an epoch resumed on another layout.
+pub(super) struct Remainder {
+    /// The epoch.
+    pub epoch: u64,
+    /// The run's step (within the epoch) at which the remainder's first batch is trained.
+    pub first_step: u64,
+    /// Remainder steps left out at its start: those beyond the new layout's steps per epoch.
+    pub skip: usize,
+    /// This node's part of the records not served yet.
+    pub train_set: Arc<Dataset>,
+    /// How this rank's replicas take them.
+    pub sampler: Sampler,
+    /// What the epoch served before the resume.
+    pub before: EpochProgress,
+}
+
+impl Remainder {
+    /// The remainder of `before`'s epoch for node `residency.node` of this run, whose full
+    /// epochs take `steps_per_epoch` steps and whose sampler is `sampler`'s; `None` when no
+    /// full step is left to take (the epoch then ends where it is).
+    pub(super) fn new(
+        cfg: &TrainConfig,
+        residency: Residency,
+        sampler: &Sampler,
+        before: EpochProgress,
+        steps_per_epoch: u64,
+    ) -> Result<Option<Remainder>> {
+        let left = before.unserved();
+        let dealt = Holdings::dealt(&left, residency.nodes, cfg.seed, before.epoch);
+        let mine = dealt.node(residency.node);
+        let min = dealt.min_node_records();
+        if min == 0 {
+            return Ok(None);
+        }
+        let sampler = match Sampler::try_new(mine.len(), min, sampler.config().clone()) {
+            Ok(s) if s.steps_per_epoch() > 0 => s,
+            _ => return Ok(None),
+        };
+        let all = Residency { node: 0, nodes: 1 };
+        let shards = Dataset::open(&cfg.data, "train", all, &OpenOptions::default())?;
+        let steps = sampler.steps_per_epoch() as u64;
+        Ok(Some(Remainder {
+            epoch: before.epoch,
+            first_step: steps_per_epoch.saturating_sub(steps),
+            skip: steps.saturating_sub(steps_per_epoch) as usize,
+            train_set: Arc::new(shards.holding(mine, None)?),
+            sampler,
+            before,
+        }))
+    }
+
+    /// The remainder's sampler step at the run's step `step` of the epoch.
+    pub(super) fn sampler_step(&self, step: u64) -> usize {
+        (step - self.first_step) as usize + self.skip
+    }
+
+    /// Records the remainder has not served and never will (the Drop tail, and the steps a
+    /// shorter epoch of the new layout leaves out).
+    pub(super) fn left_out(&self, nodes: usize) -> u64 {
+        let left = self.before.records - self.before.served();
+        let per_node = self.sampler.steps_per_epoch() - self.skip;
+        left.saturating_sub((per_node * self.sampler_streams_batch() * nodes) as u64)
+    }
+
+    fn sampler_streams_batch(&self) -> usize {
+        let c = self.sampler.config();
+        c.ranks_in_node * c.replicas * c.batch_per_replica
+    }
+}
+
+/// Global ids of the records `sampler` gives this rank's replicas over `steps` of `epoch`.
+pub(super) fn served_ids(
+    dataset: &Dataset,
+    sampler: &Sampler,
+    epoch: u64,
+    steps: Range<usize>,
+) -> Vec<u64> {
+    let mut ids = Vec::new();
+    let mut batch = Vec::new();
+    for step in steps {
+        for replica in 0..sampler.config().replicas {
+            sampler.batch_into(epoch, step, replica, &mut batch);
+            ids.extend(batch.iter().map(|&i| dataset.global_id(i)));
+        }
+    }
+    ids
+}
+
+impl Run<'_> {
+    /// The records `epoch` has served over the whole job up to its step `step`, on rank 0
+    /// (`None` on the others, and at an epoch's start or end). Collective.
+    pub(super) fn progress(&self, epoch: u64, step: u64) -> Result<Option<EpochProgress>> {
+        if step == 0 || step >= self.schedule.steps_per_epoch {
+            return Ok(None);
+        }
+        let remainder = self.remainder.as_ref().filter(|r| r.epoch == epoch);
+        let mine = match remainder {
+            Some(r) => served_ids(
+                &r.train_set,
+                &r.sampler,
+                epoch,
+                r.skip..r.sampler_step(step),
+            ),
+            None => served_ids(&self.train_set, &self.sampler, epoch, 0..step as usize),
+        };
+        let Some(all) = self.comm.gather_bytes(u64s_to_bytes(&mine))? else {
+            return Ok(None);
+        };
+        let records = self.plan.manifest.split(&self.cfg.data, "train")?.records;
+        let mut progress = match remainder {
+            Some(r) => r.before.clone(),
+            None => EpochProgress::new(epoch, records),
+        };
+        progress.resumed = remainder.is_some();
+        for ids in &all {
+            progress.mark_all(bytes_to_u64s(ids))?;
+        }
+        Ok(Some(progress))
+    }
+
+    /// Continues `progress`'s epoch (read from the checkpoint `path`) on this run's layout:
+    /// the records not served yet dealt over its nodes. The step to continue at.
+    pub(super) fn resume_elsewhere(&mut self, progress: EpochProgress, path: &Path) -> Result<u64> {
+        let bad = |m: String| TrainError::Checkpoint {
+            path: path.to_path_buf(),
+            message: m,
+        };
+        progress.check().map_err(|e| bad(e.to_string()))?;
+        let records = self.plan.manifest.split(&self.cfg.data, "train")?.records;
+        if progress.records != records {
+            return Err(bad(format!(
+                "its progress covers {} records, the train split has {records}",
+                progress.records
+            )));
+        }
+        let steps = self.schedule.steps_per_epoch;
+        let (epoch, served) = (progress.epoch, progress.served());
+        let nodes = self.plan.residency.nodes;
+        let remainder = Remainder::new(
+            self.cfg,
+            self.plan.residency,
+            &self.sampler,
+            progress,
+            steps,
+        )?;
+        let step = remainder.as_ref().map_or(steps, |r| r.first_step);
+        if self.is_root() && self.cfg.verbose {
+            let left_out = remainder
+                .as_ref()
+                .map_or(records - served, |r| r.left_out(nodes));
+            ddl_comm::outln!(
+                "resume: epoch {epoch} had served {served} of {records} records; the other {} \
+                 are dealt over {nodes} node(s) and served in its last {} steps ({left_out} \
+                 left out by the last incomplete step)",
+                records - served,
+                steps - step,
+            );
+        }
+        self.remainder = remainder;
+        Ok(step)
+    }
+}
