@@ -15,6 +15,7 @@ pub mod pack;
 pub mod pipeline;
 pub mod sampler;
 pub mod shard;
+pub mod trace_records;
 pub mod transform;
 pub mod units;
 

@@ -29,6 +29,7 @@ use crate::schedule::Schedule;
 use crate::setting::Setting;
 use crate::signal::StopSignal;
 use crate::table::{BatchIter, EvalSums, Table, TableConfig};
+use crate::trace_records::RecordTrace;
 
 mod checkpoints;
 mod data;
@@ -83,6 +84,8 @@ struct Run<'a> {
     sampler: Sampler,
     val_set: Option<Arc<Dataset>>,
     metrics: Option<MetricsWriter>,
+    /// The record trace of this rank (`trace_records`).
+    trace: Option<RecordTrace>,
     summary: TrainSummary,
     bar: Option<indicatif::ProgressBar>,
     /// Bad records this rank has met (shard file, record).
@@ -256,6 +259,7 @@ pub fn train(
         sampler,
         val_set,
         metrics: None,
+        trace: None,
         summary: TrainSummary::default(),
         bar,
         bad_seen: HashSet::new(),
@@ -486,6 +490,11 @@ impl Run<'_> {
                 )?);
             }
         }
+        if let Some(path) = &self.cfg.trace_records {
+            let (rank, ranks) = (self.rank(), self.comm.size());
+            let after = resumed.then_some(global);
+            self.trace = Some(RecordTrace::open(path, rank, ranks, after)?);
+        }
         if self.cfg.check_replicas {
             self.check_replicas()?;
         }
@@ -515,9 +524,12 @@ impl Run<'_> {
             epoch,
             step as usize,
         )?;
-        let sources: Vec<BatchIter> = (0..self.table.replicas())
+        let mut sources: Vec<BatchIter> = (0..self.table.replicas())
             .map(|r| Box::new(pipeline.replica(r)) as BatchIter)
             .collect();
+        if let Some(trace) = &mut self.trace {
+            sources = trace.watch(sources, global - step);
+        }
         self.table.attach(sources)?;
         if let Some(b) = &self.bar {
             b.set_prefix(format!("epoch {epoch}"));
@@ -539,6 +551,9 @@ impl Run<'_> {
             step += 1;
             global += 1;
             self.summary.steps_run += 1;
+            if let Some(trace) = &mut self.trace {
+                trace.trained(global)?;
+            }
             bad_seen = self.collect_bad_records(&pipeline, bad_seen, BadRecordUse::Train);
             tuning::report(
                 &self.comm,
@@ -559,6 +574,8 @@ impl Run<'_> {
             let every = self.cfg.checkpoint_every > 0 && global % self.cfg.checkpoint_every == 0;
             let last = global >= max_steps && step < steps_per_epoch;
             if (every || last) && step < steps_per_epoch {
+                // The trace's lines on disk first: a run resumed from it continues them.
+                self.flush_trace()?;
                 self.save_checkpoint(epoch, step, global)?;
             }
             let run_ends = global >= max_steps || (step == steps_per_epoch && epoch + 1 == epochs);
@@ -571,8 +588,14 @@ impl Run<'_> {
             }
         }
         drop(pipeline);
+        self.flush_trace()?;
         (pos.step, pos.global) = (step, global);
         Ok(acc)
+    }
+
+    /// Writes the record trace's lines so far to its file.
+    fn flush_trace(&mut self) -> Result<()> {
+        self.trace.as_mut().map_or(Ok(()), RecordTrace::flush)
     }
 
     /// The end of a whole epoch at `pos`: evaluation, the replica check, the epoch's record
@@ -663,6 +686,7 @@ impl Run<'_> {
             b.finish_and_clear();
         }
         self.publish_bad_records()?;
+        self.flush_trace()?;
         let checkpoint = match self.cfg.checkpoint_dir.clone() {
             Some(dir) => {
                 if self.last_checkpoint != Some(global) {
