@@ -17,6 +17,7 @@ pub mod placement;
 pub mod progress;
 pub mod sampler;
 pub mod shard;
+pub mod trace_records;
 pub mod transform;
 pub mod units;
 

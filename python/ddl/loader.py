@@ -16,6 +16,7 @@ import numpy as np
 import torch
 
 from . import _ddl, _placement
+from ._trace_records import RecordTrace
 from .shards import Shards
 
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
@@ -181,6 +182,11 @@ class Loader:
         resize_ratio: val only: the resize as a multiple of the image size (at least 1;
             ``8/7``: 256 for 224).
         populate: pre-fault this node's shards into RAM at start.
+        trace_records: a path: each rank writes the records of every batch it delivers there,
+            one JSON line per batch, ``{"epoch": E, "step": G, "rank": R, "replica": 0, "ids":
+            [...]}`` (ddl-train's ``--trace-records`` format), to audit the data order: to
+            ``trace_records`` itself in a job of one rank, to ``trace_records.<rank>`` in a job
+            of several. See "Record trace" below.
 
     With ``ddl.dist`` initialised, the first loader of a node warns (``RuntimeWarning``) when
     the launcher bound its rank to fewer CPUs than ``workers + 1`` while the node's ranks leave
@@ -222,6 +228,20 @@ class Loader:
     Progressive resizing: ``set_image_size(n)`` changes the output side from the next epoch
     on (the running one keeps its size); ``state_dict()`` carries both, so a resume on either
     side of the change yields the same batches.
+
+    Record trace (``trace_records``): ``epoch`` is the epoch iterated (``set_epoch``'s, or
+    the next one), ``rank`` this process's (``ddl.dist``'s rank when initialised, see ``rank``),
+    ``ids`` the records' global ids in the batch's order (positions in the split,
+    ``0..len(loader.dataset)``: ``loader.dataset[i]`` is record ``i``; padding rows, never
+    delivered, are left out) and ``step`` the batch's global step, 1-based: ``epoch *
+    len(loader) + i + 1`` for batch ``i`` (from 0) of the epoch, which is the count of batches
+    delivered since epoch 0 when the epochs run in order, resumes included (as ddl-train numbers
+    its steps). A batch is written when the loop receives it, not when it is staged ahead. The
+    file is emptied at the first batch; a loader restored by ``load_state_dict`` instead keeps
+    the lines up to the restored position (cutting those a process killed after saving its
+    state wrote past it) and appends. Lines reach the file at the end of each iteration, at
+    ``state_dict()`` (so that a checkpoint's state has its lines on disk) and at ``close()``.
+    A forked child leaves the file to its parent and writes nothing.
 
     Output types and layouts: the pipeline writes float32 NCHW or uint8 NHWC; other types and
     memory formats are converted in one pass per batch (on the CPU into a new tensor; with
@@ -269,6 +289,7 @@ class Loader:
         resize: int = 0,
         resize_ratio: float = RESIZE_RATIO,
         populate: bool = False,
+        trace_records: "str | os.PathLike[str] | None" = None,
     ) -> None:
         if workers is not None and num_workers is not None:
             raise ValueError("workers, num_workers: give one (num_workers is DataLoader's "
@@ -324,6 +345,8 @@ class Loader:
                 # Explicit positions: each rank its own node unless the launcher says otherwise.
                 place = _placement.Placement(me, size, 0, 1, me, size, "arguments")
         self.placement = place
+        self._trace = (None if trace_records is None
+                       else RecordTrace(trace_records, place.rank, place.world_size))
         self.path, self.split, self.batch_size = path, split, batch_size
         self.drop_last = drop_last if split == "train" else False
         self.wrap = wrap
@@ -402,6 +425,8 @@ class Loader:
         self._core.stop()
         self._core = None
         self._iterating = False
+        if self._trace is not None:
+            self._trace.close()
 
     def __enter__(self) -> "Loader":
         return self
@@ -415,6 +440,8 @@ class Loader:
         if self._core is None:
             return
         self._core.forget_after_fork()
+        if self._trace is not None:
+            self._trace.forget_after_fork()
         if self._iterating:
             self._start_step, self._iterating = self._next_step, False
 
@@ -442,7 +469,10 @@ class Loader:
     def state_dict(self) -> Dict[str, Any]:
         """Where the loader is: the epoch and the batches of it already delivered (after a
         completed epoch: the next epoch, step 0), the image size of that epoch and of the
-        epochs after it, plus what must match on resume (seed, batch size, world size, rank)."""
+        epochs after it, plus what must match on resume (seed, batch size, world size, rank).
+        Writes the record trace's lines so far to its file (``trace_records``)."""
+        if self._trace is not None:
+            self._trace.flush()
         mid_epoch = False
         if self._completed and not self._iterating:
             epoch, step = self._epoch + 1, 0  # this epoch is done: resume with the next one
@@ -493,6 +523,8 @@ class Loader:
         self._epoch = epoch
         self._start_step = step
         self._epoch_image_size, self.image_size = sizes
+        if self._trace is not None:
+            self._trace.resume_after(epoch * len(self) + step)
 
     def stats(self) -> Dict[str, Any]:
         """Since the first batch: ``images``, ``batches``, ``seconds``, ``images_per_s``,
@@ -544,7 +576,9 @@ class Loader:
                 item = core.next(ticket)
                 if item is None:
                     return
-                images, labels, _indices, step = item
+                images, labels, indices, step = item
+                if self._trace is not None:
+                    self._trace.take(step, np.asarray(indices).tolist())
                 images = _tensor(images)
                 if channels_first != want_first:
                     images = (images.permute(0, 3, 1, 2) if want_first
@@ -561,17 +595,25 @@ class Loader:
         shape = first if want_first else last
         dtype = torch.float32 if channels_first else torch.uint8
         for step in range(self._start_step, len(self)):
+            if self._trace is not None:
+                self._trace.take(step, [])
             yield torch.empty(shape, dtype=dtype), torch.empty(0, dtype=torch.int64), step
 
     def _deliver(self, source: Generator[Tuple[torch.Tensor, torch.Tensor, int], None, None]
                  ) -> Iterator[Tuple[torch.Tensor, torch.Tensor]]:
-        """Hands batches to the caller, counting those delivered (for ``state_dict``)."""
+        """Hands batches to the caller, counting those delivered (for ``state_dict``) and
+        writing them to the record trace."""
         self._next_step = self._start_step
         self._iterating = True
         self._completed = False
+        trace, steps = self._trace, len(self)
+        if trace is not None:
+            trace.restart()
         try:
             for images, labels, step in source:
                 self._next_step = step + 1
+                if trace is not None:
+                    trace.deliver(self._epoch, step, self._epoch * steps + step + 1)
                 yield images, labels
         finally:
             source.close()  # a staging thread, if any, stops before the iteration ends
@@ -582,6 +624,8 @@ class Loader:
             # set_epoch says otherwise); a broken-off one resumes where the consumer stopped.
             self._start_step = 0 if finished else self._next_step
             self._completed = finished
+            if trace is not None:
+                trace.flush()
             # The pipeline stays: the next epoch reuses its threads and batch buffers.
 
     def __repr__(self) -> str:

@@ -1,5 +1,6 @@
 //! The extension module `ddl._ddl` behind the Python package `ddl`: the pipeline
-//! ([`loader::Loader`]), map-style shard access ([`shards::Shards`]) and the allreduce
+//! ([`loader::Loader`]) and its record trace ([`trace_records::TraceRecords`]), map-style shard
+//! access ([`shards::Shards`]) and the allreduce
 //! ([`dist`]) with the allgather and reduce-scatter ([`sharded`]) and the `priority` order's
 //! negotiation ([`priority`]). Importing it starts nothing: the job's transport starts in
 //! `dist_init` (MPI) or `dist_init_tcp` (TCP).
@@ -14,6 +15,7 @@ mod loader;
 mod priority;
 mod sharded;
 mod shards;
+mod trace_records;
 
 use pyo3::prelude::*;
 
@@ -23,6 +25,7 @@ fn _ddl(m: &Bound<'_, PyModule>) -> PyResult<()> {
     let py = m.py();
     m.add_class::<loader::Loader>()?;
     m.add_class::<shards::Shards>()?;
+    m.add_class::<trace_records::TraceRecords>()?;
     m.add_class::<batch::BatchArray>()?;
     m.add_class::<priority::PyNegotiator>()?;
     m.add("DdlError", py.get_type::<errors::DdlError>())?;

@@ -90,6 +90,9 @@ pub struct TrainConfig {
     pub precision: Precision,
     /// JSON-lines metrics file written by rank 0 (`metrics`).
     pub metrics: Option<PathBuf>,
+    /// JSON-lines record trace, one file per rank: the global ids of the records of every
+    /// batch trained (`trace_records`; format: `ddl_loader::trace_records`).
+    pub trace_records: Option<PathBuf>,
     /// Checkpoint directory (`checkpoint_dir`).
     pub checkpoint_dir: Option<PathBuf>,
     /// Checkpoint every N global steps, 0 = only at epoch ends (`checkpoint_every`).
@@ -217,6 +220,7 @@ impl Default for TrainConfig {
             label_smoothing: 0.0,
             precision: Precision::Fp32,
             metrics: None,
+            trace_records: None,
             checkpoint_dir: None,
             checkpoint_every: 0,
             keep_checkpoints: 3,

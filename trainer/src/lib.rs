@@ -70,6 +70,7 @@ pub mod setting;
 pub mod signal;
 pub mod size_schedule;
 pub mod table;
+mod trace_records;
 pub mod train;
 pub mod validate;
 pub mod weights;

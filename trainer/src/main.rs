@@ -105,6 +105,11 @@ struct Cli {
     /// Write one JSON line per step and per epoch here (rank 0).
     #[arg(long)]
     metrics: Option<PathBuf>,
+    /// Write the global ids of the records of every batch trained here, one JSON line per
+    /// replica and step: {"epoch", "step", "rank", "replica", "ids"} (every rank; with
+    /// several ranks each writes PATH.<rank>; appended to on --resume).
+    #[arg(long, value_name = "PATH", conflicts_with = "synthetic_data")]
+    trace_records: Option<PathBuf>,
     /// Directory of checkpoints (written by rank 0).
     #[arg(long)]
     checkpoint_dir: Option<PathBuf>,
@@ -300,6 +305,7 @@ impl Cli {
             label_smoothing: self.label_smoothing,
             precision: self.precision,
             metrics: self.metrics,
+            trace_records: self.trace_records,
             checkpoint_dir: self.checkpoint_dir,
             checkpoint_every: self.checkpoint_every,
             keep_checkpoints: self.keep_checkpoints,

@@ -119,6 +119,7 @@ pub const FREE: &[(&str, &str)] = &[
         "batches depend only on seed, epoch, step and replica",
     ),
     ("metrics", "output only"),
+    ("trace_records", "output only"),
     ("compile_cache", "where the compiled step is kept"),
     ("save_cost_model", "output only"),
     ("checkpoint_dir", "output only"),

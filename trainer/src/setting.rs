@@ -82,6 +82,8 @@ settings! {
     Precision = "precision",
     /// The metrics file.
     Metrics = "metrics",
+    /// The record trace files.
+    TraceRecords = "trace_records",
     /// The checkpoint directory.
     CheckpointDir = "checkpoint_dir",
     /// Checkpoint interval in global steps.

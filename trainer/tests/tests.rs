@@ -19,4 +19,5 @@ mod overlap;
 mod residency;
 mod resume;
 mod trace;
+mod trace_records;
 mod weights;

@@ -35,6 +35,7 @@ pub fn flag(setting: Setting) -> &'static str {
         Setting::CompileCache => "--compile-cache",
         Setting::Precision => "--precision",
         Setting::Metrics => "--metrics",
+        Setting::TraceRecords => "--trace-records",
         Setting::CheckpointDir => "--checkpoint-dir",
         Setting::CheckpointEvery => "--checkpoint-every",
         Setting::KeepCheckpoints => "--keep-checkpoints",

@@ -29,6 +29,7 @@ use crate::schedule::Schedule;
 use crate::setting::Setting;
 use crate::signal::StopSignal;
 use crate::table::{BatchIter, EvalSums, Table, TableConfig};
+use crate::trace_records::RecordTrace;
 
 mod checkpoints;
 mod data;
@@ -88,6 +89,8 @@ struct Run<'a> {
     /// The rest of an epoch resumed on another layout, until that epoch ends.
     remainder: Option<elastic::Remainder>,
     metrics: Option<MetricsWriter>,
+    /// The record trace of this rank (`trace_records`).
+    trace: Option<RecordTrace>,
     summary: TrainSummary,
     bar: Option<indicatif::ProgressBar>,
     /// Bad records this rank has met (shard file, record).
@@ -283,6 +286,7 @@ pub fn train(
         exchange,
         remainder: None,
         metrics: None,
+        trace: None,
         summary: TrainSummary::default(),
         bar,
         bad_seen: HashSet::new(),
@@ -513,6 +517,11 @@ impl Run<'_> {
                 )?);
             }
         }
+        if let Some(path) = &self.cfg.trace_records {
+            let (rank, ranks) = (self.rank(), self.comm.size());
+            let after = resumed.then_some(global);
+            self.trace = Some(RecordTrace::open(path, rank, ranks, after)?);
+        }
         if self.cfg.check_replicas {
             self.check_replicas()?;
         }
@@ -552,9 +561,12 @@ impl Run<'_> {
             epoch,
             first,
         )?;
-        let sources: Vec<BatchIter> = (0..self.table.replicas())
+        let mut sources: Vec<BatchIter> = (0..self.table.replicas())
             .map(|r| Box::new(pipeline.replica(r)) as BatchIter)
             .collect();
+        if let Some(trace) = &mut self.trace {
+            sources = trace.watch(sources, global - first as u64);
+        }
         self.table.attach(sources)?;
         if let Some(b) = &self.bar {
             b.set_prefix(format!("epoch {epoch}"));
@@ -576,6 +588,9 @@ impl Run<'_> {
             step += 1;
             global += 1;
             self.summary.steps_run += 1;
+            if let Some(trace) = &mut self.trace {
+                trace.trained(global)?;
+            }
             bad_seen = self.collect_bad_records(&pipeline, bad_seen, BadRecordUse::Train);
             tuning::report(
                 &self.comm,
@@ -596,6 +611,8 @@ impl Run<'_> {
             let every = self.cfg.checkpoint_every > 0 && global % self.cfg.checkpoint_every == 0;
             let last = global >= max_steps && step < steps_per_epoch;
             if (every || last) && step < steps_per_epoch {
+                // The trace's lines on disk first: a run resumed from it continues them.
+                self.flush_trace()?;
                 self.save_checkpoint(epoch, step, global)?;
             }
             let run_ends = global >= max_steps || (step == steps_per_epoch && epoch + 1 == epochs);
@@ -611,8 +628,14 @@ impl Run<'_> {
         if step == steps_per_epoch {
             self.remainder = None;
         }
+        self.flush_trace()?;
         (pos.step, pos.global) = (step, global);
         Ok(acc)
+    }
+
+    /// Writes the record trace's lines so far to its file.
+    fn flush_trace(&mut self) -> Result<()> {
+        self.trace.as_mut().map_or(Ok(()), RecordTrace::flush)
     }
 
     /// The end of a whole epoch at `pos`: evaluation, the replica check, the epoch's record
@@ -703,6 +726,7 @@ impl Run<'_> {
             b.finish_and_clear();
         }
         self.publish_bad_records()?;
+        self.flush_trace()?;
         let checkpoint = match self.cfg.checkpoint_dir.clone() {
             Some(dir) => {
                 if self.last_checkpoint != Some(global) {

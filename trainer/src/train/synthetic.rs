@@ -110,6 +110,7 @@ fn check_flags(cfg: &TrainConfig) -> Result<()> {
         (Setting::InitFrom, cfg.init_from.is_some()),
         (Setting::Export, cfg.export.is_some()),
         (Setting::DumpWeights, cfg.dump_weights.is_some()),
+        (Setting::TraceRecords, cfg.trace_records.is_some()),
     ];
     if let Some((setting, _)) = needs_data.iter().find(|(_, given)| *given) {
         return Err(TrainError::config(
