@@ -99,7 +99,9 @@ impl RecordTrace {
 fn line_of(b: &Batch, rank: usize, base: u64) -> TraceLine {
     TraceLine {
         epoch: b.epoch,
-        step: base + b.step as u64 + 1,
+        // Wrapping: `base` may stand below 0 when the sampler's steps start past the run's
+        // (the rest of an epoch resumed on another layout, `train::elastic`).
+        step: base.wrapping_add(b.step as u64 + 1),
         rank,
         replica: b.replica,
         ids: b.indices.clone(),

@@ -1,37 +1,182 @@
-//! `exchange`: nodes (ranks under `residency` rank) trade train records at every epoch
-//! boundary; the epochs' records say what moved, and bad fractions are refused.
+//! `exchange` and exact elastic resume, with nodes emulated by ranks (threads of this
+//! process) under `residency` rank, audited through `trace_records`: every epoch serves each
+//! record once over the job, a node's records change by about `Q (P - 1) / P` between epochs,
+//! the same seed gives the same trace, and an epoch stopped on one layout and finished on
+//! another serves every record at most once (all of them but the last incomplete step's).
 
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::Path;
+
+use ddl_loader::trace_records::{read, TraceLine};
 use ddl_trainer::config::ResidencyMode;
+use ddl_trainer::TrainConfig;
 
 use crate::common;
 
-#[test]
-fn nodes_trade_records_from_the_second_epoch_on() {
-    let tmp = ddl_testkit::scratch("exchange-train");
-    let data = tmp.path().join("data");
-    // 4 train shards of 8 records: each of the 2 nodes holds 16.
-    common::make_dataset(&data, 4, 8, 0, 4, 1, 32);
-    let mut cfg = common::config(&data, "resnet_small", 4, "cpu:1");
+/// Train records: 4 classes x 24, in 6 shards of 16: 48 per node on 2 nodes, 32 on 3.
+const RECORDS: usize = 96;
+const BATCH: usize = 4;
+
+fn setup(dir: &Path) -> std::path::PathBuf {
+    let data = dir.join("data");
+    common::make_dataset(&data, 4, RECORDS / 4, 0, 6, 0, 32);
+    data
+}
+
+/// A run of `epochs` epochs exchanging `q`, its trace at `run/trace.jsonl`.
+fn config(data: &Path, run: &Path, q: f64, epochs: u32, devices: &str) -> TrainConfig {
+    let mut cfg = common::config(data, "convnet_nobn", BATCH, devices);
     cfg.residency = ResidencyMode::Rank;
-    cfg.epochs = 3;
-    cfg.exchange = 0.5;
-    cfg.stage = Some(tmp.path().join("stage"));
-    let summaries = common::run_all(&cfg, 2);
-    let moved: Vec<u64> = summaries[0]
-        .epochs
-        .iter()
-        .map(|e| e.exchange.expect("an exchange record").records)
+    cfg.epochs = epochs;
+    cfg.exchange = q;
+    cfg.stage = Some(run.join("stage"));
+    cfg.trace_records = Some(run.join("trace.jsonl"));
+    cfg.checkpoint_dir = Some(run.join("ck"));
+    cfg
+}
+
+/// Every line of the `ranks` ranks' traces under `run`.
+fn lines(run: &Path, ranks: usize) -> Vec<TraceLine> {
+    let file = |r: usize| match ranks {
+        1 => run.join("trace.jsonl"),
+        _ => run.join(format!("trace.jsonl.{r}")),
+    };
+    (0..ranks).flat_map(|r| read(&file(r)).unwrap()).collect()
+}
+
+/// The ids each epoch served, per rank.
+fn by_epoch_and_rank(lines: &[TraceLine]) -> BTreeMap<(u64, usize), Vec<u64>> {
+    let mut out: BTreeMap<(u64, usize), Vec<u64>> = BTreeMap::new();
+    for l in lines {
+        out.entry((l.epoch, l.rank)).or_default().extend(&l.ids);
+    }
+    out
+}
+
+#[test]
+fn every_epoch_serves_each_record_once_and_nodes_change_by_about_q() {
+    let tmp = ddl_testkit::scratch("exchange-accounting");
+    let data = setup(tmp.path());
+    for nodes in [2usize, 3] {
+        for q in [0.0, 0.25, 0.5, 1.0] {
+            let run = tmp.path().join(format!("run-{nodes}-{q}"));
+            let cfg = config(&data, &run, q, 3, "cpu:1");
+            let summaries = common::run_all(&cfg, nodes);
+            let served = by_epoch_and_rank(&lines(&run, nodes));
+            for epoch in 0..3 {
+                let mut all: Vec<u64> = (0..nodes)
+                    .flat_map(|r| served[&(epoch, r)].clone())
+                    .collect();
+                all.sort_unstable();
+                assert_eq!(
+                    all,
+                    (0..RECORDS as u64).collect::<Vec<_>>(),
+                    "{nodes} nodes, Q {q}, epoch {epoch}"
+                );
+            }
+            let share = (RECORDS / nodes) as f64;
+            for epoch in 0..2 {
+                for rank in 0..nodes {
+                    let a: BTreeSet<u64> = served[&(epoch, rank)].iter().copied().collect();
+                    let b: BTreeSet<u64> = served[&(epoch + 1, rank)].iter().copied().collect();
+                    let changed = a.difference(&b).count() as f64 / share;
+                    let expected = q * (nodes - 1) as f64 / nodes as f64;
+                    assert!(
+                        (changed - expected).abs() <= 0.2,
+                        "{nodes} nodes, Q {q}, node {rank}, epoch {epoch}: {changed:.2} changed, about {expected:.2} expected"
+                    );
+                    if q == 0.0 {
+                        assert_eq!(a, b, "Q 0 keeps every node's records");
+                    }
+                }
+            }
+            let moved = summaries[0].epochs[2].exchange.map_or(0, |x| x.records);
+            assert_eq!(
+                moved > 0,
+                q > 0.0,
+                "{nodes} nodes, Q {q}: {moved} records moved"
+            );
+            if q == 0.5 && nodes == 2 {
+                let again = tmp.path().join("again");
+                common::run_all(&config(&data, &again, q, 3, "cpu:1"), nodes);
+                assert_eq!(
+                    lines(&again, nodes),
+                    lines(&run, nodes),
+                    "same seed, same trace"
+                );
+            }
+        }
+    }
+}
+
+/// Stops a run of `from` nodes x `from_devices` mid-epoch 1 and resumes it on `to` nodes x
+/// `to_devices`; epoch 1's ids over both runs: none twice, and all but fewer than the last
+/// incomplete step's worth on the new layout.
+fn stop_and_resume(q: f64, (from, from_devices): (usize, &str), (to, to_devices): (usize, &str)) {
+    let tmp = ddl_testkit::scratch("exchange-elastic");
+    let data = setup(tmp.path());
+    let first = tmp.path().join("first");
+    let mut cfg = config(&data, &first, q, 3, from_devices);
+    let replicas = |d: &str| d.trim_start_matches("cpu:").parse::<usize>().unwrap();
+    let steps = (RECORDS / from / (BATCH * replicas(from_devices))) as u64;
+    cfg.max_steps = Some(steps + steps / 2);
+    common::run_all(&cfg, from);
+    let second = tmp.path().join("second");
+    std::fs::create_dir_all(&second).unwrap();
+    let mut cfg = config(&data, &second, q, 3, to_devices);
+    cfg.checkpoint_dir = Some(first.join("ck"));
+    cfg.resume = true;
+    cfg.allow_new_layout = true;
+    let resumed = common::run_all(&cfg, to);
+    assert!(resumed[0].resumed_from.is_some(), "the second run resumed");
+    let mut epoch1: Vec<u64> = lines(&first, from)
+        .into_iter()
+        .chain(lines(&second, to))
+        .filter(|l| l.epoch == 1)
+        .flat_map(|l| l.ids)
         .collect();
-    assert_eq!(moved[0], 0, "epoch 0 serves the home shards");
-    // Half of each node's 16 records pooled, about half of those dealt to the other node.
-    assert!(moved[1] > 0 && moved[2] > 0 && moved[1] <= 32, "{moved:?}");
-    assert_eq!(summaries[0].param_checksum, summaries[1].param_checksum);
-    let left: Vec<_> = std::fs::read_dir(tmp.path().join("stage"))
-        .unwrap()
-        .map(|e| e.unwrap().file_name())
-        .filter(|n| n.to_string_lossy().starts_with("ddl-exchange"))
-        .collect();
-    assert!(left.is_empty(), "arenas left behind: {left:?}");
+    epoch1.sort_unstable();
+    let distinct: BTreeSet<u64> = epoch1.iter().copied().collect();
+    assert_eq!(
+        distinct.len(),
+        epoch1.len(),
+        "a record served twice in epoch 1"
+    );
+    let per_step = to * BATCH * replicas(to_devices);
+    let missing = RECORDS - distinct.len();
+    assert!(
+        missing < per_step,
+        "{missing} records of epoch 1 never served ({from} -> {to} nodes)"
+    );
+    for epoch in [0u64, 2] {
+        let mut all: Vec<u64> = lines(&first, from)
+            .into_iter()
+            .chain(lines(&second, to))
+            .filter(|l| l.epoch == epoch)
+            .flat_map(|l| l.ids)
+            .collect();
+        all.sort_unstable();
+        assert_eq!(
+            all,
+            (0..RECORDS as u64).collect::<Vec<_>>(),
+            "epoch {epoch}"
+        );
+    }
+}
+
+#[test]
+fn an_epoch_stopped_on_three_nodes_ends_on_two_serving_each_record_once() {
+    stop_and_resume(0.5, (3, "cpu:1"), (2, "cpu:1"));
+}
+
+#[test]
+fn an_epoch_stopped_on_two_nodes_ends_on_three_serving_each_record_once() {
+    stop_and_resume(0.0, (2, "cpu:1"), (3, "cpu:1"));
+}
+
+#[test]
+fn an_epoch_stopped_with_two_replicas_ends_with_one_serving_each_record_once() {
+    stop_and_resume(0.25, (2, "cpu:2"), (2, "cpu:1"));
 }
 
 #[test]

@@ -565,7 +565,8 @@ impl Run<'_> {
             .map(|r| Box::new(pipeline.replica(r)) as BatchIter)
             .collect();
         if let Some(trace) = &mut self.trace {
-            sources = trace.watch(sources, global - first as u64);
+            // The pipeline counts its sampler's steps: `first` is the one trained next.
+            sources = trace.watch(sources, global.wrapping_sub(first as u64));
         }
         self.table.attach(sources)?;
         if let Some(b) = &self.bar {
