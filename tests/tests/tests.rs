@@ -6,6 +6,7 @@ mod binding;
 mod compiled_mpi;
 mod demo_learns;
 mod demo_path;
+mod exchange;
 mod finetune;
 mod full_disk;
 mod gpu_bundle;

@@ -1,0 +1,198 @@
+//! `mpirun ddl-train --exchange`: three emulated nodes (`--residency rank`) trade records over
+//! MPI; one of them is killed while its next epoch's records are being exchanged. The job
+//! ends, nothing of the half-exchanged epoch is served, and the two survivors resume the
+//! checkpoint (`--allow-new-layout`), reading the lost node's shards from the shard
+//! directory: the interrupted epoch ends with no record served twice, and every later epoch
+//! serves each record once.
+
+use std::collections::BTreeSet;
+use std::path::Path;
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use ddl_loader::trace_records::{read, TraceLine};
+use ddl_tests::{
+    bin, mpirun_train, printed, rank_pids, run_ok, scratch, signal, synth_and_pack, Launched,
+    SynthSpec, LAUNCH_TIMEOUT,
+};
+use ddl_trainer::checkpoint;
+
+/// 4 classes x 30 images in 6 shards: 40 per node on 3 nodes, 60 on 2.
+const RECORDS: u64 = 120;
+const BATCH: usize = 4;
+
+fn train(np: usize, shards: &Path, run: &Path, ckpt: &Path) -> Command {
+    let mut cmd = mpirun_train(np, shards);
+    cmd.args([
+        "--residency",
+        "rank",
+        "--exchange",
+        "0.5",
+        "--image-size",
+        "32",
+    ])
+    .args([
+        "--devices",
+        "cpu:1",
+        "--epochs",
+        "3",
+        "--no-eval",
+        "--comm-timeout",
+        "20",
+    ])
+    .args(["--batch", &BATCH.to_string(), "--checkpoint-every", "2"])
+    .arg("--stage")
+    .arg(run.join("stage"))
+    .arg("--trace-records")
+    .arg(run.join("trace.jsonl"))
+    .arg("--checkpoint-dir")
+    .arg(ckpt);
+    cmd
+}
+
+fn lines(run: &Path, ranks: usize) -> Vec<TraceLine> {
+    (0..ranks)
+        .flat_map(|r| read(&run.join(format!("trace.jsonl.{r}"))).unwrap_or_default())
+        .collect()
+}
+
+/// The arena of epoch 1 of node `node` under `stage`, being written or written.
+fn arena_started(stage: &Path, node: usize) -> bool {
+    let Ok(entries) = std::fs::read_dir(stage) else {
+        return false;
+    };
+    let suffix = format!("-train-node{node}");
+    entries.flatten().any(|e| {
+        let dir = e.path();
+        let name = e.file_name().to_string_lossy().into_owned();
+        name.starts_with("ddl-exchange-")
+            && name.ends_with(&suffix)
+            && (dir.join("epoch-1.ddl").exists() || dir.join("epoch-1.ddl.tmp").exists())
+    })
+}
+
+#[test]
+fn a_node_killed_mid_exchange_stops_the_job_and_two_survivors_finish_its_work() {
+    let tmp = scratch("exchange-loss");
+    let shards = synth_and_pack(
+        tmp.path(),
+        &SynthSpec {
+            classes: 4,
+            per_class: 30,
+            val_per_class: 1,
+            seed: 3,
+            shards: 6,
+            max_short_side: 40,
+        },
+    );
+    let (first, ckpt) = (tmp.path().join("first"), tmp.path().join("ckpt"));
+    let mut job = Launched::start(&mut train(3, &shards, &first, &ckpt));
+    let deadline = Instant::now() + LAUNCH_TIMEOUT;
+    let started = || {
+        arena_started(&first.join("stage"), 1)
+            && !checkpoint::list(&ckpt).unwrap_or_default().is_empty()
+    };
+    while !started() {
+        assert!(!job.exited(), "the job ended before node 1's exchange");
+        assert!(
+            Instant::now() < deadline,
+            "no exchange within {LAUNCH_TIMEOUT:?}"
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let ranks = rank_pids(job.pid());
+    assert_eq!(ranks.len(), 3, "ranks of mpirun: {ranks:?}");
+    signal(ranks[1].1, libc::SIGKILL);
+    let out = job.wait_within(Duration::from_secs(120));
+    assert!(!out.status.success(), "{}", printed(&out));
+    let before = lines(&first, 3);
+    assert!(
+        before.iter().all(|l| l.epoch == 0),
+        "epoch 1 was served while its exchange was cut short"
+    );
+    let newest = checkpoint::list(&ckpt).unwrap();
+    let resumed_at = checkpoint::step_of(newest.last().unwrap()).unwrap();
+
+    let second = tmp.path().join("second");
+    let mut cmd = train(2, &shards, &second, &ckpt);
+    cmd.args(["--resume", "--allow-new-layout"]);
+    let out = run_ok(&mut cmd);
+    let said = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        said.contains("are dealt over 2 node(s)"),
+        "{}",
+        printed(&out)
+    );
+    let after = lines(&second, 2);
+    let mut epoch0: Vec<u64> = before
+        .iter()
+        .filter(|l| l.step <= resumed_at)
+        .chain(after.iter().filter(|l| l.epoch == 0))
+        .flat_map(|l| l.ids.clone())
+        .collect();
+    epoch0.sort_unstable();
+    let distinct: BTreeSet<u64> = epoch0.iter().copied().collect();
+    assert_eq!(
+        distinct.len(),
+        epoch0.len(),
+        "a record served twice in epoch 0"
+    );
+    assert!(
+        RECORDS - (distinct.len() as u64) < 2 * BATCH as u64,
+        "{} served",
+        distinct.len()
+    );
+    for epoch in 1..3 {
+        let mut all: Vec<u64> = after
+            .iter()
+            .filter(|l| l.epoch == epoch)
+            .flat_map(|l| l.ids.clone())
+            .collect();
+        all.sort_unstable();
+        assert_eq!(all, (0..RECORDS).collect::<Vec<_>>(), "epoch {epoch}");
+    }
+}
+
+#[test]
+fn exchange_on_one_node_is_a_note() {
+    let tmp = scratch("exchange-one-node");
+    let shards = synth_and_pack(
+        tmp.path(),
+        &SynthSpec {
+            classes: 2,
+            per_class: 8,
+            val_per_class: 1,
+            seed: 1,
+            shards: 2,
+            max_short_side: 40,
+        },
+    );
+    let out = run_ok(
+        Command::new(bin("ddl-train"))
+            .arg("--data")
+            .arg(&shards)
+            .args([
+                "--model",
+                "resnet_small",
+                "--workers",
+                "1",
+                "--image-size",
+                "32",
+            ])
+            .args([
+                "--batch",
+                "4",
+                "--devices",
+                "cpu:1",
+                "--epochs",
+                "1",
+                "--no-eval",
+            ])
+            .args(["--exchange", "0.5"]),
+    );
+    let said = printed(&out);
+    assert!(
+        said.contains("note: --exchange 0.5 exchanges nothing"),
+        "{said}"
+    );
+}
