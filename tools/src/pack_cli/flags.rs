@@ -11,7 +11,7 @@ use ddl_loader::pack::split::{ValRule, ValSplit};
 use ddl_loader::pack::{self, OptionError, PackOption, PackOptions, PackSpec, ShardCount};
 use ddl_loader::LoaderError;
 
-use crate::size;
+use ddl_loader::units;
 
 /// Packs an ImageNet-style tree (or ImageNet-22k tars) into ddl shards, or verifies a packed
 /// directory.
@@ -51,7 +51,7 @@ pub struct Args {
     /// KB/MB/GB/TB powers of 1000), used when --shards is not given; the output
     /// size is estimated by converting a sample of the inputs, and the shard count is rounded
     /// up to a multiple of --nodes.
-    #[arg(long, value_parser = size::parse_size, default_value = "1GiB")]
+    #[arg(long, value_parser = units::parse_size, default_value = "1GiB")]
     pub shard_size: u64,
 
     /// Resize so the shorter side is at most this many pixels: 0 keeps the original size,
