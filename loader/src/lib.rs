@@ -7,6 +7,7 @@ pub mod dataset;
 pub mod decode;
 pub mod error;
 pub mod eval_image;
+pub mod exchange_cost;
 pub mod fault;
 pub mod format;
 pub mod limits;

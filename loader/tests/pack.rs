@@ -13,6 +13,7 @@ use ddl_loader::pack::convert::ConvertOptions;
 use ddl_loader::pack::split::{ValRule, ValSplit};
 use ddl_loader::pack::{
     self, NoProgress, OutputConflict, PackOption, PackOptions, PackReport, PackedBy, ShardCount,
+    ShardOrder,
 };
 use ddl_loader::shard::ShardReader;
 use ddl_loader::LoaderError;
@@ -229,6 +230,59 @@ fn folder_tree_roundtrip_balance_and_copy() {
     let rep2 = run(&o2);
     assert_eq!(rep2.splits["train"].copied, 0);
     assert_eq!(rep2.splits["train"].reencoded, 9);
+}
+
+/// The labels of each shard of `split`, in shard order.
+fn shard_labels(out: &Path, split: &str) -> Vec<Vec<u32>> {
+    let m = Manifest::load(out).unwrap();
+    m.splits[split]
+        .shards
+        .iter()
+        .map(|sh| {
+            let r = ShardReader::open(&out.join(&sh.file)).unwrap();
+            (0..r.len()).map(|i| r.row(i).label).collect()
+        })
+        .collect()
+}
+
+#[test]
+fn class_order_fills_consecutive_shards_with_consecutive_classes() {
+    let (tmp, input) = scratch_tree("pack-class-order");
+    // The default: input i of the (label, name) order in shard i % 2, every class in each.
+    let interleaved = tmp.path().join("interleaved");
+    run(&opts(&input, &interleaved));
+    assert_eq!(
+        shard_labels(&interleaved, "train"),
+        [vec![0, 0, 0, 1, 1, 2, 2, 2], vec![0, 0, 1, 1, 1, 2, 2]]
+    );
+    let m = Manifest::load(&interleaved).unwrap();
+    assert_eq!(
+        m.pack["order"],
+        "per split, inputs sorted by (label, name); input i goes to shard i % shards"
+    );
+    // Class order: consecutive runs, the labels never decreasing from shard to shard.
+    let out = tmp.path().join("class");
+    let mut o = opts(&input, &out);
+    o.order = ShardOrder::Class;
+    run(&o);
+    let shards = shard_labels(&out, "train");
+    assert_eq!(
+        shards,
+        [vec![0, 0, 0, 0, 0, 1, 1], vec![1, 1, 1, 2, 2, 2, 2, 2]]
+    );
+    let all: Vec<u32> = shards.concat();
+    assert!(all.windows(2).all(|w| w[0] <= w[1]), "{all:?}");
+    assert_eq!(shard_labels(&out, "val"), [vec![0], vec![1, 2]]);
+    let m = Manifest::load(&out).unwrap();
+    assert!(m.pack["order"].as_str().unwrap().ends_with("(class order)"));
+    assert!(pack::verify(&out).unwrap().problems.is_empty());
+    // The same pack again resumes; the other order is another pack.
+    let rep = run(&o);
+    assert!(rep.splits.values().all(|s| s.shards_kept == s.shards));
+    o.order = ShardOrder::Interleaved;
+    let e = pack::pack(&o, &NoProgress).unwrap_err();
+    assert!(matches!(e, LoaderError::OutputInUse { .. }), "{e}");
+    assert!(e.to_string().contains("in class order"), "{e}");
 }
 
 #[test]
@@ -1138,7 +1192,13 @@ fn a_pack_written_by_identity_v1_is_resumed_as_the_same_pack() {
                 if w.ends_with("--quality 85 --nodes 1 --min-per-class 1 --val-per-class 1 \
                                 --val-seed 3"))),
         "{e}"
-    );
+    ); // No v1 build wrote a pack in class order: its v1 fingerprint is not this one's.
+    let out = tmp.path().join("class");
+    copy_tree(&fixture.join("out-a"), &out);
+    let mut o = v1_options(root, &out, "out-a");
+    o.order = ShardOrder::Class;
+    let e = pack::pack(&o, &NoProgress).unwrap_err();
+    assert!(matches!(e, LoaderError::OutputInUse { .. }), "{e}");
 }
 
 #[test]

@@ -15,7 +15,7 @@ use ddl_comm::{
 };
 use serde::Serialize;
 
-use crate::size::parse_size;
+use ddl_loader::units::parse_size;
 
 /// Smallest allreduce message: one f32.
 pub const MIN_MESSAGE_BYTES: usize = 4;

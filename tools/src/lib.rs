@@ -9,5 +9,4 @@ pub mod pack_cli;
 pub mod prof;
 pub mod resnet;
 pub mod schedule;
-pub mod size;
 pub mod synth;

@@ -1,12 +1,16 @@
 //! `ddl-bench` refuses sizes and counts that would print an empty table or be silently
 //! changed, by name, before any MPI work; under `mpirun` each rank's refusal is one whole line.
+//! `sim --exchange` counts the record exchange on a pack's shards as the loader does.
 
 use crate::common;
 
 use std::process::Command;
 
 use common::{assert_no_ansi, stderr_writes};
+use ddl_loader::exchange_cost::exchange_cost;
+use ddl_loader::placement::Placement;
 use ddl_testkit::launch::{mpirun, run};
+use ddl_testkit::{jpeg, write_manifest, write_shards, Record};
 
 const BENCH: &str = env!("CARGO_BIN_EXE_ddl-bench");
 
@@ -133,6 +137,99 @@ fn sim_takes_the_class_count_and_compares_with_ddls_22k_run() {
             "--cpu-replicas needs the contention measured by `ddl-bench calibrate`",
         ),
         (vec!["--allreduce", "fastest"], 1, "--allreduce \"fastest\""),
+    ] {
+        let w = sim(&args);
+        assert_eq!(w.status.code(), Some(status), "{args:?}: {}", w.all());
+        assert!(w.stdout.is_empty(), "{args:?}: {}", w.all());
+        assert!(w.stderr_text().contains(needle), "{args:?}: {}", w.all());
+    }
+}
+
+#[test]
+fn sim_exchange_counts_on_the_shards_or_expects_from_the_record_count() {
+    let tmp = ddl_testkit::scratch("bench-exchange");
+    let shards: Vec<Vec<Record>> = (0..4)
+        .map(|s| {
+            (0..25)
+                .map(|i| Record::jpeg(jpeg(16, 16, s * 25 + i), 0))
+                .collect()
+        })
+        .collect();
+    let train = write_shards(tmp.path(), "train", &shards, 1);
+    write_manifest(tmp.path(), 1, vec![("train", train)], 1);
+    let data = tmp.path().to_str().unwrap();
+    let sim = |args: &[&str]| {
+        let mut cmd = Command::new(BENCH);
+        cmd.args(["sim", "--preset", "minsky", "--nodes", "2", "--epochs", "4"])
+            .args(["--gpus-per-node", "1", "--batch", "1"])
+            .args(args);
+        stderr_writes(cmd)
+    };
+    let w = sim(&["--exchange", "1", "--data", data]);
+    assert!(w.status.success(), "{}", w.all());
+    assert!(
+        w.stdout
+            .contains("# exchange: Q 1 over 2 nodes, 100 records of ")
+            && w.stdout.contains("counted from the placement of seed 0")
+            && w.stdout.contains("the run's 3 boundaries"),
+        "{}",
+        w.all()
+    );
+    let w = sim(&["--exchange", "1", "--data", data, "--json"]);
+    assert!(w.status.success(), "{}", w.all());
+    let rows: Vec<serde_json::Value> = w
+        .stdout
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .filter(|r: &serde_json::Value| r.get("epoch").is_some())
+        .collect();
+    assert_eq!(rows.len(), 3, "{}", w.all());
+    let placement = Placement::new(&[25; 4], 2, 1.0, 0).unwrap();
+    for (epoch, row) in (1..).zip(&rows) {
+        let counted = exchange_cost(&placement, epoch, 1.0).records();
+        assert_eq!(row["epoch"], epoch, "{}", w.all());
+        assert_eq!(row["records"].as_f64(), Some(counted as f64), "{}", w.all());
+        assert_eq!(row["fits"], true, "{}", w.all());
+    }
+    // Without shards: Q (P - 1) / P of the records into epoch 1, half into each node.
+    let w = sim(&[
+        "--exchange",
+        "0.5",
+        "--records",
+        "1000",
+        "--record-bytes",
+        "1KiB",
+        "--link-gbps",
+        "8",
+        "--json",
+    ]);
+    assert!(w.status.success(), "{}", w.all());
+    let first = w
+        .stdout
+        .lines()
+        .find(|l| l.contains("\"epoch\":1,"))
+        .unwrap();
+    let first: serde_json::Value = serde_json::from_str(first).unwrap();
+    assert_eq!(first["records"], 250.0, "{first}");
+    assert_eq!(first["busiest_in_bytes"], 125.0 * 1024.0, "{first}");
+    assert_eq!(first["link_s"], 125.0 * 1024.0 / 1e9, "{first}");
+    for (args, status, needle) in [
+        (
+            vec!["--exchange", "0.5"],
+            1,
+            "--exchange needs --data DIR, or --records",
+        ),
+        (vec!["--records", "5"], 2, "--exchange"),
+        (
+            vec!["--exchange", "2", "--records", "5", "--record-bytes", "1"],
+            1,
+            "--exchange 2 is outside 0..=1",
+        ),
+        (
+            vec!["--exchange", "1", "--data", data, "--records", "5"],
+            2,
+            "--records",
+        ),
     ] {
         let w = sim(&args);
         assert_eq!(w.status.code(), Some(status), "{args:?}: {}", w.all());

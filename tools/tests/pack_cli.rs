@@ -330,3 +330,44 @@ fn a_rerun_with_other_flags_is_refused_naming_both_packs_flags() {
         "{err}"
     );
 }
+
+#[test]
+fn order_class_fills_shards_class_by_class_and_is_another_pack() {
+    let tmp = scratch("pack-cli-order");
+    tree(&tmp.path().join("in"));
+    let (i, o) = (tmp.path().join("in"), tmp.path().join("out"));
+    let with = |extra: &[&str]| {
+        let args = [
+            i.to_str().unwrap(),
+            "-o",
+            o.to_str().unwrap(),
+            "--shards",
+            "2",
+        ];
+        pack(&[&args[..], extra].concat())
+    };
+    let r = with(&["--order", "class"]);
+    assert!(r.status.success(), "{}", text(&r));
+    let manifest: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(o.join("manifest.json")).unwrap()).unwrap();
+    let order = manifest["pack"]["order"].as_str().unwrap();
+    assert!(order.ends_with("(class order)"), "{order}");
+    for (s, label) in [(0, 0), (1, 1)] {
+        let shard =
+            ddl_loader::shard::ShardReader::open(&o.join(format!("train-0000{s}.ddl"))).unwrap();
+        assert!(
+            (0..shard.len()).all(|r| shard.row(r).label == label),
+            "shard {s}"
+        );
+    }
+    // The default order is another pack, named by its flags.
+    let r = with(&[]);
+    assert_eq!(r.status.code(), Some(1), "{}", text(&r));
+    let err = String::from_utf8_lossy(&r.stderr);
+    assert!(
+        err.contains("--shards 2 --order class --max-short-side"),
+        "{err}"
+    );
+    let r = with(&["--order", "sorted"]);
+    assert_eq!(r.status.code(), Some(2), "{}", text(&r));
+}

@@ -14,7 +14,7 @@ use serde::{Deserialize, Serialize};
 
 use super::fnv::Fnv;
 use super::identity_v1;
-use super::options::{PackOptions, ShardCount};
+use super::options::{PackOptions, ShardCount, ShardOrder};
 use super::split::{ValRule, ValSplit};
 
 /// The option values of a pack that make its identity, as the state records them.
@@ -24,6 +24,10 @@ pub struct PackSpec {
     pub input: PathBuf,
     /// Shard count or size.
     pub shards: ShardCount,
+    /// Which inputs each shard holds (interleaved in states written before there was a
+    /// choice).
+    #[serde(default)]
+    pub order: ShardOrder,
     /// Shorter side limit (0: original size).
     pub max_short_side: u32,
     /// JPEG quality of re-encoded images.
@@ -53,6 +57,7 @@ impl PackSpec {
                 .canonicalize()
                 .unwrap_or_else(|_| opts.input.clone()),
             shards: opts.shards,
+            order: opts.order,
             max_short_side: opts.convert.max_short_side,
             quality: opts.convert.quality,
             reencode: opts.convert.reencode,
@@ -71,6 +76,9 @@ impl PackSpec {
         match self.shards {
             ShardCount::Count(n) => s.push_str(&format!("{n} shards per split")),
             ShardCount::Size(b) => s.push_str(&format!("shards of about {b} bytes")),
+        }
+        if self.order == ShardOrder::Class {
+            s.push_str(" in class order");
         }
         s.push_str(&format!(
             ", shorter side at most {} (0: original), quality {}{}, {} node(s)",
@@ -120,8 +128,8 @@ pub(crate) struct Identity {
     /// Identity v2: a stable hash of the spec and the content of its lists.
     pub fingerprint: String,
     /// The version-1 fingerprint of the same pack, by which states written before v2 are
-    /// recognised.
-    pub fingerprint_v1: String,
+    /// recognised; none for a pack in class order, which no v1 build wrote.
+    pub fingerprint_v1: Option<String>,
 }
 
 /// Adds the content of the list file `path` (or its absence): the lists shape the labels, and
@@ -167,8 +175,14 @@ impl Identity {
                 h.bytes(&seed.to_le_bytes());
             }
         }
+        // Added after the rest, and only for the class order: a pack in the interleaved order
+        // keeps the identity it had before there was a choice.
+        let interleaved = spec.order == ShardOrder::Interleaved;
+        if !interleaved {
+            h.bytes(b"class order");
+        }
         Identity {
-            fingerprint_v1: identity_v1::fingerprint(&spec),
+            fingerprint_v1: interleaved.then(|| identity_v1::fingerprint(&spec)),
             fingerprint: h.hex(),
             spec,
         }
@@ -177,6 +191,6 @@ impl Identity {
     /// Whether the fingerprint `recorded` in a state is this pack's (v2, or v1 from an older
     /// build).
     pub fn recognises(&self, recorded: &str) -> bool {
-        recorded == self.fingerprint || recorded == self.fingerprint_v1
+        recorded == self.fingerprint || self.fingerprint_v1.as_deref() == Some(recorded)
     }
 }

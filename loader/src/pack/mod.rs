@@ -2,13 +2,14 @@
 //! tars, an outer tar of tars) into shards, `manifest.json` and `pack-report.json`.
 //!
 //! Every split's inputs are sorted by (label, name); record `i` of that order goes to shard
-//! `i % S`. Each shard is therefore a pure function of the input list and the options and is
-//! produced on its own: its inputs are converted in order-preserving parallel windows and
-//! written in order, so the bytes do not depend on the thread count. Finished shards are
-//! recorded in `OUT/.pack-state.json`; a rerun keeps every shard whose plan fingerprint, size
-//! and whole-file checksum still match and redoes only the rest, which gives the same output
-//! as an uninterrupted run. The same file lists every file the pack writes: the packer removes
-//! or replaces nothing else (see `output.rs` and `loader/FORMAT.md`).
+//! `i % S`, or, in class order, shard `s` holds the `s`-th of `S` consecutive runs of them
+//! ([`ShardOrder`]). Each shard is therefore a pure function of the input list and the
+//! options and is produced on its own: its inputs are converted in order-preserving parallel
+//! windows and written in order, so the bytes do not depend on the thread count. Finished
+//! shards are recorded in `OUT/.pack-state.json`; a rerun keeps every shard whose plan
+//! fingerprint, size and whole-file checksum still match and redoes only the rest, which gives
+//! the same output as an uninterrupted run. The same file lists every file the pack writes:
+//! the packer removes or replaces nothing else (see `output.rs` and `loader/FORMAT.md`).
 //!
 //! Memory: the input index (one [`source::Item`] per input) and per-class counts; converted
 //! images are held one window at a time, and per-shard outcomes keep no per-class data.
@@ -40,7 +41,7 @@ use crate::error::{LoaderError, Result};
 pub use identity::PackSpec;
 pub use options::{
     check_max_short_side, check_max_skip_fraction, check_nodes, check_quality, check_shards,
-    OptionError, PackOption, PackOptions, ShardCount, DEFAULT_MAX_SHORT_SIDE,
+    OptionError, PackOption, PackOptions, ShardCount, ShardOrder, DEFAULT_MAX_SHORT_SIDE,
     DEFAULT_MAX_SKIP_FRACTION, DEFAULT_QUALITY, DEFAULT_SHARD_BYTES,
 };
 pub use output::{Occupant, OutputConflict, PackedBy};

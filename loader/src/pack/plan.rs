@@ -1,12 +1,13 @@
 //! How a split becomes shards: the shard count, the file names, and the plan fingerprint that
 //! tells a resumed run whether a finished shard still holds what this run would write.
-//! Record `i` of a split's (label, name) order goes to shard `i % S`.
+//! Record `i` of a split's (label, name) order goes to shard `i % S`, or, in class order, to
+//! the shard of its run of `n / S` consecutive records ([`ShardOrder`]).
 
 use rayon::prelude::*;
 
 use super::convert::ConvertOptions;
 use super::fnv::Fnv;
-use super::options::{PackOptions, ShardCount};
+use super::options::{PackOptions, ShardCount, ShardOrder};
 use super::shards::process;
 use super::source::{Inputs, Item};
 use crate::format::{INDEX_ROW_LEN, RECORD_ALIGN};
@@ -22,6 +23,8 @@ pub(crate) struct SplitPlan<'a> {
     pub items: &'a [Item],
     /// Its shard count.
     pub shards: usize,
+    /// Which inputs each shard holds.
+    pub order: ShardOrder,
     /// [`plan_fingerprint`] of it.
     pub plan: String,
 }
@@ -45,20 +48,34 @@ pub(crate) fn plan_splits<'a>(
                 name: name.clone(),
                 items,
                 shards,
-                plan: plan_fingerprint(name, shards, &opts.convert, &inputs.classes, items),
+                order: opts.order,
+                plan: plan_fingerprint(name, shards, opts, &inputs.classes, items),
             }
         })
         .collect()
 }
 
-/// Fingerprint of everything that determines a split's shards.
+impl SplitPlan<'_> {
+    /// The positions in [`SplitPlan::items`] of the inputs of shard `s`, ascending.
+    pub fn inputs_of(&self, s: usize) -> Vec<usize> {
+        let n = self.items.len();
+        match self.order {
+            ShardOrder::Interleaved => (s..n).step_by(self.shards).collect(),
+            ShardOrder::Class => (s * n / self.shards..(s + 1) * n / self.shards).collect(),
+        }
+    }
+}
+
+/// Fingerprint of everything that determines a split's shards (the interleaved order adds
+/// nothing, so that its shards keep the fingerprints of builds without the class order).
 fn plan_fingerprint(
     split: &str,
     shards: usize,
-    copts: &ConvertOptions,
+    opts: &PackOptions,
     classes: &[String],
     items: &[Item],
 ) -> String {
+    let copts = &opts.convert;
     let mut h = Fnv::new();
     h.bytes(b"ddl-pack plan v1");
     h.bytes(split.as_bytes());
@@ -73,6 +90,9 @@ fn plan_fingerprint(
         h.bytes(&it.label.to_le_bytes());
         h.bytes(it.name.as_bytes());
         h.bytes(&it.size.to_le_bytes());
+    }
+    if opts.order == ShardOrder::Class {
+        h.bytes(b"class order");
     }
     h.hex()
 }

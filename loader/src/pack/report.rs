@@ -336,7 +336,7 @@ fn manifest(
             "subsampling": "4:2:0",
             "reencode": opts.convert.reencode,
             "resize_filter": "lanczos3",
-            "order": "per split, inputs sorted by (label, name); input i goes to shard i % shards",
+            "order": opts.order.describe(),
             "plans": plans.iter().map(|p| (p.name.clone(), p.plan.clone())).collect::<BTreeMap<_, _>>(),
             "min_per_class": opts.min_per_class,
             "dropped_classes": inputs.dropped_classes.len(),

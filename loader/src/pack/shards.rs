@@ -83,7 +83,7 @@ pub(crate) fn keep_finished(
     };
     for ((p, s), o) in candidates.into_iter().zip(kept) {
         if let Some((o, per_label)) = o {
-            tally.kept_inputs += p.items.len().saturating_sub(s).div_ceil(p.shards) as u64;
+            tally.kept_inputs += p.inputs_of(s).len() as u64;
             tally.add(&p.name, s, o, &per_label);
         }
     }
@@ -200,7 +200,7 @@ fn pack_shard(
 ) -> Result<(ShardOutcome, LabelCounts)> {
     let file = shard_file_name(&p.name, s);
     let path = w.out.join(&file);
-    let idx: Vec<usize> = (s..p.items.len()).step_by(p.shards).collect();
+    let idx = p.inputs_of(s);
     let mut writer = ShardWriter::with_capacity(&path, idx.len() as u64)?;
     let mut done = DoneShard {
         plan: p.plan.clone(),

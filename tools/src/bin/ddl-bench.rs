@@ -10,6 +10,8 @@ use anyhow::{bail, Context, Result};
 use clap::{Parser, Subcommand};
 use ddl_comm::World;
 use ddl_comm::{Algorithm, CostModel};
+use ddl_loader::exchange_cost::{self, EpochTime, ExchangePlan, ExchangeSetup, SplitRecords};
+use ddl_loader::units::parse_size;
 use ddl_tools::schedule::{self, ScheduleSetup};
 use ddl_tools::{bench, cli, resnet};
 
@@ -164,6 +166,40 @@ struct SimArgs {
     /// JSON lines instead of the table.
     #[arg(long)]
     json: bool,
+    #[command(flatten)]
+    exchange: ExchangeArgs,
+}
+
+/// `ddl-bench sim`'s flags of the record exchange.
+#[derive(clap::Args)]
+struct ExchangeArgs {
+    /// Fraction of every node's records exchanged at each epoch boundary (ddl-train's
+    /// --exchange, 0 to 1): adds what the exchange sends between the nodes at each boundary,
+    /// and whether it fits in the link time the allreduce leaves in an epoch.
+    #[arg(long, value_name = "Q")]
+    exchange: Option<f64>,
+    /// Packed dataset whose train split --exchange is counted on (its manifest.json: the
+    /// records of each shard and their average size).
+    #[arg(long, value_name = "DIR", requires = "exchange")]
+    data: Option<PathBuf>,
+    /// Records of the train split, without --data: the exchange is then the expected one.
+    #[arg(long, requires = "exchange", conflicts_with = "data",
+          value_parser = clap::value_parser!(u64).range(1..))]
+    records: Option<u64>,
+    /// Average bytes of a record, without --data (units as for `allreduce --min-bytes`).
+    #[arg(long, value_name = "SIZE", requires = "exchange", conflicts_with = "data",
+          value_parser = parse_size)]
+    record_bytes: Option<u64>,
+    /// Each node's link, Gbit/s each way (default: the cost model's link between nodes).
+    #[arg(long, requires = "exchange")]
+    link_gbps: Option<f64>,
+    /// Epochs of the run (ddl-train's --epochs): the boundaries into epochs 1 to N - 1.
+    #[arg(long, default_value_t = 90, requires = "exchange",
+          value_parser = clap::value_parser!(u64).range(1..))]
+    epochs: u64,
+    /// Seed of the placement (ddl-train's --seed).
+    #[arg(long, default_value_t = 0, requires = "exchange")]
+    seed: u64,
 }
 
 /// The cost model from a file, a preset, or the `minsky` preset by default.
@@ -287,6 +323,7 @@ fn sim(args: SimArgs, out: &mut dyn Write) -> Result<()> {
         allreduce,
         cpu_replicas,
         json,
+        exchange,
     } = args;
     let algorithm: Algorithm = allreduce
         .parse()
@@ -340,12 +377,33 @@ fn sim(args: SimArgs, out: &mut dyn Write) -> Result<()> {
         algorithm: &algorithm,
     };
     let schedule = schedule::simulate_schedule(&cost, &schedule_setup);
+    let exchange = match exchange.exchange {
+        Some(q) => {
+            let fifo = &schedule[0];
+            let step = (fifo.step_ms / 1e3, fifo.allreduce_ms / 1e3);
+            let images_per_step = nodes * gpus_per_node * batch as usize;
+            Some(exchange_plan(
+                q,
+                &exchange,
+                &cost,
+                nodes,
+                images_per_step,
+                step,
+            )?)
+        }
+        None => None,
+    };
     if json {
         for r in &rows {
             writeln!(out, "{}", serde_json::to_string(r)?)?;
         }
         for r in &schedule {
             writeln!(out, "{}", serde_json::to_string(r)?)?;
+        }
+        if let Some((plan, _)) = &exchange {
+            for b in &plan.boundaries {
+                writeln!(out, "{}", serde_json::to_string(b)?)?;
+            }
         }
     } else {
         let setup = bench::SimSetup {
@@ -357,8 +415,63 @@ fn sim(args: SimArgs, out: &mut dyn Write) -> Result<()> {
         };
         bench::print_sim(out, &rows, &setup, &cost)?;
         schedule::print_schedule(out, &schedule, &schedule_setup, image_size)?;
+        if let Some((plan, from)) = &exchange {
+            write!(out, "{}", plan.render(from))?;
+        }
     }
     Ok(())
+}
+
+/// `sim --exchange Q`: the exchange of the flags' records between `nodes` nodes, an epoch
+/// being the steps that `images_per_step` images per step take of the records, each
+/// `(seconds, seconds of allreduce)` long (`step`: the schedule's `fifo` row). Returns the plan
+/// and where its records came from.
+fn exchange_plan(
+    fraction: f64,
+    flags: &ExchangeArgs,
+    cost: &CostModel,
+    nodes: usize,
+    images_per_step: usize,
+    step: (f64, f64),
+) -> Result<(ExchangePlan, String)> {
+    if !(0.0..=1.0).contains(&fraction) {
+        bail!("--exchange {fraction} is outside 0..=1 (a fraction of each node's records)");
+    }
+    let link_bytes_per_s = match flags.link_gbps {
+        Some(g) if !(g.is_finite() && g > 0.0) => {
+            bail!("--link-gbps {g} must be a positive speed")
+        }
+        Some(g) => g * 1e9 / 8.0,
+        None => 1.0 / cost.inter.beta,
+    };
+    let (records, record_bytes, from) = match (&flags.data, flags.records, flags.record_bytes) {
+        (Some(dir), _, _) => {
+            let (records, bytes) = SplitRecords::of_manifest(dir, "train")?;
+            (records, bytes, format!("{}, train", dir.display()))
+        }
+        (None, Some(n), Some(b)) => (
+            SplitRecords::Total(n),
+            b as f64,
+            "--records, --record-bytes".into(),
+        ),
+        _ => bail!("--exchange needs --data DIR, or --records and --record-bytes"),
+    };
+    let steps = (records.total() / images_per_step as u64) as f64;
+    let (step_s, allreduce_s) = step;
+    let setup = ExchangeSetup {
+        fraction,
+        nodes,
+        records,
+        record_bytes,
+        seed: flags.seed,
+        link_bytes_per_s,
+        epochs: flags.epochs,
+        epoch_time: Some(EpochTime {
+            seconds: steps * step_s,
+            link_spare_s: steps * (step_s - allreduce_s).max(0.0),
+        }),
+    };
+    Ok((exchange_cost::plan(&setup)?, from))
 }
 
 /// Reports `e` for this rank in one write (so that the lines of several ranks do not

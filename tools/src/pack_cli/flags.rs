@@ -8,10 +8,12 @@ use anyhow::{bail, Result};
 use clap::Parser;
 use ddl_loader::pack::convert::ConvertOptions;
 use ddl_loader::pack::split::{ValRule, ValSplit};
-use ddl_loader::pack::{self, OptionError, PackOption, PackOptions, PackSpec, ShardCount};
+use ddl_loader::pack::{
+    self, OptionError, PackOption, PackOptions, PackSpec, ShardCount, ShardOrder,
+};
 use ddl_loader::LoaderError;
 
-use crate::size;
+use ddl_loader::units;
 
 /// Packs an ImageNet-style tree (or ImageNet-22k tars) into ddl shards, or verifies a packed
 /// directory.
@@ -51,8 +53,15 @@ pub struct Args {
     /// KB/MB/GB/TB powers of 1000), used when --shards is not given; the output
     /// size is estimated by converting a sample of the inputs, and the shard count is rounded
     /// up to a multiple of --nodes.
-    #[arg(long, value_parser = size::parse_size, default_value = "1GiB")]
+    #[arg(long, value_parser = units::parse_size, default_value = "1GiB")]
     pub shard_size: u64,
+
+    /// Which inputs each shard holds, of every split's inputs sorted by (label, name):
+    /// interleaved (input i in shard i % shards: every shard holds every class) or class
+    /// (consecutive runs: consecutive shards hold consecutive classes, so each of --nodes P
+    /// nodes holds about 1/P of the classes; for experiments on node-local order).
+    #[arg(long, value_enum, default_value_t = ShardOrder::Interleaved)]
+    pub order: ShardOrder,
 
     /// Resize so the shorter side is at most this many pixels: 0 keeps the original size,
     /// otherwise at least 16 (ddl-train's smallest --image-size).
@@ -167,6 +176,7 @@ impl Settings {
                 Some(n) => ShardCount::Count(n),
                 None => ShardCount::Size(args.shard_size),
             },
+            order: args.order,
             convert: ConvertOptions {
                 max_short_side: args.max_short_side,
                 quality: args.quality,
@@ -207,8 +217,12 @@ pub fn spec_flags(s: &PackSpec) -> String {
         ShardCount::Count(n) => format!("--shards {n}"),
         ShardCount::Size(b) => format!("--shard-size {b}B"),
     };
+    let order = match s.order {
+        ShardOrder::Interleaved => "",
+        ShardOrder::Class => " --order class",
+    };
     let mut line = format!(
-        "{} with {shards} --max-short-side {} --quality {}{} --nodes {}",
+        "{} with {shards}{order} --max-short-side {} --quality {}{} --nodes {}",
         s.input.display(),
         s.max_short_side,
         s.quality,
@@ -277,8 +291,8 @@ mod tests {
         };
         let d = PackOptions::new("in", "out");
         assert_eq!(
-            (o.shards, o.convert, o.nodes),
-            (d.shards, d.convert, d.nodes)
+            (o.shards, o.order, o.convert, o.nodes),
+            (d.shards, d.order, d.convert, d.nodes)
         );
         assert_eq!(
             (o.threads, o.max_skip_fraction),
