@@ -94,10 +94,13 @@ impl Dataset {
         }
         let manifest = Manifest::load(dir)?;
         let info = manifest.split(dir, split)?.clone();
-        if let Some(stage) = &opts.stage {
-            std::fs::create_dir_all(stage)
-                .map_err(|e| LoaderError::io("create directory", stage, e))?;
-        }
+        // The ranks of a node stage into one directory: one at a time, so that the first
+        // copies each shard and the others find it there (a copy renamed over a file another
+        // rank has mapped would read as a shard changed under the job).
+        let _staging = match &opts.stage {
+            Some(stage) => Some(lock_stage(stage)?),
+            None => None,
+        };
         let mut shards = Vec::new();
         let mut starts = vec![0usize];
         let mut global_base = 0u64;
@@ -382,6 +385,18 @@ impl Dataset {
             .iter()
             .try_for_each(|s| s.reader.check_unchanged())
     }
+}
+
+/// The stage directory `stage`, created, locked for this process until the file returned
+/// is dropped (`flock`, released by the kernel if the process dies).
+fn lock_stage(stage: &Path) -> Result<File> {
+    use fs4::fs_std::FileExt;
+    std::fs::create_dir_all(stage).map_err(|e| LoaderError::io("create directory", stage, e))?;
+    let path = stage.join(".ddl-stage.lock");
+    let lock = File::create(&path).map_err(|e| LoaderError::io("create", &path, e))?;
+    lock.lock_exclusive()
+        .map_err(|e| LoaderError::io("lock", &path, e))?;
+    Ok(lock)
 }
 
 /// crc32c and length of a whole file, read in 1 MiB pieces.
