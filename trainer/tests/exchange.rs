@@ -113,6 +113,43 @@ fn every_epoch_serves_each_record_once_and_nodes_change_by_about_q() {
     }
 }
 
+#[test]
+fn nodes_of_two_ranks_share_what_their_leader_receives() {
+    let tmp = ddl_testkit::scratch("exchange-node-residency");
+    let data = setup(tmp.path());
+    let run = tmp.path().join("run");
+    let mut cfg = config(&data, &run, 0.5, 3, "cpu:1");
+    cfg.residency = ResidencyMode::Node;
+    cfg.lock = true;
+    let results = common::try_nodes(&cfg, 2, 2);
+    for (rank, r) in results.iter().enumerate() {
+        if let Err(e) = r {
+            eprintln!("rank {rank}: {e}");
+        }
+    }
+    if let Some(e) = common::first_error(&results) {
+        panic!("training failed: {e}");
+    }
+    let served = by_epoch_and_rank(&lines(&run, 4));
+    for epoch in 0..3 {
+        let mut all: Vec<u64> = (0..4).flat_map(|r| served[&(epoch, r)].clone()).collect();
+        all.sort_unstable();
+        assert_eq!(
+            all,
+            (0..RECORDS as u64).collect::<Vec<_>>(),
+            "epoch {epoch}"
+        );
+    }
+    let node0 = |e: u64| -> BTreeSet<u64> {
+        served[&(e, 0)]
+            .iter()
+            .chain(&served[&(e, 1)])
+            .copied()
+            .collect()
+    };
+    assert_ne!(node0(0), node0(2), "node 0's records changed");
+}
+
 /// Stops a run of `from` nodes x `from_devices` mid-epoch 1 and resumes it on `to` nodes x
 /// `to_devices`; epoch 1's ids over both runs: none twice, and all but fewer than the last
 /// incomplete step's worth on the new layout.

@@ -113,6 +113,16 @@ pub fn config(data: &Path, model: &str, batch: usize, devices: &str) -> TrainCon
 /// Trains `cfg` on `ranks` ranks simulated by threads over the in-process transport (all on
 /// one node) and returns every rank's result; only rank 0 writes metrics.
 pub fn try_all(cfg: &TrainConfig, ranks: usize) -> Vec<ddl_trainer::Result<TrainSummary>> {
+    try_nodes(cfg, 1, ranks)
+}
+
+/// [`try_all`] on `nodes` emulated nodes of `per_node` ranks each (node-contiguous ranks).
+pub fn try_nodes(
+    cfg: &TrainConfig,
+    nodes: usize,
+    per_node: usize,
+) -> Vec<ddl_trainer::Result<TrainSummary>> {
+    let ranks = nodes * per_node;
     let group = thread_group(ranks);
     std::thread::scope(|s| {
         let handles: Vec<_> = group
@@ -128,13 +138,13 @@ pub fn try_all(cfg: &TrainConfig, ranks: usize) -> Vec<ddl_trainer::Result<Train
                 s.spawn(move || {
                     let transport: Arc<dyn Transport> = Arc::new(t);
                     let info = RankInfo {
-                        node: 0,
-                        nodes: 1,
-                        rank_in_node: r,
-                        ranks_in_node: ranks,
+                        node: r / per_node,
+                        nodes,
+                        rank_in_node: r % per_node,
+                        ranks_in_node: per_node,
                         oversubscribed: false,
                     };
-                    train(&cfg, transport, Topology::new(1, ranks), info)
+                    train(&cfg, transport, Topology::new(nodes, per_node), info)
                 })
             })
             .collect();
