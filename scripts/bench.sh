@@ -3,7 +3,9 @@
 # same files and the same cores, several runs each; prints medians and leaves every raw JSON line
 # in bench-out/. Sections: pack, loader, allreduce, python, binding (BENCH_SECTIONS="pack loader
 # allreduce python binding"; python: the Python package against the Rust it binds and the PyTorch
-# peers; binding: one rank under mpirun --bind-to core against --bind-to none).
+# peers; binding: one rank under mpirun --bind-to core against --bind-to none; exchange: the
+# records nodes trade under --exchange, their accuracy and their cost, not run by default: it
+# needs root for the emulated cluster).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bin=${BENCH_BIN:-target/release}
@@ -121,5 +123,10 @@ fi
 if [[ " $sections " == *" binding "* ]]; then
   echo "== binding: ddl.Loader and ddl-train, one rank bound to one core vs unbound"
   BENCH_BIN="$bin" tools/bench/binding.sh "$out"
+fi
+if [[ " $sections " == *" exchange "* ]]; then
+  echo "== exchange: top-1 of class-ordered nodes against Q; epoch time of Q 0.25 against Q 0"
+  tools/bench/exchange_accuracy.sh "$out/exchange_accuracy.jsonl"
+  tools/bench/exchange_cost.sh "$out/exchange_cost.jsonl"
 fi
 echo "bench: raw results in $out/"
