@@ -41,9 +41,12 @@ pub struct ExchangeConfig {
     pub fraction: f64,
     /// Seed of the placement; the same on every rank.
     pub seed: u64,
-    /// Epochs of the run: nothing is exchanged into a later one.
+    /// Epochs of the run: nothing is exchanged into a later one. [`u64::MAX`] for a run of
+    /// unknown length (a Python loader): the memory check then assumes a node may hold as many
+    /// records of other nodes as it holds in all.
     pub epochs: u64,
-    /// Node-local directory under which the arenas live (`/dev/shm` by default).
+    /// Node-local directory under which the arenas live
+    /// ([`ExchangeConfig::default_base_dir`] by default).
     pub base_dir: PathBuf,
     /// Whether this rank sends and receives its node's records (one rank per node).
     pub leader: bool,
@@ -57,6 +60,17 @@ impl ExchangeConfig {
     /// Default target of a piece: large enough to keep a link busy, small enough that one
     /// piece per peer stays a few hundred MiB on a thousand nodes.
     pub const PIECE_BYTES: usize = 8 << 20;
+
+    /// Where the arenas live unless a job says otherwise: memory the node's ranks share
+    /// (`/dev/shm`), else the temporary directory.
+    pub fn default_base_dir() -> PathBuf {
+        let shm = PathBuf::from("/dev/shm");
+        if shm.is_dir() {
+            shm
+        } else {
+            std::env::temp_dir()
+        }
+    }
 }
 
 /// What the transfer into the epoch being served moved, and how long it took.
@@ -236,7 +250,12 @@ impl Exchange {
         let prepared = if self.leader {
             match self.next.take() {
                 Some((e, handle)) if e == epoch => join(handle, shared.node),
-                _ => {
+                stale => {
+                    // A transfer into an epoch not served (the caller went elsewhere) ends
+                    // first: two transfers never share the wire. Every leader ends its own.
+                    if let Some((_, handle)) = stale {
+                        let _ = join(handle, shared.node);
+                    }
                     let current = shared.home.clone();
                     write_arena(&shared, epoch, &from, &to, &current)
                 }
@@ -254,7 +273,7 @@ impl Exchange {
         let view = agree(&*self.transport, shared.node, epoch, view)?;
         if self.leader {
             shared.dir.release(from.epoch())?;
-            if epoch + 1 < self.epochs {
+            if epoch < self.epochs.saturating_sub(1) {
                 let (shared, view) = (shared.clone(), view.clone());
                 let (from, next) = (to.clone(), to.advance(&shared.placement));
                 let handle = std::thread::Builder::new()

@@ -9,9 +9,18 @@ use ddl_loader::placement::{Holdings, Placement};
 
 use crate::error::{ExchangeError, Result};
 
-/// Most records of other nodes that `node` holds in an epoch before `epochs`.
+/// Most records of other nodes that `node` holds in an epoch before `epochs`; for a run of
+/// unknown length (`epochs` [`u64::MAX`]), the most it can hold: as many as it holds in all.
 pub fn most_foreign_records(placement: &Placement, node: usize, epochs: u64) -> u64 {
     let mut h: Holdings = placement.home_holdings();
+    if epochs == u64::MAX {
+        let others = placement.records() - h.node(node).len();
+        return if placement.fraction() == 0.0 {
+            0
+        } else {
+            h.node(node).len().min(others) as u64
+        };
+    }
     let mut most = 0;
     for _ in 1..epochs {
         h = h.advance(placement);
@@ -92,5 +101,7 @@ mod tests {
             most_foreign_records(&p(1.0), 0, 5),
         );
         assert!(a > 0 && a < b && b <= 500, "{a} {b}");
+        assert_eq!(most_foreign_records(&p(0.1), 0, u64::MAX), 500);
+        assert_eq!(most_foreign_records(&p(0.0), 0, u64::MAX), 0);
     }
 }

@@ -5,6 +5,7 @@
 
 pub mod dataset;
 pub mod decode;
+pub mod elastic;
 pub mod error;
 pub mod eval_image;
 pub mod exchange_cost;

@@ -415,7 +415,25 @@ impl Pipeline {
     /// workers or the output type, which the reused threads and buffers were made for. The
     /// buffers grow to a larger size on first use.
     pub fn next_epoch_with(
+        self,
+        cfg: PipelineConfig,
+        epoch: u64,
+        start_step: usize,
+    ) -> Result<Pipeline> {
+        let (dataset, sampler) = (
+            Arc::clone(&self.shared.dataset),
+            self.shared.sampler.clone(),
+        );
+        self.next_epoch_over(dataset, sampler, cfg, epoch, start_step)
+    }
+
+    /// [`Pipeline::next_epoch_with`] over other records: `dataset` and `sampler` replace this
+    /// run's (a record exchange gives a node other records every epoch, a resumed epoch's
+    /// remainder its own), with the same threads and batch buffers.
+    pub fn next_epoch_over(
         mut self,
+        dataset: Arc<Dataset>,
+        sampler: Sampler,
         cfg: PipelineConfig,
         epoch: u64,
         start_step: usize,
@@ -428,14 +446,22 @@ impl Pipeline {
                 old.workers, cfg.workers, old.output, cfg.output
             )));
         }
+        let replicas = self.shared.sampler.config().replicas;
+        if sampler.config().replicas != replicas {
+            return Err(LoaderError::InvalidConfig(format!(
+                "pipeline: the next epoch changes the replicas ({replicas} -> {}), which the \
+                 batch buffers were counted for: start a new pipeline",
+                sampler.config().replicas
+            )));
+        }
         self.shutdown();
         let reuse = Reuse {
             pool: Arc::clone(&self.pool),
             free: self.free.clone(),
         };
         Pipeline::launch(
-            Arc::clone(&self.shared.dataset),
-            self.shared.sampler.clone(),
+            dataset,
+            sampler,
             cfg,
             epoch,
             start_step,

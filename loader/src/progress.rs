@@ -46,6 +46,37 @@ impl EpochProgress {
         }
     }
 
+    /// The progress of `epoch` over `records` records whose served set is `words` (bit
+    /// `i % 32` of word `i / 32` is record `i`, as [`EpochProgress::words`] gives them): how a
+    /// state that carries it as numbers (the Python loader's `state_dict`) reads it back.
+    /// Fails unless `words` is whole ([`EpochProgress::check`]).
+    pub fn from_words(epoch: u64, records: u64, words: Vec<u32>) -> Result<EpochProgress> {
+        let p = EpochProgress {
+            epoch,
+            records,
+            resumed: false,
+            words,
+        };
+        p.check()?;
+        Ok(p)
+    }
+
+    /// The served set as words: bit `i % 32` of word `i / 32` is record `i`.
+    pub fn words(&self) -> &[u32] {
+        &self.words
+    }
+
+    /// Marks every record served: the epoch is over (what an uninterrupted epoch left out
+    /// by its last incomplete step stays left out).
+    pub fn mark_rest(&mut self) {
+        self.words.fill(u32::MAX);
+        if self.records % 32 != 0 {
+            if let Some(last) = self.words.last_mut() {
+                *last = (1 << (self.records % 32)) - 1;
+            }
+        }
+    }
+
     /// Marks the records `ids` served; fails on an id outside the split.
     pub fn mark_all(&mut self, ids: impl IntoIterator<Item = u64>) -> Result<()> {
         for id in ids {
@@ -133,5 +164,19 @@ mod tests {
         let mut bad = a.clone();
         bad.words.push(0);
         assert!(bad.check().is_err());
+        let words = EpochProgress::from_words(1, 70, a.words().to_vec()).unwrap();
+        assert_eq!(words.unserved(), a.unserved());
+        assert!(EpochProgress::from_words(1, 70, vec![0; 2]).is_err());
+        assert!(EpochProgress::from_words(1, 70, vec![0, 0, 1 << 6]).is_err());
+    }
+
+    #[test]
+    fn the_rest_marked_leaves_nothing_unserved() {
+        for records in [0, 31, 32, 70] {
+            let mut p = EpochProgress::new(0, records);
+            p.mark_rest();
+            assert_eq!((p.served(), p.unserved().len()), (records, 0));
+            p.check().unwrap();
+        }
     }
 }

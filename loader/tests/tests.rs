@@ -3,6 +3,7 @@
 
 mod common;
 mod dataset;
+mod elastic;
 mod memory;
 mod pack;
 mod pack_split;

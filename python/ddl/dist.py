@@ -295,14 +295,18 @@ def _init_tcp(timeout: float, model: Optional[str], place: "_placement.Placement
 
 
 def _shutdown() -> None:
-    """At interpreter exit: finishes queued reductions, stops the communication thread, then
-    releases ddl's communicators (finalising MPI if ddl started it)."""
+    """At interpreter exit: finishes queued reductions, stops the communication thread and
+    the loaders' record exchanges, then releases ddl's communicators (finalising MPI if ddl
+    started it)."""
     global _comm
     with _comm_lock:
         comm, _comm = _comm, None
     if comm is not None:
         comm.jobs.put(None)
         comm.thread.join()
+    from . import loader  # the loaders' record exchanges use the transport: they end first
+
+    loader._end_exchanges()
     _ddl.dist_finalize()
 
 

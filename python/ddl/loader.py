@@ -54,6 +54,42 @@ def _integer(name: str, value: Any, high: int = _U64, low: int = 0) -> int:
     return number
 
 
+def _fraction(name: str, value: Any) -> float:
+    """``value`` as a ``float`` from 0 to 1 (any real number but a bool; ValueError naming
+    ``name`` otherwise)."""
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, float, np.integer,
+                                                                     np.floating)):
+        raise ValueError(f"{name}: must be a number from 0 to 1, got {value!r}")
+    number = float(value)
+    if not 0.0 <= number <= 1.0:  # NaN fails too
+        raise ValueError(f"{name}: must be a fraction from 0 to 1 (0: each node keeps its "
+                         f"records, 1: a global shuffle every epoch), got {number!r}")
+    return number
+
+
+def _check_exchange(exchange: float, split: str, place: "_placement.Placement") -> float:
+    """The fraction the Rust loader exchanges: ``exchange``, or 0 where there is nothing to
+    exchange (one node: a ``RuntimeWarning``). Refuses a val loader and several nodes without
+    ``ddl.dist`` (the records travel over its transport)."""
+    if exchange == 0.0:
+        return 0.0
+    if split == "val":
+        raise ValueError(
+            "exchange: only a shuffled train loader exchanges records between nodes; "
+            "split='val' reads each node's own shards in order (leave exchange=0.0)")
+    if place.nodes == 1:
+        warnings.warn(f"ddl.Loader: exchange={exchange} exchanges nothing: the job has one "
+                      "node, which holds every record", RuntimeWarning, stacklevel=3)
+        return 0.0
+    if place.source != "ddl.dist":
+        why = ("the loader's rank and world_size are not ddl.dist's (leave them to it)"
+               if _ddl.dist_initialized() else
+               "it is not initialised (call ddl.dist.init() before making the loader)")
+        raise RuntimeError(f"exchange={exchange}: the records move between the job's "
+                           f"{place.nodes} nodes over ddl.dist's transport, but {why}")
+    return exchange
+
+
 def _output_dtype(dtype: Any) -> torch.dtype:
     """The ``dtype`` argument (a ``torch.dtype`` or its name) as a ``torch.dtype``."""
     found = _DTYPES.get(dtype) if isinstance(dtype, str) else dtype
@@ -89,6 +125,13 @@ def _after_fork_in_child() -> None:
 
 
 os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
+def _end_exchanges() -> None:
+    """Ends the record exchange of every live loader (``ddl.dist``'s exit, before its
+    transport goes): a transfer in flight finishes first."""
+    for loader in list(_LIVE):
+        loader._end_exchange()
 
 
 _binding_checked = False
@@ -187,6 +230,15 @@ class Loader:
             [...]}`` (ddl-train's ``--trace-records`` format), to audit the data order: to
             ``trace_records`` itself in a job of one rank, to ``trace_records.<rank>`` in a job
             of several. See "Record trace" below.
+        exchange: train: fraction ``Q`` (0 to 1) of every node's records that the nodes trade
+            at each epoch boundary, as ``ddl-train --exchange Q`` ("partial local shuffling"):
+            0 (default) keeps each node on its own shards, 1 is a global shuffle every epoch.
+            Needs ``ddl.dist`` initialised on several nodes (the records travel over its
+            transport, into ``/dev/shm``); on one node it exchanges nothing (a
+            ``RuntimeWarning``). Collective: every rank makes its loader with the same value,
+            and every rank iterates every epoch (as in DDP training), since each epoch's start
+            waits until every node holds its records; the next epoch's records are received
+            while this one is served. Refused for ``split="val"``.
 
     With ``ddl.dist`` initialised, the first loader of a node warns (``RuntimeWarning``) when
     the launcher bound its rank to fewer CPUs than ``workers + 1`` while the node's ranks leave
@@ -195,7 +247,8 @@ class Loader:
     Like a ``DataLoader`` with shuffle, iterating again after a completed epoch runs the next
     epoch (new order and augmentation); ``set_epoch(epoch)`` (as ``DistributedSampler`` has it)
     picks the epoch explicitly. ``state_dict()`` / ``load_state_dict()`` resume exactly
-    mid-epoch (torchdata's ``Stateful`` protocol). DataLoader's attributes: ``dataset``
+    mid-epoch (torchdata's ``Stateful`` protocol), also on another number of nodes or ranks
+    (see :meth:`load_state_dict`). DataLoader's attributes: ``dataset``
     (:class:`ddl.Shards` of the split), ``sampler`` (``len``: this rank's share of the epoch,
     as ``DistributedSampler``'s), ``batch_size``, ``drop_last``, ``num_workers``; ``len()`` and
     the last batch as ``DataLoader``'s, for either ``drop_last``.
@@ -215,6 +268,12 @@ class Loader:
     iterating (``os.fork``, multiprocessing's ``fork``) gets loaders whose next iteration
     starts new threads in the child, at the position the parent's loader had reached (the
     parent's threads do not exist there; their state is left, not freed, in the child).
+
+    Record exchange (``exchange=Q``): each epoch, a node serves the records the placement
+    gives it (its own shards in epoch 0; a fraction ``Q`` of them traded each epoch), so the
+    ranks together still serve every record of the split once per epoch. ``stats()`` counts
+    what moved. Epochs go forward as in training; going back to an earlier one computes its
+    placement again and trades its records anew.
 
     Threads: ``stats()`` may be called from any thread at any time. A loader serves one
     iteration at a time: iterating it on a second thread while another iteration is under
@@ -290,6 +349,7 @@ class Loader:
         resize_ratio: float = RESIZE_RATIO,
         populate: bool = False,
         trace_records: "str | os.PathLike[str] | None" = None,
+        exchange: float = 0.0,
     ) -> None:
         if workers is not None and num_workers is not None:
             raise ValueError("workers, num_workers: give one (num_workers is DataLoader's "
@@ -335,6 +395,7 @@ class Loader:
         if wrap and drop_last:
             raise ValueError("wrap: completes the last batch of drop_last=False; "
                              "drop_last=True has no last batch to complete")
+        exchange = _fraction("exchange", exchange)
         place = _placement.current()
         if rank is not None or world_size is not None:
             size = place.world_size if world_size is None else _integer("world_size", world_size)
@@ -344,11 +405,15 @@ class Loader:
             if size != place.world_size or me != place.rank:
                 # Explicit positions: each rank its own node unless the launcher says otherwise.
                 place = _placement.Placement(me, size, 0, 1, me, size, "arguments")
+        moved = _check_exchange(exchange, split, place)
         self.placement = place
         self._trace = (None if trace_records is None
                        else RecordTrace(trace_records, place.rank, place.world_size))
+        #: Fraction of every node's train records traded at each epoch boundary.
+        self.exchange = exchange
         self.path, self.split, self.batch_size = path, split, batch_size
         self.drop_last = drop_last if split == "train" else False
+        self._drop_last = drop_last  # as the Rust loader takes it (any split but val trains)
         self.wrap = wrap
         self.num_workers = workers
         self.image_size, self.dtype, self.layout = image_size, out_dtype, layout
@@ -363,6 +428,7 @@ class Loader:
             on_bad_record=on_bad_record, resize=resize, resize_ratio=float(resize_ratio),
             scale=_pair(scale), ratio=_pair(ratio), flip_p=float(flip_p),
             mean=[float(v) for v in mean], std=[float(v) for v in std], populate=populate,
+            exchange=moved,
         )
         _LIVE.add(self)
         _warn_binding(workers)
@@ -401,12 +467,19 @@ class Loader:
         return len(self.classes)
 
     def __len__(self) -> int:
-        """Batches this rank gets per epoch (the same on every rank, val included)."""
-        return self._live().steps_per_epoch()
+        """Batches this rank gets per epoch (the same on every rank, val included). In an
+        epoch resumed on another layout (:meth:`load_state_dict`): its remainder's batches."""
+        return self._live().steps_per_epoch(self._current_epoch())
 
     def samples(self) -> int:
         """Images this rank gets per epoch (val: its share of every record exactly once)."""
-        return self._live().samples_per_epoch()
+        return self._live().samples_per_epoch(self._current_epoch())
+
+    def _current_epoch(self) -> int:
+        """The epoch under way, or the one the next iteration runs after a completed one."""
+        if self._completed and not self._iterating:
+            return self._epoch + 1
+        return self._epoch
 
     def _live(self) -> _ddl.Loader:
         """The Rust loader, or RuntimeError once closed."""
@@ -423,10 +496,16 @@ class Loader:
         if self._core is None:
             return
         self._core.stop()
+        self._core.end_exchange()  # a transfer in flight ends first, the GIL released
         self._core = None
         self._iterating = False
         if self._trace is not None:
             self._trace.close()
+
+    def _end_exchange(self) -> None:
+        """Leaves the record exchange (before ddl.dist shuts down at the interpreter's exit)."""
+        if self._core is not None:
+            self._core.end_exchange()
 
     def __enter__(self) -> "Loader":
         return self
@@ -469,10 +548,17 @@ class Loader:
     def state_dict(self) -> Dict[str, Any]:
         """Where the loader is: the epoch and the batches of it already delivered (after a
         completed epoch: the next epoch, step 0), the image size of that epoch and of the
-        epochs after it, plus what must match on resume (seed, batch size, world size, rank).
-        Writes the record trace's lines so far to its file (``trace_records``)."""
+        epochs after it, what must match on resume (seed, batch size, split), and the layout
+        that took the epoch's records (``world_size``, ``rank``, ``nodes``,
+        ``ranks_per_node``, ``exchange``, ``drop_last``, ``wrap``), from which
+        :meth:`load_state_dict` recomputes what the whole job served. In an epoch resumed on
+        another layout, ``progress`` is what the epoch had served when its remainder began
+        (``{"records": N, "words": [...]}``, bit ``i % 32`` of word ``i // 32`` is record
+        ``i``), else None. Plain numbers and lists: ``torch.save`` and JSON keep it. Writes
+        the record trace's lines so far to its file (``trace_records``)."""
         if self._trace is not None:
             self._trace.flush()
+        core = self._live()
         mid_epoch = False
         if self._completed and not self._iterating:
             epoch, step = self._epoch + 1, 0  # this epoch is done: resume with the next one
@@ -480,6 +566,9 @@ class Loader:
             epoch = self._epoch
             step = self._next_step if self._iterating else self._start_step
             mid_epoch = step > 0
+        served = core.progress(epoch) if epoch <= _U64 else None
+        mid_epoch = mid_epoch or served is not None  # a remainder keeps its epoch's size
+        p = self.placement
         return {
             "epoch": epoch,
             "step": step,
@@ -487,50 +576,121 @@ class Loader:
             "next_image_size": self.image_size,
             "seed": self.seed,
             "batch_size": self.batch_size,
-            "world_size": self.placement.world_size,
-            "rank": self.placement.rank,
+            "world_size": p.world_size,
+            "rank": p.rank,
             "split": self.split,
+            "nodes": p.nodes,
+            "ranks_per_node": p.local_size,
+            "exchange": self.exchange,
+            "drop_last": self._drop_last,
+            "wrap": self.wrap,
+            "progress": None if served is None else {"records": served[0],
+                                                     "words": served[1]},
         }
 
     def load_state_dict(self, state: Dict[str, Any]) -> None:
-        """Resumes at ``state``: the next iteration yields exactly the batches the saved
+        """Resumes at ``state`` (a :meth:`state_dict` of any rank of the saved job).
+
+        On the saved job's layout (same world size, nodes, ranks per node, ``exchange``,
+        ``drop_last``, ``wrap``), the next iteration yields exactly the batches the saved
         loader had not yet delivered, at the saved epoch's image size, and later epochs at the
-        size set then. Raises ValueError when the seed, batch size, world size or split
-        differ (those batches would not be the same), or when a value is out of its range
-        (``epoch`` 0 to 2**64 - 1, ``step`` 0 to ``len(self)``), before changing anything."""
+        size set then.
+
+        On another layout (a train loader on another number of nodes or ranks, or another
+        ``exchange``): exact elastic resume. The loader recomputes which records the whole
+        saved job served of the interrupted epoch (every old rank's sampler over its node's
+        records, for the steps taken), deals the records it had not served over this job's
+        nodes (the same way on every rank, from the seed) and serves them in the rest of the
+        epoch, each exactly once over all ranks, but for what the last incomplete step leaves
+        out with ``drop_last=True`` (and the few records a node holds beyond the smallest
+        node's). Each node reads its part from every shard of the directory. ``len()`` in that
+        epoch is the remainder's batches (fewer than a full epoch's); the epochs after it are
+        this layout's own. A state saved in such a remainder carries ``progress`` (what the
+        epoch had served when the remainder began), so a second change of layout in the same
+        epoch continues the same way.
+
+        Raises ValueError when the seed, batch size or split differ, when a val loader's
+        layout differs (its records per rank depend on it), or when a value is out of its
+        range (``epoch`` 0 to 2**64 - 1, ``step`` within the saved epoch), before changing
+        anything."""
         core = self._live()
-        for key in ("seed", "batch_size", "world_size", "split"):
-            mine = self.state_dict()[key]
-            if state.get(key) != mine:
+        mine = self.state_dict()
+        for key in ("seed", "batch_size", "split"):
+            if state.get(key) != mine[key]:
                 raise ValueError(
                     f"load_state_dict: {key} is {state.get(key)!r} in the state but "
-                    f"{mine!r} in this loader"
+                    f"{mine[key]!r} in this loader"
                 )
         for key in ("epoch", "step"):
             if key not in state:
                 raise ValueError(f"load_state_dict: the state has no {key!r} (not a state_dict() "
                                  "of a ddl.Loader)")
         epoch = _integer("load_state_dict: epoch", state["epoch"])
-        step = _integer("load_state_dict: step", state["step"], len(self))
+        step = _integer("load_state_dict: step", state["step"])
         # States of older versions lack the sizes: this loader's size then.
         sizes = [_integer(f"load_state_dict: {k}", state.get(k, self.image_size), _U32)
                  for k in ("image_size", "next_image_size")]
         for size in sizes:
             core.check_image_size(size)
+        layout = self._saved_layout(state, mine)
+        start = core.resume(epoch, step, nodes=layout["nodes"],
+                            ranks_in_node=layout["ranks_per_node"],
+                            exchange=layout["exchange"], drop_last=layout["drop_last"],
+                            wrap=layout["wrap"], before=_saved_progress(state))
         core.stop()
         self._iterating = False
         self._completed = False
         self._epoch = epoch
-        self._start_step = step
+        self._start_step = start
         self._epoch_image_size, self.image_size = sizes
         if self._trace is not None:
             self._trace.resume_after(epoch * len(self) + step)
 
+    def _saved_layout(self, state: Dict[str, Any], mine: Dict[str, Any]) -> Dict[str, Any]:
+        """The layout that took the saved epoch's records; ValueError when it differs from
+        this loader's and this loader cannot resume on another (val), or when the state of an
+        older ddl.Loader does not say it."""
+        keys = ("world_size", "nodes", "ranks_per_node", "exchange", "drop_last", "wrap")
+        if "nodes" not in state:  # older states: only the world size, which had to match
+            if state.get("world_size") != mine["world_size"]:
+                raise ValueError(
+                    f"load_state_dict: world_size is {state.get('world_size')!r} in the state "
+                    f"but {mine['world_size']!r} in this loader, and the state (of an older "
+                    "ddl.Loader) does not say how its job took the records: resume it on its "
+                    "world size")
+            return {k: mine[k] for k in keys}
+        layout = {}
+        for key in keys:
+            if key not in state:
+                raise ValueError(f"load_state_dict: the state has no {key!r}")
+            layout[key] = state[key]
+        for key in ("world_size", "nodes", "ranks_per_node"):
+            layout[key] = _integer(f"load_state_dict: {key}", layout[key], _U32, 1)
+        layout["exchange"] = _fraction("load_state_dict: exchange", layout["exchange"])
+        layout["drop_last"], layout["wrap"] = bool(layout["drop_last"]), bool(layout["wrap"])
+        if layout["nodes"] * layout["ranks_per_node"] != layout["world_size"]:
+            raise ValueError(f"load_state_dict: {layout['nodes']} nodes of "
+                             f"{layout['ranks_per_node']} ranks are not world_size "
+                             f"{layout['world_size']}")
+        differ = [k for k in keys if layout[k] != mine[k]]
+        if differ and self.split == "val":
+            k = differ[0]
+            raise ValueError(
+                f"load_state_dict: {k} is {layout[k]!r} in the state but {mine[k]!r} in this "
+                "loader; a val loader resumes only on the layout that saved it (its ranks' "
+                "records depend on it): evaluate the epoch again")
+        return layout
+
     def stats(self) -> Dict[str, Any]:
         """Since the first batch: ``images``, ``batches``, ``seconds``, ``images_per_s``,
         ``wait_s`` and ``wait_fraction`` (time the consumer waited for batches) and
-        ``bad_records`` (``(file, record, reason)`` of each bad record met). Safe from any
-        thread, also while another one iterates."""
+        ``bad_records`` (``(file, record, reason)`` of each bad record met). With
+        ``exchange``, over the epochs started so far: ``exchange_records_in`` /
+        ``exchange_records_out`` and ``exchange_bytes_in`` / ``exchange_bytes_out`` (records
+        and bytes this node received and sent) and ``exchange_transfer_s`` (seconds its
+        transfers took), all counted on the node's first rank (0 on its others), and
+        ``exchange_wait_s`` (seconds epoch starts waited for a transfer); all 0 without.
+        Safe from any thread, also while another one iterates."""
         return dict(self._live().stats())
 
     def __iter__(self) -> Iterator[Tuple[torch.Tensor, torch.Tensor]]:
@@ -561,9 +721,9 @@ class Loader:
         """The epoch's batches from ``_start_step`` on, with their steps, as CPU tensors. The
         loader serves one iteration at a time: a second one on another thread while this one
         runs raises RuntimeError, and this one ends when the generator does."""
-        if self._start_step == 0:
-            self._epoch_image_size = self.image_size  # a new epoch takes the size asked for
         core = self._live()
+        if self._start_step == 0 and core.progress(self._epoch) is None:
+            self._epoch_image_size = self.image_size  # a new epoch takes the size asked for
         ticket = core.start(self._epoch, self._start_step, self._epoch_image_size)
         channels_first = self.dtype != torch.uint8
         want_first = self.layout == "NCHW"
@@ -639,6 +799,21 @@ class Loader:
         )
 
 
+def _saved_progress(state: Dict[str, Any]) -> Optional[Tuple[int, List[int]]]:
+    """The state's ``progress`` as ``(records, words)`` (None when absent); ValueError when it
+    is not the numbers :meth:`Loader.state_dict` writes."""
+    progress = state.get("progress")
+    if progress is None:
+        return None
+    try:
+        records = _integer("load_state_dict: progress records", progress["records"])
+        words = [_integer("load_state_dict: progress words", w, _U32) for w in progress["words"]]
+    except (KeyError, TypeError) as e:
+        raise ValueError(f"load_state_dict: progress: {progress!r:.80} is not a ddl.Loader's "
+                         f"progress ({e!r})") from None
+    return records, words
+
+
 class RankSampler:
     """What ``DataLoader.sampler`` is to a script: ``len`` this rank's share of the epoch
     before batching, as a ``DistributedSampler`` counts it (``ceil(records / ranks)``, also
@@ -649,7 +824,8 @@ class RankSampler:
         self._loader = loader
 
     def __len__(self) -> int:
-        return self._loader._live().sampler_len()
+        loader = self._loader
+        return loader._live().sampler_len(loader._current_epoch())
 
     def set_epoch(self, epoch: int) -> None:
         """The loader's :meth:`Loader.set_epoch`."""

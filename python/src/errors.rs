@@ -1,6 +1,7 @@
 //! Python exceptions for ddl's errors: every message names the file, record or argument.
 
 use ddl_comm::CommError;
+use ddl_exchange::ExchangeError;
 use ddl_loader::LoaderError;
 use pyo3::create_exception;
 use pyo3::exceptions::{PyException, PyFileNotFoundError, PyValueError};
@@ -53,5 +54,17 @@ pub fn comm_error(e: CommError) -> PyErr {
     match e {
         CommError::InvalidArgument(_) => PyValueError::new_err(e.to_string()),
         _ => DistError::new_err(e.to_string()),
+    }
+}
+
+/// The Python exception for an error of the record exchange: a ValueError naming `exchange`
+/// when the fraction asks for more memory than the node has, a DistError when a peer failed.
+pub fn exchange_error(e: ExchangeError) -> PyErr {
+    let msg = format!("exchange: {e}");
+    match e {
+        ExchangeError::Memory { .. } => PyValueError::new_err(msg),
+        ExchangeError::Comm { .. } | ExchangeError::Elsewhere { .. } => DistError::new_err(msg),
+        ExchangeError::Loader { source, .. } => loader_error(source),
+        _ => DdlError::new_err(msg),
     }
 }

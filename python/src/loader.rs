@@ -6,7 +6,9 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, TryLockError};
 use std::time::{Duration, Instant};
 
+use ddl_exchange::{EpochExchange, Exchange, ExchangeConfig};
 use ddl_loader::dataset::{Dataset, OpenOptions, Residency};
+use ddl_loader::elastic::{self, Layout};
 use ddl_loader::limits::{
     self, AugmentError, AugmentSetting, AugmentSettings, Buffers, LimitError, Setting, Settings,
 };
@@ -15,13 +17,14 @@ use ddl_loader::pipeline::{
     eval_resize, Augment, OnBadRecord, Output, Pipeline, PipelineConfig, ReplicaBatches,
     TrainAugment,
 };
+use ddl_loader::progress::EpochProgress;
 use ddl_loader::sampler::{Sampler, SamplerConfig, Tail};
 use pyo3::exceptions::{PyRuntimeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
 
 use crate::batch::{BatchArray, HeldBatch, Part};
-use crate::errors::{loader_error, DdlError};
+use crate::errors::{exchange_error, loader_error, DdlError};
 
 /// The running epoch and the iteration reading it. Held only for moments, never while
 /// waiting for a batch or joining threads, and never while taking the GIL: `stats()` may take
@@ -91,6 +94,51 @@ struct Opened {
     dataset: Arc<Dataset>,
     sampler: Sampler,
     pipeline: PipelineConfig,
+    /// Train: how the job takes the split (for an elastic resume); None for val.
+    layout: Option<Layout>,
+    /// Where the split is, to read a remainder from every shard.
+    path: PathBuf,
+    split: String,
+    opts: OpenOptions,
+}
+
+/// The rest of an epoch resumed on another layout (`load_state_dict`): this node's part of
+/// the records the epoch had not served, and this rank's sampler over them.
+struct Resumed {
+    epoch: u64,
+    /// What the epoch had served when the remainder began (in `state_dict` while it runs).
+    before: EpochProgress,
+    /// None when no full step is left: the epoch ends where it is.
+    part: Option<(Arc<Dataset>, Sampler)>,
+}
+
+/// The record exchange between the nodes and what it moved so far.
+struct Exchanging {
+    exchange: Exchange,
+    /// The epoch whose exchange is counted in the totals last.
+    counted: Option<u64>,
+}
+
+/// What the exchanges into the epochs served so far moved, for `stats()`.
+#[derive(Clone, Copy, Default)]
+struct ExchangeTotals {
+    records_in: u64,
+    records_out: u64,
+    bytes_in: u64,
+    bytes_out: u64,
+    wait_s: f64,
+    transfer_s: f64,
+}
+
+impl ExchangeTotals {
+    fn add(&mut self, e: EpochExchange) {
+        self.records_in += e.moved.records_in;
+        self.records_out += e.moved.records_out;
+        self.bytes_in += e.moved.bytes_in;
+        self.bytes_out += e.moved.bytes_out;
+        self.wait_s += e.wait_s;
+        self.transfer_s += e.transfer_s;
+    }
 }
 
 /// What an epoch's image size changes, and what a new size is checked against.
@@ -159,6 +207,11 @@ pub struct Loader {
     bad_seen: Mutex<Vec<(String, usize, String)>>,
     /// Set in a forked child whose copy of the slot was locked by a parent thread at the fork.
     unusable_after_fork: AtomicBool,
+    /// The exchange of train records between the nodes (`exchange` above 0 on several nodes).
+    exchange: Mutex<Option<Exchanging>>,
+    exchanged: Mutex<ExchangeTotals>,
+    /// The remainder of a resumed epoch, while that epoch is the loader's.
+    resumed: Mutex<Option<Resumed>>,
 }
 
 fn value_error(arg: &str, why: impl std::fmt::Display) -> PyErr {
@@ -284,13 +337,64 @@ fn open_node(
     Ok((Arc::new(dataset), sampler))
 }
 
+/// Joins the exchange of `o`'s train records between the nodes of ddl.dist's job (collective:
+/// every rank of the job makes its loader with the same `exchange`), this rank at `place`
+/// (`node`, `nodes`, `rank_in_node`, `ranks_in_node`), which must be ddl.dist's. The node's
+/// first rank leads its transfers; the arenas live in `/dev/shm`.
+fn open_exchange(
+    py: Python<'_>,
+    o: &Opened,
+    fraction: f64,
+    seed: u64,
+    place: (usize, usize, usize, usize),
+) -> PyResult<Exchanging> {
+    let d = crate::dist::dist().map_err(|_| {
+        PyRuntimeError::new_err(format!(
+            "exchange: {fraction} moves records between the job's {} nodes through ddl.dist: \
+             call ddl.dist.init() before making the loader",
+            place.1
+        ))
+    })?;
+    let (_, _, local_rank, local_size, dnode, dnodes) = d.world.place();
+    if (dnode, dnodes, local_rank, local_size) != place {
+        return Err(value_error(
+            "exchange",
+            format!(
+                "the loader is at node {} of {}, local rank {} of {}, but ddl.dist at node \
+                 {dnode} of {dnodes}, local rank {local_rank} of {local_size}: leave rank and \
+                 world_size to ddl.dist",
+                place.0, place.1, place.2, place.3
+            ),
+        ));
+    }
+    let cfg = ExchangeConfig {
+        fraction,
+        seed,
+        // Unknown here: every epoch prepares the next one's records.
+        epochs: u64::MAX,
+        base_dir: ExchangeConfig::default_base_dir(),
+        leader: local_rank == 0,
+        piece_bytes: ExchangeConfig::PIECE_BYTES,
+        lock: false,
+    };
+    let transport = d.world.transport();
+    let home = Arc::clone(&o.dataset);
+    let exchange = py
+        .detach(|| Exchange::new(transport, home, &o.path, cfg))
+        .map_err(exchange_error)?;
+    Ok(Exchanging {
+        exchange,
+        counted: None,
+    })
+}
+
 #[pymethods]
 impl Loader {
     /// Opens this node's shards of `split` in `path` and prepares the sampler and pipeline.
     #[new]
     #[pyo3(signature = (path, *, split, batch_size, image_size, workers, seed, node, nodes,
         rank_in_node, ranks_in_node, drop_last, wrap, dtype, prefetch, on_bad_record, resize,
-        resize_ratio, scale, ratio, flip_p, mean, std, populate))]
+        resize_ratio, scale, ratio, flip_p, mean, std, populate, exchange=0.0))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
@@ -317,6 +421,7 @@ impl Loader {
         mean: [f32; 3],
         std: [f32; 3],
         populate: bool,
+        exchange: f64,
     ) -> PyResult<Loader> {
         let train_augment = TrainAugment {
             scale,
@@ -433,6 +538,15 @@ impl Loader {
                 populate,
                 ..OpenOptions::default()
             };
+            let layout = train.then_some(Layout {
+                nodes,
+                ranks_in_node,
+                replicas: 1,
+                batch_per_replica: batch_size,
+                tail: sampling.tail,
+                seed,
+                exchange: if nodes > 1 { exchange } else { 0.0 },
+            });
             let residency = Residency { node, nodes };
             let (dataset, sampler) =
                 open_node(py, &path, &split, residency, &opts, min_node, sampling)?;
@@ -440,7 +554,18 @@ impl Loader {
                 dataset,
                 sampler,
                 pipeline,
+                layout,
+                path: path.clone(),
+                split: split.clone(),
+                opts,
             })
+        };
+        let exchange = match &opened {
+            Some(o) if train && exchange > 0.0 && nodes > 1 => {
+                let place = (node, nodes, rank_in_node, ranks_in_node);
+                Some(open_exchange(py, o, exchange, seed, place)?)
+            }
+            _ => None,
         };
         Ok(Loader {
             opened,
@@ -458,31 +583,145 @@ impl Loader {
             timing: Mutex::new(Timing::default()),
             bad_seen: Mutex::new(Vec::new()),
             unusable_after_fork: AtomicBool::new(false),
+            exchange: Mutex::new(exchange),
+            exchanged: Mutex::new(ExchangeTotals::default()),
+            resumed: Mutex::new(None),
         })
     }
 
-    /// Batches per epoch for this process (val: the same on every rank of the job, some of
-    /// them empty on a node without records).
-    fn steps_per_epoch(&self) -> usize {
-        self.opened
-            .as_ref()
-            .map_or(self.val_steps, |o| o.sampler.steps_per_epoch())
+    /// Batches of `epoch` for this process (val: the same on every rank of the job, some of
+    /// them empty on a node without records; a resumed epoch: its remainder's).
+    fn steps_per_epoch(&self, epoch: u64) -> usize {
+        if self.opened.is_none() {
+            return self.val_steps;
+        }
+        self.with_sampler(epoch, |s| s.map_or(0, Sampler::steps_per_epoch))
     }
 
-    /// Images this process gets per epoch: every step's batch for train, this rank's share of
+    /// Images this process gets in `epoch`: every step's batch for train, this rank's share of
     /// every record exactly once for val.
-    fn samples_per_epoch(&self) -> usize {
-        self.opened
-            .as_ref()
-            .map_or(0, |o| o.sampler.samples_per_epoch(0))
+    fn samples_per_epoch(&self, epoch: u64) -> usize {
+        self.with_sampler(epoch, |s| s.map_or(0, |s| s.samples_per_epoch(0)))
     }
 
-    /// This process's share of the epoch's records before batching (`len()` of a
+    /// This process's share of `epoch`'s records before batching (`len()` of a
     /// `DataLoader`'s `DistributedSampler`; val: its records, each once).
-    fn sampler_len(&self) -> usize {
-        self.opened
+    fn sampler_len(&self, epoch: u64) -> usize {
+        self.with_sampler(epoch, |s| s.map_or(0, Sampler::share_per_epoch))
+    }
+
+    /// Continues `epoch` from the `state_dict` of a loader whose job had `nodes` nodes of
+    /// `ranks_in_node` ranks exchanging `exchange`, with `drop_last` / `wrap`, stopped at its
+    /// step `step` (of the remainder dealt from the served set `before`, `(records, words)`,
+    /// when given). On this loader's layout with no `before`: an exact resume at `step`. On it
+    /// with `before`: that remainder again, at `step`. On another layout (train only): what
+    /// the old job served is recomputed and the rest dealt over this job's nodes, a remainder
+    /// served from its step 0. Returns the step to start at.
+    #[pyo3(signature = (epoch, step, *, nodes, ranks_in_node, exchange, drop_last, wrap, before))]
+    #[allow(clippy::too_many_arguments)]
+    fn resume(
+        &self,
+        py: Python<'_>,
+        epoch: u64,
+        step: usize,
+        nodes: usize,
+        ranks_in_node: usize,
+        exchange: f64,
+        drop_last: bool,
+        wrap: bool,
+        before: Option<(u64, Vec<u32>)>,
+    ) -> PyResult<usize> {
+        self.check_usable()?;
+        // Refused while another thread iterates, before anything changes (as `stop`).
+        self.lock_slot().check(None)?;
+        let bad = |why: String| value_error("load_state_dict", why);
+        let mine = self.opened.as_ref().and_then(|o| o.layout.as_ref());
+        let old = mine.map(|l| Layout {
+            nodes,
+            ranks_in_node,
+            tail: match (drop_last, wrap) {
+                (true, _) => Tail::Drop,
+                (false, false) => Tail::Short,
+                (false, true) => Tail::Pad,
+            },
+            exchange: if nodes > 1 { exchange } else { 0.0 },
+            ..l.clone()
+        });
+        let before = before
+            .map(|(records, words)| EpochProgress::from_words(epoch, records, words))
+            .transpose()
+            .map_err(|e| bad(format!("progress: {e}")))?;
+        let (Some(o), Some(mine), Some(old)) = (&self.opened, mine, old) else {
+            // Val (or a node without records): only an exact resume.
+            if before.is_some() {
+                return Err(bad("a val loader's state has no progress".into()));
+            }
+            return self.resume_here(epoch, step);
+        };
+        let shards = self.shard_records(o)?;
+        if let Some(b) = &before {
+            if b.records != shards.iter().sum::<u64>() {
+                return Err(bad(format!(
+                    "its progress covers {} records, split {:?} has {}",
+                    b.records,
+                    o.split,
+                    shards.iter().sum::<u64>()
+                )));
+            }
+        }
+        let (progress, start) = match before {
+            None if old == *mine => return self.resume_here(epoch, step),
+            Some(b) if old == *mine => (b, step),
+            None => {
+                let p = py
+                    .detach(|| elastic::served(&shards, &old, epoch, step))
+                    .map_err(|e| bad(e.to_string()))?;
+                if p.served() == 0 {
+                    return self.resume_here(epoch, 0); // nothing served: the epoch anew
+                }
+                (p, 0)
+            }
+            Some(b) => {
+                let p = py
+                    .detach(|| elastic::served_after(&b, &old, step))
+                    .map_err(|e| bad(e.to_string()))?;
+                (p, 0)
+            }
+        };
+        let resumed = self.remainder(py, o, progress)?;
+        let steps = resumed
+            .part
             .as_ref()
-            .map_or(0, |o| o.sampler.share_per_epoch())
+            .map_or(0, |(_, s)| s.steps_per_epoch());
+        if start > steps {
+            return Err(bad(format!(
+                "step {start} is beyond the {steps} steps of the epoch's remainder"
+            )));
+        }
+        *self.lock_resumed() = Some(resumed);
+        Ok(start)
+    }
+
+    /// What `epoch` had served when its remainder began, as `(records, words)`: None unless
+    /// `epoch` is resumed on a remainder (for `state_dict`).
+    fn progress(&self, epoch: u64) -> Option<(u64, Vec<u32>)> {
+        let resumed = self.lock_resumed();
+        let r = resumed.as_ref().filter(|r| r.epoch == epoch)?;
+        Some((r.before.records, r.before.words().to_vec()))
+    }
+
+    /// Leaves the record exchange (waiting for a transfer in flight): before ddl.dist shuts
+    /// down at the interpreter's exit. Later epochs serve the node's own records.
+    fn end_exchange(&self, py: Python<'_>) {
+        if self.unusable_after_fork.load(Ordering::SeqCst) {
+            return; // the parent's exchange, leaked in this child
+        }
+        let taken = self
+            .exchange
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .take();
+        py.detach(move || drop(taken));
     }
 
     /// Checks `size` as a new image size (the limits of `image_size`, the memory its batches
@@ -515,7 +754,7 @@ impl Loader {
     ) -> PyResult<u64> {
         self.check_usable()?;
         self.sizing.check(image_size, false)?;
-        let steps = self.steps_per_epoch();
+        let steps = self.steps_per_epoch(epoch);
         if start_step > steps {
             return Err(value_error(
                 "start step",
@@ -536,8 +775,21 @@ impl Loader {
         let Some(o) = &self.opened else {
             return Ok(ticket);
         };
+        let records = match self.epoch_records(py, o, epoch) {
+            Ok(Some(records)) => records,
+            Ok(None) => {
+                // A remainder without steps: nothing to serve.
+                py.detach(move || drop(previous));
+                return Ok(ticket);
+            }
+            Err(e) => {
+                self.lock_slot().owner = None;
+                py.detach(move || drop(previous));
+                return Err(e);
+            }
+        };
         let cfg = self.sizing.config(&o.pipeline, image_size);
-        let started = self.start_run(py, o, previous, cfg, (epoch, start_step));
+        let started = self.start_run(py, records, previous, cfg, (epoch, start_step));
         let mut slot = self.lock_slot();
         match started {
             Ok(run) => {
@@ -628,21 +880,26 @@ impl Loader {
     /// In a child process just forked (`os.register_at_fork`): forgets the parent's running
     /// epoch, whose threads do not exist here, so that the next `start` starts new ones. Its
     /// state is leaked, not dropped: dropping it would join the absent threads and block
-    /// forever. A lock a parent thread held at the fork stays held in the child: then the
+    /// forever; the record exchange is left the same way (the child serves its node's own
+    /// records). A lock a parent thread held at the fork stays held in the child: then the
     /// loader refuses every further use with an error instead of blocking.
     fn forget_after_fork(&self) {
         /// Whether a parent thread held the lock at the fork (a poisoned lock is free).
         fn held<T>(m: &Mutex<T>) -> bool {
             matches!(m.try_lock(), Err(TryLockError::WouldBlock))
         }
-        if held(&self.timing) || held(&self.bad_seen) || held(&self.slot) {
-            // The run stays in the locked slot, and `Drop` leaks it.
+        if held(&self.timing) || held(&self.bad_seen) || held(&self.slot) || held(&self.exchange) {
+            // The run stays in the locked slot, and `Drop` leaks it (and the exchange).
             self.unusable_after_fork.store(true, Ordering::SeqCst);
             return;
         }
         let mut slot = self.lock_slot();
         std::mem::forget(slot.run.take());
         slot.owner = None;
+        // The parent's exchange (its transfer thread, its place in the job) is not the
+        // child's: the child serves its node's own records.
+        let mut exchange = self.exchange.lock().unwrap_or_else(|p| p.into_inner());
+        std::mem::forget(exchange.take());
     }
 
     /// Batches lent to Python and still alive.
@@ -685,6 +942,13 @@ impl Loader {
             if elapsed > 0.0 { wait / elapsed } else { 0.0 },
         )?;
         d.set_item("bad_records", bad)?;
+        let x = *self.exchanged.lock().unwrap_or_else(|p| p.into_inner());
+        d.set_item("exchange_records_in", x.records_in)?;
+        d.set_item("exchange_records_out", x.records_out)?;
+        d.set_item("exchange_bytes_in", x.bytes_in)?;
+        d.set_item("exchange_bytes_out", x.bytes_out)?;
+        d.set_item("exchange_wait_s", x.wait_s)?;
+        d.set_item("exchange_transfer_s", x.transfer_s)?;
         Ok(d)
     }
 }
@@ -696,6 +960,8 @@ impl Drop for Loader {
         if self.unusable_after_fork.load(Ordering::SeqCst) {
             let slot = self.slot.get_mut().unwrap_or_else(|p| p.into_inner());
             std::mem::forget(slot.run.take());
+            let exchange = self.exchange.get_mut().unwrap_or_else(|p| p.into_inner());
+            std::mem::forget(exchange.take());
         }
     }
 }
@@ -717,33 +983,119 @@ impl Loader {
         self.slot.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// The run of `epoch` from `start_step` with `cfg`: `previous`'s pipeline moved on, or a
-    /// new one. Joins and starts threads with the GIL released.
-    fn start_run(
+    fn lock_resumed(&self) -> std::sync::MutexGuard<'_, Option<Resumed>> {
+        self.resumed.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// `f` of the sampler of `epoch`: its remainder's when it is resumed (None when no step
+    /// is left), else the node's.
+    fn with_sampler<T>(&self, epoch: u64, f: impl FnOnce(Option<&Sampler>) -> T) -> T {
+        let resumed = self.lock_resumed();
+        match resumed.as_ref().filter(|r| r.epoch == epoch) {
+            Some(r) => f(r.part.as_ref().map(|(_, s)| s)),
+            None => f(self.opened.as_ref().map(|o| &o.sampler)),
+        }
+    }
+
+    /// The records and sampler `epoch` is served from: its remainder's when it is resumed
+    /// (None when no step is left), else this node's records in that epoch (the exchange's,
+    /// collective, when records move between the nodes). A remainder of another epoch is
+    /// over: it is dropped.
+    fn epoch_records(
         &self,
         py: Python<'_>,
         o: &Opened,
+        epoch: u64,
+    ) -> PyResult<Option<(Arc<Dataset>, Sampler)>> {
+        {
+            let mut resumed = self.lock_resumed();
+            match resumed.as_ref() {
+                Some(r) if r.epoch == epoch => return Ok(r.part.clone()),
+                Some(_) => *resumed = None,
+                None => {}
+            }
+        }
+        let mut exchange = self.exchange.lock().unwrap_or_else(|p| p.into_inner());
+        let Some(x) = exchange.as_mut() else {
+            return Ok(Some((Arc::clone(&o.dataset), o.sampler.clone())));
+        };
+        let dataset = py
+            .detach(|| x.exchange.epoch(epoch))
+            .map_err(exchange_error)?;
+        if x.counted != Some(epoch) {
+            x.counted = Some(epoch);
+            if let Some(last) = x.exchange.last() {
+                self.exchanged
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .add(last);
+            }
+        }
+        Ok(Some((dataset, o.sampler.clone())))
+    }
+
+    /// An exact resume of `epoch` at `step` on this layout (no remainder): checks the step.
+    fn resume_here(&self, epoch: u64, step: usize) -> PyResult<usize> {
+        *self.lock_resumed() = None;
+        let steps = self.steps_per_epoch(epoch);
+        if step > steps {
+            return Err(value_error(
+                "load_state_dict: step",
+                format!("{step} is beyond the epoch's {steps} steps"),
+            ));
+        }
+        Ok(step)
+    }
+
+    /// The record counts of the split's shards, in split order.
+    fn shard_records(&self, o: &Opened) -> PyResult<Vec<u64>> {
+        let m = o.dataset.manifest();
+        let info = m.split(&o.path, &o.split).map_err(loader_error)?;
+        Ok(info.shards.iter().map(|s| s.records).collect())
+    }
+
+    /// The remainder of `progress`'s epoch for this rank: the records not served yet dealt
+    /// over this job's nodes, this node's part read from every shard (without the GIL).
+    fn remainder(
+        &self,
+        py: Python<'_>,
+        o: &Opened,
+        mut progress: EpochProgress,
+    ) -> PyResult<Resumed> {
+        let residency = o.dataset.residency();
+        let cfg = o.sampler.config().clone();
+        let part = py
+            .detach(|| elastic::remainder(&o.path, &o.split, &progress, residency, cfg, &o.opts))
+            .map_err(loader_error)?;
+        progress.resumed = true;
+        Ok(Resumed {
+            epoch: progress.epoch,
+            before: progress,
+            part: part.map(|r| (Arc::new(r.dataset), r.sampler)),
+        })
+    }
+
+    /// The run of `epoch` from `start_step` over `(dataset, sampler)` with `cfg`:
+    /// `previous`'s pipeline moved on, or a new one. Joins and starts threads with the GIL
+    /// released.
+    fn start_run(
+        &self,
+        py: Python<'_>,
+        (dataset, sampler): (Arc<Dataset>, Sampler),
         previous: Option<Run>,
         cfg: PipelineConfig,
         (epoch, start_step): (u64, usize),
     ) -> PyResult<Run> {
         // A shard rewritten or truncated since it was mapped is an exception here, at the
         // epoch's start, rather than a SIGBUS in the middle of it.
-        o.dataset.check_unchanged().map_err(loader_error)?;
+        dataset.check_unchanged().map_err(loader_error)?;
         let (pipeline, extra) = py
             .detach(|| match previous {
                 Some(r) => r
                     .pipeline
-                    .next_epoch_with(cfg, epoch, start_step)
+                    .next_epoch_over(dataset, sampler, cfg, epoch, start_step)
                     .map(|p| (p, r.extra_buffers)),
-                None => Pipeline::start(
-                    Arc::clone(&o.dataset),
-                    o.sampler.clone(),
-                    cfg,
-                    epoch,
-                    start_step,
-                )
-                .map(|p| (p, 0)),
+                None => Pipeline::start(dataset, sampler, cfg, epoch, start_step).map(|p| (p, 0)),
             })
             .map_err(loader_error)?;
         let batches = pipeline.replica(0);

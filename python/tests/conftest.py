@@ -8,6 +8,7 @@ import signal
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import List, Optional, Sequence
 
@@ -77,6 +78,40 @@ def torchrun(np: int, script: str, args: Sequence[str] = (), timeout: float = JO
     full_env.update(OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
     full_env.update(env or {})
     return _run(cmd, full_env, timeout, f"torchrun --nproc_per_node {np} {script}")
+
+
+def torchrun_nodes(nodes: int, np: int, script: str, args: Sequence[str] = (),
+                   timeout: float = JOB_TIMEOUT) -> Job:
+    """Runs ``tests/scripts/<script>`` on ``nodes`` emulated nodes of ``np`` ranks each: one
+    torchrun agent per node on this machine (``--nnodes``, ``--node_rank``, one static
+    rendezvous), whose ranks ``ddl.dist`` groups into nodes by torchrun's ``GROUP_RANK``, as on
+    a cluster. The agents' outputs are joined in node order."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    torchrun_bin = Path(sys.executable).parent / "torchrun"
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(("OMPI_", "PMIX_", "PMI_", "SLURM_"))}
+    env.update(OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
+    procs = [subprocess.Popen(
+        [str(torchrun_bin), "--nnodes", str(nodes), "--node_rank", str(n), "--nproc_per_node",
+         str(np), "--master_addr", "127.0.0.1", "--master_port", str(port),
+         str(SCRIPTS / script), *map(str, args)],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+        start_new_session=True) for n in range(nodes)]
+    outs = []
+    deadline = time.monotonic() + timeout
+    try:
+        for proc in procs:
+            outs.append(proc.communicate(timeout=max(0.1, deadline - time.monotonic())))
+    except subprocess.TimeoutExpired:
+        for proc in procs:
+            os.killpg(proc.pid, signal.SIGKILL)
+        outs = [proc.communicate() for proc in procs]
+        pytest.fail(f"{nodes} x torchrun --nproc_per_node {np} {script} hung past {timeout} s:"
+                    f"\n{outs}")
+    code = next((proc.returncode for proc in procs if proc.returncode), 0)
+    return Job(code, "".join(o for o, _ in outs), "".join(e for _, e in outs))
 
 
 def launch(launcher: str, np: int, script: str, args: Sequence[str] = (),

@@ -42,3 +42,26 @@ def run_job(main: Callable[[], None]) -> None:
         if dd.is_initialized():
             dd.abort(1)
         raise
+
+
+class RecordedIds:
+    """The global ids of the records a ``ddl.Loader`` serves, batch by batch, in ``ids``:
+    installed in place of the loader's Rust core, it passes every call on and copies the ids
+    the core hands out with each batch (those a test compares across ranks)."""
+
+    def __init__(self, loader: "object") -> None:
+        import numpy as np
+
+        self._np = np
+        self._core = loader._core  # type: ignore[attr-defined]
+        self.ids: list = []
+        loader._core = self  # type: ignore[attr-defined]
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self._core, name)
+
+    def next(self, ticket: int) -> object:
+        item = self._core.next(ticket)
+        if item is not None:
+            self.ids.extend(self._np.asarray(item[2]).tolist())
+        return item

@@ -1,7 +1,6 @@
 //! The data a rank trains and evaluates on: its node's shards of the train and val splits,
 //! opened as the run's flags say, and the sampler that deals the train records to its replicas.
 
-use std::path::PathBuf;
 use std::sync::Arc;
 
 use ddl_comm::Transport;
@@ -98,7 +97,10 @@ fn exchange(
     if cfg.exchange == 0.0 || plan.residency.nodes < 2 {
         return Ok(None);
     }
-    let base_dir = cfg.stage.clone().unwrap_or_else(default_arena_base);
+    let base_dir = cfg
+        .stage
+        .clone()
+        .unwrap_or_else(ExchangeConfig::default_base_dir);
     let x = ExchangeConfig {
         fraction: cfg.exchange,
         seed: cfg.seed,
@@ -114,16 +116,5 @@ fn exchange(
             Err(TrainError::config(Setting::Exchange, e.to_string()))
         }
         Err(e) => Err(e.into()),
-    }
-}
-
-/// Where the arenas of records from other nodes live without `stage`: memory the node's
-/// ranks share (`/dev/shm`), else the temporary directory.
-fn default_arena_base() -> PathBuf {
-    let shm = PathBuf::from("/dev/shm");
-    if shm.is_dir() {
-        shm
-    } else {
-        std::env::temp_dir()
     }
 }

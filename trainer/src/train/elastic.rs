@@ -1,7 +1,7 @@
 //! Exact elastic resume: a checkpoint written mid-epoch keeps the set of records the epoch
 //! has served over the whole job ([`EpochProgress`], independent of the layout). A run
 //! resumed from it on another number of nodes, ranks or replicas deals the records not yet
-//! served over its own nodes ([`Holdings::dealt`]) and serves them, each once (the Drop
+//! served over its own nodes ([`elastic::remainder`]) and serves them, each once (the Drop
 //! tail's rule aside), in the rest of the epoch: a [`Remainder`]. Each node reads its part
 //! from the shard directory (a lost node's shards included); the epochs after it are the new
 //! layout's own.
@@ -11,7 +11,7 @@ use std::path::Path;
 use std::sync::Arc;
 
 use ddl_loader::dataset::{Dataset, OpenOptions, Residency};
-use ddl_loader::placement::Holdings;
+use ddl_loader::elastic;
 use ddl_loader::progress::EpochProgress;
 use ddl_loader::sampler::Sampler;
 
@@ -47,26 +47,25 @@ impl Remainder {
         before: EpochProgress,
         steps_per_epoch: u64,
     ) -> Result<Option<Remainder>> {
-        let left = before.unserved();
-        let dealt = Holdings::dealt(&left, residency.nodes, cfg.seed, before.epoch);
-        let mine = dealt.node(residency.node);
-        let min = dealt.min_node_records();
-        if min == 0 {
+        // The sampler's seed is the run's: the records are dealt from it.
+        let Some(part) = elastic::remainder(
+            &cfg.data,
+            "train",
+            &before,
+            residency,
+            sampler.config().clone(),
+            &OpenOptions::default(),
+        )?
+        else {
             return Ok(None);
-        }
-        let sampler = match Sampler::try_new(mine.len(), min, sampler.config().clone()) {
-            Ok(s) if s.steps_per_epoch() > 0 => s,
-            _ => return Ok(None),
         };
-        let all = Residency { node: 0, nodes: 1 };
-        let shards = Dataset::open(&cfg.data, "train", all, &OpenOptions::default())?;
-        let steps = sampler.steps_per_epoch() as u64;
+        let steps = part.sampler.steps_per_epoch() as u64;
         Ok(Some(Remainder {
             epoch: before.epoch,
             first_step: steps_per_epoch.saturating_sub(steps),
             skip: steps.saturating_sub(steps_per_epoch) as usize,
-            train_set: Arc::new(shards.holding(mine, None)?),
-            sampler,
+            train_set: Arc::new(part.dataset),
+            sampler: part.sampler,
             before,
         }))
     }

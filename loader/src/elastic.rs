@@ -1,0 +1,321 @@
+//! Exact elastic resume, the parts every front end shares: what a job of a given layout served
+//! of an epoch (recomputed from the layout alone, no message), and the rest of the epoch
+//! dealt over a new layout.
+//!
+//! A job stopped mid-epoch has served, over all its ranks, the records its samplers gave for
+//! the steps taken: a pure function of the split's shard sizes, the [`Layout`] and the step
+//! ([`served`]). A job resumed on another layout deals the records not served yet over its
+//! own nodes ([`Holdings::dealt`]) and serves them, each once (the Drop tail's rule aside), in
+//! the rest of the epoch: the *remainder* ([`remainder`]), each node reading its part from
+//! every shard of the directory. A remainder stopped in turn has served what it began with
+//! plus what its own samplers gave ([`served_after`]), so a second change of layout mid-epoch
+//! continues the same way. ddl-train gathers the served ids of its ranks instead of
+//! recomputing them (its checkpoints carry the [`EpochProgress`]); the Python loader, whose
+//! state is per rank, recomputes them.
+
+use std::path::Path;
+
+use crate::dataset::{Dataset, OpenOptions, Residency};
+use crate::error::{LoaderError, Result};
+use crate::placement::{Holdings, Placement};
+use crate::progress::EpochProgress;
+use crate::sampler::{Sampler, SamplerConfig, Tail};
+
+/// How a job's ranks took the records of a split: what decides which records it served.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Layout {
+    /// Nodes of the job (each holding the shards `s % nodes`, or the placement's records).
+    pub nodes: usize,
+    /// Ranks on every node.
+    pub ranks_in_node: usize,
+    /// Model replicas each rank feeds.
+    pub replicas: usize,
+    /// Records per batch of one replica.
+    pub batch_per_replica: usize,
+    /// The rule of the incomplete last step.
+    pub tail: Tail,
+    /// Seed of the order (and of the placement and of the dealing).
+    pub seed: u64,
+    /// Fraction of every node's records exchanged at each epoch boundary
+    /// ([`crate::placement`]).
+    pub exchange: f64,
+}
+
+impl Layout {
+    /// The sampler configuration of rank `rank_in_node` of a node (shuffled).
+    pub fn sampler_config(&self, rank_in_node: usize) -> SamplerConfig {
+        SamplerConfig {
+            seed: self.seed,
+            ranks_in_node: self.ranks_in_node,
+            rank_in_node,
+            replicas: self.replicas,
+            batch_per_replica: self.batch_per_replica,
+            tail: self.tail,
+            shuffle: true,
+        }
+    }
+
+    /// Fails on a layout whose order depends on more than itself (an unshuffled val
+    /// [`Tail::Even`]) or that has no ranks or batches.
+    fn check(&self) -> Result<()> {
+        let invalid = |why: &str| Err(LoaderError::InvalidConfig(format!("layout: {why}")));
+        if matches!(self.tail, Tail::Even { .. }) {
+            return invalid("an evaluation order (Tail::Even) is not resumed on another layout");
+        }
+        if self.nodes == 0 || self.ranks_in_node == 0 || self.replicas == 0 {
+            return invalid("nodes, ranks per node and replicas must be positive");
+        }
+        if self.batch_per_replica == 0 {
+            return invalid("the batch must be positive");
+        }
+        Ok(())
+    }
+}
+
+/// What the ranks of `layout` served of `epoch` in its first `steps` steps, each node from the
+/// records the placement gives it ([`Placement::holdings`]: its home shards without an
+/// exchange), in a split whose shards hold `shard_records` records.
+///
+/// At the epoch's end (`steps` its steps per epoch) every record counts as served: what the
+/// last incomplete step left out stays left out, as in an uninterrupted epoch. Fails when
+/// `steps` is beyond the epoch's end or the layout does not fit the split.
+///
+/// # Examples
+///
+/// Two nodes of one rank (shards of 6 and 4 records), batches of 2: after one step each node
+/// has served 2 of its records.
+///
+/// ```
+/// use ddl_loader::elastic::{served, Layout};
+/// use ddl_loader::sampler::Tail;
+///
+/// let layout = Layout {
+///     nodes: 2, ranks_in_node: 1, replicas: 1, batch_per_replica: 2,
+///     tail: Tail::Drop, seed: 5, exchange: 0.0,
+/// };
+/// let p = served(&[6, 4], &layout, 0, 1)?;
+/// assert_eq!(p.served(), 4);
+/// assert_eq!(p.unserved().iter().filter(|&&id| id < 6).count(), 4);
+/// assert_eq!(served(&[6, 4], &layout, 0, 2)?.unserved(), Vec::<u32>::new()); // the end
+/// # Ok::<(), ddl_loader::LoaderError>(())
+/// ```
+pub fn served(
+    shard_records: &[u64],
+    layout: &Layout,
+    epoch: u64,
+    steps: usize,
+) -> Result<EpochProgress> {
+    layout.check()?;
+    let placement = Placement::new(shard_records, layout.nodes, layout.exchange, layout.seed)?;
+    let mut progress = EpochProgress::new(epoch, placement.records() as u64);
+    mark_served(&mut progress, &placement.holdings(epoch), layout, steps)?;
+    Ok(progress)
+}
+
+/// `before` (what an epoch had served when its remainder began on `layout`) plus what the
+/// remainder served in its first `steps` steps: the progress of a remainder stopped in turn.
+/// At the remainder's end every record counts as served, as in [`served`].
+pub fn served_after(
+    before: &EpochProgress,
+    layout: &Layout,
+    steps: usize,
+) -> Result<EpochProgress> {
+    layout.check()?;
+    let dealt = Holdings::dealt(&before.unserved(), layout.nodes, layout.seed, before.epoch);
+    let mut progress = before.clone();
+    progress.resumed = true;
+    mark_served(&mut progress, &dealt, layout, steps)?;
+    Ok(progress)
+}
+
+/// Marks in `progress` what the ranks of `layout` served over `held` (every node's records,
+/// ascending: a node's record `i` is its `i`-th) in the first `steps` steps.
+fn mark_served(
+    progress: &mut EpochProgress,
+    held: &Holdings,
+    layout: &Layout,
+    steps: usize,
+) -> Result<()> {
+    let min = held.min_node_records();
+    let samplers = |ids: &[u32]| -> Result<Vec<Sampler>> {
+        (0..layout.ranks_in_node)
+            .map(|r| Sampler::try_new(ids.len(), min, layout.sampler_config(r)))
+            .collect()
+    };
+    let per_epoch = if min == 0 {
+        0
+    } else {
+        samplers(held.node(0))?[0].steps_per_epoch()
+    };
+    if steps > per_epoch {
+        return Err(LoaderError::InvalidConfig(format!(
+            "step {steps} of epoch {} is beyond its {per_epoch} steps on {} node(s) of {} \
+             rank(s), batch {}",
+            progress.epoch, layout.nodes, layout.ranks_in_node, layout.batch_per_replica
+        )));
+    }
+    if steps == per_epoch {
+        progress.mark_rest();
+        return Ok(());
+    }
+    let mut batch = Vec::new();
+    for node in 0..held.nodes() {
+        let ids = held.node(node);
+        for sampler in samplers(ids)? {
+            for step in 0..steps {
+                for replica in 0..layout.replicas {
+                    sampler.batch_into(progress.epoch, step, replica, &mut batch);
+                    progress.mark_all(batch.iter().map(|&i| u64::from(ids[i])))?;
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+/// One node's part of the rest of an epoch on a new layout.
+pub struct Remainder {
+    /// The records not served yet that this node serves, read from every shard of the split.
+    pub dataset: Dataset,
+    /// How one rank's replicas take them.
+    pub sampler: Sampler,
+}
+
+/// Node `residency.node`'s part of the records `progress` has not served, dealt over
+/// `residency.nodes` nodes from `cfg.seed` ([`Holdings::dealt`]) and read from every shard of
+/// `split` in `data` (a lost node's shards included), with the sampler of the rank that `cfg`
+/// describes over them; `None` when no full step is left to take (the epoch then ends where
+/// it is).
+pub fn remainder(
+    data: &Path,
+    split: &str,
+    progress: &EpochProgress,
+    residency: Residency,
+    cfg: SamplerConfig,
+    opts: &OpenOptions,
+) -> Result<Option<Remainder>> {
+    let left = progress.unserved();
+    let dealt = Holdings::dealt(&left, residency.nodes, cfg.seed, progress.epoch);
+    let mine = dealt.node(residency.node);
+    let min = dealt.min_node_records();
+    if min == 0 {
+        return Ok(None);
+    }
+    let sampler = match Sampler::try_new(mine.len(), min, cfg) {
+        Ok(s) if s.steps_per_epoch() > 0 => s,
+        _ => return Ok(None),
+    };
+    let all = Residency { node: 0, nodes: 1 };
+    let shards = Dataset::open(data, split, all, opts)?;
+    Ok(Some(Remainder {
+        dataset: shards.holding(mine, None)?,
+        sampler,
+    }))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn layout(nodes: usize, ranks: usize, batch: usize, tail: Tail, q: f64) -> Layout {
+        Layout {
+            nodes,
+            ranks_in_node: ranks,
+            replicas: 1,
+            batch_per_replica: batch,
+            tail,
+            seed: 9,
+            exchange: q,
+        }
+    }
+
+    /// The global ids each rank's sampler gives over `steps` of `epoch`, every node holding
+    /// `held`'s records: the brute force the recomputation is checked against.
+    fn brute(held: &Holdings, l: &Layout, epoch: u64, steps: usize) -> Vec<u32> {
+        let min = held.min_node_records();
+        let mut out = Vec::new();
+        for n in 0..held.nodes() {
+            for r in 0..l.ranks_in_node {
+                let s = Sampler::new(held.node(n).len(), min, l.sampler_config(r));
+                for step in 0..steps {
+                    out.extend(s.batch(epoch, step, 0).iter().map(|&i| held.node(n)[i]));
+                }
+            }
+        }
+        out
+    }
+
+    #[test]
+    fn served_is_what_every_ranks_sampler_gave() {
+        let shards = [13u64, 9, 11, 12, 8];
+        for (nodes, ranks, batch) in [(1, 1, 4), (2, 1, 3), (2, 2, 2), (3, 2, 1), (5, 1, 2)] {
+            for tail in [Tail::Drop, Tail::Short, Tail::Pad] {
+                for q in [0.0, 0.5, 1.0] {
+                    let l = layout(nodes, ranks, batch, tail, q);
+                    let p = Placement::new(&shards, nodes, q, l.seed).unwrap();
+                    for epoch in [0, 2] {
+                        let held = p.holdings(epoch);
+                        let per_epoch = Sampler::new(
+                            held.node(0).len(),
+                            held.min_node_records(),
+                            l.sampler_config(0),
+                        )
+                        .steps_per_epoch();
+                        for steps in 0..per_epoch {
+                            let got = served(&shards, &l, epoch, steps).unwrap();
+                            let mut want = brute(&held, &l, epoch, steps);
+                            want.sort_unstable();
+                            want.dedup();
+                            assert_eq!(got.served() as usize, want.len());
+                            assert!(want.iter().all(|&id| got.is_served(u64::from(id))));
+                        }
+                        let end = served(&shards, &l, epoch, per_epoch).unwrap();
+                        assert_eq!(end.served(), 53, "the end of the epoch serves it all");
+                        assert!(served(&shards, &l, epoch, per_epoch + 1).is_err());
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn a_remainder_serves_the_rest_once_and_its_own_progress_adds_up() {
+        let shards = [13u64, 9, 11, 12, 8];
+        let old = layout(2, 2, 3, Tail::Drop, 0.5);
+        let before = served(&shards, &old, 1, 2).unwrap();
+        for new in [
+            layout(1, 1, 3, Tail::Drop, 0.0),
+            layout(3, 1, 2, Tail::Short, 0.25),
+        ] {
+            let dealt = Holdings::dealt(&before.unserved(), new.nodes, new.seed, 1);
+            let min = dealt.min_node_records();
+            let steps =
+                Sampler::new(dealt.node(0).len(), min, new.sampler_config(0)).steps_per_epoch();
+            let all = brute(&dealt, &new, 1, steps);
+            let mut once = all.clone();
+            once.sort_unstable();
+            once.dedup();
+            assert_eq!(once.len(), all.len(), "a record served twice");
+            assert!(all.iter().all(|&id| !before.is_served(u64::from(id))));
+            let left = before.unserved().len() - all.len();
+            assert!(
+                left < new.nodes * new.batch_per_replica + new.nodes,
+                "{left} left out"
+            );
+            for k in 0..steps {
+                let after = served_after(&before, &new, k).unwrap();
+                assert!(after.resumed);
+                let part = brute(&dealt, &new, 1, k);
+                assert_eq!(after.served(), before.served() + part.len() as u64);
+                assert!(part.iter().all(|&id| after.is_served(u64::from(id))));
+            }
+            assert_eq!(served_after(&before, &new, steps).unwrap().served(), 53);
+        }
+    }
+
+    #[test]
+    fn an_evaluation_order_is_refused() {
+        let l = layout(1, 1, 2, Tail::Even { steps: 3 }, 0.0);
+        assert!(served(&[4, 4], &l, 0, 1).is_err());
+    }
+}
