@@ -69,6 +69,20 @@ impl Launched {
         self.child.try_wait().expect("try_wait").is_some()
     }
 
+    /// Waits (polling every 5 ms) until `done()` holds; panics if the job ends first or after
+    /// [`LAUNCH_TIMEOUT`], naming `what` it waited for.
+    pub fn wait_for(&mut self, what: &str, done: impl Fn() -> bool) {
+        let deadline = Instant::now() + LAUNCH_TIMEOUT;
+        while !done() {
+            assert!(!self.exited(), "the job ended before {what}");
+            assert!(
+                Instant::now() < deadline,
+                "no {what} within {LAUNCH_TIMEOUT:?}"
+            );
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    }
+
     /// Sends `signal` to every process of the job: the command and all it started (its
     /// session).
     pub fn signal_job(&self, sig: i32) {

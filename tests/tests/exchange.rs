@@ -8,12 +8,12 @@
 use std::collections::BTreeSet;
 use std::path::Path;
 use std::process::Command;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use ddl_loader::trace_records::{read, TraceLine};
 use ddl_tests::{
     bin, mpirun_train, printed, rank_pids, run_ok, scratch, signal, synth_and_pack, Launched,
-    SynthSpec, LAUNCH_TIMEOUT,
+    SynthSpec,
 };
 use ddl_trainer::checkpoint;
 
@@ -87,19 +87,10 @@ fn a_node_killed_mid_exchange_stops_the_job_and_two_survivors_finish_its_work() 
     );
     let (first, ckpt) = (tmp.path().join("first"), tmp.path().join("ckpt"));
     let mut job = Launched::start(&mut train(3, &shards, &first, &ckpt));
-    let deadline = Instant::now() + LAUNCH_TIMEOUT;
-    let started = || {
+    job.wait_for("node 1's exchange and a checkpoint", || {
         arena_started(&first.join("stage"), 1)
             && !checkpoint::list(&ckpt).unwrap_or_default().is_empty()
-    };
-    while !started() {
-        assert!(!job.exited(), "the job ended before node 1's exchange");
-        assert!(
-            Instant::now() < deadline,
-            "no exchange within {LAUNCH_TIMEOUT:?}"
-        );
-        std::thread::sleep(Duration::from_millis(5));
-    }
+    });
     let ranks = rank_pids(job.pid());
     assert_eq!(ranks.len(), 3, "ranks of mpirun: {ranks:?}");
     signal(ranks[1].1, libc::SIGKILL);

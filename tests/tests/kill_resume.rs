@@ -157,20 +157,6 @@ fn checkpoints(dir: &Path) -> Vec<PathBuf> {
     checkpoint::list(dir).unwrap_or_default()
 }
 
-/// Waits (polling) until `done()` holds, failing the test if the job ends first or after
-/// `LAUNCH_TIMEOUT`.
-fn wait_for(job: &mut Launched, what: &str, done: impl Fn() -> bool) {
-    let deadline = Instant::now() + LAUNCH_TIMEOUT;
-    while !done() {
-        assert!(!job.exited(), "the job ended before {what}");
-        assert!(
-            Instant::now() < deadline,
-            "no {what} within {LAUNCH_TIMEOUT:?}"
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
-}
-
 #[test]
 fn killed_job_resumes_to_bitwise_identical_weights() {
     killed_job_resumes(Mode::DataParallel);
@@ -205,9 +191,7 @@ fn killed_job_resumes(mode: Mode) {
     let ckpt = tmp.path().join("ckpt");
     let killed_weights = tmp.path().join("killed.f32");
     let mut job = Launched::start(&mut train_cmd(mode, &r.shards, &ckpt, &killed_weights, 3));
-    wait_for(&mut job, "the first checkpoint", || {
-        !checkpoints(&ckpt).is_empty()
-    });
+    job.wait_for("the first checkpoint", || !checkpoints(&ckpt).is_empty());
     job.signal_job(libc::SIGKILL);
     let out = job.wait_within(LAUNCH_TIMEOUT);
     assert!(!out.status.success(), "the job was not killed");
@@ -257,7 +241,7 @@ fn sigterm_stops_and_resumes(mode: Mode) {
             })
             .unwrap_or(0)
     };
-    wait_for(&mut job, "step 2", || steps_done() >= 2);
+    job.wait_for("step 2", || steps_done() >= 2);
     // A scheduler may signal only some ranks: SIGTERM to rank 1 alone, which does not write
     // checkpoints; both ranks must stop after the same step and rank 0 must write it.
     let ranks = rank_pids(job.pid());
