@@ -236,6 +236,8 @@ impl Exchange {
                 return Ok(view.clone());
             }
         }
+        // The arenas this node no longer serves once `epoch` is in place.
+        let mut done_with: Vec<u64> = self.serving.iter().map(|(h, _)| h.epoch()).collect();
         let (from, to) = match self.serving.take() {
             Some((h, _)) if h.epoch() + 1 == epoch => {
                 let next = h.advance(&shared.placement);
@@ -253,8 +255,9 @@ impl Exchange {
                 stale => {
                     // A transfer into an epoch not served (the caller went elsewhere) ends
                     // first: two transfers never share the wire. Every leader ends its own.
-                    if let Some((_, handle)) = stale {
+                    if let Some((e, handle)) = stale {
                         let _ = join(handle, shared.node);
+                        done_with.push(e);
                     }
                     let current = shared.home.clone();
                     write_arena(&shared, epoch, &from, &to, &current)
@@ -272,7 +275,9 @@ impl Exchange {
         // Every rank has mapped the epoch's arena before its leader may remove it.
         let view = agree(&*self.transport, shared.node, epoch, view)?;
         if self.leader {
-            shared.dir.release(from.epoch())?;
+            for old in done_with.into_iter().filter(|&e| e != epoch) {
+                shared.dir.release(old)?;
+            }
             if epoch < self.epochs.saturating_sub(1) {
                 let (shared, view) = (shared.clone(), view.clone());
                 let (from, next) = (to.clone(), to.advance(&shared.placement));

@@ -170,3 +170,50 @@ fn a_node_lost_mid_exchange_fails_every_rank_and_serves_nothing_half_exchanged()
         assert!(e.contains("record exchange"), "node {node}: {e}");
     }
 }
+
+#[test]
+fn jumping_to_another_epoch_removes_the_arenas_no_longer_served() {
+    let tmp = ddl_testkit::scratch("exchange-jump");
+    let data = tmp.path().join("data");
+    dataset(&data, &[10, 10], 2);
+    let base = tmp.path().join("arenas");
+    let world = thread_group_with_timeout(2, Duration::from_secs(30));
+    let threads: Vec<_> = world
+        .into_iter()
+        .enumerate()
+        .map(|(node, t)| {
+            let (data, base) = (data.clone(), base.clone());
+            std::thread::spawn(move || {
+                let residency = Residency { node, nodes: 2 };
+                let home = Dataset::open(&data, "train", residency, &OpenOptions::default())
+                    .expect("open");
+                let t: Arc<dyn Transport> = Arc::new(t);
+                let mut x = Exchange::new(t, Arc::new(home), &data, config(1.0, 6, &base, true))
+                    .expect("exchange");
+                for e in [0, 1, 3] {
+                    x.epoch(e).expect("epoch");
+                }
+                let dir = std::fs::read_dir(&base)
+                    .unwrap()
+                    .map(|e| e.unwrap().path())
+                    .find(|p| p.to_string_lossy().ends_with(&format!("node{node}")))
+                    .expect("the node's arena directory");
+                let kept: Vec<String> = std::fs::read_dir(&dir)
+                    .unwrap()
+                    .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+                    .collect();
+                (kept, x)
+            })
+        })
+        .collect();
+    for t in threads {
+        let (kept, _exchange) = t.join().expect("node");
+        for gone in ["epoch-1.ddl", "epoch-2.ddl"] {
+            assert!(
+                !kept.iter().any(|k| k == gone),
+                "{gone} left among {kept:?}"
+            );
+        }
+        assert!(kept.iter().any(|k| k == "epoch-3.ddl"), "{kept:?}");
+    }
+}
