@@ -23,7 +23,7 @@ use crate::config::{auto_overlap, comm_order, Overlap, TrainConfig};
 use crate::console::eprint_line;
 use crate::device;
 use crate::error::{Result, TrainError};
-use crate::metrics::{EpochRecord, ExchangeRecord, MetricsWriter, StepRecord};
+use crate::metrics::{EpochRecord, MetricsWriter, StepRecord};
 use crate::optim::SgdConfig;
 use crate::schedule::Schedule;
 use crate::setting::Setting;
@@ -35,6 +35,7 @@ mod checkpoints;
 mod data;
 pub mod dir_lock;
 mod elastic;
+mod epoch_record;
 mod head;
 mod plan;
 mod synthetic;
@@ -43,6 +44,7 @@ mod weights_io;
 
 use checkpoints::{bytes_to_u64s, u64s_to_bytes};
 use data::open_data;
+use epoch_record::{epoch_line, EpochAcc};
 use plan::{plan, Plan};
 use weights_io::EvalAt;
 
@@ -125,38 +127,6 @@ enum BadRecordUse {
 fn bad_reason(bad: &BadRecord) -> &str {
     let prefix = format!("{}: record {}: ", bad.file.display(), bad.record);
     bad.reason.strip_prefix(&prefix).unwrap_or(&bad.reason)
-}
-
-/// The line printed after each epoch.
-fn epoch_line(r: &EpochRecord) -> String {
-    let pct = |v: Option<f64>| v.map_or("-".to_string(), |v| format!("{:.2}%", v * 100.0));
-    let mut line = format!(
-        "epoch {:>3}  train loss {}  val top-1 {}  top-5 {}  {:.1} images/s  data-wait {:.1}%  allreduce {:.1}%  ({:.1} s)",
-        r.epoch,
-        r.train_loss.map_or("-".to_string(), |l| format!("{l:.4}")),
-        pct(r.val_top1),
-        pct(r.val_top5),
-        r.images_per_s,
-        r.data_wait_frac * 100.0,
-        r.allreduce_frac * 100.0,
-        r.epoch_s,
-    );
-    if let Some(x) = &r.exchange {
-        line.push_str(&format!(
-            "  exchanged {} records ({:.1} MB, waited {:.2} s)",
-            x.records,
-            x.bytes as f64 / 1e6,
-            x.wait_s
-        ));
-    }
-    let val_bad = r.val_bad_records.unwrap_or(0);
-    if r.bad_records + val_bad > 0 {
-        line.push_str(&format!(
-            "  bad records: {} in training, {val_bad} left out of val",
-            r.bad_records
-        ));
-    }
-    line
 }
 
 /// The communication order a run uses, with the reason where it is not the one asked for.
@@ -926,71 +896,6 @@ impl Run<'_> {
         }))
     }
 
-    fn epoch_record(
-        &self,
-        epoch: u64,
-        acc: &EpochAcc,
-        epoch_s: Duration,
-        val: Option<EvalSums>,
-    ) -> Result<EpochRecord> {
-        let wall = acc.wall.max(1e-9);
-        let mut buf = [
-            acc.loss as f32,
-            acc.steps as f32,
-            acc.images as f32,
-            (acc.data_wait / wall) as f32,
-            (acc.allreduce / wall) as f32,
-            acc.bad_records as f32,
-        ];
-        self.comm.allreduce_sum(&mut buf)?;
-        let world = self.comm.size() as f64;
-        let steps = f64::from(buf[1]);
-        let val_bad_records = val.map(|v| v.skipped as u64);
-        let val = val.filter(|v| v.count > 0.0);
-        Ok(EpochRecord {
-            kind: "epoch",
-            epoch,
-            // A run resumed at an epoch's end trained no step of it.
-            train_loss: (steps > 0.0).then(|| f64::from(buf[0]) / steps),
-            val_loss: val.map(|v| v.loss / v.count),
-            val_top1: val.map(|v| v.top1 / v.count),
-            val_top5: val.map(|v| v.top5 / v.count),
-            val_images: val.map(|v| v.count as u64),
-            epoch_s: secs(epoch_s),
-            images_per_s: f64::from(buf[2]) / secs(epoch_s).max(1e-9),
-            data_wait_frac: f64::from(buf[3]) / world,
-            allreduce_frac: f64::from(buf[4]) / world,
-            steps: acc.steps,
-            bad_records: buf[5] as u64,
-            val_bad_records,
-            image_size: self.cfg.train_size(epoch),
-            exchange: self.exchange_record()?,
-        })
-    }
-
-    /// What the record exchange into the epoch being trained moved, over all nodes; `None`
-    /// without an exchange. Collective.
-    fn exchange_record(&self) -> Result<Option<ExchangeRecord>> {
-        let Some(last) = self.exchange.as_ref().map(|x| x.last().unwrap_or_default()) else {
-            return Ok(None);
-        };
-        let mine = u64s_to_bytes(&[
-            last.moved.records_in,
-            last.moved.bytes_in,
-            last.transfer_s.to_bits(),
-            last.wait_s.to_bits(),
-        ]);
-        let mut total = ExchangeRecord::default();
-        for v in self.comm.allgather_bytes(mine)? {
-            let v = bytes_to_u64s(&v);
-            total.records += v[0];
-            total.bytes += v[1];
-            total.transfer_s = total.transfer_s.max(f64::from_bits(v[2]));
-            total.wait_s = total.wait_s.max(f64::from_bits(v[3]));
-        }
-        Ok(Some(total))
-    }
-
     /// Compares parameter checksums of all replicas of all ranks; fails loudly on a mismatch.
     fn check_replicas(&mut self) -> Result<()> {
         self.table.flush(&self.comm)?;
@@ -1010,28 +915,5 @@ impl Run<'_> {
             }
         }
         Ok(())
-    }
-}
-
-#[derive(Default)]
-struct EpochAcc {
-    loss: f64,
-    steps: u64,
-    images: f64,
-    wall: f64,
-    data_wait: f64,
-    allreduce: f64,
-    bad_records: u64,
-}
-
-impl EpochAcc {
-    fn add(&mut self, s: &crate::table::StepStats) {
-        self.loss += s.loss;
-        self.steps += 1;
-        self.images += s.images as f64;
-        self.wall += secs(s.wall);
-        self.data_wait += secs(s.data_wait);
-        self.allreduce += secs(s.allreduce);
-        self.bad_records += s.bad_records as u64;
     }
 }

@@ -1,27 +1,32 @@
 //! `ddl._ddl.Loader`: one process's view of ddl's pipeline (the Python class `ddl.Loader`
 //! adds the PyTorch conventions on top of it).
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, TryLockError};
 use std::time::{Duration, Instant};
 
-use ddl_exchange::{EpochExchange, Exchange, ExchangeConfig};
+use ddl_exchange::{EpochExchange, Exchange};
 use ddl_loader::dataset::{Dataset, OpenOptions, Residency};
 use ddl_loader::elastic::{self, Layout};
-use ddl_loader::limits::{
-    self, AugmentError, AugmentSetting, AugmentSettings, Buffers, LimitError, Setting, Settings,
-};
-use ddl_loader::manifest::Manifest;
+use ddl_loader::limits::{self, AugmentSettings, Buffers, Settings};
 use ddl_loader::pipeline::{
-    eval_resize, Augment, OnBadRecord, Output, Pipeline, PipelineConfig, ReplicaBatches,
-    TrainAugment,
+    eval_resize, Augment, OnBadRecord, Pipeline, PipelineConfig, ReplicaBatches, TrainAugment,
 };
 use ddl_loader::progress::EpochProgress;
 use ddl_loader::sampler::{Sampler, SamplerConfig, Tail};
-use pyo3::exceptions::{PyRuntimeError, PyValueError};
+use pyo3::exceptions::PyRuntimeError;
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
+
+mod args;
+mod open;
+
+use args::{
+    augment_error, check_world, limit_error, load_manifest, parse_dtype, parse_on_bad_record,
+    value_error,
+};
+use open::{open_exchange, open_node};
 
 use crate::batch::{BatchArray, HeldBatch, Part};
 use crate::errors::{exchange_error, loader_error, DdlError};
@@ -212,180 +217,6 @@ pub struct Loader {
     exchanged: Mutex<ExchangeTotals>,
     /// The remainder of a resumed epoch, while that epoch is the loader's.
     resumed: Mutex<Option<Resumed>>,
-}
-
-fn value_error(arg: &str, why: impl std::fmt::Display) -> PyErr {
-    PyValueError::new_err(format!("{arg}: {why}"))
-}
-
-/// A refusal of the augmentation's checks as the ValueError of its argument.
-fn augment_error(e: AugmentError) -> PyErr {
-    let name = match e.setting {
-        AugmentSetting::Scale => "scale",
-        AugmentSetting::Ratio => "ratio",
-        AugmentSetting::Flip => "flip_p",
-        AugmentSetting::EvalResizeRatio => "resize_ratio",
-        AugmentSetting::Mean => "mean",
-        AugmentSetting::Std => "std",
-    };
-    value_error(name, e)
-}
-
-/// A refusal of the loader's limits (shared with ddl-train and ddl-prof) as the ValueError of
-/// the arguments that would lift it.
-fn limit_error(e: LimitError) -> PyErr {
-    let names = e.named(|s| match s {
-        Setting::Batch => "batch_size",
-        Setting::ImageSize => "image_size",
-        Setting::Workers => "workers",
-        Setting::Prefetch => "prefetch",
-        Setting::EvalResize => "resize",
-    });
-    value_error(&names, e)
-}
-
-/// Checks this process's place in the job: `node` of `nodes`, `rank_in_node` of
-/// `ranks_in_node`.
-fn check_world(
-    node: usize,
-    nodes: usize,
-    rank_in_node: usize,
-    ranks_in_node: usize,
-) -> PyResult<()> {
-    if nodes * ranks_in_node == 0 {
-        return Err(value_error("world size", "must be positive, got 0"));
-    }
-    if node >= nodes || rank_in_node >= ranks_in_node {
-        return Err(value_error(
-            "rank",
-            format!(
-                "node {node} of {nodes}, local rank {rank_in_node} of {ranks_in_node}: out of range"
-            ),
-        ));
-    }
-    Ok(())
-}
-
-/// The batch layout of the `dtype` argument.
-fn parse_dtype(dtype: &str) -> PyResult<Output> {
-    match dtype {
-        "float32" => Ok(Output::F32Nchw),
-        "uint8" => Ok(Output::U8Nhwc),
-        other => Err(value_error(
-            "dtype",
-            format!("{other:?} is not \"float32\" or \"uint8\""),
-        )),
-    }
-}
-
-/// The rule of the `on_bad_record` argument.
-fn parse_on_bad_record(on_bad_record: &str) -> PyResult<OnBadRecord> {
-    match on_bad_record {
-        "skip" => Ok(OnBadRecord::Skip),
-        "replace" => Ok(OnBadRecord::Replace),
-        "fail" => Ok(OnBadRecord::Fail),
-        other => Err(value_error(
-            "on_bad_record",
-            format!("{other:?} is not \"skip\", \"replace\" or \"fail\""),
-        )),
-    }
-}
-
-/// The manifest in `path`, which must have `split`, with a shard for each of `nodes` when it
-/// trains.
-fn load_manifest(path: &Path, split: &str, nodes: usize, train: bool) -> PyResult<Manifest> {
-    let manifest = Manifest::load(path).map_err(loader_error)?;
-    if !manifest.splits.contains_key(split) {
-        let have: Vec<&str> = manifest.splits.keys().map(String::as_str).collect();
-        return Err(value_error(
-            "split",
-            format!(
-                "{}: no split {split:?} (the manifest has {})",
-                path.display(),
-                have.join(", ")
-            ),
-        ));
-    }
-    let shards = manifest.splits[split].shards.len();
-    if nodes > shards && train {
-        return Err(value_error(
-            "world size",
-            format!(
-                "{nodes} nodes but split {split:?} of {} has {shards} shards: every node needs one",
-                path.display()
-            ),
-        ));
-    }
-    Ok(manifest)
-}
-
-/// Opens this node's shards of `split` (without the GIL) and its sampler over `min_node`
-/// records per node.
-fn open_node(
-    py: Python<'_>,
-    path: &Path,
-    split: &str,
-    residency: Residency,
-    opts: &OpenOptions,
-    min_node: usize,
-    sampling: SamplerConfig,
-) -> PyResult<(Arc<Dataset>, Sampler)> {
-    let dataset = py
-        .detach(|| Dataset::open(path, split, residency, opts))
-        .map_err(loader_error)?;
-    let sampler = Sampler::try_new(dataset.len(), min_node, sampling).map_err(loader_error)?;
-    Ok((Arc::new(dataset), sampler))
-}
-
-/// Joins the exchange of `o`'s train records between the nodes of ddl.dist's job (collective:
-/// every rank of the job makes its loader with the same `exchange`), this rank at `place`
-/// (`node`, `nodes`, `rank_in_node`, `ranks_in_node`), which must be ddl.dist's. The node's
-/// first rank leads its transfers; the arenas live in `/dev/shm`.
-fn open_exchange(
-    py: Python<'_>,
-    o: &Opened,
-    fraction: f64,
-    seed: u64,
-    place: (usize, usize, usize, usize),
-) -> PyResult<Exchanging> {
-    let d = crate::dist::dist().map_err(|_| {
-        PyRuntimeError::new_err(format!(
-            "exchange: {fraction} moves records between the job's {} nodes through ddl.dist: \
-             call ddl.dist.init() before making the loader",
-            place.1
-        ))
-    })?;
-    let (_, _, local_rank, local_size, dnode, dnodes) = d.world.place();
-    if (dnode, dnodes, local_rank, local_size) != place {
-        return Err(value_error(
-            "exchange",
-            format!(
-                "the loader is at node {} of {}, local rank {} of {}, but ddl.dist at node \
-                 {dnode} of {dnodes}, local rank {local_rank} of {local_size}: leave rank and \
-                 world_size to ddl.dist",
-                place.0, place.1, place.2, place.3
-            ),
-        ));
-    }
-    let cfg = ExchangeConfig {
-        fraction,
-        seed,
-        // Unknown here: every epoch prepares the next one's records.
-        epochs: u64::MAX,
-        base_dir: ExchangeConfig::default_base_dir(),
-        leader: local_rank == 0,
-        piece_bytes: ExchangeConfig::PIECE_BYTES,
-        lock: false,
-    };
-    let transport = d.world.transport();
-    let home = Arc::clone(&o.dataset);
-    let exchange = py
-        .detach(|| Exchange::new(transport, home, &o.path, cfg))
-        .map_err(exchange_error)?;
-    Ok(Exchanging {
-        exchange,
-        counted: None,
-    })
 }
 
 #[pymethods]
