@@ -99,27 +99,19 @@ pub(crate) fn transfer(
             .iter()
             .map(|(_, p)| (p.len() as u64).to_le_bytes())
             .collect();
-        let mut in_lens = vec![[0u8; 8]; from.len()];
-        let mut ops: Vec<Op<'_>> = out
+        let sends: Vec<(usize, &[u8])> = out
             .iter()
             .zip(&out_lens)
-            .map(|((peer, _), len)| Op::Send {
-                to: routes.leaders[*peer],
-                tag: TAG_LEN,
-                data: len,
-            })
+            .map(|((peer, _), len)| (*peer, &len[..]))
             .collect();
-        ops.extend(
-            from.iter()
-                .zip(in_lens.iter_mut())
-                .map(|(&q, buf)| Op::Recv {
-                    from: routes.leaders[q],
-                    tag: TAG_LEN,
-                    buf,
-                }),
-        );
-        transport.exchange(&mut ops).map_err(comm)?;
-        drop(ops);
+        let mut in_lens = vec![[0u8; 8]; from.len()];
+        let mut recvs: Vec<(usize, &mut [u8])> = from
+            .iter()
+            .copied()
+            .zip(in_lens.iter_mut().map(|b| &mut b[..]))
+            .collect();
+        swap(transport, routes.leaders, TAG_LEN, &sends, &mut recvs).map_err(comm)?;
+        drop(recvs);
         let mut bodies: Vec<Vec<u8>> = Vec::with_capacity(from.len());
         for (&q, len) in from.iter().zip(&in_lens) {
             let len = u64::from_le_bytes(*len);
@@ -134,25 +126,14 @@ pub(crate) fn transfer(
             }
             bodies.push(vec![0u8; len as usize]);
         }
-        let mut ops: Vec<Op<'_>> = out
+        let sends: Vec<(usize, &[u8])> = out.iter().map(|(p, piece)| (*p, &piece[..])).collect();
+        let mut recvs: Vec<(usize, &mut [u8])> = from
             .iter()
-            .map(|(peer, piece)| Op::Send {
-                to: routes.leaders[*peer],
-                tag: TAG_BODY,
-                data: piece,
-            })
+            .copied()
+            .zip(bodies.iter_mut().map(Vec::as_mut_slice))
             .collect();
-        ops.extend(
-            from.iter()
-                .zip(bodies.iter_mut())
-                .map(|(&q, buf)| Op::Recv {
-                    from: routes.leaders[q],
-                    tag: TAG_BODY,
-                    buf,
-                }),
-        );
-        transport.exchange(&mut ops).map_err(comm)?;
-        drop(ops);
+        swap(transport, routes.leaders, TAG_BODY, &sends, &mut recvs).map_err(comm)?;
+        drop(recvs);
         for (&q, body) in from.iter().zip(&bodies) {
             let expected = &routes.receives[q][range(&routes.receives[q])];
             moved.bytes_in += unpack(body, expected, node, q, sink)?;
@@ -160,6 +141,31 @@ pub(crate) fn transfer(
         }
         round += 1;
     }
+}
+
+/// Sends each `(node, bytes)` of `sends` to that node's leader and fills each `(node, buf)`
+/// of `recvs` from it, all posted at once, with `tag`.
+fn swap(
+    transport: &dyn Transport,
+    leaders: &[usize],
+    tag: u32,
+    sends: &[(usize, &[u8])],
+    recvs: &mut [(usize, &mut [u8])],
+) -> ddl_comm::Result<()> {
+    let mut ops: Vec<Op<'_>> = sends
+        .iter()
+        .map(|&(node, data)| Op::Send {
+            to: leaders[node],
+            tag,
+            data,
+        })
+        .collect();
+    ops.extend(recvs.iter_mut().map(|(node, buf)| Op::Recv {
+        from: leaders[*node],
+        tag,
+        buf,
+    }));
+    transport.exchange(&mut ops)
 }
 
 /// The piece of records `send` (global ids) read from `source`, whose ids are `ids`.
