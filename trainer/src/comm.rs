@@ -15,15 +15,16 @@ use ddl_comm::{
 use crate::error::Result;
 use crate::table::Comm;
 
-/// Collectives over the ranks of a training job.
-pub struct Collective {
+/// The communicator of a training job's ranks: its gradient allreduce, the head's sharded
+/// collectives and the control plane, over one transport that counts the bytes sent.
+pub struct Communicator {
     transport: Arc<dyn Transport>,
     allreducer: Allreducer,
     sharded: Sharded,
     sent: Arc<AtomicU64>,
 }
 
-impl Collective {
+impl Communicator {
     /// Wraps `transport`, reducing gradients with `algorithm` and running allgathers and
     /// reduce-scatters with `sharded` (`auto` consults `model` with `topology`).
     pub fn new(
@@ -32,14 +33,14 @@ impl Collective {
         sharded: ShardAlgorithm,
         topology: Topology,
         model: CostModel,
-    ) -> Result<Collective> {
+    ) -> Result<Communicator> {
         let counted = Counted::new(transport);
         let sent = counted.counter();
         let transport: Arc<dyn Transport> = Arc::new(counted);
         let allreducer =
             Allreducer::with_model(transport.clone(), algorithm, topology, model.clone())?;
         let sharded = Sharded::new(transport.clone(), sharded, topology, model)?;
-        Ok(Collective {
+        Ok(Communicator {
             transport,
             allreducer,
             sharded,
@@ -109,9 +110,9 @@ impl Collective {
     }
 }
 
-impl Comm for Collective {
+impl Comm for Communicator {
     fn allreduce_sum(&self, buf: &mut [f32]) -> Result<()> {
-        Collective::allreduce_sum(self, buf)
+        Communicator::allreduce_sum(self, buf)
     }
 
     fn allreduce_max(&self, buf: &mut [f32]) -> Result<()> {

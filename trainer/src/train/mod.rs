@@ -17,7 +17,7 @@ use ddl_loader::pipeline::{Augment, BadRecord, OnBadRecord, Output, Pipeline, Pi
 use ddl_loader::sampler::{Sampler, SamplerConfig, Tail};
 
 use crate::checkpoint::{self};
-use crate::comm::Collective;
+use crate::comm::Communicator;
 use crate::compiled::{self, CompileSettings};
 use crate::config::{auto_overlap, comm_order, Overlap, TrainConfig};
 use crate::console::eprint_line;
@@ -80,7 +80,7 @@ fn secs(d: Duration) -> f64 {
 struct Run<'a> {
     cfg: &'a TrainConfig,
     plan: Plan,
-    comm: Collective,
+    comm: Communicator,
     table: Table,
     schedule: Schedule,
     train_set: Arc<Dataset>,
@@ -277,13 +277,13 @@ fn collective(
     cfg: &TrainConfig,
     transport: Arc<dyn Transport>,
     topology: Topology,
-) -> Result<Collective> {
+) -> Result<Communicator> {
     let model = match &cfg.cost_model {
         Some(path) => CostModel::load(path)
             .map_err(|e| TrainError::config(Setting::CostModel, e.to_string()))?,
         None => CostModel::default(),
     };
-    Collective::new(
+    Communicator::new(
         transport,
         cfg.allreduce.clone(),
         cfg.gather.clone(),
@@ -367,7 +367,7 @@ fn train_sizes(cfg: &TrainConfig) -> Vec<u32> {
 }
 
 /// Every rank must have the same number of replicas: the sampler and the average assume it.
-fn check_replica_counts(comm: &Collective, replicas: usize) -> Result<()> {
+fn check_replica_counts(comm: &Communicator, replicas: usize) -> Result<()> {
     let counts = comm.allgather_bytes(u64s_to_bytes(&[replicas as u64]))?;
     if counts.iter().any(|c| bytes_to_u64s(c) != [replicas as u64]) {
         let all: Vec<u64> = counts.iter().flat_map(|c| bytes_to_u64s(c)).collect();

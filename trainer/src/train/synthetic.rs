@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use ddl_comm::{CostModel, Topology, Transport};
 
-use crate::comm::Collective;
+use crate::comm::Communicator;
 use crate::config::TrainConfig;
 use crate::device;
 use crate::error::{Result, TrainError};
@@ -34,7 +34,7 @@ pub(super) fn train(
     let rank = transport.rank();
     let world = transport.size();
     let devices = cfg.devices.resolve(info.rank_in_node, info.ranks_in_node)?;
-    let comm = Collective::new(
+    let comm = Communicator::new(
         transport,
         cfg.allreduce.clone(),
         cfg.gather.clone(),

@@ -3,7 +3,7 @@
 
 use std::path::Path;
 
-use crate::comm::Collective;
+use crate::comm::Communicator;
 use crate::error::{Result, TrainError};
 use crate::metrics::{MetricsWriter, TunedRecord};
 use crate::setting::Setting;
@@ -12,7 +12,7 @@ use crate::setting::Setting;
 /// global step `global`: a line where `print`, a record in `metrics` (rank 0 holds them), and
 /// the tuned model saved to `save`. Every rank calls it after the same step.
 pub(super) fn report(
-    comm: &Collective,
+    comm: &Communicator,
     global: u64,
     print: bool,
     mut metrics: Option<&mut MetricsWriter>,
