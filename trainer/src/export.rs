@@ -17,6 +17,7 @@ use crate::config::eval_resize_px;
 use crate::error::{Result, TrainError};
 use crate::model::ModelKind;
 use crate::setting::Setting;
+use crate::variables::Variables;
 use crate::weights::meta::ModelMeta;
 use crate::weights::{self, file, Spec, StateDict};
 
@@ -77,32 +78,25 @@ pub fn export_checkpoint(from: &Path, to: &Path, data: Option<&Path>) -> Result<
             classes.len()
         )));
     }
-    let layout = weights::layout_of(kind, m.classes, image_size);
+    let vars = Variables::of_model(kind, m.classes, image_size);
     let params = ck
-        .tensors(layout.params.iter().map(|p| format!("param/{}", p.name)))
+        .tensors(vars.params.iter().map(|(n, _)| format!("param/{n}")))
         .map_err(bad)?;
     let buffers = ck
-        .tensors(
-            layout
-                .buffers
-                .iter()
-                .map(|(n, _)| format!("buffer/0/0/{n}")),
-        )
+        .tensors(vars.buffers.iter().map(|(n, _)| format!("buffer/0/0/{n}")))
         .map_err(bad)?;
-    let spec = Spec::of_layout(kind.name(), &layout);
-    for (p, v) in layout.params.iter().zip(&params) {
-        if v.len() != p.numel {
+    let spec = Spec::of_variables(kind.name(), &vars);
+    for ((name, shape), v) in vars.params.iter().zip(&params) {
+        if v.len() != shape.iter().product::<i64>() as usize {
             return Err(bad(format!(
-                "tensor param/{} has {} values, {kind} needs shape {:?}",
-                p.name,
-                v.len(),
-                p.shape
+                "tensor param/{name} has {} values, {kind} needs shape {shape:?}",
+                v.len()
             )));
         }
     }
     let global = m.global_step as i64;
     let base = &m.batches_tracked_base;
-    let dict = StateDict::from_ddl(&spec, &layout, &params, &buffers, &|bn| {
+    let dict = StateDict::from_ddl(&spec, &vars, &params, &buffers, &|bn| {
         base.get(bn).copied().unwrap_or(0) + global
     });
     let meta = ModelMeta {

@@ -73,6 +73,7 @@ pub mod table;
 mod trace_records;
 pub mod train;
 pub mod validate;
+pub mod variables;
 pub mod weights;
 
 pub use config::TrainConfig;

@@ -17,7 +17,7 @@ use crate::config::eval_resize_px;
 use crate::error::{Result, TrainError};
 use crate::model::{self, Model, ModelKind};
 use crate::setting::Setting;
-use crate::table::Layout;
+use crate::variables::Variables;
 use crate::weights::meta::ModelMeta;
 use crate::weights::{file, Spec, StateDict, WeightsError};
 
@@ -117,8 +117,11 @@ impl Classifier {
         let vs = nn::VarStore::new(device);
         let classes = meta.classes.len() as i64;
         let model = model::build(kind, &vs.root(), classes, meta.image_size);
-        let layout = Layout::new(&vs, usize::MAX);
-        dict.check(&Spec::of_layout(kind.name(), &layout), path, false)?;
+        dict.check(
+            &Spec::of_variables(kind.name(), &Variables::of(&vs)),
+            path,
+            false,
+        )?;
         copy_weights(&vs, &dict, path, kind)?;
         Ok(Classifier {
             meta,

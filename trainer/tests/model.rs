@@ -279,7 +279,7 @@ fn seeded_weights_do_not_depend_on_other_threads() {
         let stop = stop.clone();
         std::thread::spawn(move || {
             while !stop.load(std::sync::atomic::Ordering::Relaxed) {
-                let _ = ddl_trainer::weights::layout_of(ModelKind::ResnetSmall, 10, 32);
+                let _ = ddl_trainer::variables::Variables::of_model(ModelKind::ResnetSmall, 10, 32);
             }
         })
     };

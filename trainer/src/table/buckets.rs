@@ -4,12 +4,11 @@
 //! classifier head is left out ([`Layout::left_out`]): each replica holds a slice of it, whose
 //! gradient is its own and never reduced.
 
-use std::collections::HashMap;
-
 use tch::nn;
 
 use crate::config::Overlap;
 use crate::model::{self, ModelKind, Network};
+use crate::variables::Variables;
 
 /// Every parameter starts at a multiple of this many elements (64 bytes) of the flat buffers,
 /// so that its views are aligned as vectorised kernels want them (a 21,841-class head's bias
@@ -103,6 +102,16 @@ impl Layout {
         self.params.iter().chain(&self.left_out)
     }
 
+    /// The model's variables by name and shape, as its weights file holds them.
+    pub fn variables(&self) -> Variables {
+        Variables {
+            params: (self.model_params())
+                .map(|p| (p.name.clone(), p.shape.clone()))
+                .collect(),
+            buffers: self.buffers.clone(),
+        }
+    }
+
     /// [`Layout::for_overlap`] of `kind` with `classes` classes, built once on the CPU in a
     /// throwaway variable store: the plan of a run without its data or devices (`ddl-plan`).
     pub fn of_model(
@@ -149,40 +158,19 @@ impl Layout {
         stage_of: &dyn Fn(&str) -> usize,
         bucketed: &dyn Fn(&str) -> bool,
     ) -> Layout {
-        let named = vs.variables();
-        let by_ptr: HashMap<usize, &String> = named
-            .iter()
-            .map(|(n, t)| (t.data_ptr() as usize, n))
-            .collect();
-        let trainable = vs.trainable_variables();
-        let params: Vec<ParamInfo> = trainable
-            .iter()
-            .map(|t| {
-                let shape = t.size();
-                let name = by_ptr
-                    .get(&(t.data_ptr() as usize))
-                    .map(|s| s.to_string())
-                    .unwrap_or_default();
-                ParamInfo {
-                    name,
-                    numel: shape.iter().product::<i64>() as usize,
-                    decay: crate::optim::decays(&shape),
-                    shape,
-                    offset: 0,
-                }
+        let Variables { params, buffers } = Variables::of(vs);
+        let params: Vec<ParamInfo> = params
+            .into_iter()
+            .map(|(name, shape)| ParamInfo {
+                name,
+                numel: shape.iter().product::<i64>() as usize,
+                decay: crate::optim::decays(&shape),
+                shape,
+                offset: 0,
             })
             .collect();
         let (mut params, left_out): (Vec<ParamInfo>, Vec<ParamInfo>) =
             params.into_iter().partition(|p| bucketed(&p.name));
-        let trainable_names: std::collections::HashSet<&str> =
-            params.iter().map(|p| p.name.as_str()).collect();
-        let mut buffers: Vec<(String, Vec<i64>)> = named
-            .iter()
-            .filter(|(n, _)| !trainable_names.contains(n.as_str()))
-            .filter(|(n, _)| !left_out.iter().any(|p| &p.name == *n))
-            .map(|(n, t)| (n.clone(), t.size()))
-            .collect();
-        buffers.sort();
         let cap = (bucket_bytes / 4).max(1);
         let padded = |n: usize| n.next_multiple_of(ALIGN);
         let mut buckets: Vec<Bucket> = Vec::new();

@@ -51,7 +51,8 @@ impl Run<'_> {
             .into());
         }
         let layout = self.table.layout().clone();
-        dict.check(&Spec::of_layout(model, &layout), path, self.cfg.reset_head)?;
+        let spec = Spec::of_variables(model, &layout.variables());
+        dict.check(&spec, path, self.cfg.reset_head)?;
         // Every rank has the whole seeded model: the seed draws the same values everywhere.
         let initial = self.seeded()?;
         let reset = self.cfg.reset_head;
@@ -159,9 +160,10 @@ impl Run<'_> {
         let layout = self.table.layout();
         let model = self.cfg.model.name();
         let base = &self.batches_tracked_base;
+        let vars = layout.variables();
         let dict = StateDict::from_ddl(
-            &Spec::of_layout(model, layout),
-            layout,
+            &Spec::of_variables(model, &vars),
+            &vars,
             &whole.params,
             &whole.buffers,
             &|bn| base.get(bn).copied().unwrap_or(0) + global as i64,

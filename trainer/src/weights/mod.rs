@@ -30,9 +30,8 @@ use std::path::Path;
 
 use safetensors::Dtype;
 
-use crate::config::Overlap;
 use crate::model::ModelKind;
-use crate::table::{Layout, ParamInfo};
+use crate::variables::{Variable, Variables};
 
 pub use error::WeightsError;
 
@@ -89,25 +88,22 @@ pub struct Spec {
 }
 
 impl Spec {
-    /// The state-dict keys of a model laid out as `layout` (see [`layout_of`]).
-    pub fn of_layout(model: &str, layout: &Layout) -> Spec {
-        let buffers: BTreeMap<&str, &Vec<i64>> = layout
-            .buffers
-            .iter()
-            .map(|(n, s)| (n.as_str(), s))
-            .collect();
+    /// The state-dict keys of a model whose variables are `vars`.
+    pub fn of_variables(model: &str, vars: &Variables) -> Spec {
+        let buffers: BTreeMap<&str, &Vec<i64>> =
+            vars.buffers.iter().map(|(n, s)| (n.as_str(), s)).collect();
         let dims = |s: &[i64]| s.iter().map(|&d| d.max(0) as usize).collect::<Vec<_>>();
         // Modules in the order their first variable was created; inside a module torch
         // registers weight before bias (tch creates a linear's or convolution's bias first).
-        let mut modules: Vec<(&str, Vec<&ParamInfo>)> = Vec::new();
-        for p in layout.model_params() {
-            let prefix = p.name.rsplit_once('.').map_or("", |(m, _)| m);
+        let mut modules: Vec<(&str, Vec<&Variable>)> = Vec::new();
+        for p in &vars.params {
+            let prefix = p.0.rsplit_once('.').map_or("", |(m, _)| m);
             match modules.iter_mut().find(|(m, _)| *m == prefix) {
                 Some((_, ps)) => ps.push(p),
                 None => modules.push((prefix, vec![p])),
             }
         }
-        let rank = |p: &&ParamInfo| match p.name.rsplit('.').next() {
+        let rank = |p: &&Variable| match p.0.rsplit('.').next() {
             Some("weight") => 0,
             Some("bias") => 1,
             _ => 2,
@@ -116,10 +112,10 @@ impl Spec {
         let mut placed = BTreeSet::new();
         for (prefix, mut ps) in modules {
             ps.sort_by_key(rank);
-            for p in ps {
+            for (name, shape) in ps {
                 keys.push(KeySpec {
-                    name: p.name.clone(),
-                    shape: dims(&p.shape),
+                    name: name.clone(),
+                    shape: dims(shape),
                     dtype: Dtype::F32,
                     role: Role::Param,
                 });
@@ -150,7 +146,7 @@ impl Spec {
             });
         }
         // Buffers of no BatchNorm (none in ddl's models) go last, under their own names.
-        for (name, shape) in &layout.buffers {
+        for (name, shape) in &vars.buffers {
             if !placed.contains(name) {
                 keys.push(KeySpec {
                     name: name.clone(),
@@ -169,19 +165,13 @@ impl Spec {
     /// The state-dict keys of `kind` for `classes` classes at `image_size` (builds the model
     /// on the CPU once).
     pub fn of_model(kind: ModelKind, classes: i64, image_size: u32) -> Spec {
-        Spec::of_layout(kind.name(), &layout_of(kind, classes, image_size))
+        Spec::of_variables(kind.name(), &Variables::of_model(kind, classes, image_size))
     }
 
     /// The key called `name`.
     pub fn get(&self, name: &str) -> Option<&KeySpec> {
         self.keys.iter().find(|k| k.name == name)
     }
-}
-
-/// The parameter and buffer layout of `kind` (built once on the CPU, in a throwaway variable
-/// store).
-pub fn layout_of(kind: ModelKind, classes: i64, image_size: u32) -> Layout {
-    Layout::of_model(kind, classes, image_size, Overlap::Off, usize::MAX, false)
 }
 
 /// One tensor of a state dict: dtype, shape and little-endian bytes, as a safetensors file
@@ -246,21 +236,19 @@ pub struct StateDict {
 
 impl StateDict {
     /// The state dict of a model laid out as `spec`, from ddl's values: `params` in the order
-    /// of `layout.model_params()`, `buffers` in the order of `layout.buffers` (as a replica's state or
-    /// a checkpoint holds them); `batches_tracked(bn)` gives the `num_batches_tracked` of the
+    /// of `vars.params`, `buffers` in the order of `vars.buffers` (as a replica's state or a
+    /// checkpoint holds them); `batches_tracked(bn)` gives the `num_batches_tracked` of the
     /// BatchNorm whose prefix is `bn` (e.g. `layer1.0.bn1`).
     pub fn from_ddl(
         spec: &Spec,
-        layout: &Layout,
+        vars: &Variables,
         params: &[Vec<f32>],
         buffers: &[Vec<f32>],
         batches_tracked: &dyn Fn(&str) -> i64,
     ) -> StateDict {
-        let values: BTreeMap<&str, &Vec<f32>> = layout
-            .model_params()
-            .map(|p| p.name.as_str())
-            .zip(params)
-            .chain(layout.buffers.iter().map(|(n, _)| n.as_str()).zip(buffers))
+        let values: BTreeMap<&str, &Vec<f32>> = (vars.params.iter().zip(params))
+            .chain(vars.buffers.iter().zip(buffers))
+            .map(|((name, _), v)| (name.as_str(), v))
             .collect();
         let mut tensors = BTreeMap::new();
         for k in &spec.keys {
@@ -464,22 +452,17 @@ mod tests {
     }
 
     #[test]
-    fn from_ddl_uses_layout_order_and_counts() {
-        let layout = layout_of(ModelKind::ResnetSmall, 3, 32);
-        let s = Spec::of_layout("resnet_small", &layout);
-        let params: Vec<Vec<f32>> = layout
-            .params
-            .iter()
-            .enumerate()
-            .map(|(i, p)| vec![i as f32; p.numel])
+    fn from_ddl_uses_variables_order_and_counts() {
+        let vars = Variables::of_model(ModelKind::ResnetSmall, 3, 32);
+        let s = Spec::of_variables("resnet_small", &vars);
+        let numel = |shape: &[i64]| shape.iter().product::<i64>() as usize;
+        let params: Vec<Vec<f32>> = (vars.params.iter().enumerate())
+            .map(|(i, (_, shape))| vec![i as f32; numel(shape)])
             .collect();
-        let buffers: Vec<Vec<f32>> = layout
-            .buffers
-            .iter()
-            .enumerate()
-            .map(|(i, (_, shape))| vec![-(i as f32); shape.iter().product::<i64>() as usize])
+        let buffers: Vec<Vec<f32>> = (vars.buffers.iter().enumerate())
+            .map(|(i, (_, shape))| vec![-(i as f32); numel(shape)])
             .collect();
-        let d = StateDict::from_ddl(&s, &layout, &params, &buffers, &|bn| {
+        let d = StateDict::from_ddl(&s, &vars, &params, &buffers, &|bn| {
             if bn == "bn1" {
                 7
             } else {
@@ -488,13 +471,13 @@ mod tests {
         });
         assert_eq!(d.tensors.len(), s.keys.len());
         d.check(&s, Path::new("x"), false).unwrap();
-        let i = layout
+        let i = vars
             .params
             .iter()
-            .position(|p| p.name == "fc.bias")
+            .position(|(n, _)| n == "fc.bias")
             .unwrap();
         assert_eq!(d.f32_values("fc.bias").unwrap(), params[i]);
-        let j = layout
+        let j = vars
             .buffers
             .iter()
             .position(|(n, _)| n == "layer2.1.bn1.running_var")
