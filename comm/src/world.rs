@@ -20,6 +20,23 @@ use crate::transport::DEFAULT_TIMEOUT;
 /// The MPI job: initialises MPI, exposes the world transport and the node layout
 /// (`MPI_Comm_split_type(MPI_COMM_TYPE_SHARED)`). MPI is finalised when the `World` and
 /// every transport derived from it are dropped.
+///
+/// # Examples
+///
+/// Every rank sums its gradients with the others'; started alone the job is one rank, under
+/// `mpirun -np 4` the same program runs on four:
+///
+/// ```
+/// use ddl_comm::{Algorithm, Allreducer, World};
+///
+/// let world = World::init()?;
+/// let ar = Allreducer::new(world.transport(), Algorithm::Auto, world.topology())?;
+/// let mut grads = vec![world.rank() as f32 + 1.0; 1000];
+/// ar.allreduce(&mut grads, false)?;
+/// let p = world.size() as f32;
+/// assert!(grads.iter().all(|&g| g == p * (p + 1.0) / 2.0));
+/// # Ok::<(), ddl_comm::CommError>(())
+/// ```
 pub struct World {
     world: Arc<MpiTransport>,
     node: MpiTransport,

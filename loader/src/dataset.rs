@@ -80,6 +80,37 @@ impl Dataset {
     /// record count and size; otherwise the error names the file. With `opts.stage` the shards
     /// are first copied there (see [`OpenOptions::stage`]); `populate` and `lock` apply to the
     /// mapped files.
+    ///
+    /// # Examples
+    ///
+    /// A folder tree of JPEGs packed into shards, then opened by the second of two nodes,
+    /// which holds half of the records:
+    ///
+    /// ```
+    /// use ddl_loader::dataset::{Dataset, OpenOptions, Residency};
+    /// use ddl_loader::pack::{pack, NoProgress, PackOptions};
+    ///
+    /// let tmp = ddl_testkit::scratch("dataset-example");
+    /// let (images, shards) = (tmp.path().join("imagenet"), tmp.path().join("shards"));
+    /// for (class, wnid) in ["n01440764", "n01443537"].iter().enumerate() {
+    ///     let dir = images.join("train").join(wnid);
+    ///     std::fs::create_dir_all(&dir)?;
+    ///     for i in 0..4 {
+    ///         let jpeg = ddl_testkit::jpeg(32, 32, class * 10 + i);
+    ///         std::fs::write(dir.join(format!("{i}.JPEG")), jpeg)?;
+    ///     }
+    /// }
+    /// let mut opts = PackOptions::new(&images, &shards);
+    /// opts.nodes = 2;
+    /// pack(&opts, &NoProgress)?;
+    ///
+    /// let second = Residency { node: 1, nodes: 2 };
+    /// let data = Dataset::open(&shards, "train", second, &OpenOptions::default())?;
+    /// assert_eq!(data.len(), 4);
+    /// let record = data.record(0)?;
+    /// assert!(record.label < 2 && record.bytes.starts_with(&[0xFF, 0xD8]));
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn open(
         dir: &Path,
         split: &str,

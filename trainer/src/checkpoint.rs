@@ -237,6 +237,33 @@ impl Checkpoint {
     }
 
     /// Reads and verifies the checkpoint at `path`.
+    ///
+    /// # Examples
+    ///
+    /// A checkpoint written into its directory, read back, and refused once a bit of it
+    /// flipped:
+    ///
+    /// ```
+    /// use ddl_trainer::checkpoint::{Checkpoint, CheckpointMeta};
+    ///
+    /// let meta: CheckpointMeta = serde_json::from_value(serde_json::json!({
+    ///     "model": "resnet_small", "classes": 2, "epoch": 1, "step": 0, "global_step": 8,
+    ///     "ranks": 1, "replicas": 1, "loss_scale": 1.0, "good_steps": 8, "flags": {},
+    ///     "tensors": [{"name": "param/fc.bias", "shape": [2]}],
+    /// }))?;
+    /// let ckpt = Checkpoint { meta, data: vec![vec![0.5, -0.5]] };
+    /// let dir = ddl_testkit::scratch("checkpoint-example");
+    /// let path = ckpt.write(dir.path())?;
+    /// assert_eq!(Checkpoint::read(&path)?.get("param/fc.bias"), Some(&[0.5, -0.5][..]));
+    ///
+    /// let mut bytes = std::fs::read(&path)?;
+    /// let last_value = bytes.len() - 13;
+    /// bytes[last_value] ^= 1;
+    /// std::fs::write(&path, bytes)?;
+    /// let err = Checkpoint::read(&path).unwrap_err().to_string();
+    /// assert!(err.contains("ckpt-000000000008"), "{err}");
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn read(path: &Path) -> Result<Checkpoint> {
         let mut bytes = Vec::new();
         File::open(path)
