@@ -36,6 +36,11 @@ pub fn bin(name: &str) -> PathBuf {
     path
 }
 
+/// A command running the workspace binary `name` ([`bin`]), as the user would type it.
+pub fn command(name: &str) -> Command {
+    Command::new(bin(name))
+}
+
 pub use ddl_testkit::{scratch, TempDir};
 
 /// `mpirun -np NP ddl-train --data SHARDS --model resnet_small --workers 1`: the CPU job the

@@ -7,7 +7,7 @@ use std::fs;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use ddl_tests::{bin, mpirun_train, printed, run, run_ok, scratch, synth_and_pack, SynthSpec};
+use ddl_tests::{command, mpirun_train, printed, run, run_ok, scratch, synth_and_pack, SynthSpec};
 
 /// The weights after 4 steps of 2 ranks x 2 replicas with `flags`, dumped to `weights`.
 fn train(shards: &Path, flags: &[&str], weights: &Path) -> Vec<f32> {
@@ -87,7 +87,7 @@ fn compile_with_a_python_without_torch_says_what_is_missing() {
             .args(["-m", "venv", "--without-pip"])
             .arg(&venv),
     );
-    let out = run(Command::new(bin("ddl-train"))
+    let out = run(command("ddl-train")
         .args([
             "--synthetic-data",
             "--classes",

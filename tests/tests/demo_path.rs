@@ -2,9 +2,8 @@
 //! `mpirun -np 2 ddl-train` on CPU, checking what every stage leaves behind.
 
 use std::fs;
-use std::process::Command;
 
-use ddl_tests::{bin, mpirun_train, run_ok, scratch, synth_and_pack, SynthSpec};
+use ddl_tests::{command, mpirun_train, run_ok, scratch, synth_and_pack, SynthSpec};
 use ddl_trainer::checkpoint::{self, Checkpoint};
 use serde_json::Value;
 
@@ -22,7 +21,7 @@ fn synth_pack_verify_then_train_under_mpirun_np2() {
             max_short_side: 64,
         },
     );
-    run_ok(Command::new(bin("ddl-pack")).arg("--verify").arg(&shards));
+    run_ok(command("ddl-pack").arg("--verify").arg(&shards));
 
     let manifest: Value =
         serde_json::from_slice(&fs::read(shards.join("manifest.json")).unwrap()).unwrap();

@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use ddl_loader::trace_records::{read, TraceLine};
 use ddl_tests::{
-    bin, mpirun_train, printed, rank_pids, run_ok, scratch, signal, synth_and_pack, Launched,
+    command, mpirun_train, printed, rank_pids, run_ok, scratch, signal, synth_and_pack, Launched,
     SynthSpec,
 };
 use ddl_trainer::checkpoint;
@@ -159,7 +159,7 @@ fn exchange_on_one_node_is_a_note() {
         },
     );
     let out = run_ok(
-        Command::new(bin("ddl-train"))
+        command("ddl-train")
             .arg("--data")
             .arg(&shards)
             .args([

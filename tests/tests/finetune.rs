@@ -9,14 +9,14 @@ use std::fs;
 use std::path::Path;
 use std::process::Command;
 
-use ddl_tests::{bin, run_ok, scratch, synth_and_pack, SynthSpec};
+use ddl_tests::{command, run_ok, scratch, synth_and_pack, SynthSpec};
 use ddl_trainer::weights::file;
 use ddl_trainer::weights::meta::ModelMeta;
 use serde_json::Value;
 
 /// `ddl-train` alone (one rank, one CPU replica) on `shards` with the flags of every run here.
 fn train(shards: &Path) -> Command {
-    let mut cmd = Command::new(bin("ddl-train"));
+    let mut cmd = command("ddl-train");
     cmd.arg("--data").arg(shards).args([
         "--model",
         "resnet_small",
@@ -108,7 +108,7 @@ fn init_from_reset_head_learns_faster_than_from_scratch() {
     // ddl-predict on set A's val JPEGs (not the packed copies) scores what the run reported,
     // up to the difference between the original and the packed pixels.
     let out = run_ok(
-        Command::new(bin("ddl-predict"))
+        command("ddl-predict")
             .arg("--model")
             .arg(&model)
             .arg(a_dir.join("imagenet/val"))

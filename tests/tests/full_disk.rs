@@ -4,12 +4,12 @@
 
 use std::process::Command;
 
-use ddl_tests::{bin, printed, run, scratch};
+use ddl_tests::{bin, command, printed, run, scratch};
 
 /// `ddl-train` on its synthetic data: resnet_small, 3 classes, 16 px, batch 2, one CPU
 /// replica, `steps` steps.
 fn synthetic_train(steps: u64) -> Command {
-    let mut cmd = Command::new(bin("ddl-train"));
+    let mut cmd = command("ddl-train");
     cmd.args([
         "--synthetic-data",
         "--model",
@@ -24,7 +24,7 @@ fn synthetic_train(steps: u64) -> Command {
 
 #[test]
 fn a_full_disk_on_stdout_ends_ddl_plan_and_ddl_train_with_one_line() {
-    let out = Command::new(bin("ddl-plan"))
+    let out = command("ddl-plan")
         .args(["--model", "resnet18", "--classes", "10", "--ranks", "2"])
         .stdout(ddl_testkit::full_disk())
         .output()

@@ -11,10 +11,11 @@
 //! classifier head split over the replicas").
 
 use std::path::{Path, PathBuf};
-use std::process::Command;
 use std::sync::OnceLock;
 
-use ddl_tests::{bin, mpirun, printed, run_ok, scratch, synth_and_pack, SynthSpec, TempDir};
+use ddl_tests::{
+    bin, command, mpirun, printed, run_ok, scratch, synth_and_pack, SynthSpec, TempDir,
+};
 
 /// 10 classes x 100 train images, 10 val per class, two shards.
 fn shards() -> &'static (TempDir, PathBuf) {
@@ -135,7 +136,7 @@ fn the_split_head_trains_as_the_data_parallel_run_under_mpirun() {
 
 /// ddl-plan's bytes per rank per step for a job, in bytes.
 fn planned(np: usize, replicas: usize, batch: usize) -> f64 {
-    let out = run_ok(Command::new(bin("ddl-plan")).args([
+    let out = run_ok(command("ddl-plan").args([
         "--model",
         "resnet18",
         "--classes",

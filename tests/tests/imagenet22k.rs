@@ -4,9 +4,8 @@
 //! own so that no other test competes for the cores.
 
 use std::fs;
-use std::process::Command;
 
-use ddl_tests::{bin, demo_train, run_ok, scratch};
+use ddl_tests::{command, demo_train, run_ok, scratch};
 use serde_json::Value;
 
 #[test]
@@ -14,7 +13,7 @@ fn held_out_22k_split_measures_learning_under_mpirun_np2() {
     let tmp = scratch("22k-learn");
     let tars = tmp.path().join("tars");
     let shards = tmp.path().join("shards");
-    run_ok(Command::new(bin("ddl-synth")).arg(&tars).args([
+    run_ok(command("ddl-synth").arg(&tars).args([
         "--layout",
         "tars",
         "--classes",
@@ -24,22 +23,16 @@ fn held_out_22k_split_measures_learning_under_mpirun_np2() {
         "--seed",
         "1",
     ]));
-    run_ok(
-        Command::new(bin("ddl-pack"))
-            .arg(&tars)
-            .arg("-o")
-            .arg(&shards)
-            .args([
-                "--val-fraction",
-                "0.15",
-                "--shards",
-                "4",
-                "--max-short-side",
-                "96",
-                "--max-skip-fraction",
-                "0.01",
-            ]),
-    );
+    run_ok(command("ddl-pack").arg(&tars).arg("-o").arg(&shards).args([
+        "--val-fraction",
+        "0.15",
+        "--shards",
+        "4",
+        "--max-short-side",
+        "96",
+        "--max-skip-fraction",
+        "0.01",
+    ]));
     let report: Value =
         serde_json::from_slice(&fs::read(shards.join("pack-report.json")).unwrap()).unwrap();
     let val_inputs = report["val_split"]["val_inputs"].as_u64().unwrap();

@@ -308,7 +308,7 @@ fn a_second_sigterm_lets_the_checkpoint_write_finish() {
     );
     let ck = tmp.path().join("ck");
     // ResNet-50: a checkpoint of about 200 MB, long enough a write to signal into.
-    let mut child = Command::new(ddl_tests::bin("ddl-train"))
+    let mut child = ddl_tests::command("ddl-train")
         .arg("--data")
         .arg(&shards)
         .args(["--model", "resnet50", "--image-size", "32", "--batch", "2"])

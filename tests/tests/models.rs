@@ -4,9 +4,8 @@
 //! with the key named.
 
 use std::path::Path;
-use std::process::Command;
 
-use ddl_tests::{bin, mpirun_train, printed, run, run_ok, scratch, synth_and_pack, SynthSpec};
+use ddl_tests::{command, mpirun_train, printed, run, run_ok, scratch, synth_and_pack, SynthSpec};
 use ddl_trainer::weights::file;
 use ddl_trainer::weights::meta::ModelMeta;
 use serde_json::Value;
@@ -58,7 +57,7 @@ fn export_predict_and_a_bad_init_under_mpirun() {
     // ddl-export of the run's checkpoint directory: the same model.
     let again = dir.join("again.safetensors");
     run_ok(
-        Command::new(bin("ddl-export"))
+        command("ddl-export")
             .arg(dir.join("ck"))
             .arg("-o")
             .arg(&again),
@@ -67,7 +66,7 @@ fn export_predict_and_a_bad_init_under_mpirun() {
     assert_eq!(dict2, dict);
     assert_eq!(map2, map);
     // A pickle name is refused before anything is written.
-    let out = run(Command::new(bin("ddl-export"))
+    let out = run(command("ddl-export")
         .arg(dir.join("ck"))
         .arg("-o")
         .arg(dir.join("model.pt")));
@@ -77,7 +76,7 @@ fn export_predict_and_a_bad_init_under_mpirun() {
     // ddl-predict on the val folder: one line per image, the top 3 of the model's classes.
     let val = dir.join("imagenet/val");
     let out = run_ok(
-        Command::new(bin("ddl-predict"))
+        command("ddl-predict")
             .arg("--model")
             .arg(&model)
             .arg(&val)
@@ -107,7 +106,7 @@ fn export_predict_and_a_bad_init_under_mpirun() {
         .ends_with("ILSVRC2012_val_00000001.JPEG"));
 
     // Its reader gone (`ddl-predict ... | head`), it ends quietly: no panic, no error line.
-    let out = Command::new(bin("ddl-predict"))
+    let out = command("ddl-predict")
         .arg("--model")
         .arg(&model)
         .arg(&val)
@@ -124,7 +123,7 @@ fn export_predict_and_a_bad_init_under_mpirun() {
     );
 
     // Its output a full disk: one line and status 1, as ddl-export's.
-    let out = Command::new(bin("ddl-predict"))
+    let out = command("ddl-predict")
         .arg("--model")
         .arg(&model)
         .arg(&val)
@@ -133,7 +132,7 @@ fn export_predict_and_a_bad_init_under_mpirun() {
         .output()
         .unwrap();
     ddl_testkit::assert_ended_on_full_disk("ddl-predict", &out);
-    let out = Command::new(bin("ddl-export"))
+    let out = command("ddl-export")
         .arg(dir.join("ck"))
         .arg("-o")
         .arg(dir.join("third.safetensors"))
@@ -146,7 +145,7 @@ fn export_predict_and_a_bad_init_under_mpirun() {
     // is named, the exit status says something failed.
     let one = val.join("ILSVRC2012_val_00000002.JPEG");
     let missing = dir.join("missing.JPEG");
-    let out = run(Command::new(bin("ddl-predict"))
+    let out = run(command("ddl-predict")
         .arg("--model")
         .arg(&model)
         .arg(&one)

@@ -7,9 +7,8 @@
 //! binary runs alone: the launcher's flags are not ddl's.
 
 use std::path::Path;
-use std::process::Command;
 
-use ddl_tests::{bin, printed, run, scratch};
+use ddl_tests::{command, printed, run, scratch};
 
 /// The README of the workspace.
 fn readme() -> String {
@@ -96,9 +95,7 @@ fn every_command_the_readme_shows_runs_as_pasted() {
     let mut refused = Vec::new();
     for words in &commands {
         let tmp = scratch("readme");
-        let out = run(Command::new(bin(words[0]))
-            .args(&words[1..])
-            .current_dir(tmp.path()));
+        let out = run(command(words[0]).args(&words[1..]).current_dir(tmp.path()));
         if out.status.code() == Some(2) {
             refused.push(format!("{}: {}", words.join(" "), printed(&out)));
         }

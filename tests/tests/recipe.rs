@@ -7,12 +7,12 @@ use std::fs;
 use std::path::Path;
 use std::process::Command;
 
-use ddl_tests::{bin, printed, run, run_ok, scratch, synth_and_pack, SynthSpec};
+use ddl_tests::{command, printed, run, run_ok, scratch, synth_and_pack, SynthSpec};
 
 /// One rank alone (no mpirun): 64 images / batch 8 = 8 steps per epoch, 2 epochs, 32 px in
 /// epoch 0 and 48 px from epoch 1.
 fn train(shards: &Path, dir: &Path, weights: &str, extra: &[&str]) -> Command {
-    let mut cmd = Command::new(bin("ddl-train"));
+    let mut cmd = command("ddl-train");
     cmd.arg("--data").arg(shards).args([
         "--model",
         "resnet_small",

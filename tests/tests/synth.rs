@@ -1,12 +1,11 @@
 //! `ddl-synth` writes the ILSVRC layout of real, decodable, deterministic JPEGs.
 
 use std::fs;
-use std::process::Command;
 
-use ddl_tests::{bin, printed, run, run_ok, scratch};
+use ddl_tests::{command, printed, run, run_ok, scratch};
 
 fn synth(out: &std::path::Path, seed: u64) {
-    run_ok(Command::new(bin("ddl-synth")).arg(out).args([
+    run_ok(command("ddl-synth").arg(out).args([
         "--classes",
         "3",
         "--per-class",
@@ -106,7 +105,7 @@ fn same_seed_same_bytes_other_seed_other_bytes() {
 fn tars_layout_is_22k_style_and_packs_with_its_odd_members_handled() {
     let tmp = scratch("synth-tars");
     let out = tmp.path().join("tars");
-    let synth = run_ok(Command::new(bin("ddl-synth")).arg(&out).args([
+    let synth = run_ok(command("ddl-synth").arg(&out).args([
         "--layout",
         "tars",
         "--classes",
@@ -153,7 +152,7 @@ fn tars_layout_is_22k_style_and_packs_with_its_odd_members_handled() {
     assert!(sizes.iter().any(|&n| n != sizes[0]), "{sizes:?}");
 
     let r = run_ok(
-        Command::new(bin("ddl-pack"))
+        command("ddl-pack")
             .arg(&out)
             .arg("-o")
             .arg(tmp.path().join("shards"))
@@ -182,9 +181,12 @@ fn tars_layout_is_22k_style_and_packs_with_its_odd_members_handled() {
     );
     assert_eq!(report["val_split"]["val_inputs"], 4, "one per class");
 
-    let r = run(Command::new(bin("ddl-synth"))
-        .arg(tmp.path().join("x"))
-        .args(["--layout", "tars", "--val-per-class", "2"]));
+    let r = run(command("ddl-synth").arg(tmp.path().join("x")).args([
+        "--layout",
+        "tars",
+        "--val-per-class",
+        "2",
+    ]));
     assert!(!r.status.success());
     assert!(printed(&r).contains("--val-per-class"), "{}", printed(&r));
 }
