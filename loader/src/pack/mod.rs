@@ -16,7 +16,7 @@
 //!
 //! Files by concern: `options.rs` (what the packer can be told, each value's rule),
 //! `source.rs` and `classes.rs` (finding the inputs and their labels), `split.rs` (a held-out
-//! validation split), `plan.rs` (shard counts, names, plan fingerprints), `identity.rs` and
+//! validation split), `shard_plan.rs` (shard counts, names, plan fingerprints), `identity.rs` and
 //! `output.rs` (whose files the output directory holds), `shards.rs` (keeping and writing
 //! shards), `convert.rs` (one image), `report.rs` (report and manifest), `verify.rs`.
 
@@ -27,9 +27,9 @@ mod identity;
 mod identity_v1;
 mod options;
 mod output;
-mod plan;
 mod progress;
 mod report;
+mod shard_plan;
 mod shards;
 pub mod source;
 pub mod split;
@@ -45,9 +45,9 @@ pub use options::{
     DEFAULT_MAX_SKIP_FRACTION, DEFAULT_QUALITY, DEFAULT_SHARD_BYTES,
 };
 pub use output::{Occupant, OutputConflict, PackedBy};
-pub use plan::{shard_file_name, SIZE_SAMPLE};
 pub use progress::{NoProgress, PackProgress};
 pub use report::{ClassCount, IgnoredFile, PackReport, SkippedInput, SplitReport};
+pub use shard_plan::{shard_file_name, SIZE_SAMPLE};
 pub use verify::{verify, VerifyReport};
 
 /// File name of the pack report inside the output directory.
@@ -119,9 +119,9 @@ pub fn pack(opts: &PackOptions, progress: &dyn PackProgress) -> Result<PackRepor
         Some(vs) => Some(split::carve(&mut inputs, vs, &opts.input)?),
         None => None,
     };
-    let plans = plan::plan_splits(&pool, &inputs, opts);
+    let plans = shard_plan::plan_splits(&pool, &inputs, opts);
     // Nothing is written to the output directory before it is claimed.
-    let files = plan::shard_files(&plans);
+    let files = shard_plan::shard_files(&plans);
     let id = identity::Identity::of(opts);
     let output::Claim {
         mut state,

@@ -20,7 +20,7 @@ use std::path::Path;
 use serde::{Deserialize, Serialize};
 
 use super::identity::{Identity, PackSpec};
-use super::plan::parse_shard_name;
+use super::shard_plan::parse_shard_name;
 use super::{REPORT_FILE, SPLITS, STATE_FILE};
 use crate::error::{LoaderError, Result};
 use crate::manifest::{write_atomic, Manifest, MANIFEST_FILE};

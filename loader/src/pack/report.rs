@@ -7,7 +7,7 @@ use std::time::Instant;
 use serde::{Deserialize, Serialize};
 
 use super::options::PackOptions;
-use super::plan::SplitPlan;
+use super::shard_plan::SplitPlan;
 use super::shards::Tally;
 use super::source::Inputs;
 use super::split::ValSplitReport;

@@ -9,8 +9,8 @@ use rayon::prelude::*;
 
 use super::convert::{convert, ConvertOptions, Converted, How, Skip, SkipReason};
 use super::output::{save_state, DoneShard, PackState};
-use super::plan::{shard_file_name, SplitPlan};
 use super::progress::PackProgress;
+use super::shard_plan::{shard_file_name, SplitPlan};
 use super::source::{Inputs, Item};
 use crate::error::Result;
 use crate::manifest::ShardInfo;
