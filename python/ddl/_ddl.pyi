@@ -11,6 +11,9 @@ class DistError(DdlError): ...
 
 #: The allreduce algorithms' names, ``"auto"`` first (``ddl.dist.ALGORITHMS``).
 ALGORITHMS: List[str]
+#: The allgather / reduce-scatter algorithms' names, ``"auto"`` first
+#: (``ddl.dist.SHARD_ALGORITHMS``).
+SHARD_ALGORITHMS: List[str]
 
 class BatchArray:
     """One part of a batch (images, labels or indices) through the array interface."""

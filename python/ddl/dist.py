@@ -71,7 +71,7 @@ __all__ = [
 #: The algorithms of :func:`allreduce_` (``"auto"`` first), as ddl's Rust side names them.
 ALGORITHMS = tuple(_ddl.ALGORITHMS)
 #: The algorithms of :func:`all_gather_` and :func:`reduce_scatter_`.
-SHARD_ALGORITHMS = ("auto", "ring", "shm")
+SHARD_ALGORITHMS = tuple(_ddl.SHARD_ALGORITHMS)
 _GradBucket = torch.distributed.GradBucket
 _DTYPES = {torch.float32: "float32", torch.float16: "float16", torch.bfloat16: "bfloat16"}
 

@@ -9,7 +9,9 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use ddl_comm::collective::{allgather_bytes, broadcast_bytes_from};
-use ddl_comm::{bf16, f16, Algorithm, Allreducer, CostModel, Listener, Secret, TcpWorld, World};
+use ddl_comm::{
+    bf16, f16, Algorithm, Allreducer, CostModel, Listener, Secret, ShardAlgorithm, TcpWorld, World,
+};
 use pyo3::exceptions::{PyRuntimeError, PyValueError};
 use pyo3::prelude::*;
 
@@ -66,7 +68,18 @@ pub fn dist_require() -> PyResult<()> {
 
 /// The names of the allreduce algorithms (`ddl.dist.ALGORITHMS`), `auto` first.
 pub fn algorithm_names() -> Vec<&'static str> {
-    let mut names = Algorithm::NAMES.to_vec();
+    auto_first(&Algorithm::NAMES)
+}
+
+/// The names of the allgather / reduce-scatter algorithms (`ddl.dist.SHARD_ALGORITHMS`),
+/// `auto` first.
+pub fn shard_algorithm_names() -> Vec<&'static str> {
+    auto_first(&ShardAlgorithm::NAMES)
+}
+
+/// `names` with `auto` moved to the front (the order of the rest kept).
+fn auto_first(names: &[&'static str]) -> Vec<&'static str> {
+    let mut names = names.to_vec();
     names.sort_by_key(|n| *n != "auto");
     names
 }
