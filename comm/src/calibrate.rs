@@ -7,11 +7,9 @@ use std::time::Instant;
 
 use crate::algorithm::Algorithm;
 use crate::allreduce::{Allreducer, Element};
-use crate::collective::{broadcast_bytes, max_on_root};
-use crate::contention::{self, Contention};
+use crate::collective::max_on_root;
 use crate::cost::{auto_candidates, CostModel, MeasuredCurve, Tier};
 use crate::error::{CommError, Result};
-use crate::mpi::Polling;
 use crate::tags::PINGPONG;
 use crate::topology::Topology;
 use crate::transport::Transport;
@@ -109,7 +107,7 @@ fn measure_copy() -> f64 {
 }
 
 /// Timed calls per calibration point: many for latency-bound sizes, fewer for the large ones.
-fn calibration_iters(bytes: usize) -> usize {
+pub fn calibration_iters(bytes: usize) -> usize {
     match bytes {
         0..=65536 => 50,
         65537..=4194304 => 15,
@@ -252,18 +250,9 @@ fn beta_curve(
 ///   [`MeasuredCurve`]s for this layout, so that `auto` picks what ran fastest, not what the
 ///   formulas (which serve `ddl-bench sim`'s other layouts) say.
 ///
-/// - with `compute_threads` (stand-ins for each rank's CPU replicas, 0 for none), the
-///   [`Contention`] of the compute and `auto`'s allreduces of a bucket's size and of a
-///   negotiation round's on the same cores (at most 3 passes).
-///
 /// Each sweep runs `passes` times, per size the median pass. A tier that this layout
 /// cannot measure copies the other one (noted in `source`).
-pub fn calibrate(
-    world: &World,
-    max_bytes: usize,
-    passes: usize,
-    compute_threads: usize,
-) -> Result<CostModel> {
+pub fn calibrate(world: &World, max_bytes: usize, passes: usize) -> Result<CostModel> {
     let t: Arc<dyn Transport> = world.transport();
     let topo = world.topology();
     if world.size() < 2 {
@@ -327,7 +316,7 @@ pub fn calibrate(
     let host = world.processor_name();
     let cores = std::thread::available_parallelism().map_or(1, |c| c.get());
     let (intra, inter, note) = both_tiers(intra, inter);
-    let mut model = CostModel {
+    Ok(CostModel {
         intra,
         inter,
         source: format!(
@@ -341,45 +330,9 @@ pub fn calibrate(
         copy,
         shm_sync,
         measured,
-        contention: Contention::SEPARATE,
-    };
-    if compute_threads > 0 {
-        // As ddl-train with as many CPU replicas per rank waits.
-        world.share_cores(compute_threads);
-        let bytes = CONTENTION_BYTES.min(max_bytes).max(4);
-        let ar = chosen_allreducer(&t, &model, bytes, topo)?;
-        let round = chosen_allreducer(&t, &model, contention::ROUND_BYTES, topo)?;
-        let yield_to_comm = world.polling() == Polling::Backoff;
-        let calls = calibration_iters(bytes);
-        model.contention = contention::measure(
-            &*t,
-            [&ar, &round],
-            bytes,
-            calls,
-            compute_threads,
-            yield_to_comm,
-            passes.min(3),
-        )?;
-    }
-    Ok(model)
+        other: serde_json::Map::new(),
+    })
 }
-
-/// The allreducer of what `model` picks at `bytes` on rank 0, which holds the times: every
-/// rank runs rank 0's choice.
-fn chosen_allreducer(
-    t: &Arc<dyn Transport>,
-    model: &CostModel,
-    bytes: usize,
-    topo: Topology,
-) -> Result<Allreducer> {
-    let chosen = model.choose(bytes, topo).to_string().into_bytes();
-    let chosen = String::from_utf8_lossy(&broadcast_bytes(&**t, chosen)?).into_owned();
-    Allreducer::new(t.clone(), chosen.parse()?, topo)
-}
-
-/// The allreduce the contention is measured with: a bucket's size (ddl-train's are 25 MiB at
-/// most, cut at stage boundaries).
-const CONTENTION_BYTES: usize = 16 << 20;
 
 /// The ring's curve within this rank's node into `tier` (and its rank count), timed over the
 /// node's ranks at `curve_sizes`: the seconds of one `shm` synchronisation (a whole allreduce

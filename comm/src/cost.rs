@@ -9,7 +9,6 @@ use std::path::Path;
 use serde::{Deserialize, Serialize};
 
 use crate::algorithm::{Across, Algorithm};
-use crate::contention::Contention;
 use crate::error::{CommError, Result};
 use crate::sharded::{ShardAlgorithm, ShardedOp};
 use crate::topology::Topology;
@@ -231,11 +230,10 @@ pub struct CostModel {
     /// other layouts (the simulator's) and algorithms not timed. Absent in presets.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub measured: Vec<MeasuredCurve>,
-    /// How the allreduce and compute threads on the same cores slow each other, as
-    /// `calibrate` measured it (`ddl-bench sim --cpu-replicas`); [`Contention::SEPARATE`] in
-    /// presets.
-    #[serde(default)]
-    pub contention: Contention,
+    /// The file's fields that this crate does not read (ddl-sim's `contention`), kept as
+    /// they were so that a model loaded and saved again (`--save-cost-model`) loses none.
+    #[serde(flatten)]
+    pub other: serde_json::Map<String, serde_json::Value>,
 }
 
 /// Shared-memory synchronisation time assumed when none was measured.
@@ -251,7 +249,7 @@ impl Default for CostModel {
             copy: 0.0,
             shm_sync: 0.0,
             measured: Vec::new(),
-            contention: Contention::SEPARATE,
+            other: serde_json::Map::new(),
         }
     }
 }
@@ -268,7 +266,7 @@ impl CostModel {
             copy: 0.0,
             shm_sync: 0.0,
             measured: Vec::new(),
-            contention: Contention::SEPARATE,
+            other: serde_json::Map::new(),
         }
     }
 

@@ -11,14 +11,13 @@
 //! - [`Sharded`]: allgather and reduce-scatter of f32 buffers cut into [`Parts`] of any
 //!   lengths, ring or node shared memory, and the allreduce with `max` made of the two.
 //! - [`collective`]: broadcast, gather and allgather of bytes for the control plane.
-//! - [`Counted`]: a transport counting the bytes its rank sends; [`step`]: the collectives
-//!   and bytes of one training step, data-parallel or with the head split over the ranks.
+//! - [`Counted`]: a transport counting the bytes its rank sends.
 //! - [`priority`]: the order of a training step's buckets ([`CommOrder`]), and the negotiation
 //!   that keeps a `priority` schedule the same on every rank.
 //! - [`CostModel`]: alpha-beta-gamma per tier, predicting each algorithm's time, and its
-//!   measurement under MPI ([`calibrate`], with the [`contention`] of compute on the same
-//!   cores); [`timeline`]: a step whose allreduce overlaps
-//!   backward and, under `priority`, the next forward, simulated with its predictions.
+//!   measurement under MPI ([`calibrate`]). The step simulator over its predictions (a
+//!   step's collectives, their overlap with the compute, compute and communication on the
+//!   same cores) is the crate above this one, ddl-sim.
 //! - [`cores`] and [`Binding`]: the CPUs a node's ranks hold together, and the warning for
 //!   ranks the launcher bound to fewer CPUs than their busy threads.
 
@@ -30,7 +29,6 @@ pub mod binding;
 pub mod calibrate;
 pub mod cli;
 pub mod collective;
-pub mod contention;
 pub mod cores;
 pub mod cost;
 mod counted;
@@ -40,12 +38,10 @@ mod parts;
 pub mod priority;
 pub mod sharded;
 mod shared_region;
-pub mod step;
 pub mod tags;
 pub mod tcp;
 pub mod tcp_world;
 pub mod thread;
-pub mod timeline;
 pub mod topology;
 pub mod transport;
 pub mod world;
@@ -53,7 +49,6 @@ pub mod world;
 pub use algorithm::{Across, Algorithm};
 pub use allreduce::{Allreducer, Choice, Element};
 pub use binding::Binding;
-pub use contention::Contention;
 pub use cost::{auto_candidates, CostModel, MeasuredCurve, Tier};
 pub use counted::Counted;
 pub use error::{CommError, Result};

@@ -15,7 +15,7 @@ fn two_tier() -> CostModel {
         copy: 0.0,
         shm_sync: 0.0,
         measured: Vec::new(),
-        contention: ddl_comm::Contention::SEPARATE,
+        other: serde_json::Map::new(),
     }
 }
 
@@ -41,7 +41,7 @@ fn beta_curve_interpolates_in_log_size_and_clamps() {
         copy: 0.0,
         shm_sync: 0.0,
         measured: Vec::new(),
-        contention: ddl_comm::Contention::SEPARATE,
+        other: serde_json::Map::new(),
     };
     let n = 16 << 20;
     let expect = 2.0 * 3.0 * (1e-6 + n as f64 / 4.0 * 1e-9);
@@ -365,7 +365,7 @@ fn shared_memory_chunks_pay_the_per_byte_cost_of_their_whole_buffer() {
         copy: 0.0,
         shm_sync: 0.0,
         measured: Vec::new(),
-        contention: ddl_comm::Contention::SEPARATE,
+        other: serde_json::Map::new(),
     };
     let (curved, flat) = (model(curved), model(flat));
     let topo = Topology::flat(2);

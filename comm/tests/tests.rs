@@ -2,7 +2,6 @@
 //! is one concern; linking once instead of once per file keeps CI short.
 
 mod common;
-mod contention;
 mod cost;
 mod hierarchical;
 mod mpi;

@@ -7,12 +7,12 @@ use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
 use ddl_comm::calibrate::{calls_for, mean_call_time};
-use ddl_comm::step::{crossover_batch, HeadExchange, Step};
 use ddl_comm::World;
 use ddl_comm::{
     bf16, f16, Across, Algorithm, Allreducer, CostModel, Element, ShardAlgorithm, Topology,
     Transport,
 };
+use ddl_sim::step::{crossover_batch, HeadExchange, Step};
 use serde::Serialize;
 
 use ddl_loader::units::parse_size;

@@ -7,6 +7,4 @@ pub mod bench;
 pub mod cli;
 pub mod pack_cli;
 pub mod prof;
-pub mod resnet;
-pub mod schedule;
 pub mod synth;

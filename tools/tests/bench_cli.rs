@@ -344,7 +344,9 @@ fn calibrate_times_every_candidate_and_auto_runs_the_fastest() {
     }
     // The contention of a compute thread per rank and the allreduce, measured on these
     // shared cores, slows the schedule of `sim --cpu-replicas`.
-    let c = m.contention;
+    let c = ddl_sim::StepModel::load(&model)
+        .expect("the model file loads")
+        .contention;
     assert_eq!(c.compute_threads, 1, "{text}");
     for slowdown in [c.comm_slowdown, c.compute_slowdown, c.round_slowdown] {
         assert!(slowdown.is_finite() && slowdown > 0.0, "{c:?}");

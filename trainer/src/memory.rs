@@ -12,8 +12,8 @@
 
 use std::fmt::Write;
 
-use ddl_comm::step::{crossover_batch, HeadExchange, Step};
 use ddl_loader::units::{mb, mib};
+use ddl_sim::step::{crossover_batch, HeadExchange, Step};
 
 use crate::config::Overlap;
 use crate::setting::Setting;

@@ -12,8 +12,9 @@ use ddl_comm::World;
 use ddl_comm::{Algorithm, CostModel};
 use ddl_loader::exchange_cost::{self, EpochTime, ExchangePlan, ExchangeSetup, SplitRecords};
 use ddl_loader::units::parse_size;
-use ddl_tools::schedule::{self, ScheduleSetup};
-use ddl_tools::{bench, cli, resnet};
+use ddl_sim::bucket_schedule::{self, ScheduleSetup};
+use ddl_sim::{resnet, StepModel};
+use ddl_tools::{bench, cli};
 
 #[derive(Parser)]
 #[command(name = "ddl-bench", about = "ddl allreduce benchmarks and cost model")]
@@ -202,12 +203,12 @@ struct ExchangeArgs {
     seed: u64,
 }
 
-/// The cost model from a file, a preset, or the `minsky` preset by default.
-fn load_model(preset: Option<String>, model_file: Option<PathBuf>) -> Result<CostModel> {
+/// The model from a file, a preset, or the `minsky` preset by default.
+fn load_model(preset: Option<String>, model_file: Option<PathBuf>) -> Result<StepModel> {
     Ok(match (preset, model_file) {
-        (_, Some(p)) => CostModel::load(&p)?,
-        (Some(name), None) => CostModel::preset(&name)?,
-        (None, None) => CostModel::minsky(),
+        (_, Some(p)) => StepModel::load(&p)?,
+        (Some(name), None) => StepModel::separate(CostModel::preset(&name)?),
+        (None, None) => StepModel::separate(CostModel::minsky()),
     })
 }
 
@@ -268,7 +269,7 @@ fn run(cli: Cli) -> Result<()> {
         } => {
             let world = World::init_single_threaded(bench::DEFAULT_BENCH_TIMEOUT)?;
             let passes = passes as usize;
-            match ddl_comm::calibrate::calibrate(&world, max_bytes, passes, compute_threads) {
+            match ddl_sim::calibrate::calibrate(&world, max_bytes, passes, compute_threads) {
                 Ok(model) => {
                     if world.rank() == 0 {
                         model.save(&output)?;
@@ -287,7 +288,7 @@ fn run(cli: Cli) -> Result<()> {
             preset,
             model_file,
         } => {
-            let cost = load_model(preset, model_file)?;
+            let cost = load_model(preset, model_file)?.cost;
             let algo: Algorithm = algo.parse()?;
             let topo = ddl_comm::Topology::new(nodes as usize, ranks_per_node as usize);
             let t = cost.predict(&algo, bytes, topo);
@@ -352,8 +353,8 @@ fn sim(args: SimArgs, out: &mut dyn Write) -> Result<()> {
     if !(bucket_mb.is_finite() && bucket_mb > 0.0) {
         bail!("--bucket-mb {bucket_mb} is not a positive number of MiB");
     }
-    let cost = load_model(preset, model_file)?;
-    if cpu_replicas && !cost.contention.measured() {
+    let StepModel { cost, contention } = load_model(preset, model_file)?;
+    if cpu_replicas && !contention.measured() {
         bail!(
             "--cpu-replicas needs the contention measured by `ddl-bench calibrate` (--model-file \
              of a calibration with --compute-threads 1 or more); this model has none ({})",
@@ -370,13 +371,13 @@ fn sim(args: SimArgs, out: &mut dyn Write) -> Result<()> {
         chunk_bytes,
         topo: ddl_comm::Topology::new(nodes, gpus_per_node),
         contention: if cpu_replicas {
-            cost.contention
+            contention
         } else {
-            ddl_comm::Contention::SEPARATE
+            ddl_sim::Contention::SEPARATE
         },
         algorithm: &algorithm,
     };
-    let schedule = schedule::simulate_schedule(&cost, &schedule_setup);
+    let schedule = bucket_schedule::simulate_schedule(&cost, &schedule_setup);
     let exchange = match exchange.exchange {
         Some(q) => {
             let fifo = &schedule[0];
@@ -414,7 +415,7 @@ fn sim(args: SimArgs, out: &mut dyn Write) -> Result<()> {
             overlap,
         };
         bench::print_sim(out, &rows, &setup, &cost)?;
-        schedule::print_schedule(out, &schedule, &schedule_setup, image_size)?;
+        bucket_schedule::print_schedule(out, &schedule, &schedule_setup, image_size)?;
         if let Some((plan, from)) = &exchange {
             write!(out, "{}", plan.render(from))?;
         }

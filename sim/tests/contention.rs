@@ -1,13 +1,13 @@
 //! The contention of compute and allreduce on shared cores, measured in-process.
 
-use ddl_comm::contention::{measure, Contention};
 use ddl_comm::{Algorithm, Allreducer, Topology};
+use ddl_sim::contention::{measure, Contention};
 
 use crate::common::on_ranks;
 
 #[test]
 fn contention_is_measured_on_every_rank_and_the_threads_stop() {
-    let got = on_ranks(2, |_, t| {
+    let got = on_ranks(2, |t| {
         let ar = Allreducer::new(t.clone(), Algorithm::Ring, Topology::flat(2)).unwrap();
         measure(&*t, [&ar, &ar], 1 << 20, 3, 1, false, 1).unwrap()
     });

@@ -13,12 +13,10 @@ use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
 
-use crate::allreduce::Allreducer;
-use crate::calibrate::median;
-use crate::collective::max_on_root;
-use crate::cores::{lower_thread_priority, COMPUTE_NICE};
-use crate::error::Result;
-use crate::transport::Transport;
+use ddl_comm::calibrate::median;
+use ddl_comm::collective::max_on_root;
+use ddl_comm::cores::{lower_thread_priority, COMPUTE_NICE};
+use ddl_comm::{Allreducer, Result, Transport};
 
 /// The slowdowns of the allreduce and the compute running at once on shared cores.
 #[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]

@@ -14,8 +14,9 @@
 //! cores that run the communication (CPU replicas) the two streams slow each other while both
 //! run, as the [`Contention`] measured by `calibrate` says; with GPU replicas neither does.
 
+use ddl_comm::CommOrder;
+
 use crate::contention::Contention;
-use crate::priority::CommOrder;
 
 /// One stage of a model in a simulated step.
 #[derive(Clone, Copy, Debug, PartialEq)]

@@ -1,16 +1,16 @@
 //! `ddl-bench sim`'s schedule table: one rank per GPU with `--overlap backward` (buckets cut at
 //! the model's stage boundaries), the step simulated as three streams (backward, allreduce,
-//! the next forward: [`ddl_comm::timeline`]) under `--comm-order fifo` and `priority`, so
+//! the next forward: [`crate::timeline`]) under `--comm-order fifo` and `priority`, so
 //! that a user can predict what `priority` gains at a scale they cannot try.
 
 use std::io::Write;
 
-use anyhow::Result;
-use ddl_comm::timeline::{simulate, StageCost, Streams};
-use ddl_comm::{Algorithm, CommOrder, Contention, CostModel, Topology};
+use ddl_comm::{Algorithm, CommOrder, CostModel, Topology};
 use serde::Serialize;
 
+use crate::contention::Contention;
 use crate::resnet::Stage;
+use crate::timeline::{simulate, StageCost, Streams};
 
 /// The share of a step's compute that is forward (backward computes two gradients per
 /// weight: about twice the forward's multiply-accumulates).
@@ -120,7 +120,7 @@ pub fn print_schedule(
     rows: &[ScheduleRow],
     setup: &ScheduleSetup<'_>,
     image_size: u32,
-) -> Result<()> {
+) -> std::io::Result<()> {
     writeln!(
         out,
         "# schedule: flat/{}, --overlap backward, buckets of up to {:.1} MiB cut at the {} stages (compute split by their multiply-accumulates at {image_size} px, forward 1/3, backward 2/3); priority in chunks of {:.1} MiB, one negotiation round each",

@@ -13,11 +13,8 @@
 //! sample where the head's gradient is `4 x (features + 1) x classes` bytes, so the split sends
 //! less below a global batch of about the class count ([`crossover_batch`]).
 
-use crate::algorithm::Algorithm;
-use crate::allreduce::signature::CALL_CHECK_WORD;
-use crate::cost::CostModel;
-use crate::sharded::{ShardAlgorithm, ShardedOp};
-use crate::topology::Topology;
+use ddl_comm::allreduce::signature::CALL_CHECK_WORD;
+use ddl_comm::{Algorithm, CostModel, ShardAlgorithm, ShardedOp, Topology};
 
 /// Floats summed over the ranks per sample of the global batch by the head-parallel loss: the
 /// sum of exponentials, the target logit and the sum of the logits.
