@@ -5,13 +5,13 @@
 //! gradient of the features), where the allreduce carries gradients.
 //!
 //! Each collective is a small trait with one file ([`allgather`], [`reduce_scatter`]) holding
-//! it and its ring; [`shm`] implements both over a node's shared memory. [`Sharded`] is the
+//! it and its ring; [`node_memory`] implements both over a node's shared memory. [`Sharded`] is the
 //! entry point: one per transport, it picks the algorithm per call ([`ShardAlgorithm`]; `auto`
 //! asks the [`CostModel`]) and keeps the scratch buffers and the shared region.
 
 mod allgather;
+pub mod node_memory;
 mod reduce_scatter;
-pub mod shm;
 
 use std::fmt;
 use std::str::FromStr;
@@ -25,8 +25,8 @@ pub use crate::parts::Parts;
 use crate::topology::Topology;
 use crate::transport::Transport;
 use allgather::{Allgather, RingAllgather};
+use node_memory::ShmSharded;
 use reduce_scatter::{ReduceScatter, RingReduceScatter};
-use shm::ShmSharded;
 
 /// How the parts of a reduce-scatter are combined.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -80,7 +80,7 @@ impl ShardAlgorithm {
 
     /// The shared-memory algorithm with its default chunk.
     pub const SHM: ShardAlgorithm = ShardAlgorithm::Shm {
-        chunk_bytes: shm::ShmSharded::DEFAULT_CHUNK_BYTES,
+        chunk_bytes: node_memory::ShmSharded::DEFAULT_CHUNK_BYTES,
     };
 }
 
