@@ -1,12 +1,29 @@
-//! Allreduce algorithm names and parameters.
+//! Allreduce algorithm names and parameters, and the parameters' defaults: the user's choice,
+//! parsed and printed. What runs it is in [`crate::allreduce`] (which reads the defaults from
+//! here; nothing here reads from there).
 
 use std::fmt;
 use std::str::FromStr;
 
-use crate::allreduce::hierarchical::Hierarchical;
-use crate::allreduce::multicolor::MulticolorPlan;
-use crate::allreduce::shm::ShmAllreduce;
 use crate::error::CommError;
+
+/// Default number of colors of `multicolor` ([`Algorithm::MULTICOLOR`]).
+pub(crate) const MULTICOLOR_COLORS: usize = 4;
+
+/// Default pipeline chunk of `multicolor`, in bytes ([`Algorithm::MULTICOLOR`]). Every pipeline
+/// step is a lock-step exchange among tree neighbours, so on slow links each step costs
+/// milliseconds of synchronisation and larger chunks ran faster there (BENCHMARKS.md, "Figures
+/// behind the defaults").
+pub(crate) const MULTICOLOR_CHUNK_BYTES: usize = 1024 * 1024;
+
+/// Default chunk per rank of `shm`, in bytes ([`Algorithm::SHM`]).
+pub(crate) const SHM_CHUNK_BYTES: usize = 512 << 10;
+
+/// Default chunk per rank of the node stage of `hierarchical`, in bytes
+/// ([`Algorithm::hierarchical`]): each chunk's parts cross between the nodes in one blocking
+/// allreduce per rank, so chunks pay that latency; past 4 MiB larger chunks gained nothing
+/// (BENCHMARKS.md, "Figures behind the defaults").
+pub(crate) const HIERARCHICAL_CHUNK_BYTES: usize = 4 << 20;
 
 /// The allreduce between the nodes of [`Algorithm::Hierarchical`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -95,20 +112,20 @@ impl Algorithm {
 
     /// The multi-color algorithm with its default colors and chunk.
     pub const MULTICOLOR: Algorithm = Algorithm::Multicolor {
-        colors: MulticolorPlan::DEFAULT_COLORS,
-        chunk_bytes: MulticolorPlan::DEFAULT_CHUNK_BYTES,
+        colors: MULTICOLOR_COLORS,
+        chunk_bytes: MULTICOLOR_CHUNK_BYTES,
     };
 
     /// The shared-memory algorithm with its default chunk.
     pub const SHM: Algorithm = Algorithm::Shm {
-        chunk_bytes: ShmAllreduce::DEFAULT_CHUNK_BYTES,
+        chunk_bytes: SHM_CHUNK_BYTES,
     };
 
     /// The hierarchical algorithm with `across` between the nodes and its default chunk.
     pub const fn hierarchical(across: Across) -> Algorithm {
         Algorithm::Hierarchical {
             across,
-            chunk_bytes: Hierarchical::DEFAULT_CHUNK_BYTES,
+            chunk_bytes: HIERARCHICAL_CHUNK_BYTES,
         }
     }
 
@@ -151,7 +168,7 @@ impl fmt::Display for Algorithm {
                 chunk_bytes,
             } => {
                 write!(f, "hierarchical:{}", across.algorithm().name())?;
-                if *chunk_bytes != Hierarchical::DEFAULT_CHUNK_BYTES {
+                if *chunk_bytes != HIERARCHICAL_CHUNK_BYTES {
                     write!(f, ":{chunk_bytes}")?;
                 }
                 Ok(())
@@ -201,7 +218,7 @@ impl FromStr for Algorithm {
                     }
                 };
                 let chunk_bytes = match it.next() {
-                    None => Hierarchical::DEFAULT_CHUNK_BYTES,
+                    None => HIERARCHICAL_CHUNK_BYTES,
                     Some(c) => parse_usize(c, "chunk bytes")?,
                 };
                 Ok(Algorithm::Hierarchical {
@@ -210,8 +227,8 @@ impl FromStr for Algorithm {
                 })
             }
             ("multicolor", rest) => {
-                let mut colors = MulticolorPlan::DEFAULT_COLORS;
-                let mut chunk_bytes = MulticolorPlan::DEFAULT_CHUNK_BYTES;
+                let mut colors = MULTICOLOR_COLORS;
+                let mut chunk_bytes = MULTICOLOR_CHUNK_BYTES;
                 if let Some(rest) = rest {
                     let mut it = rest.split(':');
                     if let Some(c) = it.next() {

@@ -1,8 +1,8 @@
 //! Alpha-beta-gamma cost model per network tier, used to pick an algorithm (`auto`) and to
-//! simulate large runs (`ddl-bench sim`). Each algorithm's formula lives beside the algorithm
-//! (an `impl CostModel` block in its file: `ring.rs`, `rhd.rs`, `multicolor.rs`, `shm.rs`);
-//! this file holds the tiers, the rounds they are built of, `mpi`, `hierarchical` and the
-//! choice among them.
+//! simulate large runs (`ddl-bench sim`). Each algorithm's formula lives beside the algorithm,
+//! in its file under `allreduce/` ([`CostModel::predict`] asks it); this file holds the tiers,
+//! the rounds the formulas are built of, the measured curves and the choice among the
+//! algorithms.
 
 use std::path::Path;
 
@@ -353,37 +353,6 @@ impl CostModel {
         }
     }
 
-    /// Seconds of MPI_Allreduce in place where it was not measured: the rounds of what Open
-    /// MPI 4.1's `tuned` component runs for a sum of floats ([`open_mpi_choice`]).
-    fn mpi_time(&self, bytes: usize, n: f64, topo: Topology) -> f64 {
-        let p = topo.ranks();
-        match open_mpi_choice(p, bytes) {
-            OpenMpiAllreduce::RecursiveDoubling => self.recursive_time(n, topo, false),
-            OpenMpiAllreduce::Ring => self.multiring_time(&[p], 1, n, topo),
-        }
-    }
-
-    /// Seconds of the hierarchical allreduce where it was not measured: `shm` over one node's
-    /// ranks, then `across` between the nodes on the whole buffer (the node's ranks share its
-    /// link, so their parts cost what the whole buffer from one rank costs). On one node
-    /// `shm` alone, with one rank per node `across` alone, as it runs.
-    fn hierarchical_time(
-        &self,
-        across: Across,
-        chunk_bytes: usize,
-        bytes: usize,
-        topo: Topology,
-    ) -> f64 {
-        let node = Topology::flat(topo.ranks_per_node);
-        let nodes = Topology::new(topo.nodes, 1);
-        let within = if topo.ranks_per_node > 1 {
-            self.shm_time(chunk_bytes, bytes as f64, node)
-        } else {
-            0.0
-        };
-        within + self.predict(&across.algorithm(), bytes, nodes)
-    }
-
     /// The measured time of `algorithm` at `bytes` in `topo`'s layout, if `calibrate` timed it
     /// there.
     fn measured_time(&self, algorithm: &Algorithm, bytes: usize, topo: Topology) -> Option<f64> {
@@ -416,35 +385,13 @@ impl CostModel {
     /// round), then the additions; `Mpi` as the rounds of the algorithm Open MPI 4.1 picks.
     /// `Auto` is the best prediction among [`auto_candidates`] (`shm` and `mpi` included).
     pub fn predict(&self, algorithm: &Algorithm, bytes: usize, topo: Topology) -> f64 {
-        let n = bytes as f64;
-        let p = topo.ranks();
-        if p <= 1 || bytes == 0 {
+        if topo.ranks() <= 1 || bytes == 0 {
             return 0.0;
         }
         if let Some(t) = self.measured_time(algorithm, bytes, topo) {
             return t;
         }
-        match algorithm {
-            Algorithm::Ring => self.multiring_time(&[p], 1, n, topo),
-            Algorithm::Rhd => self.recursive_time(n, topo, true),
-            Algorithm::Multiring { dims, segments } => {
-                self.multiring_cost(dims, *segments, bytes, topo)
-            }
-            Algorithm::Multicolor {
-                colors,
-                chunk_bytes,
-            } => self.multicolor_time(*colors, *chunk_bytes, n, topo),
-            Algorithm::Shm { chunk_bytes } => self.shm_time(*chunk_bytes, n, topo),
-            Algorithm::Hierarchical {
-                across,
-                chunk_bytes,
-            } => self.hierarchical_time(*across, *chunk_bytes, bytes, topo),
-            Algorithm::Mpi => self.mpi_time(bytes, n, topo),
-            Algorithm::Auto => {
-                let best = self.choose(bytes, topo);
-                self.predict(&best, bytes, topo)
-            }
-        }
+        crate::allreduce::implement(algorithm).predict(self, bytes, topo)
     }
 
     /// Predicted seconds of one allgather or reduce-scatter (`op`) of a `bytes` buffer (f32, all

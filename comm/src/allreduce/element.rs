@@ -19,11 +19,53 @@ macro_rules! vectorised {
 }
 
 mod sealed {
-    pub trait Sealed {}
-    impl Sealed for f32 {}
-    impl Sealed for half::f16 {}
-    impl Sealed for half::bf16 {}
+    use super::Buffer;
+
+    pub trait Sealed: Sized {
+        /// The slice as a [`Buffer`] (what a trait object takes).
+        fn buffer(buf: &mut [Self]) -> Buffer<'_>;
+    }
+    impl Sealed for f32 {
+        fn buffer(buf: &mut [f32]) -> Buffer<'_> {
+            Buffer::F32(buf)
+        }
+    }
+    impl Sealed for half::f16 {
+        fn buffer(buf: &mut [half::f16]) -> Buffer<'_> {
+            Buffer::F16(buf)
+        }
+    }
+    impl Sealed for half::bf16 {
+        fn buffer(buf: &mut [half::bf16]) -> Buffer<'_> {
+            Buffer::Bf16(buf)
+        }
+    }
 }
+
+/// A buffer of any [`Element`] type: the algorithms behind [`super::Allreduce`] are trait
+/// objects, whose methods cannot be generic; [`with_elements!`] turns it back into a typed
+/// slice for generic code. (Public only because the sealed trait names it; nothing outside
+/// the crate can reach it.)
+pub enum Buffer<'a> {
+    /// f32 elements.
+    F32(&'a mut [f32]),
+    /// f16 elements.
+    F16(&'a mut [f16]),
+    /// bf16 elements.
+    Bf16(&'a mut [bf16]),
+}
+
+/// Evaluates `$body` with `$b` bound to the typed slice of the [`Buffer`] `$buf`.
+macro_rules! with_elements {
+    ($buf:expr, $b:ident => $body:expr) => {
+        match $buf {
+            $crate::allreduce::element::Buffer::F32($b) => $body,
+            $crate::allreduce::element::Buffer::F16($b) => $body,
+            $crate::allreduce::element::Buffer::Bf16($b) => $body,
+        }
+    };
+}
+pub(crate) use with_elements;
 
 /// An element type the allreduce accepts: f32, and f16 / bf16 which are widened to f32,
 /// reduced in f32 and rounded back once (so the result is the correctly rounded f32 sum).

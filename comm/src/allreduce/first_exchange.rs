@@ -37,17 +37,6 @@ pub(crate) struct Staging {
     back: Vec<u8>,
 }
 
-/// Whether `algorithm` over `ranks` runs the call check in its first exchange.
-pub(crate) fn rides(algorithm: &crate::Algorithm, ranks: usize) -> bool {
-    use crate::Algorithm::{Multicolor, Multiring, Rhd, Ring};
-    ranks == 2
-        && match algorithm {
-            Ring | Rhd | Multiring { .. } => true,
-            Multicolor { colors, .. } => *colors >= 2,
-            _ => false,
-        }
-}
-
 /// The transport of one two-rank call of `mine` over `inner` (see the module documentation).
 pub(crate) struct FirstExchange<'a> {
     inner: &'a dyn Transport,

@@ -15,22 +15,97 @@
 //! algorithm, in f32 (f16 / bf16 are rounded once, at the end), and copied to the node: all
 //! ranks end bitwise identical.
 
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
-use super::shm::ShmAllreduce;
+use super::element::{with_elements, Buffer};
+use super::shm::{check_chunk, ShmAllreduce};
 use super::signature::{check_calls, Signature};
-use super::{Allreducer, Element};
+use super::util::Probed;
+use super::{Allreduce, Allreducer, Context, Element};
+use crate::algorithm::Across;
 use crate::collective;
-use crate::error::Result;
+use crate::cost::CostModel;
+use crate::error::{CommError, Result};
 use crate::topology::Topology;
 use crate::transport::Transport;
 
+/// The hierarchical allreduce as an algorithm ([`crate::Algorithm::Hierarchical`]): `across`
+/// between the nodes, chunks of `chunk_bytes` within them, through the node groups its first
+/// call probes (collectively).
+pub(crate) struct Hierarchical {
+    across: Across,
+    chunk_bytes: usize,
+    groups: Mutex<Probed<NodeGroups>>,
+}
+
 impl Hierarchical {
-    /// Default chunk per rank of the node stage, in bytes
-    /// ([`Algorithm::hierarchical`](crate::Algorithm::hierarchical)): each chunk's parts cross
-    /// between the nodes in one blocking allreduce per rank, so chunks pay that latency; past
-    /// 4 MiB larger chunks gained nothing (BENCHMARKS.md, "Figures behind the defaults").
-    pub(crate) const DEFAULT_CHUNK_BYTES: usize = 4 << 20;
+    /// `across` between the nodes, chunks of `chunk_bytes` (checked by
+    /// [`Allreduce::prepare`]).
+    pub(crate) fn new(across: Across, chunk_bytes: usize) -> Hierarchical {
+        Hierarchical {
+            across,
+            chunk_bytes,
+            groups: Mutex::new(Probed::NotYet),
+        }
+    }
+
+    /// `f` of this rank's groups in `cx`, probed on first use: `None` when the ranks of some
+    /// node do not share its memory.
+    pub(crate) fn with_groups<R>(
+        &self,
+        cx: &Context,
+        f: impl FnOnce(Option<&mut NodeGroups>) -> Result<R>,
+    ) -> Result<R> {
+        let mut groups = self.groups.lock().unwrap_or_else(|e| e.into_inner());
+        let nodes = Topology::flat(cx.topology.nodes);
+        let peers = |t| Allreducer::new(t, self.across.algorithm(), nodes);
+        f(groups.get_or_probe(|| {
+            NodeGroups::create(&*cx.transport, cx.topology, self.chunk_bytes, peers)
+        })?)
+    }
+}
+
+impl Allreduce for Hierarchical {
+    fn prepare(&mut self, cx: &Context) -> Result<()> {
+        check_chunk(self.chunk_bytes)?;
+        if self.across == Across::Mpi && !cx.transport.has_native_allreduce() {
+            return Err(CommError::Unsupported(
+                "hierarchical:mpi needs the MPI transport (hierarchical:ring or hierarchical:rhd run on any)".into(),
+            ));
+        }
+        Ok(())
+    }
+
+    fn allreduce(
+        &self,
+        cx: &Context,
+        buf: Buffer<'_>,
+        average: bool,
+        check: Option<Signature>,
+    ) -> Result<()> {
+        let t = &*cx.transport;
+        self.with_groups(cx, |groups| match groups {
+            Some(h) => with_elements!(buf, b => h.allreduce(t, b, average, check)),
+            None => Err(CommError::Unsupported(
+                "the hierarchical algorithm needs the ranks of every node to share its memory, with a writable /dev/shm"
+                    .into(),
+            )),
+        })
+    }
+
+    /// `shm` over one node's ranks, then `across` between the nodes on the whole buffer (the
+    /// node's ranks share its link, so their parts cost what the whole buffer from one rank
+    /// costs). On one node `shm` alone, with one rank per node `across` alone, as it runs.
+    fn predict(&self, model: &CostModel, bytes: usize, topo: Topology) -> f64 {
+        let node = Topology::flat(topo.ranks_per_node);
+        let nodes = Topology::new(topo.nodes, 1);
+        let within = if topo.ranks_per_node > 1 {
+            model.shm_time(self.chunk_bytes, bytes as f64, node)
+        } else {
+            0.0
+        };
+        within + model.predict(&self.across.algorithm(), bytes, nodes)
+    }
 }
 
 /// Buffers of at most this many bytes (and at most a chunk) cross between the nodes once,
@@ -40,30 +115,27 @@ pub const LEADER_BYTES: usize = 1 << 20;
 
 /// One rank's share of the hierarchical allreduce: its node's group and region, and its
 /// group of peers on the other nodes.
-pub(crate) struct Hierarchical {
+pub(crate) struct NodeGroups {
     /// The ranks of this node.
     node: Box<dyn Transport>,
     /// The node's shared region.
     shm: ShmAllreduce,
-    /// Its chunk per rank, in bytes (as asked for: the region rounds it).
-    chunk_bytes: usize,
     /// The allreduce between this rank and its peers (same local index) on the other nodes.
     peers: Allreducer,
     /// Ranks in all (what a mean divides by).
     ranks: usize,
 }
 
-impl std::fmt::Debug for Hierarchical {
+impl std::fmt::Debug for NodeGroups {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Hierarchical")
+        f.debug_struct("NodeGroups")
             .field("node_ranks", &self.node.size())
-            .field("chunk_bytes", &self.chunk_bytes)
             .field("peers", &self.peers)
             .finish()
     }
 }
 
-impl Hierarchical {
+impl NodeGroups {
     /// Collective over `t` laid out as `topology`: the node groups, their shared regions for
     /// chunks of `chunk_bytes` and the peer groups reducing with the allreducer `peers` makes
     /// of their transport, or `None` (on every rank) when some node's ranks do not share
@@ -73,7 +145,7 @@ impl Hierarchical {
         topology: Topology,
         chunk_bytes: usize,
         peers: impl FnOnce(Arc<dyn Transport>) -> Result<Allreducer>,
-    ) -> Result<Option<Hierarchical>> {
+    ) -> Result<Option<NodeGroups>> {
         let me = t.rank();
         let (node_index, local) = (topology.node_of(me), me % topology.ranks_per_node);
         let node = t.split(node_index, local)?;
@@ -83,23 +155,12 @@ impl Hierarchical {
             return Ok(None);
         }
         let peers = peers(peer_group)?;
-        Ok(shm.map(|shm| Hierarchical {
+        Ok(shm.map(|shm| NodeGroups {
             node,
             shm,
-            chunk_bytes,
             peers,
             ranks: t.size(),
         }))
-    }
-
-    /// Its chunk per rank, in bytes.
-    pub(crate) fn chunk_bytes(&self) -> usize {
-        self.chunk_bytes
-    }
-
-    /// The allreduce between the nodes.
-    pub(crate) fn peers(&self) -> &Allreducer {
-        &self.peers
     }
 
     /// Sums `buf` over all ranks of `world` in place (divided by the rank count with
@@ -114,7 +175,7 @@ impl Hierarchical {
         average: bool,
         check: Option<Signature>,
     ) -> Result<()> {
-        let Hierarchical {
+        let NodeGroups {
             node,
             shm,
             peers,
@@ -132,7 +193,7 @@ impl Hierarchical {
         }
         let scale = average.then_some(*ranks as f32);
         shm.allreduce_across(&**node, buf, scale, &mut |sums| {
-            peers.allreduce_agreed(sums, false)
+            peers.reduce(sums, false, false)
         })
     }
 }

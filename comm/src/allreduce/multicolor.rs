@@ -6,10 +6,15 @@
 
 use std::ops::Range;
 
+use std::sync::OnceLock;
+
 use super::element::add_into;
+use super::messages::{Messages, Scratch};
 use super::util::{ensure_len, part, RawBuf};
+use super::Context;
 use crate::cost::{CostModel, Round};
-use crate::error::Result;
+use crate::error::{CommError, Result};
+use crate::tags::MAX_COLORS;
 use crate::tags::MULTICOLOR;
 use crate::topology::Topology;
 use crate::transport::{Op, Transport};
@@ -135,15 +140,6 @@ impl Tree {
             root_height,
         }
     }
-}
-
-impl MulticolorPlan {
-    /// Default number of colors ([`Algorithm::MULTICOLOR`](crate::Algorithm::MULTICOLOR)).
-    pub(crate) const DEFAULT_COLORS: usize = 4;
-    /// Default pipeline chunk, in bytes. Every pipeline step is a lock-step exchange among
-    /// tree neighbours, so on slow links each step costs milliseconds of synchronisation and
-    /// larger chunks ran faster there (BENCHMARKS.md, "Figures behind the defaults").
-    pub(crate) const DEFAULT_CHUNK_BYTES: usize = 1024 * 1024;
 }
 
 /// Precomputed trees of all colors for one rank.
@@ -405,7 +401,66 @@ pub(crate) fn allreduce(
     Ok(())
 }
 
-/// The multi-color allreduce's cost formula ([`CostModel::predict`]).
+/// The multi-color allreduce ([`crate::Algorithm::Multicolor`]): `colors` trees pipelined in
+/// chunks of `chunk_bytes`, with this rank's plan of them.
+pub(crate) struct Multicolor {
+    colors: usize,
+    chunk_bytes: usize,
+    plan: OnceLock<MulticolorPlan>,
+}
+
+impl Multicolor {
+    /// `colors` trees in chunks of `chunk_bytes` (checked by [`Messages::setup`]).
+    pub(crate) fn new(colors: usize, chunk_bytes: usize) -> Multicolor {
+        Multicolor {
+            colors,
+            chunk_bytes,
+            plan: OnceLock::new(),
+        }
+    }
+
+    /// This rank's trees in `cx` (made on first use).
+    fn plan(&self, cx: &Context) -> &MulticolorPlan {
+        self.plan.get_or_init(|| {
+            let rank = cx.transport.rank();
+            MulticolorPlan::new(cx.topology, rank, self.colors, self.chunk_bytes)
+        })
+    }
+}
+
+impl Messages for Multicolor {
+    fn setup(&mut self, cx: &Context) -> Result<()> {
+        let (colors, chunk_bytes) = (self.colors, self.chunk_bytes);
+        if colors == 0 || colors > MAX_COLORS || chunk_bytes < 4 {
+            return Err(CommError::InvalidArgument(format!(
+                "multicolor needs 1..={MAX_COLORS} colors and chunks of at least 4 bytes, got {colors} colors, {chunk_bytes} bytes"
+            )));
+        }
+        self.plan(cx);
+        Ok(())
+    }
+
+    fn run(
+        &self,
+        cx: &Context,
+        t: &dyn Transport,
+        buf: &mut [f32],
+        scratch: &mut Scratch,
+    ) -> Result<()> {
+        allreduce(t, self.plan(cx), buf, &mut scratch.recv)
+    }
+
+    /// One message each way at two ranks with two colors or more.
+    fn rides(&self) -> bool {
+        self.colors >= 2
+    }
+
+    fn cost(&self, model: &CostModel, bytes: usize, topo: Topology) -> f64 {
+        model.multicolor_time(self.colors, self.chunk_bytes, bytes as f64, topo)
+    }
+}
+
+/// The multi-color allreduce's cost formula.
 impl CostModel {
     /// Seconds of the multi-color allreduce: the steps of its schedule, each costing the
     /// busiest rank's node-local chunks or the busiest node link's chunks (whichever is

@@ -4,7 +4,9 @@
 use std::ops::Range;
 
 use super::element::add_into;
+use super::messages::{Messages, Scratch};
 use super::util::{ensure_len, RawBuf};
+use super::Context;
 use crate::cost::CostModel;
 use crate::error::Result;
 use crate::tags::RHD;
@@ -135,7 +137,26 @@ pub(crate) fn allreduce(t: &dyn Transport, buf: &mut [f32], scratch: &mut Vec<f3
     Ok(())
 }
 
-/// The cost formula of recursive halving and doubling ([`CostModel::predict`]).
+/// Rabenseifner's allreduce ([`crate::Algorithm::Rhd`]).
+pub(crate) struct Rhd;
+
+impl Messages for Rhd {
+    fn run(
+        &self,
+        _: &Context,
+        t: &dyn Transport,
+        buf: &mut [f32],
+        scratch: &mut Scratch,
+    ) -> Result<()> {
+        allreduce(t, buf, &mut scratch.recv)
+    }
+
+    fn cost(&self, model: &CostModel, bytes: usize, topo: Topology) -> f64 {
+        model.recursive_time(bytes as f64, topo, true)
+    }
+}
+
+/// The cost formula of recursive halving and doubling (`rhd`'s, and part of `mpi`'s).
 impl CostModel {
     /// Seconds of recursive halving and doubling (Rabenseifner; `halving`) or recursive
     /// doubling of the whole buffer (otherwise), with the extra ranks folded in and out.

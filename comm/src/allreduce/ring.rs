@@ -1,10 +1,13 @@
 //! Ring reduce-scatter and allgather over strided groups of ranks, as lists of steps run by
-//! one executor: the flat ring is the multi-dimensional ring over one dimension.
+//! one executor, and its cost: the flat ring ([`Ring`]) is the multi-dimensional ring
+//! ([`super::multiring`]) over one dimension.
 
 use std::ops::Range;
 
 use super::element::add_into;
+use super::messages::{Messages, Scratch};
 use super::util::{ensure_len, part, RawBuf};
+use super::Context;
 use crate::cost::{CostModel, Round};
 use crate::error::Result;
 use crate::tags::{MAX_DIMS, MAX_SEGMENTS, RING};
@@ -106,32 +109,6 @@ fn multiring_steps(
     }
 }
 
-/// Smallest message per rank and round that the automatic segment count allows: a segment
-/// of `b` bytes over `p` ranks moves messages of `b / p` bytes in its last-tier rounds. Smaller
-/// messages make every round pay rendezvous handshakes queued behind a loaded link
-/// (BENCHMARKS.md, "Figures behind the defaults").
-pub(crate) const MIN_SEGMENT_MESSAGE: usize = 512 << 10;
-
-/// Most pipeline segments chosen automatically.
-pub(crate) const AUTO_MAX_SEGMENTS: usize = 16;
-
-/// The number of pipeline segments for `bytes` over `dims`: `requested` if non-zero,
-/// otherwise, when at least two dimensions exceed 1 (with one there is nothing to overlap),
-/// as many as keep every message at [`MIN_SEGMENT_MESSAGE`] or more (at most
-/// [`AUTO_MAX_SEGMENTS`]); clamped to `1..=MAX_SEGMENTS`.
-pub(crate) fn segments_for(dims: &[usize], bytes: usize, requested: usize) -> usize {
-    let tiers = dims.iter().filter(|&&d| d > 1).count();
-    let ranks: usize = dims.iter().product();
-    let s = if requested > 0 {
-        requested
-    } else if tiers >= 2 {
-        (bytes / (ranks.max(1) * MIN_SEGMENT_MESSAGE)).clamp(1, AUTO_MAX_SEGMENTS)
-    } else {
-        1
-    };
-    s.clamp(1, MAX_SEGMENTS)
-}
-
 /// Rounds between the starts of two pipeline segments: the step count of the last (slowest)
 /// tier's reduce-scatter and allgather, so that the slowest tier works on one segment after
 /// the other without pause while the faster tiers work on the segments before and after.
@@ -227,26 +204,35 @@ pub(crate) fn multiring(
     Ok(())
 }
 
-/// The ring's cost formula ([`CostModel::predict`]).
-impl CostModel {
-    /// Seconds of a multi-dimensional ring over `dims` (empty: the topology's) in `requested`
-    /// pipeline segments (0: as [`segments_for`] picks).
-    pub(crate) fn multiring_cost(
+/// The flat ring ([`crate::Algorithm::Ring`]): reduce-scatter then allgather, `2(p-1)` steps
+/// of `n/p`.
+pub(crate) struct Ring;
+
+impl Messages for Ring {
+    fn run(
         &self,
-        dims: &[usize],
-        requested: usize,
-        bytes: usize,
-        topo: Topology,
-    ) -> f64 {
-        let dims = if dims.is_empty() {
-            topo.dims()
-        } else {
-            dims.to_vec()
-        };
-        let segments = segments_for(&dims, bytes, requested);
-        self.multiring_time(&dims, segments, bytes as f64, topo)
+        _: &Context,
+        t: &dyn Transport,
+        buf: &mut [f32],
+        scratch: &mut Scratch,
+    ) -> Result<()> {
+        multiring(
+            t,
+            &[t.size()],
+            1,
+            buf,
+            &mut scratch.recv,
+            &mut scratch.steps,
+        )
     }
 
+    fn cost(&self, model: &CostModel, bytes: usize, topo: Topology) -> f64 {
+        model.multiring_time(&[topo.ranks()], 1, bytes as f64, topo)
+    }
+}
+
+/// The executor's cost formula: the ring's, multiring's and part of `mpi`'s.
+impl CostModel {
     /// Rounds of one segment of `n` bytes of a multi-dimensional ring over `dims` (of a
     /// `buffer`-byte allreduce).
     fn multiring_rounds(&self, dims: &[usize], buffer: f64, n: f64, topo: Topology) -> Vec<Round> {

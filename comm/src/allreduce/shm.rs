@@ -29,20 +29,17 @@
 //! a tenth of a second once that rank's process has exited.
 
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Mutex;
 
+use super::element::{with_elements, Buffer};
 use super::signature::{agree, Signature};
-use super::util::part;
-use super::Element;
+use super::util::{part, Probed};
+use super::{Allreduce, Context, Element};
 use crate::cost::{CostModel, DEFAULT_SHM_SYNC};
 use crate::error::{CommError, Result};
 use crate::shared_region::{Pace, SharedRegion, COUNTER_BYTES, LINE};
 use crate::topology::Topology;
 use crate::transport::Transport;
-
-impl ShmAllreduce {
-    /// Default chunk per rank, in bytes ([`Algorithm::SHM`](crate::Algorithm::SHM)).
-    pub(crate) const DEFAULT_CHUNK_BYTES: usize = 512 << 10;
-}
 
 /// Buffers of at most this many bytes are summed whole by every rank (one synchronisation).
 pub const WHOLE_BYTES: usize = 16 << 10;
@@ -371,7 +368,7 @@ impl ShmAllreduce {
             let result = self.result::<T>(me, slot);
             let store = |acc: &mut [f32], at: usize| {
                 if let Some(s) = scale {
-                    super::divide(acc, s);
+                    super::util::divide(acc, s);
                 }
                 // SAFETY: `out` holds the chunk; the result slot holds any part and every
                 // rank has consumed its previous contents (they announced j).
@@ -449,7 +446,91 @@ unsafe fn reduce<T: Element>(
     }
 }
 
-/// The shared-memory allreduce's cost formula ([`CostModel::predict`]).
+/// Largest chunk of the shared-memory algorithm (its region holds two per rank).
+const MAX_SHM_CHUNK: usize = 64 << 20;
+
+/// Checks a chunk size of `shm` or `hierarchical`.
+pub(crate) fn check_chunk(chunk_bytes: usize) -> Result<()> {
+    if !(LINE..=MAX_SHM_CHUNK).contains(&chunk_bytes) {
+        return Err(CommError::InvalidArgument(format!(
+            "shm needs chunks of {LINE} bytes to {MAX_SHM_CHUNK} bytes, got {chunk_bytes}"
+        )));
+    }
+    Ok(())
+}
+
+/// The shared-memory allreduce as an algorithm ([`crate::Algorithm::Shm`]): chunks of
+/// `chunk_bytes`, through the region its first call probes (collectively).
+pub(crate) struct Shm {
+    chunk_bytes: usize,
+    region: Mutex<Probed<ShmAllreduce>>,
+}
+
+impl Shm {
+    /// Chunks of `chunk_bytes` per rank (checked by [`Allreduce::prepare`]).
+    pub(crate) fn new(chunk_bytes: usize) -> Shm {
+        Shm {
+            chunk_bytes,
+            region: Mutex::new(Probed::NotYet),
+        }
+    }
+
+    /// `f` of the region of the ranks of `t`, probed on first use: `None` when they do not
+    /// share one node's memory.
+    pub(crate) fn with_region<R>(
+        &self,
+        t: &dyn Transport,
+        f: impl FnOnce(Option<&mut ShmAllreduce>) -> Result<R>,
+    ) -> Result<R> {
+        let mut region = self.region.lock().unwrap_or_else(|e| e.into_inner());
+        f(region.get_or_probe(|| ShmAllreduce::create(t, self.chunk_bytes, 0))?)
+    }
+
+    /// Sums `buf` over the ranks of `t` in place (divided by their count with `average`),
+    /// after the call check.
+    pub(crate) fn run<T: Element>(
+        &self,
+        t: &dyn Transport,
+        buf: &mut [T],
+        average: bool,
+    ) -> Result<()> {
+        self.with_region(t, |region| match region {
+            Some(shm) => shm.allreduce(t, buf, average),
+            None => Err(CommError::Unsupported(
+                "the shm algorithm needs every rank on one node, with a writable /dev/shm".into(),
+            )),
+        })
+    }
+}
+
+impl Allreduce for Shm {
+    fn prepare(&mut self, cx: &Context) -> Result<()> {
+        if cx.topology.nodes > 1 {
+            return Err(CommError::Unsupported(format!(
+                "shm needs every rank on one node; the topology has {} nodes",
+                cx.topology.nodes
+            )));
+        }
+        check_chunk(self.chunk_bytes)
+    }
+
+    /// The call check always runs, in the first synchronisation (it costs nothing there).
+    fn allreduce(
+        &self,
+        cx: &Context,
+        buf: Buffer<'_>,
+        average: bool,
+        _: Option<Signature>,
+    ) -> Result<()> {
+        with_elements!(buf, b => self.run(&*cx.transport, b, average))
+    }
+
+    fn predict(&self, model: &CostModel, bytes: usize, topo: Topology) -> f64 {
+        model.shm_time(self.chunk_bytes, bytes as f64, topo)
+    }
+}
+
+/// The shared-memory allreduce's cost formula (`shm`'s, and `hierarchical`'s node stage).
 impl CostModel {
     /// Seconds of the shared-memory allreduce in chunks of `chunk_bytes` per rank where it was
     /// not measured (infinite across nodes, where it cannot run): one synchronisation per

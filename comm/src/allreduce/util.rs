@@ -63,3 +63,38 @@ pub(crate) fn ensure_len(v: &mut Vec<f32>, n: usize) {
         v.resize(n, 0.0);
     }
 }
+
+/// What a collective probe of the ranks found (a node's shared memory): made on first use, kept
+/// whatever it found, so that every rank probes once.
+pub(crate) enum Probed<T> {
+    /// Not probed yet (or the probe failed: it runs again).
+    NotYet,
+    /// The ranks do not have it.
+    Absent,
+    /// Found.
+    Found(T),
+}
+
+impl<T> Probed<T> {
+    /// The thing, probed with `probe` (collectively: every rank calls it at the same point)
+    /// if not yet.
+    pub(crate) fn get_or_probe(
+        &mut self,
+        probe: impl FnOnce() -> crate::error::Result<Option<T>>,
+    ) -> crate::error::Result<Option<&mut T>> {
+        if let Probed::NotYet = self {
+            *self = probe()?.map_or(Probed::Absent, Probed::Found);
+        }
+        Ok(match self {
+            Probed::Found(found) => Some(found),
+            Probed::NotYet | Probed::Absent => None,
+        })
+    }
+}
+
+/// `buf[i] /= p` (the mean of a sum over `p` ranks).
+pub(crate) fn divide(buf: &mut [f32], p: f32) {
+    for v in buf.iter_mut() {
+        *v /= p;
+    }
+}
