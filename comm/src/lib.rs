@@ -27,7 +27,6 @@ pub mod algorithm;
 pub mod allreduce;
 pub mod binding;
 pub mod calibrate;
-pub mod cli;
 pub mod collective;
 pub mod cores;
 pub mod cost;

@@ -4,7 +4,6 @@
 #![warn(missing_docs)]
 
 pub mod bench;
-pub mod cli;
 pub mod pack_cli;
 pub mod prof;
 pub mod synth;

@@ -1,5 +1,6 @@
 //! The configuration of a training run: [`TrainConfig`] (the `ddl-train` flags) and the types
-//! of its flags.
+//! of its flags. Its one table of settings also makes [`Setting`] (re-exported by
+//! [`crate::setting`]) and each setting's class on resume.
 
 use std::fmt::Display;
 use std::path::PathBuf;
@@ -17,7 +18,7 @@ pub use crate::device::Precision;
 use crate::error::{Result, TrainError};
 use crate::model::ModelKind;
 use crate::schedule::DecayKind;
-use crate::setting::Setting;
+use crate::setting::settings;
 use crate::signal::StopRequest;
 use crate::size_schedule::SizeSchedule;
 
@@ -36,233 +37,247 @@ pub enum ResidencyMode {
     Rank,
 }
 
-/// Everything a training run is configured with (the `ddl-train` flags).
-#[derive(Clone, Debug, Serialize)]
-pub struct TrainConfig {
-    /// Directory with `manifest.json` and the shards (`data`; empty with `synthetic_data`).
-    pub data: PathBuf,
-    /// Train on one random batch held on each device instead of `data`: the model, the table
-    /// and the allreduce alone, for speed measurements (`synthetic_data`).
-    pub synthetic_data: bool,
-    /// Classes of the synthetic data's model (`classes`; with data, the manifest's).
-    pub classes: Option<usize>,
-    /// cuDNN's deterministic algorithms instead of its benchmark mode (`deterministic`):
-    /// on a GPU, a resumed run is then bitwise the uninterrupted one.
-    pub deterministic: bool,
-    /// Network (`model`).
-    pub model: ModelKind,
-    /// Epochs to train (`epochs`).
-    pub epochs: u32,
-    /// Images per replica per step (`batch`).
-    pub batch: usize,
-    /// Local devices (`devices`).
-    #[serde(serialize_with = "as_flag")]
-    pub devices: DeviceSpec,
-    /// Input side in pixels (`image_size`).
-    pub image_size: u32,
-    /// Decode threads per rank (`workers`).
-    pub workers: usize,
-    /// Ready batches queued per replica (`prefetch`).
-    pub prefetch: usize,
-    /// Seed of weights, sampling and augmentation (`seed`).
-    pub seed: u64,
-    /// Base learning rate per 256 images (`base_lr`).
-    pub base_lr: f64,
-    /// Peak learning rate, overriding the linear scaling rule (`lr`).
-    pub lr: Option<f64>,
-    /// SGD momentum (`momentum`).
-    pub momentum: f64,
-    /// Nesterov momentum (`nesterov`).
-    pub nesterov: bool,
-    /// Weight decay of conv/linear weights (`weight_decay`).
-    pub weight_decay: f64,
-    /// Warmup epochs, fractional allowed (`warmup_epochs`).
-    pub warmup_epochs: f64,
-    /// Learning-rate decay after warmup (`schedule`).
-    pub schedule: DecayKind,
-    /// Step-decay epochs (`milestones`).
-    pub milestones: Vec<u32>,
-    /// Step-decay factor (`gamma`).
-    pub gamma: f64,
-    /// Label smoothing (`label_smoothing`).
-    pub label_smoothing: f64,
-    /// Arithmetic of forward and backward (`precision`).
-    pub precision: Precision,
-    /// JSON-lines metrics file written by rank 0 (`metrics`).
-    pub metrics: Option<PathBuf>,
-    /// JSON-lines record trace, one file per rank: the global ids of the records of every
-    /// batch trained (`trace_records`; format: `ddl_loader::trace_records`).
-    pub trace_records: Option<PathBuf>,
-    /// Checkpoint directory (`checkpoint_dir`).
-    pub checkpoint_dir: Option<PathBuf>,
-    /// Checkpoint every N global steps, 0 = only at epoch ends (`checkpoint_every`).
-    pub checkpoint_every: u64,
-    /// Checkpoints kept (`keep_checkpoints`).
-    pub keep_checkpoints: usize,
-    /// Continue from the newest valid checkpoint (`resume`).
-    pub resume: bool,
-    /// Move another run's checkpoints in the directory aside and start over (`restart`).
-    pub restart: bool,
-    /// Resume on a different layout (ranks, replicas, nodes) than the checkpoint's
-    /// (`allow_new_layout`).
-    pub allow_new_layout: bool,
-    /// Stop after this many global steps (`max_steps`).
-    pub max_steps: Option<u64>,
-    /// Allreduce algorithm (`allreduce`).
-    #[serde(serialize_with = "as_flag")]
-    pub allreduce: Algorithm,
-    /// Cost model `auto` chooses with, from `ddl-bench calibrate` (`cost_model`; none: the
-    /// default model's formulas).
-    pub cost_model: Option<PathBuf>,
-    /// Where rank 0 writes the cost model `allreduce` auto tuned online, whenever it
-    /// settles another buffer size (`save_cost_model`), for `cost_model` of later jobs.
-    pub save_cost_model: Option<PathBuf>,
-    /// Split the classifier head by class over every replica of the job, the backbone staying
-    /// data-parallel (`head_parallel`; see [`crate::table`]).
-    pub head_parallel: bool,
-    /// Allgather / reduce-scatter algorithm of `head_parallel`'s exchanges (`gather`).
-    #[serde(serialize_with = "as_flag")]
-    pub gather: ShardAlgorithm,
-    /// Write final replica-0 weights here (`dump_weights`).
-    pub dump_weights: Option<PathBuf>,
-    /// Write the final model here as a torchvision-compatible `.safetensors` file
-    /// (`export`; see [`crate::weights`]).
-    pub export: Option<PathBuf>,
-    /// Start from the weights of this `.safetensors` file, with torchvision's names
-    /// (`init_from`), unless `resume` finds a checkpoint.
-    pub init_from: Option<PathBuf>,
-    /// Re-initialise the classifier head instead of loading it from `init_from`
-    /// (`reset_head`: fine-tuning on another class count).
-    pub reset_head: bool,
-    /// Compare replica checksums every epoch (`check_replicas`).
-    pub check_replicas: bool,
-    /// How the ranks of a node share the dataset (`residency`).
-    pub residency: ResidencyMode,
-    /// Fraction of every node's train records exchanged with the other nodes at each epoch
-    /// boundary, in `[0, 1]` (`exchange`; ddl-exchange).
-    pub exchange: f64,
-    /// What the gradient allreduce overlaps with (`overlap` backward|pipeline|off|auto);
-    /// `None` = auto ([`auto_overlap`]).
-    pub overlap: Option<Overlap>,
-    /// The order of the buckets on the communication thread (`comm_order`; see
-    /// [`comm_order`] for where `priority` applies).
-    #[serde(serialize_with = "as_flag")]
-    pub comm_order: CommOrder,
-    /// Gradient bucket size in MiB (`bucket_mb`).
-    pub bucket_mb: f64,
-    /// Keep images, activations and convolution weights channels-last (NHWC strides,
-    /// `channels_last`), the layout tensor cores prefer.
-    pub channels_last: bool,
-    /// Run the step compiled ahead of time by Inductor (`compile`; see [`crate::compiled`]).
-    pub compile: bool,
-    /// The compile cache (`compile_cache`; none: [`crate::compiled::default_cache_dir`]).
-    pub compile_cache: Option<PathBuf>,
-    /// Evaluate on the val split after every epoch.
-    pub eval: bool,
-    /// Shorter side before the center crop in evaluation; 0 = image size x 8/7 (`eval_resize`).
-    pub eval_resize: u32,
-    /// The eval resize as a multiple of the image size when `eval_resize` is 0.
-    pub eval_resize_ratio: f64,
-    /// The train image size of each epoch (empty: `image_size` throughout).
-    pub image_size_schedule: SizeSchedule,
-    /// RandomResizedCrop's range of the crop's area fraction.
-    pub crop_scale: [f64; 2],
-    /// RandomResizedCrop's range of the crop's aspect ratio.
-    pub crop_ratio: [f64; 2],
-    /// Probability of a horizontal flip of a train image.
-    pub flip_prob: f64,
-    /// Channel means of the normalisation, 0-1 scale.
-    pub mean: [f32; 3],
-    /// Channel standard deviations of the normalisation, 0-1 scale.
-    pub std: [f32; 3],
-    /// Pre-fault the node's shards (`populate`).
-    pub populate: bool,
-    /// mlock the node's shards (`lock`).
-    pub lock: bool,
-    /// Copy the node's shards here first, e.g. /dev/shm/ddl (`stage`).
-    pub stage: Option<PathBuf>,
-    /// Timeout of one communication operation in seconds (`comm_timeout_s`).
-    pub comm_timeout_s: u64,
-    /// `replace`, `skip` or `fail`: what a training batch does with a record whose checksum
-    /// or decoding fails (`on_bad_record`; evaluation never scores a stand-in, it skips).
-    pub on_bad_record: OnBadRecord,
-    /// Print per-epoch lines (rank 0).
-    pub verbose: bool,
-    /// Raised by SIGTERM/SIGINT (see [`crate::signal`]): the run stops after the current step.
-    #[serde(skip)]
-    pub stop: StopRequest,
-}
-
-impl Default for TrainConfig {
-    fn default() -> Self {
-        TrainConfig {
-            data: PathBuf::new(),
-            synthetic_data: false,
-            classes: None,
-            deterministic: false,
-            model: ModelKind::Resnet50,
-            epochs: 90,
-            batch: 32,
-            devices: DeviceSpec::Auto,
-            image_size: 224,
-            workers: 2,
-            prefetch: 4,
-            seed: 0,
-            base_lr: 0.1,
-            lr: None,
-            momentum: 0.9,
-            nesterov: false,
-            weight_decay: 1e-4,
-            warmup_epochs: 5.0,
-            schedule: DecayKind::Step,
-            milestones: vec![30, 60, 80],
-            gamma: 0.1,
-            label_smoothing: 0.0,
-            precision: Precision::Fp32,
-            metrics: None,
-            trace_records: None,
-            checkpoint_dir: None,
-            checkpoint_every: 0,
-            keep_checkpoints: 3,
-            resume: false,
-            restart: false,
-            allow_new_layout: false,
-            max_steps: None,
-            allreduce: Algorithm::Auto,
-            cost_model: None,
-            save_cost_model: None,
-            head_parallel: false,
-            gather: ShardAlgorithm::Auto,
-            dump_weights: None,
-            export: None,
-            init_from: None,
-            reset_head: false,
-            check_replicas: false,
-            residency: ResidencyMode::Node,
-            exchange: 0.0,
-            overlap: None,
-            comm_order: CommOrder::Fifo,
-            bucket_mb: 25.0,
-            channels_last: false,
-            compile: false,
-            compile_cache: None,
-            eval: true,
-            eval_resize: 0,
-            eval_resize_ratio: EVAL_RESIZE_RATIO,
-            image_size_schedule: SizeSchedule::default(),
-            crop_scale: [0.08, 1.0],
-            crop_ratio: [0.75, 4.0 / 3.0],
-            flip_prob: 0.5,
-            mean: IMAGENET_MEAN,
-            std: IMAGENET_STD,
-            populate: false,
-            lock: false,
-            stage: None,
-            comm_timeout_s: 600,
-            on_bad_record: OnBadRecord::Replace,
-            verbose: true,
-            stop: StopRequest::default(),
-        }
+settings! {
+    /// Everything a training run is configured with (the `ddl-train` flags). Each field is a
+    /// row of this table: its doc, type and default, and what a different value does to a
+    /// resumed run ([`crate::run_flags`]) with the reason; the table also makes the
+    /// [`Setting`] of each field.
+    #[derive(Clone, Debug, Serialize)]
+    pub struct TrainConfig {
+        /// Directory with `manifest.json` and the shards (`data`; empty with `synthetic_data`).
+        Data data: PathBuf = PathBuf::new()
+            => Free("a path: the dataset is compared by content (its fingerprint in the \
+                checkpoint)"),
+        /// Train on one random batch held on each device instead of `data`: the model, the table
+        /// and the allreduce alone, for speed measurements (`synthetic_data`).
+        SyntheticData synthetic_data: bool = false
+            => Free("a run on synthetic data writes no checkpoint"),
+        /// Classes of the synthetic data's model (`classes`; with data, the manifest's).
+        Classes classes: Option<usize> = None
+            => Free("only with `synthetic_data`, which writes no checkpoint"),
+        /// cuDNN's deterministic algorithms instead of its benchmark mode (`deterministic`):
+        /// on a GPU, a resumed run is then bitwise the uninterrupted one.
+        Deterministic deterministic: bool = false
+            => Rounding("other convolution algorithms on GPUs"),
+        /// Network (`model`).
+        Model model: ModelKind = ModelKind::Resnet50
+            => Trajectory("a different network"),
+        /// Epochs to train (`epochs`).
+        Epochs epochs: u32 = 90
+            => Free("only where the run ends (with `schedule` cosine it also stretches the decay: \
+                warned)"),
+        /// Images per replica per step (`batch`).
+        Batch batch: usize = 32
+            => Trajectory("other batches, global batch and (linearly scaled) learning rate"),
+        /// Local devices (`devices`).
+        #[serde(serialize_with = "as_flag")]
+        Devices devices: DeviceSpec = DeviceSpec::Auto
+            => Rounding("other devices round differently (the replica count is checked from the \
+                layout)"),
+        /// Input side in pixels (`image_size`).
+        ImageSize image_size: u32 = 224
+            => Trajectory("other input pixels"),
+        /// Decode threads per rank (`workers`).
+        Workers workers: usize = 2
+            => Free("batches depend only on seed, epoch, step and replica"),
+        /// Ready batches queued per replica (`prefetch`).
+        Prefetch prefetch: usize = 4
+            => Free("batches depend only on seed, epoch, step and replica"),
+        /// Seed of weights, sampling and augmentation (`seed`).
+        Seed seed: u64 = 0
+            => Trajectory("another sampling order and augmentation"),
+        /// Base learning rate per 256 images (`base_lr`).
+        BaseLr base_lr: f64 = 0.1
+            => Trajectory("another learning rate"),
+        /// Peak learning rate, overriding the linear scaling rule (`lr`).
+        Lr lr: Option<f64> = None
+            => Trajectory("another learning rate"),
+        /// SGD momentum (`momentum`).
+        Momentum momentum: f64 = 0.9
+            => Trajectory("another optimizer"),
+        /// Nesterov momentum (`nesterov`).
+        Nesterov nesterov: bool = false
+            => Trajectory("another optimizer"),
+        /// Weight decay of conv/linear weights (`weight_decay`).
+        WeightDecay weight_decay: f64 = 1e-4
+            => Trajectory("another optimizer"),
+        /// Warmup epochs, fractional allowed (`warmup_epochs`).
+        WarmupEpochs warmup_epochs: f64 = 5.0
+            => Trajectory("another learning-rate schedule"),
+        /// Learning-rate decay after warmup (`schedule`).
+        Schedule schedule: DecayKind = DecayKind::Step
+            => Trajectory("another learning-rate schedule"),
+        /// Step-decay epochs (`milestones`).
+        Milestones milestones: Vec<u32> = vec![30, 60, 80]
+            => Trajectory("another learning-rate schedule"),
+        /// Step-decay factor (`gamma`).
+        Gamma gamma: f64 = 0.1
+            => Trajectory("another learning-rate schedule"),
+        /// Label smoothing (`label_smoothing`).
+        LabelSmoothing label_smoothing: f64 = 0.0
+            => Trajectory("another loss"),
+        /// Arithmetic of forward and backward (`precision`).
+        Precision precision: Precision = Precision::Fp32
+            => Trajectory("other arithmetic on GPUs"),
+        /// JSON-lines metrics file written by rank 0 (`metrics`).
+        Metrics metrics: Option<PathBuf> = None
+            => Free("output only"),
+        /// JSON-lines record trace, one file per rank: the global ids of the records of every
+        /// batch trained (`trace_records`; format: `ddl_loader::trace_records`).
+        TraceRecords trace_records: Option<PathBuf> = None
+            => Free("output only"),
+        /// Checkpoint directory (`checkpoint_dir`).
+        CheckpointDir checkpoint_dir: Option<PathBuf> = None
+            => Free("output only"),
+        /// Checkpoint every N global steps, 0 = only at epoch ends (`checkpoint_every`).
+        CheckpointEvery checkpoint_every: u64 = 0
+            => Free("output only"),
+        /// Checkpoints kept (`keep_checkpoints`).
+        KeepCheckpoints keep_checkpoints: usize = 3
+            => Free("output only"),
+        /// Continue from the newest valid checkpoint (`resume`).
+        Resume resume: bool = false
+            => Free("how this run starts"),
+        /// Move another run's checkpoints in the directory aside and start over (`restart`).
+        Restart restart: bool = false
+            => Free("how this run starts"),
+        /// Resume on a different layout (ranks, replicas, nodes) than the checkpoint's
+        /// (`allow_new_layout`).
+        AllowNewLayout allow_new_layout: bool = false
+            => Free("how this run starts"),
+        /// Stop after this many global steps (`max_steps`).
+        MaxSteps max_steps: Option<u64> = None
+            => Free("only where the run stops"),
+        /// Allreduce algorithm (`allreduce`).
+        #[serde(serialize_with = "as_flag")]
+        Allreduce allreduce: Algorithm = Algorithm::Auto
+            => Rounding("another summation order across ranks"),
+        /// Cost model `auto` chooses with, from `ddl-bench calibrate` (`cost_model`; none: the
+        /// default model's formulas).
+        CostModel cost_model: Option<PathBuf> = None
+            => Rounding("auto may pick other algorithms, so another summation order"),
+        /// Where rank 0 writes the cost model `allreduce` auto tuned online, whenever it
+        /// settles another buffer size (`save_cost_model`), for `cost_model` of later jobs.
+        SaveCostModel save_cost_model: Option<PathBuf> = None
+            => Free("output only"),
+        /// Split the classifier head by class over every replica of the job, the backbone staying
+        /// data-parallel (`head_parallel`; see [`crate::table`]).
+        HeadParallel head_parallel: bool = false
+            => Rounding("the head's gradient from every sample on the replica owning each class, \
+                not summed over the replicas: another summation order"),
+        /// Allgather / reduce-scatter algorithm of `head_parallel`'s exchanges (`gather`).
+        #[serde(serialize_with = "as_flag")]
+        Gather gather: ShardAlgorithm = ShardAlgorithm::Auto
+            => Rounding("another allgather / reduce-scatter of `head_parallel`, so another \
+                summation order"),
+        /// Write final replica-0 weights here (`dump_weights`).
+        DumpWeights dump_weights: Option<PathBuf> = None
+            => Free("output only"),
+        /// Write the final model here as a torchvision-compatible `.safetensors` file
+        /// (`export`; see [`crate::weights`]).
+        Export export: Option<PathBuf> = None
+            => Free("output only"),
+        /// Start from the weights of this `.safetensors` file, with torchvision's names
+        /// (`init_from`), unless `resume` finds a checkpoint.
+        InitFrom init_from: Option<PathBuf> = None
+            => Free("only the first step's weights, which a resumed run takes from its checkpoint"),
+        /// Re-initialise the classifier head instead of loading it from `init_from`
+        /// (`reset_head`: fine-tuning on another class count).
+        ResetHead reset_head: bool = false
+            => Free("only the first step's weights, which a resumed run takes from its checkpoint"),
+        /// Compare replica checksums every epoch (`check_replicas`).
+        CheckReplicas check_replicas: bool = false
+            => Free("a check, changes nothing"),
+        /// How the ranks of a node share the dataset (`residency`).
+        Residency residency: ResidencyMode = ResidencyMode::Node
+            => Trajectory("other records on each node, so other batches"),
+        /// Fraction of every node's train records exchanged with the other nodes at each epoch
+        /// boundary, in `[0, 1]` (`exchange`; ddl-exchange).
+        Exchange exchange: f64 = 0.0
+            => Trajectory("other records on each node from the next epoch on"),
+        /// What the gradient allreduce overlaps with (`overlap` backward|pipeline|off|auto);
+        /// `None` = auto ([`auto_overlap`]).
+        Overlap overlap: Option<Overlap> = None
+            => Rounding("other allreduce buffers, so another summation order"),
+        /// The order of the buckets on the communication thread (`comm_order`; see
+        /// [`comm_order`] for where `priority` applies).
+        #[serde(serialize_with = "as_flag")]
+        CommOrder comm_order: CommOrder = CommOrder::Fifo
+            => Rounding("priority cuts buckets into chunks: ring and rhd at 3 or more ranks sum a \
+                chunk in another order than its bucket (shm, and any algorithm at 2 ranks, sum the \
+                same)"),
+        /// Gradient bucket size in MiB (`bucket_mb`).
+        BucketMb bucket_mb: f64 = 25.0
+            => Rounding("other allreduce buffers, so another summation order"),
+        /// Keep images, activations and convolution weights channels-last (NHWC strides,
+        /// `channels_last`), the layout tensor cores prefer.
+        ChannelsLast channels_last: bool = false
+            => Rounding("other convolution kernels"),
+        /// Run the step compiled ahead of time by Inductor (`compile`; see [`crate::compiled`]).
+        Compile compile: bool = false
+            => Rounding("Inductor's fused kernels compute the same step, summing in another order"),
+        /// The compile cache (`compile_cache`; none: [`crate::compiled::default_cache_dir`]).
+        CompileCache compile_cache: Option<PathBuf> = None
+            => Free("where the compiled step is kept"),
+        /// Evaluate on the val split after every epoch.
+        Eval eval: bool = true
+            => Free("evaluation does not train"),
+        /// Shorter side before the center crop in evaluation; 0 = image size x 8/7 (`eval_resize`).
+        EvalResize eval_resize: u32 = 0
+            => Free("evaluation does not train"),
+        /// The eval resize as a multiple of the image size when `eval_resize` is 0.
+        EvalResizeRatio eval_resize_ratio: f64 = EVAL_RESIZE_RATIO
+            => Free("evaluation does not train"),
+        /// The train image size of each epoch (empty: `image_size` throughout).
+        ImageSizeSchedule image_size_schedule: SizeSchedule = SizeSchedule::default()
+            => Trajectory("other input pixels from its epochs on"),
+        /// RandomResizedCrop's range of the crop's area fraction.
+        CropScale crop_scale: [f64; 2] = [0.08, 1.0]
+            => Trajectory("other crops"),
+        /// RandomResizedCrop's range of the crop's aspect ratio.
+        CropRatio crop_ratio: [f64; 2] = [0.75, 4.0 / 3.0]
+            => Trajectory("other crops"),
+        /// Probability of a horizontal flip of a train image.
+        FlipProb flip_prob: f64 = 0.5
+            => Trajectory("other flips"),
+        /// Channel means of the normalisation, 0-1 scale.
+        Mean mean: [f32; 3] = IMAGENET_MEAN
+            => Trajectory("other input values"),
+        /// Channel standard deviations of the normalisation, 0-1 scale.
+        Std std: [f32; 3] = IMAGENET_STD
+            => Trajectory("other input values"),
+        /// Pre-fault the node's shards (`populate`).
+        Populate populate: bool = false
+            => Free("how the shards are loaded"),
+        /// mlock the node's shards (`lock`).
+        Lock lock: bool = false
+            => Free("how the shards are loaded"),
+        /// Copy the node's shards here first, e.g. /dev/shm/ddl (`stage`).
+        Stage stage: Option<PathBuf> = None
+            => Free("how the shards are loaded"),
+        /// Timeout of one communication operation in seconds (`comm_timeout_s`).
+        CommTimeoutS comm_timeout_s: u64 = 600
+            => Free("when a hung job fails"),
+        /// `replace`, `skip` or `fail`: what a training batch does with a record whose checksum
+        /// or decoding fails (`on_bad_record`; evaluation never scores a stand-in, it skips).
+        OnBadRecord on_bad_record: OnBadRecord = OnBadRecord::Replace
+            => Trajectory("other stand-ins for bad records (or none), so other batches"),
+        /// Print per-epoch lines (rank 0).
+        Verbose verbose: bool = true
+            => Free("output only"),
+    }
+    not_settings {
+        /// Raised by SIGTERM/SIGINT (see [`crate::signal`]): the run stops after the current step.
+        #[serde(skip)]
+        stop: StopRequest = StopRequest::default(),
+    }
+    others {
+        /// The device of [`crate::predict`].
+        Device device,
+        /// The architecture of a state dict without ddl metadata ([`crate::predict`]).
+        Arch arch,
+        /// The file [`crate::export`] writes.
+        Output output,
     }
 }
 

@@ -2,4 +2,4 @@
 //! pipe to `mpirun`), and a line printed piece by piece interleaves with other ranks' lines.
 
 /// Writes `line` and a newline to stderr with a single write.
-pub use ddl_comm::cli::stderr_line as eprint_line;
+pub use ddl_cli::stderr_line as eprint_line;

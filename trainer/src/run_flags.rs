@@ -1,14 +1,17 @@
 //! Which flags make a run what it is: `resume` continues a checkpoint only when every flag
 //! that changes the training trajectory is the same as when it was written.
 //!
-//! Every field of [`TrainConfig`] is in exactly one of three lists, each with its reason (a
-//! test checks that none is missing):
+//! Every field of [`TrainConfig`] has its [`ResumeClass`] and the reason in the configuration's
+//! table (config.rs, [`Setting::on_resume`]):
 //!
-//! - [`TRAJECTORY`]: a different value computes different weights from the same checkpoint, so
-//!   continuing would silently mix two runs: refused, naming each flag with both values.
-//! - [`ROUNDING`]: the same mathematics in another order; the weights differ only by rounding,
-//!   so the run continues with a warning that it is no longer bitwise reproducible.
-//! - [`FREE`]: no effect on the weights (how long to run, where to write what, how to load).
+//! - [`ResumeClass::Trajectory`]: a different value computes different weights from the same
+//!   checkpoint, so continuing would silently mix two runs: refused, naming each flag with both
+//!   values.
+//! - [`ResumeClass::Rounding`]: the same mathematics in another order; the weights differ only
+//!   by rounding, so the run continues with a warning that it is no longer bitwise
+//!   reproducible.
+//! - [`ResumeClass::Free`]: no effect on the weights (how long to run, where to write what, how
+//!   to load).
 //!
 //! The layout (ranks, replicas per rank, nodes) and the dataset are compared from the
 //! checkpoint's header instead of the flags (see [`LayoutCheck`]).
@@ -16,146 +19,15 @@
 use serde_json::Value;
 
 use crate::config::TrainConfig;
-use crate::setting::{spell, Setting};
+use crate::setting::{spell, ResumeClass, Setting};
 
-/// Flags that change the weights a run computes: (field, reason).
-pub const TRAJECTORY: &[(&str, &str)] = &[
-    ("model", "a different network"),
-    (
-        "batch",
-        "other batches, global batch and (linearly scaled) learning rate",
-    ),
-    ("image_size", "other input pixels"),
-    ("seed", "another sampling order and augmentation"),
-    ("base_lr", "another learning rate"),
-    ("lr", "another learning rate"),
-    ("momentum", "another optimizer"),
-    ("nesterov", "another optimizer"),
-    ("weight_decay", "another optimizer"),
-    ("warmup_epochs", "another learning-rate schedule"),
-    ("schedule", "another learning-rate schedule"),
-    ("milestones", "another learning-rate schedule"),
-    ("gamma", "another learning-rate schedule"),
-    ("label_smoothing", "another loss"),
-    ("precision", "other arithmetic on GPUs"),
-    ("residency", "other records on each node, so other batches"),
-    (
-        "exchange",
-        "other records on each node from the next epoch on",
-    ),
-    (
-        "on_bad_record",
-        "other stand-ins for bad records (or none), so other batches",
-    ),
-    (
-        "image_size_schedule",
-        "other input pixels from its epochs on",
-    ),
-    ("crop_scale", "other crops"),
-    ("crop_ratio", "other crops"),
-    ("flip_prob", "other flips"),
-    ("mean", "other input values"),
-    ("std", "other input values"),
-];
-
-/// Flags that change only the order of floating-point sums: (field, reason).
-pub const ROUNDING: &[(&str, &str)] = &[
-    ("allreduce", "another summation order across ranks"),
-    (
-        "cost_model",
-        "auto may pick other algorithms, so another summation order",
-    ),
-    (
-        "bucket_mb",
-        "other allreduce buffers, so another summation order",
-    ),
-    (
-        "overlap",
-        "other allreduce buffers, so another summation order",
-    ),
-    (
-        "comm_order",
-        "priority cuts buckets into chunks: ring and rhd at 3 or more ranks sum a chunk in \
-         another order than its bucket (shm, and any algorithm at 2 ranks, sum the same)",
-    ),
-    ("channels_last", "other convolution kernels"),
-    (
-        "compile",
-        "Inductor's fused kernels compute the same step, summing in another order",
-    ),
-    (
-        "head_parallel",
-        "the head's gradient from every sample on the replica owning each class, not summed \
-         over the replicas: another summation order",
-    ),
-    (
-        "gather",
-        "another allgather / reduce-scatter of `head_parallel`, so another summation order",
-    ),
-    ("deterministic", "other convolution algorithms on GPUs"),
-    (
-        "devices",
-        "other devices round differently (the replica count is checked from the layout)",
-    ),
-];
-
-/// Flags that do not change the weights: (field, reason).
-pub const FREE: &[(&str, &str)] = &[
-    (
-        "data",
-        "a path: the dataset is compared by content (its fingerprint in the checkpoint)",
-    ),
-    (
-        "epochs",
-        "only where the run ends (with `schedule` cosine it also stretches the decay: warned)",
-    ),
-    ("max_steps", "only where the run stops"),
-    (
-        "workers",
-        "batches depend only on seed, epoch, step and replica",
-    ),
-    (
-        "prefetch",
-        "batches depend only on seed, epoch, step and replica",
-    ),
-    ("metrics", "output only"),
-    ("trace_records", "output only"),
-    ("compile_cache", "where the compiled step is kept"),
-    ("save_cost_model", "output only"),
-    ("checkpoint_dir", "output only"),
-    ("checkpoint_every", "output only"),
-    ("keep_checkpoints", "output only"),
-    ("resume", "how this run starts"),
-    ("restart", "how this run starts"),
-    ("allow_new_layout", "how this run starts"),
-    ("dump_weights", "output only"),
-    ("export", "output only"),
-    (
-        "init_from",
-        "only the first step's weights, which a resumed run takes from its checkpoint",
-    ),
-    (
-        "reset_head",
-        "only the first step's weights, which a resumed run takes from its checkpoint",
-    ),
-    ("check_replicas", "a check, changes nothing"),
-    ("eval", "evaluation does not train"),
-    ("eval_resize", "evaluation does not train"),
-    ("eval_resize_ratio", "evaluation does not train"),
-    ("populate", "how the shards are loaded"),
-    ("lock", "how the shards are loaded"),
-    ("stage", "how the shards are loaded"),
-    ("comm_timeout_s", "when a hung job fails"),
-    ("verbose", "output only"),
-    (
-        "synthetic_data",
-        "a run on synthetic data writes no checkpoint",
-    ),
-    (
-        "classes",
-        "only with `synthetic_data`, which writes no checkpoint",
-    ),
-];
+/// The settings of `class`, in the configuration's order, with their reasons.
+pub fn of_class(class: ResumeClass) -> impl Iterator<Item = (Setting, &'static str)> {
+    Setting::TRAIN.iter().filter_map(move |&s| {
+        let on_resume = s.on_resume()?;
+        (on_resume.class == class).then_some((s, on_resume.why))
+    })
+}
 
 /// The layout and data a checkpoint was written for, against this run's.
 #[derive(Clone, Copy, Debug)]
@@ -216,8 +88,8 @@ pub fn compare(old: &Value, cfg: &TrainConfig, layout: LayoutCheck) -> Compariso
             )
         })
     };
-    for (field, why) in TRAJECTORY {
-        if let Some(d) = differs(field) {
+    for (setting, why) in of_class(ResumeClass::Trajectory) {
+        if let Some(d) = differs(setting.name()) {
             out.refused.push(format!("{d}: {}", spell(why)));
         }
     }
@@ -229,8 +101,8 @@ pub fn compare(old: &Value, cfg: &TrainConfig, layout: LayoutCheck) -> Compariso
             data_old.unwrap_or_default()
         ));
     }
-    for (field, why) in ROUNDING {
-        if let Some(d) = differs(field) {
+    for (setting, why) in of_class(ResumeClass::Rounding) {
+        if let Some(d) = differs(setting.name()) {
             out.warnings.push(format!(
                 "{d}: {}; the run continues but is no longer bitwise reproducible",
                 spell(why)
@@ -272,24 +144,6 @@ mod tests {
             nodes: (Some(1), 1),
             data: (Some(7), 7),
         }
-    }
-
-    #[test]
-    fn every_flag_is_classified_once() {
-        let v = serde_json::to_value(TrainConfig::default()).unwrap();
-        let mut fields: Vec<&str> = v.as_object().unwrap().keys().map(String::as_str).collect();
-        fields.sort_unstable();
-        let mut listed: Vec<&str> = TRAJECTORY
-            .iter()
-            .chain(ROUNDING)
-            .chain(FREE)
-            .map(|(f, _)| *f)
-            .collect();
-        listed.sort_unstable();
-        assert_eq!(
-            listed, fields,
-            "classify every TrainConfig field exactly once"
-        );
     }
 
     #[test]

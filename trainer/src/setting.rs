@@ -1,172 +1,119 @@
 //! The settings a library error or message can name: one per [`crate::TrainConfig`] field,
-//! plus the few of `predict` and `export`. The library names a setting, never a command-line flag; a
-//! binary installs, once, how its users spell each one ([`name_settings`]), so that its
-//! messages name the flag the user typed.
+//! plus the few of `predict` and `export`, all from the one table in config.rs ([`settings!`]),
+//! which also gives each field its default and its [`ResumeClass`]. The library names a
+//! setting, never a command-line flag; a binary installs, once, its command line as how its
+//! users spell each one ([`spell_as_flags_of`]), so that its messages name the flag the user
+//! typed.
 
+use std::collections::HashMap;
 use std::fmt;
 use std::sync::OnceLock;
 
+pub use crate::config::Setting;
+
+/// What a different value of a setting does to a run resumed from a checkpoint written with
+/// another (see [`crate::run_flags`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ResumeClass {
+    /// A different value computes different weights from the same checkpoint, so continuing
+    /// would silently mix two runs: refused, naming the setting with both values.
+    Trajectory,
+    /// The same mathematics in another order: the weights differ only by rounding, so the run
+    /// continues with a warning that it is no longer bitwise reproducible.
+    Rounding,
+    /// No effect on the weights (how long to run, where to write what, how to load).
+    Free,
+}
+
+/// A setting's [`ResumeClass`] and why it is in it (the reason a refusal or warning gives).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct OnResume {
+    /// What a different value does to a resumed run.
+    pub class: ResumeClass,
+    /// Why, as the messages say it (settings in backquotes, see [`spell`]).
+    pub why: &'static str,
+}
+
+/// The one table of the configuration's settings (invoked in config.rs): each row, a field of
+/// [`crate::TrainConfig`] with its doc, type, default and [`OnResume`] class, gives the field,
+/// its value in `Default`, its [`Setting`] and its class, so that none of them is a list kept
+/// in step with another by hand. `others` are settings of `predict` and `export` that are no
+/// field; `not_settings` are fields that are not settings (no flag, not serialized).
 macro_rules! settings {
-    ($($(#[$doc:meta])* $variant:ident = $name:literal,)*) => {
-        /// A setting of the library, named in errors and messages.
+    (
+        $(#[$struct_meta:meta])*
+        pub struct TrainConfig {
+            $(
+                $(#[doc = $doc:literal])*
+                $(#[serde($($serde:tt)*)])*
+                $variant:ident $field:ident: $ty:ty = $default:expr
+                    => $class:ident($why:literal),
+            )*
+        }
+        not_settings {
+            $($(#[$nmeta:meta])* $nfield:ident: $nty:ty = $ndefault:expr,)*
+        }
+        others {
+            $($(#[doc = $odoc:literal])* $ovariant:ident $oname:ident,)*
+        }
+    ) => {
+        $(#[$struct_meta])*
+        pub struct TrainConfig {
+            $($(#[doc = $doc])* $(#[serde($($serde)*)])* pub $field: $ty,)*
+            $($(#[$nmeta])* pub $nfield: $nty,)*
+        }
+
+        impl Default for TrainConfig {
+            fn default() -> Self {
+                TrainConfig {
+                    $($field: $default,)*
+                    $($nfield: $ndefault,)*
+                }
+            }
+        }
+
+        /// A setting of the library, named in errors and messages: a field of
+        /// [`TrainConfig`], or an argument of [`crate::predict`] or [`crate::export`].
         #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
         pub enum Setting {
-            $($(#[$doc])* $variant,)*
+            $($(#[doc = $doc])* $variant,)*
+            $($(#[doc = $odoc])* $ovariant,)*
         }
 
         impl Setting {
             /// Every setting.
-            pub const ALL: &'static [Setting] = &[$(Setting::$variant,)*];
+            pub const ALL: &'static [Setting] =
+                &[$(Setting::$variant,)* $(Setting::$ovariant,)*];
 
-            /// The setting's name: its field of [`crate::TrainConfig`] (as serialized in a
-            /// checkpoint's header) or its argument of [`crate::predict`].
+            /// The settings of [`TrainConfig`]'s fields, in their order.
+            pub const TRAIN: &'static [Setting] = &[$(Setting::$variant,)*];
+
+            /// The setting's name: its field of [`TrainConfig`] (as serialized in a
+            /// checkpoint's header) or its argument of [`crate::predict`] or
+            /// [`crate::export`].
             pub fn name(self) -> &'static str {
                 match self {
-                    $(Setting::$variant => $name,)*
+                    $(Setting::$variant => stringify!($field),)*
+                    $(Setting::$ovariant => stringify!($oname),)*
+                }
+            }
+
+            /// What a different value does to a resumed run, for a field of
+            /// [`TrainConfig`]; `None` for the others.
+            pub fn on_resume(self) -> Option<$crate::setting::OnResume> {
+                use $crate::setting::{OnResume, ResumeClass};
+                match self {
+                    $(Setting::$variant => Some(OnResume {
+                        class: ResumeClass::$class,
+                        why: $why,
+                    }),)*
+                    $(Setting::$ovariant => None,)*
                 }
             }
         }
     };
 }
-
-settings! {
-    /// The shard directory.
-    Data = "data",
-    /// Train on a random batch without data.
-    SyntheticData = "synthetic_data",
-    /// Classes of the synthetic data's model.
-    Classes = "classes",
-    /// cuDNN's deterministic algorithms.
-    Deterministic = "deterministic",
-    /// The network.
-    Model = "model",
-    /// Epochs to train.
-    Epochs = "epochs",
-    /// Images per replica per step.
-    Batch = "batch",
-    /// The local devices of a training run.
-    Devices = "devices",
-    /// Input side in pixels.
-    ImageSize = "image_size",
-    /// Decode threads per rank.
-    Workers = "workers",
-    /// Ready batches queued per replica.
-    Prefetch = "prefetch",
-    /// Seed of weights, sampling and augmentation.
-    Seed = "seed",
-    /// Learning rate per 256 images.
-    BaseLr = "base_lr",
-    /// Peak learning rate.
-    Lr = "lr",
-    /// SGD momentum.
-    Momentum = "momentum",
-    /// Nesterov momentum.
-    Nesterov = "nesterov",
-    /// Weight decay.
-    WeightDecay = "weight_decay",
-    /// Warmup epochs.
-    WarmupEpochs = "warmup_epochs",
-    /// Learning-rate decay.
-    Schedule = "schedule",
-    /// Step-decay epochs.
-    Milestones = "milestones",
-    /// Step-decay factor.
-    Gamma = "gamma",
-    /// Label smoothing.
-    LabelSmoothing = "label_smoothing",
-    /// The step compiled ahead of time by Inductor.
-    Compile = "compile",
-    /// The compile cache.
-    CompileCache = "compile_cache",
-    /// Arithmetic of forward and backward.
-    Precision = "precision",
-    /// The metrics file.
-    Metrics = "metrics",
-    /// The record trace files.
-    TraceRecords = "trace_records",
-    /// The checkpoint directory.
-    CheckpointDir = "checkpoint_dir",
-    /// Checkpoint interval in global steps.
-    CheckpointEvery = "checkpoint_every",
-    /// Checkpoints kept.
-    KeepCheckpoints = "keep_checkpoints",
-    /// Continue from the newest checkpoint.
-    Resume = "resume",
-    /// Move another run's checkpoints aside.
-    Restart = "restart",
-    /// Resume on another layout.
-    AllowNewLayout = "allow_new_layout",
-    /// Stop after this many global steps.
-    MaxSteps = "max_steps",
-    /// Allreduce algorithm.
-    Allreduce = "allreduce",
-    /// Cost model file of `auto`.
-    CostModel = "cost_model",
-    /// Where the tuned cost model is written.
-    SaveCostModel = "save_cost_model",
-    /// The classifier head split by class.
-    HeadParallel = "head_parallel",
-    /// Allgather / reduce-scatter algorithm of the split head.
-    Gather = "gather",
-    /// Raw weights dump.
-    DumpWeights = "dump_weights",
-    /// The exported model file.
-    Export = "export",
-    /// The weights to start from.
-    InitFrom = "init_from",
-    /// Re-initialise the classifier head.
-    ResetHead = "reset_head",
-    /// Compare replica checksums.
-    CheckReplicas = "check_replicas",
-    /// How the ranks of a node share the dataset.
-    Residency = "residency",
-    /// Fraction of the train records nodes exchange each epoch.
-    Exchange = "exchange",
-    /// What the allreduce overlaps with.
-    Overlap = "overlap",
-    /// The order of the buckets on the communication thread.
-    CommOrder = "comm_order",
-    /// Gradient bucket size.
-    BucketMb = "bucket_mb",
-    /// Channels-last layout.
-    ChannelsLast = "channels_last",
-    /// Evaluation after every epoch.
-    Eval = "eval",
-    /// Shorter side before the eval center crop.
-    EvalResize = "eval_resize",
-    /// The eval resize as a multiple of the image size.
-    EvalResizeRatio = "eval_resize_ratio",
-    /// The train image size of each epoch.
-    ImageSizeSchedule = "image_size_schedule",
-    /// RandomResizedCrop's area fraction range.
-    CropScale = "crop_scale",
-    /// RandomResizedCrop's aspect ratio range.
-    CropRatio = "crop_ratio",
-    /// Probability of a horizontal flip.
-    FlipProb = "flip_prob",
-    /// Channel means of the normalisation.
-    Mean = "mean",
-    /// Channel standard deviations of the normalisation.
-    Std = "std",
-    /// Pre-fault the shards.
-    Populate = "populate",
-    /// mlock the shards.
-    Lock = "lock",
-    /// Node-local copy of the shards.
-    Stage = "stage",
-    /// Timeout of a communication operation.
-    CommTimeoutS = "comm_timeout_s",
-    /// What a bad record does.
-    OnBadRecord = "on_bad_record",
-    /// Per-epoch lines.
-    Verbose = "verbose",
-    /// The device of [`crate::predict`].
-    Device = "device",
-    /// The architecture of a state dict without ddl metadata ([`crate::predict`]).
-    Arch = "arch",
-    /// The file [`crate::export`] writes.
-    Output = "output",
-}
+pub(crate) use settings;
 
 impl Setting {
     /// The setting named `name` ([`Setting::name`]).
@@ -175,18 +122,25 @@ impl Setting {
     }
 }
 
-static NAMES: OnceLock<fn(Setting) -> &'static str> = OnceLock::new();
+static NAMES: OnceLock<HashMap<Setting, String>> = OnceLock::new();
 
-/// Installs how this process's messages spell a setting (a binary: the flag that sets it).
-/// The first call wins; without one a setting shows as its name in backquotes.
-pub fn name_settings(spell: fn(Setting) -> &'static str) {
-    let _ = NAMES.set(spell);
+/// Installs the flags of `command`, a binary's command line whose argument ids are the
+/// settings' names (a derived `Parser`'s fields named as [`Setting::name`]), as this process's
+/// spelling of settings: a message then names the flag the user typed (`--no-eval`, `-o`). A
+/// setting without an argument there shows as its name in backquotes; the first call wins.
+pub fn spell_as_flags_of(command: &clap::Command) {
+    let flags = ddl_cli::flags(command);
+    let names = Setting::ALL
+        .iter()
+        .filter_map(|&s| Some((s, flags.get(s.name())?.clone())))
+        .collect();
+    let _ = NAMES.set(names);
 }
 
 impl fmt::Display for Setting {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match NAMES.get() {
-            Some(spell) => f.write_str(spell(*self)),
+        match NAMES.get().and_then(|names| names.get(self)) {
+            Some(flag) => f.write_str(flag),
             None => write!(f, "`{}`", self.name()),
         }
     }
@@ -225,20 +179,26 @@ pub fn joined(settings: &[Setting]) -> String {
 mod tests {
     use super::*;
 
-    /// Every field of the configuration (as a checkpoint records it) is a setting a message
-    /// can name.
     #[test]
     fn spell_names_settings_only() {
         let text = "with `schedule` cosine, not `cosine`, and a lone ` quote";
         assert_eq!(spell(text), text, "no spelling installed: unchanged");
     }
 
+    /// Every field of the configuration (as a checkpoint records it) is a setting a message
+    /// can name, with its class on resume; the others have none.
     #[test]
-    fn every_config_field_is_a_setting() {
+    fn every_config_field_is_a_classified_setting() {
         let v = serde_json::to_value(crate::TrainConfig::default()).unwrap();
-        for field in v.as_object().unwrap().keys() {
+        let fields: Vec<&str> = v.as_object().unwrap().keys().map(String::as_str).collect();
+        for field in &fields {
             let s = Setting::from_name(field);
-            assert_eq!(s.map(Setting::name), Some(field.as_str()), "{field}");
+            assert_eq!(s.map(Setting::name), Some(*field), "{field}");
+            assert!(s.and_then(Setting::on_resume).is_some(), "{field}");
+        }
+        assert_eq!(Setting::TRAIN.len(), fields.len());
+        for s in Setting::ALL.iter().filter(|s| !Setting::TRAIN.contains(s)) {
+            assert_eq!(s.on_resume(), None, "{s:?}");
         }
     }
 }

@@ -5,11 +5,8 @@ mod checkpoint_dir;
 mod common;
 mod compiled;
 mod config;
-// The binaries' spelling of settings, so that messages name flags as users see them.
 mod exactness;
 mod exchange;
-#[path = "../src/cli/flags.rs"]
-mod flags;
 mod head_parallel;
 mod learn;
 mod link;

@@ -347,7 +347,7 @@ fn timeout_check(world: &World) -> Result<(), String> {
 }
 
 fn main() -> ExitCode {
-    ddl_comm::cli::init_binary_signals();
+    ddl_cli::init_binary_signals();
     let mode = std::env::args()
         .nth(1)
         .unwrap_or_else(|| "allreduce".into());

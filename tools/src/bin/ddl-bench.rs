@@ -8,13 +8,14 @@ use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
 use clap::{Parser, Subcommand};
+use ddl_cli as cli;
 use ddl_comm::World;
 use ddl_comm::{Algorithm, CostModel};
 use ddl_loader::exchange_cost::{self, EpochTime, ExchangePlan, ExchangeSetup, SplitRecords};
 use ddl_loader::units::parse_size;
 use ddl_sim::bucket_schedule::{self, ScheduleSetup};
 use ddl_sim::{resnet, StepModel};
-use ddl_tools::{bench, cli};
+use ddl_tools::bench;
 
 #[derive(Parser)]
 #[command(name = "ddl-bench", about = "ddl allreduce benchmarks and cost model")]

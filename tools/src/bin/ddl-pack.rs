@@ -2,7 +2,8 @@
 
 use std::process::ExitCode;
 
-use ddl_tools::{cli, pack_cli};
+use ddl_cli as cli;
+use ddl_tools::pack_cli;
 
 fn main() -> ExitCode {
     cli::run("ddl-pack", || pack_cli::run(cli::parse()))

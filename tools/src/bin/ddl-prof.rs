@@ -19,11 +19,11 @@ use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
 use clap::Parser;
+use ddl_cli as cli;
 use ddl_comm::World;
 use ddl_comm::{collective, Transport};
 use ddl_loader::dataset::Residency;
 use ddl_loader::pipeline::OnBadRecord;
-use ddl_tools::cli;
 use ddl_tools::prof::{self, ProfConfig, Report};
 
 /// Measure how fast this node feeds its GPUs: every input stage alone and the whole pipeline.
@@ -285,10 +285,10 @@ fn run(args: Args) -> Result<()> {
 /// Rank 0's output: the table (and one row per node), `--json` and `--plot`.
 fn print_and_write(args: &Args, reports: &[Report]) -> Result<()> {
     let report = &reports[0];
-    ddl_comm::cli::write_stdout(&prof::render_table(report));
+    cli::write_stdout(&prof::render_table(report));
     if reports.len() > 1 {
-        ddl_comm::outln!();
-        ddl_comm::cli::write_stdout(&prof::render_nodes(reports));
+        ddl_cli::outln!();
+        cli::write_stdout(&prof::render_nodes(reports));
     }
     if let Some(path) = &args.json {
         let text = if reports.len() > 1 {

@@ -8,7 +8,7 @@ use std::time::Instant;
 
 use anyhow::{bail, Result};
 use clap::Parser;
-use ddl_tools::cli;
+use ddl_cli as cli;
 use ddl_tools::synth::{generate, Layout, SynthConfig};
 
 /// Write a small ImageNet-style tree (or ImageNet-22k-style tars) of real, class-dependent

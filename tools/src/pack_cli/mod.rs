@@ -7,10 +7,10 @@ mod progress;
 use std::path::Path;
 
 use anyhow::{bail, Context, Result};
-use ddl_comm::cli::escape_controls;
+use ddl_cli::escape_controls;
 use ddl_loader::pack::{self, PackOptions, PackReport};
 
-use crate::cli::stderr_line;
+use ddl_cli::stderr_line;
 pub use flags::{explain, flag, spec_flags, Args, Settings};
 
 /// Skipped inputs and left-over files named after a pack (the report lists all of them).
@@ -47,7 +47,7 @@ fn verify(dir: &Path) -> Result<()> {
             dir.display()
         );
     }
-    ddl_comm::outln!(
+    ddl_cli::outln!(
         "{}: OK, {} shards, {} records, {} bytes verified",
         dir.display(),
         report.shards,
@@ -61,7 +61,7 @@ fn verify(dir: &Path) -> Result<()> {
 /// skipped inputs, files left in place, ignored classes, and the totals.
 fn print_summary(report: &PackReport, opts: &PackOptions) {
     for (name, s) in &report.splits {
-        ddl_comm::outln!(
+        ddl_cli::outln!(
             "{name}: {} records in {} shards ({} kept), {} skipped, {} bytes \
              (copied {}, re-encoded {}, resized {})",
             s.records,
@@ -75,7 +75,7 @@ fn print_summary(report: &PackReport, opts: &PackOptions) {
         );
     }
     if let Some(v) = &report.val_split {
-        ddl_comm::outln!(
+        ddl_cli::outln!(
             "val held out by {}: {} inputs to val, {} to train (seed {})",
             v.rule,
             v.val_inputs,
@@ -84,7 +84,7 @@ fn print_summary(report: &PackReport, opts: &PackOptions) {
         );
     }
     if !report.dropped_classes.is_empty() {
-        ddl_comm::outln!(
+        ddl_cli::outln!(
             "dropped {} classes with fewer than {} usable inputs (--min-per-class; listed in \
              the report)",
             report.dropped_classes.len(),
@@ -92,7 +92,7 @@ fn print_summary(report: &PackReport, opts: &PackOptions) {
         );
     }
     print_left_out(report, &opts.output);
-    ddl_comm::outln!(
+    ddl_cli::outln!(
         "{} classes, {:.0} images/s on {} threads, {:.1} s; report: {}",
         report.classes,
         report.images_per_s,
@@ -106,7 +106,7 @@ fn print_summary(report: &PackReport, opts: &PackOptions) {
 /// the classes not in the list.
 fn print_left_out(report: &PackReport, output: &Path) {
     for s in report.skipped.iter().take(SHOWN) {
-        ddl_comm::outln!(
+        ddl_cli::outln!(
             "skipped {} ({}: {})",
             escape_controls(&s.path),
             s.reason,
@@ -114,7 +114,7 @@ fn print_left_out(report: &PackReport, output: &Path) {
         );
     }
     if report.skipped.len() > SHOWN {
-        ddl_comm::outln!(
+        ddl_cli::outln!(
             "... and {} more skipped inputs",
             report.skipped.len() - SHOWN
         );
@@ -126,7 +126,7 @@ fn print_left_out(report: &PackReport, output: &Path) {
             .take(SHOWN)
             .map(|name| escape_controls(name))
             .collect();
-        ddl_comm::outln!(
+        ddl_cli::outln!(
             "left {} file(s) in {} that this pack did not write untouched: {}{}",
             report.left_in_place.len(),
             output.display(),
@@ -145,7 +145,7 @@ fn print_left_out(report: &PackReport, output: &Path) {
             .take(SHOWN)
             .map(|f| format!("{} ({})", escape_controls(&f.path), f.reason))
             .collect();
-        ddl_comm::outln!(
+        ddl_cli::outln!(
             "ignored {} file(s) that are not inputs: {}{}",
             report.ignored_files.len(),
             shown.join(", "),
@@ -158,7 +158,7 @@ fn print_left_out(report: &PackReport, output: &Path) {
     }
     if !report.ignored_classes.is_empty() {
         // Only --classes leaves classes out this way (empty ones are refused or kept).
-        ddl_comm::outln!(
+        ddl_cli::outln!(
             "ignored {} classes not in --classes ({} files)",
             report.ignored_classes.len(),
             report.ignored_classes.values().sum::<u64>()

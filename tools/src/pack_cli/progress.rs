@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 
 use ddl_loader::pack::PackProgress;
 
-use crate::cli::stderr_line;
+use ddl_cli::stderr_line;
 
 /// Progress as an indicatif bar on a terminal, or a plain line every 10 s otherwise.
 pub(crate) struct Progress {

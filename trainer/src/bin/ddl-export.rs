@@ -1,46 +1,21 @@
 //! `ddl-export CHECKPOINT -o FILE.safetensors`: the model of a ddl-train checkpoint as a
 //! torchvision-compatible safetensors file (see `ddl_trainer::export`).
 
-use std::path::PathBuf;
 use std::process::ExitCode;
 
-use clap::Parser;
+use clap::{CommandFactory, Parser};
+use ddl_trainer::args::export::Args;
 use ddl_trainer::console::eprint_line;
 use ddl_trainer::export::export_checkpoint;
 
-#[path = "../cli/flags.rs"]
-mod flags;
-
-/// Write the model of a ddl-train checkpoint as FILE.safetensors, with torchvision's keys,
-/// shapes and dtypes and ddl's metadata (classes, eval transform, flags, val top-1/top-5).
-#[derive(Parser, Debug)]
-#[command(name = "ddl-export", version, about)]
-struct Args {
-    /// A checkpoint file (ckpt-*.ddlck), or a checkpoint directory (its newest intact one).
-    checkpoint: PathBuf,
-    /// The .safetensors file to write.
-    #[arg(short, long, value_name = "FILE")]
-    output: PathBuf,
-    /// Shards whose manifest names the classes, for a checkpoint that predates class names
-    /// (default: the --data of the run that wrote it).
-    #[arg(long)]
-    data: Option<PathBuf>,
-    /// Only errors.
-    #[arg(long)]
-    quiet: bool,
-}
-
 fn main() -> ExitCode {
-    ddl_comm::cli::init_binary_signals();
-    flags::install();
+    ddl_cli::init_binary_signals();
+    ddl_trainer::setting::spell_as_flags_of(&Args::command());
     let args = Args::parse();
     match run(&args) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            eprint_line(&format!(
-                "ddl-export: error: {}",
-                ddl_comm::cli::error_chain(&*e)
-            ));
+            eprint_line(&format!("ddl-export: error: {}", ddl_cli::error_chain(&*e)));
             ExitCode::FAILURE
         }
     }
@@ -51,7 +26,7 @@ fn run(args: &Args) -> anyhow::Result<()> {
     if !args.quiet {
         let m = &out.meta;
         let pct = |v: Option<f64>| v.map_or("-".to_string(), |v| format!("{:.2}%", v * 100.0));
-        ddl_comm::outln!(
+        ddl_cli::outln!(
             "ddl-export: {} -> {} ({}, {} classes, global step {}, {} tensors, val top-1 {} top-5 {})",
             out.checkpoint.display(),
             args.output.display(),

@@ -2,63 +2,18 @@
 //! their probabilities, using the model's classes and eval transform (see
 //! `ddl_trainer::predict`).
 
-use std::path::PathBuf;
 use std::process::ExitCode;
 
 use anyhow::Context;
-use clap::Parser;
+use clap::{CommandFactory, Parser};
+use ddl_trainer::args::predict::Args;
 use ddl_trainer::console::eprint_line;
-use ddl_trainer::model::ModelKind;
 use ddl_trainer::predict::{image_files, parse_device, Classifier, Overrides};
 use ddl_trainer::weights::{file, Entry, StateDict};
 
-#[path = "../cli/flags.rs"]
-mod flags;
-
-/// Classify images with a model written by `ddl-train --export` or `ddl-export` (or a
-/// torchvision state dict in .safetensors, with --arch).
-#[derive(Parser, Debug)]
-#[command(name = "ddl-predict", version, about)]
-struct Args {
-    /// The model (.safetensors).
-    #[arg(long, value_name = "FILE")]
-    model: PathBuf,
-    /// Images (any format ddl-pack reads), or folders searched recursively for .jpg, .jpeg,
-    /// .png, .bmp, .gif, .webp, .tif and .tiff files, in name order.
-    #[arg(required = true, value_name = "IMAGE")]
-    inputs: Vec<PathBuf>,
-    /// Classes printed per image.
-    #[arg(long, default_value_t = 5)]
-    top: usize,
-    /// auto (the first GPU if there is one) | cpu | cuda | cuda:N.
-    #[arg(long, default_value = "auto")]
-    device: String,
-    /// Images per forward pass.
-    #[arg(long, default_value_t = 32, value_parser = clap::value_parser!(u64).range(1..))]
-    batch: u64,
-    /// One JSON object per image ({"image", "top": [{"class", "label", "probability"}]}).
-    #[arg(long)]
-    json: bool,
-    /// Also write every classified image's transformed pixels ("input", [n, 3, S, S]) and
-    /// logits ("logits", [n, classes]) to FILE (.safetensors), to compare the model with
-    /// another framework on exactly the same input.
-    #[arg(long, value_name = "FILE")]
-    save_tensors: Option<PathBuf>,
-    /// The architecture, for a file without ddl's metadata (checked against it otherwise).
-    #[arg(long, value_enum)]
-    arch: Option<ModelKind>,
-    /// Input side in pixels (default: the file's metadata, else 224).
-    #[arg(long)]
-    image_size: Option<u32>,
-    /// Shorter side before the center crop (default: the file's metadata, else image size x
-    /// 8/7).
-    #[arg(long)]
-    eval_resize: Option<u32>,
-}
-
 fn main() -> ExitCode {
-    ddl_comm::cli::init_binary_signals();
-    flags::install();
+    ddl_cli::init_binary_signals();
+    ddl_trainer::setting::spell_as_flags_of(&Args::command());
     let args = Args::parse();
     match run(&args) {
         Ok(0) => ExitCode::SUCCESS,
@@ -66,7 +21,7 @@ fn main() -> ExitCode {
         Err(e) => {
             eprint_line(&format!(
                 "ddl-predict: error: {}",
-                ddl_comm::cli::error_chain(&*e)
+                ddl_cli::error_chain(&*e)
             ));
             ExitCode::FAILURE
         }
@@ -107,7 +62,7 @@ fn run(args: &Args) -> anyhow::Result<usize> {
                         })
                     })
                     .collect();
-                ddl_comm::outln!("{}", serde_json::json!({"image": path, "top": top}));
+                ddl_cli::outln!("{}", serde_json::json!({"image": path, "top": top}));
             }
             Ok(top) => {
                 let mut text = format!("{}\n", path.display());
@@ -119,7 +74,7 @@ fn run(args: &Args) -> anyhow::Result<usize> {
                         p.probability
                     ));
                 }
-                ddl_comm::cli::write_stdout(&text);
+                ddl_cli::write_stdout(&text);
             }
         },
     )?;

@@ -100,7 +100,7 @@ impl Run<'_> {
         }
         let (aside, n) = checkpoint::move_aside(dir)?;
         if self.cfg.verbose {
-            ddl_comm::outln!(
+            ddl_cli::outln!(
                 "restart: moved {n} checkpoint file(s) of the previous run into {}",
                 aside.display()
             );
@@ -218,7 +218,7 @@ impl Run<'_> {
             }
         }
         if self.is_root() && self.cfg.verbose {
-            ddl_comm::outln!(
+            ddl_cli::outln!(
                 "resume: {} (epoch {}, step {}, global step {})",
                 path.display(),
                 ck.meta.epoch,

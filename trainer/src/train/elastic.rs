@@ -169,7 +169,7 @@ impl Run<'_> {
             let left_out = remainder
                 .as_ref()
                 .map_or(records - served, |r| r.left_out(nodes));
-            ddl_comm::outln!(
+            ddl_cli::outln!(
                 "resume: epoch {epoch} had served {served} of {records} records; the other {} \
                  are dealt over {nodes} node(s) and served in its last {} steps ({left_out} \
                  left out by the last incomplete step)",

@@ -395,7 +395,7 @@ impl Run<'_> {
         let replicas = plan.devices.len();
         let global_replicas = replicas * world;
         let devs: Vec<String> = plan.devices.iter().map(|d| format!("{d:?}")).collect();
-        ddl_comm::outln!(
+        ddl_cli::outln!(
             "ddl-train: {} on {} rank(s) x {} replica(s) [{}], {} classes{}, {} train images/node (min), \
              global batch {}, peak lr {:.4}, {} steps/epoch, allreduce {}, overlap {}, comm order {}, {} bucket(s){}",
             cfg.model,
@@ -635,7 +635,7 @@ impl Run<'_> {
                 b.finish_and_clear();
             }
             if self.cfg.verbose {
-                ddl_comm::outln!("{}", epoch_line(&record));
+                ddl_cli::outln!("{}", epoch_line(&record));
             }
             if let Some(m) = &mut self.metrics {
                 m.write(&record)?;

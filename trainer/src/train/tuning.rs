@@ -30,7 +30,7 @@ pub(super) fn report(
                 .iter()
                 .map(|(a, s)| format!("{a} {:.3} ms", s * 1e3))
                 .collect();
-            ddl_comm::outln!(
+            ddl_cli::outln!(
                 "ddl-train: allreduce auto at {} bytes: {} (tried {}; tuning cost {:.1} ms)",
                 c.bytes,
                 c.algorithm,

@@ -81,7 +81,7 @@ impl Run<'_> {
             } else {
                 String::new()
             };
-            ddl_comm::outln!(
+            ddl_cli::outln!(
                 "init-from: {} ({} tensors of {model}{head})",
                 path.display(),
                 dict.tensors.len()
@@ -140,7 +140,7 @@ impl Run<'_> {
                 });
                 if let (Some(at), Some(v)) = (at, sums) {
                     if self.is_root() && self.cfg.verbose {
-                        ddl_comm::outln!(
+                        ddl_cli::outln!(
                             "final evaluation after global step {global}: val top-1 {:.2}%  \
                              top-5 {:.2}%  ({} images)",
                             at.top1.unwrap_or(0.0) * 100.0,
@@ -185,7 +185,7 @@ impl Run<'_> {
         file::write(path, &dict, &meta.to_map())?;
         if self.cfg.verbose {
             let pct = |v: Option<f64>| v.map_or("-".to_string(), |v| format!("{:.2}%", v * 100.0));
-            ddl_comm::outln!(
+            ddl_cli::outln!(
                 "export: {} ({model}, {} classes, {} tensors, val top-1 {} top-5 {})",
                 path.display(),
                 meta.classes.len(),
