@@ -37,7 +37,7 @@ pub mod dir_lock;
 mod elastic;
 mod epoch_record;
 mod head;
-mod plan;
+mod run_plan;
 mod synthetic;
 mod tuning;
 mod weights_io;
@@ -45,7 +45,7 @@ mod weights_io;
 use checkpoints::{bytes_to_u64s, u64s_to_bytes};
 use data::open_data;
 use epoch_record::{epoch_line, EpochAcc};
-use plan::{plan, Plan};
+use run_plan::{plan, Plan};
 use weights_io::EvalAt;
 
 pub use crate::job::RankInfo;
