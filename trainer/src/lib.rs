@@ -10,7 +10,8 @@
 //! - [`checkpoint`]: atomic, checksummed checkpoints that resume bit-exactly.
 //! - [`config`]: the run's configuration (the `ddl-train` flags) and the types of its flags,
 //!   with each setting's default and class on resume in one table; [`setting`]: the settings
-//!   messages name, spelled as the binary's flags; [`args`]: the binaries' command lines.
+//!   messages name, spelled as the flags of the binary that runs (the binaries and their
+//!   command lines are the crate ddl-trainer-cli).
 //! - [`train`](mod@train): the per-rank driver used by `ddl-train` (and by tests over in-process ranks).
 //! - [`metrics`]: JSON-lines metrics.
 //! - [`signal`]: SIGTERM/SIGINT stop a run after a step, with a checkpoint to resume from.
@@ -52,7 +53,6 @@
 
 #![warn(missing_docs)]
 
-pub mod args;
 pub mod checkpoint;
 pub mod comm;
 pub mod compiled;

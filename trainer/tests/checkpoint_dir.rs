@@ -5,12 +5,13 @@
 //! write that fills the disk removes its partial file and says how much it needed; resuming
 //! with fewer checkpoints kept makes room by pruning before writing. A run holds the
 //! directory's lock from before it looks into it to its end: a second run is refused naming
-//! the holder, and of two runs started together exactly one writes.
+//! the holder. (Two `ddl-train` processes started together, and `--resume` of a missing
+//! directory: trainer-cli's tests, which run the binary.)
 
 use crate::common;
 
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output, Stdio};
+use std::process::Command;
 use std::sync::Arc;
 
 use ddl_comm::{thread_group, Topology, Transport};
@@ -216,8 +217,6 @@ fn full_disk_leaves_no_partial_file_and_resume_makes_room() {
     drop(fs);
 }
 
-const TRAIN: &str = env!("CARGO_BIN_EXE_ddl-train");
-
 #[test]
 fn a_locked_directory_is_refused_naming_the_holder() {
     use fs4::fs_std::FileExt;
@@ -251,115 +250,6 @@ fn a_locked_directory_is_refused_naming_the_holder() {
     cfg.resume = false;
     run(&cfg).unwrap();
     assert_eq!(contents(&ckpt).len(), 2);
-}
-
-/// `ddl-train` on `data` into `ckpt` for `steps` steps, with `seed`, quiet.
-fn train_command(data: &Path, ckpt: &Path, steps: u32, seed: u64) -> Command {
-    let mut c = Command::new(TRAIN);
-    c.args(["--data", data.to_str().unwrap()])
-        .args(["--checkpoint-dir", ckpt.to_str().unwrap()])
-        .args([
-            "--model",
-            "convnet_nobn",
-            "--batch",
-            "2",
-            "--image-size",
-            "32",
-        ])
-        .args([
-            "--devices",
-            "cpu:1",
-            "--workers",
-            "1",
-            "--no-eval",
-            "--quiet",
-        ])
-        .args(["--checkpoint-every", "1", "--keep-checkpoints", "3"])
-        .args([
-            "--max-steps",
-            &steps.to_string(),
-            "--seed",
-            &seed.to_string(),
-        ]);
-    c
-}
-
-fn stderr(out: &Output) -> String {
-    String::from_utf8_lossy(&out.stderr).into_owned()
-}
-
-#[test]
-fn of_two_runs_started_together_exactly_one_writes() {
-    let (tmp, data) = scratch_with_data("ckrace");
-    let dir = tmp.path();
-    for trial in 0..4 {
-        let ckpt = dir.join(format!("ckpt-{trial}"));
-        let start = |seed| {
-            train_command(&data, &ckpt, 6, seed)
-                .stdout(Stdio::null())
-                .stderr(Stdio::piped())
-                .spawn()
-                .unwrap()
-        };
-        let (a, b) = (start(0), start(1));
-        let pids = [a.id(), b.id()];
-        let outs = [a.wait_with_output().unwrap(), b.wait_with_output().unwrap()];
-        let won: Vec<usize> = (0..2).filter(|&i| outs[i].status.success()).collect();
-        let all = format!("{}\n{}", stderr(&outs[0]), stderr(&outs[1]));
-        assert_eq!(
-            won.len(),
-            1,
-            "trial {trial}: exactly one run may write:\n{all}"
-        );
-        let (winner, loser) = (won[0], 1 - won[0]);
-        // Refused by the lock while the winner ran, naming it, or (had the winner ended
-        // before the loser looked) by the winner's checkpoints.
-        let refusal = stderr(&outs[loser]);
-        assert!(
-            refusal.contains(&format!("pid {} on host", pids[winner]))
-                || refusal.contains("checkpoint file(s)"),
-            "trial {trial}: {refusal}"
-        );
-        let left = contents(&ckpt);
-        assert!(!left.is_empty(), "trial {trial}: no checkpoint");
-        for (name, bytes) in left {
-            let ck = Checkpoint::from_bytes(&bytes, &ckpt.join(&name)).unwrap();
-            assert_eq!(
-                ck.meta.flags["seed"], winner as u64,
-                "trial {trial}: {name}"
-            );
-        }
-    }
-}
-
-#[test]
-fn resume_from_a_missing_directory_says_so_even_when_quiet() {
-    let (tmp, data) = scratch_with_data("ckmissing");
-    let dir = tmp.path();
-    let ckpt = dir.join("mistyped");
-    let out = train_command(&data, &ckpt, 1, 0)
-        .arg("--resume")
-        .output()
-        .unwrap();
-    let err = stderr(&out);
-    assert!(out.status.success(), "{err}");
-    assert!(
-        err.contains(&format!("resume: {} did not exist", ckpt.display()))
-            && err.contains("starting from scratch"),
-        "{err}"
-    );
-    // An existing directory without checkpoints says so too.
-    let empty = dir.join("empty");
-    std::fs::create_dir(&empty).unwrap();
-    let out = train_command(&data, &empty, 1, 0)
-        .arg("--resume")
-        .output()
-        .unwrap();
-    assert!(
-        stderr(&out).contains("holds no checkpoint"),
-        "{}",
-        stderr(&out)
-    );
 }
 
 #[test]

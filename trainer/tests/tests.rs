@@ -9,7 +9,6 @@ mod exactness;
 mod exchange;
 mod head_parallel;
 mod learn;
-mod link;
 mod many_classes;
 mod model;
 mod overlap;

@@ -89,7 +89,7 @@ pub fn make_dataset(
 
 /// Messages name settings as `ddl-train`'s flags, as its user reads them.
 pub fn spell_as_ddl_train() {
-    ddl_trainer::setting::spell_as_flags_of(&ddl_trainer::args::train::Args::command());
+    ddl_trainer::setting::spell_as_flags_of(&ddl_trainer_cli::train::Args::command());
 }
 
 /// A quiet CPU configuration on `data` for tests; messages name settings as the binaries'

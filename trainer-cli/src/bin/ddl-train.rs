@@ -3,7 +3,7 @@
 //! Runs as one process per node (or per GPU) under `mpirun`/`srun`, or alone (one rank,
 //! without MPI).
 //!
-//! Its flags and their conversion into a `TrainConfig` are `ddl_trainer::args::train`.
+//! Its flags and their conversion into a `TrainConfig` are `ddl_trainer_cli::train`.
 
 use std::io::IsTerminal;
 use std::sync::Arc;
@@ -11,11 +11,11 @@ use std::sync::Arc;
 use anyhow::Context;
 use clap::{CommandFactory, Parser};
 use ddl_comm::Transport;
-use ddl_trainer::args::train::Args;
 use ddl_trainer::console::eprint_line;
 use ddl_trainer::job::Job;
 use ddl_trainer::signal::StopRequest;
 use ddl_trainer::{TrainError, TrainSummary};
+use ddl_trainer_cli::train::Args;
 
 fn main() -> anyhow::Result<()> {
     ddl_cli::init_binary_signals();

@@ -1,5 +1,5 @@
 //! `ddl-plan`'s command line (the binary: `src/bin/ddl-plan.rs`; the library calls:
-//! [`crate::memory`], `ddl_loader::exchange_cost`).
+//! [`ddl_trainer::memory`], `ddl_loader::exchange_cost`).
 
 use std::path::PathBuf;
 
@@ -7,8 +7,8 @@ use clap::Parser;
 use ddl_comm::CostModel;
 use ddl_loader::units::parse_size;
 
-use crate::config::TrainConfig;
-use crate::model::ModelKind;
+use ddl_trainer::config::TrainConfig;
+use ddl_trainer::model::ModelKind;
 
 /// Print the parameter count, the gradient bucket plan and the model-state memory ddl-train
 /// would have for a model and class count.
@@ -91,11 +91,11 @@ fn default_link_gbps() -> f64 {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::setting::Setting;
+    use ddl_trainer::setting::Setting;
 
     /// The settings `ddl-plan`'s library calls name in their messages have a flag.
     #[test]
     fn every_setting_it_names_has_a_flag() {
-        super::super::assert_flags::<Args>(&[Setting::Overlap, Setting::HeadParallel]);
+        crate::assert_flags::<Args>(&[Setting::Overlap, Setting::HeadParallel]);
     }
 }

@@ -1,5 +1,5 @@
 //! `ddl-export`'s command line (the binary: `src/bin/ddl-export.rs`; the library call:
-//! [`crate::export`]).
+//! [`ddl_trainer::export`]).
 
 use std::path::PathBuf;
 
@@ -27,11 +27,11 @@ pub struct Args {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::setting::Setting;
+    use ddl_trainer::setting::Setting;
 
     /// The settings `ddl-export`'s library calls name in their messages have a flag.
     #[test]
     fn every_setting_it_names_has_a_flag() {
-        super::super::assert_flags::<Args>(&[Setting::Output, Setting::Data]);
+        crate::assert_flags::<Args>(&[Setting::Output, Setting::Data]);
     }
 }

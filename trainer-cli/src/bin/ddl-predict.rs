@@ -6,10 +6,10 @@ use std::process::ExitCode;
 
 use anyhow::Context;
 use clap::{CommandFactory, Parser};
-use ddl_trainer::args::predict::Args;
 use ddl_trainer::console::eprint_line;
 use ddl_trainer::predict::{image_files, parse_device, Classifier, Overrides};
 use ddl_trainer::weights::{file, Entry, StateDict};
+use ddl_trainer_cli::predict::Args;
 
 fn main() -> ExitCode {
     ddl_cli::init_binary_signals();

@@ -9,11 +9,11 @@ use std::process::ExitCode;
 
 use clap::{CommandFactory, Parser};
 use ddl_loader::exchange_cost::{self, EpochTime, ExchangeSetup, SplitRecords};
-use ddl_trainer::args::plan::Args;
 use ddl_trainer::config::Overlap;
 use ddl_trainer::console::eprint_line;
 use ddl_trainer::memory::{compare, describe, Job, PlanFor};
 use ddl_trainer::table::Layout;
+use ddl_trainer_cli::plan::Args;
 
 fn main() -> ExitCode {
     ddl_cli::init_binary_signals();

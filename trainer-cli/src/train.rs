@@ -1,7 +1,7 @@
 //! `ddl-train`'s command line: its flags, their help and defaults ([`TrainConfig::default`]'s),
 //! and the one conversion into a [`TrainConfig`] ([`Args::config`]). Each flag's argument id
 //! is its field of the configuration (`--no-eval` sets `eval`), so that messages name the flag
-//! of each setting ([`crate::setting::spell_as_flags_of`]).
+//! of each setting ([`ddl_trainer::setting::spell_as_flags_of`]).
 
 use std::path::PathBuf;
 
@@ -9,13 +9,13 @@ use clap::{ArgAction, Parser};
 use ddl_comm::{Algorithm, CommOrder, ShardAlgorithm};
 use ddl_loader::pipeline::OnBadRecord;
 
-use crate::config::{Precision, ResidencyMode};
-use crate::device::DeviceSpec;
-use crate::model::ModelKind;
-use crate::schedule::DecayKind;
-use crate::signal::StopRequest;
-use crate::size_schedule::SizeSchedule;
-use crate::TrainConfig;
+use ddl_trainer::config::{Precision, ResidencyMode};
+use ddl_trainer::device::DeviceSpec;
+use ddl_trainer::model::ModelKind;
+use ddl_trainer::schedule::DecayKind;
+use ddl_trainer::signal::StopRequest;
+use ddl_trainer::size_schedule::SizeSchedule;
+use ddl_trainer::TrainConfig;
 
 /// Train an image classifier data-parallel on ddl shards.
 #[derive(Parser, Debug)]
@@ -359,7 +359,7 @@ fn values<const N: usize, T>(flag: &str, v: Vec<T>) -> anyhow::Result<[T; N]> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::setting::Setting;
+    use ddl_trainer::setting::Setting;
 
     /// Every flag left out means [`TrainConfig::default`]'s value, milestones (written as the
     /// command line spells them) and the switches (`--no-eval`, `--quiet`) included.
@@ -386,7 +386,7 @@ mod tests {
 
     #[test]
     fn every_setting_has_a_flag() {
-        super::super::assert_flags::<Args>(Setting::TRAIN);
+        crate::assert_flags::<Args>(Setting::TRAIN);
         let flags = ddl_cli::flags(&<Args as clap::CommandFactory>::command());
         for (setting, flag) in [
             (Setting::Eval, "--no-eval"),

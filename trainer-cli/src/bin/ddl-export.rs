@@ -4,9 +4,9 @@
 use std::process::ExitCode;
 
 use clap::{CommandFactory, Parser};
-use ddl_trainer::args::export::Args;
 use ddl_trainer::console::eprint_line;
 use ddl_trainer::export::export_checkpoint;
+use ddl_trainer_cli::export::Args;
 
 fn main() -> ExitCode {
     ddl_cli::init_binary_signals();

@@ -1,11 +1,11 @@
 //! `ddl-predict`'s command line (the binary: `src/bin/ddl-predict.rs`; the library call:
-//! [`crate::predict`]).
+//! [`ddl_trainer::predict`]).
 
 use std::path::PathBuf;
 
 use clap::Parser;
 
-use crate::model::ModelKind;
+use ddl_trainer::model::ModelKind;
 
 /// Classify images with a model written by `ddl-train --export` or `ddl-export` (or a
 /// torchvision state dict in .safetensors, with --arch).
@@ -51,12 +51,12 @@ pub struct Args {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::setting::Setting;
+    use ddl_trainer::setting::Setting;
 
     /// The settings `ddl-predict`'s library calls name in their messages have a flag.
     #[test]
     fn every_setting_it_names_has_a_flag() {
-        super::super::assert_flags::<Args>(&[
+        crate::assert_flags::<Args>(&[
             Setting::Device,
             Setting::Arch,
             Setting::ImageSize,
