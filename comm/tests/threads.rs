@@ -68,7 +68,7 @@ fn check_identical(results: &[Vec<f32>], what: &str) {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig { cases: 48, .. ProptestConfig::default() })]
+    #![proptest_config(ProptestConfig { cases: 24, .. ProptestConfig::default() })]
 
     /// Integer-valued inputs sum exactly in any order: every algorithm must equal the
     /// sequential sum bitwise, on every rank.
