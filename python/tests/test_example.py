@@ -24,8 +24,8 @@ FLAGS = ["--arch", "resnet18", "--image-size", "32", "--batch-size", "32",
          "--seed", "0"]
 
 
-def train(data: Path, *extra: "str | Path", launcher: str = "mpirun", np_: int = 2) -> Job:
-    job = launch(launcher, np_, str(EXAMPLE), ["--data", data, *FLAGS, *extra])
+def train(data: Path, *extra: "str | Path", launcher: str = "mpirun") -> Job:
+    job = launch(launcher, 2, str(EXAMPLE), ["--data", data, *FLAGS, *extra])
     assert job.returncode == 0, job.output
     return job
 
@@ -60,21 +60,15 @@ def test_example_learns(full_run: Job) -> None:
     assert result["val_top5"] >= result["val_top1"]
 
 
-@pytest.mark.parametrize("np_", [2, 3])
-def test_example_learns_as_well_under_torchrun(data: Path, full_run: Job, np_: int) -> None:
-    """torchrun --nproc_per_node 2 and 3 (ddl's TCP backend, no MPI) train the example to the
-    val top-1 of mpirun at the same rank count, within 2 points, scoring every val image once."""
-    # At 3 ranks `auto` may keep another algorithm in each run (it tunes on the first steps),
-    # and 2 epochs of the demo data turn that rounding into points of top-1: both runs use
-    # the ring, the same sums over MPI and over TCP. At 2 ranks every algorithm sums alike.
-    pinned = () if np_ == 2 else ("--allreduce", "ring")
-    under_mpirun = full_run if np_ == 2 else train(data, *pinned, np_=np_)
-    under_torchrun = train(data, *pinned, launcher="torchrun", np_=np_)
-    ours, theirs = final(under_torchrun), final(under_mpirun)
+def test_example_learns_as_well_under_torchrun(data: Path, full_run: Job) -> None:
+    """torchrun --nproc_per_node 2 (ddl's TCP backend, no MPI) trains the example to the val
+    top-1 of mpirun -np 2, within 2 points, scoring every val image once. (At 2 ranks every
+    algorithm sums alike; the TCP backend's sums at 3 ranks are test_dist's.)"""
+    under_torchrun = train(data, launcher="torchrun")
+    ours, theirs = final(under_torchrun), final(full_run)
     assert ours["val_images"] == theirs["val_images"] == 300, (ours, theirs)
     assert abs(ours["val_top1"] - theirs["val_top1"]) <= 0.02, (ours, theirs)
-    # 3 ranks take 16 steps an epoch where 2 take 25: ~73% after 2 epochs, as under mpirun.
-    assert ours["val_top1"] >= (0.80 if np_ == 2 else 0.60), under_torchrun.output
+    assert ours["val_top1"] >= 0.80, under_torchrun.output
 
 
 def test_example_learns_with_batch_side_torchvision_augmentation(data: Path) -> None:
