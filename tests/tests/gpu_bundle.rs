@@ -83,6 +83,12 @@ fn bundle_runs_every_stage_on_the_cpu() {
         .env("DEVICE", "cpu")
         .env("OUT", &out)
         .env("WORK", tmp.path().join("work"))
+        // The compile cache of every compiled-step test: the bundle's keys on the CPU are the
+        // trainer tests' (two of its three), compiled once per `make test`.
+        .env(
+            "COMPILE_CACHE",
+            Path::new(env!("CARGO_TARGET_TMPDIR")).join("compile-cache"),
+        )
         .env("PYTHON", python()));
     assert!(ran.status.success(), "{}", printed(&ran));
     let lines: Vec<Value> = fs::read_to_string(out.join("results.jsonl"))

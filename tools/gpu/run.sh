@@ -60,7 +60,8 @@
 # (every command and its output). Scratch (shards, checkpoints) goes to WORK: a new folder in
 # /tmp unless given, removed at the end unless KEEP_WORK=1.
 # Environment: DEVICE (cuda | cpu), OUT (./gpu-out), PYTHON (python3: its torch is the libtorch
-# the binaries load), STAGES, WORK, KEEP_WORK, WORKERS (decode threads: the cores less two, left
+# the binaries load), STAGES, WORK, KEEP_WORK, COMPILE_CACHE (the compiled steps' cache:
+# WORK/compile-cache, new, unless given; make test gives its own), WORKERS (decode threads: the cores less two, left
 # to the threads that launch kernels), SPEED_BUDGET and PYTHON_BUDGET (no new round of those
 # stages starts later than this many seconds into the stage, less the last round's length; on
 # the GPU 120 and 50, the stage timeouts 60 and 45 s above them; the GPU's stage timeouts add
@@ -288,7 +289,7 @@ stage_compile() {
     --classes 1000 --image-size "$K_SIZE" --batch "$K_BATCH" --devices "$DEV1" \
     --precision "$K_PRECISION" "${K_LAYOUT[@]}" --compile --compile-cache "$CACHE" \
     --max-steps 5 --metrics "$m" || return
-  local entry; entry=$(dirname "$(ls "$CACHE/$K_MODEL"-*/step.json | head -n 1)")
+  local entry; entry=$(dirname "$(ls "$CACHE/$K_MODEL-c1000-b$K_BATCH-${K_SIZE}px"-*/step.json | head -n 1)")
   add compile model="$K_MODEL" run_s=$((SECONDS - start)) compile_s="$("$PYTHON" -c \
     'import json, sys; print(json.load(open(sys.argv[1]))["compile_seconds"])' \
     "$entry/step.json")" --metrics "$m" --ok-if finite==true
@@ -319,7 +320,7 @@ stage_compile() {
 stage_compile_variants() {
   W=$WORK/compile_variants; mkdir -p "$W"
   # The compile stage's entry, or its failed compile's folder (the spec is in either).
-  local entry; entry=$(dirname "$(ls "$CACHE/$K_MODEL"-*/spec.json | head -n 1)") || return
+  local entry; entry=$(dirname "$(ls "$CACHE/$K_MODEL-c1000-b$K_BATCH-${K_SIZE}px"-*/spec.json | head -n 1)") || return
   local variants=${COMPILE_VARIANTS:-layout_optimization=False force_layout_optimization=True}
   local v i=0 pids=()
   for v in $variants; do
@@ -539,7 +540,7 @@ main() {
   if [ -z "${WORK:-}" ]; then WORK=$(mktemp -d /tmp/ddl-gpu.XXXXXX) && made_work=$WORK; fi
   trap cleanup EXIT
   mkdir -p "$WORK/logs"
-  SMALL=$WORK/small BIG=$WORK/big CACHE=$WORK/compile-cache
+  SMALL=$WORK/small BIG=$WORK/big CACHE=${COMPILE_CACHE:-$WORK/compile-cache}
   ORIG_LD_LIBRARY_PATH=${LD_LIBRARY_PATH:-}
   local torch_lib
   torch_lib=$("$PYTHON" -c 'import importlib.util as u, os
