@@ -84,7 +84,7 @@ fn bundle_runs_every_stage_on_the_cpu() {
         .env("OUT", &out)
         .env("WORK", tmp.path().join("work"))
         // The compile cache of every compiled-step test: the bundle's keys on the CPU are the
-        // trainer tests' (two of its three), compiled once per `make test`.
+        // trainer tests', compiled once per `make test`.
         .env(
             "COMPILE_CACHE",
             Path::new(env!("CARGO_TARGET_TMPDIR")).join("compile-cache"),

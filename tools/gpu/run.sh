@@ -92,7 +92,7 @@ case $DEVICE in
     Y_DTYPES="uint8 float32" Y_DEADLINE=${PYTHON_BUDGET:-50}
     TRAIN_PY=(--device cuda --arch resnet18 --image-size 64 --batch-size 32 --epochs 2
               --warmup-epochs 0.5 --lr 0.2 --workers 8 --amp)
-    K_MODEL=resnet50 K_SIZE=224 K_BATCH=256 K_PRECISION=bf16 K_LAYOUT=(--channels-last)
+    K_MODEL=resnet50 K_CLASSES=1000 K_SIZE=224 K_BATCH=256 K_PRECISION=bf16 K_LAYOUT=(--channels-last)
     K_CHECK_MODEL=resnet18 K_CHECK_PRECISIONS=${COMPILED_CHECK_PRECISIONS:-fp32 bf16}
     K_PEERS=${COMPILED_PEERS:-eager default reduce-overhead}
     K_DEADLINE=${COMPILED_BUDGET:-150} KY_DEADLINE=${COMPILED_PYTHON_BUDGET:-60}
@@ -109,9 +109,10 @@ case $DEVICE in
     Y_DTYPES=uint8 Y_DEADLINE=${PYTHON_BUDGET:-0}
     TRAIN_PY=(--device cpu --arch resnet18 --image-size 32 --batch-size 8 --epochs 1
               --warmup-epochs 0.5 --lr 0.2 --workers 1)
-    # One key on the CPU (resnet_small, 32 px, batch 8, f32, NCHW): compiled once, then found;
-    # no PyTorch peer (resnet_small is ddl's own model).
-    K_MODEL=resnet_small K_SIZE=$C_SIZE K_BATCH=$C_BATCH K_PRECISION=fp32 K_LAYOUT=()
+    # One key on the CPU (resnet_small, the small shards' 4 classes, 32 px, batch 8, f32, NCHW):
+    # compiled once, then found; no PyTorch peer (resnet_small is ddl's own model).
+    K_MODEL=resnet_small K_CLASSES=$C_CLASSES K_SIZE=$C_SIZE K_BATCH=$C_BATCH K_PRECISION=fp32
+    K_LAYOUT=()
     K_CHECK_MODEL=resnet_small K_CHECK_PRECISIONS=fp32 K_PEERS=""
     K_DEADLINE=${COMPILED_BUDGET:-0} KY_DEADLINE=0
     T_env=60 T_correctness=150 T_speed=120 T_prof=60 T_python=120
@@ -286,10 +287,10 @@ stage_compile() {
   W=$WORK/compile; mkdir -p "$W"
   local m=$W/first.jsonl start=$SECONDS
   LIMIT=280 step compile-"$K_MODEL" "$BIN/ddl-train" --synthetic-data --model "$K_MODEL" \
-    --classes 1000 --image-size "$K_SIZE" --batch "$K_BATCH" --devices "$DEV1" \
+    --classes "$K_CLASSES" --image-size "$K_SIZE" --batch "$K_BATCH" --devices "$DEV1" \
     --precision "$K_PRECISION" "${K_LAYOUT[@]}" --compile --compile-cache "$CACHE" \
     --max-steps 5 --metrics "$m" || return
-  local entry; entry=$(dirname "$(ls "$CACHE/$K_MODEL-c1000-b$K_BATCH-${K_SIZE}px"-*/step.json | head -n 1)")
+  local entry; entry=$(dirname "$(ls "$CACHE/$K_MODEL-c$K_CLASSES-b$K_BATCH-${K_SIZE}px"-*/step.json | head -n 1)")
   add compile model="$K_MODEL" run_s=$((SECONDS - start)) compile_s="$("$PYTHON" -c \
     'import json, sys; print(json.load(open(sys.argv[1]))["compile_seconds"])' \
     "$entry/step.json")" --metrics "$m" --ok-if finite==true
@@ -320,7 +321,7 @@ stage_compile() {
 stage_compile_variants() {
   W=$WORK/compile_variants; mkdir -p "$W"
   # The compile stage's entry, or its failed compile's folder (the spec is in either).
-  local entry; entry=$(dirname "$(ls "$CACHE/$K_MODEL-c1000-b$K_BATCH-${K_SIZE}px"-*/spec.json | head -n 1)") || return
+  local entry; entry=$(dirname "$(ls "$CACHE/$K_MODEL-c$K_CLASSES-b$K_BATCH-${K_SIZE}px"-*/spec.json | head -n 1)") || return
   local variants=${COMPILE_VARIANTS:-layout_optimization=False force_layout_optimization=True}
   local v i=0 pids=()
   for v in $variants; do
@@ -377,7 +378,7 @@ stage_compile_check() {
 # One round of the compiled comparison, data on the device: ddl-train --compile, ddl-train
 # eager, then PyTorch's loop in each of K_PEERS's modes (eager, or a torch.compile mode).
 compiled_round() {
-  local r=$1 common=(--synthetic-data --model "$K_MODEL" --classes 1000 --image-size "$K_SIZE"
+  local r=$1 common=(--synthetic-data --model "$K_MODEL" --classes "$K_CLASSES" --image-size "$K_SIZE"
     --batch "$K_BATCH" --devices "$DEV1" --precision "$K_PRECISION" "${K_LAYOUT[@]}"
     --max-steps "$S_STEPS" --quiet)
   local peer
@@ -397,7 +398,7 @@ compiled_round() {
       *) flags=(--compile --compile-mode "$mode" --compile-optimizer) limit=200 ;;
     esac
     LIMIT=$limit step "torch-$mode-$r" "${PLAIN[@]}" "$PYTHON" "$PY/torch_eager.py" \
-      --model "$K_MODEL" --classes 1000 --image-size "$K_SIZE" --batch "$K_BATCH" \
+      --model "$K_MODEL" --classes "$K_CLASSES" --image-size "$K_SIZE" --batch "$K_BATCH" \
       --device "$TORCH_DEV" --precision "$K_PRECISION" "${K_LAYOUT[@]}" \
       --steps $((S_STEPS - S_WARMUP)) --warmup "$S_WARMUP" "${flags[@]}" &&
       add synthetic round="$r" --from "$(logof "torch-$mode-$r")"
