@@ -33,14 +33,19 @@ all: build
 setup:
 	@scripts/setup.sh
 
+# Every crate but the Python extension, which `make setup` builds with maturin (cargo building it
+# too would rebuild it after each maturin build and back: they pass rustc different arguments).
+CRATES := --workspace --exclude ddl-python
+
 build: setup
-	$(CARGO) build --release --workspace
+	$(CARGO) build --release $(CRATES)
 
 demo: build
 	@scripts/demo.sh
 
 lint: setup
 	$(CARGO) fmt --all -- --check
+	@scripts/same-features.sh
 	$(CARGO) clippy --release --workspace --all-targets -- -D warnings
 
 # One feature resolution for every step: `--all-targets` includes the dev-dependencies, as
@@ -49,10 +54,10 @@ test: test-rust test-python
 
 # The pieces of `make test`, which .ci/run times one by one.
 build-tests: setup
-	$(CARGO) build --release --workspace --all-targets
+	$(CARGO) build --release $(CRATES) --all-targets
 
 test-rust: build-tests
-	$(CARGO) test --release --workspace
+	$(CARGO) test --release $(CRATES)
 
 test-python: setup
 	@if [ -x $(VENV)/bin/python ]; then $(VENV)/bin/python -m pytest -q python/tests; \
@@ -66,7 +71,7 @@ wheel: setup
 	cd python && $(VENV)/bin/maturin build --release --compatibility linux --auditwheel skip -o $(WHEEL_DIR)
 
 bench: build
-	$(CARGO) build --release --workspace --examples
+	$(CARGO) build --release $(CRATES) --examples
 	@scripts/bench.sh
 
 clean:
