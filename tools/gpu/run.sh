@@ -35,9 +35,10 @@
 #                steps compiled against 10 eager from the same weights and batches, in that
 #                configuration (the update's difference, as compile_check measures it)
 #   compile_check  resnet18 on the small shards, compiled against eager for fp32 and bf16 (30
-#                steps at a small learning rate from the same initial weights: the update of
-#                the compiled run against eager's, |w_compiled - w_eager| / |w_eager - w_init|),
-#                and a compiled run checkpointed and resumed (bitwise the uninterrupted one)
+#                steps at a small learning rate from the same initial weights, 12 on the CPU:
+#                the update of the compiled run against eager's, |w_compiled - w_eager| /
+#                |w_eager - w_init|), and a compiled run checkpointed (at step K_CHECK_AT) and
+#                resumed (bitwise the uninterrupted one)
 #   compile_variants  (named only) the ResNet-50 package compiled again with other Inductor
 #                options, in parallel, each timed alone and its top kernels profiled
 #   compiled_speed  ResNet-50 as in speed: ddl-train --compile fed by its own loader from the
@@ -93,7 +94,7 @@ case $DEVICE in
     TRAIN_PY=(--device cuda --arch resnet18 --image-size 64 --batch-size 32 --epochs 2
               --warmup-epochs 0.5 --lr 0.2 --workers 8 --amp)
     K_MODEL=resnet50 K_CLASSES=1000 K_SIZE=224 K_BATCH=256 K_PRECISION=bf16 K_LAYOUT=(--channels-last)
-    K_CHECK_MODEL=resnet18 K_CHECK_PRECISIONS=${COMPILED_CHECK_PRECISIONS:-fp32 bf16}
+    K_CHECK_MODEL=resnet18 K_CHECK_PRECISIONS=${COMPILED_CHECK_PRECISIONS:-fp32 bf16} K_CHECK_AT=15
     K_PEERS=${COMPILED_PEERS:-eager default reduce-overhead}
     K_DEADLINE=${COMPILED_BUDGET:-150} KY_DEADLINE=${COMPILED_PYTHON_BUDGET:-60}
     T_env=30 T_correctness=135 T_speed=$((S_DEADLINE + 60)) T_prof=35 T_python=$((Y_DEADLINE + 45))
@@ -101,7 +102,7 @@ case $DEVICE in
     T_compiled_python=$((KY_DEADLINE + 60)) ;;
   cpu)
     DEV1=cpu:1 DEV2=cpu:2 TORCH_DEV=cpu
-    C_SIZE=32 C_BATCH=8 C_CLASSES=4 C_PER_CLASS=24 C_VAL=4 C_WORKERS=1 C_RESUME_AT=18
+    C_SIZE=32 C_BATCH=8 C_CLASSES=4 C_PER_CLASS=12 C_VAL=4 C_WORKERS=1 C_RESUME_AT=9
     S_MODEL=resnet18 S_SIZE=32 S_BATCH=16 S_PRECISION=fp32 S_STEPS=8 S_WARMUP=3 S_COMPILE=0
     # The big shards' 4 classes: the compiled fed run's step is then the key below too.
     S_DEADLINE=${SPEED_BUDGET:-0} BIG_CLASSES=4 BIG_PER_CLASS=50 BIG_SHARDS=2
@@ -114,7 +115,7 @@ case $DEVICE in
     # compiled once, then found; no PyTorch peer (resnet_small is ddl's own model).
     K_MODEL=resnet_small K_CLASSES=$C_CLASSES K_SIZE=$C_SIZE K_BATCH=$C_BATCH K_PRECISION=fp32
     K_LAYOUT=()
-    K_CHECK_MODEL=resnet_small K_CHECK_PRECISIONS=fp32 K_PEERS=""
+    K_CHECK_MODEL=resnet_small K_CHECK_PRECISIONS=fp32 K_CHECK_AT=9 K_PEERS=""
     K_DEADLINE=${COMPILED_BUDGET:-0} KY_DEADLINE=0
     T_env=60 T_correctness=150 T_speed=120 T_prof=60 T_python=120
     T_compile=200 T_compile_check=200 T_compiled_speed=150 T_compiled_python=60 ;;
@@ -356,21 +357,21 @@ stage_compile_check() {
     local run=("${CHECK_RUN[@]}" --precision "$p" --max-steps 30)
     step "eager-$p" "$BIN/ddl-train" "${run[@]}" --dump-weights "$W/eager-$p.f32" &&
       step "compiled-$p" "$BIN/ddl-train" "${run[@]}" --compile --compile-cache "$CACHE" \
-        --checkpoint-dir "$W/ck-$p" --checkpoint-every 15 --keep-checkpoints 10 \
+        --checkpoint-dir "$W/ck-$p" --checkpoint-every "$K_CHECK_AT" --keep-checkpoints 10 \
         --metrics "$W/compiled-$p.jsonl" --dump-weights "$W/compiled-$p.f32" &&
       add "compiled-$p" --weights "$W/eager-$p.f32" "$W/compiled-$p.f32" \
         --update-from "$W/init.f32" --metrics "$W/compiled-$p.jsonl" --ok-if finite==true \
         --ok-if "update_rel_diff<$([ "$p" = fp32 ] && echo 0.05 || echo 0.25)"
   done
   local p=${K_CHECK_PRECISIONS%% *} ckpt
-  ckpt=$(printf 'ckpt-%012d.ddlck' 15)
+  ckpt=$(printf 'ckpt-%012d.ddlck' "$K_CHECK_AT")
   mkdir -p "$W/ck-resume" && cp "$W/ck-$p/$ckpt" "$W/ck-resume/" 2>/dev/null || {
     add resume ok=false error="no compiled $p run or no checkpoint $ckpt to resume from"
     return 1
   }
   step resume "$BIN/ddl-train" "${CHECK_RUN[@]}" --precision "$p" --max-steps 30 --compile \
     --compile-cache "$CACHE" \
-    --checkpoint-dir "$W/ck-resume" --checkpoint-every 15 --resume \
+    --checkpoint-dir "$W/ck-resume" --checkpoint-every "$K_CHECK_AT" --resume \
     --dump-weights "$W/resume.f32" &&
     add resume precision="$p" --weights "$W/compiled-$p.f32" "$W/resume.f32" \
       --ok-if bitwise==true
