@@ -46,12 +46,12 @@ fn algorithms() -> [Algorithm; 3] {
 }
 
 /// The longest buffer worth summing with `algo` here: chunks of a line cost a synchronisation
-/// per 32 f32, so they stop at 300,001.
+/// per 32 f32, so they stop at 262,145, the first length of one part per rank.
 fn max_len(algo: &Algorithm) -> usize {
     match algo {
         Algorithm::Hierarchical {
             chunk_bytes: 128, ..
-        } => 300_001,
+        } => 262_145,
         _ => usize::MAX,
     }
 }
