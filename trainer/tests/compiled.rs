@@ -208,6 +208,17 @@ fn convnet_spec(layout: &Layout) -> StepSpec<'_> {
     }
 }
 
+/// The convnet's step in the shared cache, compiled there by the first test that asks.
+fn shared_convnet_entry(vs: &nn::VarStore) -> compiled::Entry {
+    let layout = Layout::new(vs, usize::MAX);
+    compiled::prepare(
+        &convnet_spec(&layout),
+        &settings(&shared_cache(), false),
+        &mut |_| {},
+    )
+    .unwrap()
+}
+
 /// Prepares the convnet's step in `cache` and returns the progress lines the cache printed.
 fn cache_lines(cache: &Path, vs: &nn::VarStore) -> Vec<String> {
     let layout = Layout::new(vs, usize::MAX);
@@ -227,12 +238,7 @@ fn the_cache_compiles_a_key_once_and_rebuilds_what_it_cannot_use() {
     // The shared cache's entry (compiled there once for every test) copied into a cache of
     // this test's own: an entry is a folder that may move.
     let layout = Layout::new(&vs, usize::MAX);
-    let shared = compiled::prepare(
-        &convnet_spec(&layout),
-        &settings(&shared_cache(), false),
-        &mut |_| {},
-    )
-    .unwrap();
+    let shared = shared_convnet_entry(&vs);
     let entry = cache.join(shared.dir.file_name().unwrap());
     fs::create_dir_all(&entry).unwrap();
     for file in fs::read_dir(&shared.dir).unwrap() {
@@ -471,13 +477,7 @@ fn a_package_that_disagrees_with_eager_fails_its_check() {
     // differs (label smoothing 0.6 instead of the package's 0): it must fail, naming the
     // tensors furthest off.
     let (vs, _) = seeded(ModelKind::ConvnetNobn, 3, 16, Kind::Float);
-    let layout = Layout::new(&vs, usize::MAX);
-    let entry = compiled::prepare(
-        &convnet_spec(&layout),
-        &settings(&shared_cache(), false),
-        &mut |_| {},
-    )
-    .unwrap();
+    let entry = shared_convnet_entry(&vs);
     let described: serde_json::Value =
         serde_json::from_slice(&fs::read(entry.dir.join("step.json")).unwrap()).unwrap();
     let agreed = described["check"]["grad_rel"].as_f64().unwrap();
