@@ -30,8 +30,9 @@ export OMP_NUM_THREADS ?= 1
 
 all: build
 
+# VENV: the virtualenv setup fills (or checks) is the one every target then uses.
 setup:
-	@scripts/setup.sh
+	@DDL_VENV=$(VENV) scripts/setup.sh
 
 # Every crate but the Python extension, which `make setup` builds with maturin (cargo building it
 # too would rebuild it after each maturin build and back: they pass rustc different arguments).

@@ -5,6 +5,7 @@
 # Cluster users with their own stack skip parts of it:
 #   LIBTORCH=/path/to/libtorch   use that libtorch instead of the virtualenv's torch
 #   DDL_SKIP_APT=1               do not touch system packages (MPI, clang, cmake, nasm, libzstd must exist)
+#   DDL_VENV=/path/to/venv       the virtualenv to check and fill (`make VENV=...` passes it)
 set -euo pipefail
 
 here=$(cd "$(dirname "$0")/.." && pwd)
