@@ -192,3 +192,66 @@ pub fn seal(dir: &Path, key: &StepKey) -> Result<Entry> {
         described,
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn key(model: &str) -> StepKey {
+        StepKey {
+            model: model.into(),
+            classes: 3,
+            batch: 2,
+            image_size: 16,
+            model_image_size: 16,
+            precision: "fp32".into(),
+            channels_last: false,
+            label_smoothing: 0.0,
+            device: "cpu".into(),
+            torch: "2.11.0".into(),
+            layout: 1,
+            script: 2,
+        }
+    }
+
+    /// Why `open` refuses `dir` for `key`.
+    fn refused(dir: &Path, key: &StepKey) -> String {
+        match open(dir, key) {
+            Err(Unusable::Bad(why)) => why,
+            Err(Unusable::Missing) => panic!("{} is missing", dir.display()),
+            Ok(_) => panic!("{} was opened", dir.display()),
+        }
+    }
+
+    /// The checks the cache compiles again on, each alone (the rebuild itself: the trainer's
+    /// compiled tests): an entry sealed around a few bytes that stand in for a package opens
+    /// for its own key only, and only while those bytes are whole.
+    #[test]
+    fn open_refuses_another_step_and_a_damaged_package() {
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = tmp.path().join("entry");
+        assert!(matches!(
+            open(&dir, &key("convnet_nobn")),
+            Err(Unusable::Missing)
+        ));
+        fs::create_dir(&dir).unwrap();
+        fs::write(dir.join(PACKAGE), b"a package").unwrap();
+        let described = r#"{"torch_version": "2.11.0", "constants": [], "inputs": [],
+                            "compile_seconds": 1.0}"#;
+        fs::write(dir.join(DESCRIBED), described).unwrap();
+        seal(&dir, &key("convnet_nobn")).unwrap();
+        assert!(open(&dir, &key("convnet_nobn")).is_ok());
+
+        let other = refused(&dir, &key("resnet50"));
+        assert!(
+            other.contains(r#"another step (model "convnet_nobn" instead of "resnet50")"#),
+            "{other}"
+        );
+        fs::write(dir.join(PACKAGE), b"a packagE").unwrap();
+        let damaged = refused(&dir, &key("convnet_nobn"));
+        assert!(damaged.contains("damaged"), "{damaged}");
+        fs::write(dir.join(ENTRY), "{}").unwrap();
+        let unreadable = refused(&dir, &key("convnet_nobn"));
+        assert!(unreadable.contains(ENTRY), "{unreadable}");
+    }
+}
