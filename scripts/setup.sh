@@ -90,6 +90,7 @@ cleanup() {
 trap cleanup EXIT
 if [ $need_torch = 1 ] || [ $need_packages = 1 ]; then
   installed maturin - || pip_install "maturin>=1.5,<2"
+  echo "setup: compiling the Python package ddl meanwhile (maturin build)" >&2
   setsid env "${venv_env[@]}" "$venv/bin/maturin" build --release --compatibility linux --auditwheel skip \
     -m python/Cargo.toml -o "$tmp/wheel" >"$tmp/build.log" 2>&1 &
   build_pid=$!
