@@ -46,6 +46,7 @@ const CHECKS: &[(&str, &str)] = &[
     ("env", "ddl-train"),
     ("compile", "compile"),
     ("compile", "update"),
+    ("compile_variants", "variant"),
     ("compile_check", "compiled-fp32"),
     ("compile_check", "resume"),
     ("compiled_speed", "fed"),
@@ -106,6 +107,7 @@ fn bundle_runs_every_stage_on_the_cpu() {
     let stages = [
         "env",
         "compile",
+        "compile_variants",
         "compiled_speed",
         "compile_check",
         "compiled_python",
@@ -147,6 +149,17 @@ fn bundle_runs_every_stage_on_the_cpu() {
     assert_eq!(
         peers("compiled_speed"),
         BTreeSet::from(["ddl-train", "ddl-train-compile"])
+    );
+    // The package ddl-train compiled and one compiled again with another Inductor option, each
+    // timed alone by compiled_graphs.py.
+    let variants: BTreeSet<&str> = lines
+        .iter()
+        .filter(|l| l["stage"] == "compile_variants" && l["check"] == "variant")
+        .map(|l| l["options"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        variants,
+        BTreeSet::from(["ddl-train", "layout_optimization=False"])
     );
     let summary = fs::read_to_string(out.join("summary.md")).expect("summary.md");
     assert_eq!(

@@ -26,15 +26,18 @@ import time
 
 import torch
 
-DTYPES = {"torch.float32": torch.float32, "torch.int64": torch.int64}
+DTYPES = {"torch.float32": torch.float32, "torch.bfloat16": torch.bfloat16,
+          "torch.float16": torch.float16, "torch.int64": torch.int64}
 
 
-def tensor_of(spec, device, kind):
+def tensor_of(spec, device, kind, classes):
+    """A tensor laid out as SPEC says: labels below CLASSES, running variances ones, the
+    flat gradient zeros, the loss scale one, anything else small random values."""
     shape, strides = spec["shape"], spec["strides"]
     dtype = DTYPES[spec["dtype"]]
     t = torch.empty_strided(shape, strides, dtype=dtype, device=device)
     if kind == "labels":
-        t.copy_(torch.randint(0, 10, shape))
+        t.copy_(torch.randint(0, classes, shape))
     elif kind == "var":
         t.fill_(1.0)
     elif kind in ("zeros", "scale"):
@@ -79,12 +82,11 @@ def top_kernels(fn, n):
     return [{"total_ms": total}] + [{"kernel": k[:120], "calls": c, "ms": t} for k, c, t in rows[:n]]
 
 
-def eager_step(described, images, labels):
-    """An eager torchvision step of the package's model (ResNet-50 when it has 161 parameters
-    whose last is fc's bias), in bf16 autocast, channels-last as the images are."""
+def eager_step(classes, images, labels):
+    """An eager torchvision ResNet-50 step (the GPU bundle's compiled model) of CLASSES
+    classes, in bf16 autocast, channels-last as the images are."""
     import torchvision
 
-    classes = next(c["shape"][0] for c in described["constants"] if c["name"] == "fc.bias")
     model = torchvision.models.resnet50(num_classes=classes).cuda()
     model = model.to(memory_format=torch.channels_last)
 
@@ -115,14 +117,15 @@ def main():
     package = torch._inductor.aoti_load_package(os.path.join(a.entry, "step.pt2"),
                                                 device_index=index)
     loader = package.loader
+    classes = next(c["shape"][0] for c in described["constants"] if c["name"] == "fc.bias")
     constants = {}
     for c in described["constants"]:
         kind = "zeros" if c["fqn"] == "flat_grad" else (
             "var" if c["name"].endswith("running_var") else "zeros"
             if c["name"].endswith("running_mean") else "param")
-        constants[c["fqn"]] = tensor_of(c, device, kind)
+        constants[c["fqn"]] = tensor_of(c, device, kind, classes)
     loader.load_constants(constants, False, True, True)
-    images, labels, scale = (tensor_of(s, device, k) for s, k in
+    images, labels, scale = (tensor_of(s, device, k, classes) for s, k in
                              zip(described["inputs"], ["param", "labels", "scale"]))
     inputs = [images, labels, scale]
 
@@ -139,7 +142,7 @@ def main():
         return
     if a.profile:
         print(json.dumps({"profile": "package", "top": top_kernels(plain, a.profile)}), flush=True)
-        eager = eager_step(described, images, labels)
+        eager = eager_step(classes, images, labels)
         print(json.dumps({"profile": "eager", "top": top_kernels(eager, a.profile)}), flush=True)
 
     stream = torch.cuda.Stream()

@@ -39,8 +39,9 @@
 #                the update of the compiled run against eager's, |w_compiled - w_eager| /
 #                |w_eager - w_init|), and a compiled run checkpointed (at step K_CHECK_AT) and
 #                resumed (bitwise the uninterrupted one)
-#   compile_variants  (named only) the ResNet-50 package compiled again with other Inductor
-#                options, in parallel, each timed alone and its top kernels profiled
+#   compile_variants  (named only on the GPU) the ResNet-50 package compiled again with other
+#                Inductor options, in parallel, each timed alone and its top kernels profiled
+#                (on the CPU: one variant of the small step, timed)
 #   compiled_speed  ResNet-50 as in speed: ddl-train --compile fed by its own loader from the
 #                1000-class shards (images/s, data-wait); then, data on the device, alternating
 #                rounds of ddl-train --compile, ddl-train eager, torch_eager.py eager, under
@@ -75,8 +76,8 @@ DEVICE=${DEVICE:-cuda}
 PYTHON=${PYTHON:-python3}
 case $DEVICE in
   cuda) STAGES=${STAGES:-env compile compiled_speed compile_check compiled_python} ;;
-  *) STAGES=${STAGES:-env compile compiled_speed compile_check compiled_python correctness speed
-     prof python} ;;
+  *) STAGES=${STAGES:-env compile compile_variants compiled_speed compile_check compiled_python
+     correctness speed prof python} ;;
 esac
 cores=$(env -u OMP_NUM_THREADS -u OMP_THREAD_LIMIT nproc)  # nproc reads OMP_NUM_THREADS
 WORKERS=${WORKERS:-$((cores > 3 ? cores - 2 : 1))}
@@ -96,10 +97,11 @@ case $DEVICE in
     K_MODEL=resnet50 K_CLASSES=1000 K_SIZE=224 K_BATCH=256 K_PRECISION=bf16 K_LAYOUT=(--channels-last)
     K_CHECK_MODEL=resnet18 K_CHECK_PRECISIONS=${COMPILED_CHECK_PRECISIONS:-fp32 bf16} K_CHECK_AT=15
     K_PEERS=${COMPILED_PEERS:-eager default reduce-overhead}
+    K_VARIANTS=${COMPILE_VARIANTS:-layout_optimization=False force_layout_optimization=True}
     K_DEADLINE=${COMPILED_BUDGET:-150} KY_DEADLINE=${COMPILED_PYTHON_BUDGET:-60}
     T_env=30 T_correctness=135 T_speed=$((S_DEADLINE + 60)) T_prof=35 T_python=$((Y_DEADLINE + 45))
-    T_compile=300 T_compile_check=200 T_compiled_speed=$((K_DEADLINE + 100))
-    T_compiled_python=$((KY_DEADLINE + 60)) ;;
+    T_compile=300 T_compile_variants=420 T_compile_check=200
+    T_compiled_speed=$((K_DEADLINE + 100)) T_compiled_python=$((KY_DEADLINE + 60)) ;;
   cpu)
     DEV1=cpu:1 DEV2=cpu:2 TORCH_DEV=cpu
     C_SIZE=32 C_BATCH=8 C_CLASSES=4 C_PER_CLASS=12 C_VAL=4 C_WORKERS=1 C_RESUME_AT=9
@@ -116,9 +118,11 @@ case $DEVICE in
     K_MODEL=resnet_small K_CLASSES=$C_CLASSES K_SIZE=$C_SIZE K_BATCH=$C_BATCH K_PRECISION=fp32
     K_LAYOUT=()
     K_CHECK_MODEL=resnet_small K_CHECK_PRECISIONS=fp32 K_CHECK_AT=9 K_PEERS=""
+    K_VARIANTS=${COMPILE_VARIANTS:-layout_optimization=False}
     K_DEADLINE=${COMPILED_BUDGET:-0} KY_DEADLINE=0
     T_env=60 T_correctness=150 T_speed=120 T_prof=60 T_python=120
-    T_compile=200 T_compile_check=200 T_compiled_speed=150 T_compiled_python=60 ;;
+    T_compile=200 T_compile_variants=300 T_compile_check=200 T_compiled_speed=150
+    T_compiled_python=60 ;;
   *) echo "run.sh: DEVICE=$DEVICE: give cuda or cpu" >&2; exit 2 ;;
 esac
 LIMIT=120  # seconds one command may take (LIMIT=N step ... for another; the stage's timeout
@@ -317,16 +321,16 @@ stage_compile() {
 
 # Variants of the ResNet-50 package, compiled in parallel from the compile stage's spec with
 # other Inductor options (COMPILE_VARIANTS: space-separated KEY=VALUE[,KEY=VALUE]; default
-# "layout_optimization=False force_layout_optimization=True"), each timed alone beside the package ddl-train compiled, its top
-# kernels profiled (tools/gpu/compiled_graphs.py --profile): where the compiled step's time
-# goes. Not a default stage: STAGES="compile compile_variants".
+# "layout_optimization=False force_layout_optimization=True", on the CPU the first only),
+# each timed alone beside the package ddl-train compiled, its top kernels profiled
+# (tools/gpu/compiled_graphs.py --profile): where the compiled step's time goes. Not a default
+# stage on the GPU: STAGES="compile compile_variants".
 stage_compile_variants() {
   W=$WORK/compile_variants; mkdir -p "$W"
   # The compile stage's entry, or its failed compile's folder (the spec is in either).
   local entry; entry=$(dirname "$(ls "$CACHE/$K_MODEL-c$K_CLASSES-b$K_BATCH-${K_SIZE}px"-*/spec.json | head -n 1)") || return
-  local variants=${COMPILE_VARIANTS:-layout_optimization=False force_layout_optimization=True}
   local v i=0 pids=()
-  for v in $variants; do
+  for v in $K_VARIANTS; do
     i=$((i + 1)); mkdir -p "$W/v$i"; cp "$entry/spec.json" "$W/v$i/"
     local configs=(); IFS=, read -ra opts <<< "$v"
     for o in "${opts[@]}"; do configs+=(--inductor-config "$o"); done
@@ -335,7 +339,7 @@ stage_compile_variants() {
   done
   for p in "${pids[@]}"; do wait "$p"; done
   i=0
-  for v in ddl-train $variants; do
+  for v in ddl-train $K_VARIANTS; do
     local dir=$entry
     [ "$v" = ddl-train ] || { i=$((i + 1)); dir=$W/v$i; cp "$entry/spec.json" "$dir/" 2>/dev/null; }
     [ -f "$dir/step.json" ] || continue
@@ -533,6 +537,13 @@ cleanup() {
 }
 
 main() {
+  # Every stage has its timeout on this device, named in STAGES or not: a stage without one
+  # would end the whole run (set -u) when it starts, on a lease that cannot be repeated.
+  local f t
+  for f in $(declare -F | awk '$3 ~ /^stage_/ { print substr($3, 7) }'); do
+    t=T_$f
+    [ -n "${!t:-}" ] || { echo "run.sh: stage $f has no timeout (T_$f) for DEVICE=$DEVICE" >&2; exit 2; }
+  done
   OUT=${OUT:-$PWD/gpu-out}
   RESULTS=$OUT/results.jsonl LOG=$OUT/log.txt
   if [ -e "$RESULTS" ]; then
