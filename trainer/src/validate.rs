@@ -178,7 +178,37 @@ pub fn head_split(cfg: &TrainConfig, classes: usize, replicas: usize) -> Result<
 /// `overlap` backward) or batches of any size (`on_bad_record` skip).
 pub fn compile(cfg: &TrainConfig) -> Result<()> {
     if !cfg.compile {
+        let needs = |other: Setting, what: &str| {
+            Err(TrainError::Config {
+                settings: vec![other, Setting::Compile],
+                message: format!("{what} the compiled step: add {}", Setting::Compile),
+            })
+        };
+        if cfg.cuda_graphs {
+            return needs(Setting::CudaGraphs, "CUDA graphs replay");
+        }
+        if !cfg.inductor_options.is_empty() {
+            return needs(Setting::InductorOptions, "Inductor's options shape");
+        }
         return Ok(());
+    }
+    for option in &cfg.inductor_options {
+        let key = option.split_once('=').map(|(k, _)| k);
+        let named = |k: &str| {
+            !k.is_empty()
+                && k.split('.').all(|part| {
+                    part.chars()
+                        .next()
+                        .is_some_and(|c| c.is_ascii_alphabetic() || c == '_')
+                        && part.chars().all(|c| c.is_ascii_alphanumeric() || c == '_')
+                })
+        };
+        if !key.is_some_and(named) {
+            return Err(TrainError::config(
+                Setting::InductorOptions,
+                format!("{option:?}: expected KEY=VALUE, KEY a name of torch._inductor.config"),
+            ));
+        }
     }
     let refuse = |other: Setting, why: String| {
         Err(TrainError::Config {

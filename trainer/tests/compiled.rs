@@ -27,6 +27,8 @@ fn settings(cache: &Path, fold_small_constants: bool) -> CompileSettings {
         image_sizes: vec![],
         verbose: false,
         fold_small_constants,
+        inductor_options: vec![],
+        cuda_graphs: false,
     }
 }
 
@@ -63,6 +65,7 @@ fn bound(
         layout: &layout,
         device: Device::Cpu,
         fold_small_constants,
+        inductor_options: &[],
     };
     let entry = compiled::prepare(&spec, &settings(cache, fold_small_constants), &mut |_| {})?;
     let mut package = StepPackage::load(&entry.package(), entry.described.clone(), Device::Cpu)?;
@@ -205,6 +208,7 @@ fn convnet_spec(layout: &Layout) -> StepSpec<'_> {
         layout,
         device: Device::Cpu,
         fold_small_constants: false,
+        inductor_options: &[],
     }
 }
 
@@ -418,6 +422,47 @@ fn compile_refuses_what_needs_the_model_apart_naming_both_flags() {
         &|c| c.on_bad_record = ddl_loader::pipeline::OnBadRecord::Skip,
         "--on-bad-record",
     );
+    // CUDA graphs: only of a compiled step, only on a GPU (refused before any compile).
+    refused(
+        &|c| {
+            c.compile = false;
+            c.cuda_graphs = true
+        },
+        "--cuda-graphs",
+    );
+    let mut cfg = run_config(&data, "resnet_small", true);
+    cfg.cuda_graphs = true;
+    cfg.compile_cache = Some(tmp.path().join("untouched-cache"));
+    let message = common::try_all(&cfg, 1)
+        .remove(0)
+        .expect_err("refused")
+        .to_string();
+    assert!(
+        message.contains("--cuda-graphs") && message.contains("--devices"),
+        "{message}"
+    );
+    assert!(!tmp.path().join("untouched-cache").exists());
+    // Inductor's options: KEY=VALUE, KEY one of torch._inductor.config's (the compile script
+    // checks before it compiles anything).
+    for (option, said) in [
+        ("layout_optimization", "expected KEY=VALUE"),
+        (
+            "no_such_option=1",
+            "torch._inductor.config has no option no_such_option",
+        ),
+    ] {
+        let mut cfg = run_config(&data, "resnet_small", true);
+        cfg.inductor_options = vec![option.into()];
+        cfg.compile_cache = Some(tmp.path().join("cache"));
+        let message = common::try_all(&cfg, 1)
+            .remove(0)
+            .expect_err("refused")
+            .to_string();
+        assert!(
+            message.contains("--inductor-option") && message.contains(said),
+            "{message}"
+        );
+    }
 }
 
 #[test]

@@ -13,7 +13,7 @@ use fs4::fs_std::FileExt;
 
 use super::entry::{self, Entry, Unusable};
 use super::python::Python;
-use super::{StepKey, StepSpec, SCRIPT};
+use super::{StepKey, StepSpec, GRAPH_SOURCES, SCRIPT};
 use crate::error::{Result, TrainError};
 
 /// The entry of `key` in `cache`, compiled by `python` from `spec` if it is missing or
@@ -87,7 +87,8 @@ pub fn get_or_build(
     Ok(entry)
 }
 
-/// Runs the compile script in `dir` (spec.json, step.py and compile.log go there too).
+/// Runs the compile script in `dir` (spec.json, step.py, the graph library's sources and
+/// compile.log go there too).
 fn compile(dir: &Path, python: &Python, spec: &serde_json::Value) -> Result<()> {
     let write = |name: &str, bytes: &[u8]| {
         let path = dir.join(name);
@@ -97,6 +98,9 @@ fn compile(dir: &Path, python: &Python, spec: &serde_json::Value) -> Result<()> 
     };
     write("spec.json", spec.to_string().as_bytes())?;
     write("step.py", SCRIPT.as_bytes())?;
+    for (name, text) in GRAPH_SOURCES {
+        write(name, text.as_bytes())?;
+    }
     let log_path = dir.join("compile.log");
     let log = fs::File::create(&log_path).map_err(|e| TrainError::io(&log_path, e))?;
     let log_err = log.try_clone().map_err(|e| TrainError::io(&log_path, e))?;

@@ -1,6 +1,7 @@
-//! One compile-cache entry: a folder holding `step.pt2` (the package), `step.json` (what the
-//! compile script says the package reads and takes) and `entry.json` (the key it was compiled
-//! for and the package's size and crc32c), written last: a folder without it is not a
+//! One compile-cache entry: a folder holding `step.pt2` (the package), on a GPU `graph.so`
+//! (its CUDA graph capture, [`super::graph`]), `step.json` (what the compile script says the
+//! package reads and takes) and `entry.json` (the key it was compiled for and the size and
+//! crc32c of the package and the graph library), written last: a folder without it is not a
 //! finished entry.
 
 use std::fs;
@@ -14,6 +15,8 @@ use crate::error::{Result, TrainError};
 
 /// The package file of an entry.
 pub const PACKAGE: &str = "step.pt2";
+/// The CUDA graph library of an entry for a GPU.
+pub const GRAPH_LIBRARY: &str = "graph.so";
 /// The compile script's description of the package.
 pub const DESCRIBED: &str = "step.json";
 /// The key and checksum of the entry.
@@ -23,8 +26,11 @@ pub const FILES: &[&str] = &[
     PACKAGE,
     DESCRIBED,
     ENTRY,
+    GRAPH_LIBRARY,
     "spec.json",
     "step.py",
+    "graph.cpp",
+    "guarded.h",
     "compile.log",
 ];
 
@@ -85,14 +91,37 @@ pub struct Described {
     pub inputs: Vec<TensorSpec>,
     /// Seconds the compile took.
     pub compile_seconds: f64,
+    /// The CUDA graph library, for a GPU: compiled, or why not.
+    #[serde(default)]
+    pub graph_library: Option<GraphLibraryBuild>,
+}
+
+/// What became of the CUDA graph library's compile.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct GraphLibraryBuild {
+    /// The library's file in the entry, when it was compiled.
+    #[serde(default)]
+    pub file: Option<String>,
+    /// Why it was not.
+    #[serde(default)]
+    pub error: Option<String>,
+}
+
+/// The size and crc32c of one file of an entry.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+struct Sum {
+    bytes: u64,
+    crc32c: u32,
 }
 
 /// `entry.json`.
 #[derive(Clone, Debug, Serialize, Deserialize)]
 struct EntryFile {
     key: StepKey,
-    package_bytes: u64,
-    package_crc32c: u32,
+    package: Sum,
+    /// graph.so, in an entry for a GPU whose compile made one.
+    #[serde(default)]
+    graph_library: Option<Sum>,
 }
 
 /// A finished entry, checked.
@@ -109,6 +138,19 @@ impl Entry {
     pub fn package(&self) -> PathBuf {
         self.dir.join(PACKAGE)
     }
+
+    /// The CUDA graph library of the package, or why there is none.
+    pub fn graph_library(&self) -> std::result::Result<PathBuf, String> {
+        match &self.described.graph_library {
+            Some(GraphLibraryBuild {
+                file: Some(file), ..
+            }) => Ok(self.dir.join(file)),
+            Some(GraphLibraryBuild {
+                error: Some(why), ..
+            }) => Err(why.clone()),
+            _ => Err("the step was not compiled for a GPU".into()),
+        }
+    }
 }
 
 /// Why an existing entry cannot be used.
@@ -124,19 +166,36 @@ fn read_json<T: serde::de::DeserializeOwned>(path: &Path) -> std::result::Result
     serde_json::from_slice(&text).map_err(|e| format!("{}: {e}", path.display()))
 }
 
-/// crc32c and size of `path`, read in pieces.
-fn checksum(path: &Path) -> std::io::Result<(u32, u64)> {
+/// The size and crc32c of `path`, read in pieces.
+fn checksum(path: &Path) -> std::io::Result<Sum> {
     use std::io::Read;
     let mut f = fs::File::open(path)?;
     let mut buf = vec![0u8; 1 << 20];
-    let (mut crc, mut len) = (0u32, 0u64);
+    let mut sum = Sum {
+        bytes: 0,
+        crc32c: 0,
+    };
     loop {
         let n = f.read(&mut buf)?;
         if n == 0 {
-            return Ok((crc, len));
+            return Ok(sum);
         }
-        crc = crc32c::crc32c_append(crc, &buf[..n]);
-        len += n as u64;
+        sum.crc32c = crc32c::crc32c_append(sum.crc32c, &buf[..n]);
+        sum.bytes += n as u64;
+    }
+}
+
+/// Fails unless `path` is whole: its size and crc32c are `sealed`'s.
+fn verify(path: &Path, sealed: Sum) -> std::result::Result<(), Unusable> {
+    match checksum(path) {
+        Ok(sum) if sum == sealed => Ok(()),
+        Ok(sum) => Err(Unusable::Bad(format!(
+            "{} is damaged ({} bytes, crc32c differs from the {} bytes compiled)",
+            path.display(),
+            sum.bytes,
+            sealed.bytes
+        ))),
+        Err(e) => Err(Unusable::Bad(format!("{}: {e}", path.display()))),
     }
 }
 
@@ -153,17 +212,9 @@ pub fn open(dir: &Path, key: &StepKey) -> std::result::Result<Entry, Unusable> {
             key.differences(&entry.key).join(", ")
         )));
     }
-    let package = dir.join(PACKAGE);
-    match checksum(&package) {
-        Ok((crc, len)) if crc == entry.package_crc32c && len == entry.package_bytes => {}
-        Ok((_, len)) => {
-            return Err(Unusable::Bad(format!(
-                "{} is damaged ({len} bytes, crc32c differs from the {} bytes compiled)",
-                package.display(),
-                entry.package_bytes
-            )))
-        }
-        Err(e) => return Err(Unusable::Bad(format!("{}: {e}", package.display()))),
+    verify(&dir.join(PACKAGE), entry.package)?;
+    if let Some(sealed) = entry.graph_library {
+        verify(&dir.join(GRAPH_LIBRARY), sealed)?;
     }
     let described: Described = read_json(&dir.join(DESCRIBED)).map_err(Unusable::Bad)?;
     Ok(Entry {
@@ -173,16 +224,16 @@ pub fn open(dir: &Path, key: &StepKey) -> std::result::Result<Entry, Unusable> {
 }
 
 /// Finishes the entry compiled into `dir` for `key`: checks the script's description and
-/// writes `entry.json` with the package's checksum.
+/// writes `entry.json` with the checksums of the package and the graph library.
 pub fn seal(dir: &Path, key: &StepKey) -> Result<Entry> {
     let bad = |m: String| TrainError::Compile(format!("the compile wrote no usable entry: {m}"));
     let described: Described = read_json(&dir.join(DESCRIBED)).map_err(bad)?;
-    let package = dir.join(PACKAGE);
-    let (crc, len) = checksum(&package).map_err(|e| TrainError::io(&package, e))?;
+    let sum = |path: PathBuf| checksum(&path).map_err(|e| TrainError::io(&path, e));
+    let graph = dir.join(GRAPH_LIBRARY);
     let entry = EntryFile {
         key: key.clone(),
-        package_bytes: len,
-        package_crc32c: crc,
+        package: sum(dir.join(PACKAGE))?,
+        graph_library: graph.exists().then(|| sum(graph)).transpose()?,
     };
     let path = dir.join(ENTRY);
     let text = serde_json::to_vec_pretty(&entry).expect("an entry serializes");
@@ -211,6 +262,7 @@ mod tests {
             torch: "2.11.0".into(),
             layout: 1,
             script: 2,
+            inductor_options: vec![],
         }
     }
 
@@ -225,7 +277,8 @@ mod tests {
 
     /// The checks the cache compiles again on, each alone (the rebuild itself: the trainer's
     /// compiled tests): an entry sealed around a few bytes that stand in for a package opens
-    /// for its own key only, and only while those bytes are whole.
+    /// for its own key only, and only while those bytes are whole, and so does the graph
+    /// library sealed with it.
     #[test]
     fn open_refuses_another_step_and_a_damaged_package() {
         let tmp = tempfile::tempdir().unwrap();
@@ -249,7 +302,14 @@ mod tests {
         );
         fs::write(dir.join(PACKAGE), b"a packagE").unwrap();
         let damaged = refused(&dir, &key("convnet_nobn"));
-        assert!(damaged.contains("damaged"), "{damaged}");
+        assert!(damaged.contains("step.pt2 is damaged"), "{damaged}");
+        fs::write(dir.join(PACKAGE), b"a package").unwrap();
+        fs::write(dir.join(GRAPH_LIBRARY), b"a library").unwrap();
+        seal(&dir, &key("convnet_nobn")).unwrap();
+        assert!(open(&dir, &key("convnet_nobn")).is_ok());
+        fs::write(dir.join(GRAPH_LIBRARY), b"a librarY").unwrap();
+        let damaged = refused(&dir, &key("convnet_nobn"));
+        assert!(damaged.contains("graph.so is damaged"), "{damaged}");
         fs::write(dir.join(ENTRY), "{}").unwrap();
         let unreadable = refused(&dir, &key("convnet_nobn"));
         assert!(unreadable.contains(ENTRY), "{unreadable}");

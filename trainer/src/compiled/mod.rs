@@ -19,6 +19,7 @@
 mod cache;
 mod cuda;
 mod entry;
+mod graph;
 mod package;
 mod python;
 
@@ -33,10 +34,16 @@ use crate::model::ModelKind;
 use crate::table::Layout;
 
 pub use entry::Entry;
+pub(crate) use graph::GraphLibrary;
 pub use package::StepPackage;
 
 /// The compile script, written into each entry it compiles.
 const SCRIPT: &str = include_str!("step.py");
+/// The sources the script compiles the CUDA graph library from, written beside it.
+const GRAPH_SOURCES: [(&str, &str); 2] = [
+    ("graph.cpp", include_str!("graph.cpp")),
+    ("guarded.h", include_str!("../device/guarded.h")),
+];
 
 /// Where the steps are compiled and for which sizes. The Python that compiles is `DDL_PYTHON`
 /// if set, else the one the loaded torch belongs to.
@@ -51,6 +58,10 @@ pub struct CompileSettings {
     /// Let Inductor fold small 1-D constants into the code (tests of the check that refuses
     /// such a package).
     pub fold_small_constants: bool,
+    /// Options of Inductor's compile, `KEY=VALUE` (`inductor_options`).
+    pub inductor_options: Vec<String>,
+    /// Replay each step from a CUDA graph (`cuda_graphs`).
+    pub cuda_graphs: bool,
 }
 
 /// The default cache folder: `$XDG_CACHE_HOME/ddl/compiled`, else `~/.cache/ddl/compiled`.
@@ -88,8 +99,11 @@ pub struct StepKey {
     pub torch: String,
     /// crc32c of the flat layout (names, shapes, offsets) the gradients are written in.
     pub layout: u32,
-    /// crc32c of the compile script.
+    /// crc32c of the compile script and the graph library's sources.
     pub script: u32,
+    /// Inductor's options other than the script's own, `KEY=VALUE`.
+    #[serde(default)]
+    pub inductor_options: Vec<String>,
 }
 
 impl StepKey {
@@ -151,6 +165,8 @@ pub struct StepSpec<'a> {
     /// Let Inductor fold small 1-D constants into the code, as it does by default (for the
     /// tests of the check that refuses such a package).
     pub fold_small_constants: bool,
+    /// Inductor's options, `KEY=VALUE`.
+    pub inductor_options: &'a [String],
 }
 
 impl StepSpec<'_> {
@@ -180,7 +196,13 @@ impl StepSpec<'_> {
             device,
             torch: torch.into(),
             layout: crc32c::crc32c(self.layout_json().to_string().as_bytes()),
-            script: crc32c::crc32c(SCRIPT.as_bytes()) ^ u32::from(self.fold_small_constants),
+            script: GRAPH_SOURCES
+                .iter()
+                .fold(crc32c::crc32c(SCRIPT.as_bytes()), |crc, (_, text)| {
+                    crc32c::crc32c_append(crc, text.as_bytes())
+                })
+                ^ u32::from(self.fold_small_constants),
+            inductor_options: self.inductor_options.to_vec(),
         })
     }
 
@@ -209,6 +231,7 @@ impl StepSpec<'_> {
             "channels_last": key.channels_last, "label_smoothing": key.label_smoothing,
             "device": device, "torch_version": key.torch,
             "inline_small_constants": self.fold_small_constants,
+            "inductor_options": key.inductor_options,
         });
         if let (Some(s), Some(f)) = (spec.as_object_mut(), fields.as_object()) {
             s.extend(f.clone());

@@ -4,10 +4,12 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::ffi::{c_char, c_void, CStr, CString};
 use std::path::Path;
+use std::sync::Arc;
 
 use tch::{Device, Kind, Tensor};
 
 use super::entry::{Described, TensorSpec};
+use super::graph::{CudaGraph, GraphLibrary};
 use crate::error::{Result, TrainError};
 
 extern "C" {
@@ -51,13 +53,37 @@ const FLAT_GRAD: &str = "flat_grad";
 /// The prefix of the network's constants in the package.
 const NET: &str = "net.";
 
+/// Plain runs of a package before its CUDA graph is captured: the first runs initialize
+/// cuDNN and choose its algorithms (benchmark mode), which capture must not see.
+const WARMUP_RUNS: usize = 2;
+
+/// How a package runs: plainly, or replayed from a CUDA graph once warmed up.
+enum Graph {
+    Off,
+    /// Runs plainly `runs` times so far, then captures with `library`.
+    Warming {
+        library: Arc<GraphLibrary>,
+        runs: usize,
+    },
+    /// The graph, and the static slots it reads its batch from and writes its loss to.
+    Captured {
+        graph: CudaGraph,
+        images: Tensor,
+        labels: Tensor,
+        loss: Tensor,
+    },
+}
+
 /// A loaded step package. Not `Sync`: one per replica thread.
 pub struct StepPackage {
     loader: *mut c_void,
     described: Described,
+    /// The CUDA device it runs on (`None`: the CPU).
+    gpu: Option<usize>,
     /// The loss scale the package multiplies the loss by, as an input on the device.
     loss_scale: Tensor,
     scale: f64,
+    graph: Graph,
 }
 
 // SAFETY: the loader is owned by one replica at a time; AOTInductor's container may be used
@@ -67,10 +93,11 @@ unsafe impl Send for StepPackage {}
 impl StepPackage {
     /// Loads `package` (described by `described`) for `device`.
     pub fn load(package: &Path, described: Described, device: Device) -> Result<StepPackage> {
-        let index = match device {
-            Device::Cuda(i) => i as i64,
-            _ => -1,
+        let gpu = match device {
+            Device::Cuda(i) => Some(i),
+            _ => None,
         };
+        let index = gpu.map_or(-1, |i| i as i64);
         let path = CString::new(package.as_os_str().as_encoded_bytes()).map_err(|_| {
             TrainError::Compile(format!("{}: a NUL in the path", package.display()))
         })?;
@@ -83,9 +110,23 @@ impl StepPackage {
         Ok(StepPackage {
             loader,
             described,
+            gpu,
             loss_scale: Tensor::f_ones([], (Kind::Float, device))?,
             scale: 1.0,
+            graph: Graph::Off,
         })
+    }
+
+    /// Replays the step from a CUDA graph (captured with `library` after a few plain runs);
+    /// refused on the CPU.
+    pub fn use_cuda_graphs(&mut self, library: Arc<GraphLibrary>) -> Result<()> {
+        if self.gpu.is_none() {
+            return Err(TrainError::Compile(
+                "CUDA graphs need a GPU; this step runs on the CPU".into(),
+            ));
+        }
+        self.graph = Graph::Warming { library, runs: 0 };
+        Ok(())
     }
 
     /// The constants the package reads or writes, as its loader lists them.
@@ -171,7 +212,8 @@ impl StepPackage {
 
     /// Runs one step on `images` and `labels` with the loss multiplied by `loss_scale`:
     /// writes the gradients into the bound flat buffer, updates the running statistics in
-    /// place and returns the unscaled loss (a 0-dim tensor on the device).
+    /// place and returns the unscaled loss (a 0-dim tensor on the device; from a CUDA graph,
+    /// its static slot, which the next step overwrites).
     pub fn run(&mut self, images: &Tensor, labels: &Tensor, loss_scale: f64) -> Result<Tensor> {
         let inputs = &self.described.inputs;
         inputs[0].check("images", images)?;
@@ -180,41 +222,106 @@ impl StepPackage {
             let _ = self.loss_scale.f_fill_(loss_scale)?;
             self.scale = loss_scale;
         }
-        let ins = [raw(images), raw(labels), raw(&self.loss_scale)];
-        let mut outs = [std::ptr::null_mut(); 4];
-        let mut count = 0;
-        // SAFETY: live input tensors; `outs` has room for `capacity` new tensors.
-        check(
-            unsafe {
-                ddl_aoti_run(
-                    self.loader,
-                    ins.as_ptr(),
-                    ins.len() as i64,
-                    outs.as_mut_ptr(),
-                    outs.len() as i64,
-                    &mut count,
-                )
-            },
-            "running the compiled step",
-        )?;
-        // SAFETY: the first `count` entries are tensors allocated with `new`, owned from now
-        // on (tch frees them with `delete`).
-        let mut tensors: Vec<Tensor> = outs[..count as usize]
-            .iter()
-            .map(|&p| unsafe { Tensor::from_ptr(p as *mut torch_sys::C_tensor) })
-            .collect();
-        if tensors.len() != 1 {
-            return Err(TrainError::Compile(format!(
-                "the compiled step returned {} outputs, not the loss alone",
-                tensors.len()
-            )));
+        match &mut self.graph {
+            Graph::Off => run_package(self.loader, images, labels, &self.loss_scale),
+            Graph::Warming { runs, .. } if *runs < WARMUP_RUNS => {
+                *runs += 1;
+                run_package(self.loader, images, labels, &self.loss_scale)
+            }
+            Graph::Warming { library, .. } => {
+                let library = Arc::clone(library);
+                self.capture(&library, images, labels)
+            }
+            Graph::Captured {
+                graph,
+                images: image_slot,
+                labels: label_slot,
+                loss,
+            } => {
+                image_slot.f_copy_(images)?;
+                label_slot.f_copy_(labels)?;
+                graph.replay()?;
+                Ok(loss.shallow_clone())
+            }
         }
-        Ok(tensors.remove(0))
     }
+
+    /// Captures the package's run on static copies of `images` and `labels` into a CUDA
+    /// graph, then replays it once for this step.
+    fn capture(
+        &mut self,
+        library: &Arc<GraphLibrary>,
+        images: &Tensor,
+        labels: &Tensor,
+    ) -> Result<Tensor> {
+        let gpu = self.gpu.expect("graphs are used on a GPU only");
+        // empty_like keeps the batch's strides (channels-last included).
+        let mut image_slot = images.f_empty_like()?;
+        let mut label_slot = labels.f_empty_like()?;
+        image_slot.f_copy_(images)?;
+        label_slot.f_copy_(labels)?;
+        let mut loss = None;
+        let (loader, scale) = (self.loader, &self.loss_scale);
+        let graph = library.capture(gpu, &mut || {
+            loss = Some(run_package(loader, &image_slot, &label_slot, scale)?);
+            Ok(())
+        })?;
+        let loss = loss.expect("the capture ran the package");
+        graph.replay()?;
+        let out = loss.shallow_clone();
+        self.graph = Graph::Captured {
+            graph,
+            images: image_slot,
+            labels: label_slot,
+            loss,
+        };
+        Ok(out)
+    }
+}
+
+/// One run of the package `loader` on `images`, `labels` and `loss_scale`: the loss.
+fn run_package(
+    loader: *mut c_void,
+    images: &Tensor,
+    labels: &Tensor,
+    loss_scale: &Tensor,
+) -> Result<Tensor> {
+    let ins = [raw(images), raw(labels), raw(loss_scale)];
+    let mut outs = [std::ptr::null_mut(); 4];
+    let mut count = 0;
+    // SAFETY: a live loader and input tensors; `outs` has room for `capacity` new tensors.
+    check(
+        unsafe {
+            ddl_aoti_run(
+                loader,
+                ins.as_ptr(),
+                ins.len() as i64,
+                outs.as_mut_ptr(),
+                outs.len() as i64,
+                &mut count,
+            )
+        },
+        "running the compiled step",
+    )?;
+    // SAFETY: the first `count` entries are tensors allocated with `new`, owned from now on
+    // (tch frees them with `delete`).
+    let mut tensors: Vec<Tensor> = outs[..count as usize]
+        .iter()
+        .map(|&p| unsafe { Tensor::from_ptr(p as *mut torch_sys::C_tensor) })
+        .collect();
+    if tensors.len() != 1 {
+        return Err(TrainError::Compile(format!(
+            "the compiled step returned {} outputs, not the loss alone",
+            tensors.len()
+        )));
+    }
+    Ok(tensors.remove(0))
 }
 
 impl Drop for StepPackage {
     fn drop(&mut self) {
+        // The graph launches the package's kernels: freed first.
+        self.graph = Graph::Off;
         // SAFETY: created by `ddl_aoti_load`, freed once.
         unsafe { ddl_aoti_free(self.loader) }
     }

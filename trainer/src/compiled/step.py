@@ -22,20 +22,26 @@ gradient within what the arithmetic allows (AOTInductor checks no strides at run
 layout it mispredicted would otherwise go unnoticed); a package that disagrees fails the
 compile, naming the gradients furthest off.
 
+For a CUDA device the script also compiles graph.cpp (beside it) into OUT/graph.so, the CUDA
+graph capture and replay of the package that `--cuda-graphs` loads, against the same torch and
+CUDA headers as the package's own wrapper (beside the Inductor compile, in a process of its
+own). A failure there does not fail the compile: step.json says why, and only a run that asks
+for CUDA graphs fails, with that reason.
+
 OUT/step.json describes the package: every constant (its name in ddl, its name in the package,
-shape, strides, dtype), the inputs, the Inductor options it was compiled with, the check and
-the seconds the compile took.
+shape, strides, dtype), the inputs, the Inductor options it was compiled with, the check, the
+CUDA graph library (on a GPU) and the seconds the compile took.
 
-    python3 step.py SPEC.json OUT_DIR [--inductor-config KEY=VALUE]...
+    python3 step.py SPEC.json OUT_DIR
 
---inductor-config sets an option of torch._inductor.config for this compile (a Python literal:
-layout_optimization=False), to compare variants of the package by hand (tools/gpu/
-compiled_graphs.py times one); ddl-train never passes one.
+The spec's `inductor_options` (ddl-train's --inductor-option, KEY=VALUE with VALUE a Python
+literal: layout_optimization=False) set options of torch._inductor.config for this compile.
 """
 import argparse
 import json
 import os
 import shutil
+import subprocess
 import sys
 import time
 import warnings
@@ -50,7 +56,6 @@ def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("spec", help="the spec ddl-train wrote (JSON)")
     p.add_argument("out", help="an existing, empty folder for step.pt2 and step.json")
-    p.add_argument("--inductor-config", action="append", default=[], metavar="KEY=VALUE")
     p.add_argument("--check", action="store_true",
                    help="only check the package already in OUT against eager (a JSON line)")
     a = p.parse_args()
@@ -76,13 +81,22 @@ def main():
         print(json.dumps(check_package(torch, spec, device, a.out)))
         return
     import ast
+    import torch._inductor.config as inductor_config
 
     extra = {}
-    for item in a.inductor_config:
+    for item in spec.get("inductor_options", []):
         key, _, value = item.partition("=")
-        extra[key] = ast.literal_eval(value)
+        try:
+            extra[key] = ast.literal_eval(value)
+        except (ValueError, SyntaxError):
+            fail(f"--inductor-option {item}: {value!r} is not a Python literal")
+        if not hasattr(inductor_config, key.split(".")[0]):
+            fail(f"--inductor-option {item}: torch._inductor.config has no option {key}")
     start = time.perf_counter()
+    graph_build = start_graph_library(torch, a.out) if device.type == "cuda" else None
     described = compile_step(torch, spec, device, a.out, extra)
+    if graph_build is not None:
+        described["graph_library"] = finish_graph_library(graph_build, a.out)
     described["compile_seconds"] = time.perf_counter() - start
     described["check"] = checked(a.spec, a.out)
     with open(os.path.join(a.out, "step.json"), "w") as f:
@@ -219,12 +233,45 @@ def compile_step(torch, spec, device, out, extra_configs):
     }
 
 
+def start_graph_library(torch, out):
+    """Starts compiling graph.cpp (beside this script) into OUT/graph.so: a shared library whose
+    undefined symbols are libtorch_cuda's and the CUDA runtime's, resolved by the process that
+    opens it (ddl-train, which runs on this torch). Returns the running compiler, or why it
+    could not start."""
+    from torch.utils import cpp_extension
+
+    here = os.path.dirname(os.path.abspath(__file__))
+    try:
+        includes = cpp_extension.include_paths("cuda")
+    except OSError as e:
+        return f"CUDA's headers were not found ({e})"
+    cxx = os.environ.get("CXX") or shutil.which("g++") or "c++"
+    abi = int(torch._C._GLIBCXX_USE_CXX11_ABI)
+    command = [cxx, "-shared", "-fPIC", "-O2", "-std=c++17", f"-D_GLIBCXX_USE_CXX11_ABI={abi}",
+               "-DUSE_CUDA", *(f"-I{p}" for p in includes + [here]),
+               os.path.join(here, "graph.cpp"), "-o", os.path.join(out, "graph.so")]
+    try:
+        return subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                text=True)
+    except OSError as e:
+        return f"{cxx} could not start ({e})"
+
+
+def finish_graph_library(build, out):
+    """What step.json says of graph.so: its file name, or why there is none."""
+    if isinstance(build, str):
+        return {"error": build}
+    output, _ = build.communicate()
+    if build.returncode != 0:
+        tail = " | ".join(output.strip().splitlines()[-4:])
+        return {"error": f"compiling graph.cpp failed (exit {build.returncode}): {tail}"}
+    return {"file": "graph.so"}
+
+
 def checked(spec_path, out):
     """The check of the package in `out`, run in a process of its own (a crash of torch's Python
     loader must not pass for a verdict): its figures, or why it could not run. Fails the
     compile when the package disagrees with eager."""
-    import subprocess
-
     run = subprocess.run([sys.executable, __file__, spec_path, out, "--check"],
                          capture_output=True, text=True)
     if run.returncode == 0:

@@ -626,6 +626,7 @@ impl ReplicaParts {
             self.tx.clone(),
         );
         let grads: Vec<Tensor> = self.grads.iter().map(|g| g.shallow_clone()).collect();
+        let graphs = cfg.compile.as_ref().is_some_and(|c| c.cuda_graphs);
         std::thread::Builder::new()
             .name(format!("replica-{index}"))
             .spawn(move || {
@@ -636,7 +637,7 @@ impl ReplicaParts {
                     }
                 }
                 let replica = build_replica(index, cfg, layout, shared, &init, flat, grads, tx)
-                    .and_then(|r| r.with_compiled_steps(&steps));
+                    .and_then(|r| r.with_compiled_steps(&steps, graphs));
                 drop(init);
                 match replica {
                     Ok(r) => {
@@ -744,6 +745,14 @@ fn compile_steps(cfg: &TableConfig, layout: &Layout) -> Result<Vec<(u32, Entry)>
     let Some(settings) = &cfg.compile else {
         return Ok(Vec::new());
     };
+    if settings.cuda_graphs && cfg.devices.iter().any(|d| !matches!(d, Device::Cuda(_))) {
+        return Err(TrainError::Config {
+            settings: vec![Setting::CudaGraphs, Setting::Devices],
+            message: "CUDA graphs replay the compiled step on a GPU; this rank's replicas \
+                      run on the CPU"
+                .into(),
+        });
+    }
     let mut progress = |line: &str| {
         if settings.verbose && cfg.rank == 0 {
             eprint_line(line);
@@ -765,6 +774,7 @@ fn compile_steps(cfg: &TableConfig, layout: &Layout) -> Result<Vec<(u32, Entry)>
                 layout,
                 device: cfg.devices[0],
                 fold_small_constants: settings.fold_small_constants,
+                inductor_options: &settings.inductor_options,
             };
             Ok((size, compiled::prepare(&spec, settings, &mut progress)?))
         })

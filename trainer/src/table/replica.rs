@@ -8,12 +8,13 @@ use crossbeam_channel::{Receiver, Sender};
 use tch::nn;
 use tch::{Kind, Reduction, Tensor};
 
-use crate::compiled::{Entry, StepPackage};
+use crate::compiled::{Entry, GraphLibrary, StepPackage};
 use crate::config::{Overlap, Precision};
 use crate::device::{autocast, DeviceCtx, Event};
 use crate::error::{Result, TrainError};
 use crate::model;
 use crate::optim::Sgd;
+use crate::setting::Setting;
 use ddl_comm::CommOrder;
 
 use super::buckets::Layout;
@@ -61,8 +62,13 @@ fn f32_factor(inv: f64) -> f64 {
 
 impl Replica {
     /// This replica with the compiled `steps` loaded and bound to its parameters, buffers and
-    /// flat gradients.
-    pub(crate) fn with_compiled_steps(mut self, steps: &[(u32, Entry)]) -> Result<Replica> {
+    /// flat gradients, each replayed from a CUDA graph if `cuda_graphs`.
+    pub(crate) fn with_compiled_steps(
+        mut self,
+        steps: &[(u32, Entry)],
+        cuda_graphs: bool,
+    ) -> Result<Replica> {
+        let device = self.ctx.device();
         let named: Vec<(String, Tensor)> = self
             .layout
             .params
@@ -78,9 +84,17 @@ impl Replica {
             )
             .collect();
         for (size, entry) in steps {
-            let mut package =
-                StepPackage::load(&entry.package(), entry.described.clone(), self.ctx.device())?;
+            let mut package = StepPackage::load(&entry.package(), entry.described.clone(), device)?;
             package.bind(&named, &self.flat.grads)?;
+            if cuda_graphs {
+                let library = entry.graph_library().map_err(|why| {
+                    TrainError::config(
+                        Setting::CudaGraphs,
+                        format!("{} has no CUDA graph library: {why}", entry.dir.display()),
+                    )
+                })?;
+                package.use_cuda_graphs(GraphLibrary::open(&library)?)?;
+            }
             self.compiled.push((i64::from(*size), package));
         }
         Ok(self)

@@ -351,6 +351,8 @@ fn table_config(
             image_sizes: train_sizes(cfg),
             verbose: cfg.verbose,
             fold_small_constants: false,
+            inductor_options: cfg.inductor_options.clone(),
+            cuda_graphs: cfg.cuda_graphs,
         }),
     }
 }
