@@ -45,10 +45,10 @@
 #                update against the plain compiled run's), and a compiled run checkpointed (at
 #                step K_CHECK_AT) and resumed (bitwise the uninterrupted one)
 #   compile_all  every step the compile, compile_check and compiled_speed stages run, compiled
-#                at once, and ResNet-50's again with other Inductor options (--inductor-option),
-#                each ResNet-50 package timed alone and its top kernels profiled: named first,
-#                the stages after it find their steps compiled (on the CPU: the small step and
-#                one variant)
+#                at once, and ResNet-50's again with other Inductor options (--inductor-option)
+#                and NCHW, each ResNet-50 package timed alone and its top kernels profiled:
+#                named first, the stages after it find their steps compiled (on the CPU: the
+#                small step and one variant)
 #   compiled_speed  ResNet-50 as in speed: ddl-train --compile fed by its own loader from the
 #                1000-class shards (images/s, data-wait); then, data on the device, alternating
 #                rounds of ddl-train --compile, ddl-train eager, ddl-train --compile
@@ -110,7 +110,7 @@ case $DEVICE in
     K_MODEL=resnet50 K_CLASSES=1000 K_SIZE=224 K_BATCH=256 K_PRECISION=bf16 K_LAYOUT=(--channels-last)
     K_CHECK_MODEL=resnet18 K_CHECK_PRECISIONS=${COMPILED_CHECK_PRECISIONS:-fp32 bf16} K_CHECK_AT=15
     K_PEERS=${COMPILED_PEERS:-eager default reduce-overhead}
-    K_VARIANTS=${COMPILE_VARIANTS:-layout_optimization=False force_layout_optimization=True}
+    K_VARIANTS=${COMPILE_VARIANTS:-layout_optimization=False force_layout_optimization=True nchw}
     K_DEADLINE=${COMPILED_BUDGET:-150} KY_DEADLINE=${COMPILED_PYTHON_BUDGET:-60}
     T_env=30 T_correctness=135 T_speed=$((S_DEADLINE + 60)) T_prof=35 T_python=$((Y_DEADLINE + 45))
     T_compile=300 T_compile_all=420 T_compile_check=200
@@ -309,7 +309,7 @@ stage_compile() {
     --classes "$K_CLASSES" --image-size "$K_SIZE" --batch "$K_BATCH" --devices "$DEV1" \
     --precision "$K_PRECISION" "${K_LAYOUT[@]}" --compile --compile-cache "$CACHE" \
     --max-steps 5 --metrics "$m" || return
-  local entry; entry=$(entry_of) || return
+  local entry; entry=$(entry_of "${K_LAYOUT[@]}") || return
   add compile model="$K_MODEL" run_s=$((SECONDS - start)) compile_s="$("$PYTHON" -c \
     'import json, sys; print(json.load(open(sys.argv[1]))["compile_seconds"])' \
     "$entry/step.json")" --metrics "$m" --ok-if finite==true
@@ -334,22 +334,20 @@ stage_compile() {
 
 # Every step the later stages run, compiled by ddl-train at once (one compile leaves most of a
 # machine's cores idle: Inductor's code generation is one Python thread): ResNet-50's with
-# Inductor's defaults and with each variant of COMPILE_VARIANTS (space-separated
+# Inductor's defaults and as each variant of COMPILE_VARIANTS says (space-separated: nchw, or
 # KEY=VALUE[,KEY=VALUE], ddl-train's --inductor-option; default "layout_optimization=False
-# force_layout_optimization=True", on the CPU the first only), and compile_check's of each
+# force_layout_optimization=True nchw", on the CPU the first only), and compile_check's of each
 # precision; then each ResNet-50 package timed alone and its top kernels profiled
 # (tools/gpu/compiled_graphs.py --profile): where the compiled step's time goes, and which
 # options pay.
 stage_compile_all() {
   W=$WORK/compile_all; mkdir -p "$W"
   local v i=0 p pids=()
+  local flags=()
   for v in default $K_VARIANTS; do
-    i=$((i + 1))
-    local opts=() o list=()
-    [ "$v" = default ] || IFS=, read -ra list <<< "$v"
-    for o in "${list[@]}"; do opts+=(--inductor-option "$o"); done
+    i=$((i + 1)); mapfile -t flags < <(variant_flags "$v")
     compile_one "$K_MODEL-$i" --model "$K_MODEL" --classes "$K_CLASSES" --image-size "$K_SIZE" \
-      --batch "$K_BATCH" --precision "$K_PRECISION" "${K_LAYOUT[@]}" "${opts[@]}"
+      --batch "$K_BATCH" --precision "$K_PRECISION" "${flags[@]}"
   done
   for p in $K_CHECK_PRECISIONS; do
     compile_one "$K_CHECK_MODEL-$p" --model "$K_CHECK_MODEL" --classes "$C_CLASSES" \
@@ -358,13 +356,26 @@ stage_compile_all() {
   for p in "${pids[@]}"; do wait "$p"; done
   i=0
   for v in default $K_VARIANTS; do
-    i=$((i + 1))
-    local dir list=()
-    [ "$v" = default ] || IFS=, read -ra list <<< "$v"
-    dir=$(entry_of "${list[@]}") || continue
+    i=$((i + 1)); mapfile -t flags < <(variant_flags "$v")
+    local dir
+    dir=$(entry_of "${flags[@]}") || continue
     step "time-$i" "${PLAIN[@]}" "$PYTHON" "$PY/compiled_graphs.py" "$dir" --profile 12 &&
       add variant options="$v" --from "$(logof "time-$i")"
   done
+}
+
+# variant_flags VARIANT: ddl-train's layout and Inductor flags of a COMPILE_VARIANTS item, one
+# per line: default (K_LAYOUT), nchw (K_LAYOUT left out: Inductor lays the convolutions out
+# itself) or KEY=VALUE[,KEY=VALUE] (K_LAYOUT and those options).
+variant_flags() {
+  local o list=()
+  case $1 in
+    nchw) return ;;
+    default) ;;
+    *) IFS=, read -ra list <<< "$1" ;;
+  esac
+  [ ${#K_LAYOUT[@]} -eq 0 ] || printf '%s\n' "${K_LAYOUT[@]}"
+  for o in "${list[@]}"; do printf -- '--inductor-option\n%s\n' "$o"; done
 }
 
 # compile_one NAME FLAG...: ddl-train compiling (and running 3 steps of) one step in the
@@ -377,14 +388,17 @@ compile_one() {
   pids+=($!)
 }
 
-# entry_of [KEY=VALUE]...: the cache's finished entry of the K_ step compiled with exactly
-# these Inductor options.
+# entry_of [--channels-last] [--inductor-option KEY=VALUE]...: the cache's finished entry of
+# the K_ step compiled with that layout and exactly these Inductor options.
 entry_of() {
   "$PYTHON" - "$CACHE/$K_MODEL-c$K_CLASSES-b$K_BATCH-${K_SIZE}px" "$@" <<'PY'
 import glob, json, sys
-prefix, want = sys.argv[1], sys.argv[2:]
+prefix, flags = sys.argv[1], sys.argv[2:]
+channels_last = "--channels-last" in flags
+options = [v for f, v in zip(flags, flags[1:]) if f == "--inductor-option"]
 for f in sorted(glob.glob(prefix + "-*/entry.json")):
-    if json.load(open(f))["key"].get("inductor_options", []) == want:
+    key = json.load(open(f))["key"]
+    if key["channels_last"] == channels_last and key.get("inductor_options", []) == options:
         print(f[: -len("/entry.json")])
         sys.exit(0)
 sys.exit(1)

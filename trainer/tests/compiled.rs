@@ -66,6 +66,7 @@ fn bound(
         device: Device::Cpu,
         fold_small_constants,
         inductor_options: &[],
+        refuse_first_packages: 0,
     };
     let entry = compiled::prepare(&spec, &settings(cache, fold_small_constants), &mut |_| {})?;
     let mut package = StepPackage::load(&entry.package(), entry.described.clone(), Device::Cpu)?;
@@ -209,6 +210,7 @@ fn convnet_spec(layout: &Layout) -> StepSpec<'_> {
         device: Device::Cpu,
         fold_small_constants: false,
         inductor_options: &[],
+        refuse_first_packages: 0,
     }
 }
 
@@ -502,6 +504,44 @@ fn progressive_resizing_compiles_a_step_per_size_before_the_first() {
         &dumped(&tmp.path().join("compiled.f32")),
     );
     assert!(rel < 0.03, "the compiled update is {rel:.3e} from eager's");
+}
+
+#[test]
+fn a_package_refused_by_its_check_is_compiled_again_without_layout_optimization() {
+    // The first package refused as if it disagreed with eager: the compile tries Inductor
+    // without its layout optimization, keeps that package, and says so.
+    let (vs, _) = seeded(ModelKind::ConvnetNobn, 3, 16, Kind::Float);
+    let layout = Layout::new(&vs, usize::MAX);
+    let tmp = ddl_testkit::scratch("compiled-fallback");
+    let spec = StepSpec {
+        refuse_first_packages: 1,
+        ..convnet_spec(&layout)
+    };
+    let mut lines = Vec::new();
+    let entry = compiled::prepare(&spec, &settings(tmp.path(), false), &mut |l| {
+        lines.push(l.to_string())
+    })
+    .unwrap();
+    let described: serde_json::Value =
+        serde_json::from_slice(&fs::read(entry.dir.join("step.json")).unwrap()).unwrap();
+    assert_eq!(
+        described["inductor_configs"]["layout_optimization"],
+        serde_json::json!(false)
+    );
+    assert!(described["check"]["grad_rel"].as_f64().unwrap() < 1e-3);
+    assert_eq!(
+        entry.described.refused.len(),
+        1,
+        "{:?}",
+        entry.described.refused
+    );
+    assert!(entry.described.refused[0].starts_with("with Inductor's defaults: refused"));
+    assert!(
+        lines
+            .iter()
+            .any(|l| l.contains("Inductor's defaults") && l.contains("compiled again")),
+        "{lines:?}"
+    );
 }
 
 #[test]

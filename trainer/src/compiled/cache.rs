@@ -79,6 +79,12 @@ pub fn get_or_build(
         Unusable::Missing => TrainError::Compile(format!("{} vanished", dir.display())),
         Unusable::Bad(why) => TrainError::Compile(why),
     })?;
+    for why in &entry.described.refused {
+        progress(&format!(
+            "compile: the package {why}; compiled again (options in {})",
+            dir.join(entry::DESCRIBED).display()
+        ));
+    }
     progress(&format!(
         "compile: {} compiled in {:.1} s",
         key.model,

@@ -91,6 +91,9 @@ pub struct Described {
     pub inputs: Vec<TensorSpec>,
     /// Seconds the compile took.
     pub compile_seconds: f64,
+    /// The packages compiled before this one and refused by the check against eager, and why.
+    #[serde(default)]
+    pub refused: Vec<String>,
     /// The CUDA graph library, for a GPU: compiled, or why not.
     #[serde(default)]
     pub graph_library: Option<GraphLibraryBuild>,

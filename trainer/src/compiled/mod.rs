@@ -167,6 +167,9 @@ pub struct StepSpec<'a> {
     pub fold_small_constants: bool,
     /// Inductor's options, `KEY=VALUE`.
     pub inductor_options: &'a [String],
+    /// Refuse the first this many packages unchecked, as if they disagreed with eager (for
+    /// the tests of the compile's fallback).
+    pub refuse_first_packages: u32,
 }
 
 impl StepSpec<'_> {
@@ -201,7 +204,8 @@ impl StepSpec<'_> {
                 .fold(crc32c::crc32c(SCRIPT.as_bytes()), |crc, (_, text)| {
                     crc32c::crc32c_append(crc, text.as_bytes())
                 })
-                ^ u32::from(self.fold_small_constants),
+                ^ u32::from(self.fold_small_constants)
+                ^ (self.refuse_first_packages << 1),
             inductor_options: self.inductor_options.to_vec(),
         })
     }
@@ -232,6 +236,7 @@ impl StepSpec<'_> {
             "device": device, "torch_version": key.torch,
             "inline_small_constants": self.fold_small_constants,
             "inductor_options": key.inductor_options,
+            "refuse_first_packages": self.refuse_first_packages,
         });
         if let (Some(s), Some(f)) = (spec.as_object_mut(), fields.as_object()) {
             s.extend(f.clone());

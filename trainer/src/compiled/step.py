@@ -19,8 +19,9 @@ scaled by a loss scale given at run time), and compiles it into OUT/step.pt2, a 
 Before it is kept, the package runs one step on a random batch beside the eager PyTorch step
 of the same weights (on the device it is for) and must agree with it: the loss, and the whole
 gradient within what the arithmetic allows (AOTInductor checks no strides at run time, so a
-layout it mispredicted would otherwise go unnoticed); a package that disagrees fails the
-compile, naming the gradients furthest off.
+layout it mispredicted would otherwise go unnoticed). A package that disagrees is compiled again
+without Inductor's layout optimization (FALLBACKS; unless the run named options of its own),
+and the compile fails, naming the gradients furthest off, only when that one disagrees too.
 
 For a CUDA device the script also compiles graph.cpp (beside it) into OUT/graph.so, the CUDA
 graph capture and replay of the package that `--cuda-graphs` loads, against the same torch and
@@ -30,7 +31,8 @@ for CUDA graphs fails, with that reason.
 
 OUT/step.json describes the package: every constant (its name in ddl, its name in the package,
 shape, strides, dtype), the inputs, the Inductor options it was compiled with, the check, the
-CUDA graph library (on a GPU) and the seconds the compile took.
+packages refused before it and why, the CUDA graph library (on a GPU) and the seconds the
+compile took.
 
     python3 step.py SPEC.json OUT_DIR
 
@@ -94,13 +96,37 @@ def main():
             fail(f"--inductor-option {item}: torch._inductor.config has no option {key}")
     start = time.perf_counter()
     graph_build = start_graph_library(torch, a.out) if device.type == "cuda" else None
-    described = compile_step(torch, spec, device, a.out, extra)
+    refused = []
+    for options in [extra] if extra else FALLBACKS:
+        described = compile_step(torch, spec, device, a.out, options)
+        try:
+            if len(refused) < spec.get("refuse_first_packages", 0):
+                raise Disagrees("refused unchecked (refuse_first_packages, for tests)")
+            described["check"] = checked(a.spec, a.out)
+            break
+        except Disagrees as e:
+            said = ", ".join(f"{k}={v}" for k, v in options.items()) or "Inductor's defaults"
+            refused.append(f"with {said}: {e}")
+            print(f"ddl compile: the package {refused[-1]}", file=sys.stderr)
+    else:
+        fail("every package compiled disagrees with eager: " + "; ".join(refused))
+    described["refused"] = refused
     if graph_build is not None:
         described["graph_library"] = finish_graph_library(graph_build, a.out)
     described["compile_seconds"] = time.perf_counter() - start
-    described["check"] = checked(a.spec, a.out)
     with open(os.path.join(a.out, "step.json"), "w") as f:
         json.dump(described, f)
+
+
+# What is compiled, in turn, while the package disagrees with eager (when the run named no
+# options of its own): Inductor's defaults, then without its layout optimization, which picks
+# the convolutions' layouts itself and is where its predictions of cuDNN's output strides have
+# gone wrong (pytorch/pytorch#171622, #184027).
+FALLBACKS = [{}, {"layout_optimization": False}]
+
+
+class Disagrees(Exception):
+    """The package disagrees with eager PyTorch (or its check refused it): why."""
 
 
 def build_network(torch, spec):
@@ -214,8 +240,11 @@ def compile_step(torch, spec, device, out, extra_configs):
         "aot_inductor.package_constants_in_so": False,
         **extra_configs,
     }
+    package = os.path.join(out, "step.pt2")
+    if os.path.exists(package):  # an earlier attempt's, refused by the check
+        os.remove(package)
     torch._inductor.aoti_compile_and_package(
-        program, package_path=os.path.join(out, "step.pt2"), inductor_configs=configs)
+        program, package_path=package, inductor_configs=configs)
     state = dict(step.named_parameters())
     state.update(step.named_buffers())
     constants = []
@@ -270,15 +299,15 @@ def finish_graph_library(build, out):
 
 def checked(spec_path, out):
     """The check of the package in `out`, run in a process of its own (a crash of torch's Python
-    loader must not pass for a verdict): its figures, or why it could not run. Fails the
-    compile when the package disagrees with eager."""
+    loader must not pass for a verdict): its figures, or why it could not run. Raises
+    Disagrees when the package disagrees with eager."""
     run = subprocess.run([sys.executable, __file__, spec_path, out, "--check"],
                          capture_output=True, text=True)
     if run.returncode == 0:
         return json.loads(run.stdout.strip().splitlines()[-1])
     ours = [l for l in run.stderr.splitlines() if l.startswith("ddl compile: ")]
     if run.returncode == 2 and ours:
-        fail(ours[-1].removeprefix("ddl compile: "))
+        raise Disagrees(ours[-1].removeprefix("ddl compile: "))
     return {"skipped": f"the check exited with {run.returncode} before a verdict: "
                        + " | ".join(run.stderr.strip().splitlines()[-3:])}
 

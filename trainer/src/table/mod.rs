@@ -775,6 +775,7 @@ fn compile_steps(cfg: &TableConfig, layout: &Layout) -> Result<Vec<(u32, Entry)>
                 device: cfg.devices[0],
                 fold_small_constants: settings.fold_small_constants,
                 inductor_options: &settings.inductor_options,
+                refuse_first_packages: 0,
             };
             Ok((size, compiled::prepare(&spec, settings, &mut progress)?))
         })
