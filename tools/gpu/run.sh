@@ -341,7 +341,6 @@ stage_compile() {
 # (tools/gpu/compiled_graphs.py --profile): where the compiled step's time goes, and which
 # options pay.
 stage_compile_all() {
-  W=$WORK/compile_all; mkdir -p "$W"
   local v i=0 p pids=()
   local flags=()
   for v in default $K_VARIANTS; do
@@ -378,13 +377,12 @@ variant_flags() {
   for o in "${list[@]}"; do printf -- '--inductor-option\n%s\n' "$o"; done
 }
 
-# compile_one NAME FLAG...: ddl-train compiling (and running 3 steps of) one step in the
-# background, its pid added to the caller's `pids`.
+# compile_one NAME FLAG...: ddl-train compiling one step (and loading it, but running none:
+# the compiles share the device) in the background, its pid added to the caller's `pids`.
 compile_one() {
   local name=$1; shift
   (LIMIT=$((T_compile_all - 40)) step "compile-$name" "$BIN/ddl-train" --synthetic-data \
-    --devices "$DEV1" --compile --compile-cache "$CACHE" --max-steps 3 \
-    --metrics "$W/$name.jsonl" "$@") &
+    --devices "$DEV1" --compile --compile-cache "$CACHE" --max-steps 0 "$@") &
   pids+=($!)
 }
 
