@@ -13,6 +13,7 @@
 
 #include <cstdlib>
 #include <memory>
+#include <mutex>
 #include <stdexcept>
 #include <string>
 
@@ -25,6 +26,10 @@ struct Graph {
   at::cuda::CUDAGraph graph;
   c10::DeviceIndex device;
 };
+
+// One capture at a time in the process: a capture begins with a device-wide synchronization,
+// which another replica's capture in progress would not allow.
+std::mutex capturing;
 
 }  // namespace
 
@@ -39,6 +44,7 @@ void ddl_graph_free_error(char* e) { free(e); }
 // message (freed here), which fails the capture.
 char* ddl_graph_capture(int64_t device, char* (*run)(void*), void* ctx, void** out) {
   return ddl::guarded([&] {
+    std::lock_guard<std::mutex> one_at_a_time(capturing);
     auto index = static_cast<c10::DeviceIndex>(device);
     c10::cuda::CUDAGuard device_guard(index);
     // The package's runner checks that its previous run finished: done before capture begins.
