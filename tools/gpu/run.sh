@@ -11,9 +11,9 @@
 # On the GPU the default stages are env, compile_all, compile, compiled_speed, compile_check and
 # compiled_python (the stages of issue 34 that passed there run when named); on the CPU, all.
 # On the GPU they take more than one device call's 10 minutes; in two calls, the second on a
-# new machine seeded with the steps the first compiled:
-#   STAGES="env compile_all compile compile_check" OUT=o1 DIR/run.sh
-#   STAGES="compiled_speed compiled_python" SEED_CACHE=o1 OUT=o2 DIR/run.sh
+# new machine seeded with the steps the first compiled (compile_all's about 5 minutes):
+#   STAGES="env compile_all compile" OUT=o1 DIR/run.sh
+#   STAGES="compile_check compiled_speed compiled_python" SEED_CACHE=o1 OUT=o2 DIR/run.sh
 #
 # Stages, each under its own timeout; one that fails or times out is recorded and the next runs:
 #   env          GPU, driver, Python, torch, CUDA, cuDNN; no bundled program lacks a library;
