@@ -79,7 +79,7 @@
 # threads: the cores less two, left to the threads that launch kernels), SPEED_BUDGET and
 # PYTHON_BUDGET (no new round of those stages starts later than this many seconds into the
 # stage, less the last round's length; on the GPU 120 and 50, the stage timeouts 60 and 45 s
-# above them). The GPU's default stages' timeouts add up to 900 s, more than one device call
+# above them). The GPU's default stages' timeouts add up to 1,320 s, more than one device call
 # may take: split them over two calls, the second seeded from the first's cache.
 set -uo pipefail
 export PYTHONDONTWRITEBYTECODE=1  # nothing written into the bundle
@@ -341,8 +341,7 @@ stage_compile() {
 # (tools/gpu/compiled_graphs.py --profile): where the compiled step's time goes, and which
 # options pay.
 stage_compile_all() {
-  local v i=0 p pids=()
-  local flags=()
+  local v i=0 p pids=() flags=()
   for v in default $K_VARIANTS; do
     i=$((i + 1)); mapfile -t flags < <(variant_flags "$v")
     compile_one "$K_MODEL-$i" --model "$K_MODEL" --classes "$K_CLASSES" --image-size "$K_SIZE" \
