@@ -110,7 +110,9 @@ case $DEVICE in
     K_MODEL=resnet50 K_CLASSES=1000 K_SIZE=224 K_BATCH=256 K_PRECISION=bf16 K_LAYOUT=(--channels-last)
     K_CHECK_MODEL=resnet18 K_CHECK_PRECISIONS=${COMPILED_CHECK_PRECISIONS:-fp32 bf16} K_CHECK_AT=15
     K_PEERS=${COMPILED_PEERS:-eager default reduce-overhead}
-    K_VARIANTS=${COMPILE_VARIANTS:-layout_optimization=False force_layout_optimization=True nchw}
+    # Not force_layout_optimization=True: Inductor's heuristic (graph.py, decide_layout_opt)
+    # already picks layout optimization for ResNet-50's step (no grouped convolutions).
+    K_VARIANTS=${COMPILE_VARIANTS:-layout_optimization=False nchw}
     K_DEADLINE=${COMPILED_BUDGET:-150} KY_DEADLINE=${COMPILED_PYTHON_BUDGET:-60}
     T_env=30 T_correctness=135 T_speed=$((S_DEADLINE + 60)) T_prof=35 T_python=$((Y_DEADLINE + 45))
     T_compile=300 T_compile_all=420 T_compile_check=200
@@ -336,8 +338,8 @@ stage_compile() {
 # machine's cores idle: Inductor's code generation is one Python thread): ResNet-50's with
 # Inductor's defaults and as each variant of COMPILE_VARIANTS says (space-separated: nchw, or
 # KEY=VALUE[,KEY=VALUE], ddl-train's --inductor-option; default "layout_optimization=False
-# force_layout_optimization=True nchw", on the CPU the first only), and compile_check's of each
-# precision; then each ResNet-50 package timed alone and its top kernels profiled
+# nchw", on the CPU the first only), and compile_check's of each precision; then each ResNet-50
+# package timed alone and its top kernels profiled
 # (tools/gpu/compiled_graphs.py --profile): where the compiled step's time goes, and which
 # options pay.
 stage_compile_all() {
