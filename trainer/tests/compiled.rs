@@ -408,11 +408,14 @@ fn compile_refuses_what_needs_the_model_apart_naming_both_flags() {
     let tmp = ddl_testkit::scratch("compiled-refusals");
     let data = tmp.path().join("data");
     common::make_dataset(&data, 4, 8, 0, 1, 0, 40);
+    let refusal = |cfg: &ddl_trainer::TrainConfig| {
+        let err = common::try_all(cfg, 1).remove(0).expect_err("refused");
+        err.to_string()
+    };
     let refused = |edit: &dyn Fn(&mut ddl_trainer::TrainConfig), other: &str| {
         let mut cfg = run_config(&data, "resnet_small", true);
         edit(&mut cfg);
-        let err = common::try_all(&cfg, 1).remove(0).expect_err("refused");
-        let message = err.to_string();
+        let message = refusal(&cfg);
         assert!(
             message.contains("--compile") && message.contains(other),
             "{message}"
@@ -435,10 +438,7 @@ fn compile_refuses_what_needs_the_model_apart_naming_both_flags() {
     let mut cfg = run_config(&data, "resnet_small", true);
     cfg.cuda_graphs = true;
     cfg.compile_cache = Some(tmp.path().join("untouched-cache"));
-    let message = common::try_all(&cfg, 1)
-        .remove(0)
-        .expect_err("refused")
-        .to_string();
+    let message = refusal(&cfg);
     assert!(
         message.contains("--cuda-graphs") && message.contains("--devices"),
         "{message}"
@@ -456,10 +456,7 @@ fn compile_refuses_what_needs_the_model_apart_naming_both_flags() {
         let mut cfg = run_config(&data, "resnet_small", true);
         cfg.inductor_options = vec![option.into()];
         cfg.compile_cache = Some(tmp.path().join("cache"));
-        let message = common::try_all(&cfg, 1)
-            .remove(0)
-            .expect_err("refused")
-            .to_string();
+        let message = refusal(&cfg);
         assert!(
             message.contains("--inductor-option") && message.contains(said),
             "{message}"

@@ -626,7 +626,6 @@ impl ReplicaParts {
             self.tx.clone(),
         );
         let grads: Vec<Tensor> = self.grads.iter().map(|g| g.shallow_clone()).collect();
-        let graphs = cfg.compile.as_ref().is_some_and(|c| c.cuda_graphs);
         std::thread::Builder::new()
             .name(format!("replica-{index}"))
             .spawn(move || {
@@ -637,7 +636,7 @@ impl ReplicaParts {
                     }
                 }
                 let replica = build_replica(index, cfg, layout, shared, &init, flat, grads, tx)
-                    .and_then(|r| r.with_compiled_steps(&steps, graphs));
+                    .and_then(|r| r.with_compiled_steps(&steps));
                 drop(init);
                 match replica {
                     Ok(r) => {

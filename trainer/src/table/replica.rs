@@ -62,13 +62,10 @@ fn f32_factor(inv: f64) -> f64 {
 
 impl Replica {
     /// This replica with the compiled `steps` loaded and bound to its parameters, buffers and
-    /// flat gradients, each replayed from a CUDA graph if `cuda_graphs`.
-    pub(crate) fn with_compiled_steps(
-        mut self,
-        steps: &[(u32, Entry)],
-        cuda_graphs: bool,
-    ) -> Result<Replica> {
+    /// flat gradients, each replayed from a CUDA graph if the run asks (`cuda_graphs`).
+    pub(crate) fn with_compiled_steps(mut self, steps: &[(u32, Entry)]) -> Result<Replica> {
         let device = self.ctx.device();
+        let cuda_graphs = self.cfg.compile.as_ref().is_some_and(|c| c.cuda_graphs);
         let named: Vec<(String, Tensor)> = self
             .layout
             .params
