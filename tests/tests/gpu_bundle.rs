@@ -2,7 +2,8 @@
 //! (`DEVICE=cpu`), the compiled step's tiny: each stage runs to its end, each check writes its
 //! JSON line and none fails. So the script that will run on the GPU machine cannot rot between GPU
 //! runs. Also: bundle.sh refuses a folder it did not write, and a bundle holding a file it did
-//! not write, touching nothing in either.
+//! not write, touching nothing in either; and a run under a DEADLINE too close for its stages
+//! skips them and still ends with its summary.
 
 use std::collections::BTreeSet;
 use std::fs;
@@ -37,6 +38,31 @@ fn bundle_cmd(dir: &Path) -> Command {
     let mut cmd = Command::new(root().join("tools/gpu/bundle.sh"));
     cmd.arg(dir);
     cmd
+}
+
+/// The bundle's run.sh on the CPU, scratch in `work`, results in `out`.
+fn run_cmd(dir: &Path, work: &Path, out: &Path) -> Command {
+    let mut cmd = Command::new(dir.join("run.sh"));
+    cmd.env("DEVICE", "cpu")
+        .env("OUT", out)
+        .env("WORK", work)
+        // The compile cache of every compiled-step test: the bundle's keys on the CPU are the
+        // trainer tests', compiled once per `make test`.
+        .env(
+            "COMPILE_CACHE",
+            Path::new(env!("CARGO_TARGET_TMPDIR")).join("compile-cache"),
+        )
+        .env("PYTHON", python());
+    cmd
+}
+
+/// The JSON lines of a run's results.jsonl.
+fn results(out: &Path) -> Vec<Value> {
+    fs::read_to_string(out.join("results.jsonl"))
+        .expect("results.jsonl")
+        .lines()
+        .map(|l| serde_json::from_str(l).expect("a JSON line"))
+        .collect()
 }
 
 /// The checks every CPU run must record, ok, per stage.
@@ -80,23 +106,9 @@ fn bundle_runs_every_stage_on_the_cpu() {
     assert!(said.contains("MiB (limit 56 MiB)"), "{}", printed(&built));
 
     let out = tmp.path().join("out");
-    let ran = run(Command::new(dir.join("run.sh"))
-        .env("DEVICE", "cpu")
-        .env("OUT", &out)
-        .env("WORK", tmp.path().join("work"))
-        // The compile cache of every compiled-step test: the bundle's keys on the CPU are the
-        // trainer tests', compiled once per `make test`.
-        .env(
-            "COMPILE_CACHE",
-            Path::new(env!("CARGO_TARGET_TMPDIR")).join("compile-cache"),
-        )
-        .env("PYTHON", python()));
+    let ran = run(&mut run_cmd(&dir, &tmp.path().join("work"), &out));
     assert!(ran.status.success(), "{}", printed(&ran));
-    let lines: Vec<Value> = fs::read_to_string(out.join("results.jsonl"))
-        .expect("results.jsonl")
-        .lines()
-        .map(|l| serde_json::from_str(l).expect("a JSON line"))
-        .collect();
+    let lines = results(&out);
     let failed: Vec<&Value> = lines.iter().filter(|l| l["ok"] != true).collect();
     assert!(failed.is_empty(), "failed checks: {failed:#?}");
 
@@ -167,6 +179,22 @@ fn bundle_runs_every_stage_on_the_cpu() {
         lines.len(),
         "summary.md: a header and a row per line but the start line:\n{summary}"
     );
+
+    // A second run in the same WORK (a warm machine's second device call) under a DEADLINE
+    // too close for any stage (it keeps 30 s and gives a stage at least 60): each stage is
+    // recorded as skipped, and the run still ends with its summary.
+    let late = tmp.path().join("late");
+    let ran = run(run_cmd(&dir, &tmp.path().join("work"), &late)
+        .env("STAGES", "env compile")
+        .env("DEADLINE", "89"));
+    assert!(ran.status.success(), "{}", printed(&ran));
+    let skipped: Vec<Value> = results(&late)
+        .into_iter()
+        .filter(|l| l["check"] == "stage" && l["skipped"] == "deadline")
+        .map(|l| l["stage"].clone())
+        .collect();
+    assert_eq!(skipped, ["env", "compile"]);
+    assert!(late.join("summary.md").exists());
 
     // A bundle holding a file it did not write is not rebuilt: nothing is removed.
     let mine = dir.join("py/notes.txt");

@@ -10,10 +10,14 @@
 #
 # On the GPU the default stages are env, compile_all, compile, compiled_speed, compile_check and
 # compiled_python (the stages of issue 34 that passed there run when named); on the CPU, all.
-# On the GPU they take more than one device call's 10 minutes; in two calls, the second on a
-# new machine seeded with the steps the first compiled (compile_all's about 5 minutes):
-#   STAGES="env compile_all compile" OUT=o1 DIR/run.sh
-#   STAGES="compile_check compiled_speed compiled_python" SEED_CACHE=o1 OUT=o2 DIR/run.sh
+# On the GPU they take more than one device call's 10 minutes: run them in two calls, each
+# under a DEADLINE a little short of the call's limit (stages that no longer fit are skipped,
+# and the run still ends with its summary and the cache's tarballs), the second naming the
+# stages the first skipped. A fixed WORK kept on the machine serves the second call if it
+# comes while the machine is warm (shards and compiled steps found there); SEED_CACHE serves
+# it on a new machine (the steps the first call compiled, compile_all's about 5 minutes):
+#   WORK=/tmp/w KEEP_WORK=1 DEADLINE=570 OUT=o1 DIR/run.sh
+#   WORK=/tmp/w KEEP_WORK=1 DEADLINE=N SEED_CACHE=o1 STAGES="the skipped ones" OUT=o2 DIR/run.sh
 #
 # Stages, each under its own timeout; one that fails or times out is recorded and the next runs:
 #   env          GPU, driver, Python, torch, CUDA, cuDNN; no bundled program lacks a library;
@@ -74,13 +78,14 @@
 # files: these 3 and at most 5 entries). Scratch (shards, checkpoints) goes to WORK: a new
 # folder in /tmp unless given, removed at the end unless KEEP_WORK=1.
 # Environment: DEVICE (cuda | cpu), OUT (./gpu-out), PYTHON (python3: its torch is the libtorch
-# the binaries load), STAGES, WORK, KEEP_WORK, SEED_CACHE, COMPILE_CACHE (the compiled steps'
-# cache: WORK/compile-cache, new, unless given; make test gives its own), WORKERS (decode
-# threads: the cores less two, left to the threads that launch kernels), SPEED_BUDGET and
-# PYTHON_BUDGET (no new round of those stages starts later than this many seconds into the
-# stage, less the last round's length; on the GPU 120 and 50, the stage timeouts 60 and 45 s
-# above them). The GPU's default stages' timeouts add up to 1,320 s, more than one device call
-# may take: split them over two calls, the second seeded from the first's cache.
+# the binaries load), STAGES, DEADLINE (seconds after the start by which the run ends), WORK,
+# KEEP_WORK, SEED_CACHE, COMPILE_CACHE (the compiled steps' cache: WORK/compile-cache unless
+# given; make test gives its own), WORKERS (decode threads: the cores less two, left to the
+# threads that launch kernels), SPEED_BUDGET and PYTHON_BUDGET (no new round of those stages
+# starts later than this many seconds into the stage, less the last round's length; on the GPU
+# 120 and 50, the stage timeouts 60 and 45 s above them). The GPU's default stages' timeouts
+# add up to 1,320 s, more than one device call may take: split them over two calls (DEADLINE,
+# above).
 set -uo pipefail
 export PYTHONDONTWRITEBYTECODE=1  # nothing written into the bundle
 D=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
@@ -140,6 +145,7 @@ case $DEVICE in
     T_compiled_python=60 ;;
   *) echo "run.sh: DEVICE=$DEVICE: give cuda or cpu" >&2; exit 2 ;;
 esac
+DEADLINE_RESERVE=30  # seconds DEADLINE keeps for a stage's kill, the summary and the cache
 LIMIT=120  # seconds one command may take (LIMIT=N step ... for another; the stage's timeout
            # bounds them together)
 
@@ -272,9 +278,10 @@ speed_round() {
 }
 
 # rounds DEADLINE FUNCTION: runs FUNCTION 1, 2, ... while the next round, if as long as the
-# last, ends by DEADLINE seconds into the stage (one round at least, five at most).
+# last, ends by DEADLINE seconds into the stage, less what the run's DEADLINE cut from the
+# stage's timeout (one round at least, five at most).
 rounds() {
-  local deadline=$1 fn=$2 r=0 last
+  local deadline=$(($1 - ${STAGE_CUT:-0})) fn=$2 r=0 last
   while :; do
     r=$((r + 1)); last=$SECONDS
     "$fn" "$r"
@@ -584,13 +591,24 @@ finish_python() {
 }
 
 # A stage in a process of its own (under its timeout): records its seconds and ok.
+# Under DEADLINE, a stage's timeout is cut to the time left, and a stage that would get less
+# than a minute is skipped, so that the run ends with its summary and cache saved.
 run_stage() {
-  local s=$1 limit start=$SECONDS rc
-  limit=T_$s
-  echo "##### stage $s (timeout ${!limit} s)" >> "$LOG"
-  timeout -k 10 "${!limit}" "$0" --stage "$s"
+  local s=$1 full limit start=$SECONDS rc left
+  full=T_$s full=${!full} limit=$full
+  if [ -n "${DEADLINE:-}" ]; then
+    left=$((DEADLINE - SECONDS - DEADLINE_RESERVE))
+    if [ "$left" -lt 60 ]; then
+      echo "##### stage $s skipped: ${left} s left before DEADLINE" >> "$LOG"
+      STAGE=$s add stage ok=false skipped=deadline
+      return
+    fi
+    [ "$left" -ge "$limit" ] || limit=$left
+  fi
+  echo "##### stage $s (timeout $limit s)" >> "$LOG"
+  STAGE_CUT=$((full - limit)) timeout -k 10 "$limit" "$0" --stage "$s"
   rc=$?
-  local pairs=(seconds=$((SECONDS - start)) timeout="${!limit}")
+  local pairs=(seconds=$((SECONDS - start)) timeout="$limit")
   # A stage's checks record their own failures; the stage's line says whether it ran to its end.
   [ "$rc" -eq 0 ] || pairs+=(ok=false exit="$rc")
   [ "$rc" -eq 124 ] || [ "$rc" -eq 137 ] && pairs+=(error="timed out")
@@ -635,7 +653,7 @@ print(os.path.join(os.path.dirname(u.find_spec("torch").origin), "lib"))') ||
   export OUT RESULTS LOG WORK SMALL BIG CACHE ORIG_LD_LIBRARY_PATH PYTHON DEVICE WORKERS
   STAGE=run add start device="$DEVICE" python="$PYTHON" stages="$STAGES" workers="$WORKERS" \
     --from "$D/bundle.json"
-  STAGE=run step wheel "$PYTHON" -m pip install -q --no-index --no-deps --no-compile \
+  STAGE=run step wheel "$PYTHON" -m pip install -q --no-index --no-deps --no-compile --upgrade \
     --target "$WORK/site" "$D"/wheel/ddl-*.whl
   export PYTHONPATH=$WORK/site${PYTHONPATH:+:$PYTHONPATH}
   seed_cache
