@@ -8,7 +8,8 @@
 #                (tools/pack-openmpi.sh)
 #   wheel/       the abi3 wheel of the Python package ddl (`make wheel`)
 #   py/          trainer/bench/torch_eager.py, examples/pytorch/train.py,
-#                tools/bench/python_train.py and tools/gpu/*.py
+#                tools/bench/python_train.py and tools/gpu/'s scripts but preview.py (which
+#                runs here, without a GPU)
 #   run.sh       part B in one command (tools/gpu/run.sh: its header says what it runs)
 #   bundle.json  the commit and the time it was built
 #
@@ -52,7 +53,7 @@ for p in "${programs[@]}"; do
 done
 tools/pack-openmpi.sh "$dir"
 cp trainer/bench/torch_eager.py examples/pytorch/train.py tools/bench/python_train.py \
-  tools/gpu/*.py "$dir/py/"
+  tools/gpu/{torch_checks,compiled_graphs,report}.py "$dir/py/"
 cp tools/gpu/run.sh "$dir/run.sh"
 printf '{"commit": "%s", "built": "%s"}\n' "$(git describe --always --dirty 2>/dev/null || echo unknown)" \
   "$(date -u +%FT%TZ)" > "$dir/bundle.json"
