@@ -47,7 +47,7 @@ char* ddl_graph_capture(int64_t device, char* (*run)(void*), void* ctx, void** o
     std::lock_guard<std::mutex> one_at_a_time(capturing);
     auto index = static_cast<c10::DeviceIndex>(device);
     c10::cuda::CUDAGuard device_guard(index);
-    // The package's runner checks that its previous run finished: done before capture begins.
+    // From an idle device: the replica's earlier steps have finished before capture begins.
     c10::cuda::device_synchronize();
     c10::cuda::CUDACachingAllocator::emptyCache();
     auto graph = std::make_unique<Graph>();

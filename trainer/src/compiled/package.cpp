@@ -30,11 +30,14 @@ struct Package {
 
 extern "C" {
 
-// Loads the package at `path` for CUDA device `device_index` (-1: the CPU).
+// Loads the package at `path` for CUDA device `device_index` (-1: the CPU). Single-threaded
+// (a package serves one replica's thread): a run then queues its kernels at once, where the
+// threaded runner of one model first waits for the previous run to finish on the device, so
+// that the host could never queue a step ahead of the GPU.
 char* ddl_aoti_load(const char* path, int64_t device_index, void** out) {
   return guarded([&] {
     auto index = static_cast<c10::DeviceIndex>(device_index);
-    *out = new Package{torch::inductor::AOTIModelPackageLoader(path, "model", false, 1, index),
+    *out = new Package{torch::inductor::AOTIModelPackageLoader(path, "model", true, 1, index),
                        device_index};
   });
 }
