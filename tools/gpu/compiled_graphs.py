@@ -114,10 +114,10 @@ def main():
     with open(os.path.join(a.entry, "step.json")) as f:
         described = json.load(f)
     index = (device.index or 0) if device.type == "cuda" else -1
-    # Single-threaded, as ddl-train runs it: no wait for the previous run before each run.
-    package = torch._inductor.aoti_load_package(os.path.join(a.entry, "step.pt2"),
-                                                run_single_threaded=True, device_index=index)
-    loader = package.loader
+    # libtorch's loader, single-threaded, as ddl-train runs it: no wait for the previous run
+    # before each run, and none of aoti_load_package's probes of the CPU's vector instructions.
+    loader = torch._C._aoti.AOTIModelPackageLoader(os.path.join(a.entry, "step.pt2"), "model",
+                                                   True, 1, index)
     classes = next(c["shape"][0] for c in described["constants"] if c["name"] == "fc.bias")
     constants = {}
     for c in described["constants"]:

@@ -40,6 +40,7 @@ The spec's `inductor_options` (ddl-train's --inductor-option, KEY=VALUE with VAL
 literal: layout_optimization=False) set options of torch._inductor.config for this compile.
 """
 import argparse
+import hashlib
 import json
 import os
 import shutil
@@ -94,6 +95,7 @@ def main():
             fail(f"--inductor-option {item}: {value!r} is not a Python literal")
         if not hasattr(inductor_config, key.split(".")[0]):
             fail(f"--inductor-option {item}: torch._inductor.config has no option {key}")
+    remember_isa_probes()
     start = time.perf_counter()
     graph_build = start_graph_library(torch, a.out) if device.type == "cuda" else None
     refused = []
@@ -116,6 +118,49 @@ def main():
     described["compile_seconds"] = time.perf_counter() - start
     with open(os.path.join(a.out, "step.json"), "w") as f:
         json.dump(described, f)
+
+
+def remember_isa_probes():
+    """Inductor picks the vector instructions of its CPU code by compiling a probe for each set
+    the CPU announces and loading it in a new Python that imports torch, in every process that
+    compiles: on a small step, about half the compile (BENCHMARKS.md). A probe's verdict depends
+    only on the CPU's flags, the compiler and torch, so one that passed is remembered under all
+    three in Inductor's cache folder (beside the probes' own binaries) and not run again; one
+    that failed runs again each time. Under a torch without these internals, nothing changes."""
+    from torch._inductor import cpu_vec_isa
+    from torch._inductor.runtime.cache_dir_utils import cache_dir
+
+    probe = getattr(cpu_vec_isa.VecISA, "check_build", None)
+    fingerprint = getattr(cpu_vec_isa, "_get_isa_dry_compile_fingerprint", None)
+    try:
+        with open("/proc/cpuinfo") as f:
+            cpu = next(line for line in f if line.startswith("flags"))
+    except (OSError, StopIteration):
+        return
+    if probe is None or fingerprint is None:
+        return
+    memo = os.path.join(cache_dir(), "ddl-isa-probes.json")
+
+    def check_build(isa, code):
+        key = hashlib.sha256("\0".join([cpu, fingerprint(isa._arch_flags), code])
+                             .encode()).hexdigest()
+        try:
+            with open(memo) as f:
+                passed = set(json.load(f))
+        except (OSError, ValueError, TypeError):
+            passed = set()
+        if key in passed:
+            return True
+        if not probe(isa, code):
+            return False
+        os.makedirs(os.path.dirname(memo), exist_ok=True)
+        part = f"{memo}.{os.getpid()}"
+        with open(part, "w") as f:
+            json.dump(sorted(passed | {key}), f)
+        os.replace(part, memo)
+        return True
+
+    cpu_vec_isa.VecISA.check_build = check_build
 
 
 # What is compiled, in turn, while the package disagrees with eager (when the run named no
@@ -328,8 +373,7 @@ def check_package(torch, spec, device, out):
                  for k, v in list(net.named_parameters()) + list(net.named_buffers())}
     constants["flat_grad"] = torch.zeros(spec["total"], device=device)
     index = (device.index or 0) if device.type == "cuda" else -1
-    loader = torch._inductor.aoti_load_package(os.path.join(out, "step.pt2"),
-                                               device_index=index).loader
+    loader = load_package(torch, os.path.join(out, "step.pt2"), index)
     loader.load_constants(constants, False, True, True)
     compiled_loss = float(loader.run(list(inputs))[0])
     flat = constants["flat_grad"]
@@ -358,6 +402,14 @@ def check_package(torch, spec, device, out):
              f"{grad_rel:.3g} off, allowed {grad_tol}; loss {loss_rel:.3g}, allowed {loss_tol}); "
              f"furthest off: {', '.join(f'{n} {r:.3g}' for r, n in worst[:5])}")
     return figures
+
+
+def load_package(torch, path, device_index):
+    """libtorch's loader of the package, run single-threaded as ddl-train runs it (package.cpp).
+    Not `torch._inductor.aoti_load_package`: before it loads, that one probes which vector
+    instruction sets this CPU and compiler support, each with a compile and a new Python that
+    imports torch, only to warn if they differ from the compile's (BENCHMARKS.md)."""
+    return torch._C._aoti.AOTIModelPackageLoader(path, "model", True, 1, device_index)
 
 
 def check_names(net, spec):
