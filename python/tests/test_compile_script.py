@@ -11,40 +11,39 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-#: Longest one process may take: a few seconds here, so only a hang reaches it.
+#: Longest the process may take: a few seconds here, so only a hang reaches it.
 TIMEOUT = 300
 
-#: Runs in a new Python: the verdict of Inductor's AVX2 probe, through the script's memo; with
-#: argv[1] == "fail", the probes themselves are replaced by one that always fails.
-VERDICTS = """
-import json, sys
-sys.path.insert(0, sys.argv[2])
+#: Runs in a new Python with an empty Inductor cache: the verdict of Inductor's AVX2 probe through
+#: the script's memo, and how many verdicts the memo then holds, three times: the probe replaced
+#: by one that fails, the real probe, the failing one again.
+PROBES = """
+import json, os, sys
+sys.path.insert(0, sys.argv[1])
 from torch._inductor import cpu_vec_isa
+from torch._inductor.runtime.cache_dir_utils import cache_dir
 import step
-if sys.argv[1] == "fail":
-    cpu_vec_isa.VecISA.check_build = lambda isa, code: False
-step.remember_isa_probes()
-print(json.dumps(cpu_vec_isa.VecAVX2().check_build(cpu_vec_isa.VecISA._avx_code)))
+real = cpu_vec_isa.VecISA.check_build
+memo = os.path.join(cache_dir(), "ddl-isa-probes.json")
+seen = []
+for probe in [lambda isa, code: False, real, lambda isa, code: False]:
+    cpu_vec_isa.VecISA.check_build = probe
+    step.remember_isa_probes()
+    verdict = cpu_vec_isa.VecAVX2().check_build(cpu_vec_isa.VecISA._avx_code)
+    seen.append([verdict, len(json.load(open(memo))) if os.path.exists(memo) else 0])
+print(json.dumps(seen))
 """
 
 
-def avx2_verdict(probes: str, cache: Path) -> bool:
-    run = subprocess.run(
-        [sys.executable, "-c", VERDICTS, probes, ROOT / "trainer/src/compiled"],
-        capture_output=True, text=True, timeout=TIMEOUT,
-        env={**os.environ, "TORCHINDUCTOR_CACHE_DIR": str(cache)})
-    assert run.returncode == 0, run.stderr[-3000:]
-    return json.loads(run.stdout.strip().splitlines()[-1])
-
-
 def test_a_passed_probe_is_remembered_and_a_failed_one_is_not(tmp_path):
-    cache = tmp_path / "inductor"
-    memo = cache / "ddl-isa-probes.json"
-    # Nothing remembered and the probe fails: the failure is not kept.
-    assert avx2_verdict("fail", cache) is False
-    assert not memo.exists()
-    # The real probe (every machine ddl runs on has AVX2), remembered.
-    assert avx2_verdict("real", cache) is True
-    assert len(json.loads(memo.read_text())) == 1
-    # A probe that would fail now is not run: the verdict is the remembered one.
-    assert avx2_verdict("fail", cache) is True
+    run = subprocess.run(
+        [sys.executable, "-c", PROBES, ROOT / "trainer/src/compiled"],
+        capture_output=True, text=True, timeout=TIMEOUT,
+        env={**os.environ, "TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "inductor")})
+    assert run.returncode == 0, run.stderr[-3000:]
+    failed, passed, remembered = json.loads(run.stdout.strip().splitlines()[-1])
+    # A failed probe is not kept; the real one passes (every machine ddl runs on has AVX2) and
+    # is kept; a probe that would fail now is not run: the verdict is the remembered one.
+    assert failed == [False, 0]
+    assert passed == [True, 1]
+    assert remembered == [True, 1]
