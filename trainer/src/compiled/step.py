@@ -127,17 +127,15 @@ def remember_isa_probes():
     only on the CPU's flags, the compiler and torch, so one that passed is remembered under all
     three in Inductor's cache folder (beside the probes' own binaries) and not run again; one
     that failed runs again each time. Under a torch without these internals, nothing changes."""
-    from torch._inductor import cpu_vec_isa
-    from torch._inductor.runtime.cache_dir_utils import cache_dir
-
-    probe = getattr(cpu_vec_isa.VecISA, "check_build", None)
-    fingerprint = getattr(cpu_vec_isa, "_get_isa_dry_compile_fingerprint", None)
     try:
+        from torch._inductor import cpu_vec_isa
+        from torch._inductor.runtime.cache_dir_utils import cache_dir
+
+        probe = cpu_vec_isa.VecISA.check_build
+        fingerprint = cpu_vec_isa._get_isa_dry_compile_fingerprint
         with open("/proc/cpuinfo") as f:
             cpu = next(line for line in f if line.startswith("flags"))
-    except (OSError, StopIteration):
-        return
-    if probe is None or fingerprint is None:
+    except (ImportError, AttributeError, OSError, StopIteration):
         return
     memo = os.path.join(cache_dir(), "ddl-isa-probes.json")
 
@@ -153,11 +151,14 @@ def remember_isa_probes():
             return True
         if not probe(isa, code):
             return False
-        os.makedirs(os.path.dirname(memo), exist_ok=True)
         part = f"{memo}.{os.getpid()}"
-        with open(part, "w") as f:
-            json.dump(sorted(passed | {key}), f)
-        os.replace(part, memo)
+        try:  # a cache folder it cannot write only means probing again next time
+            os.makedirs(os.path.dirname(memo), exist_ok=True)
+            with open(part, "w") as f:
+                json.dump(sorted(passed | {key}), f)
+            os.replace(part, memo)
+        except OSError:
+            pass
         return True
 
     cpu_vec_isa.VecISA.check_build = check_build
