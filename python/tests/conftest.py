@@ -8,6 +8,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import List, Optional, Sequence
@@ -71,13 +72,17 @@ def torchrun(np: int, script: str, args: Sequence[str] = (), timeout: float = JO
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     torchrun_bin = Path(sys.executable).parent / "torchrun"
-    cmd = [str(torchrun_bin), "--nproc_per_node", str(np), "--master_addr", "127.0.0.1",
-           "--master_port", str(port), str(SCRIPTS / script), *map(str, args)]
     full_env = {k: v for k, v in os.environ.items()
                 if not k.startswith(("OMPI_", "PMIX_", "PMI_", "SLURM_"))}
     full_env.update(OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
     full_env.update(env or {})
-    return _run(cmd, full_env, timeout, f"torchrun --nproc_per_node {np} {script}")
+    # Without --log-dir, torchrun's agent keeps its logs in a /tmp/torchelastic_* folder that
+    # nothing removes.
+    with tempfile.TemporaryDirectory(prefix="ddl-torchrun-") as logs:
+        cmd = [str(torchrun_bin), "--nproc_per_node", str(np), "--master_addr", "127.0.0.1",
+               "--master_port", str(port), "--log-dir", logs, str(SCRIPTS / script),
+               *map(str, args)]
+        return _run(cmd, full_env, timeout, f"torchrun --nproc_per_node {np} {script}")
 
 
 def torchrun_nodes(nodes: int, np: int, script: str, args: Sequence[str] = (),
@@ -93,23 +98,24 @@ def torchrun_nodes(nodes: int, np: int, script: str, args: Sequence[str] = (),
     env = {k: v for k, v in os.environ.items()
            if not k.startswith(("OMPI_", "PMIX_", "PMI_", "SLURM_"))}
     env.update(OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
-    procs = [subprocess.Popen(
-        [str(torchrun_bin), "--nnodes", str(nodes), "--node_rank", str(n), "--nproc_per_node",
-         str(np), "--master_addr", "127.0.0.1", "--master_port", str(port),
-         str(SCRIPTS / script), *map(str, args)],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
-        start_new_session=True) for n in range(nodes)]
-    outs = []
-    deadline = time.monotonic() + timeout
-    try:
-        for proc in procs:
-            outs.append(proc.communicate(timeout=max(0.1, deadline - time.monotonic())))
-    except subprocess.TimeoutExpired:
-        for proc in procs:
-            os.killpg(proc.pid, signal.SIGKILL)
-        outs = [proc.communicate() for proc in procs]
-        pytest.fail(f"{nodes} x torchrun --nproc_per_node {np} {script} hung past {timeout} s:"
-                    f"\n{outs}")
+    with tempfile.TemporaryDirectory(prefix="ddl-torchrun-") as logs:
+        procs = [subprocess.Popen(
+            [str(torchrun_bin), "--nnodes", str(nodes), "--node_rank", str(n),
+             "--nproc_per_node", str(np), "--master_addr", "127.0.0.1", "--master_port",
+             str(port), "--log-dir", logs, str(SCRIPTS / script), *map(str, args)],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+            start_new_session=True) for n in range(nodes)]
+        outs = []
+        deadline = time.monotonic() + timeout
+        try:
+            for proc in procs:
+                outs.append(proc.communicate(timeout=max(0.1, deadline - time.monotonic())))
+        except subprocess.TimeoutExpired:
+            for proc in procs:
+                os.killpg(proc.pid, signal.SIGKILL)
+            outs = [proc.communicate() for proc in procs]
+            pytest.fail(f"{nodes} x torchrun --nproc_per_node {np} {script} hung past "
+                        f"{timeout} s:\n{outs}")
     code = next((proc.returncode for proc in procs if proc.returncode), 0)
     return Job(code, "".join(o for o, _ in outs), "".join(e for _, e in outs))
 

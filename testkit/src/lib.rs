@@ -6,7 +6,8 @@
 #![warn(missing_docs)]
 
 use std::collections::BTreeMap;
-use std::path::Path;
+use std::path::{Path, PathBuf};
+use std::sync::{Mutex, Once};
 
 use ddl_loader::manifest::{ClassInfo, Manifest, ShardInfo, SplitInfo};
 use ddl_loader::shard::ShardWriter;
@@ -58,6 +59,28 @@ pub fn scratch(name: &str) -> TempDir {
         .prefix(&format!("ddl-{name}-"))
         .tempdir()
         .expect("a scratch directory in the temporary directory")
+}
+
+/// A fresh scratch directory named after `name` that lasts until this process exits: for a
+/// fixture a test binary makes once and shares between its tests. A [`TempDir`] kept in a
+/// `static` is never dropped, so it would be left behind; this one is removed at exit (not
+/// after a crash).
+pub fn scratch_until_exit(name: &str) -> PathBuf {
+    static DIRS: Mutex<Vec<PathBuf>> = Mutex::new(Vec::new());
+    static AT_EXIT: Once = Once::new();
+    extern "C" fn remove_dirs() {
+        let dirs = std::mem::take(&mut *DIRS.lock().unwrap_or_else(|e| e.into_inner()));
+        for dir in dirs {
+            let _ = std::fs::remove_dir_all(dir);
+        }
+    }
+    // SAFETY: atexit(3) registers a function that takes and returns nothing, once.
+    AT_EXIT.call_once(|| assert_eq!(unsafe { libc::atexit(remove_dirs) }, 0, "atexit(3)"));
+    let dir = scratch(name).keep();
+    DIRS.lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .push(dir.clone());
+    dir
 }
 
 /// [`scratch`] inside `parent`, e.g. `env!("CARGO_TARGET_TMPDIR")` for files that must live on
@@ -249,5 +272,39 @@ mod tests {
         assert_eq!(r.len(), 3);
         assert_eq!(r.record(2).unwrap().bytes, &records[2].bytes[..]);
         assert_eq!(records[1].size, (30, 41));
+    }
+
+    /// Set in the copy of this test binary that `scratch_until_exit_is_removed_at_exit` runs.
+    const CHILD: &str = "DDL_TESTKIT_SCRATCH_CHILD";
+
+    #[test]
+    fn scratch_until_exit_is_removed_at_exit() {
+        if std::env::var_os(CHILD).is_some() {
+            // The child: two fixtures with a file each, named on stdout, then a normal exit.
+            for name in ["until-exit-a", "until-exit-b"] {
+                let dir = scratch_until_exit(name);
+                std::fs::write(dir.join("fixture"), b"kept until exit").unwrap();
+                println!("fixture-dir {}", dir.display());
+            }
+            return;
+        }
+        let out = std::process::Command::new(std::env::current_exe().unwrap())
+            .args(["--exact", "tests::scratch_until_exit_is_removed_at_exit"])
+            .args(["--nocapture", "--test-threads", "1"])
+            .env(CHILD, "1")
+            .output()
+            .unwrap();
+        let said = String::from_utf8_lossy(&out.stdout);
+        assert!(out.status.success(), "{said}");
+        // libtest's own "test ... " may begin the first line.
+        let dirs: Vec<&str> = said
+            .split("fixture-dir ")
+            .skip(1)
+            .filter_map(|rest| rest.lines().next())
+            .collect();
+        assert_eq!(dirs.len(), 2, "{said}");
+        for dir in dirs {
+            assert!(!Path::new(dir).exists(), "{dir} outlived its process");
+        }
     }
 }

@@ -41,7 +41,7 @@ pub fn command(name: &str) -> Command {
     Command::new(bin(name))
 }
 
-pub use ddl_testkit::{scratch, TempDir};
+pub use ddl_testkit::{scratch, scratch_until_exit, TempDir};
 
 /// `mpirun -np NP ddl-train --data SHARDS --model resnet_small --workers 1`: the CPU job the
 /// end-to-end tests launch; callers add the flags they vary.

@@ -15,16 +15,15 @@ use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
 
 use ddl_tests::{
-    bin, command, mpirun, printed, run_ok, scratch, synth_and_pack, SynthSpec, TempDir,
+    bin, command, mpirun, printed, run_ok, scratch, scratch_until_exit, synth_and_pack, SynthSpec,
 };
 
 /// 10 classes x 100 train images, 10 val per class, two shards.
-fn shards() -> &'static (TempDir, PathBuf) {
-    static SHARDS: OnceLock<(TempDir, PathBuf)> = OnceLock::new();
+fn shards() -> &'static Path {
+    static SHARDS: OnceLock<PathBuf> = OnceLock::new();
     SHARDS.get_or_init(|| {
-        let tmp = scratch("head-parallel-data");
-        let shards = synth_and_pack(
-            tmp.path(),
+        synth_and_pack(
+            &scratch_until_exit("head-parallel-data"),
             &SynthSpec {
                 classes: 10,
                 per_class: 100,
@@ -33,8 +32,7 @@ fn shards() -> &'static (TempDir, PathBuf) {
                 shards: 2,
                 max_short_side: 80,
             },
-        );
-        (tmp, shards)
+        )
     })
 }
 
@@ -51,7 +49,7 @@ fn train(np: usize, devices: &str, extra: &[&str], dir: &Path, name: &str) -> Ra
     let mut cmd = mpirun(np);
     cmd.arg(bin("ddl-train"))
         .arg("--data")
-        .arg(&shards().1)
+        .arg(shards())
         .args([
             "--workers",
             "1",

@@ -14,8 +14,8 @@ use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
 use ddl_tests::{
-    mpirun_train, printed, rank_pids, run_ok, scratch, signal, synth_and_pack, Launched, SynthSpec,
-    TempDir, LAUNCH_TIMEOUT,
+    mpirun_train, printed, rank_pids, run_ok, scratch, scratch_until_exit, signal, synth_and_pack,
+    Launched, SynthSpec, LAUNCH_TIMEOUT,
 };
 use ddl_trainer::checkpoint::{self, Checkpoint};
 
@@ -69,7 +69,6 @@ fn train_cmd(mode: Mode, shards: &Path, ckpt: &Path, weights: &Path, every: u64)
 
 /// The shards and the uninterrupted run's weights, made once for both tests of a mode.
 struct Reference {
-    _tmp: TempDir,
     mode: Mode,
     shards: PathBuf,
     weights: Vec<u8>,
@@ -85,9 +84,9 @@ fn reference(mode: Mode) -> &'static Reference {
         Mode::Priority => &PRIORITY,
     };
     cell.get_or_init(|| {
-        let tmp = scratch("resume-reference");
+        let tmp = scratch_until_exit("resume-reference");
         let shards = synth_and_pack(
-            tmp.path(),
+            &tmp,
             &SynthSpec {
                 classes: 4,
                 per_class: 40,
@@ -97,11 +96,11 @@ fn reference(mode: Mode) -> &'static Reference {
                 max_short_side: 48,
             },
         );
-        let full = tmp.path().join("full.f32");
+        let full = tmp.join("full.f32");
         let out = run_ok(&mut train_cmd(
             mode,
             &shards,
-            &tmp.path().join("ckpt-full"),
+            &tmp.join("ckpt-full"),
             &full,
             3,
         ));
@@ -112,7 +111,6 @@ fn reference(mode: Mode) -> &'static Reference {
         let weights = fs::read(&full).unwrap();
         assert!(!weights.is_empty());
         Reference {
-            _tmp: tmp,
             mode,
             shards,
             weights,

@@ -5,7 +5,7 @@
 use std::path::PathBuf;
 use std::process::Command;
 
-use ddl_tests::{bin, printed, run};
+use ddl_tests::{bin, printed, run, scratch};
 
 /// torchrun from the virtualenv `make setup` made (the Makefile's VIRTUAL_ENV).
 fn torchrun() -> PathBuf {
@@ -23,8 +23,12 @@ fn torchrun() -> PathBuf {
 
 #[test]
 fn ddl_train_under_torchrun_is_refused_naming_mpirun() {
+    // Without --log-dir, torchrun's agent keeps its logs in a /tmp/torchelastic_* folder that
+    // nothing removes.
+    let logs = scratch("torchrun-logs");
     let out = run(Command::new(torchrun())
-        .args(["--nproc_per_node", "2", "--no-python"])
+        .args(["--nproc_per_node", "2", "--no-python", "--log-dir"])
+        .arg(logs.path())
         .arg(bin("ddl-train"))
         .args([
             "--synthetic-data",
