@@ -62,8 +62,9 @@ test-rust: build-tests
 
 # Two test files at a time (pytest-xdist): alone, the suite leaves a quarter of two cores idle
 # while its jobs start ranks and wait on timeouts. A file's tests stay in one process, so its
-# module fixtures (packed shards, the example's reference run) are made once.
-test-python: setup
+# module fixtures (packed shards, the example's reference run) are made once. test_models runs
+# the built binaries.
+test-python: build-tests
 	@if [ -x $(VENV)/bin/python ]; then $(VENV)/bin/python -m pytest -q -n 2 --dist loadfile python/tests; \
 	else echo "test: no virtualenv ($(VENV)): the Python package's tests were not run"; fi
 
