@@ -623,14 +623,6 @@ mod tests {
     use super::*;
     use crate::format::{DATA_ALIGN, INDEX_OFFSET};
 
-    /// A scratch directory for one test, removed when dropped.
-    fn dir(name: &str) -> tempfile::TempDir {
-        tempfile::Builder::new()
-            .prefix(&format!("ddl-shard-{name}-"))
-            .tempdir()
-            .unwrap()
-    }
-
     fn payloads() -> Vec<Vec<u8>> {
         (0..5u8)
             .map(|i| (0..(37 + i as usize * 50)).map(|j| (j as u8) ^ i).collect())
@@ -652,9 +644,10 @@ mod tests {
 
     #[test]
     fn roundtrip_both_writers() {
-        let d = dir("roundtrip");
+        let tmp = ddl_testkit::scratch("shard-roundtrip");
+        let d = tmp.path();
         for cap in [None, Some(5), Some(200)] {
-            let p = d.path().join("s.ddl");
+            let p = d.join("s.ddl");
             let sum = write(&p, cap);
             assert!(!tmp_path(&p).exists());
             let r = ShardReader::open(&p).unwrap();
@@ -674,8 +667,8 @@ mod tests {
             assert!(r.verify().is_empty());
         }
         // Same content, same bytes whichever writer was used for a tight capacity.
-        let a = d.path().join("a.ddl");
-        let b = d.path().join("b.ddl");
+        let a = d.join("a.ddl");
+        let b = d.join("b.ddl");
         write(&a, None);
         write(&b, Some(5));
         assert_eq!(std::fs::read(&a).unwrap(), std::fs::read(&b).unwrap());
@@ -683,8 +676,9 @@ mod tests {
 
     #[test]
     fn empty_shard() {
-        let d = dir("empty");
-        let p = d.path().join("e.ddl");
+        let tmp = ddl_testkit::scratch("shard-empty");
+        let d = tmp.path();
+        let p = d.join("e.ddl");
         let s = ShardWriter::create(&p).unwrap().finish().unwrap();
         assert_eq!((s.records, s.bytes), (0, 4096));
         let r = ShardReader::open(&p).unwrap();
@@ -695,8 +689,9 @@ mod tests {
 
     #[test]
     fn capacity_is_enforced_and_drop_removes_tmp() {
-        let d = dir("cap");
-        let p = d.path().join("c.ddl");
+        let tmp = ddl_testkit::scratch("shard-cap");
+        let d = tmp.path();
+        let p = d.join("c.ddl");
         let mut w = ShardWriter::with_capacity(&p, 1).unwrap();
         w.push(b"abc", 0, 1, 1).unwrap();
         let e = w.push(b"def", 0, 1, 1).unwrap_err().to_string();
@@ -736,70 +731,68 @@ mod tests {
 
     #[test]
     fn corruption_is_detected_and_named() {
-        let d = dir("corrupt");
-        let p = d.path().join("good.ddl");
+        let tmp = ddl_testkit::scratch("shard-corrupt");
+        let d = tmp.path();
+        let p = d.join("good.ddl");
         write(&p, None);
         let good = std::fs::read(&p).unwrap();
         let data_offset = ShardReader::open(&p).unwrap().header().data_offset as usize;
 
         let mut b = good.clone();
         b[0] = b'X';
-        assert!(open_err(d.path(), "magic.ddl", &b).contains("bad magic"));
+        assert!(open_err(d, "magic.ddl", &b).contains("bad magic"));
 
         let mut b = good.clone();
         b[8..12].copy_from_slice(&2u32.to_le_bytes());
         let crc = crc32c::crc32c(&b[..60]);
         b[60..64].copy_from_slice(&crc.to_le_bytes());
-        assert!(
-            open_err(d.path(), "version.ddl", &b).contains("unsupported shard format version 2")
-        );
+        assert!(open_err(d, "version.ddl", &b).contains("unsupported shard format version 2"));
 
         let mut b = good.clone();
         b[20] ^= 1; // record_count without fixing the checksum
-        assert!(open_err(d.path(), "hdrcrc.ddl", &b).contains("header crc32c mismatch"));
+        assert!(open_err(d, "hdrcrc.ddl", &b).contains("header crc32c mismatch"));
 
         let mut b = good.clone();
         b[64 + 32 + 12] ^= 1; // label of record 1
-        let e = open_err(d.path(), "indexcrc.ddl", &b);
+        let e = open_err(d, "indexcrc.ddl", &b);
         assert!(e.contains("corrupt shard index"), "{e}");
 
-        let e = open_err(d.path(), "trunc.ddl", &good[..good.len() - 1]);
+        let e = open_err(d, "trunc.ddl", &good[..good.len() - 1]);
         assert!(e.contains("truncated"), "{e}");
-        let e = open_err(d.path(), "trunc-header.ddl", &good[..40]);
+        let e = open_err(d, "trunc-header.ddl", &good[..40]);
         assert!(
             e.contains("truncated") && e.contains("64-byte header"),
             "{e}"
         );
-        let e = open_err(d.path(), "trunc-index.ddl", &good[..100]);
+        let e = open_err(d, "trunc-index.ddl", &good[..100]);
         assert!(e.contains("truncated"), "{e}");
-        assert!(open_err(d.path(), "zero.ddl", &[]).contains("truncated"));
+        assert!(open_err(d, "zero.ddl", &[]).contains("truncated"));
         assert!(
-            open_err(d.path(), "text.ddl", b"hello, world, this is not a shard")
-                .contains("bad magic")
+            open_err(d, "text.ddl", b"hello, world, this is not a shard").contains("bad magic")
         );
 
         let mut b = good.clone();
         b.push(0);
-        assert!(open_err(d.path(), "trailing.ddl", &b).contains("trailing"));
+        assert!(open_err(d, "trailing.ddl", &b).contains("trailing"));
 
         let mut b = good.clone();
         patch_row(&mut b, 4, |r| r.length += 1000);
-        let e = open_err(d.path(), "oob.ddl", &b);
+        let e = open_err(d, "oob.ddl", &b);
         assert!(e.contains("record 4") && e.contains("outside"), "{e}");
 
         let mut b = good.clone();
         patch_row(&mut b, 2, |r| r.offset = u64::MAX - 63);
-        let e = open_err(d.path(), "huge.ddl", &b);
+        let e = open_err(d, "huge.ddl", &b);
         assert!(e.contains("record 2"), "{e}");
 
         let mut b = good.clone();
         patch_row(&mut b, 3, |r| r.offset = 0);
-        let e = open_err(d.path(), "overlap.ddl", &b);
+        let e = open_err(d, "overlap.ddl", &b);
         assert!(e.contains("record 3") && e.contains("overlaps"), "{e}");
 
         let mut b = good.clone();
         patch_row(&mut b, 1, |r| r.offset += 1);
-        let e = open_err(d.path(), "align.ddl", &b);
+        let e = open_err(d, "align.ddl", &b);
         assert!(
             e.contains("record 1") && e.contains("multiple of 64"),
             "{e}"
@@ -807,24 +800,24 @@ mod tests {
 
         let mut b = good.clone();
         patch_row(&mut b, 0, |r| r.kind = 9);
-        assert!(open_err(d.path(), "kind.ddl", &b).contains("unknown record kind 9"));
+        assert!(open_err(d, "kind.ddl", &b).contains("unknown record kind 9"));
 
         let mut b = good.clone();
         patch_header(&mut b, |h| h.data_offset = 0);
-        assert!(open_err(d.path(), "dataoff.ddl", &b).contains("overlaps the index"));
+        assert!(open_err(d, "dataoff.ddl", &b).contains("overlaps the index"));
 
         let mut b = good.clone();
         let n = b.len();
         patch_header(&mut b, |h| h.data_len -= 1);
         b.truncate(n - 1);
-        let e = open_err(d.path(), "datalen.ddl", &b);
+        let e = open_err(d, "datalen.ddl", &b);
         assert!(e.contains("record 4"), "{e}");
 
         // A flipped data byte: open succeeds, the record read and verify() name the record.
         let mut b = good.clone();
         let r2 = ShardReader::open(&p).unwrap().row(2);
         b[data_offset + r2.offset as usize + 5] ^= 0x40;
-        let q = d.path().join("flip.ddl");
+        let q = d.join("flip.ddl");
         std::fs::write(&q, &b).unwrap();
         let r = ShardReader::open(&q).unwrap();
         let e = r.record(2).unwrap_err().to_string();
