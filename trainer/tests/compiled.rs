@@ -225,6 +225,20 @@ fn shared_convnet_entry(vs: &nn::VarStore) -> compiled::Entry {
     .unwrap()
 }
 
+/// A copy of the shared cache's convnet step in `cache` (an entry is a folder that may move):
+/// its folder there.
+fn copy_of_shared_convnet_entry(cache: &Path) -> PathBuf {
+    let (vs, _) = seeded(ModelKind::ConvnetNobn, 3, 16, Kind::Float);
+    let shared = shared_convnet_entry(&vs);
+    let entry = cache.join(shared.dir.file_name().unwrap());
+    fs::create_dir_all(&entry).unwrap();
+    for file in fs::read_dir(&shared.dir).unwrap() {
+        let file = file.unwrap();
+        fs::copy(file.path(), entry.join(file.file_name())).unwrap();
+    }
+    entry
+}
+
 /// Prepares the convnet's step in `cache` and returns the progress lines the cache printed.
 fn cache_lines(cache: &Path, vs: &nn::VarStore) -> Vec<String> {
     let layout = Layout::new(vs, usize::MAX);
@@ -242,15 +256,9 @@ fn the_cache_compiles_a_key_once_and_rebuilds_what_it_cannot_use() {
     let cache = tmp.path().join("cache");
     let (vs, _) = seeded(ModelKind::ConvnetNobn, 3, 16, Kind::Float);
     // The shared cache's entry (compiled there once for every test) copied into a cache of
-    // this test's own: an entry is a folder that may move.
+    // this test's own.
     let layout = Layout::new(&vs, usize::MAX);
-    let shared = shared_convnet_entry(&vs);
-    let entry = cache.join(shared.dir.file_name().unwrap());
-    fs::create_dir_all(&entry).unwrap();
-    for file in fs::read_dir(&shared.dir).unwrap() {
-        let file = file.unwrap();
-        fs::copy(file.path(), entry.join(file.file_name())).unwrap();
-    }
+    let entry = copy_of_shared_convnet_entry(&cache);
     let package = entry.join("step.pt2");
     let stamp = fs::metadata(&package).unwrap().modified().unwrap();
 
@@ -466,13 +474,18 @@ fn compile_refuses_what_needs_the_model_apart_naming_both_flags() {
 
 #[test]
 fn progressive_resizing_compiles_a_step_per_size_before_the_first() {
+    // The convnet of `convnet_spec` (3 classes, batch 2) from 16 px, then 24 px from epoch 1:
+    // its cache starts with the shared 16 px step, so the run compiles the 24 px one alone.
     let tmp = ddl_testkit::scratch("compiled-sizes");
     let data = tmp.path().join("data");
-    common::make_dataset(&data, 4, 16, 0, 2, 0, 48);
+    common::make_dataset(&data, 3, 8, 0, 2, 0, 32);
     let cache = tmp.path().join("cache");
+    let first = copy_of_shared_convnet_entry(&cache);
     let run = |compile: bool, dump: &str| {
         let mut cfg = run_config(&data, "convnet_nobn", compile);
-        cfg.image_size_schedule = "1:40".parse().unwrap();
+        cfg.batch = 2;
+        cfg.image_size = 16;
+        cfg.image_size_schedule = "1:24".parse().unwrap();
         cfg.compile_cache = Some(cache.clone());
         cfg.dump_weights = Some(tmp.path().join(dump));
         cfg
@@ -482,19 +495,24 @@ fn progressive_resizing_compiles_a_step_per_size_before_the_first() {
     common::run_ranks(&init, 1);
     common::run_ranks(&run(false, "eager.f32"), 1);
     common::run_ranks(&run(true, "compiled.f32"), 1);
-    let mut sizes: Vec<String> = fs::read_dir(&cache)
+    let mut entries: Vec<PathBuf> = fs::read_dir(&cache)
         .unwrap()
-        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
-        .filter(|n| !n.ends_with(".lock"))
-        .map(|n| {
-            n.split('-')
-                .find(|p| p.ends_with("px"))
-                .unwrap()
-                .to_string()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.is_dir())
+        .collect();
+    entries.sort();
+    let sizes: Vec<&str> = entries
+        .iter()
+        .map(|p| {
+            let name = p.file_name().unwrap().to_str().unwrap();
+            name.split('-').find(|p| p.ends_with("px")).unwrap()
         })
         .collect();
-    sizes.sort();
-    assert_eq!(sizes, ["32px", "40px"], "one step per train size");
+    assert_eq!(sizes, ["16px", "24px"], "one step per train size");
+    assert!(
+        entries.contains(&first),
+        "the 16 px step was not the shared one"
+    );
     let rel = update_rel_diff(
         &dumped(&tmp.path().join("init.f32")),
         &dumped(&tmp.path().join("eager.f32")),
@@ -505,8 +523,8 @@ fn progressive_resizing_compiles_a_step_per_size_before_the_first() {
 
 #[test]
 fn a_package_refused_by_its_check_is_compiled_again_without_layout_optimization() {
-    // The first package refused as if it disagreed with eager: the compile tries Inductor
-    // without its layout optimization, keeps that package, and says so.
+    // The first attempt refused (uncompiled) as if its package disagreed with eager: the
+    // compile tries Inductor without its layout optimization, keeps that package, and says so.
     let (vs, _) = seeded(ModelKind::ConvnetNobn, 3, 16, Kind::Float);
     let layout = Layout::new(&vs, usize::MAX);
     let tmp = ddl_testkit::scratch("compiled-fallback");

@@ -167,8 +167,8 @@ pub struct StepSpec<'a> {
     pub fold_small_constants: bool,
     /// Inductor's options, `KEY=VALUE`.
     pub inductor_options: &'a [String],
-    /// Refuse the first this many packages unchecked, as if they disagreed with eager (for
-    /// the tests of the compile's fallback).
+    /// Refuse the first this many attempts before compiling them, as if their packages
+    /// disagreed with eager (for the tests of the compile's fallback).
     pub refuse_first_packages: u32,
 }
 
