@@ -360,21 +360,25 @@ fn compiled_against_eager(dir: &Path, data: &Path, model: &str, steps: u64) -> f
     )
 }
 
-/// The data of the compiled training runs in `dir`: 4 classes x 24 = 96 records, batch 8: 12
-/// steps an epoch.
-fn training_data(dir: &Path) -> PathBuf {
-    let data = dir.join("data");
+/// Trains `model` for `steps` steps eager and compiled ([`compiled_against_eager`]) on 4
+/// classes x 24 = 96 records (batch 8: 12 steps an epoch) in a new scratch folder, and fails
+/// unless the compiled update is within 3% of eager's. Returns the folder and the data in it.
+fn compiled_follows_eager(model: &str, steps: u64) -> (ddl_testkit::TempDir, PathBuf) {
+    let tmp = ddl_testkit::scratch(&format!("compiled-train-{model}"));
+    let data = tmp.path().join("data");
     common::make_dataset(&data, 4, 24, 0, 2, 0, 40);
-    data
+    let rel = compiled_against_eager(tmp.path(), &data, model, steps);
+    assert!(
+        rel < 0.03,
+        "{model}: the compiled update is {rel:.3e} from eager's"
+    );
+    (tmp, data)
 }
 
 // One test per model, so that the two compiles and runs go side by side.
 #[test]
 fn compiled_resnet_small_follows_eager_and_resumes_bitwise() {
-    let tmp = ddl_testkit::scratch("compiled-train-small");
-    let data = training_data(tmp.path());
-    let rel = compiled_against_eager(tmp.path(), &data, "resnet_small", 24);
-    assert!(rel < 0.03, "the compiled update is {rel:.3e} from eager's");
+    let (tmp, data) = compiled_follows_eager("resnet_small", 24);
 
     // Resumed from step 15 in a directory of its own: bitwise the uninterrupted compiled run.
     let resumed_dir = tmp.path().join("ck-resume");
@@ -400,10 +404,7 @@ fn compiled_resnet_small_follows_eager_and_resumes_bitwise() {
 
 #[test]
 fn compiled_resnet18_follows_eager() {
-    let tmp = ddl_testkit::scratch("compiled-train-18");
-    let data = training_data(tmp.path());
-    let rel = compiled_against_eager(tmp.path(), &data, "resnet18", 12);
-    assert!(rel < 0.03, "the compiled update is {rel:.3e} from eager's");
+    compiled_follows_eager("resnet18", 12);
 }
 
 #[test]
