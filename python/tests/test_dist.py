@@ -17,7 +17,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Dict, Sequence
+from typing import Dict, Sequence, Tuple
 
 import pytest
 import torch
@@ -100,14 +100,22 @@ def algorithm_count(launcher: str) -> int:
     return len(dist.ALGORITHMS) - (launcher == "torchrun")
 
 
-@pytest.mark.parametrize("launcher", ["mpirun", "torchrun"])
-@pytest.mark.parametrize("np_", [2, 3])
-def test_collectives_exact_and_identical_on_every_rank(np_: int, launcher: str) -> None:
+@pytest.fixture(scope="module", params=[(2, "mpirun"), (3, "mpirun"), (2, "torchrun"),
+                                        (3, "torchrun")], ids=lambda w: f"{w[0]}-{w[1]}")
+def suite(request: pytest.FixtureRequest) -> Tuple[int, str, Job]:
+    """(ranks, launcher, job) of one dist_suite.py job per world size and launcher, which the
+    tests below share: dist_disagree, dist_allreduce, dist_mismatch and nn_sharded in one
+    launch (each rank's ``import torch`` is most of a short job's CPU)."""
+    np_, launcher = request.param
+    return np_, launcher, launch(launcher, np_, "dist_suite.py", timeout=2 * SHORT)
+
+
+def test_collectives_exact_and_identical_on_every_rank(suite: Tuple[int, str, Job]) -> None:
     """Every algorithm x dtype x size (1, 7, 1001, 300001 elements), sum and mean, equals the
     exact result bitwise; non-contiguous tensors, futures and broadcasts from the first and
     last rank too; all ranks end with the same digest of every result. Under torchrun the same
     over ddl's TCP backend (every algorithm but ``mpi``)."""
-    job = launch(launcher, np_, "dist_allreduce.py", timeout=SHORT)
+    np_, launcher, job = suite
     lines = ok_lines(job, "dist_allreduce")
     parsed = [re.fullmatch(r"dist_allreduce ok rank=(\d+) size=(\d+) checks=(\d+) "
                            r"digest=([0-9a-f]{8})", line) for line in lines]
@@ -121,41 +129,37 @@ def test_collectives_exact_and_identical_on_every_rank(np_: int, launcher: str) 
     assert len({m[4] for m in parsed}) == 1, f"ranks disagree:\n{job.output}"
 
 
-@pytest.mark.parametrize("np_", [2, 3])
-def test_sharded_head_matches_a_single_process_full_head(np_: int) -> None:
+def test_sharded_head_matches_a_single_process_full_head(suite: Tuple[int, str, Job]) -> None:
     """all_gather_ and reduce_scatter_ exact on uneven rows (a rank owning none); the loss and
     the gradients of ddl.nn.ShardedLinearCrossEntropy (23 classes, uneven batches, label
     smoothing 0 and 0.1, grad 1 and 2.5) within 1e-5 of torch's cross-entropy over the whole
-    head in one process; its target_rank gives the whole head's."""
-    lines = ok_lines(mpirun(np_, "nn_sharded.py", timeout=SHORT), "nn_sharded")
+    head in one process; its target_rank gives the whole head's. Over MPI and over TCP."""
+    np_, _, job = suite
+    lines = ok_lines(job, "nn_sharded")
     ranks = sorted(int(re.search(r"rank=(\d+)", line)[1]) for line in lines)
     assert ranks == list(range(np_)), lines
     assert all(line.endswith("checks=12") for line in lines), lines
 
 
-@pytest.mark.parametrize("launcher", ["mpirun", "torchrun"])
-@pytest.mark.parametrize("np_", [2, 3])
-def test_mismatched_tensors_raise_on_every_rank(np_: int, launcher: str) -> None:
+def test_mismatched_tensors_raise_on_every_rank(suite: Tuple[int, str, Job]) -> None:
     """The last rank passes another element count (10 / 1000, 1000 / 300000, 0 / 7) or dtype
     (float32 / float16): every algorithm raises DistError on every rank naming it, leaves the
     tensors untouched and then sums the next call (see dist_mismatch.py); under torchrun
     over the TCP backend too."""
-    job = launch(launcher, np_, "dist_mismatch.py", timeout=SHORT)
+    np_, launcher, job = suite
     lines = ok_lines(job, "dist_mismatch")
     cases = algorithm_count(launcher) * 4
     assert sorted(lines) == [f"dist_mismatch ok rank={r} cases={cases}"
                              for r in range(np_)], job.output
 
 
-@pytest.mark.parametrize("launcher", ["mpirun", "torchrun"])
-@pytest.mark.parametrize("np_", [2, 3])
-def test_disagreeing_ranks_raise_on_every_rank_at_once(np_: int, launcher: str) -> None:
+def test_disagreeing_ranks_raise_on_every_rank_at_once(suite: Tuple[int, str, Job]) -> None:
     """The last rank picks another algorithm (rhd / ring) for its first allreduce, broadcasts
     a tensor of another size, passes other row counts or element counts to all_gather_ and
     reduce_scatter_: every rank raises DistError at once naming each rank's choice or size
     (before: a 15 s timeout, the root returning while the others raised, or MPI_ERR_TRUNCATE),
     and the job goes on (see dist_disagree.py)."""
-    job = launch(launcher, np_, "dist_disagree.py", timeout=SHORT)
+    np_, _, job = suite
     lines = ok_lines(job, "dist_disagree")
     assert sorted(lines) == [f"dist_disagree ok rank={r} cases=6" for r in range(np_)], job.output
 

@@ -2,21 +2,23 @@
 sizes, sum and mean, contiguous and not), allreduce_async_, broadcast_ from the first and the
 last rank, and that every rank holds bitwise the same results.
 
-Usage: mpirun -np P python dist_allreduce.py [SIZE ...] (or torchrun --nproc_per_node P:
-the TCP backend, every algorithm but ``mpi``)
+Usage: mpirun -np P python dist_allreduce.py (or torchrun --nproc_per_node P: the TCP
+backend, every algorithm but ``mpi``; or as a part of dist_suite.py)
 Prints ``dist_allreduce ok rank=R size=P checks=N digest=HEX`` on success; any wrong value
 fails an assertion naming the case (non-zero exit).
 """
 
 from __future__ import annotations
 
-import sys
 import zlib
 
 import torch
 
 import ddl.dist as dd
 from _job import DTYPES, algorithms, native, run_job, say
+
+#: The element counts each algorithm reduces: one, odd, and past the chunk sizes.
+SIZES = (1, 7, 1001, 300_001)
 
 
 def values(rank: int, n: int, dtype: torch.dtype) -> torch.Tensor:
@@ -151,12 +153,11 @@ def check_broadcast(rank: int, p: int) -> tuple:
 
 
 def main() -> None:
-    sizes = [int(s) for s in sys.argv[1:]] or [1, 7, 1001, 300_001]
     dd.init(timeout=30)
     rank, p = dd.rank(), dd.size()
     assert 0 <= rank < p, f"rank {rank} of {p}"
     checks, crc = 0, 0
-    for part in (check_allreduce(rank, p, sizes), check_noncontiguous(rank, p),
+    for part in (check_allreduce(rank, p, SIZES), check_noncontiguous(rank, p),
                  check_async(rank, p), check_broadcast(rank, p)):
         checks += part[0]
         crc = zlib.crc32(part[1].to_bytes(4, "little"), crc)

@@ -1,7 +1,8 @@
-"""Run under mpirun: ddl.dist.all_gather_ / reduce_scatter_ exact on uneven rows, and
-ddl.nn.ShardedLinearCrossEntropy against a single-process full-head cross-entropy (loss and
-gradients within 1e-5), with uneven classes and batches per rank, with and without label
-smoothing and with a grad that is not 1. Prints ``nn_sharded ok rank=R checks=N``."""
+"""Under mpirun or torchrun (or within dist_suite.py): ddl.dist.all_gather_ / reduce_scatter_
+exact on uneven rows, and ddl.nn.ShardedLinearCrossEntropy against a single-process full-head
+cross-entropy (loss and gradients within 1e-5), with uneven classes and batches per rank, with
+and without label smoothing and with a grad that is not 1. Prints ``nn_sharded ok rank=R
+checks=N``."""
 
 import torch
 import torch.nn.functional as F
