@@ -1,7 +1,7 @@
-"""The checks of several scripts in one job: each rank of a launch spends about 2 s of CPU
-importing torch, so the errors after which the job goes on by design (dist_disagree,
-dist_mismatch), the collectives (dist_allreduce) and the sharded head (nn_sharded) share one
-launch per world size and launcher. dist_disagree comes first: the ranks compare their
+"""The checks of several scripts in one job: importing torch is most of a short job's CPU,
+so the errors after which the job goes on by design (dist_disagree, dist_mismatch), the
+collectives (dist_allreduce) and the sharded head (nn_sharded) share one launch per world
+size and launcher (figures: BENCHMARKS.md). dist_disagree comes first: the ranks compare their
 algorithms at the first allreduce only.
 
 Usage: mpirun -np P python dist_suite.py (or torchrun --nproc_per_node P dist_suite.py)
