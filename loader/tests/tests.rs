@@ -6,6 +6,7 @@ mod dataset;
 mod elastic;
 mod memory;
 mod pack;
+mod pack_downloads;
 mod pack_split;
 mod pipeline;
 mod reader_robustness;

@@ -1,5 +1,6 @@
-//! The packer: turns an ImageNet-style input (folder trees, flat validation folders, per-synset
-//! tars, an outer tar of tars) into shards, `manifest.json` and `pack-report.json`.
+//! The packer: turns ImageNet as it was downloaded (image-net.org's archives or their extracted
+//! folders, Kaggle's, Hugging Face's parquet, WebDataset shards, ImageNet-22k's tars) or any
+//! class-folder tree into shards, `manifest.json` and `pack-report.json`.
 //!
 //! Every split's inputs are sorted by (label, name); record `i` of that order goes to shard
 //! `i % S`, or, in class order, shard `s` holds the `s`-th of `S` consecutive runs of them
@@ -14,11 +15,12 @@
 //! Memory: the input index (one [`source::Item`] per input) and per-class counts; converted
 //! images are held one window at a time, and per-shard outcomes keep no per-class data.
 //!
-//! Files by concern: `options.rs` (what the packer can be told, each value's rule),
-//! `source.rs` and `classes.rs` (finding the inputs and their labels), `split.rs` (a held-out
-//! validation split), `shard_plan.rs` (shard counts, names, plan fingerprints), `identity.rs` and
-//! `output.rs` (whose files the output directory holds), `shards.rs` (keeping and writing
-//! shards), `convert.rs` (one image), `report.rs` (report and manifest), `verify.rs`.
+//! Files by concern: `options.rs` (what the packer can be told, each value's rule), `source/`
+//! and `classes.rs` (finding the inputs and their labels, in every form ImageNet is downloaded
+//! in), `split.rs` (a held-out validation split), `shard_plan.rs` (shard counts, names, plan
+//! fingerprints), `identity.rs` and `output.rs` (whose files the output directory holds),
+//! `shards.rs` (keeping and writing shards), `convert.rs` (one image), `report.rs` (report and
+//! manifest), `verify.rs`.
 
 mod classes;
 pub mod convert;

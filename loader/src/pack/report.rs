@@ -9,7 +9,7 @@ use serde::{Deserialize, Serialize};
 use super::options::PackOptions;
 use super::shard_plan::SplitPlan;
 use super::shards::Tally;
-use super::source::Inputs;
+use super::source::{Inputs, LabelSource};
 use super::split::ValSplitReport;
 use super::REPORT_FILE;
 use crate::error::{LoaderError, Result};
@@ -46,13 +46,16 @@ pub struct ClassCount {
 pub struct SplitReport {
     /// How the split's inputs were found.
     pub layout: String,
-    /// Inputs found.
+    /// Where its labels come from (files and rule).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub labels: Option<LabelSource>,
+    /// Inputs found (those rejected before decoding included).
     pub inputs: u64,
     /// Their total size in bytes.
     pub input_bytes: u64,
     /// Records packed.
     pub records: u64,
-    /// Inputs skipped.
+    /// Inputs skipped (those rejected before decoding included).
     pub skipped: u64,
     /// Total size of the split's shard files.
     pub output_bytes: u64,
@@ -133,9 +136,21 @@ fn split_report(
     inputs: &Inputs,
     tally: &Tally,
 ) -> (SplitReport, SplitInfo, Vec<SkippedInput>) {
+    let rejected: Vec<SkippedInput> = inputs
+        .rejected
+        .iter()
+        .filter(|r| r.split == p.name)
+        .map(|r| SkippedInput {
+            split: r.split.clone(),
+            path: r.path.clone(),
+            reason: r.reason.clone(),
+            detail: r.detail.clone(),
+        })
+        .collect();
     let mut rep = SplitReport {
         layout: inputs.layouts.get(&p.name).cloned().unwrap_or_default(),
-        inputs: p.items.len() as u64,
+        labels: inputs.labels.get(&p.name).cloned(),
+        inputs: (p.items.len() + rejected.len()) as u64,
         input_bytes: p.items.iter().map(|i| i.size).sum(),
         records: 0,
         skipped: 0,
@@ -183,13 +198,17 @@ fn split_report(
         }
         shard_infos.push(o.info.clone());
     }
-    rep.skipped = skips.len() as u64;
+    rep.skipped = (skips.len() + rejected.len()) as u64;
     skips.sort_by_key(|(i, _)| *i);
     let info = SplitInfo {
         records: rep.records,
         shards: shard_infos,
     };
-    (rep, info, skips.into_iter().map(|(_, s)| s).collect())
+    let skipped = rejected
+        .into_iter()
+        .chain(skips.into_iter().map(|(_, s)| s))
+        .collect();
+    (rep, info, skipped)
 }
 
 /// How the run went, besides the shards.
@@ -223,7 +242,8 @@ pub(crate) fn finish(
         splits_manifest.insert(p.name.clone(), info);
         splits.insert(p.name.clone(), rep);
     }
-    let total: u64 = plans.iter().map(|p| p.items.len() as u64).sum();
+    // Inputs rejected before decoding count as found and skipped.
+    let total: u64 = splits.values().map(|r| r.inputs).sum();
     let skip_fraction = if total == 0 {
         0.0
     } else {
@@ -235,6 +255,7 @@ pub(crate) fn finish(
         emptied_classes(plans, &splits)
     };
     let elapsed = run.started.elapsed().as_secs_f64();
+    let converted: u64 = plans.iter().map(|p| p.items.len() as u64).sum();
     let report = PackReport {
         input: opts.input.display().to_string(),
         output: opts.output.display().to_string(),
@@ -260,7 +281,7 @@ pub(crate) fn finish(
         left_in_place: run.left,
         threads: run.threads,
         elapsed_s: elapsed,
-        images_per_s: (total - tally.kept_inputs) as f64 / elapsed.max(1e-9),
+        images_per_s: (converted - tally.kept_inputs) as f64 / elapsed.max(1e-9),
     };
     let report_path = opts.output.join(REPORT_FILE);
     let text = serde_json::to_vec_pretty(&report).map_err(|source| LoaderError::Json {
@@ -341,6 +362,7 @@ fn manifest(
             "min_per_class": opts.min_per_class,
             "dropped_classes": inputs.dropped_classes.len(),
             "val_split": val_split,
+            "labels": inputs.labels,
         }),
         nodes: opts.nodes,
     }

@@ -22,7 +22,7 @@ use serde::{Deserialize, Serialize};
 
 use super::fnv::Fnv;
 use super::options::{OptionError, PackOption};
-use super::source::{Inputs, Item};
+use super::source::{Inputs, Item, LabelSource};
 use crate::error::{LoaderError, Result};
 
 /// The key function, in words, as the manifest and the report record it.
@@ -204,15 +204,19 @@ pub(crate) fn carve(
         train_inputs: train.len() as u64,
         val_inputs: val.len() as u64,
     };
-    inputs.layouts.insert(
-        "val".into(),
-        format!(
-            "held out of the training inputs by {} {}, seed {}",
-            report.rule,
-            vs.value(),
-            vs.seed
-        ),
+    let held = format!(
+        "held out of the training inputs by {} {}, seed {}",
+        report.rule,
+        vs.value(),
+        vs.seed
     );
+    if let Some(train) = inputs.labels.get("train").cloned() {
+        let rule = format!("{} ({held})", train.rule);
+        inputs
+            .labels
+            .insert("val".into(), LabelSource { rule, ..train });
+    }
+    inputs.layouts.insert("val".into(), held);
     for (name, split) in [("train", train), ("val", val)] {
         if !split.is_empty() {
             inputs.splits.insert(name.into(), split);

@@ -2,6 +2,8 @@
 
 use std::path::Path;
 
+use ddl_loader::pack::convert::ConvertOptions;
+use ddl_loader::pack::{PackOptions, ShardCount};
 use ddl_loader::sampler::{Sampler, SamplerConfig, Tail};
 use ddl_testkit::{write_manifest, write_shards, Record, TempDir};
 
@@ -42,6 +44,20 @@ pub fn evict(path: &Path) {
          does not evict (a tmpfs?), so residency cannot be tested there",
         path.display()
     );
+}
+
+/// Pack options for the tests' tiny inputs: `shards` shards per split, two threads, shorter
+/// side at most 32 (so that the tests' small JPEGs are stored as they are), quality 90.
+pub fn small_pack(input: &Path, output: &Path, shards: usize) -> PackOptions {
+    let mut o = PackOptions::new(input, output);
+    o.shards = ShardCount::Count(shards);
+    o.threads = 2;
+    o.convert = ConvertOptions {
+        max_short_side: 32,
+        quality: 90,
+        reencode: false,
+    };
+    o
 }
 
 /// Encodes a `w` x `h` RGB image as a JPEG (4:4:4, quality 95).

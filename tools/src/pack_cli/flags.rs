@@ -21,9 +21,14 @@ use ddl_loader::units;
 #[command(name = "ddl-pack", version)]
 #[command(group = clap::ArgGroup::new("val").args(["val_fraction", "val_per_class"]))]
 pub struct Args {
-    /// Input: a directory holding train/WNID/*.JPEG and val/ (class folders, or flat with
-    /// LOC_val_solution.csv / the devkit ground truth), or WNID.tar files, or an outer tar of
-    /// WNID.tar files; or that outer tar itself (fall11_whole.tar, winter21_whole.tar).
+    /// Input: ImageNet as downloaded, in a directory holding any mix of image-net.org's
+    /// ILSVRC2012_img_train.tar, ILSVRC2012_img_val.tar and ILSVRC2012_devkit_t12.tar.gz (or
+    /// their extracted train/WNID/, flat val/ and devkit folder); Kaggle's download (its
+    /// LOC_val_solution.csv labels val); Hugging Face's imagenet-1k (data/*.parquet and
+    /// classes.py); timm's WebDataset shards; ImageNet-22k's WNID.tar files or an outer tar of
+    /// them (or that tar itself); or any class-folder tree. Labels come only from what states
+    /// them (folder and tar names, the devkit, the CSV, parquet rows, .cls files): an input
+    /// without a label source is refused.
     #[arg(required_unless_present = "verify")]
     pub input: Option<PathBuf>,
 
@@ -81,7 +86,8 @@ pub struct Args {
     #[arg(long, value_name = "FILE")]
     pub classes: Option<PathBuf>,
 
-    /// ILSVRC synset list (one wnid per line in ILSVRC id order) for the devkit ground truth.
+    /// ILSVRC synset list (one wnid per line in ILSVRC id order) for a devkit ground truth
+    /// that has no data/meta.mat beside it; beside meta.mat it must agree with it.
     #[arg(long, value_name = "FILE")]
     pub synsets: Option<PathBuf>,
 

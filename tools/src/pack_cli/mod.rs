@@ -73,6 +73,12 @@ fn print_summary(report: &PackReport, opts: &PackOptions) {
             s.reencoded,
             s.resized
         );
+        if let Some(l) = &s.labels {
+            ddl_cli::outln!(
+                "{name} labels: {}",
+                escape_controls(&l.files.join(" with "))
+            );
+        }
     }
     if let Some(v) = &report.val_split {
         ddl_cli::outln!(

@@ -1,0 +1,399 @@
+//! What an input holds, and which scanner reads each split. A directory may hold any mix of
+//! ImageNet's downloads and their extracted forms:
+//!
+//! | split | read from, first found wins |
+//! |---|---|
+//! | train | `train/` (class folders, or per-synset tars, or an outer tar of them); tars in the input: outer tars (`ILSVRC2012_img_train.tar`, `fall11_whole.tar`) and `<wnid>.tar` per-synset tars; the input's own class folders |
+//! | val | `val/` (class folders, or flat images labelled as `val.rs` says); ImageNet's flat val tars (`ILSVRC2012_img_val.tar`) in the input, labelled the same way |
+//!
+//! A form that loses to another is listed as not read, never merged (the same images twice);
+//! ImageNet's test images (no labels exist) and the task-3 train subset beside the full train
+//! tar are listed as not packed. Hugging Face's parquet layout (`parquet.rs`) and WebDataset
+//! shards (`wds.rs`) are layouts of their own. Kaggle's download is read from its
+//! `ILSVRC/Data/CLS-LOC/`. A tar that holds images but states no label for them is refused,
+//! never packed as a class named after the tar.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use super::devkit::is_devkit_name;
+use super::listing::{file_input, input_err, is_image_name, list_dir, Entry, Kind};
+use super::tars::{scan_outer, scan_synset, Claims, Tar, TarKind};
+use super::tree::scan_tree;
+use super::val::{find_labels, label};
+use super::{parquet, wds, Found, LabelSource, Loc, Scan, SourceOptions, SplitFound};
+use crate::error::Result;
+
+/// The refusal of an input in which nothing was found.
+pub(super) const NOTHING_FOUND: &str = "no images found: expected train/<wnid>/*.JPEG (and \
+    val/), ImageNet's ILSVRC2012_img_train.tar / ILSVRC2012_img_val.tar with the devkit, \
+    <wnid>.tar files or an outer tar of them, Hugging Face's data/*.parquet, or WebDataset \
+    shards";
+
+/// How a class of a folder tree or a tar is labelled, in words.
+const BY_NAME: &str = "label: the position of the class's wnid in manifest.json's classes";
+
+/// Scans `input` (a directory or a tar file), returning every split found.
+pub(super) fn scan(
+    input: &Path,
+    opts: &SourceOptions,
+    scan: &mut Scan,
+) -> Result<BTreeMap<String, SplitFound>> {
+    if input.is_dir() {
+        let kaggle = input.join("ILSVRC").join("Data").join("CLS-LOC");
+        let root = if kaggle.is_dir() { &kaggle } else { input };
+        if let Some(found) = parquet::scan_dir(root, scan)? {
+            return Ok(found);
+        }
+        return scan_dir(root, opts, scan);
+    }
+    if !input.exists() {
+        return Err(input_err(input, "does not exist"));
+    }
+    if !input.to_string_lossy().ends_with(".tar") {
+        return Err(input_err(
+            input,
+            "is neither a directory nor a .tar file (an outer tar such as fall11_whole.tar, \
+             one <wnid>.tar, or a WebDataset shard)",
+        ));
+    }
+    let tar = Tar::open(input)?;
+    match tar.kind() {
+        TarKind::WebDataset => wds::scan(vec![tar], opts, scan),
+        TarKind::Outer | TarKind::Synset => {
+            let mut found = BTreeMap::new();
+            found.insert("train".into(), train_tars(vec![tar], scan)?);
+            scan.train_classes = scan.wnids.len();
+            Ok(found)
+        }
+        kind => Err(refusal(&tar, kind)),
+    }
+}
+
+/// The refusal of a tar that cannot be packed on its own.
+fn refusal(tar: &Tar, kind: TarKind) -> crate::error::LoaderError {
+    let why = match kind {
+        TarKind::Val => "holds ImageNet's validation images, whose labels are in the devkit: \
+                         pack the folder that holds it and ILSVRC2012_devkit_t12.tar.gz"
+            .to_string(),
+        TarKind::Test => "holds ImageNet's test images, for which no labels exist".into(),
+        TarKind::Empty => "holds no images".into(),
+        _ => "holds images but states no label for them: it is not a per-synset tar (its name \
+              is not a WordNet id like n01440764.tar), an outer tar of them, ImageNet's \
+              validation tar, nor a WebDataset shard (KEY.cls beside KEY.jpg)"
+            .into(),
+    };
+    input_err(&tar.path, why)
+}
+
+/// The entries of an input directory, sorted by role.
+#[derive(Default)]
+struct Roles {
+    /// Indexed `.tar` files (devkit archives excluded).
+    tars: Vec<Tar>,
+    /// Folders other than train/, val/, test/ and the devkit's.
+    folders: Vec<Entry>,
+    /// Other files.
+    files: Vec<Entry>,
+}
+
+/// Sorts the entries of `root` by role; a tar that cannot be examined is refused.
+fn roles(root: &Path) -> Result<Roles> {
+    let mut roles = Roles::default();
+    let mut tar_paths = Vec::new();
+    for e in list_dir(root)? {
+        let path = root.join(&e.name);
+        if ["train", "val", "test"].contains(&e.name.as_str()) || is_devkit_name(&e.name) {
+            continue;
+        }
+        match &e.kind {
+            Kind::Dir => roles.folders.push(e),
+            Kind::Broken(err) if e.name.ends_with(".tar") => {
+                return Err(input_err(
+                    &path,
+                    format!("cannot be opened ({err}); fix or remove it"),
+                ))
+            }
+            _ if e.name.ends_with(".tar") => tar_paths.push(path),
+            _ => roles.files.push(e),
+        }
+    }
+    roles.tars = Tar::open_all(&tar_paths)?;
+    Ok(roles)
+}
+
+/// Scans an input directory that is not a parquet dataset.
+fn scan_dir(
+    root: &Path,
+    opts: &SourceOptions,
+    scan: &mut Scan,
+) -> Result<BTreeMap<String, SplitFound>> {
+    let Roles {
+        tars,
+        folders,
+        files,
+    } = roles(root)?;
+    let mut by_kind: BTreeMap<TarKind, Vec<Tar>> = BTreeMap::new();
+    for tar in tars {
+        let kind = tar.kind();
+        match kind {
+            TarKind::Unlabelled | TarKind::Empty => return Err(refusal(&tar, kind)),
+            TarKind::Test => {
+                scan.ignore(
+                    tar.path.display(),
+                    "ImageNet's test images: no labels exist",
+                );
+                continue;
+            }
+            _ => by_kind.entry(kind).or_default().push(tar),
+        }
+    }
+    let mut take = |k: TarKind| by_kind.remove(&k).unwrap_or_default();
+    let (wds_tars, val_tars) = (take(TarKind::WebDataset), take(TarKind::Val));
+    let mut train_tars = take(TarKind::Outer);
+    train_tars.extend(take(TarKind::Synset));
+    if !wds_tars.is_empty() {
+        if let Some(other) = train_tars.iter().chain(&val_tars).next() {
+            return Err(input_err(
+                &other.path,
+                "lies beside WebDataset shards: a folder holds one layout; move it out",
+            ));
+        }
+        return wds::scan(wds_tars, opts, scan);
+    }
+    let mut found = BTreeMap::new();
+    let (train, val, test) = (root.join("train"), root.join("val"), root.join("test"));
+    // The input's own class folders are the training split only when nothing else is.
+    let own_tree = !train.is_dir() && train_tars.is_empty() && !val.is_dir() && !folders.is_empty();
+    let train_split = if train.is_dir() {
+        not_read(scan, train_tars.iter().map(|t| &t.path), &train);
+        scan_split_dir(&train, scan)?
+    } else if !train_tars.is_empty() {
+        Some(self::train_tars(leave_out_subset(train_tars, scan), scan)?)
+    } else if own_tree {
+        Some(tree_split(scan_tree(root, scan)?, root))
+    } else {
+        None
+    };
+    if !own_tree {
+        for e in folders.iter().chain(&files) {
+            scan.ignore(root.join(&e.name).display(), "not an input ddl-pack reads");
+        }
+    }
+    if let Some(s) = train_split {
+        found.insert("train".to_string(), s);
+    }
+    scan.train_classes = scan.wnids.len();
+    let val_split = if val.is_dir() {
+        not_read(scan, val_tars.iter().map(|t| &t.path), &val);
+        scan_val_dir(root, &val, opts, scan)?
+    } else if !val_tars.is_empty() {
+        Some(scan_val_tars(root, val_tars, opts, scan)?)
+    } else {
+        None
+    };
+    if let Some(s) = val_split {
+        found.insert("val".to_string(), s);
+    }
+    if test.is_dir() {
+        scan.ignore(test.display(), "test images: no labels exist; not packed");
+    }
+    Ok(found)
+}
+
+/// Lists `paths` as not read because `instead` is.
+fn not_read<'a>(scan: &mut Scan, paths: impl Iterator<Item = &'a PathBuf>, instead: &Path) {
+    for p in paths {
+        scan.ignore(
+            p.display(),
+            format!("not read: {} holds the same split", instead.display()),
+        );
+    }
+}
+
+/// Leaves out ImageNet's task-3 train subset (`ILSVRC2012_img_train_t3.tar`, dog classes also
+/// in the full train tar) when another train tar is there.
+fn leave_out_subset(tars: Vec<Tar>, scan: &mut Scan) -> Vec<Tar> {
+    let is_subset = |t: &Tar| t.file_name().contains("train_t3");
+    if tars.iter().all(is_subset) {
+        return tars;
+    }
+    let (subset, keep): (Vec<Tar>, Vec<Tar>) = tars.into_iter().partition(is_subset);
+    for t in subset {
+        scan.ignore(
+            t.path.display(),
+            "not read: ImageNet's task-3 subset, whose images the full train tar holds",
+        );
+    }
+    keep
+}
+
+/// The training split of outer and per-synset tars; no class may come from two of them.
+fn train_tars(tars: Vec<Tar>, scan: &mut Scan) -> Result<SplitFound> {
+    let names: Vec<String> = tars.iter().map(|t| t.path.display().to_string()).collect();
+    let mut claims = Claims::default();
+    let mut items = Vec::new();
+    let mut inner = false;
+    for tar in tars {
+        if tar.kind() == TarKind::Outer {
+            inner = true;
+            items.extend(scan_outer(tar, scan, &mut claims)?);
+        } else {
+            items.extend(scan_synset(tar, scan, &mut claims)?);
+        }
+    }
+    let layout = match names.as_slice() {
+        [one] => format!("tar file {one}"),
+        _ => format!("{} tars", names.len()),
+    };
+    let rule = if inner {
+        "class: the wnid naming each per-synset tar (<wnid>.tar) inside the outer tar"
+    } else {
+        "class: the wnid naming each per-synset tar (<wnid>.tar)"
+    };
+    let labels = LabelSource {
+        files: if names.len() <= 4 {
+            names
+        } else {
+            vec![format!("{} tars", names.len())]
+        },
+        rule: format!("{rule}; {BY_NAME}"),
+    };
+    Ok(SplitFound {
+        items,
+        layout,
+        labels,
+    })
+}
+
+/// A split read from the class folders of `root`.
+fn tree_split(items: Vec<Found>, root: &Path) -> SplitFound {
+    SplitFound {
+        items,
+        layout: format!("class folders in {}", root.display()),
+        labels: LabelSource {
+            files: vec![root.display().to_string()],
+            rule: format!("class: the name of the image's folder; {BY_NAME}"),
+        },
+    }
+}
+
+/// Scans a training directory: class folders, or tars (per-synset or outer).
+fn scan_split_dir(dir: &Path, scan: &mut Scan) -> Result<Option<SplitFound>> {
+    let entries = list_dir(dir)?;
+    let mut paths = Vec::new();
+    for e in entries
+        .iter()
+        .filter(|e| !e.is_dir() && e.name.ends_with(".tar"))
+    {
+        // A per-synset tar is a whole class: one that cannot be opened stops the pack.
+        let why = match &e.kind {
+            Kind::Broken(err) => Some(format!("cannot be opened ({err}); fix or remove it")),
+            _ if !e.utf8 => {
+                Some("tar name is not valid UTF-8 (shown with U+FFFD); rename it".into())
+            }
+            _ => None,
+        };
+        if let Some(why) = why {
+            return Err(input_err(&dir.join(&e.name), why));
+        }
+        paths.push(dir.join(&e.name));
+    }
+    if !paths.is_empty() {
+        let tars = Tar::open_all(&paths)?;
+        for t in &tars {
+            let kind = t.kind();
+            if !matches!(kind, TarKind::Outer | TarKind::Synset) {
+                return Err(refusal(t, kind));
+            }
+        }
+        let mut s = train_tars(tars, scan)?;
+        s.layout = format!("{} tars in {}", paths.len(), dir.display());
+        return Ok(Some(s));
+    }
+    if entries.iter().any(Entry::is_dir) {
+        return Ok(Some(tree_split(scan_tree(dir, scan)?, dir)));
+    }
+    Ok(None)
+}
+
+/// Scans `val/`: class folders, or flat images labelled by the CSV or the devkit.
+fn scan_val_dir(
+    root: &Path,
+    val: &Path,
+    opts: &SourceOptions,
+    scan: &mut Scan,
+) -> Result<Option<SplitFound>> {
+    let entries = list_dir(val)?;
+    if entries.iter().any(Entry::is_dir) {
+        return Ok(Some(tree_split(scan_tree(val, scan)?, val)));
+    }
+    if entries.is_empty() {
+        return Ok(None);
+    }
+    let labels = find_labels(root, val, opts)?;
+    let dir = scan.dir(val);
+    let mut images = Vec::new();
+    for e in entries {
+        if !is_image_name(&e.name) {
+            scan.ignore(val.join(&e.name).display(), "not an image file name");
+            continue;
+        }
+        let (size, loc) = file_input(&e, dir);
+        images.push(Found {
+            label: 0,
+            name: e.name,
+            size,
+            loc,
+        });
+    }
+    let (items, labels) = label(images, "val", labels, scan)?;
+    Ok(Some(SplitFound {
+        items,
+        layout: format!("flat folder {}", val.display()),
+        labels,
+    }))
+}
+
+/// Scans ImageNet's flat val tars, labelled by the CSV or the devkit.
+fn scan_val_tars(
+    root: &Path,
+    tars: Vec<Tar>,
+    opts: &SourceOptions,
+    scan: &mut Scan,
+) -> Result<SplitFound> {
+    let labels = find_labels(root, &tars[0].path, opts)?;
+    let layout = tars
+        .iter()
+        .map(|t| format!("tar file {}", t.path.display()))
+        .collect::<Vec<_>>()
+        .join(", ");
+    let mut images = Vec::new();
+    for tar in tars {
+        let archive = scan.archive(&tar.path);
+        for m in tar.members {
+            if !is_image_name(m.file_name()) {
+                scan.ignore(
+                    format!("{}:{}", tar.path.display(), m.name),
+                    "not an image file name",
+                );
+                continue;
+            }
+            images.push(Found {
+                label: 0,
+                name: m.name,
+                size: m.size,
+                loc: Loc::Archive {
+                    archive,
+                    offset: m.offset,
+                },
+            });
+        }
+    }
+    let (items, labels) = label(images, "val", labels, scan)?;
+    Ok(SplitFound {
+        items,
+        layout,
+        labels,
+    })
+}

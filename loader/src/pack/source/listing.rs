@@ -1,0 +1,144 @@
+//! Listing input directories: entries sorted by name (links followed, hidden entries skipped),
+//! image file names, and the class folders of a tree.
+
+use std::path::Path;
+
+use super::{Loc, Scan, IMAGE_EXTENSIONS};
+use crate::error::{LoaderError, Result};
+
+/// `e` for a read of `path`, saying where the link pointed when `path` is a symbolic link
+/// (dangling, or a loop).
+pub(super) fn name_link(path: &Path, e: std::io::Error) -> std::io::Error {
+    match std::fs::read_link(path) {
+        Ok(target) => std::io::Error::new(
+            e.kind(),
+            format!("symbolic link to {}: {e}", target.display()),
+        ),
+        Err(_) => e,
+    }
+}
+
+/// Whether `name` ends in an image file extension ([`IMAGE_EXTENSIONS`]).
+pub(super) fn is_image_name(name: &str) -> bool {
+    Path::new(name)
+        .extension()
+        .and_then(|e| e.to_str())
+        .map(|e| IMAGE_EXTENSIONS.contains(&e.to_ascii_lowercase().as_str()))
+        .unwrap_or(false)
+}
+
+/// The error of an input at `path`.
+pub(super) fn input_err(path: &Path, reason: impl Into<String>) -> LoaderError {
+    LoaderError::Input {
+        path: path.to_path_buf(),
+        reason: reason.into(),
+    }
+}
+
+/// What a directory entry is, following symbolic links.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub(super) enum Kind {
+    /// A directory.
+    Dir,
+    /// Anything else that `stat` accepts, with its size.
+    File(u64),
+    /// `stat` failed (a dangling symbolic link, a link loop, no permission): the error.
+    Broken(String),
+}
+
+/// One entry of an input directory.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub(super) struct Entry {
+    /// The name, lossily decoded when it is not UTF-8.
+    pub name: String,
+    /// Whether the name is valid UTF-8 (only then can the packer open it by `name`).
+    pub utf8: bool,
+    /// What it is.
+    pub kind: Kind,
+}
+
+impl Entry {
+    /// Whether it is a directory.
+    pub(super) fn is_dir(&self) -> bool {
+        self.kind == Kind::Dir
+    }
+}
+
+/// Entries of `dir` sorted by name, hidden entries skipped. Entries that cannot be examined
+/// are listed, not fatal: each caller decides (an input file is skipped and reported, a class
+/// folder that cannot be examined stops the pack).
+pub(super) fn list_dir(dir: &Path) -> Result<Vec<Entry>> {
+    let rd = std::fs::read_dir(dir).map_err(|e| LoaderError::io("read directory", dir, e))?;
+    let mut out = Vec::new();
+    for e in rd {
+        let e = e.map_err(|e| LoaderError::io("read directory", dir, e))?;
+        let os_name = e.file_name();
+        let name = os_name.to_string_lossy().into_owned();
+        if name.starts_with('.') {
+            continue;
+        }
+        // Follow symlinks: a tree of links into another tree is a common layout.
+        let kind = match std::fs::metadata(e.path()) {
+            Ok(md) if md.is_dir() => Kind::Dir,
+            Ok(md) => Kind::File(md.len()),
+            Err(err) => Kind::Broken(name_link(&e.path(), err).to_string()),
+        };
+        out.push(Entry {
+            name,
+            utf8: os_name.to_str().is_some(),
+            kind,
+        });
+    }
+    out.sort();
+    Ok(out)
+}
+
+/// The class folders among `entries` of `root`; an entry that may be one but cannot be used
+/// (not examinable, or a folder whose name is not UTF-8) is an error naming it, since leaving
+/// a class out would shift every later label. A regular file among them is listed in the
+/// report's ignored files.
+pub(super) fn class_folders(
+    root: &Path,
+    entries: &[Entry],
+    scan: &mut Scan,
+) -> Result<Vec<String>> {
+    let mut classes = Vec::new();
+    for e in entries {
+        match &e.kind {
+            Kind::Broken(err) => {
+                return Err(input_err(
+                    &root.join(&e.name),
+                    format!("cannot tell whether it is a class folder ({err}); fix or remove it"),
+                ))
+            }
+            Kind::Dir if !e.utf8 => {
+                return Err(input_err(
+                    &root.join(&e.name),
+                    "class folder name is not valid UTF-8 (shown with U+FFFD); rename it",
+                ))
+            }
+            Kind::Dir => classes.push(e.name.clone()),
+            Kind::File(_) => scan.ignore(
+                root.join(&e.name).display(),
+                "a file among the class folders, not a class",
+            ),
+        }
+    }
+    Ok(classes)
+}
+
+/// The input an image-named file entry of `dir` (index `dir` in `Scan::dirs`) becomes: an
+/// entry that cannot be examined has size 0 and fails when read, a non-UTF-8 name cannot be
+/// opened; both are then skipped and reported with the reason.
+pub(super) fn file_input(e: &Entry, dir: u32) -> (u64, Loc) {
+    let size = match e.kind {
+        Kind::File(n) => n,
+        _ => 0,
+    };
+    let loc = if e.utf8 {
+        Loc::Dir(dir)
+    } else {
+        Loc::NonUtf8Name(dir)
+    };
+    (size, loc)
+}

@@ -1,0 +1,845 @@
+//! ImageNet as people download it, packed in one call and every record read back: image-net.org's
+//! archives (as downloaded, extracted, and mixed), Kaggle's CSV, Hugging Face's parquet files and
+//! timm's WebDataset shards. Each replica has real wnids, a devkit whose `meta.mat` gives the
+//! ILSVRC ids in a shuffled order with inner synsets as the real one has, and images small
+//! enough to be stored byte for byte, so that each packed record is matched to its source image
+//! by its bytes and its label compared with the reference: torchvision's (a class's label is
+//! the position of its wnid in sorted order; a val image's class is its ground-truth line's id
+//! mapped through meta.mat). A packer that labelled by sorted ids or by position fails here.
+
+use std::collections::HashMap;
+use std::io::Write;
+use std::path::Path;
+use std::sync::Arc;
+
+use ddl_loader::manifest::Manifest;
+use ddl_loader::pack::{self, NoProgress, PackOptions, PackReport};
+use ddl_loader::shard::ShardReader;
+use ddl_loader::LoaderError;
+
+use crate::common::tar_of;
+
+/// Ten real ImageNet-1k wnids, not in sorted order.
+const WNIDS: [&str; 10] = [
+    "n01518878",
+    "n01440764",
+    "n01496331",
+    "n01443537",
+    "n01514859",
+    "n01484850",
+    "n01491361",
+    "n01514668",
+    "n01494475",
+    "n01498041",
+];
+/// The ILSVRC2012_ID of each of [`WNIDS`]: neither the sorted nor the listed order.
+const IDS: [u32; 10] = [3, 7, 10, 1, 5, 9, 2, 8, 4, 6];
+/// Inner synsets of the hierarchy, listed in meta.mat after the leaves as in the real one.
+const INNER: [(&str, u32); 2] = [("n00001740", 11), ("n01503061", 12)];
+const TRAIN_PER_CLASS: usize = 4;
+const VAL_PER_CLASS: usize = 2;
+
+/// One source image and the class it belongs to.
+struct Image {
+    wnid: &'static str,
+    jpeg: Vec<u8>,
+}
+
+/// The replica: training images per class and validation images by number (1-based).
+struct Replica {
+    train: Vec<(String, Image)>,
+    val: Vec<Image>,
+}
+
+fn jpeg(seed: usize) -> Vec<u8> {
+    ddl_testkit::jpeg(20 + seed % 7, 18 + seed % 5, seed)
+}
+
+impl Replica {
+    fn new() -> Replica {
+        let mut train = Vec::new();
+        let mut val = Vec::new();
+        for (c, &wnid) in WNIDS.iter().enumerate() {
+            for i in 0..TRAIN_PER_CLASS {
+                let file = format!("{wnid}_{}.JPEG", 1000 + i);
+                train.push((
+                    file,
+                    Image {
+                        wnid,
+                        jpeg: jpeg(100 * c + i),
+                    },
+                ));
+            }
+        }
+        // Val images interleave the classes as the real ground truth does.
+        for k in 0..WNIDS.len() * VAL_PER_CLASS {
+            let wnid = WNIDS[(k * 3) % WNIDS.len()];
+            val.push(Image {
+                wnid,
+                jpeg: jpeg(5000 + k),
+            });
+        }
+        Replica { train, val }
+    }
+
+    fn val_name(k: usize) -> String {
+        format!("ILSVRC2012_val_{:08}.JPEG", k + 1)
+    }
+
+    /// The ground truth's lines: the ILSVRC id of each val image.
+    fn ground_truth(&self) -> String {
+        self.val
+            .iter()
+            .map(|im| format!("{}\n", id_of(im.wnid)))
+            .collect()
+    }
+
+    /// Class folders `train/<wnid>/`.
+    fn write_train_tree(&self, dir: &Path) {
+        for (file, im) in &self.train {
+            write(&dir.join(im.wnid).join(file), &im.jpeg);
+        }
+    }
+
+    /// `ILSVRC2012_img_train.tar`: a tar of per-class tars.
+    fn train_tar(&self) -> Vec<u8> {
+        let inner: Vec<(String, Vec<u8>)> = WNIDS
+            .iter()
+            .map(|w| {
+                let members: Vec<(String, Vec<u8>)> = self
+                    .train
+                    .iter()
+                    .filter(|(_, im)| im.wnid == *w)
+                    .map(|(f, im)| (f.clone(), im.jpeg.clone()))
+                    .collect();
+                (format!("{w}.tar"), tar_of(&members))
+            })
+            .collect();
+        tar_of(&inner)
+    }
+
+    /// `ILSVRC2012_img_val.tar`: flat, its members not in number order (nothing promises
+    /// an order: labels must follow the numbers in the names).
+    fn val_tar(&self) -> Vec<u8> {
+        let n = self.val.len();
+        let members: Vec<(String, Vec<u8>)> = (0..n)
+            .map(|i| (i * 7) % n)
+            .map(|k| (Replica::val_name(k), self.val[k].jpeg.clone()))
+            .collect();
+        tar_of(&members)
+    }
+
+    /// A flat `val/` folder.
+    fn write_val_folder(&self, dir: &Path) {
+        for (k, im) in self.val.iter().enumerate() {
+            write(&dir.join(Replica::val_name(k)), &im.jpeg);
+        }
+    }
+
+    /// The expected (label, wnid) of every image, by its bytes.
+    fn expected(&self) -> HashMap<Vec<u8>, (u32, &'static str)> {
+        let mut sorted = WNIDS.to_vec();
+        sorted.sort_unstable();
+        let label = |w: &str| sorted.iter().position(|s| *s == w).unwrap() as u32;
+        self.train
+            .iter()
+            .map(|(_, im)| im)
+            .chain(&self.val)
+            .map(|im| (im.jpeg.clone(), (label(im.wnid), im.wnid)))
+            .collect()
+    }
+}
+
+fn id_of(wnid: &str) -> u32 {
+    IDS[WNIDS.iter().position(|w| *w == wnid).unwrap()]
+}
+
+fn write(path: &Path, bytes: &[u8]) {
+    std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+    std::fs::write(path, bytes).unwrap();
+}
+
+/// `meta.mat` as the devkit has it: the `synsets` struct array, leaves then inner synsets.
+fn meta_mat(path: &Path, compress: bool) {
+    use matrw::{matvar, MatFile, MatVariable};
+    let leaves = WNIDS.iter().map(|w| (*w, id_of(w), 0.0));
+    let inner = INNER.iter().map(|&(w, id)| (w, id, 2.0));
+    let mut rows: Vec<(&str, u32, f64)> = leaves.chain(inner).collect();
+    rows.sort_by_key(|r| r.1);
+    let synsets: Vec<MatVariable> = rows
+        .into_iter()
+        .map(|(wnid, id, children)| {
+            matvar!({
+                ILSVRC2012_ID: id as f64,
+                WNID: wnid,
+                words: "a synset",
+                gloss: "its gloss",
+                num_children: children,
+                wordnet_height: 0.0,
+                num_train_images: 4.0,
+            })
+        })
+        .collect();
+    let mut mat = MatFile::new();
+    mat.insert("synsets", synsets.into());
+    matrw::save_matfile_v7(path.to_str().unwrap(), mat, compress).unwrap();
+}
+
+/// `ILSVRC2012_devkit_t12.tar.gz` holding `ground_truth` and a meta.mat.
+fn devkit_tar_gz(dir: &Path, ground_truth: &str) -> Vec<u8> {
+    let mat = dir.join("meta.mat");
+    meta_mat(&mat, true);
+    let members = vec![
+        (
+            "ILSVRC2012_devkit_t12/COPYING".to_string(),
+            b"text".to_vec(),
+        ),
+        (
+            "ILSVRC2012_devkit_t12/data/meta.mat".to_string(),
+            std::fs::read(&mat).unwrap(),
+        ),
+        (
+            "ILSVRC2012_devkit_t12/data/ILSVRC2012_validation_ground_truth.txt".to_string(),
+            ground_truth.as_bytes().to_vec(),
+        ),
+    ];
+    std::fs::remove_file(&mat).unwrap();
+    let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
+    gz.write_all(&tar_of(&members)).unwrap();
+    gz.finish().unwrap()
+}
+
+/// The extracted devkit folder `ILSVRC2012_devkit_t12/`.
+fn write_devkit_folder(dir: &Path, ground_truth: &str) {
+    let data = dir.join("ILSVRC2012_devkit_t12").join("data");
+    std::fs::create_dir_all(&data).unwrap();
+    meta_mat(&data.join("meta.mat"), false);
+    write(
+        &data.join("ILSVRC2012_validation_ground_truth.txt"),
+        ground_truth.as_bytes(),
+    );
+}
+
+/// image-net.org's three downloads, as they land in one folder.
+fn write_downloads(dir: &Path, r: &Replica) {
+    write(&dir.join("ILSVRC2012_img_train.tar"), &r.train_tar());
+    write(&dir.join("ILSVRC2012_img_val.tar"), &r.val_tar());
+    write(
+        &dir.join("ILSVRC2012_devkit_t12.tar.gz"),
+        &devkit_tar_gz(dir, &r.ground_truth()),
+    );
+}
+
+fn opts(input: &Path, output: &Path) -> PackOptions {
+    crate::common::small_pack(input, output, 3)
+}
+
+/// Every record of a split: (label, its class's wnid, bytes).
+fn records(out: &Path, split: &str) -> Vec<(u32, String, Vec<u8>)> {
+    let m = Manifest::load(out).unwrap();
+    let mut v = Vec::new();
+    for sh in &m.splits[split].shards {
+        let r = ShardReader::open(&out.join(&sh.file)).unwrap();
+        for i in 0..r.len() {
+            let rec = r.record(i).unwrap();
+            let wnid = m.classes[rec.label as usize].wnid.clone();
+            v.push((rec.label, wnid, rec.bytes.to_vec()));
+        }
+    }
+    v
+}
+
+/// Checks that `split` holds exactly `count` records, each its source image's bytes with the
+/// reference label and wnid.
+fn assert_labels(out: &Path, split: &str, count: usize, r: &Replica) {
+    let expected = r.expected();
+    let recs = records(out, split);
+    assert_eq!(recs.len(), count, "{split}");
+    let mut seen = std::collections::HashSet::new();
+    for (label, wnid, bytes) in recs {
+        let Some(&(want_label, want_wnid)) = expected.get(&bytes) else {
+            panic!("{split}: a record that is no source image (label {label})");
+        };
+        assert_eq!(
+            (label, wnid.as_str()),
+            (want_label, want_wnid),
+            "{split}: wrong label"
+        );
+        assert!(seen.insert(bytes), "{split}: an image packed twice");
+    }
+}
+
+fn pack_ok(input: &Path, out: &Path) -> PackReport {
+    pack::pack(&opts(input, out), &NoProgress).unwrap()
+}
+
+fn refused(o: &PackOptions) -> String {
+    match pack::pack(o, &NoProgress) {
+        Ok(_) => panic!("{} was packed", o.input.display()),
+        Err(e) => e.to_string(),
+    }
+}
+
+#[test]
+fn image_net_downloads_are_labelled_by_the_devkit() {
+    let tmp = ddl_testkit::scratch("pack-downloads");
+    let (input, out) = (tmp.path().join("imagenet"), tmp.path().join("out"));
+    let r = Replica::new();
+    write_downloads(&input, &r);
+    // Beside them, as a user's folder may hold: the task-3 subset, the test images, the boxes.
+    let dogs = tar_of(&[(
+        "n01440764.tar".into(),
+        tar_of(&[("n01440764_1000.JPEG".into(), r.train[4].1.jpeg.clone())]),
+    )]);
+    write(&input.join("ILSVRC2012_img_train_t3.tar"), &dogs);
+    let test = tar_of(&[("ILSVRC2012_test_00000001.JPEG".into(), jpeg(1))]);
+    write(&input.join("ILSVRC2012_img_test_v10102019.tar"), &test);
+    write(&input.join("ILSVRC2012_bbox_val_v3.tgz"), b"boxes");
+    let rep = pack_ok(&input, &out);
+    assert_labels(&out, "train", WNIDS.len() * TRAIN_PER_CLASS, &r);
+    assert_labels(&out, "val", r.val.len(), &r);
+    let m = Manifest::load(&out).unwrap();
+    let mut sorted = WNIDS.to_vec();
+    sorted.sort_unstable();
+    let classes: Vec<&str> = m.classes.iter().map(|c| c.wnid.as_str()).collect();
+    assert_eq!(classes, sorted);
+    let val = rep.splits["val"].labels.as_ref().unwrap();
+    assert!(
+        val.files[0].ends_with("ILSVRC2012_validation_ground_truth.txt")
+            && val.files[1].ends_with("data/meta.mat")
+            && val.files[0].contains("ILSVRC2012_devkit_t12.tar.gz:"),
+        "{val:?}"
+    );
+    assert!(rep.splits["train"]
+        .labels
+        .as_ref()
+        .unwrap()
+        .rule
+        .contains("<wnid>.tar"));
+    assert_eq!(m.pack["labels"]["val"]["files"][1], val.files[1].as_str());
+    for not_packed in ["train_t3.tar", "img_test_v10102019.tar", "bbox_val_v3.tgz"] {
+        assert!(
+            rep.ignored_files
+                .iter()
+                .any(|f| f.path.ends_with(not_packed)),
+            "{not_packed} is not listed as ignored: {:?}",
+            rep.ignored_files
+        );
+    }
+}
+
+#[test]
+fn extracted_and_mixed_forms_pack_the_same_records() {
+    let tmp = ddl_testkit::scratch("pack-extracted");
+    let r = Replica::new();
+    let (downloads, extracted, mixed) = (
+        tmp.path().join("downloads"),
+        tmp.path().join("extracted"),
+        tmp.path().join("mixed"),
+    );
+    write_downloads(&downloads, &r);
+    r.write_train_tree(&extracted.join("train"));
+    r.write_val_folder(&extracted.join("val"));
+    write_devkit_folder(&extracted, &r.ground_truth());
+    // The train tar as downloaded, val extracted, the devkit archive.
+    write(&mixed.join("ILSVRC2012_img_train.tar"), &r.train_tar());
+    r.write_val_folder(&mixed.join("val"));
+    write(
+        &mixed.join("ILSVRC2012_devkit_t12.tar.gz"),
+        &devkit_tar_gz(&mixed, &r.ground_truth()),
+    );
+    let out = |n: &str| tmp.path().join(n);
+    pack_ok(&downloads, &out("a"));
+    pack_ok(&extracted, &out("b"));
+    pack_ok(&mixed, &out("c"));
+    for o in ["b", "c"] {
+        assert_labels(&out(o), "train", WNIDS.len() * TRAIN_PER_CLASS, &r);
+        assert_labels(&out(o), "val", r.val.len(), &r);
+        for split in ["train", "val"] {
+            assert_eq!(
+                records(&out("a"), split),
+                records(&out(o), split),
+                "{o} {split}"
+            );
+        }
+    }
+
+    // A synset list beside the devkit must agree with its meta.mat: Kaggle's
+    // LOC_synset_mapping.txt has the same lines, sorted by wnid instead of ILSVRC id order.
+    let mut sorted = WNIDS.to_vec();
+    sorted.sort_unstable();
+    let kaggle = tmp.path().join("LOC_synset_mapping.txt");
+    let lines: String = sorted.iter().map(|w| format!("{w} a synset\n")).collect();
+    write(&kaggle, lines.as_bytes());
+    let mut o = opts(&extracted, &out("d"));
+    o.synsets = Some(kaggle.clone());
+    let e = refused(&o);
+    let mut by_id = WNIDS.to_vec();
+    by_id.sort_by_key(|w| id_of(w));
+    let first = (0..10).find(|&k| sorted[k] != by_id[k]).unwrap();
+    let line = format!("line {}: {}", first + 1, sorted[first]);
+    assert!(
+        e.contains("LOC_synset_mapping.txt") && e.contains(&line) && e.contains("meta.mat"),
+        "{e}"
+    );
+    let ilsvrc = tmp.path().join("synsets.txt");
+    let lines: String = by_id.iter().map(|w| format!("{w}\n")).collect();
+    write(&ilsvrc, lines.as_bytes());
+    o.synsets = Some(ilsvrc);
+    pack::pack(&o, &NoProgress).unwrap();
+    assert_labels(&out("d"), "val", r.val.len(), &r);
+}
+
+#[test]
+fn ground_truth_that_does_not_match_the_images_is_refused() {
+    let tmp = ddl_testkit::scratch("pack-groundtruth");
+    let r = Replica::new();
+    let case = |name: &str, gt: &str, extra: Option<usize>| -> String {
+        let input = tmp.path().join(name);
+        r.write_train_tree(&input.join("train"));
+        r.write_val_folder(&input.join("val"));
+        if let Some(k) = extra {
+            write(&input.join("val").join(Replica::val_name(k)), &jpeg(9999));
+        }
+        write_devkit_folder(&input, gt);
+        refused(&opts(&input, &tmp.path().join(format!("out-{name}"))))
+    };
+    let gt = r.ground_truth();
+    let lines: Vec<&str> = gt.lines().collect();
+
+    // One line missing: the last image has no line; lines are never matched by position.
+    let short = lines[..lines.len() - 1].join("\n");
+    let e = case("short", &short, None);
+    let last = Replica::val_name(lines.len() - 1);
+    assert!(e.contains(&last) && e.contains("no line"), "{e}");
+    // A line without its image.
+    let e = case("long", &format!("{gt}1\n"), None);
+    assert!(
+        e.contains("ILSVRC2012_validation_ground_truth.txt")
+            && e.contains(&format!("line {}", lines.len() + 1)),
+        "{e}"
+    );
+    // An inner synset's id is not a class.
+    let inner = gt.replacen(lines[0], &INNER[0].1.to_string(), 1);
+    let e = case("inner", &inner, None);
+    assert!(e.contains("line 1:") && e.contains(INNER[0].0), "{e}");
+    // An id meta.mat does not have.
+    let e = case("unknown", &gt.replacen(lines[0], "999", 1), None);
+    assert!(e.contains("line 1:") && e.contains("999"), "{e}");
+
+    // The val tar alone, as a file or in a folder without the devkit: no labels.
+    let alone = tmp.path().join("alone");
+    write(&alone.join("ILSVRC2012_img_val.tar"), &r.val_tar());
+    let e = refused(&opts(
+        &alone.join("ILSVRC2012_img_val.tar"),
+        &tmp.path().join("o1"),
+    ));
+    assert!(e.contains("devkit"), "{e}");
+    let e = refused(&opts(&alone, &tmp.path().join("o2")));
+    assert!(
+        e.contains("ILSVRC2012_img_val.tar") && e.contains("ILSVRC2012_devkit_t12.tar.gz"),
+        "{e}"
+    );
+    // A flat val folder beside the train tar, with no label source.
+    let flat = tmp.path().join("flat");
+    write(&flat.join("ILSVRC2012_img_train.tar"), &r.train_tar());
+    r.write_val_folder(&flat.join("val"));
+    let e = refused(&opts(&flat, &tmp.path().join("o3")));
+    assert!(e.contains("without labels") && e.contains("val"), "{e}");
+}
+
+#[test]
+fn tars_that_state_no_label_are_refused() {
+    let tmp = ddl_testkit::scratch("pack-unlabelled-tars");
+    let images = |n: usize| -> Vec<u8> {
+        let m: Vec<(String, Vec<u8>)> = (0..n).map(|i| (format!("img{i}.jpg"), jpeg(i))).collect();
+        tar_of(&m)
+    };
+    // A folder of tars named after something other than a synset.
+    let pets = tmp.path().join("pets");
+    write(&pets.join("cats.tar"), &images(2));
+    write(&pets.join("dogs.tar"), &images(3));
+    let e = refused(&opts(&pets, &tmp.path().join("o1")));
+    assert!(
+        e.contains("cats.tar") && e.contains("states no label"),
+        "{e}"
+    );
+    // An outer tar whose inner tar is not named by a wnid.
+    let outer = tmp.path().join("outer");
+    write(
+        &outer.join("whole.tar"),
+        &tar_of(&[("cats.tar".into(), images(2))]),
+    );
+    let e = refused(&opts(&outer, &tmp.path().join("o2")));
+    assert!(
+        e.contains("whole.tar:cats.tar") && e.contains("WordNet id"),
+        "{e}"
+    );
+    // A class in two training sources: the same images would be packed twice.
+    let twice = tmp.path().join("twice");
+    let synset = tar_of(&[("n01440764_1.JPEG".into(), jpeg(1))]);
+    write(&twice.join("n01440764.tar"), &synset);
+    write(
+        &twice.join("fall11_whole.tar"),
+        &tar_of(&[("n01440764.tar".into(), synset.clone())]),
+    );
+    let e = refused(&opts(&twice, &tmp.path().join("o3")));
+    assert!(
+        e.contains("n01440764") && e.contains("fall11_whole.tar") && e.contains("twice"),
+        "{e}"
+    );
+}
+
+#[test]
+fn kaggle_images_without_a_csv_row_count_toward_the_skip_limit() {
+    let tmp = ddl_testkit::scratch("pack-kaggle");
+    let r = Replica::new();
+    let root = tmp.path().join("imagenet-object-localization-challenge");
+    let cls_loc = root.join("ILSVRC").join("Data").join("CLS-LOC");
+    r.write_train_tree(&cls_loc.join("train"));
+    r.write_val_folder(&cls_loc.join("val"));
+    write(
+        &cls_loc.join("test").join("ILSVRC2012_test_00000001.JPEG"),
+        &jpeg(3),
+    );
+    let rows = |keep: usize| -> String {
+        let mut csv = String::from("ImageId,PredictionString\n");
+        for (k, im) in r.val.iter().enumerate().take(keep) {
+            let id = Replica::val_name(k).replace(".JPEG", "");
+            csv.push_str(&format!("{id},{} 1 2 3 4\n", im.wnid));
+        }
+        csv
+    };
+    write(
+        &root.join("LOC_val_solution.csv"),
+        rows(r.val.len()).as_bytes(),
+    );
+    // Given the download's own root, as a user would.
+    let rep = pack_ok(&root, &tmp.path().join("out"));
+    assert_labels(&tmp.path().join("out"), "val", r.val.len(), &r);
+    assert!(rep.ignored_files.iter().any(|f| f.path.ends_with("test")));
+
+    // Half of the rows missing: a damaged download, refused by the default skip limit.
+    write(
+        &root.join("LOC_val_solution.csv"),
+        rows(r.val.len() / 2).as_bytes(),
+    );
+    let out = tmp.path().join("out-half");
+    let e = pack::pack(&opts(&root, &out), &NoProgress).unwrap_err();
+    let LoaderError::SkipFraction {
+        skipped, inputs, ..
+    } = e
+    else {
+        panic!("{e}")
+    };
+    let total = (WNIDS.len() * TRAIN_PER_CLASS + r.val.len()) as u64;
+    assert_eq!((skipped, inputs), (r.val.len() as u64 / 2, total));
+    let report: PackReport =
+        serde_json::from_slice(&std::fs::read(out.join(pack::REPORT_FILE)).unwrap()).unwrap();
+    assert!(report.skipped.iter().all(|s| s.reason == "no label"));
+}
+
+/// One parquet row as Hugging Face writes it: image bytes (None: null), image path, label.
+type Row = (Option<Vec<u8>>, Option<String>, Option<i64>);
+
+/// A parquet file in Hugging Face's layout (`image` struct of `bytes` and `path`, `label`),
+/// snappy-compressed, row groups of `group` rows and small pages (so that a row is reached by
+/// skipping pages), with the `huggingface` metadata naming the classes when `names` is given.
+fn hf_parquet(path: &Path, rows: &[Row], group: usize, names: Option<&[&str]>) {
+    use parquet::basic::Compression;
+    use parquet::data_type::Int64Type;
+    use parquet::file::metadata::KeyValue;
+    use parquet::file::properties::WriterProperties;
+    use parquet::file::writer::SerializedFileWriter;
+    let schema = parquet::schema::parser::parse_message_type(
+        "message hf { optional group image { optional binary bytes; optional binary path \
+         (STRING); } optional int64 label; }",
+    )
+    .unwrap();
+    let meta = names.map(|n| {
+        let json = serde_json::json!({"info": {"features": {
+            "image": {"_type": "Image"},
+            "label": {"names": n, "_type": "ClassLabel"}}}});
+        vec![KeyValue::new("huggingface".into(), json.to_string())]
+    });
+    let props = WriterProperties::builder()
+        .set_compression(Compression::SNAPPY)
+        .set_data_page_size_limit(1024)
+        .set_dictionary_page_size_limit(1024)
+        .set_write_batch_size(1)
+        .set_key_value_metadata(meta)
+        .build();
+    std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+    let file = std::fs::File::create(path).unwrap();
+    let mut w = SerializedFileWriter::new(file, Arc::new(schema), Arc::new(props)).unwrap();
+    for chunk in rows.chunks(group) {
+        let mut rg = w.next_row_group().unwrap();
+        write_binary(&mut rg, chunk.iter().map(|r| r.0.as_deref()));
+        write_binary(
+            &mut rg,
+            chunk.iter().map(|r| r.1.as_deref().map(str::as_bytes)),
+        );
+        let mut col = rg.next_column().unwrap().unwrap();
+        let defs: Vec<i16> = chunk.iter().map(|r| i16::from(r.2.is_some())).collect();
+        let values: Vec<i64> = chunk.iter().filter_map(|r| r.2).collect();
+        col.typed::<Int64Type>()
+            .write_batch(&values, Some(&defs), None)
+            .unwrap();
+        col.close().unwrap();
+        rg.close().unwrap();
+    }
+    w.close().unwrap();
+}
+
+#[test]
+fn hugging_face_parquet_keeps_each_rows_label() {
+    let tmp = ddl_testkit::scratch("pack-parquet");
+    let r = Replica::new();
+    let mut sorted = WNIDS.to_vec();
+    sorted.sort_unstable();
+    let label = |w: &str| sorted.iter().position(|s| *s == w).unwrap() as i64;
+    let repo = tmp.path().join("imagenet-1k");
+    let classes: String = sorted
+        .iter()
+        .map(|w| format!("        \"{w}\": \"a synset, its words\",\n"))
+        .collect();
+    let py = format!(
+        "from collections import OrderedDict\n\nIMAGENET2012_CLASSES = OrderedDict(\n    {{\n{classes}    }}\n)\n"
+    );
+    write(&repo.join("classes.py"), py.as_bytes());
+    // Hugging Face's rows are shuffled; one train row has no image.
+    let mut train: Vec<Row> = r
+        .train
+        .iter()
+        .map(|(f, im)| (Some(im.jpeg.clone()), Some(f.clone()), Some(label(im.wnid))))
+        .collect();
+    train.reverse();
+    train.swap(3, 17);
+    train.push((
+        None,
+        Some("n01440764_broken.JPEG".into()),
+        Some(label("n01440764")),
+    ));
+    let val: Vec<Row> = (0..r.val.len())
+        .map(|k| {
+            let im = &r.val[k];
+            (
+                Some(im.jpeg.clone()),
+                Some(Replica::val_name(k)),
+                Some(label(im.wnid)),
+            )
+        })
+        .collect();
+    let data = repo.join("data");
+    let half = train.len() / 2;
+    hf_parquet(
+        &data.join("train-00000-of-00002.parquet"),
+        &train[..half],
+        7,
+        None,
+    );
+    hf_parquet(
+        &data.join("train-00001-of-00002.parquet"),
+        &train[half..],
+        7,
+        None,
+    );
+    hf_parquet(
+        &data.join("validation-00000-of-00001.parquet"),
+        &val,
+        6,
+        None,
+    );
+    let test: Vec<Row> = vec![(Some(jpeg(1)), None, Some(-1))];
+    hf_parquet(&data.join("test-00000-of-00001.parquet"), &test, 6, None);
+    let out = tmp.path().join("out");
+    let mut o = opts(&repo, &out);
+    o.max_skip_fraction = 0.05;
+    let rep = pack::pack(&o, &NoProgress).unwrap();
+    assert_labels(&out, "train", WNIDS.len() * TRAIN_PER_CLASS, &r);
+    assert_labels(&out, "val", r.val.len(), &r);
+    assert_eq!(rep.skipped.len(), 1);
+    assert!(
+        rep.skipped[0].path.contains("n01440764_broken.JPEG"),
+        "{:?}",
+        rep.skipped
+    );
+    assert!(rep
+        .ignored_files
+        .iter()
+        .any(|f| f.path.ends_with("test-00000-of-00001.parquet")));
+    assert!(rep.splits["val"]
+        .labels
+        .as_ref()
+        .unwrap()
+        .rule
+        .contains("classes.py"));
+
+    // Without classes.py, the ClassLabel names of the metadata name the classes, in their
+    // order (here reversed: the labels stay the rows' own).
+    let bare = tmp.path().join("bare");
+    let mut names = sorted.clone();
+    names.reverse();
+    let relabel = |rows: &[Row]| -> Vec<Row> {
+        rows.iter()
+            .map(|(b, p, l)| (b.clone(), p.clone(), l.map(|l| WNIDS.len() as i64 - 1 - l)))
+            .collect()
+    };
+    hf_parquet(
+        &bare.join("train-00000-of-00001.parquet"),
+        &relabel(&train[..half]),
+        5,
+        Some(&names),
+    );
+    hf_parquet(
+        &bare.join("validation-00000-of-00001.parquet"),
+        &relabel(&val),
+        5,
+        Some(&names),
+    );
+    let out = tmp.path().join("out-bare");
+    pack_ok(&bare, &out);
+    let m = Manifest::load(&out).unwrap();
+    let classes: Vec<&str> = m.classes.iter().map(|c| c.wnid.as_str()).collect();
+    assert_eq!(classes, names);
+    let expected = r.expected();
+    for (label, wnid, bytes) in records(&out, "val") {
+        assert_eq!(wnid, expected[&bytes].1);
+        assert_eq!(label, WNIDS.len() as u32 - 1 - expected[&bytes].0);
+    }
+    // Neither: the labels have no names.
+    let nameless = tmp.path().join("nameless");
+    hf_parquet(
+        &nameless.join("train-00000-of-00001.parquet"),
+        &train[..4],
+        5,
+        None,
+    );
+    let e = refused(&opts(&nameless, &tmp.path().join("o")));
+    assert!(e.contains("classes.py") && e.contains("ClassLabel"), "{e}");
+}
+
+/// Writes the next column of `rg`, an optional binary field of the optional `image` group.
+fn write_binary<'a>(
+    rg: &mut parquet::file::writer::SerializedRowGroupWriter<'_, std::fs::File>,
+    cells: impl Iterator<Item = Option<&'a [u8]>>,
+) {
+    use parquet::data_type::{ByteArray, ByteArrayType};
+    let cells: Vec<Option<&[u8]>> = cells.collect();
+    let defs: Vec<i16> = cells
+        .iter()
+        .map(|c| if c.is_some() { 2 } else { 1 })
+        .collect();
+    let values: Vec<ByteArray> = cells.into_iter().flatten().map(ByteArray::from).collect();
+    let mut col = rg.next_column().unwrap().unwrap();
+    col.typed::<ByteArrayType>()
+        .write_batch(&values, Some(&defs), None)
+        .unwrap();
+    col.close().unwrap();
+}
+
+/// A WebDataset sample: key, image, class number; `None` leaves a member out.
+type Sample = (String, Option<Vec<u8>>, Option<u32>);
+
+/// A WebDataset shard of `samples` (each also with a `.json`).
+fn wds_shard(samples: &[Sample]) -> Vec<u8> {
+    let mut members = Vec::new();
+    for (key, image, class) in samples {
+        if let Some(im) = image {
+            members.push((format!("{key}.jpg"), im.clone()));
+        }
+        if let Some(c) = class {
+            members.push((format!("{key}.cls"), format!("{c}").into_bytes()));
+        }
+        members.push((format!("{key}.json"), b"{}".to_vec()));
+    }
+    tar_of(&members)
+}
+
+#[test]
+fn webdataset_shards_are_labelled_by_their_cls() {
+    let tmp = ddl_testkit::scratch("pack-wds");
+    let r = Replica::new();
+    let mut sorted = WNIDS.to_vec();
+    sorted.sort_unstable();
+    let cls = |w: &str| sorted.iter().position(|s| *s == w).unwrap() as u32;
+    let dir = tmp.path().join("imagenet-1k-wds");
+    let train: Vec<_> = r
+        .train
+        .iter()
+        .map(|(f, im)| {
+            (
+                f.replace(".JPEG", ""),
+                Some(im.jpeg.clone()),
+                Some(cls(im.wnid)),
+            )
+        })
+        .collect();
+    let (a, b) = train.split_at(train.len() / 2);
+    write(&dir.join("imagenet1k-train-0000.tar"), &wds_shard(a));
+    write(&dir.join("imagenet1k-train-0001.tar"), &wds_shard(b));
+    let mut val: Vec<_> = (0..r.val.len())
+        .map(|k| {
+            let key = Replica::val_name(k).replace(".JPEG", "");
+            (key, Some(r.val[k].jpeg.clone()), Some(cls(r.val[k].wnid)))
+        })
+        .collect();
+    val.push(("ILSVRC2012_val_00009999".into(), Some(jpeg(77)), None));
+    write(&dir.join("imagenet1k-validation-00.tar"), &wds_shard(&val));
+    write(
+        &dir.join("imagenet1k-test-00.tar"),
+        &wds_shard(&[("t".into(), Some(jpeg(8)), None)]),
+    );
+    let out = tmp.path().join("out");
+    let mut o = opts(&dir, &out);
+    o.max_skip_fraction = 0.05;
+    let rep = pack::pack(&o, &NoProgress).unwrap();
+    assert_labels(&out, "train", train.len(), &r);
+    assert_labels(&out, "val", r.val.len(), &r);
+    assert_eq!(rep.skipped.len(), 1);
+    assert_eq!(rep.skipped[0].reason, "no label");
+    assert!(rep
+        .ignored_files
+        .iter()
+        .any(|f| f.path.ends_with("imagenet1k-test-00.tar")));
+
+    // A key whose synset disagrees with its .cls is refused, naming both samples.
+    let mut wrong = a.to_vec();
+    wrong[0].2 = Some(cls(WNIDS[5]));
+    write(&dir.join("imagenet1k-train-0000.tar"), &wds_shard(&wrong));
+    let e = refused(&opts(&dir, &tmp.path().join("o1")));
+    assert!(
+        e.contains(&wrong[0].0) && e.contains(&format!(".cls {}", cls(WNIDS[5]))),
+        "{e}"
+    );
+    write(&dir.join("imagenet1k-train-0000.tar"), &wds_shard(a));
+    // Another kind of tar beside the shards.
+    write(
+        &dir.join("n01440764.tar"),
+        &tar_of(&[("n01440764_1.JPEG".into(), jpeg(5))]),
+    );
+    let e = refused(&opts(&dir, &tmp.path().join("o2")));
+    assert!(
+        e.contains("n01440764.tar") && e.contains("WebDataset"),
+        "{e}"
+    );
+}
+
+#[test]
+fn an_empty_synset_tar_in_an_outer_tar_is_a_class_without_images() {
+    let tmp = ddl_testkit::scratch("pack-empty-synset");
+    let whole = tmp.path().join("fall11_whole.tar");
+    let full = tar_of(&[("n01440764_1.JPEG".into(), jpeg(1))]);
+    write(
+        &whole,
+        &tar_of(&[
+            ("n01440764.tar".into(), full),
+            ("n01443537.tar".into(), tar_of(&[])),
+        ]),
+    );
+    let e = pack::pack(&opts(&whole, &tmp.path().join("out")), &NoProgress).unwrap_err();
+    let LoaderError::EmptyClasses { classes, .. } = &e else {
+        panic!("{e}")
+    };
+    assert_eq!(classes, &["n01443537"]);
+}
