@@ -250,7 +250,8 @@ fn class_order_fills_consecutive_shards_with_consecutive_classes() {
     let m = Manifest::load(&interleaved).unwrap();
     assert_eq!(
         m.pack["order"],
-        "per split, inputs sorted by (label, name); input i goes to shard i % shards"
+        "per split, inputs sorted by (label, name) (parquet rows: by file and row); input i \
+         goes to shard i % shards"
     );
     // Class order: consecutive runs, the labels never decreasing from shard to shard.
     let out = tmp.path().join("class");

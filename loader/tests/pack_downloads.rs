@@ -13,7 +13,8 @@ use std::path::Path;
 use std::sync::Arc;
 
 use ddl_loader::manifest::Manifest;
-use ddl_loader::pack::{self, NoProgress, PackOptions, PackReport};
+use ddl_loader::pack::split::{ValRule, ValSplit};
+use ddl_loader::pack::{self, NoProgress, PackOptions, PackReport, ShardOrder};
 use ddl_loader::shard::ShardReader;
 use ddl_loader::LoaderError;
 
@@ -674,6 +675,44 @@ fn hugging_face_parquet_keeps_each_rows_label() {
         .unwrap()
         .rule
         .contains("classes.py"));
+    // The split is in the files' order (train-00000's rows, then train-00001's): record i of
+    // that order in shard i % 3.
+    for s in 0..3 {
+        let r = ShardReader::open(&out.join(format!("train-{s:05}.ddl"))).unwrap();
+        let got: Vec<Vec<u8>> = (0..r.len())
+            .map(|i| r.record(i).unwrap().bytes.to_vec())
+            .collect();
+        let want: Vec<Vec<u8>> = train
+            .iter()
+            .skip(s)
+            .step_by(3)
+            .filter_map(|row| row.0.clone())
+            .collect();
+        assert_eq!(got, want, "train shard {s}");
+    }
+    // Rows are read in their files' order, a row group at a time, every shard at once: the
+    // same bytes on one thread as on two.
+    let one = tmp.path().join("out-one-thread");
+    o.output = one.clone();
+    o.threads = 1;
+    pack::pack(&o, &NoProgress).unwrap();
+    for split in ["train", "val"] {
+        assert_eq!(records(&one, split), records(&out, split), "{split}");
+    }
+    // After a crash (a shard missing, one damaged) the rerun redoes those two alone, reading
+    // only their rows.
+    let want = records(&out, "train");
+    std::fs::remove_file(out.join("train-00001.ddl")).unwrap();
+    let damaged = out.join("train-00002.ddl");
+    let mut bytes = std::fs::read(&damaged).unwrap();
+    let n = bytes.len();
+    bytes[n - 5] ^= 0xFF;
+    std::fs::write(&damaged, bytes).unwrap();
+    o.output = out.clone();
+    o.threads = 2;
+    let rep = pack::pack(&o, &NoProgress).unwrap();
+    assert_eq!(rep.splits["train"].shards_kept, 1);
+    assert_eq!(records(&out, "train"), want);
 
     // Without classes.py, the ClassLabel names of the metadata name the classes, in their
     // order (here reversed: the labels stay the rows' own).
@@ -707,6 +746,34 @@ fn hugging_face_parquet_keeps_each_rows_label() {
         assert_eq!(wnid, expected[&bytes].1);
         assert_eq!(label, WNIDS.len() as u32 - 1 - expected[&bytes].0);
     }
+    // A train split alone, shuffled: a held-out val split takes N of each class wherever its
+    // rows are, and class order sorts the rows by label.
+    let only = tmp.path().join("train-only");
+    let rows = &train[..train.len() - 1];
+    hf_parquet(
+        &only.join("data/train-00000-of-00001.parquet"),
+        rows,
+        6,
+        None,
+    );
+    write(&only.join("classes.py"), py.as_bytes());
+    let mut o = opts(&only, &tmp.path().join("out-held"));
+    o.val_split = Some(ValSplit {
+        rule: ValRule::PerClass(1),
+        seed: 3,
+    });
+    let rep = pack::pack(&o, &NoProgress).unwrap();
+    let per_class = &rep.splits["val"].classes;
+    assert!(per_class.iter().all(|c| c.records == 1), "{per_class:?}");
+    let mut o = opts(&only, &tmp.path().join("out-class"));
+    o.order = ShardOrder::Class;
+    pack::pack(&o, &NoProgress).unwrap();
+    let labels: Vec<u32> = records(&tmp.path().join("out-class"), "train")
+        .into_iter()
+        .map(|r| r.0)
+        .collect();
+    assert!(labels.windows(2).all(|w| w[0] <= w[1]), "{labels:?}");
+
     // Neither: the labels have no names.
     let nameless = tmp.path().join("nameless");
     hf_parquet(

@@ -2,10 +2,11 @@
 //! folders, Kaggle's, Hugging Face's parquet, WebDataset shards, ImageNet-22k's tars) or any
 //! class-folder tree into shards, `manifest.json` and `pack-report.json`.
 //!
-//! Every split's inputs are sorted by (label, name); record `i` of that order goes to shard
-//! `i % S`, or, in class order, shard `s` holds the `s`-th of `S` consecutive runs of them
-//! ([`ShardOrder`]). Each shard is therefore a pure function of the input list and the
-//! options and is produced on its own: its inputs are converted in order-preserving parallel
+//! Every split's inputs are sorted by (label, name) (parquet rows: by their place in the
+//! files); record `i` of that order goes to shard `i % S`, or, in class order, shard `s` holds
+//! the `s`-th of `S` consecutive runs of them ([`ShardOrder`]). Each shard is therefore a pure
+//! function of the input list and the options and is produced on its own (a parquet split's
+//! together, in one pass over the rows): its inputs are converted in order-preserving parallel
 //! windows and written in order, so the bytes do not depend on the thread count. Finished
 //! shards are recorded in `OUT/.pack-state.json`; a rerun keeps every shard whose plan
 //! fingerprint, size and whole-file checksum still match and redoes only the rest, which gives
@@ -117,6 +118,12 @@ pub fn pack(opts: &PackOptions, progress: &dyn PackProgress) -> Result<PackRepor
         keep_empty_classes: opts.keep_empty_classes,
     };
     let mut inputs = pool.install(|| source::discover(&opts.input, &sopts))?;
+    if opts.order == ShardOrder::Class {
+        // Consecutive classes in consecutive shards, whatever order the inputs were found in.
+        for items in inputs.splits.values_mut() {
+            source::sort_by_label(items);
+        }
+    }
     let val_split = match &opts.val_split {
         Some(vs) => Some(split::carve(&mut inputs, vs, &opts.input)?),
         None => None,

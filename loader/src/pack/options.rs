@@ -43,10 +43,12 @@ impl ShardOrder {
     pub fn describe(self) -> &'static str {
         match self {
             ShardOrder::Interleaved => {
-                "per split, inputs sorted by (label, name); input i goes to shard i % shards"
+                "per split, inputs sorted by (label, name) (parquet rows: by file and row); \
+                 input i goes to shard i % shards"
             }
             ShardOrder::Class => {
-                "per split, inputs sorted by (label, name); shard s holds inputs s * n / shards \
+                "per split, inputs sorted by (label, name) (parquet rows: by file and row); \
+                 shard s holds inputs s * n / shards \
                  to (s + 1) * n / shards - 1 of the n (class order)"
             }
         }

@@ -9,7 +9,7 @@ use super::convert::ConvertOptions;
 use super::fnv::Fnv;
 use super::options::{PackOptions, ShardCount, ShardOrder};
 use super::shards::process;
-use super::source::{Inputs, Item};
+use super::source::{read_in_place_order, Inputs, Item};
 use crate::format::{INDEX_ROW_LEN, RECORD_ALIGN};
 
 /// Inputs converted per split to estimate its output size for [`ShardCount::Size`].
@@ -25,6 +25,9 @@ pub(crate) struct SplitPlan<'a> {
     pub shards: usize,
     /// Which inputs each shard holds.
     pub order: ShardOrder,
+    /// Whether the inputs are read in their order in the source, every missing shard written
+    /// at once ([`super::source::read_in_place_order`]), rather than shard by shard.
+    pub streamed: bool,
     /// [`plan_fingerprint`] of it.
     pub plan: String,
 }
@@ -49,6 +52,7 @@ pub(crate) fn plan_splits<'a>(
                 items,
                 shards,
                 order: opts.order,
+                streamed: opts.order == ShardOrder::Interleaved && read_in_place_order(items),
                 plan: plan_fingerprint(name, shards, opts, &inputs.classes, items),
             }
         })
@@ -63,6 +67,17 @@ impl SplitPlan<'_> {
             ShardOrder::Interleaved => (s..n).step_by(self.shards).collect(),
             ShardOrder::Class => (s * n / self.shards..(s + 1) * n / self.shards).collect(),
         }
+    }
+
+    /// The shard of every input, by position in [`SplitPlan::items`].
+    pub fn shard_of_each(&self) -> Vec<u32> {
+        let mut of = vec![0u32; self.items.len()];
+        for s in 0..self.shards {
+            for i in self.inputs_of(s) {
+                of[i] = s as u32;
+            }
+        }
+        of
     }
 }
 

@@ -11,7 +11,7 @@ use super::convert::{convert, ConvertOptions, Converted, How, Skip, SkipReason};
 use super::output::{save_state, DoneShard, PackState};
 use super::progress::PackProgress;
 use super::shard_plan::{shard_file_name, SplitPlan};
-use super::source::{Inputs, Item};
+use super::source::{read_together, Inputs, Item};
 use crate::error::Result;
 use crate::manifest::ShardInfo;
 use crate::shard::{tmp_path, ShardReader, ShardWriter};
@@ -145,7 +145,15 @@ pub(crate) fn process(
     item: &Item,
     copts: &ConvertOptions,
 ) -> std::result::Result<Converted, Skip> {
-    let bytes = inputs.read(item).map_err(|e| Skip {
+    convert_read(inputs.read(item), copts)
+}
+
+/// Converts an input's bytes as read (a read error: the input is skipped).
+fn convert_read(
+    bytes: std::io::Result<Vec<u8>>,
+    copts: &ConvertOptions,
+) -> std::result::Result<Converted, Skip> {
+    let bytes = bytes.map_err(|e| Skip {
         reason: if e.kind() == std::io::ErrorKind::UnexpectedEof {
             SkipReason::Truncated
         } else {
@@ -167,7 +175,8 @@ pub(crate) struct Writing<'a> {
 }
 
 /// Writes every shard of `plans` that `tally` does not hold yet, recording each in `state`
-/// (saved after each shard, so that an interruption loses at most the shard being written).
+/// (saved after each shard, so that an interruption loses at most the shard being written, or
+/// the group of shards of a streamed split).
 pub(crate) fn write_missing(
     w: &Writing<'_>,
     plans: &[SplitPlan<'_>],
@@ -178,10 +187,20 @@ pub(crate) fn write_missing(
     // a window costs little, small enough to keep memory bounded (a few MiB of JPEGs).
     let window = (w.pool.current_num_threads() * 256).max(512);
     for p in plans {
-        for s in 0..p.shards {
-            if tally.outcomes.contains_key(&(p.name.clone(), s)) {
-                continue;
+        let missing: Vec<usize> = (0..p.shards)
+            .filter(|s| !tally.outcomes.contains_key(&(p.name.clone(), *s)))
+            .collect();
+        if p.streamed {
+            for group in missing.chunks(MAX_STREAMED_SHARDS) {
+                for (s, o, per_label) in stream_shards(w, p, group, window)? {
+                    state.shards.insert(o.info.file.clone(), o.done.clone());
+                    save_state(w.out, state)?;
+                    tally.add(&p.name, s, o, &per_label);
+                }
             }
+            continue;
+        }
+        for s in missing {
             let (o, per_label) = pack_shard(w, p, s, window)?;
             state.shards.insert(o.info.file.clone(), o.done.clone());
             save_state(w.out, state)?;
@@ -191,6 +210,147 @@ pub(crate) fn write_missing(
     Ok(())
 }
 
+/// Shards written at once from one pass over a streamed split's inputs: each holds an open
+/// file and a write buffer, so that a pack of more shards takes one pass per group.
+const MAX_STREAMED_SHARDS: usize = 256;
+
+/// A shard being produced: its writer, its outcome so far and its records per label.
+struct Open {
+    writer: ShardWriter,
+    done: DoneShard,
+    per_label: LabelCounts,
+}
+
+impl Open {
+    /// Adds input `i`'s conversion `r` to the shard.
+    fn add(
+        &mut self,
+        i: usize,
+        item: &Item,
+        r: std::result::Result<Converted, Skip>,
+    ) -> Result<()> {
+        match r {
+            Ok(c) => {
+                self.writer.push(&c.bytes, item.label, c.height, c.width)?;
+                self.per_label[item.label as usize] += 1;
+                match c.how {
+                    How::Copied => self.done.copied += 1,
+                    How::Reencoded => self.done.reencoded += 1,
+                    How::Resized => self.done.resized += 1,
+                }
+            }
+            Err(sk) => {
+                self.done
+                    .skipped
+                    .push((i as u64, sk.reason.as_str().to_string(), sk.detail))
+            }
+        }
+        Ok(())
+    }
+
+    /// Finishes the shard `s` of `p`.
+    fn finish(self, w: &Writing<'_>, s: usize) -> Result<(ShardOutcome, LabelCounts)> {
+        let Open {
+            writer,
+            mut done,
+            per_label,
+        } = self;
+        let file = writer
+            .path()
+            .file_name()
+            .expect("a shard file")
+            .to_string_lossy()
+            .into_owned();
+        let summary = writer.finish()?;
+        done.records = summary.records;
+        done.bytes = summary.bytes;
+        done.crc32c = summary.crc32c;
+        let info = ShardInfo {
+            file,
+            records: summary.records,
+            bytes: summary.bytes,
+            crc32c: summary.crc32c,
+            node: s % w.nodes,
+        };
+        Ok((
+            ShardOutcome {
+                info,
+                done,
+                kept: false,
+            },
+            per_label,
+        ))
+    }
+}
+
+/// Starts shard `s` of `p`, to hold `records` inputs.
+fn open_shard(w: &Writing<'_>, p: &SplitPlan<'_>, s: usize, records: usize) -> Result<Open> {
+    let path = w.out.join(shard_file_name(&p.name, s));
+    Ok(Open {
+        writer: ShardWriter::with_capacity(&path, records as u64)?,
+        done: DoneShard {
+            plan: p.plan.clone(),
+            records: 0,
+            bytes: 0,
+            crc32c: 0,
+            copied: 0,
+            reencoded: 0,
+            resized: 0,
+            skipped: Vec::new(),
+        },
+        per_label: vec![0u64; w.inputs.classes.len()],
+    })
+}
+
+/// Produces the shards `group` of a streamed split in one pass over its inputs in their order:
+/// runs of inputs read together (a parquet row group's rows) are read and converted as one
+/// task, in parallel, and each record goes to its shard in order, so that every shard's bytes
+/// are those [`pack_shard`] would write.
+fn stream_shards(
+    w: &Writing<'_>,
+    p: &SplitPlan<'_>,
+    group: &[usize],
+    window: usize,
+) -> Result<Vec<(usize, ShardOutcome, LabelCounts)>> {
+    let shard_of = p.shard_of_each();
+    let mut open: BTreeMap<usize, Open> = BTreeMap::new();
+    for &s in group {
+        open.insert(s, open_shard(w, p, s, p.inputs_of(s).len())?);
+    }
+    let wanted: Vec<usize> = (0..p.items.len())
+        .filter(|&i| open.contains_key(&(shard_of[i] as usize)))
+        .collect();
+    for chunk in wanted.chunks(window) {
+        let runs: Vec<&[usize]> = chunk
+            .chunk_by(|&a, &b| read_together(&p.items[a], &p.items[b]))
+            .collect();
+        let converted: Vec<Vec<std::result::Result<Converted, Skip>>> = w.pool.install(|| {
+            runs.par_iter()
+                .map(|run| {
+                    let items: Vec<&Item> = run.iter().map(|&i| &p.items[i]).collect();
+                    w.inputs
+                        .read_run(&items)
+                        .into_iter()
+                        .map(|bytes| convert_read(bytes, w.convert))
+                        .collect()
+                })
+                .collect()
+        });
+        for (run, results) in runs.iter().zip(converted) {
+            for (&i, r) in run.iter().zip(results) {
+                let s = shard_of[i] as usize;
+                open.get_mut(&s)
+                    .expect("an open shard")
+                    .add(i, &p.items[i], r)?;
+            }
+        }
+        w.progress.advance(chunk.len() as u64);
+    }
+    open.into_iter()
+        .map(|(s, o)| o.finish(w, s).map(|(o, per_label)| (s, o, per_label)))
+        .collect()
+}
+
 /// Produces shard `s` of plan `p`; returns it with its records per label.
 fn pack_shard(
     w: &Writing<'_>,
@@ -198,21 +358,8 @@ fn pack_shard(
     s: usize,
     window: usize,
 ) -> Result<(ShardOutcome, LabelCounts)> {
-    let file = shard_file_name(&p.name, s);
-    let path = w.out.join(&file);
     let idx = p.inputs_of(s);
-    let mut writer = ShardWriter::with_capacity(&path, idx.len() as u64)?;
-    let mut done = DoneShard {
-        plan: p.plan.clone(),
-        records: 0,
-        bytes: 0,
-        crc32c: 0,
-        copied: 0,
-        reencoded: 0,
-        resized: 0,
-        skipped: Vec::new(),
-    };
-    let mut per_label = vec![0u64; w.inputs.classes.len()];
+    let mut open = open_shard(w, p, s, idx.len())?;
     for chunk in idx.chunks(window) {
         let results: Vec<_> = w.pool.install(|| {
             chunk
@@ -221,39 +368,12 @@ fn pack_shard(
                 .collect()
         });
         for (&i, r) in chunk.iter().zip(results) {
-            let item = &p.items[i];
-            match r {
-                Ok(c) => {
-                    writer.push(&c.bytes, item.label, c.height, c.width)?;
-                    per_label[item.label as usize] += 1;
-                    match c.how {
-                        How::Copied => done.copied += 1,
-                        How::Reencoded => done.reencoded += 1,
-                        How::Resized => done.resized += 1,
-                    }
-                }
-                Err(sk) => done
-                    .skipped
-                    .push((i as u64, sk.reason.as_str().to_string(), sk.detail)),
-            }
+            open.add(i, &p.items[i], r)?;
         }
         w.progress.advance(chunk.len() as u64);
     }
-    let summary = writer.finish()?;
+    let path = open.writer.path().to_path_buf();
+    let done = open.finish(w, s)?;
     debug_assert!(!tmp_path(&path).exists());
-    done.records = summary.records;
-    done.bytes = summary.bytes;
-    done.crc32c = summary.crc32c;
-    let outcome = ShardOutcome {
-        info: ShardInfo {
-            file,
-            records: summary.records,
-            bytes: summary.bytes,
-            crc32c: summary.crc32c,
-            node: s % w.nodes,
-        },
-        done,
-        kept: false,
-    };
-    Ok((outcome, per_label))
+    Ok(done)
 }

@@ -18,6 +18,8 @@
 //! decoded: an input that later fails to decode is skipped from the split it was given, and the
 //! report lists it there. Each input is in exactly one split, so train and val never share one.
 
+use std::collections::BTreeMap;
+
 use serde::{Deserialize, Serialize};
 
 use super::fnv::Fnv;
@@ -122,7 +124,7 @@ fn below(key: u64, f: f64) -> bool {
 }
 
 /// Which of one class's `items` are held out.
-fn held_out(items: &[Item], wnid: &str, vs: &ValSplit) -> Vec<bool> {
+fn held_out(items: &[&Item], wnid: &str, vs: &ValSplit) -> Vec<bool> {
     match vs.rule {
         ValRule::Fraction(f) => items
             .iter()
@@ -145,8 +147,8 @@ fn held_out(items: &[Item], wnid: &str, vs: &ValSplit) -> Vec<bool> {
     }
 }
 
-/// Moves the held-out inputs of `inputs`' training split into a new "val" split; both stay in
-/// (label, name) order. Refused, naming the option, when the input has a validation split of
+/// Moves the held-out inputs of `inputs`' training split into a new "val" split; both keep the
+/// training split's order. Refused, naming the option, when the input has a validation split of
 /// its own (`input` names the input in the error).
 pub(crate) fn carve(
     inputs: &mut Inputs,
@@ -167,22 +169,27 @@ pub(crate) fn carve(
         });
     }
     let items = inputs.splits.remove("train").unwrap_or_default();
+    // Each class's inputs, in split order (a class's are consecutive unless the split keeps the
+    // order of its files, as parquet rows do).
+    let mut by_class: BTreeMap<u32, Vec<u32>> = BTreeMap::new();
+    for (i, it) in items.iter().enumerate() {
+        by_class.entry(it.label).or_default().push(i as u32);
+    }
+    let mut held = vec![false; items.len()];
+    for (label, idx) in by_class {
+        let class: Vec<&Item> = idx.iter().map(|&i| &items[i as usize]).collect();
+        let chosen = held_out(&class, &inputs.classes[label as usize], vs);
+        for (i, v) in idx.into_iter().zip(chosen) {
+            held[i as usize] = v;
+        }
+    }
     let mut train = Vec::with_capacity(items.len());
     let mut val = Vec::new();
-    let mut rest = items.into_iter().peekable();
-    while let Some(first) = rest.next() {
-        let label = first.label;
-        let mut class = vec![first];
-        while let Some(it) = rest.next_if(|it| it.label == label) {
-            class.push(it);
-        }
-        let chosen = held_out(&class, &inputs.classes[label as usize], vs);
-        for (it, v) in class.into_iter().zip(chosen) {
-            if v {
-                val.push(it);
-            } else {
-                train.push(it);
-            }
+    for (it, v) in items.into_iter().zip(held) {
+        if v {
+            val.push(it);
+        } else {
+            train.push(it);
         }
     }
     let report = ValSplitReport {

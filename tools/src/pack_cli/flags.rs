@@ -61,8 +61,8 @@ pub struct Args {
     #[arg(long, value_parser = units::parse_size, default_value = "1GiB")]
     pub shard_size: u64,
 
-    /// Which inputs each shard holds, of every split's inputs sorted by (label, name):
-    /// interleaved (input i in shard i % shards: every shard holds every class) or class
+    /// Which inputs each shard holds, of every split's inputs sorted by (label, name) (parquet
+    /// rows: by file and row): interleaved (input i in shard i % shards: every shard holds every class) or class
     /// (consecutive runs: consecutive shards hold consecutive classes, so each of --nodes P
     /// nodes holds about 1/P of the classes; for experiments on node-local order).
     #[arg(long, value_enum, default_value_t = ShardOrder::Interleaved)]

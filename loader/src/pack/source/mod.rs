@@ -163,6 +163,27 @@ impl Inputs {
         show(&self.dirs, &self.archives, &self.parquet, item)
     }
 
+    /// Reads the bytes of `run`, items that [`read_together`] (or a single item): a parquet row
+    /// group's rows in one pass over its pages.
+    pub fn read_run(&self, run: &[&Item]) -> Vec<std::io::Result<Vec<u8>>> {
+        match run {
+            [first, ..] if run.len() > 1 => match first.loc {
+                Loc::Parquet { file, group, .. } => {
+                    let rows: Vec<u32> = run
+                        .iter()
+                        .map(|it| match it.loc {
+                            Loc::Parquet { row, .. } => row,
+                            _ => unreachable!("a run is one row group's rows"),
+                        })
+                        .collect();
+                    self.parquet[file as usize].read_rows(group, &rows)
+                }
+                _ => run.iter().map(|it| self.read(it)).collect(),
+            },
+            _ => run.iter().map(|it| self.read(it)).collect(),
+        }
+    }
+
     /// Reads the bytes of `item`.
     pub fn read(&self, item: &Item) -> std::io::Result<Vec<u8>> {
         if item.size > MAX_INPUT_BYTES {
@@ -191,6 +212,36 @@ impl Inputs {
             }
             Loc::Parquet { file, group, row } => self.parquet[file as usize].read(group, row),
         }
+    }
+}
+
+/// Whether a split of `items` is found ordered, and read, by the inputs' place in their files
+/// rather than by (label, name): parquet rows, whose images are compressed together a page at a
+/// time, so that each page is read once for all of its rows (see `shards.rs`).
+pub fn read_in_place_order(items: &[Item]) -> bool {
+    items
+        .first()
+        .is_some_and(|it| matches!(it.loc, Loc::Parquet { .. }))
+}
+
+/// Sorts `items` by (label, name); the size and the location break ties, so that the order
+/// never depends on the scan's.
+pub fn sort_by_label(items: &mut [Item]) {
+    items.sort_unstable_by(|a, b| {
+        (a.label, &a.name, a.size, &a.loc).cmp(&(b.label, &b.name, b.size, &b.loc))
+    });
+}
+
+/// Whether `a` and `b` are read in one go ([`Inputs::read_run`]): rows of one parquet row group.
+pub fn read_together(a: &Item, b: &Item) -> bool {
+    match (&a.loc, &b.loc) {
+        (
+            Loc::Parquet { file, group, .. },
+            Loc::Parquet {
+                file: f, group: g, ..
+            },
+        ) => file == f && group == g,
+        _ => false,
     }
 }
 
@@ -375,10 +426,11 @@ pub fn discover(input: &Path, opts: &SourceOptions) -> Result<Inputs> {
             }
         });
         items.shrink_to_fit();
-        // The location breaks ties, so that the order never depends on the scan's.
-        items.sort_unstable_by(|a, b| {
-            (a.label, &a.name, a.size, &a.loc).cmp(&(b.label, &b.name, b.size, &b.loc))
-        });
+        if read_in_place_order(&items) {
+            items.sort_unstable_by(|a, b| a.loc.cmp(&b.loc));
+        } else {
+            sort_by_label(&mut items);
+        }
         layouts.insert(split.clone(), f.layout);
         labels.insert(split.clone(), f.labels);
         if !items.is_empty() {
