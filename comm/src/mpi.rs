@@ -149,6 +149,13 @@ fn to_c_int(op: &'static str, what: &str, v: usize) -> Result<c_int> {
     })
 }
 
+/// The requests of an exchange and the lengths they received.
+#[derive(Default)]
+struct Requests {
+    reqs: Vec<ffi::MPI_Request>,
+    counts: Vec<usize>,
+}
+
 /// An MPI communicator as a [`Transport`].
 pub struct MpiTransport {
     comm: ffi::MPI_Comm,
@@ -161,8 +168,12 @@ pub struct MpiTransport {
     timeout_ns: AtomicU64,
     /// [`Polling::Backoff`] when true.
     backoff: AtomicBool,
-    /// The requests of an exchange and the lengths they received (reused).
-    requests: Mutex<(Vec<ffi::MPI_Request>, Vec<usize>)>,
+    /// The request and length vectors of the last exchange, for the next one to reuse. An
+    /// exchange takes them out for its length, so threads never wait for each other's
+    /// exchanges: a lock held through one made the record exchange's thread wait for the
+    /// main thread's allreduce while the peer that allreduce waited for waited for this
+    /// rank's records, and both ranks timed out.
+    spare: Mutex<Option<Requests>>,
     /// MPI itself, kept initialised while this communicator lives.
     pub(crate) env: Arc<Env>,
 }
@@ -221,7 +232,7 @@ impl MpiTransport {
             size: size as usize,
             timeout_ns: AtomicU64::new(u64::try_from(timeout.as_nanos()).unwrap_or(u64::MAX)),
             backoff: AtomicBool::new(false),
-            requests: Mutex::new((Vec::new(), Vec::new())),
+            spare: Mutex::new(None),
             env,
         })
     }
@@ -346,42 +357,9 @@ impl MpiTransport {
         }
     }
 
-    /// Cancels and releases outstanding requests after a timeout (best effort).
-    fn cancel_all(&self, reqs: &mut [ffi::MPI_Request]) {
-        let _g = self.env.lock();
-        // SAFETY: requests are valid or null.
-        unsafe {
-            let null = ffi::RSMPI_REQUEST_NULL;
-            for r in reqs.iter_mut() {
-                if *r != null {
-                    ffi::MPI_Cancel(r);
-                    ffi::MPI_Request_free(r);
-                }
-            }
-        }
-    }
-}
-
-impl Transport for MpiTransport {
-    fn rank(&self) -> usize {
-        self.rank
-    }
-
-    fn size(&self) -> usize {
-        self.size
-    }
-
-    fn send(&self, to: usize, tag: u32, data: &[u8]) -> Result<()> {
-        self.exchange(&mut [Op::Send { to, tag, data }])
-    }
-
-    fn recv(&self, from: usize, tag: u32, buf: &mut [u8]) -> Result<()> {
-        self.exchange(&mut [Op::Recv { from, tag, buf }])
-    }
-
-    fn exchange(&self, ops: &mut [Op<'_>]) -> Result<()> {
-        let mut guard = self.requests.lock().unwrap_or_else(|e| e.into_inner());
-        let (reqs, counts) = &mut *guard;
+    /// [`Transport::exchange`] with `requests` for its requests and lengths.
+    fn exchange_with(&self, ops: &mut [Op<'_>], requests: &mut Requests) -> Result<()> {
+        let Requests { reqs, counts } = requests;
         reqs.clear();
         // SAFETY: extern static of the MPI binding.
         let null = unsafe { ffi::RSMPI_REQUEST_NULL };
@@ -465,6 +443,47 @@ impl Transport for MpiTransport {
                 **got = count;
             }
         }
+        done
+    }
+
+    /// Cancels and releases outstanding requests after a timeout (best effort).
+    fn cancel_all(&self, reqs: &mut [ffi::MPI_Request]) {
+        let _g = self.env.lock();
+        // SAFETY: requests are valid or null.
+        unsafe {
+            let null = ffi::RSMPI_REQUEST_NULL;
+            for r in reqs.iter_mut() {
+                if *r != null {
+                    ffi::MPI_Cancel(r);
+                    ffi::MPI_Request_free(r);
+                }
+            }
+        }
+    }
+}
+
+impl Transport for MpiTransport {
+    fn rank(&self) -> usize {
+        self.rank
+    }
+
+    fn size(&self) -> usize {
+        self.size
+    }
+
+    fn send(&self, to: usize, tag: u32, data: &[u8]) -> Result<()> {
+        self.exchange(&mut [Op::Send { to, tag, data }])
+    }
+
+    fn recv(&self, from: usize, tag: u32, buf: &mut [u8]) -> Result<()> {
+        self.exchange(&mut [Op::Recv { from, tag, buf }])
+    }
+
+    fn exchange(&self, ops: &mut [Op<'_>]) -> Result<()> {
+        let spare = || self.spare.lock().unwrap_or_else(|e| e.into_inner());
+        let mut requests = spare().take().unwrap_or_default();
+        let done = self.exchange_with(ops, &mut requests);
+        *spare() = Some(requests);
         done
     }
 

@@ -50,6 +50,14 @@ fn sharded_collectives_are_exact_on_1_to_8_ranks() {
 }
 
 #[test]
+fn two_threads_of_every_rank_use_the_world_at_once() {
+    // The allreduces of a main thread beside an exchange thread's pieces (ddl-train during a
+    // record exchange): before, one thread's exchange waited for the other's to end while
+    // the peer it waited for waited for this one, and every rank timed out.
+    passes("threads", 2..=3);
+}
+
+#[test]
 fn ranks_with_a_core_each_spin_and_ranks_sharing_cores_back_off() {
     let cpus = cores::allowed_cpus();
     // Bound to one CPU each (as Open MPI binds two ranks by default, to a core each), each

@@ -15,6 +15,10 @@
 //! `ddl-mpi-check abort`: rank 0 aborts the job with code [`ABORT_CODE`] (7) while rank 1
 //! waits in a barrier; mpirun must end the job and exit with that code.
 //! `ddl-mpi-check init`: start MPI and pass a barrier.
+//! `ddl-mpi-check threads`: two threads of every rank use the world at once, as ddl-train's
+//! main thread (allreduces, each with its call check) and record-exchange thread (pieces to
+//! and from every other rank) do; both must finish within a short timeout, which a thread
+//! waiting on another thread's requests (a deadlock across ranks) would run out.
 //!
 //! Prints `CHECK OK <mode>` on rank 0 (with the layout and how the ranks poll) when everything
 //! passed; exits non-zero otherwise.
@@ -25,7 +29,7 @@ use std::time::{Duration, Instant};
 
 use ddl_comm::World;
 use ddl_comm::{
-    f16, Algorithm, Allreducer, CommError, CostModel, Parts, Reduce, ShardAlgorithm, Sharded,
+    f16, Algorithm, Allreducer, CommError, CostModel, Op, Parts, Reduce, ShardAlgorithm, Sharded,
     Topology, Transport,
 };
 
@@ -346,6 +350,65 @@ fn timeout_check(world: &World) -> Result<(), String> {
     t.barrier().map_err(|e| e.to_string())
 }
 
+/// Rounds of each thread in the `threads` check.
+const THREAD_ROUNDS: usize = 400;
+
+fn threads_check(world: &World) -> Result<(), String> {
+    let t: Arc<dyn Transport> = world.transport();
+    let p = world.size();
+    t.set_timeout(Duration::from_secs(5));
+    let exchanging = {
+        let t = Arc::clone(&t);
+        std::thread::spawn(move || exchange_rounds(&*t))
+    };
+    let ar = Allreducer::new(Arc::clone(&t), Algorithm::Ring, Topology::flat(p))
+        .map_err(|e| e.to_string())?;
+    let me = world.rank();
+    let mut summed = Ok(());
+    for round in 0..THREAD_ROUNDS {
+        let mut buf = vec![(me + round) as f32; 1 + round % 7];
+        summed = ar.allreduce_f32(&mut buf, false).map_err(|e| e.to_string());
+        let want = (0..p).map(|r| (r + round) as f32).sum::<f32>();
+        if summed.is_err() || buf.iter().any(|&v| v != want) {
+            summed = summed.and(Err(format!("round {round}: {buf:?}, expected {want}")));
+            break;
+        }
+    }
+    let exchanged = exchanging
+        .join()
+        .map_err(|_| "the exchange thread panicked")?;
+    summed.and(exchanged.map_err(|e| format!("exchange thread: {e}")))?;
+    t.set_timeout(Duration::from_secs(60));
+    t.barrier().map_err(|e| e.to_string())
+}
+
+/// A piece to and from every other rank per round, on the record exchange's tag.
+fn exchange_rounds(t: &dyn Transport) -> Result<(), CommError> {
+    let (p, me) = (t.size(), t.rank());
+    let tag = ddl_comm::tags::EXCHANGE.tag(1);
+    for round in 0..THREAD_ROUNDS {
+        let mine = vec![(me + round) as u8; 64 + round % 5];
+        let mut theirs: Vec<Vec<u8>> = (0..p).map(|_| vec![0; 64 + round % 5]).collect();
+        let mut ops: Vec<Op<'_>> = Vec::new();
+        for (q, buf) in theirs.iter_mut().enumerate().filter(|(q, _)| *q != me) {
+            ops.push(Op::Send {
+                to: q,
+                tag,
+                data: &mine,
+            });
+            ops.push(Op::Recv { from: q, tag, buf });
+        }
+        t.exchange(&mut ops)?;
+        drop(ops);
+        if let Some(q) = (0..p).find(|&q| q != me && theirs[q][0] != (q + round) as u8) {
+            return Err(CommError::InvalidArgument(format!(
+                "round {round}: rank {q}'s piece is wrong"
+            )));
+        }
+    }
+    Ok(())
+}
+
 fn main() -> ExitCode {
     ddl_cli::init_binary_signals();
     let mode = std::env::args()
@@ -364,6 +427,7 @@ fn main() -> ExitCode {
         "init" => world.transport().barrier().map_err(|e| e.to_string()),
         "timeout" => timeout_check(&world),
         "mismatch" => mismatch_checks(&world),
+        "threads" => threads_check(&world),
         "abort" => {
             if world.rank() == 0 {
                 world.abort(ABORT_CODE);
