@@ -5,7 +5,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::error::Result;
+use crate::error::{CommError, Result};
 use crate::transport::{Op, Transport};
 
 /// `inner` with a count of the bytes this rank sends through it and through every group split
@@ -91,5 +91,11 @@ impl Transport for Counted {
     }
     fn native_allgather_u64(&self, word: u64, all: &mut [u64]) -> Result<()> {
         self.inner.native_allgather_u64(word, all)
+    }
+    fn announce_failure(&self, reason: &str) {
+        self.inner.announce_failure(reason)
+    }
+    fn failure(&self, op: &'static str) -> Option<CommError> {
+        self.inner.failure(op)
     }
 }

@@ -77,6 +77,19 @@ pub enum CommError {
         /// The rank whose process is gone.
         peer: usize,
     },
+    /// Another rank of the job failed and said why ([`crate::Transport::announce_failure`]):
+    /// this rank stops too, instead of waiting out the timeout.
+    #[error("{op} on rank {rank}: rank {peer} failed, and the job stops: {reason}")]
+    PeerFailed {
+        /// The operation that was waiting.
+        op: &'static str,
+        /// This rank, in the job.
+        rank: usize,
+        /// The rank that failed, in the job.
+        peer: usize,
+        /// What it said.
+        reason: String,
+    },
     /// A connection of the TCP transport could not be made or failed (other than a peer
     /// closing it: [`CommError::Disconnected`]).
     #[error("{op} on rank {rank}: connection to rank {peer}: {message}")]

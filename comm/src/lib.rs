@@ -32,6 +32,7 @@ pub mod cores;
 pub mod cost;
 mod counted;
 pub mod error;
+mod failure;
 pub mod mpi;
 mod parts;
 pub mod priority;

@@ -20,18 +20,22 @@
 use std::ffi::{c_int, c_void};
 use std::os::raw::c_char;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 use std::time::{Duration, Instant};
 
 use mpi::environment::{Threading, Universe};
 use mpi::ffi;
 
 use crate::error::{CommError, Result};
+use crate::failure::Notices;
 use crate::transport::{check_peer, Op, Transport, MAX_TAG};
 
 /// Keeps MPI initialised while any communicator built on it is alive; finalises on drop when
 /// ddl initialised it (MPI started by someone else, e.g. mpi4py, is left to them).
 pub(crate) struct Env {
+    /// The failure notices of the job's ranks, once the world is made (dropped before MPI is
+    /// finalised: fields drop in order).
+    pub(crate) notices: OnceLock<Notices>,
     /// MPI stays initialised while this lives (`None`: not ours to finalise).
     pub(crate) _universe: Option<Universe>,
     /// Held around every MPI call unless MPI granted MPI_THREAD_MULTIPLE (ddl asks for
@@ -48,7 +52,15 @@ impl Env {
             .as_ref()
             .map(|m| m.lock().unwrap_or_else(|e| e.into_inner()))
     }
+
+    /// The failure of a rank this rank knows of, as the error of `op`.
+    pub(crate) fn failure(&self, op: &'static str) -> Option<CommError> {
+        self.notices.get().and_then(|n| n.error(self, op))
+    }
 }
+
+/// How often a waiting rank looks for another rank's failure notice.
+const NOTICE_LOOK: Duration = Duration::from_millis(50);
 
 /// What a completed request of an exchange received.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -283,6 +295,7 @@ impl MpiTransport {
         let start = Instant::now();
         let mut remaining = reqs.len();
         let mut polls: u32 = 0;
+        let mut look = NOTICE_LOOK;
         // SAFETY (whole function): requests were posted on buffers that outlive this call.
         let null = unsafe { ffi::RSMPI_REQUEST_NULL };
         let mut first_err: Option<CommError> = None;
@@ -340,7 +353,11 @@ impl MpiTransport {
             } else {
                 std::thread::yield_now();
             }
-            if polls % 16 == 0 && start.elapsed() > timeout {
+            if polls % 16 != 0 {
+                continue;
+            }
+            let waited = start.elapsed();
+            if waited > timeout {
                 let stuck = reqs.iter().position(|r| *r != null).unwrap_or(0);
                 self.cancel_all(reqs);
                 return Err(CommError::Timeout {
@@ -349,6 +366,13 @@ impl MpiTransport {
                     peer: peers(stuck).0,
                     timeout,
                 });
+            }
+            if waited >= look {
+                look = waited + NOTICE_LOOK;
+                if let Some(e) = self.env.failure(op) {
+                    self.cancel_all(reqs);
+                    return Err(e);
+                }
             }
         }
         match first_err {
@@ -518,6 +542,16 @@ impl Transport for MpiTransport {
 
     fn has_native_allreduce(&self) -> bool {
         true
+    }
+
+    fn announce_failure(&self, reason: &str) {
+        if let Some(n) = self.env.notices.get() {
+            n.announce(&self.env, reason);
+        }
+    }
+
+    fn failure(&self, op: &'static str) -> Option<CommError> {
+        self.env.failure(op)
     }
 
     /// MPI_Allreduce in place on `buf` (blocking: the operation timeout does not apply to

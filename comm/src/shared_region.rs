@@ -330,6 +330,9 @@ impl SharedRegion {
                 }
                 if waited >= look_at_peer {
                     look_at_peer = waited + LIVENESS;
+                    if let Some(e) = t.failure(op) {
+                        return Err(e);
+                    }
                     if self.exited(q) {
                         return Err(CommError::PeerExited {
                             op,

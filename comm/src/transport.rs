@@ -149,6 +149,23 @@ pub trait Transport: Send + Sync {
         }
         Ok(())
     }
+    /// Tells the other ranks of the job that this rank failed and why, without waiting: their
+    /// operations that wait then fail within a fraction of a second with
+    /// [`CommError::PeerFailed`](crate::CommError::PeerFailed) naming it and `reason`, as do
+    /// this rank's own (its part of the job is over). Nothing when this rank knows of a
+    /// failure already (another rank's caused this one). Transports that carry no notices
+    /// do nothing: over threads and TCP a rank that ends closes its channels, which its
+    /// peers see at once.
+    fn announce_failure(&self, reason: &str) {
+        let _ = reason;
+    }
+    /// The failure of a rank of the job that this rank knows of (announced by another rank,
+    /// or by this one), as the error of operation `op`; `None` where the transport carries
+    /// no notices.
+    fn failure(&self, op: &'static str) -> Option<crate::CommError> {
+        let _ = op;
+        None
+    }
     /// [`Transport::allgather_u64`] with the transport's own collective where it has one
     /// (MPI_Allgather: faster, but blocking without the timeout, as MPI_Allreduce is; the
     /// check of the `mpi` algorithm).
@@ -196,6 +213,12 @@ impl<T: Transport + ?Sized> Transport for Box<T> {
     }
     fn native_allgather_u64(&self, word: u64, all: &mut [u64]) -> Result<()> {
         (**self).native_allgather_u64(word, all)
+    }
+    fn announce_failure(&self, reason: &str) {
+        (**self).announce_failure(reason)
+    }
+    fn failure(&self, op: &'static str) -> Option<crate::CommError> {
+        (**self).failure(op)
     }
 }
 

@@ -3,7 +3,7 @@
 //! uniform `nodes x ranks_per_node` [`Topology`]).
 
 use std::ffi::{c_int, c_void};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
 use mpi::environment::Threading;
@@ -13,6 +13,7 @@ use crate::binding::Binding;
 use crate::collective;
 use crate::cores;
 use crate::error::{CommError, Result};
+use crate::failure::{Notices, GRACE};
 use crate::mpi::{check, Env, MpiTransport, Polling};
 use crate::topology::Topology;
 use crate::transport::DEFAULT_TIMEOUT;
@@ -121,6 +122,8 @@ impl World {
         let (env, joined) = start_env(requested)?;
         let world_comm = world_communicator(&env, joined)?;
         let world = MpiTransport::wrap(env.clone(), world_comm, joined, timeout)?;
+        let notices = Notices::start(&env, world_comm, world.rank, world.size)?;
+        let _ = env.notices.set(notices);
         let node_comm = node_communicator(&env, world_comm, world.rank)?;
         let node = MpiTransport::wrap(env.clone(), node_comm, true, timeout)?;
         let node_cpus = cores::node_cores(&node)?;
@@ -223,6 +226,27 @@ impl World {
         self.world.env._universe.is_none()
     }
 
+    /// Ends this process, which failed with `reason`, and the job with exit code `code`,
+    /// without leaving a rank to wait out its timeout and without killing a rank before it
+    /// has said why it stops. When this rank knows of another rank's failure, which caused
+    /// its own, it tells that rank that it stops and waits for it to end the job. Otherwise
+    /// it tells every other rank that it failed ([`Transport::announce_failure`]; their
+    /// waits then fail naming it and `reason`) and ends the job once each has said that it
+    /// stops, at most 10 s later.
+    ///
+    /// [`Transport::announce_failure`]: crate::Transport::announce_failure
+    pub fn end_failed(&self, reason: &str, code: i32) -> ! {
+        let env = &self.world.env;
+        if let Some(notices) = env.notices.get() {
+            match notices.poll(env) {
+                Some(f) if f.rank != self.rank() => notices.answer(env, f.rank),
+                _ => notices.announce(env, reason),
+            }
+            notices.settle(env, GRACE);
+        }
+        self.abort(code)
+    }
+
     /// Aborts every process of the job with exit code `code` (MPI_Abort on MPI_COMM_WORLD).
     pub fn abort(&self, code: i32) -> ! {
         // SAFETY: MPI is initialised.
@@ -269,6 +293,7 @@ fn start_env(requested: Threading) -> Result<(Arc<Env>, bool)> {
     let serial = (threading != Threading::Multiple).then(|| Mutex::new(()));
     let joined = universe.is_none();
     let env = Arc::new(Env {
+        notices: OnceLock::new(),
         _universe: universe,
         serial,
         threading,

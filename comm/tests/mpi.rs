@@ -111,6 +111,29 @@ fn abort_ends_the_job_with_its_code() {
 }
 
 #[test]
+fn a_rank_that_fails_tells_the_others_and_every_rank_says_so() {
+    // Rank 1 fails while rank 0 waits for its message and rank 2 in a shared-memory
+    // allreduce, with a 60 s timeout: before, both waited it out and only rank 1 said why.
+    let begun = std::time::Instant::now();
+    let out = mpirun(3, &["failure"]);
+    let all = launch::printed(&out);
+    assert_eq!(out.status.code(), Some(3), "{all}");
+    assert!(all.contains("rank 1 fails: rank 1's own trouble"), "{all}");
+    for (rank, op) in [(0, "recv"), (2, "shm allreduce")] {
+        let line = format!(
+            "rank {rank} stops: {op} on rank {rank}: rank 1 failed, and the job stops: rank 1's \
+             own trouble"
+        );
+        assert!(all.contains(&line), "{line}\n{all}");
+    }
+    assert!(
+        begun.elapsed() < std::time::Duration::from_secs(30),
+        "{:?}",
+        begun.elapsed()
+    );
+}
+
+#[test]
 fn single_threaded_mpi_is_refused_beside_other_threads() {
     // The test harness runs this test on a thread of its own beside the main thread; one more
     // is held open so that the count cannot be 1. MPI must not start (it would be initialised

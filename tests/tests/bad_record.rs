@@ -1,10 +1,12 @@
 //! A corrupt record under `mpirun -np 2 ddl-train` is never silent: each bad record is named
 //! once (shard and record), counted per epoch in the epoch line and the metrics, listed at the
 //! end; training replaces it (the default), evaluation never scores it, and `--on-bad-record
-//! fail` stops the run naming it. Nothing printed carries colour codes when stderr is a pipe.
+//! fail` stops the run naming it: the rank that met it first, then the other, told by it.
+//! Nothing printed carries colour codes when stderr is a pipe.
 
 use std::fs;
 use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
 
 use ddl_loader::shard::ShardReader;
 use ddl_tests::{mpirun_train, printed, run, run_ok, scratch, synth_and_pack, SynthSpec};
@@ -105,17 +107,44 @@ fn bad_records_are_named_counted_and_never_scored() {
     }
 
     // --on-bad-record fail: the run stops, naming the record.
+    let begun = Instant::now();
     let out = run(&mut train(
         &shards,
-        &["--epochs", "1", "--no-eval", "--on-bad-record", "fail"],
+        &[
+            "--epochs",
+            "1",
+            "--no-eval",
+            "--on-bad-record",
+            "fail",
+            "--comm-timeout",
+            "60",
+        ],
     ));
     let text = printed(&out);
     assert!(!out.status.success(), "{text}");
+    let why = format!("{}: record 3: checksum mismatch", bad_train.display());
     assert!(
-        text.contains(&format!(
-            "{}: record 3: checksum mismatch",
-            bad_train.display()
-        )),
+        text.contains(&why),
         "the failure must name the shard and record: {text}"
+    );
+    // The rank that met it tells the other, which stops at once naming it and the record
+    // (before: it was killed without a word, or waited out --comm-timeout).
+    let error_of = |rank: usize| {
+        let head = format!("ddl-train (rank {rank}): error: ");
+        text.lines().find_map(|l| l.strip_prefix(head.as_str()))
+    };
+    let failed = (0..2)
+        .find(|&r| error_of(r).is_some_and(|e| e.contains(&why) && !e.contains("failed,")))
+        .unwrap_or_else(|| panic!("no rank failed on its own: {text}"));
+    let told =
+        error_of(1 - failed).unwrap_or_else(|| panic!("the other rank said nothing: {text}"));
+    assert!(
+        told.contains(&format!("rank {failed} failed, and the job stops: ")) && told.contains(&why),
+        "{text}"
+    );
+    assert!(
+        begun.elapsed() < Duration::from_secs(45),
+        "{:?}",
+        begun.elapsed()
     );
 }

@@ -108,6 +108,20 @@ impl Communicator {
         self.transport.barrier()?;
         Ok(())
     }
+
+    /// Tells the other ranks that this rank failed with `e`
+    /// ([`Transport::announce_failure`]), unless `e` is a stop that every rank makes
+    /// together (a stop signal).
+    pub fn announce_failure(&self, e: &crate::TrainError) {
+        announce_failure(&*self.transport, e);
+    }
+}
+
+/// [`Communicator::announce_failure`] over `transport`.
+pub(crate) fn announce_failure(transport: &dyn Transport, e: &crate::TrainError) {
+    if !matches!(e, crate::TrainError::Preempted { .. }) {
+        transport.announce_failure(&e.to_string());
+    }
 }
 
 impl Comm for Communicator {

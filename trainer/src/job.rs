@@ -82,11 +82,13 @@ impl Job {
         }
     }
 
-    /// Takes the whole job down (other ranks may be blocked in a collective).
-    pub fn abort(&self, code: i32) -> ! {
+    /// Ends this process, which failed with `reason`, and the whole job with exit code
+    /// `code` (other ranks may be blocked in a collective): under MPI every rank learns which
+    /// rank failed and why, and says so, before the job ends ([`World::end_failed`]).
+    pub fn end_failed(&self, reason: &str, code: i32) -> ! {
         match self {
-            Job::Mpi(w) => w.abort(code),
-            Job::Alone(_) => std::process::exit(code),
+            Job::Mpi(w) if w.size() > 1 => w.end_failed(reason, code),
+            Job::Mpi(_) | Job::Alone(_) => std::process::exit(code),
         }
     }
 }

@@ -192,4 +192,10 @@ impl Transport for FirstExchange<'_> {
     fn set_timeout(&self, timeout: Duration) {
         self.inner.set_timeout(timeout)
     }
+    fn announce_failure(&self, reason: &str) {
+        self.inner.announce_failure(reason)
+    }
+    fn failure(&self, op: &'static str) -> Option<CommError> {
+        self.inner.failure(op)
+    }
 }

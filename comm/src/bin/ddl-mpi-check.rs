@@ -19,6 +19,10 @@
 //! main thread (allreduces, each with its call check) and record-exchange thread (pieces to
 //! and from every other rank) do; both must finish within a short timeout, which a thread
 //! waiting on another thread's requests (a deadlock across ranks) would run out.
+//! `ddl-mpi-check failure` (3+ ranks): rank 1 fails and tells the others while rank 0 waits
+//! for its message and the other ranks wait in a shared-memory allreduce: every rank must
+//! print a line naming rank 1 and its reason, and the job end with [`FAILED_CODE`] (3) well
+//! within the 60 s timeout.
 //!
 //! Prints `CHECK OK <mode>` on rank 0 (with the layout and how the ranks poll) when everything
 //! passed; exits non-zero otherwise.
@@ -36,6 +40,9 @@ use ddl_comm::{
 /// Exit code of `ddl-mpi-check abort`: distinctive, so that a crash or a timeout cannot pass
 /// for it.
 const ABORT_CODE: i32 = 7;
+
+/// Exit code of `ddl-mpi-check failure`.
+const FAILED_CODE: i32 = 3;
 
 fn input(rank: usize, len: usize, salt: usize) -> Vec<f32> {
     (0..len)
@@ -409,6 +416,30 @@ fn exchange_rounds(t: &dyn Transport) -> Result<(), CommError> {
     Ok(())
 }
 
+/// Rank 1 fails (see the module documentation); every rank ends the job through
+/// [`World::end_failed`].
+fn failure_check(world: &World) -> ! {
+    let t: Arc<dyn Transport> = world.transport();
+    t.set_timeout(Duration::from_secs(60));
+    let ar = Allreducer::new(Arc::clone(&t), Algorithm::SHM, Topology::flat(world.size()))
+        .and_then(|ar| ar.allreduce_f32(&mut [1.0; 1000], false).map(|()| ar));
+    let waited = match (world.rank(), ar) {
+        (1, _) => {
+            let reason = "rank 1's own trouble";
+            println!("rank 1 fails: {reason}");
+            world.end_failed(reason, FAILED_CODE)
+        }
+        (0, _) => t.recv(1, 7, &mut [0u8; 4]).map_err(|e| e.to_string()),
+        (_, Ok(ar)) => ar
+            .allreduce_f32(&mut [1.0; 1000], false)
+            .map_err(|e| e.to_string()),
+        (_, Err(e)) => Err(e.to_string()),
+    };
+    let said = waited.err().unwrap_or_else(|| "nothing failed".into());
+    println!("rank {} stops: {said}", world.rank());
+    world.end_failed(&said, 1)
+}
+
 fn main() -> ExitCode {
     ddl_cli::init_binary_signals();
     let mode = std::env::args()
@@ -428,6 +459,7 @@ fn main() -> ExitCode {
         "timeout" => timeout_check(&world),
         "mismatch" => mismatch_checks(&world),
         "threads" => threads_check(&world),
+        "failure" => failure_check(&world),
         "abort" => {
             if world.rank() == 0 {
                 world.abort(ABORT_CODE);

@@ -33,7 +33,6 @@ fn main() -> anyhow::Result<()> {
     let job = Job::start().context("starting the job")?;
     let transport: Arc<dyn Transport> = job.transport();
     let rank = transport.rank();
-    let size = transport.size();
     let trace = cli.trace.clone();
     if trace.is_some() {
         ddl_trace::set_pid(rank as u32);
@@ -86,11 +85,8 @@ fn main() -> anyhow::Result<()> {
                 std::process::exit(code);
             }
             eprint_line(&format!("ddl-train (rank {rank}): error: {e}"));
-            if size > 1 {
-                // Other ranks may be blocked in a collective: take the whole job down.
-                job.abort(1);
-            }
-            std::process::exit(1);
+            // Other ranks may be blocked in a collective: each learns why and the job ends.
+            job.end_failed(&e.to_string(), 1)
         }
     }
 }

@@ -191,6 +191,19 @@ pub fn train(
     topology: Topology,
     info: RankInfo,
 ) -> Result<TrainSummary> {
+    let notices = transport.clone();
+    // A failure before the run's parts exist is told here ([`Run::go`] tells the later ones).
+    train_rank(cfg, transport, topology, info)
+        .inspect_err(|e| crate::comm::announce_failure(&*notices, e))
+}
+
+/// [`train`] without telling the other ranks of a failure.
+fn train_rank(
+    cfg: &TrainConfig,
+    transport: Arc<dyn Transport>,
+    topology: Topology,
+    info: RankInfo,
+) -> Result<TrainSummary> {
     transport.set_timeout(Duration::from_secs(cfg.comm_timeout_s.max(1)));
     if cfg.synthetic_data {
         return synthetic::train(cfg, transport, topology, info);
@@ -431,6 +444,17 @@ impl Run<'_> {
     }
 
     fn go(mut self) -> Result<TrainSummary> {
+        let done = self.train_all();
+        if let Err(e) = &done {
+            // Before the run's parts go: one that waits for the other ranks as it is dropped
+            // (the record exchange's transfer) then ends at once.
+            self.comm.announce_failure(e);
+        }
+        done
+    }
+
+    /// The run from its start to its end: [`Run::go`] without the failure notice.
+    fn train_all(&mut self) -> Result<TrainSummary> {
         // Held until the run ends: no other run may use the directory meanwhile.
         let dir_lock = self.claim_checkpoint_dir()?;
         let mut pos = self.start(dir_lock.as_ref().is_some_and(|l| l.created))?;
@@ -649,7 +673,7 @@ impl Run<'_> {
 
     /// The end of the run at `pos`: the last bad records published, the replicas flushed and
     /// checksummed, the weights dumped and exported as asked.
-    fn finish(mut self, pos: Position) -> Result<TrainSummary> {
+    fn finish(&mut self, pos: Position) -> Result<TrainSummary> {
         let (epoch, global) = (pos.epoch, pos.global);
         self.summary.global_steps = global;
         // Those of a last epoch cut short by `max_steps`.
@@ -663,7 +687,7 @@ impl Run<'_> {
         if let Some(path) = &self.cfg.export {
             self.export(path, epoch, global)?;
         }
-        Ok(self.summary)
+        Ok(std::mem::take(&mut self.summary))
     }
 
     /// Whether any rank received a stop signal: every rank calls it after the same step, so all
