@@ -4,8 +4,9 @@
 //! and the strangers it must drop while the job starts anyway (garbage, silence, a forged
 //! greeting, a rank without the job's secret).
 
-use std::io::Write;
-use std::net::{SocketAddr, TcpStream};
+use std::io::{ErrorKind, Read, Write};
+use std::net::{Ipv4Addr, SocketAddr, TcpStream};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -455,6 +456,35 @@ fn a_rank_without_the_jobs_secret_is_dropped_and_the_job_starts() {
 }
 
 #[test]
+fn a_listener_that_does_not_prove_the_secret_is_refused_by_the_rank_calling_it() {
+    // Published as rank 0's: it challenges as a rank would, then answers any greeting with
+    // bytes that are no proof (it does not hold the job's secret).
+    let impostor = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    let at = impostor.local_addr().expect("addr");
+    let answering = std::thread::spawn(move || {
+        let (mut s, _) = impostor.accept().expect("rank 1 calls");
+        s.write_all(&[b"ddl-tcp2".as_slice(), &[9; 32]].concat())
+            .expect("challenge");
+        s.read_exact(&mut [0u8; 88]).expect("rank 1's greeting");
+        s.write_all(&[0u8; 32]).expect("answer");
+        s
+    });
+    let (mut ls, addrs) = listeners(2);
+    let l1 = ls.pop().expect("rank 1's listener");
+    let secret = Secret::random().expect("secret");
+    let err = TcpTransport::connect(l1, 1, &[at, addrs[1]], &secret, START)
+        .expect_err("rank 1 refuses the impostor");
+    let _ = answering.join();
+    let said = err.to_string();
+    assert!(
+        said.contains(&format!(
+            "the listener at {at}, published as rank 0's, is refused"
+        )) && said.contains("its answer does not prove that it holds the job's secret"),
+        "{said}"
+    );
+}
+
+#[test]
 fn the_listener_is_closed_once_the_mesh_is_connected() {
     let (ls, addrs) = listeners(2);
     let secret = Secret::random().expect("secret");
@@ -486,4 +516,151 @@ fn the_listener_is_closed_once_the_mesh_is_connected() {
         buf[2]
     });
     assert_eq!(sums, vec![3.0, 3.0]);
+}
+
+/// A connection to `to` from `source` (an address of this machine: any of 127.0.0.0/8 on
+/// Linux), as a host elsewhere would make it.
+fn connect_from(source: Ipv4Addr, to: SocketAddr) -> std::io::Result<TcpStream> {
+    use std::os::fd::FromRawFd;
+    let inet = |ip: Ipv4Addr, port: u16| libc::sockaddr_in {
+        sin_family: libc::AF_INET as libc::sa_family_t,
+        sin_port: port.to_be(),
+        sin_addr: libc::in_addr {
+            s_addr: u32::from(ip).to_be(),
+        },
+        sin_zero: [0; 8],
+    };
+    let SocketAddr::V4(to) = to else {
+        return Err(std::io::Error::other("an IPv4 listener"));
+    };
+    let len = std::mem::size_of::<libc::sockaddr_in>() as libc::socklen_t;
+    // SAFETY: a new socket, owned by the TcpStream once connected (closed here otherwise);
+    // the addresses are sockaddr_in of `len` bytes.
+    unsafe {
+        let fd = libc::socket(libc::AF_INET, libc::SOCK_STREAM | libc::SOCK_CLOEXEC, 0);
+        if fd < 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        let stream = TcpStream::from_raw_fd(fd);
+        let (here, there) = (inet(source, 0), inet(*to.ip(), to.port()));
+        let bound = libc::bind(fd, (&here as *const libc::sockaddr_in).cast(), len);
+        if bound != 0 || libc::connect(fd, (&there as *const libc::sockaddr_in).cast(), len) != 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        Ok(stream)
+    }
+}
+
+/// `n` strangers at `to` from `source`, each silent, each connecting again as soon as the
+/// listener drops it, until `stop`; `made` counts their connections.
+fn flood(
+    to: SocketAddr,
+    source: Ipv4Addr,
+    n: usize,
+    stop: &Arc<AtomicBool>,
+    made: &Arc<AtomicU64>,
+) -> Vec<JoinHandle<()>> {
+    (0..n)
+        .map(|_| {
+            let (stop, made) = (Arc::clone(stop), Arc::clone(made));
+            std::thread::spawn(move || {
+                while !stop.load(Ordering::Relaxed) {
+                    let Ok(mut s) = connect_from(source, to) else {
+                        std::thread::yield_now();
+                        continue;
+                    };
+                    made.fetch_add(1, Ordering::Relaxed);
+                    let _ = s.set_read_timeout(Some(Duration::from_millis(20)));
+                    let mut buf = [0u8; 64];
+                    // Silent: reads what the rank says until it drops the connection.
+                    while !stop.load(Ordering::Relaxed) {
+                        match s.read(&mut buf) {
+                            Ok(0) => break,
+                            Ok(_) => {}
+                            Err(e)
+                                if matches!(
+                                    e.kind(),
+                                    ErrorKind::WouldBlock | ErrorKind::TimedOut
+                                ) => {}
+                            Err(_) => break,
+                        }
+                    }
+                }
+            })
+        })
+        .collect()
+}
+
+/// Set in the process of its own that the flood test runs its job in (the parent counts the
+/// lines its stderr gets).
+const FLOODED: &str = "DDL_TEST_TCP_FLOODED";
+
+/// Most warning lines a flooded start may write.
+const FLOOD_LINES: usize = 30;
+
+#[test]
+fn a_flood_of_strangers_neither_holds_up_the_start_nor_fills_the_log() {
+    if std::env::var_os(FLOODED).is_none() {
+        let name = "tcp::a_flood_of_strangers_neither_holds_up_the_start_nor_fills_the_log";
+        let out = std::process::Command::new(std::env::current_exe().expect("test binary"))
+            .args(["--exact", name, "--nocapture", "--test-threads", "1"])
+            .env(FLOODED, "1")
+            .output()
+            .expect("run the test binary");
+        let printed = String::from_utf8_lossy(&out.stdout).into_owned()
+            + &String::from_utf8_lossy(&out.stderr);
+        assert!(
+            out.status.success() && printed.contains("1 passed"),
+            "{printed}"
+        );
+        let warnings = printed
+            .lines()
+            .filter(|l| l.starts_with("ddl warning"))
+            .count();
+        let tail: Vec<&str> = printed.lines().rev().take(20).collect();
+        assert!(
+            warnings <= FLOOD_LINES,
+            "{warnings} warning lines, the last: {tail:#?}"
+        );
+        return;
+    }
+    let secret = Secret::random().expect("secret");
+    let (ls, addrs) = listeners(3);
+    let begun = Instant::now();
+    starts_and_sums(ls, &addrs, &secret);
+    let normal = begun.elapsed();
+    // The flood at rank 0 (80 silent connections from the ranks' own host, each
+    // opened again once dropped) and 60 more from a host elsewhere, while ranks 0 and 1 wait
+    // for rank 2, which starts once each of the 80 was dropped at least once.
+    let (ls, addrs) = listeners(3);
+    let stop = Arc::new(AtomicBool::new(false));
+    let (local, elsewhere) = (Arc::new(AtomicU64::new(0)), Arc::new(AtomicU64::new(0)));
+    let mut strangers = flood(addrs[0], Ipv4Addr::LOCALHOST, 80, &stop, &local);
+    let host_elsewhere = Ipv4Addr::new(127, 0, 0, 2);
+    strangers.extend(flood(addrs[0], host_elsewhere, 60, &stop, &elsewhere));
+    let mut ls = ls.into_iter();
+    let early: Vec<_> = (0..2)
+        .map(|r| rank_summing(ls.next().expect("listener"), r, &addrs, &secret))
+        .collect();
+    let deadline = Instant::now() + START;
+    while local.load(Ordering::Relaxed) < 2 * 80 && Instant::now() < deadline {
+        std::thread::yield_now();
+    }
+    let begun = Instant::now();
+    let last = rank_summing(ls.next().expect("listener"), 2, &addrs, &secret);
+    for (r, rank) in early.into_iter().chain([last]).enumerate() {
+        let sum = rank.join().expect("rank thread").expect("the job starts");
+        assert_eq!(sum, 6.0, "rank {r}");
+    }
+    let flooded = begun.elapsed();
+    stop.store(true, Ordering::Relaxed);
+    for s in strangers {
+        s.join().expect("stranger");
+    }
+    let made = local.load(Ordering::Relaxed) + elsewhere.load(Ordering::Relaxed);
+    println!("start: {normal:?} alone, {flooded:?} for the last rank under a flood of {made} connections");
+    assert!(
+        flooded < normal + Duration::from_secs(3),
+        "{flooded:?} flooded, {normal:?} alone"
+    );
 }

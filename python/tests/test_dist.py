@@ -232,10 +232,12 @@ def test_init_under_torchrun_is_the_tcp_backend_at_the_launchers_ranks(
 
 
 def test_tcp_start_up_drops_strangers_and_listens_on_loopback_only() -> None:
-    """torchrun at 127.0.0.1: each rank's listener is bound on loopback, a port scanner's
-    request, a silent connection and an unauthenticated greeting at rank 0's listener during
-    start-up are dropped (before: rank 0 failed, waited out its timeout or took the greeting
-    for rank 1's), the sums are right and the listener is closed once the ranks connect."""
+    """torchrun at 127.0.0.1: each rank's listener is bound on 127.0.0.1 (rank 0's refuses a
+    connection to its port at 127.0.0.2: before, only the published address was checked), a
+    port scanner's request, a silent connection and an unauthenticated greeting at rank 0's
+    listener during start-up are dropped (before: rank 0 failed, waited out its timeout or
+    took the greeting for rank 1's), the sums are right and the listener is closed once the
+    ranks connect."""
     job = launch("torchrun", 2, "dist_tcp_listener.py", timeout=SHORT)
     lines = ok_lines(job, "dist_tcp_listener")
     assert sorted(lines) == [f"dist_tcp_listener ok rank={r} host=127.0.0.1"

@@ -2,18 +2,16 @@
 //! through whatever rendezvous the launcher offers (`ddl.dist` uses torch's TCPStore), then
 //! connects to every lower rank and accepts every higher one, each connection authenticated
 //! by the job's secret ([`super::handshake`]). A connection that does not authenticate (a
-//! port scanner, a health check, a forged greeting) is dropped with a warning while the
-//! listener goes on accepting; the listener is closed once every peer is connected.
+//! port scanner, a health check, a forged greeting, a flood of them) is dropped by the
+//! listener's gate ([`super::gate`]) while it goes on accepting; the listener is closed once
+//! every peer is connected.
 
 use std::io::ErrorKind;
 use std::net::{SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use crossbeam_channel::{RecvTimeoutError, Sender};
-
-use super::handshake::{self, Greeting, Refused, Secret};
+use super::gate::Gate;
+use super::handshake::{self, Refused, Secret};
 use crate::error::{CommError, Result};
 
 /// Pause between two polls of a listener or two connection attempts while the peers start.
@@ -21,10 +19,6 @@ const POLL: Duration = Duration::from_millis(2);
 
 /// Longest pause between two handshake attempts of a caller whose connection was dropped.
 const MAX_PAUSE: Duration = Duration::from_millis(500);
-
-/// Handshakes a listener runs at once; a connection beyond them is dropped at once (a rank
-/// dials again), so a flood of strangers costs a bounded number of threads.
-const MAX_HANDSHAKES: usize = 64;
 
 /// A rank's listening socket, bound before the ranks exchange addresses.
 #[derive(Debug)]
@@ -77,7 +71,8 @@ pub(crate) fn mesh_streams(
         let s = call_peer((rank, peer, size), addr, secret, deadline, timeout)?;
         streams[peer] = Some(s);
     }
-    accept_peers(&listener, rank, &mut streams, secret, deadline, timeout)?;
+    let job = (rank, addrs);
+    accept_peers(&listener, job, &mut streams, secret, deadline, timeout)?;
     // Nobody may connect once the mesh stands: the listener goes now, not at the job's end.
     drop(listener);
     for (peer, s) in streams.iter().enumerate() {
@@ -117,8 +112,7 @@ fn call_peer(
         };
         if Instant::now() + pause >= deadline {
             return Err(refused(format!(
-                "no handshake with {addr} within {timeout:?} (last: {why}); rank {peer} drops a \
-                 rank without the job's secret: start every rank from the same rendezvous"
+                "no handshake with {addr} within {timeout:?}; the last try: {why}"
             )));
         }
         std::thread::sleep(pause);
@@ -149,91 +143,70 @@ fn dial(
     }
 }
 
-/// A finished handshake of an accepted connection, sent back to the accepting loop.
-type Outcome = (TcpStream, SocketAddr, Greeting);
+/// Connections taken off the listener's queue between two looks at the greetings.
+const ACCEPTS_PER_LOOK: usize = 64;
 
-/// Accepts ranks `rank + 1..` of `streams.len()` into `streams`. Each connection is greeted
-/// on a thread of its own, so a stranger (silent, or sending garbage) never holds up a rank;
-/// strangers are dropped with a warning.
+/// Accepts ranks `rank + 1..` of `streams.len()` (whose ranks listen at `addrs` and hold
+/// `secret`) into `streams`, each connection greeted by the listener's [`Gate`]: strangers
+/// are dropped and counted, and never hold up a rank.
 fn accept_peers(
     listener: &Listener,
-    rank: usize,
+    (rank, addrs): (usize, &[SocketAddr]),
     streams: &mut [Option<TcpStream>],
     secret: &Secret,
     deadline: Instant,
     timeout: Duration,
 ) -> Result<()> {
     let size = streams.len();
-    let (tx, rx) = crossbeam_channel::unbounded::<Outcome>();
-    let running = Arc::new(AtomicUsize::new(0));
     listener
         .inner
         .set_nonblocking(true)
         .map_err(|e| fail(rank, rank, &e))?;
-    while let Some(missing) = (rank + 1..size).find(|&q| streams[q].is_none()) {
-        // Outcomes are read after every accept: a flood of connections never starves them.
-        let wait = match listener.inner.accept() {
-            Ok((s, from)) => {
-                let job = (rank, secret.clone(), deadline);
-                greet_apart(s, from, job, &tx, &running);
-                Duration::ZERO
+    let mut gate = Gate::new(rank, secret, addrs);
+    let admitted = (|| {
+        while let Some(missing) = (rank + 1..size).find(|&q| streams[q].is_none()) {
+            if Instant::now() >= deadline {
+                return Err(timed_out(rank, missing, timeout));
             }
-            Err(e) if e.kind() == ErrorKind::WouldBlock => POLL,
+            let peers = gate
+                .wait(&listener.inner, deadline)
+                .map_err(|e| fail(rank, missing, &e))?;
+            for (s, peer, theirs) in peers {
+                admit(rank, streams, (peer, theirs), s)?;
+            }
+            take_queued(listener, &mut gate).map_err(|e| fail(rank, missing, &e))?;
+        }
+        Ok(())
+    })();
+    gate.close();
+    admitted
+}
+
+/// Hands the gate the connections waiting in the listener's queue (at most
+/// [`ACCEPTS_PER_LOOK`]); out of file descriptors, it drops a greeting instead.
+fn take_queued(listener: &Listener, gate: &mut Gate) -> std::io::Result<()> {
+    for _ in 0..ACCEPTS_PER_LOOK {
+        match listener.inner.accept() {
+            Ok((s, from)) => gate.accept(s, from),
+            Err(e) if e.kind() == ErrorKind::WouldBlock => break,
             Err(e)
                 if matches!(
                     e.kind(),
                     ErrorKind::ConnectionAborted | ErrorKind::Interrupted
+                ) => {}
+            Err(e)
+                if matches!(
+                    e.raw_os_error(),
+                    Some(libc::EMFILE | libc::ENFILE | libc::ENOBUFS | libc::ENOMEM)
                 ) =>
             {
-                Duration::ZERO
+                gate.make_room();
+                break;
             }
-            Err(e) => return Err(fail(rank, missing, &e)),
-        };
-        match rx.recv_timeout(wait) {
-            Ok((
-                s,
-                _,
-                Greeting::Peer {
-                    rank: peer,
-                    size: theirs,
-                },
-            )) => admit(rank, streams, (peer, theirs), s)?,
-            Ok((_, from, Greeting::Stranger(why))) => warn_stranger(rank, from, &why),
-            Err(RecvTimeoutError::Timeout | RecvTimeoutError::Disconnected) => {}
-        }
-        if Instant::now() >= deadline {
-            return Err(timed_out(rank, missing, timeout));
+            Err(e) => return Err(e),
         }
     }
     Ok(())
-}
-
-/// Greets the accepted connection `s` from `from` on a thread of its own (unless
-/// [`MAX_HANDSHAKES`] run already), sending the outcome to `tx`.
-fn greet_apart(
-    s: TcpStream,
-    from: SocketAddr,
-    (rank, secret, deadline): (usize, Secret, Instant),
-    tx: &Sender<Outcome>,
-    running: &Arc<AtomicUsize>,
-) {
-    if running.fetch_add(1, Ordering::AcqRel) >= MAX_HANDSHAKES {
-        running.fetch_sub(1, Ordering::AcqRel);
-        return warn_stranger(rank, from, "too many handshakes under way");
-    }
-    let (tx, count) = (tx.clone(), Arc::clone(running));
-    let spawned = std::thread::Builder::new()
-        .name(format!("ddl-tcp-greet-{rank}"))
-        .spawn(move || {
-            let greeting = handshake::greet(&s, &secret, rank, deadline);
-            count.fetch_sub(1, Ordering::AcqRel);
-            // The loop is gone once every rank connected: the stranger is dropped then.
-            let _ = tx.send((s, from, greeting));
-        });
-    if let Err(e) = spawned {
-        running.fetch_sub(1, Ordering::AcqRel);
-        warn_stranger(rank, from, &format!("no thread to greet it ({e})"));
-    }
 }
 
 /// Keeps the connection `s` of authenticated rank `peer` (of a job of `theirs` ranks, it
@@ -259,11 +232,6 @@ fn admit(
     }
     streams[peer] = Some(s);
     Ok(())
-}
-
-/// Reports a dropped connection that was not a rank of this job (it changes nothing else).
-fn warn_stranger(rank: usize, from: SocketAddr, why: &str) {
-    eprintln!("ddl warning: rank {rank} dropped a connection to its listener from {from}: {why}");
 }
 
 fn fail(rank: usize, peer: usize, e: &std::io::Error) -> CommError {

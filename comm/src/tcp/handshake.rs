@@ -29,17 +29,17 @@ use crate::error::{CommError, Result};
 /// First word of every handshake frame: "ddl-tcp2" (version 1 had no authentication).
 const MAGIC: [u8; 8] = *b"ddl-tcp2";
 /// Bytes of a nonce.
-const NONCE: usize = 32;
+pub(crate) const NONCE: usize = 32;
 /// Bytes of a proof (an HMAC-SHA256).
-const PROOF: usize = 32;
+pub(crate) const PROOF: usize = 32;
 /// Bytes of the acceptor's challenge.
-const CHALLENGE: usize = 8 + NONCE;
+pub(crate) const CHALLENGE: usize = 8 + NONCE;
 /// Bytes of the caller's hello.
-const HELLO: usize = 8 + 8 + 8 + NONCE + PROOF;
+pub(crate) const HELLO: usize = 8 + 8 + 8 + NONCE + PROOF;
 
-/// Longest a handshake may take on one connection: a stranger that sends nothing is dropped
-/// after it (ranks answer within microseconds; a dropped rank dials again).
-pub(crate) const HANDSHAKE: Duration = Duration::from_secs(10);
+/// Longest a caller waits for each of the acceptor's frames (an acceptor answers within
+/// milliseconds, or drops the connection: the caller dials again).
+const HANDSHAKE: Duration = Duration::from_secs(10);
 
 /// A TCP job's shared secret: every connection between two ranks proves that both ends hold
 /// it. `ddl.dist` has rank 0 draw it and publish it in the rendezvous store, so whoever can
@@ -140,7 +140,12 @@ pub(crate) fn call(
     let broken = |e: std::io::Error| Refused::Broken(e.to_string());
     limit(s, deadline).map_err(broken)?;
     let mut challenge = [0u8; CHALLENGE];
-    s.read_exact(&mut challenge).map_err(broken)?;
+    s.read_exact(&mut challenge).map_err(|e| {
+        Refused::Broken(format!(
+            "the listener dropped the connection before its challenge ({e}): it greets too \
+             many connections at once (strangers flooding it?)"
+        ))
+    })?;
     if challenge[..8] != MAGIC {
         return Err(Refused::Impostor(
             "it is not a ddl rank's listener (or one of another ddl version)".into(),
@@ -156,7 +161,12 @@ pub(crate) fn call(
     hello.extend_from_slice(&proof.finalize().into_bytes());
     s.write_all(&hello).map_err(broken)?;
     let mut answer = [0u8; PROOF];
-    s.read_exact(&mut answer).map_err(broken)?;
+    s.read_exact(&mut answer).map_err(|e| {
+        Refused::Broken(format!(
+            "the listener dropped this rank's greeting ({e}): it holds another secret (start \
+             every rank from the same rendezvous), or it dropped the greeting as late"
+        ))
+    })?;
     secret
         .proof(b"accept", &nonce, to, from, size)
         .verify_slice(&answer)
@@ -166,55 +176,37 @@ pub(crate) fn call(
     unlimit(s).map_err(broken)
 }
 
-/// What an accepted connection turned out to be.
-#[derive(Debug)]
-pub(crate) enum Greeting {
-    /// Rank `rank` of a job it says has `size` ranks, proved to hold the secret.
-    Peer { rank: usize, size: usize },
-    /// Not a rank of this job (why): to be dropped.
-    Stranger(String),
-}
-
-/// The acceptor's side, as rank `to`: challenges the connection and, if it proves that it
-/// holds `secret`, answers with this rank's proof (the job size it states is the caller's to
-/// check).
-pub(crate) fn greet(mut s: &TcpStream, secret: &Secret, to: usize, deadline: Instant) -> Greeting {
-    let stranger = |why: &str| Greeting::Stranger(why.to_string());
-    let Ok(nonce) = random::<NONCE>() else {
-        return stranger("no random challenge could be drawn");
-    };
+/// The acceptor's challenge to a new connection, and the nonce in it.
+pub(crate) fn challenge() -> Result<([u8; CHALLENGE], [u8; NONCE])> {
+    let nonce = random::<NONCE>()?;
     let mut challenge = [0u8; CHALLENGE];
     challenge[..8].copy_from_slice(&MAGIC);
     challenge[8..].copy_from_slice(&nonce);
-    let mut hello = [0u8; HELLO];
-    let sent = limit(s, deadline)
-        .and_then(|_| s.write_all(&challenge))
-        .and_then(|_| s.read_exact(&mut hello));
-    if let Err(e) = sent {
-        return Greeting::Stranger(format!("no greeting within the handshake ({e})"));
-    }
+    Ok((challenge, nonce))
+}
+
+/// The acceptor's verdict on the `hello` of a connection it challenged with `nonce`, as rank
+/// `to`: the caller's rank, the job size it states (the caller's to check) and this rank's
+/// answer, or why the caller is a stranger.
+pub(crate) fn check_hello(
+    secret: &Secret,
+    to: usize,
+    nonce: &[u8; NONCE],
+    hello: &[u8; HELLO],
+) -> std::result::Result<(usize, usize, [u8; PROOF]), &'static str> {
     if hello[..8] != MAGIC {
-        return stranger("its greeting is not a ddl rank's");
+        return Err("its greeting is not a ddl rank's");
     }
     let word = |i: usize| u64::from_le_bytes(hello[i..i + 8].try_into().expect("8 bytes"));
     let (Ok(from), Ok(their_size)) = (usize::try_from(word(8)), usize::try_from(word(16))) else {
-        return stranger("its greeting names no rank");
+        return Err("its greeting names no rank");
     };
-    let proof = secret.proof(b"connect", &nonce, from, to, their_size);
+    let proof = secret.proof(b"connect", nonce, from, to, their_size);
     if proof.verify_slice(&hello[24 + NONCE..]).is_err() {
-        return stranger("its greeting does not prove that it holds the job's secret");
+        return Err("its greeting does not prove that it holds the job's secret");
     }
     let answer = secret.proof(b"accept", &hello[24..24 + NONCE], to, from, their_size);
-    match s
-        .write_all(&answer.finalize().into_bytes())
-        .and_then(|_| unlimit(s))
-    {
-        Ok(()) => Greeting::Peer {
-            rank: from,
-            size: their_size,
-        },
-        Err(e) => Greeting::Stranger(format!("the connection broke in the handshake ({e})")),
-    }
+    Ok((from, their_size, answer.finalize().into_bytes().into()))
 }
 
 #[cfg(test)]
@@ -233,17 +225,30 @@ mod tests {
         Instant::now() + Duration::from_secs(5)
     }
 
+    /// The acceptor's side as rank `to` on a blocking connection: challenge, greeting,
+    /// verdict; `answer` makes what it sends back from the proof it owes.
+    fn greet(
+        mut s: &TcpStream,
+        secret: &Secret,
+        to: usize,
+        answer: impl Fn([u8; PROOF]) -> [u8; PROOF],
+    ) -> std::result::Result<(usize, usize), &'static str> {
+        let (challenge, nonce) = challenge().expect("a challenge");
+        s.write_all(&challenge).expect("challenge sent");
+        let mut hello = [0u8; HELLO];
+        s.read_exact(&mut hello).map_err(|_| "no greeting")?;
+        let (from, size, proof) = check_hello(secret, to, &nonce, &hello)?;
+        s.write_all(&answer(proof)).expect("answer sent");
+        Ok((from, size))
+    }
+
     #[test]
     fn ranks_holding_the_secret_meet() {
         let secret = Secret::random().expect("secret");
         let (c, a) = pair();
         let s2 = secret.clone();
         let caller = std::thread::spawn(move || call(&c, &s2, (3, 1, 4), soon()));
-        let got = greet(&a, &secret, 1, soon());
-        assert!(
-            matches!(got, Greeting::Peer { rank: 3, size: 4 }),
-            "{got:?}"
-        );
+        assert_eq!(greet(&a, &secret, 1, |p| p), Ok((3, 4)));
         caller
             .join()
             .expect("caller")
@@ -256,14 +261,74 @@ mod tests {
         let theirs = Secret::random().expect("secret");
         let caller = std::thread::spawn(move || call(&c, &theirs, (1, 0, 2), soon()));
         let mine = Secret::random().expect("secret");
-        let got = greet(&a, &mine, 0, soon());
-        assert!(
-            matches!(&got, Greeting::Stranger(why) if why.contains("secret")),
-            "{got:?}"
+        let got = greet(&a, &mine, 0, |p| p);
+        assert_eq!(
+            got,
+            Err("its greeting does not prove that it holds the job's secret")
         );
         drop(a);
         let refused = caller.join().expect("caller").expect_err("no answer");
-        assert!(matches!(refused, Refused::Broken(_)), "{refused:?}");
+        assert!(
+            matches!(&refused, Refused::Broken(why) if why.contains("another secret")),
+            "{refused:?}"
+        );
+    }
+
+    /// What the caller holding the job's secret makes of an acceptor holding `acceptor` that
+    /// answers `answer` (of the proof it owes).
+    fn caller_meets(
+        acceptor: &Secret,
+        answer: impl Fn([u8; PROOF]) -> [u8; PROOF],
+    ) -> std::result::Result<(), Refused> {
+        let job = Secret::new(&[7; 32]).expect("secret");
+        let (c, a) = pair();
+        let caller = std::thread::spawn(move || call(&c, &job, (1, 0, 2), soon()));
+        let _ = greet(&a, acceptor, 0, answer);
+        caller.join().expect("caller")
+    }
+
+    #[test]
+    fn an_acceptor_that_does_not_prove_the_secret_is_an_impostor() {
+        let job = Secret::new(&[7; 32]).expect("secret");
+        let not_a_proof = "its answer does not prove that it holds the job's secret";
+        // Answering random bytes, the right proof with one bit changed, and a proof recorded
+        // from an earlier handshake of the real rank 0 (another caller's nonce).
+        let recorded = std::sync::Mutex::new(None);
+        caller_meets(&job, |p| {
+            *recorded.lock().unwrap() = Some(p);
+            p
+        })
+        .expect("the real rank 0 proves itself");
+        let recorded = recorded.into_inner().unwrap().expect("a recorded proof");
+        let answers: [&dyn Fn([u8; PROOF]) -> [u8; PROOF]; 3] = [
+            &|_| random::<PROOF>().expect("random"),
+            &|mut p| {
+                p[5] ^= 1;
+                p
+            },
+            &|_| recorded,
+        ];
+        for (k, answer) in answers.into_iter().enumerate() {
+            let refused = caller_meets(&job, answer).expect_err("not proved");
+            assert!(
+                matches!(&refused, Refused::Impostor(why) if why == not_a_proof),
+                "answer {k}: {refused:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn a_listener_that_is_not_a_ddl_ranks_is_an_impostor() {
+        let (c, mut a) = pair();
+        let job = Secret::random().expect("secret");
+        let caller = std::thread::spawn(move || call(&c, &job, (1, 0, 2), soon()));
+        a.write_all(b"HTTP/1.1 400 Bad Request\r\nContent-Length: 0\r\n\r\n")
+            .expect("reply");
+        let refused = caller.join().expect("caller").expect_err("not ddl's");
+        assert!(
+            matches!(&refused, Refused::Impostor(why) if why.contains("not a ddl rank's listener")),
+            "{refused:?}"
+        );
     }
 
     #[test]

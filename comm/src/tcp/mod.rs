@@ -13,6 +13,7 @@
 //! is reported as [`CommError::Disconnected`] at once.
 
 mod connect;
+mod gate;
 mod handshake;
 mod mesh;
 
