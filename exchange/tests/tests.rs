@@ -3,10 +3,12 @@
 //! mid-exchange.
 
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
-use std::time::Duration;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
-use ddl_comm::{thread_group_with_timeout, Transport};
+use ddl_comm::{
+    thread_group_with_timeout, CommError, Op, Result as CommResult, ThreadTransport, Transport,
+};
 use ddl_exchange::{Exchange, ExchangeConfig, ExchangeError};
 use ddl_loader::dataset::{Dataset, OpenOptions, Residency};
 use ddl_testkit::{write_manifest, write_shards, Record};
@@ -133,13 +135,70 @@ fn every_record_is_served_once_per_epoch_with_its_own_bytes() {
     }
 }
 
+/// The transport of a node that is killed as its transfer into epoch 1 begins: at the first
+/// message of its exchange thread, its endpoint is dropped, and the other nodes see its
+/// channels close, as they see those of a killed process.
+struct KilledAtTransfer {
+    inner: Mutex<Option<ThreadTransport>>,
+    rank: usize,
+    size: usize,
+}
+
+impl KilledAtTransfer {
+    /// Runs `op` on the endpoint while the node lives.
+    fn alive<T>(&self, op: impl FnOnce(&ThreadTransport) -> CommResult<T>) -> CommResult<T> {
+        let mut inner = self.inner.lock().unwrap();
+        if std::thread::current().name() == Some("ddl-exchange") {
+            *inner = None;
+        }
+        let gone = CommError::Disconnected {
+            op: "killed",
+            rank: self.rank,
+            peer: self.rank,
+        };
+        inner.as_ref().map_or(Err(gone), op)
+    }
+}
+
+impl Transport for KilledAtTransfer {
+    fn rank(&self) -> usize {
+        self.rank
+    }
+    fn size(&self) -> usize {
+        self.size
+    }
+    fn send(&self, to: usize, tag: u32, data: &[u8]) -> CommResult<()> {
+        self.alive(|t| t.send(to, tag, data))
+    }
+    fn recv(&self, from: usize, tag: u32, buf: &mut [u8]) -> CommResult<()> {
+        self.alive(|t| t.recv(from, tag, buf))
+    }
+    fn exchange(&self, ops: &mut [Op<'_>]) -> CommResult<()> {
+        self.alive(|t| t.exchange(ops))
+    }
+    fn split(&self, color: usize, key: usize) -> CommResult<Box<dyn Transport>> {
+        self.alive(|t| t.split(color, key))
+    }
+    fn barrier(&self) -> CommResult<()> {
+        self.alive(|t| t.barrier())
+    }
+    fn timeout(&self) -> Duration {
+        LOSS_TIMEOUT
+    }
+    fn set_timeout(&self, _: Duration) {}
+}
+
+/// The transport's timeout in the loss test: a survivor that waited for it instead of seeing
+/// the lost node's channels close fails the test.
+const LOSS_TIMEOUT: Duration = Duration::from_secs(30);
+
 #[test]
 fn a_node_lost_mid_exchange_fails_every_rank_and_serves_nothing_half_exchanged() {
     let tmp = ddl_testkit::scratch("exchange-loss");
     let data = tmp.path().join("data");
     dataset(&data, &[20, 20, 20], 3);
     let base: PathBuf = tmp.path().join("arenas");
-    let world = thread_group_with_timeout(3, Duration::from_secs(3));
+    let world = thread_group_with_timeout(3, LOSS_TIMEOUT);
     let threads: Vec<_> = world
         .into_iter()
         .enumerate()
@@ -149,26 +208,43 @@ fn a_node_lost_mid_exchange_fails_every_rank_and_serves_nothing_half_exchanged()
                 let residency = Residency { node, nodes: 3 };
                 let home =
                     Dataset::open(&data, "train", residency, &OpenOptions::default()).unwrap();
-                let t: Arc<dyn Transport> = Arc::new(t);
+                let t: Arc<dyn Transport> = if node == 2 {
+                    let inner = Mutex::new(Some(t));
+                    Arc::new(KilledAtTransfer {
+                        inner,
+                        rank: 2,
+                        size: 3,
+                    })
+                } else {
+                    Arc::new(t)
+                };
                 let mut x = Exchange::new(t, Arc::new(home), &data, config(0.5, 3, &base, true))?;
                 x.epoch(0)?;
                 if node == 2 {
-                    // Killed during epoch 0: its transport goes with it.
-                    std::mem::forget(x);
+                    // Killed once its transfer into epoch 1 starts: its transport goes with it.
+                    drop(x);
                     return Ok(());
                 }
                 x.epoch(1).map(|_| ())
             })
         })
         .collect();
+    let begun = Instant::now();
     let results: Vec<_> = threads.into_iter().map(|t| t.join().unwrap()).collect();
+    // Each survivor sees a node's channels close (node 2's, or those of the survivor that
+    // stopped first), none waits out the timeout.
+    let mut gone = Vec::new();
     for (node, r) in results.iter().enumerate().take(2) {
-        let e = r
-            .as_ref()
-            .expect_err("a survivor must not serve epoch 1")
-            .to_string();
-        assert!(e.contains("record exchange"), "node {node}: {e}");
+        match r.as_ref().expect_err("a survivor must not serve epoch 1") {
+            ExchangeError::Comm {
+                source: CommError::Disconnected { peer, .. },
+                ..
+            } => gone.push(*peer),
+            e => panic!("node {node} must see a node gone, not wait for it: {e}"),
+        }
     }
+    assert!(gone.contains(&2), "nobody saw node 2 gone: {gone:?}");
+    assert!(begun.elapsed() < LOSS_TIMEOUT, "{:?}", begun.elapsed());
 }
 
 #[test]
