@@ -271,7 +271,10 @@ fn resume_with_every_checkpoint_damaged_is_refused_and_touches_nothing() {
     let mut again = base(&data, &ckpt);
     again.resume = true;
     again.max_steps = Some(6);
-    let e = run(&again).unwrap_err();
+    // On three ranks: rank 0 reads the directory and refuses; the others refuse with it,
+    // saying the same, instead of starting from scratch or waiting for rank 0.
+    let results = common::try_all(&again, 3);
+    let e = results[0].as_ref().unwrap_err();
     assert!(
         matches!(e, TrainError::NoIntactCheckpoint { damaged: 3, .. }),
         "{e}"
@@ -281,6 +284,12 @@ fn resume_with_every_checkpoint_damaged_is_refused_and_touches_nothing() {
         msg.contains("--resume") && msg.contains("--restart"),
         "{msg}"
     );
+    for (rank, r) in results.iter().enumerate().skip(1) {
+        match r {
+            Err(TrainError::FromRoot(theirs)) => assert_eq!(theirs, &msg, "rank {rank}"),
+            other => panic!("rank {rank} must refuse with rank 0: {other:?}"),
+        }
+    }
     assert_eq!(
         contents(&ckpt),
         before,
