@@ -144,6 +144,58 @@ fn a_node_killed_mid_exchange_stops_the_job_and_two_survivors_finish_its_work() 
     }
 }
 
+/// Copies the checkpoint files of `from` into a new directory `to`.
+fn copy_checkpoints(from: &Path, to: &Path) {
+    std::fs::create_dir_all(to).unwrap();
+    for path in checkpoint::list(from).unwrap() {
+        std::fs::copy(&path, to.join(path.file_name().unwrap())).unwrap();
+    }
+}
+
+#[test]
+fn a_resume_onto_more_ranks_than_one_step_of_records_left_finishes() {
+    // 2 classes x 20 images in 4 shards: 20 per node on 2 nodes, 5 steps of 2 x 4.
+    let tmp = scratch("exchange-more-ranks");
+    let spec = SynthSpec {
+        classes: 2,
+        per_class: 20,
+        val_per_class: 1,
+        seed: 3,
+        shards: 4,
+        max_short_side: 40,
+    };
+    let shards = synth_and_pack(tmp.path(), &spec);
+    let train = |np: usize, run: &Path| {
+        let mut cmd = mpirun_train(np, &shards);
+        cmd.args(["--residency", "rank", "--exchange", "0.5"])
+            .args(["--image-size", "16", "--devices", "cpu:1", "--batch", "4"])
+            .args(["--epochs", "2", "--no-eval", "--comm-timeout", "20"])
+            .args(["--checkpoint-every", "1", "--stage"])
+            .arg(run.join("stage"))
+            .arg("--checkpoint-dir")
+            .arg(run.join("ckpt"));
+        cmd
+    };
+    let first = tmp.path().join("first");
+    run_ok(train(2, &first).args(["--max-steps", "4"]));
+    // Step 4 of 5 onto 4 ranks: 8 records left, a step of 16. Before, a rank's allreduce
+    // call check and its record exchange's thread waited for each other's requests across
+    // ranks, and 5 of 6 such resumes waited out --comm-timeout; each try here did so alike.
+    for attempt in 0..2 {
+        let again = tmp.path().join(format!("again-{attempt}"));
+        copy_checkpoints(&first.join("ckpt"), &again.join("ckpt"));
+        let mut cmd = train(4, &again);
+        cmd.args(["--resume", "--allow-new-layout"]);
+        let out = Launched::start(&mut cmd).wait_within(Duration::from_secs(120));
+        let said = printed(&out);
+        assert!(out.status.success(), "try {attempt}: {said}");
+        assert!(
+            said.contains("resume: epoch 0 had served 32 of 40 records"),
+            "try {attempt}: {said}"
+        );
+    }
+}
+
 #[test]
 fn exchange_on_one_node_is_a_note() {
     let tmp = scratch("exchange-one-node");
