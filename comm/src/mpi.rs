@@ -3,9 +3,12 @@
 //!
 //! Point-to-point operations are posted with `MPI_Isend` / `MPI_Irecv` and completed by
 //! polling `MPI_Test` until the operation timeout; a peer that never answers makes the call
-//! fail with [`CommError::Timeout`] instead of hanging. After such an error the job is in an
-//! undefined state (cancelled requests may still touch the buffers of the failed call): the
-//! caller must end it with [`World::abort`](crate::world::World::abort).
+//! fail with [`CommError::Timeout`] instead of hanging, and a waiting rank looks for another
+//! rank's failure notice every 50 ms (`comm/src/failure.rs`), failing with
+//! [`CommError::PeerFailed`] when one came. After such an error the job is in an undefined
+//! state (cancelled requests may still touch the buffers of the failed call): the caller
+//! must end it with [`World::end_failed`](crate::world::World::end_failed) or
+//! [`World::abort`](crate::world::World::abort).
 //!
 //! Polling: while every rank has a core of its own, a waiting rank spins on `MPI_Test`
 //! (lowest latency). When a node runs more ranks, or more CPU replicas, than they have cores
