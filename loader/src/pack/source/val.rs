@@ -62,13 +62,12 @@ pub(super) fn find_labels(input: &Path, val: &Path, opts: &SourceOptions) -> Res
     Err(input_err(
         val,
         format!(
-            "holds validation images without labels: no ImageNet devkit (\
-             ILSVRC2012_devkit_t12.tar.gz from image-net.org, or its extracted folder) in {}, \
-             and no {KAGGLE_CSV} (Kaggle) or {} in it, in {} or up to three levels above; \
-             put the devkit beside the images",
+            "holds validation images without labels: no ImageNet devkit \
+             (ILSVRC2012_devkit_t12.tar.gz from image-net.org, or its extracted folder) in {}, \
+             and no {KAGGLE_CSV} (Kaggle) or {} there or up to three levels above; put the \
+             devkit beside the images",
             input.display(),
             devkit::GROUND_TRUTH,
-            val.display(),
         ),
     ))
 }
