@@ -95,6 +95,46 @@ fn last_epoch(metrics: &Path) -> serde_json::Value {
         .expect("epoch lines")
 }
 
+/// The global step at which `ranks` ranks said in `output` that SIGTERM stopped them: one
+/// `stopped by SIGTERM after global step N ...: checkpoint PATH written; ... --resume ...`
+/// line each, all naming step N and its checkpoint `checkpoint(N)`, and no rank exiting at
+/// once instead. Panics with `output` otherwise.
+pub fn sigterm_stop_step(output: &str, ranks: usize, checkpoint: impl Fn(u64) -> PathBuf) -> u64 {
+    let lines: Vec<&str> = output
+        .lines()
+        .filter(|l| l.contains("stopped by SIGTERM after global step"))
+        .collect();
+    assert_eq!(lines.len(), ranks, "one stop line per rank: {output}");
+    assert!(!output.contains("exiting now"), "{output}");
+    let step: u64 = lines[0]
+        .split("global step ")
+        .nth(1)
+        .and_then(|s| s.split_whitespace().next())
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(|| panic!("no step in {:?}", lines[0]));
+    let path = checkpoint(step).display().to_string();
+    for l in &lines {
+        assert!(
+            l.contains(&format!("global step {step} "))
+                && l.contains(&path)
+                && l.contains("--resume"),
+            "ranks disagree on where to resume: {output}"
+        );
+    }
+    step
+}
+
+/// 160 training images of 4 classes (10 steps per epoch at 2 ranks x batch 8), 8 val images,
+/// 2 shards: the data of the tests that stop a job and resume it.
+pub const RESUME_DATA: SynthSpec = SynthSpec {
+    classes: 4,
+    per_class: 40,
+    val_per_class: 2,
+    seed: 9,
+    shards: 2,
+    max_short_side: 48,
+};
+
 /// What [`synth_and_pack`] writes: a `ddl-synth` tree and its shards.
 pub struct SynthSpec {
     /// Classes.
