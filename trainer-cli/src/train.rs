@@ -362,6 +362,7 @@ impl Args {
             on_bad_record: self.on_bad_record,
             verbose: self.verbose,
             stop,
+            kill_timing: None,
         })
     }
 }

@@ -19,7 +19,7 @@ use crate::error::{Result, TrainError};
 use crate::model::ModelKind;
 use crate::schedule::DecayKind;
 use crate::setting::settings;
-use crate::signal::StopRequest;
+use crate::signal::{KillTiming, StopRequest};
 use crate::size_schedule::SizeSchedule;
 
 /// Serializes a flag value as it is written on the command line.
@@ -278,6 +278,11 @@ settings! {
         /// Raised by SIGTERM/SIGINT (see [`crate::signal`]): the run stops after the current step.
         #[serde(skip)]
         stop: StopRequest = StopRequest::default(),
+        /// How long the job's scheduler leaves a stop (under Slurm, see [`crate::slurm`]): the
+        /// run says it at the start, warns when a stop cannot fit, and stops itself ahead of
+        /// a time limit that would leave too little.
+        #[serde(skip)]
+        kill_timing: Option<KillTiming> = None,
     }
     others {
         /// The device of [`crate::predict`].

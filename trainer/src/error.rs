@@ -174,17 +174,18 @@ pub enum TrainError {
     /// Rank 0 failed with this message in a decision it shares with every rank.
     #[error("{0}")]
     FromRoot(String),
-    /// A SIGTERM or SIGINT stopped the run after a step; all ranks agreed on it.
+    /// A SIGTERM or SIGINT (or the job's time limit ahead) stopped the run after a step; all
+    /// ranks agreed on it.
     #[error(
-        "stopped by {} after global step {global_step} (epoch {epoch}, step {step}): {}",
-        .signal.name(),
+        "stopped {} after global step {global_step} (epoch {epoch}, step {step}): {}",
+        .signal.cause(),
         .checkpoint.as_ref().map_or(
             format!("no {}, so nothing was saved", Setting::CheckpointDir),
             |p| format!("checkpoint {} written; run the same command with {} to continue", p.display(), Setting::Resume)
         )
     )]
     Preempted {
-        /// The signal.
+        /// The signal (or the time limit).
         signal: crate::signal::StopSignal,
         /// Optimizer steps completed.
         global_step: u64,

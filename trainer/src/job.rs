@@ -6,6 +6,8 @@ use std::sync::Arc;
 use ddl_comm::mpi::Polling;
 use ddl_comm::{thread_group, CommError, Topology, Transport, World};
 
+use crate::slurm::SlurmJob;
+
 /// This process's job.
 pub enum Job {
     /// Ranks started by an MPI launcher.
@@ -80,6 +82,19 @@ impl Job {
             Job::Mpi(w) => w.binding().warning(threads),
             Job::Alone(_) => None,
         }
+    }
+
+    /// What Slurm says about this job ([`SlurmJob::query`], by rank 0, shared with every
+    /// rank), `None` outside a Slurm job. Collective.
+    pub fn slurm(&self) -> Result<Option<SlurmJob>, CommError> {
+        let transport = self.transport();
+        let mine = (transport.rank() == 0)
+            .then(SlurmJob::id_from_env)
+            .flatten()
+            .map(|id| SlurmJob::query(&id));
+        let bytes = serde_json::to_vec(&mine).unwrap_or_default();
+        let shared = ddl_comm::collective::broadcast_bytes(&*transport, bytes)?;
+        Ok(serde_json::from_slice(&shared).unwrap_or_default())
     }
 
     /// Ends this process, which failed with `reason`, and the whole job with exit code

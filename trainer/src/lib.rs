@@ -14,7 +14,8 @@
 //!   command lines are the crate ddl-trainer-cli).
 //! - [`train`](mod@train): the per-rank driver used by `ddl-train` (and by tests over in-process ranks).
 //! - [`metrics`]: JSON-lines metrics.
-//! - [`signal`]: SIGTERM/SIGINT stop a run after a step, with a checkpoint to resume from.
+//! - [`signal`]: SIGTERM/SIGINT stop a run after a step, with a checkpoint to resume from;
+//!   [`slurm`]: what Slurm says about how long such a stop has.
 //! - [`run_flags`]: which flags a resumed run must share with its checkpoint.
 //! - [`memory`]: the parameter copies and gradient buckets a rank holds (`ddl-plan`).
 //! - [`validate`]: range checks of the numeric flags and the batch-memory estimate.
@@ -72,6 +73,7 @@ pub mod schedule;
 pub mod setting;
 pub mod signal;
 pub mod size_schedule;
+pub mod slurm;
 pub mod table;
 mod trace_records;
 pub mod train;

@@ -17,20 +17,27 @@
 
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use crate::console::eprint_line;
 
 use signal_hook::consts::{SIGINT, SIGTERM};
 
-/// A signal that asks a run to stop.
+/// What stops a run before its end: a signal, or the job's time limit ahead.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum StopSignal {
     /// SIGTERM: a scheduler's (or `kill`'s) request to terminate.
     Term,
     /// SIGINT: Ctrl-C.
     Int,
+    /// No signal: the run stops itself ahead of its job's time limit, because the limit's
+    /// SIGKILL would come before a stop begun at its SIGTERM could write the checkpoint
+    /// ([`KillTiming`]).
+    TimeLimit,
 }
+
+/// [`StopSignal::TimeLimit`] in the flag (the signals are stored as their numbers).
+const TIME_LIMIT_RAW: usize = 0x100;
 
 impl StopSignal {
     /// The signal's name.
@@ -38,25 +45,55 @@ impl StopSignal {
         match self {
             StopSignal::Term => "SIGTERM",
             StopSignal::Int => "SIGINT",
+            StopSignal::TimeLimit => "the job's time limit",
+        }
+    }
+
+    /// How the run stopped, after "stopped": `by SIGTERM`.
+    pub fn cause(self) -> String {
+        match self {
+            StopSignal::TimeLimit => "ahead of the job's time limit".to_string(),
+            signal => format!("by {}", signal.name()),
         }
     }
 
     /// The exit status of a process stopped by this signal (128 + the signal's number, as a
-    /// shell reports a process killed by it).
+    /// shell reports a process killed by it; the time limit's SIGTERM for a stop ahead of it).
     pub fn exit_code(self) -> i32 {
         128 + match self {
-            StopSignal::Term => SIGTERM,
+            StopSignal::Term | StopSignal::TimeLimit => SIGTERM,
             StopSignal::Int => SIGINT,
         }
     }
 
+    fn raw(self) -> usize {
+        match self {
+            StopSignal::Term => SIGTERM as usize,
+            StopSignal::Int => SIGINT as usize,
+            StopSignal::TimeLimit => TIME_LIMIT_RAW,
+        }
+    }
+
     fn from_raw(raw: usize) -> Option<StopSignal> {
-        match raw as i32 {
+        match raw {
             0 => None,
-            SIGINT => Some(StopSignal::Int),
+            TIME_LIMIT_RAW => Some(StopSignal::TimeLimit),
+            r if r == SIGINT as usize => Some(StopSignal::Int),
             _ => Some(StopSignal::Term),
         }
     }
+}
+
+/// How long the job's scheduler leaves a stop: from its SIGTERM to its SIGKILL, and when the
+/// job's time limit brings SIGKILL at the earliest. [`crate::slurm`] reads them under Slurm.
+#[derive(Clone, Debug, Default)]
+pub struct KillTiming {
+    /// SIGTERM to SIGKILL, and what sets it, for messages (`Slurm's KillWait`).
+    pub grace: Option<(Duration, String)>,
+    /// The earliest SIGKILL of the job's time limit.
+    pub kill_by: Option<Instant>,
+    /// What the run's start-up line says about it.
+    pub said: String,
 }
 
 /// A SIGINT this soon after the first stop signal is part of the same stop (one Ctrl-C can
@@ -207,13 +244,9 @@ impl StopRequest {
 
     /// Raises the flag as `signal` would (for drivers that learn of a stop otherwise, and tests).
     pub fn request(&self, signal: StopSignal) {
-        let raw = match signal {
-            StopSignal::Term => SIGTERM,
-            StopSignal::Int => SIGINT,
-        };
         let _ = self
             .signal
-            .compare_exchange(0, raw as usize, Ordering::SeqCst, Ordering::SeqCst);
+            .compare_exchange(0, signal.raw(), Ordering::SeqCst, Ordering::SeqCst);
     }
 
     /// The first stop signal received, if any.
@@ -236,6 +269,10 @@ mod tests {
         assert_eq!(a.requested(), Some(StopSignal::Int));
         assert_eq!(StopSignal::Int.exit_code(), 130);
         assert_eq!(StopSignal::Term.exit_code(), 143);
+        let c = StopRequest::default();
+        c.request(StopSignal::TimeLimit);
+        assert_eq!(c.requested(), Some(StopSignal::TimeLimit));
+        assert_eq!(StopSignal::TimeLimit.exit_code(), 143);
     }
 
     #[test]

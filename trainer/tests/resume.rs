@@ -6,8 +6,12 @@
 
 use crate::common;
 
+use std::time::{Duration, Instant};
+
 use ddl_trainer::checkpoint::{self, Checkpoint};
 use ddl_trainer::config::Overlap;
+use ddl_trainer::signal::{KillTiming, StopSignal};
+use ddl_trainer::TrainError;
 
 #[test]
 fn resume_is_bitwise_exact() {
@@ -87,4 +91,47 @@ fn resume_is_bitwise_exact() {
     assert!(s.warnings[0].contains("damaged"));
     assert!(s.resumed_from.unwrap().ends_with(checkpoint::file_name(7)));
     assert!(std::fs::read(dir.join("fallback.bin")).unwrap() == want);
+}
+
+/// A job whose time limit would bring SIGKILL before a stop begun at the limit's SIGTERM could
+/// write its checkpoint (a step and a write are longer than the scheduler's grace) stops by
+/// itself ahead of it, on every rank after the same step, with the checkpoint written there;
+/// with the limit far ahead it trains on.
+#[test]
+fn a_run_stops_ahead_of_a_time_limit_it_could_not_stop_in() {
+    let tmp = ddl_testkit::scratch("time-limit");
+    let data = tmp.path().join("data");
+    // 4 classes x 8 = 32 records; batch 4 x 2 ranks: 4 steps per epoch.
+    common::make_dataset(&data, 4, 8, 2, 1, 1, 36);
+    let timing = |kill_in: Duration| KillTiming {
+        grace: Some((Duration::from_secs(1), "the test's scheduler".into())),
+        kill_by: Some(Instant::now() + kill_in),
+        said: String::new(),
+    };
+    let mut cfg = common::config(&data, "resnet_small", 4, "cpu:1");
+    cfg.epochs = 2;
+    cfg.checkpoint_dir = Some(tmp.path().join("ck"));
+    // SIGKILL due in a second: less than any step, write and margin.
+    cfg.kill_timing = Some(timing(Duration::from_secs(1)));
+    let results = common::try_all(&cfg, 2);
+    for r in &results {
+        match r {
+            Err(TrainError::Preempted {
+                signal: StopSignal::TimeLimit,
+                global_step: 1,
+                checkpoint: Some(path),
+                ..
+            }) => assert_eq!(Checkpoint::read(path).unwrap().meta.global_step, 1),
+            other => panic!("expected a stop ahead of the time limit at step 1: {other:?}"),
+        }
+    }
+    let stopped = results[0].as_ref().unwrap_err().to_string();
+    assert!(
+        stopped.starts_with("stopped ahead of the job's time limit after global step 1"),
+        "{stopped}"
+    );
+
+    cfg.checkpoint_dir = Some(tmp.path().join("ck-far"));
+    cfg.kill_timing = Some(timing(Duration::from_secs(3600)));
+    assert_eq!(common::run_ranks(&cfg, 2).global_steps, 8);
 }

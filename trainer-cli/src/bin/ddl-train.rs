@@ -7,6 +7,7 @@
 
 use std::io::IsTerminal;
 use std::sync::Arc;
+use std::time::Instant;
 
 use anyhow::Context;
 use clap::{CommandFactory, Parser};
@@ -14,6 +15,7 @@ use ddl_comm::Transport;
 use ddl_trainer::console::eprint_line;
 use ddl_trainer::job::Job;
 use ddl_trainer::signal::StopRequest;
+use ddl_trainer::slurm::{self, MpirunKill};
 use ddl_trainer::{TrainError, TrainSummary};
 use ddl_trainer_cli::train::Args;
 
@@ -30,16 +32,24 @@ fn main() -> anyhow::Result<()> {
     // in a shard mapping names the shard.
     let stop = StopRequest::install().context("installing the SIGTERM/SIGINT handlers")?;
     ddl_loader::fault::report_sigbus().context("installing the SIGBUS report")?;
+    // Before MPI starts: whether Open MPI's launcher started this process.
+    let mpirun = MpirunKill::from_env();
     let job = Job::start().context("starting the job")?;
     let transport: Arc<dyn Transport> = job.transport();
     let rank = transport.rank();
+    let slurm = job.slurm().context("asking Slurm about the job")?;
+    let asked = Instant::now();
     let trace = cli.trace.clone();
     if trace.is_some() {
         ddl_trace::set_pid(rank as u32);
         ddl_trace::set_thread_name("main");
         ddl_trace::enable();
     }
-    let cfg = cli.config(stop)?;
+    let mut cfg = cli.config(stop)?;
+    cfg.kill_timing = slurm.as_ref().map(|s| s.timing(asked, mpirun.as_ref()));
+    // Under mpirun the ranks' output goes through daemons that Slurm stops with them: the last
+    // lines go to the batch job's output file itself.
+    let last_lines_to = slurm.and_then(|s| s.stderr).filter(|_| mpirun.is_some());
     let place = job.info();
     // An error resolving the devices is the run's to report, with the others.
     let devices = cfg
@@ -79,7 +89,13 @@ fn main() -> anyhow::Result<()> {
         Err(e) => {
             if let TrainError::Preempted { signal, .. } = &e {
                 // Every rank stopped after the same step: leave MPI together, no abort.
-                eprint_line(&format!("ddl-train (rank {rank}): {e}"));
+                let line = format!("ddl-train (rank {rank}): {e}");
+                let appended = last_lines_to
+                    .as_deref()
+                    .is_some_and(|f| slurm::append_line(f, &line).is_ok());
+                if !appended {
+                    eprint_line(&line);
+                }
                 let code = signal.exit_code();
                 drop(job);
                 std::process::exit(code);

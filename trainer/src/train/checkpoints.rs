@@ -117,6 +117,7 @@ impl Run<'_> {
             return Ok(());
         };
         self.last_checkpoint = Some(global);
+        let started = std::time::Instant::now();
         let _span = ddl_trace::span_args(
             "checkpoint",
             "train",
@@ -193,6 +194,9 @@ impl Run<'_> {
         let written = ck.write(&dir);
         hold.release(written.as_deref().map_err(|e| e.to_string()));
         written?;
+        if let Some(budget) = &mut self.budget {
+            budget.wrote(started.elapsed());
+        }
         checkpoint::prune(&dir, self.cfg.keep_checkpoints, global)?;
         Ok(())
     }

@@ -38,6 +38,7 @@ mod elastic;
 mod epoch_record;
 mod head;
 mod run_plan;
+mod stop_budget;
 mod synthetic;
 mod tuning;
 mod weights_io;
@@ -46,6 +47,7 @@ use checkpoints::{bytes_to_u64s, u64s_to_bytes};
 use data::open_data;
 use epoch_record::{epoch_line, EpochAcc};
 use run_plan::{plan, Plan};
+use stop_budget::StopBudget;
 use weights_io::EvalAt;
 
 pub use crate::job::RankInfo;
@@ -101,6 +103,8 @@ struct Run<'a> {
     bad_unpublished: Vec<(BadRecordUse, BadRecord)>,
     /// Global step of the last checkpoint written.
     last_checkpoint: Option<u64>,
+    /// Whether a stop fits the scheduler's grace (with a checkpoint directory, under one).
+    budget: Option<StopBudget>,
     /// The last evaluation's accuracies and the step of the weights it measured.
     last_eval: Option<EvalAt>,
     /// `num_batches_tracked` of each BatchNorm in the `init_from` file (empty from scratch):
@@ -257,6 +261,19 @@ fn train_rank(
     let table = Table::new(table_cfg)?;
     let bar = (rank == 0 && cfg.verbose && std::io::stderr().is_terminal())
         .then(|| progress_bar(steps_per_epoch));
+    let budget = cfg
+        .kill_timing
+        .clone()
+        .filter(|_| cfg.checkpoint_dir.is_some())
+        .map(|t| {
+            // A checkpoint holds the weights and the momentum, 4 bytes each.
+            let values: i64 = table
+                .layout()
+                .model_params()
+                .map(|p| p.shape.iter().product::<i64>())
+                .sum();
+            StopBudget::new(t, values as u64 * 8)
+        });
     let run = Run {
         cfg,
         plan,
@@ -275,6 +292,7 @@ fn train_rank(
         bad_seen: HashSet::new(),
         bad_unpublished: Vec::new(),
         last_checkpoint: None,
+        budget,
         last_eval: None,
         batches_tracked_base: Default::default(),
     };
@@ -404,7 +422,8 @@ impl Run<'_> {
     }
 
     /// The run's opening line: the model, the layout, the data, the schedule and the
-    /// communication; `min_node`: train records of the node with the fewest.
+    /// communication, and what the scheduler leaves a stop; `min_node`: train records of the node
+    /// with the fewest.
     fn print_start(&self, world: usize, min_node: usize, overlap: Overlap) {
         let (cfg, plan) = (self.cfg, &self.plan);
         let replicas = plan.devices.len();
@@ -412,7 +431,7 @@ impl Run<'_> {
         let devs: Vec<String> = plan.devices.iter().map(|d| format!("{d:?}")).collect();
         ddl_cli::outln!(
             "ddl-train: {} on {} rank(s) x {} replica(s) [{}], {} classes{}, {} train images/node (min), \
-             global batch {}, peak lr {:.4}, {} steps/epoch, allreduce {}, overlap {}, comm order {}, {} bucket(s){}",
+             global batch {}, peak lr {:.4}, {} steps/epoch, allreduce {}, overlap {}, comm order {}, {} bucket(s){}{}",
             cfg.model,
             world,
             replicas,
@@ -440,6 +459,9 @@ impl Run<'_> {
             } else {
                 ""
             },
+            cfg.kill_timing
+                .as_ref()
+                .map_or(String::new(), |t| format!("; {}", t.said)),
         );
     }
 
@@ -690,23 +712,36 @@ impl Run<'_> {
         Ok(std::mem::take(&mut self.summary))
     }
 
-    /// Whether any rank received a stop signal: every rank calls it after the same step, so all
-    /// stop together (the signal may have reached only some of them).
-    fn agreed_stop(&self) -> Result<Option<StopSignal>> {
-        let mut votes = [0f32; 2];
-        match self.cfg.stop.requested() {
-            Some(StopSignal::Term) => votes[0] = 1.0,
-            Some(StopSignal::Int) => votes[1] = 1.0,
-            None => {}
+    /// Whether any rank received a stop signal, or rank 0 sees the job's time limit too near
+    /// for a stop after its SIGTERM ([`StopBudget`]): every rank calls it after the same step,
+    /// so all stop together (the signal may have reached only some of them).
+    fn agreed_stop(&mut self) -> Result<Option<StopSignal>> {
+        const ORDER: [StopSignal; 3] = [StopSignal::Term, StopSignal::Int, StopSignal::TimeLimit];
+        let mut votes = [0f32; ORDER.len()];
+        let root = self.is_root();
+        let mut near = false;
+        if let Some(budget) = &mut self.budget {
+            let now = Instant::now();
+            budget.check(now);
+            near = root && budget.time_limit_near(now);
+            if let Some(warning) = budget.warning().filter(|_| root) {
+                eprint_line(&format!("ddl-train: warning: {warning}"));
+            }
+        }
+        let wanted = self
+            .cfg
+            .stop
+            .requested()
+            .or(near.then_some(StopSignal::TimeLimit));
+        for (vote, signal) in votes.iter_mut().zip(ORDER) {
+            *vote = f32::from(u8::from(wanted == Some(signal)));
         }
         self.comm.allreduce_sum(&mut votes)?;
-        Ok(if votes[0] > 0.0 {
-            Some(StopSignal::Term)
-        } else if votes[1] > 0.0 {
-            Some(StopSignal::Int)
-        } else {
-            None
-        })
+        Ok(ORDER
+            .into_iter()
+            .zip(votes)
+            .find(|&(_, v)| v > 0.0)
+            .map(|(s, _)| s))
     }
 
     /// Stops the run after `global` steps, positioned at (`epoch`, `step`): writes the
