@@ -61,22 +61,35 @@ impl std::fmt::Debug for World {
 }
 
 /// Variables that MPI launchers set in the processes they start: Open MPI's mpirun, PMI
-/// (MPICH's hydra, Intel MPI), PMIx, and Slurm's srun.
-const LAUNCHER_VARS: [&str; 6] = [
+/// (MPICH's hydra, Intel MPI; srun --mpi=pmi2), PMIx (srun --mpi=pmix).
+const LAUNCHER_VARS: [&str; 5] = [
     "OMPI_COMM_WORLD_SIZE",
     "PMI_SIZE",
     "PMI_RANK",
     "PMIX_RANK",
     "MPI_LOCALNRANKS",
-    "SLURM_PROCID",
 ];
+
+/// The tasks of the Slurm job step that srun started this process in without an MPI plugin
+/// (`srun` without `--mpi=pmix` where the cluster's `MpiDefault` is `none`): MPI cannot
+/// start there. A batch shell (no `SLURM_STEP_ID`) is no step: its `SLURM_NTASKS` is the
+/// allocation's, not a world this process belongs to.
+fn srun_step_without_mpi() -> Option<usize> {
+    std::env::var_os("SLURM_STEP_ID")?;
+    if LAUNCHER_VARS.iter().any(|v| std::env::var_os(v).is_some()) {
+        return None;
+    }
+    std::env::var("SLURM_STEP_NUM_TASKS").ok()?.parse().ok()
+}
 
 impl World {
     /// Whether an MPI launcher (mpirun, mpiexec, srun) started this process. A program started
     /// alone may run as a job of one rank without initialising MPI at all, which then needs no
-    /// MPI installation beyond the library it links.
+    /// MPI installation beyond the library it links; so does a task that srun started alone
+    /// without an MPI plugin. Several such tasks are launched (and refused by [`World::init`]).
     pub fn launched() -> bool {
         LAUNCHER_VARS.iter().any(|v| std::env::var_os(v).is_some())
+            || srun_step_without_mpi().is_some_and(|tasks| tasks > 1)
     }
 
     /// Initialises MPI (requesting MPI_THREAD_SERIALIZED, see [`World::init_with_timeout`])
@@ -119,6 +132,14 @@ impl World {
     /// Initialises MPI requesting thread level `requested` (or joins it, see
     /// [`World::init_with_timeout`]).
     fn init_at(timeout: Duration, requested: Threading) -> Result<World> {
+        if let Some(tasks) = srun_step_without_mpi() {
+            return Err(CommError::Unsupported(format!(
+                "srun started this task (one of {tasks}) without an MPI plugin, so MPI cannot \
+                 start: run `srun --mpi=pmix ...` (or set MpiDefault=pmix in slurm.conf; \
+                 `srun --mpi=list` lists the plugins); on a cluster without PMIx, run `mpirun` \
+                 inside the allocation (sbatch or salloc)"
+            )));
+        }
         let (env, joined) = start_env(requested)?;
         let world_comm = world_communicator(&env, joined)?;
         let world = MpiTransport::wrap(env.clone(), world_comm, joined, timeout)?;
