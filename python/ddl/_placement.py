@@ -7,6 +7,8 @@ knows them exactly once initialised, otherwise they come from the launcher's env
 from __future__ import annotations
 
 import os
+import re
+import warnings
 from dataclasses import dataclass
 from typing import Mapping, Optional, Tuple
 
@@ -43,8 +45,6 @@ _MPI_LAUNCHERS = [
      ("OMPI_COMM_WORLD_LOCAL_RANK",), ("OMPI_COMM_WORLD_LOCAL_SIZE",)),
     ("PMI", ("PMI_RANK", "PMIX_RANK"), ("PMI_SIZE",),
      ("MPI_LOCALRANKID", "PMI_LOCAL_RANK"), ("MPI_LOCALNRANKS", "PMI_LOCAL_SIZE")),
-    ("Slurm", ("SLURM_PROCID",), ("SLURM_NTASKS",),
-     ("SLURM_LOCALID",), ("SLURM_NTASKS_PER_NODE",)),
 ]
 #: torchrun's (and any launcher's that follows its convention, e.g. Kubeflow's PyTorchJob).
 _TORCHRUN = ("torchrun", ("RANK",), ("WORLD_SIZE",), ("LOCAL_RANK",), ("LOCAL_WORLD_SIZE",))
@@ -64,14 +64,45 @@ def _launcher_placement(env: Mapping[str, str], launcher: tuple) -> Optional[Pla
     return _checked(rank, size, local_rank, local_size, source)
 
 
+def _slurm_placement(env: Mapping[str, str], alone: bool) -> Optional[Placement]:
+    """The position srun gave this process, only inside a job step (a task that srun
+    started, which has ``SLURM_STEP_ID``): a batch shell's ``SLURM_PROCID`` and
+    ``SLURM_NTASKS`` describe the allocation, not a world this process belongs to. There a
+    process that no other launcher started (``alone``) is a world of one, and says so when
+    the allocation has several tasks. The node layout is the step's when every node runs as
+    many of its tasks (``SLURM_STEP_TASKS_PER_NODE``: ``4(x2)``), else a node per task."""
+    if "SLURM_STEP_ID" not in env:
+        tasks = _int(env, "SLURM_NTASKS")
+        if alone and tasks is not None and tasks > 1:
+            warnings.warn(
+                f"this process runs in the batch shell of Slurm job "
+                f"{env.get('SLURM_JOB_ID', '?')}, not in a job step of its {tasks} tasks "
+                "(SLURM_NTASKS): it is a world of one and a ddl.Loader serves it the whole "
+                "split; start one process per task with `srun --mpi=pmix python ...`",
+                RuntimeWarning)
+        return None
+    rank, size = _int(env, "SLURM_PROCID"), _int(env, "SLURM_STEP_NUM_TASKS")
+    if rank is None or size is None:
+        return None
+    per_node = {m.group(1) if m else None for m in (
+        re.fullmatch(r"(\d+)(\(x\d+\))?", part)
+        for part in env.get("SLURM_STEP_TASKS_PER_NODE", "").split(","))}
+    local_rank = _int(env, "SLURM_LOCALID")
+    if len(per_node) != 1 or None in per_node or local_rank is None:
+        return _checked(rank, size, 0, 1, "Slurm")
+    return _checked(rank, size, local_rank, int(per_node.pop()), "Slurm")
+
+
 def launcher(env: Mapping[str, str]) -> Tuple[str, Optional[Placement]]:
     """What started this process, as ``(backend, placement)``: ``"mpi"`` for an MPI launcher
     (mpirun, mpiexec, srun) or none at all, ``"tcp"`` for torchrun and other launchers that
     set RANK / WORLD_SIZE / MASTER_ADDR / MASTER_PORT. An environment where an MPI launcher
     and torchrun's variables give different positions is refused (ValueError naming both):
-    ranks would otherwise disagree on who they are without a word."""
+    ranks would otherwise disagree on who they are without a word. Slurm's variables count
+    only inside a job step (:func:`_slurm_placement`)."""
     mpi = next((p for p in (_launcher_placement(env, l) for l in _MPI_LAUNCHERS) if p), None)
     torchrun = _launcher_placement(env, _TORCHRUN)
+    mpi = mpi or _slurm_placement(env, alone=torchrun is None)
     if mpi is not None and torchrun is not None and (
             mpi.rank, mpi.world_size) != (torchrun.rank, torchrun.world_size):
         raise ValueError(

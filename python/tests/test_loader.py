@@ -82,6 +82,28 @@ def test_pixels_equal_the_rust_pipeline_for_every_placement(
     assert np.array_equal(np.concatenate([x.numpy().ravel() for x, _ in got]), images)
 
 
+def test_slurm_variables_count_only_inside_a_job_step(
+        shards: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    for k in [k for k in os.environ if k.startswith(("OMPI_", "PMIX_", "PMI_", "SLURM_"))]:
+        monkeypatch.delenv(k)
+    # The batch shell of `sbatch -n 2`, no srun: a world of one, serving every record.
+    for k, v in {"SLURM_JOB_ID": "42", "SLURM_PROCID": "0", "SLURM_NTASKS": "2",
+                 "SLURM_LOCALID": "0", "SLURM_TASKS_PER_NODE": "2"}.items():
+        monkeypatch.setenv(k, v)
+    with pytest.warns(RuntimeWarning, match="Slurm job 42, not in a job step of its 2 tasks"):
+        shell = ddl.Loader(shards, batch_size=4, image_size=32, workers=1)
+    assert shell.placement.world_size == 1
+    assert len(shell.sampler) == len(shell.dataset)
+    # A task that srun started: rank 1 of the step's 2 tasks, both on one node.
+    for k, v in {"SLURM_STEP_ID": "0", "SLURM_PROCID": "1", "SLURM_STEP_NUM_TASKS": "2",
+                 "SLURM_LOCALID": "1", "SLURM_STEP_TASKS_PER_NODE": "2"}.items():
+        monkeypatch.setenv(k, v)
+    step = ddl.Loader(shards, batch_size=4, image_size=32, workers=1)
+    place = step.placement
+    assert (place.rank, place.world_size, place.local_rank, place.nodes) == (1, 2, 1, 1)
+    assert len(step.sampler) <= (len(step.dataset) + 1) // 2
+
+
 def test_batches_do_not_depend_on_workers_and_change_with_epoch(shards: Path) -> None:
     one = collect(ddl.Loader(shards, batch_size=8, image_size=32, workers=1))
     three = collect(ddl.Loader(shards, batch_size=8, image_size=32, workers=3, prefetch=4))
