@@ -158,6 +158,17 @@ pub enum LoaderError {
         source: serde_json::Error,
     },
 
+    /// A record trace file is held by another writer: a run or loader given the same path.
+    #[error(
+        "record trace {path}: another run or loader is writing this file (it holds the \
+         file's lock); give each its own trace path",
+        path = .path.display()
+    )]
+    TraceBusy {
+        /// The trace file.
+        path: PathBuf,
+    },
+
     /// `manifest.json` parsed but its content is inconsistent.
     #[error("{path}: invalid manifest: {reason}", path = .path.display())]
     Manifest {

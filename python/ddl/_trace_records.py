@@ -12,25 +12,32 @@ from . import _ddl
 
 class RecordTrace:
     """One rank's record trace of a loader: ``PATH`` for a job of one rank, ``PATH.<rank>``
-    for several. A batch's ids are noted when the loader takes the batch from the pipeline
-    (:meth:`take`) and written when the consumer receives it (:meth:`deliver`): a batch staged
-    ahead (``device="cuda"``) and never delivered is never written. The file is opened at the
-    first delivery: emptied, or after :meth:`resume_after` cut after the restored step and
-    appended to."""
+    for several. The file is locked from the loader's construction to its close: a second
+    loader (or a ddl-train run) given the same path raises ValueError naming it. A batch's ids
+    are noted when the loader takes the batch from the pipeline (:meth:`take`) and written when
+    the consumer receives it (:meth:`deliver`): a batch staged ahead (``device="cuda"``) and
+    never delivered is never written. The file's content is first changed at the first
+    delivery: emptied, or after :meth:`resume_after` cut after the restored step and appended
+    to."""
 
     def __init__(self, path: "str | os.PathLike[str]", rank: int, world_size: int) -> None:
         self.path, self.rank, self.world_size = os.fspath(path), rank, world_size
-        self._file: Optional[_ddl.TraceRecords] = None
+        self._file: Optional[_ddl.TraceRecords] = _ddl.TraceRecords(
+            self.path, rank=rank, world_size=world_size)
+        self._started = False
         self._resumed_after: Optional[int] = None
+        self._world_size_before = world_size
         self._taken: Dict[int, List[int]] = {}
-        self._forgotten = False
 
-    def resume_after(self, step: int) -> None:
-        """The loader was restored at global step ``step`` (``load_state_dict``): the file is
-        reopened at the next delivery, cut after that step (the lines a run killed after its
-        saved state wrote past it) and appended to."""
-        self.close()
-        self._resumed_after = step
+    def resume_after(self, step: int, world_size_before: int) -> None:
+        """The loader was restored at global step ``step`` of a job of ``world_size_before``
+        ranks (``load_state_dict``): at the next delivery the file is cut after that step (the
+        lines a run killed after its saved state wrote past it) and appended to, and rank 0
+        cuts there the files of that job's ranks this job does not have."""
+        if self._file is not None:
+            self._file.restart()
+        self._started = False
+        self._resumed_after, self._world_size_before = step, world_size_before
         self._taken.clear()
 
     def restart(self) -> None:
@@ -45,11 +52,11 @@ class RecordTrace:
         """Writes the line of the batch of step ``step`` (taken before) of ``epoch``, the
         ``global_step`` of the loader."""
         ids = self._taken.pop(step)
-        if self._forgotten:
-            return
         if self._file is None:
-            self._file = _ddl.TraceRecords(self.path, rank=self.rank, world_size=self.world_size,
-                                           resumed_after=self._resumed_after)
+            return
+        if not self._started:
+            self._file.start(self._resumed_after, self._world_size_before)
+            self._started = True
         self._file.write(epoch, global_step, 0, ids)
 
     def flush(self) -> None:
@@ -58,8 +65,9 @@ class RecordTrace:
             self._file.flush()
 
     def close(self) -> None:
-        """Writes the buffered lines and closes the file."""
-        self.flush()
+        """Writes the buffered lines and closes the file (its lock released)."""
+        if self._file is not None:
+            self._file.close()
         self._file = None
 
     def forget_after_fork(self) -> None:
@@ -68,4 +76,3 @@ class RecordTrace:
         if self._file is not None:
             self._file.forget_after_fork()
         self._file = None
-        self._forgotten = True

@@ -67,6 +67,18 @@ def _fraction(name: str, value: Any) -> float:
     return number
 
 
+def _trace_path(value: Any) -> str:
+    """``trace_records`` as a ``str`` path: a ``str``, ``bytes`` (decoded as the file system
+    does) or ``os.PathLike``; anything else raises TypeError naming the argument."""
+    try:
+        path = os.fspath(value)
+    except TypeError:
+        raise TypeError(f"trace_records: must be a path (str, bytes or os.PathLike) of the file "
+                        f"to write the record trace to, got {value!r} of type "
+                        f"{type(value).__name__}") from None
+    return os.fsdecode(path)
+
+
 def _check_exchange(exchange: float, split: str, place: "_placement.Placement") -> float:
     """The fraction the Rust loader exchanges: ``exchange``, or 0 where there is nothing to
     exchange (one node: a ``RuntimeWarning``). Refuses a val loader and several nodes without
@@ -298,9 +310,13 @@ class Loader:
     its steps). A batch is written when the loop receives it, not when it is staged ahead. The
     file is emptied at the first batch; a loader restored by ``load_state_dict`` instead keeps
     the lines up to the restored position (cutting those a process killed after saving its
-    state wrote past it) and appends. Lines reach the file at the end of each iteration, at
-    ``state_dict()`` (so that a checkpoint's state has its lines on disk) and at ``close()``.
-    A forked child leaves the file to its parent and writes nothing.
+    state wrote past it, and keeping the trace lines around any line that is not one, with a
+    ``RuntimeWarning``) and appends; restored from a job of more ranks, rank 0 also cuts the
+    files of the ranks this job lacks there. Lines reach the file at the end of each
+    iteration, at ``state_dict()`` (so that a checkpoint's state has its lines on disk) and at
+    ``close()``. The file is locked from the loader's construction to ``close()``: a second
+    loader, or a ddl-train run, given the same path raises ValueError naming it. A forked child
+    leaves the file to its parent and writes nothing.
 
     Output types and layouts: the pipeline writes float32 NCHW or uint8 NHWC; other types and
     memory formats are converted in one pass per batch (on the CPU into a new tensor; with
@@ -407,8 +423,7 @@ class Loader:
                 place = _placement.Placement(me, size, 0, 1, me, size, "arguments")
         moved = _check_exchange(exchange, split, place)
         self.placement = place
-        self._trace = (None if trace_records is None
-                       else RecordTrace(trace_records, place.rank, place.world_size))
+        trace_path = None if trace_records is None else _trace_path(trace_records)
         #: Fraction of every node's train records traded at each epoch boundary.
         self.exchange = exchange
         self.path, self.split, self.batch_size = path, split, batch_size
@@ -430,6 +445,9 @@ class Loader:
             mean=[float(v) for v in mean], std=[float(v) for v in std], populate=populate,
             exchange=moved,
         )
+        # Last: it takes the trace file's lock, which a loader refused above must not keep.
+        self._trace = (None if trace_path is None
+                       else RecordTrace(trace_path, place.rank, place.world_size))
         _LIVE.add(self)
         _warn_binding(workers)
         self._dataset: Optional[Shards] = None
@@ -644,7 +662,7 @@ class Loader:
         self._start_step = start
         self._epoch_image_size, self.image_size = sizes
         if self._trace is not None:
-            self._trace.resume_after(epoch * len(self) + step)
+            self._trace.resume_after(epoch * len(self) + step, layout["world_size"])
 
     def _saved_layout(self, state: Dict[str, Any], mine: Dict[str, Any]) -> Dict[str, Any]:
         """The layout that took the saved epoch's records; ValueError when it differs from

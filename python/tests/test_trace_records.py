@@ -5,6 +5,7 @@ rank, and a loader restored by load_state_dict continuing the file of the run it
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -94,9 +95,81 @@ def test_a_restored_loader_continues_the_trace(shards: Path, tmp_path: Path) -> 
 
 def test_an_unwritable_trace_names_the_file(shards: Path, tmp_path: Path) -> None:
     path = tmp_path / "missing" / "trace.jsonl"
-    loader = ddl.Loader(shards, batch_size=8, image_size=32, workers=1, trace_records=path)
     with pytest.raises(FileNotFoundError, match=str(path)):
+        ddl.Loader(shards, batch_size=8, image_size=32, workers=1, trace_records=path)
+
+
+def test_a_second_loader_of_the_same_trace_is_refused_naming_it(shards: Path,
+                                                                 tmp_path: Path) -> None:
+    """A train and a val loader given one path would overwrite each other's lines: the second
+    is refused, naming the file, until the first is closed."""
+    path = tmp_path / "trace.jsonl"
+    kw: Dict[str, Any] = dict(batch_size=8, image_size=32, workers=1, trace_records=path)
+    train = ddl.Loader(shards, **kw)
+    with pytest.raises(ValueError, match=f"trace_records: record trace {path}: another run or "
+                                         "loader is writing this file"):
+        ddl.Loader(shards, split="val", **kw)
+    next(iter(train))
+    train.close()
+    with ddl.Loader(shards, split="val", **kw) as val:
+        batches = len(val)
+        assert len(list(val)) == batches
+    assert len(lines(path)) == batches, "the val loader's lines alone"
+
+
+def test_a_trace_path_of_another_type_is_refused_by_name(shards: Path, tmp_path: Path) -> None:
+    kw: Dict[str, Any] = dict(batch_size=8, image_size=32, workers=1)
+    with pytest.raises(TypeError, match=r"trace_records: must be a path \(str, bytes or "
+                                        r"os.PathLike\) .* got 3 of type int"):
+        ddl.Loader(shards, trace_records=3, **kw)
+    path = tmp_path / "bytes.jsonl"
+    with ddl.Loader(shards, trace_records=os.fsencode(path), **kw) as loader:
         next(iter(loader))
+    assert len(lines(path)) == 1
+
+
+def test_a_restore_keeps_the_trace_lines_around_one_that_is_not(shards: Path,
+                                                                  tmp_path: Path) -> None:
+    """A line that is not a trace line before the restored step goes, with a RuntimeWarning
+    naming it; the trace lines around it stay (they used to be cut off with it)."""
+    path = tmp_path / "trace.jsonl"
+    kw: Dict[str, Any] = dict(batch_size=8, image_size=32, workers=1, trace_records=path)
+    with ddl.Loader(shards, **kw) as first:
+        it = iter(first)
+        for _ in range(4):
+            next(it)
+        state = first.state_dict()
+        next(it)  # past the saved state
+    text = path.read_text().splitlines(keepends=True)
+    path.write_text("".join(text[:2] + ["not a trace line\n"] + text[2:]))
+    with ddl.Loader(shards, **kw) as second:
+        second.load_state_dict(state)
+        with pytest.warns(RuntimeWarning, match=r"line\(s\) \[3\] are not trace lines"):
+            next(iter(second))
+    assert [line["step"] for line in lines(path)] == [1, 2, 3, 4, 5]
+
+
+def test_a_restore_on_fewer_ranks_cuts_the_files_of_the_ranks_gone(shards: Path,
+                                                                    tmp_path: Path) -> None:
+    """States of 2 ranks (each its own node) after 2 batches, each rank having delivered a
+    third: restored on one rank, rank 0 cuts both old files at the saved step, the departed
+    rank's included (it used to keep its line past it)."""
+    path = tmp_path / "trace.jsonl"
+    kw: Dict[str, Any] = dict(batch_size=8, image_size=32, workers=1, seed=3,
+                              trace_records=path)
+    states = []
+    for rank in range(2):
+        with ddl.Loader(shards, rank=rank, world_size=2, **kw) as loader:
+            it = iter(loader)
+            next(it), next(it)
+            states.append(loader.state_dict())
+            next(it)
+    with ddl.Loader(shards, **kw) as one:
+        one.load_state_dict(states[0])
+        next(iter(one))
+    for rank in range(2):
+        assert [line["step"] for line in lines(tmp_path / f"trace.jsonl.{rank}")] == [1, 2]
+    assert len(lines(path)) == 1
 
 
 def test_a_forked_child_leaves_the_trace_to_its_parent(shards: Path, tmp_path: Path) -> None:

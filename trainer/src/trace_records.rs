@@ -9,14 +9,22 @@
 //! trains it is done: [`RecordTrace::watch`] notes each batch as a replica takes it, and
 //! [`RecordTrace::trained`] writes those of the steps completed. The lines of a step are in
 //! replica order, the steps in order: two runs of the same seed write the same files.
+//!
+//! A resumed run keeps each file's trace lines up to the checkpoint's step, its own file and,
+//! on rank 0, those of the ranks of the checkpoint's layout that this run does not have
+//! ([`ddl_loader::trace_records::cut_departed`]); a line that is not a trace line is dropped
+//! with a warning naming the file and the line.
 
 use std::path::Path;
 use std::sync::{Arc, Mutex, PoisonError};
 
 use ddl_loader::pipeline::Batch;
-use ddl_loader::trace_records::{rank_file, Start, TraceLine, TraceWriter};
+use ddl_loader::trace_records::{
+    cut_departed, rank_file, Cut, Start, TraceFile, TraceLine, TraceWriter,
+};
 use ddl_loader::LoaderError;
 
+use crate::console::eprint_line;
 use crate::error::{Result, TrainError};
 use crate::setting::Setting;
 use crate::table::BatchIter;
@@ -35,17 +43,27 @@ pub(crate) struct RecordTrace {
 
 impl RecordTrace {
     /// Opens the trace of rank `rank` of `ranks` at `path` ([`rank_file`]): emptied for a
-    /// new run, kept up to global step `n` and appended to for a run resumed after step `n`
-    /// (`resumed_after`).
+    /// new run; for a run resumed after global step `n` from a checkpoint of `before` ranks
+    /// (`resumed`), kept up to step `n` and appended to, and on rank 0 the files of the ranks
+    /// of that layout that this run does not have cut at step `n`.
     pub(crate) fn open(
         path: &Path,
         rank: usize,
         ranks: usize,
-        resumed_after: Option<u64>,
+        resumed: Option<(u64, usize)>,
     ) -> Result<RecordTrace> {
-        let start = resumed_after.map_or(Start::Fresh, Start::After);
-        let writer = TraceWriter::open(&rank_file(path, rank, ranks), start)
-            .map_err(|e| TrainError::config(Setting::TraceRecords, e.to_string()))?;
+        let config = |e: LoaderError| TrainError::config(Setting::TraceRecords, e.to_string());
+        if let (Some((after, before)), 0) = (resumed, rank) {
+            for (file, cut) in cut_departed(path, before, ranks, after).map_err(config)? {
+                warn_unreadable(&file, &cut);
+            }
+        }
+        let file = rank_file(path, rank, ranks);
+        let start = resumed.map_or(Start::Fresh, |(after, _)| Start::After(after));
+        let (writer, cut) = TraceFile::lock(&file)
+            .and_then(|f| f.start(start))
+            .map_err(config)?;
+        warn_unreadable(&file, &cut);
         Ok(RecordTrace {
             writer,
             rank,
@@ -91,6 +109,18 @@ impl RecordTrace {
     /// run killed later has them on disk up to its last checkpoint.
     pub(crate) fn flush(&mut self) -> Result<()> {
         self.writer.flush().map_err(write_error)
+    }
+}
+
+/// Says which lines of the trace `file` a resume dropped as not trace lines.
+fn warn_unreadable(file: &Path, cut: &Cut) {
+    if !cut.unreadable.is_empty() {
+        eprint_line(&format!(
+            "warning: record trace {}: line(s) {:?} are not trace lines and were removed; \
+             the trace lines around them are kept",
+            file.display(),
+            cut.unreadable
+        ));
     }
 }
 

@@ -2,7 +2,9 @@
 //! writes one trace file per rank, one line per replica and step, numbered as the metrics'
 //! steps; every epoch serves each record at most once and exactly as many as its full steps
 //! hold (the `Drop` tail leaves the rest out); the same seed writes the same files, and a run
-//! stopped by `max_steps` (then killed mid-line) and resumed writes the uninterrupted run's.
+//! stopped by `max_steps` (then killed mid-line) and resumed writes the uninterrupted run's; a
+//! resume on fewer ranks cuts every file of the old layout at its checkpoint, keeping the
+//! trace lines around a line that is not one; a trace another writer holds is refused.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
@@ -158,4 +160,80 @@ fn same_seed_same_trace_and_a_resumed_run_continues_it() {
         files(&cut) == want,
         "resumed trace differs from the uninterrupted one"
     );
+}
+
+#[test]
+fn a_resume_on_fewer_ranks_cuts_every_file_of_the_old_layout_at_its_checkpoint() {
+    let tmp = ddl_testkit::scratch("trace-records-elastic");
+    let data = setup(tmp.path());
+    let run = tmp.path().join("run");
+    let file = |r: usize| run.join(format!("trace.jsonl.{r}"));
+    // 3 ranks of one replica (global batch 6: 4 steps an epoch), stopped after step 5 with a
+    // checkpoint.
+    let job = |ranks_steps: (usize, u64), resume: bool| {
+        let mut cfg = config(&data, &run);
+        cfg.devices = "cpu:1".parse().unwrap();
+        cfg.max_steps = Some(ranks_steps.1);
+        cfg.resume = resume;
+        cfg.allow_new_layout = resume;
+        common::run_ranks(&cfg, ranks_steps.0)
+    };
+    job((3, 5), false);
+    let before: Vec<Vec<TraceLine>> = (0..3).map(|r| read(&file(r)).unwrap()).collect();
+    // As if killed after its checkpoint: every rank wrote a line of step 6, and rank 1's file
+    // holds a line that is not a trace line between its steps 2 and 3.
+    for r in 0..3 {
+        let mut text = std::fs::read_to_string(file(r)).unwrap();
+        if r == 1 {
+            let at = text.match_indices('\n').nth(1).unwrap().0 + 1;
+            text.insert_str(at, "{\"epoch\":0,\"st\n");
+        }
+        let past = TraceLine {
+            epoch: 1,
+            step: 6,
+            rank: r,
+            replica: 0,
+            ids: vec![1000, 1001],
+        };
+        text.push_str(&serde_json::to_string(&past).unwrap());
+        text.push('\n');
+        std::fs::write(file(r), text).unwrap();
+    }
+
+    // Resumed on 2 ranks for one step: the departed rank 2's file is cut at step 5 too, and
+    // rank 1's keeps its trace lines around the bad one.
+    assert_eq!(job((2, 6), true).steps_run, 1);
+    for (r, old) in before.iter().enumerate() {
+        let now = read(&file(r)).unwrap();
+        let (kept, new): (Vec<TraceLine>, Vec<TraceLine>) =
+            now.into_iter().partition(|l| l.step <= 5);
+        assert_eq!(&kept, old, "rank {r}'s lines up to the checkpoint");
+        let steps: Vec<u64> = new.iter().map(|l| l.step).collect();
+        let want: &[u64] = if r < 2 { &[6] } else { &[] };
+        assert_eq!(steps, want, "rank {r}: the resumed run's lines alone");
+        assert!(new.iter().all(|l| l.ids != [1000, 1001]), "rank {r}");
+    }
+}
+
+#[test]
+fn a_trace_another_run_writes_is_refused_naming_it() {
+    let tmp = ddl_testkit::scratch("trace-records-busy");
+    let data = setup(tmp.path());
+    let run = tmp.path().join("run");
+    std::fs::create_dir_all(&run).unwrap();
+    let path = run.join("trace.jsonl");
+    let held = ddl_loader::trace_records::TraceFile::lock(&path).unwrap();
+    let mut cfg = config(&data, &run);
+    cfg.devices = "cpu:1".parse().unwrap();
+    let err = common::try_all(&cfg, 1)
+        .remove(0)
+        .expect_err("a second writer");
+    let message = err.to_string();
+    assert!(
+        message.contains("--trace-records")
+            && message.contains(&path.display().to_string())
+            && message.contains("another run or loader is writing"),
+        "{message}"
+    );
+    drop(held);
 }

@@ -202,9 +202,10 @@ impl Run<'_> {
     }
 
     /// Loads the newest valid checkpoint (rank 0 reads it and broadcasts its bytes, so only
-    /// rank 0 needs to see the checkpoint directory). Returns (epoch, step, global step).
-    /// `created`: the directory did not exist before this run (a mistyped path, most likely).
-    pub(crate) fn resume(&mut self, created: bool) -> Result<Option<(u64, u64, u64)>> {
+    /// rank 0 needs to see the checkpoint directory). Returns (epoch, step, global step, the
+    /// ranks of the run that wrote it). `created`: the directory did not exist before this run
+    /// (a mistyped path, most likely).
+    pub(crate) fn resume(&mut self, created: bool) -> Result<Option<(u64, u64, u64, usize)>> {
         let Some(dir) = self.cfg.checkpoint_dir.clone() else {
             return Ok(None);
         };
@@ -231,7 +232,12 @@ impl Run<'_> {
             );
         }
         self.summary.resumed_from = from.or(Some(path));
-        Ok(Some((ck.meta.epoch, step, ck.meta.global_step)))
+        Ok(Some((
+            ck.meta.epoch,
+            step,
+            ck.meta.global_step,
+            ck.meta.ranks,
+        )))
     }
 
     /// The bytes of the newest valid checkpoint in `dir` on every rank, with its path on rank

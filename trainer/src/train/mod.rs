@@ -516,15 +516,16 @@ impl Run<'_> {
     /// directory.
     fn start(&mut self, created: bool) -> Result<Position> {
         let (mut epoch, mut step, mut global) = (0u64, 0u64, 0u64);
-        let mut resumed = false;
+        // The ranks of the checkpoint resumed from.
+        let mut resumed = None;
         if self.cfg.resume {
-            if let Some((e, s, g)) = self.resume(created)? {
+            if let Some((e, s, g, ranks)) = self.resume(created)? {
                 (epoch, step, global) = (e, s, g);
-                resumed = true;
+                resumed = Some(ranks);
             }
         }
         // A run continued from its checkpoint has its weights already.
-        if let Some(path) = self.cfg.init_from.clone().filter(|_| !resumed) {
+        if let Some(path) = self.cfg.init_from.clone().filter(|_| resumed.is_none()) {
             self.init_from(&path)?;
         }
         if let Some(path) = &self.cfg.metrics {
@@ -537,8 +538,8 @@ impl Run<'_> {
         }
         if let Some(path) = &self.cfg.trace_records {
             let (rank, ranks) = (self.rank(), self.comm.size());
-            let after = resumed.then_some(global);
-            self.trace = Some(RecordTrace::open(path, rank, ranks, after)?);
+            let resumed = resumed.map(|before| (global, before));
+            self.trace = Some(RecordTrace::open(path, rank, ranks, resumed)?);
         }
         if self.cfg.check_replicas {
             self.check_replicas()?;
