@@ -4,7 +4,10 @@
 //!
 //! The node's leader locks the directory for the run (a second job exchanging the same data
 //! for the same node fails with [`ExchangeError::Busy`]), removes the arenas an earlier run
-//! that died left there, and removes every file it wrote when the exchange ends.
+//! that died left there, and removes every file it wrote when the exchange ends. It also
+//! removes the arena directories of any data under the same base whose lock no process holds
+//! (their job died: a crash, `kill -9`), so that a crashed job's arenas never outlive the
+//! next exchange on the node.
 
 use std::fs::File;
 use std::path::{Path, PathBuf};
@@ -18,7 +21,7 @@ use crate::error::{ExchangeError, Result};
 pub(crate) struct ArenaDir {
     dir: PathBuf,
     /// The lock the leader holds (`None` on the node's other ranks).
-    lock: Option<(PathBuf, File)>,
+    lock: Option<File>,
 }
 
 impl ArenaDir {
@@ -26,30 +29,33 @@ impl ArenaDir {
     pub(crate) fn path(base: &Path, data: &Path, split: &str, node: usize) -> PathBuf {
         let data = std::fs::canonicalize(data).unwrap_or_else(|_| data.to_path_buf());
         let tag = crc32c::crc32c(data.as_os_str().as_encoded_bytes());
-        base.join(format!("ddl-exchange-{tag:08x}-{split}-node{node}"))
+        base.join(format!("{PREFIX}{tag:08x}-{split}-node{node}"))
     }
 
-    /// The leader's claim on `dir`: created, locked, emptied of an earlier run's arenas.
+    /// The leader's claim on `dir`: created, locked, emptied of an earlier run's arenas; the
+    /// other arena directories beside it that no live job holds are removed.
     pub(crate) fn claim(dir: PathBuf) -> Result<ArenaDir> {
-        let io = |op, path: &Path| {
-            let path = path.to_path_buf();
-            move |source| ExchangeError::Io { op, path, source }
-        };
-        std::fs::create_dir_all(&dir).map_err(io("create directory", &dir))?;
-        let lock_path = dir.join(".lock");
-        let lock = File::create(&lock_path).map_err(io("create", &lock_path))?;
-        if !lock.try_lock_exclusive().map_err(io("lock", &lock_path))? {
-            return Err(ExchangeError::Busy { path: lock_path });
+        if let Some(base) = dir.parent() {
+            remove_orphans(base, &dir);
         }
-        for entry in std::fs::read_dir(&dir).map_err(io("read directory", &dir))? {
-            let path = entry.map_err(io("read directory", &dir))?.path();
-            if is_arena(&path) {
-                std::fs::remove_file(&path).map_err(io("remove", &path))?;
+        let lock_path = dir.join(LOCK);
+        let lock = loop {
+            std::fs::create_dir_all(&dir).map_err(io("create directory", &dir))?;
+            let lock = File::create(&lock_path).map_err(io("create", &lock_path))?;
+            if !lock.try_lock_exclusive().map_err(io("lock", &lock_path))? {
+                return Err(ExchangeError::Busy { path: lock_path });
             }
-        }
+            // A job that held the directory until now (or a sweep of orphans) removes the
+            // lock file before letting go of it: then the lock taken is of a file no other
+            // job finds, and is taken again.
+            if same_file(&lock, &lock_path) {
+                break lock;
+            }
+        };
+        remove_arenas(&dir).map_err(io("remove the arenas in", &dir))?;
         Ok(ArenaDir {
             dir,
-            lock: Some((lock_path, lock)),
+            lock: Some(lock),
         })
     }
 
@@ -85,18 +91,71 @@ impl ArenaDir {
 
 impl Drop for ArenaDir {
     fn drop(&mut self) {
-        let Some((lock_path, _lock)) = &self.lock else {
-            return;
-        };
-        if let Ok(entries) = std::fs::read_dir(&self.dir) {
-            for path in entries.flatten().map(|e| e.path()) {
-                if is_arena(&path) {
-                    let _ = std::fs::remove_file(&path);
-                }
-            }
+        if self.lock.is_some() {
+            let _ = remove_arenas(&self.dir);
+            let _ = std::fs::remove_file(self.dir.join(LOCK));
+            let _ = std::fs::remove_dir(&self.dir);
         }
-        let _ = std::fs::remove_file(lock_path);
-        let _ = std::fs::remove_dir(&self.dir);
+    }
+}
+
+/// The lock file of an arena directory.
+const LOCK: &str = ".lock";
+/// The prefix of an arena directory's name ([`ArenaDir::path`]).
+const PREFIX: &str = "ddl-exchange-";
+
+/// A closure naming `op` and `path` that makes an [`ExchangeError::Io`] of an I/O error.
+fn io(op: &'static str, path: &Path) -> impl FnOnce(std::io::Error) -> ExchangeError {
+    let path = path.to_path_buf();
+    move |source| ExchangeError::Io { op, path, source }
+}
+
+/// Whether the open `file` is the file at `path` (not one removed from there since).
+fn same_file(file: &File, path: &Path) -> bool {
+    use std::os::unix::fs::MetadataExt;
+    match (file.metadata(), std::fs::metadata(path)) {
+        (Ok(a), Ok(b)) => (a.dev(), a.ino()) == (b.dev(), b.ino()),
+        _ => false,
+    }
+}
+
+/// Removes the arenas (and their temporary files) in `dir`, nothing else.
+fn remove_arenas(dir: &Path) -> std::io::Result<()> {
+    for entry in std::fs::read_dir(dir)? {
+        let path = entry?.path();
+        if is_arena(&path) {
+            std::fs::remove_file(&path)?;
+        }
+    }
+    Ok(())
+}
+
+/// Removes the arena directories under `base` but `ours` whose lock no process holds: the
+/// arenas of a job that died, of any data. Each is locked while it is emptied, its lock file
+/// removed before it is let go (a job claiming it meanwhile takes it again, [`ArenaDir::claim`]);
+/// a directory holding files ddl did not write there keeps them (and stays). Best effort: a
+/// directory that cannot be read or locked is left as it is.
+fn remove_orphans(base: &Path, ours: &Path) {
+    let Ok(entries) = std::fs::read_dir(base) else {
+        return;
+    };
+    for dir in entries.flatten().map(|e| e.path()) {
+        let named = dir
+            .file_name()
+            .and_then(|n| n.to_str())
+            .is_some_and(|n| n.starts_with(PREFIX));
+        if !named || dir == ours || !dir.is_dir() {
+            continue;
+        }
+        let lock_path = dir.join(LOCK);
+        let Ok(lock) = File::open(&lock_path) else {
+            continue; // being created, or not an arena directory
+        };
+        if lock.try_lock_exclusive().unwrap_or(false) && same_file(&lock, &lock_path) {
+            let _ = remove_arenas(&dir);
+            let _ = std::fs::remove_file(&lock_path);
+            let _ = std::fs::remove_dir(&dir);
+        }
     }
 }
 
@@ -115,6 +174,43 @@ fn is_arena(path: &Path) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The arena directories of jobs that died (any data, any node) go at the next claim
+    /// beside them; those a live job holds, and files ddl did not write, stay.
+    #[test]
+    fn a_claim_removes_the_arenas_dead_jobs_left_of_any_data() {
+        let tmp = ddl_testkit::scratch("arena-orphans");
+        let base = tmp.path();
+        let dir = |name: &str| base.join(format!("{PREFIX}{name}"));
+        let write = |path: PathBuf| {
+            std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+            std::fs::write(path, b"x").unwrap();
+        };
+        // Killed mid-exchange: its lock file stays, no process holds it.
+        let dead = dir("0000aaaa-train-node1");
+        for name in [LOCK, "epoch-2.ddl", "epoch-3.ddl.tmp"] {
+            write(dead.join(name));
+        }
+        // The same, with a file of the user's in it.
+        let kept = dir("0000bbbb-val-node0");
+        for name in [LOCK, "epoch-0.ddl", "notes.txt"] {
+            write(kept.join(name));
+        }
+        // A job still exchanging, and a folder without a lock (not an arena directory).
+        let live = ArenaDir::claim(dir("0000cccc-train-node0")).unwrap();
+        write(live.arena(4));
+        write(dir("elsewhere").join("epoch-1.ddl"));
+
+        let _ours = ArenaDir::claim(dir("0000dddd-train-node0")).unwrap();
+        assert!(!dead.exists(), "a dead job's arena directory stays");
+        let left: Vec<String> = std::fs::read_dir(&kept)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().into_string().unwrap())
+            .collect();
+        assert_eq!(left, ["notes.txt"]);
+        assert!(live.arena(4).exists(), "a live job's arena was removed");
+        assert!(dir("elsewhere").join("epoch-1.ddl").exists());
+    }
 
     #[test]
     fn a_second_claim_is_refused_and_leftovers_go_but_nothing_else() {

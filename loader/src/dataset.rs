@@ -6,14 +6,13 @@
 //! copying them to node-local storage (`/dev/shm`), and optionally pre-faults and locks them so
 //! that no epoch ever waits on storage.
 
-use std::fs::File;
-use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use crate::error::{LoaderError, Result};
 use crate::manifest::Manifest;
-use crate::shard::{sync_dir, tmp_path, IndexRow, Record, ShardReader};
+use crate::shard::{IndexRow, Record, ShardReader};
+use crate::stage::{self, StageClaim};
 
 /// Which node this process runs on and how many nodes share the dataset.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -62,6 +61,9 @@ pub struct Dataset {
     starts: Vec<usize>,
     /// The records a view serves, in place of every record of `shards`.
     held: Option<Held>,
+    /// The claim on the stage directory the shards were staged into, held while they are
+    /// mapped (by this dataset or a view of it).
+    _stage: Option<Arc<StageClaim>>,
 }
 
 /// The records a [`Dataset::holding`] view serves.
@@ -125,12 +127,14 @@ impl Dataset {
         }
         let manifest = Manifest::load(dir)?;
         let info = manifest.split(dir, split)?.clone();
-        // The ranks of a node stage into one directory: one at a time, so that the first
-        // copies each shard and the others find it there (a copy renamed over a file another
-        // rank has mapped would read as a shard changed under the job).
-        let _staging = match &opts.stage {
-            Some(stage) => Some(lock_stage(stage)?),
-            None => None,
+        // The ranks of a node stage one at a time, and never over another job's shards
+        // (`stage`); the staging lock is released at the end of this function.
+        let (_staging, stage_claim) = match &opts.stage {
+            Some(stage) => {
+                let (staging, claim) = stage::claim(stage, dir)?;
+                (Some(staging), Some(Arc::new(claim)))
+            }
+            None => (None, None),
         };
         let mut shards = Vec::new();
         let mut starts = vec![0usize];
@@ -145,7 +149,7 @@ impl Dataset {
             let path = match &opts.stage {
                 Some(stage) => {
                     let dst = stage.join(&sh.file);
-                    stage_file(&source, &dst, sh.bytes, sh.crc32c)?;
+                    stage::stage_file(&source, &dst, sh.bytes, sh.crc32c)?;
                     dst
                 }
                 None => source,
@@ -193,6 +197,7 @@ impl Dataset {
             shards,
             starts,
             held: None,
+            _stage: stage_claim,
         })
     }
 
@@ -271,6 +276,7 @@ impl Dataset {
                 ids: ids.to_vec(),
                 at,
             }),
+            _stage: self._stage.clone(),
         })
     }
 
@@ -416,70 +422,4 @@ impl Dataset {
             .iter()
             .try_for_each(|s| s.reader.check_unchanged())
     }
-}
-
-/// The stage directory `stage`, created, locked for this process until the file returned
-/// is dropped (`flock`, released by the kernel if the process dies).
-fn lock_stage(stage: &Path) -> Result<File> {
-    use fs4::fs_std::FileExt;
-    std::fs::create_dir_all(stage).map_err(|e| LoaderError::io("create directory", stage, e))?;
-    let path = stage.join(".ddl-stage.lock");
-    let lock = File::create(&path).map_err(|e| LoaderError::io("create", &path, e))?;
-    lock.lock_exclusive()
-        .map_err(|e| LoaderError::io("lock", &path, e))?;
-    Ok(lock)
-}
-
-/// crc32c and length of a whole file, read in 1 MiB pieces.
-fn file_crc32c(path: &Path) -> Result<(u64, u32)> {
-    let mut f = File::open(path).map_err(|e| LoaderError::io("open", path, e))?;
-    let mut buf = vec![0u8; 1 << 20];
-    let (mut len, mut crc) = (0u64, 0u32);
-    loop {
-        let n = f
-            .read(&mut buf)
-            .map_err(|e| LoaderError::io("read", path, e))?;
-        if n == 0 {
-            return Ok((len, crc));
-        }
-        crc = crc32c::crc32c_append(crc, &buf[..n]);
-        len += n as u64;
-    }
-}
-
-/// Copies `src` to `dst` unless `dst` already has the expected size and whole-file crc32c;
-/// the copy goes through `dst.tmp` and a rename, and is checked against the manifest.
-fn stage_file(src: &Path, dst: &Path, bytes: u64, crc: u32) -> Result<()> {
-    if let Ok(meta) = std::fs::metadata(dst) {
-        if meta.len() == bytes && file_crc32c(dst)?.1 == crc {
-            return Ok(());
-        }
-    }
-    let tmp = tmp_path(dst);
-    let copied = (|| -> Result<()> {
-        let mut input = File::open(src).map_err(|e| LoaderError::io("open", src, e))?;
-        let mut out = File::create(&tmp).map_err(|e| LoaderError::io("create", &tmp, e))?;
-        std::io::copy(&mut input, &mut out)
-            .map_err(|e| LoaderError::io("copy to stage", src, e))?;
-        out.flush().map_err(|e| LoaderError::io("write", &tmp, e))?;
-        let (len, actual) = file_crc32c(&tmp)?;
-        if len != bytes || actual != crc {
-            return Err(LoaderError::ShardMismatch {
-                path: src.to_path_buf(),
-                reason: format!(
-                    "{len} bytes with crc32c {actual:#010x}, the manifest says {bytes} bytes \
-                     with crc32c {crc:#010x}"
-                ),
-            });
-        }
-        std::fs::rename(&tmp, dst).map_err(|e| LoaderError::io("rename", &tmp, e))?;
-        if let Some(parent) = dst.parent() {
-            sync_dir(parent)?;
-        }
-        Ok(())
-    })();
-    if copied.is_err() {
-        let _ = std::fs::remove_file(&tmp);
-    }
-    copied
 }

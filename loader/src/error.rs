@@ -169,6 +169,26 @@ pub enum LoaderError {
         path: PathBuf,
     },
 
+    /// A stage directory holds the staged shards of another job that is running, of other
+    /// data: staging here would replace the shards that job has mapped.
+    #[error(
+        "stage directory {dir} is in use by another job ({holder}) staging other data \
+         ({theirs}); staging {ours} there would replace the shards that job is reading: give \
+         this job another stage directory, or wait for that job to end",
+        dir = .dir.display(),
+        ours = .ours.display()
+    )]
+    StageInUse {
+        /// The stage directory.
+        dir: PathBuf,
+        /// Who holds it, as it wrote itself down ("pid P on host H").
+        holder: String,
+        /// The data directory of the running job, as it wrote it down.
+        theirs: String,
+        /// The data directory of this job.
+        ours: PathBuf,
+    },
+
     /// `manifest.json` parsed but its content is inconsistent.
     #[error("{path}: invalid manifest: {reason}", path = .path.display())]
     Manifest {

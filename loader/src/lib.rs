@@ -19,6 +19,7 @@ pub mod placement;
 pub mod progress;
 pub mod sampler;
 pub mod shard;
+mod stage;
 pub mod trace_records;
 pub mod transform;
 pub mod units;
