@@ -1,11 +1,14 @@
 """ddl-train's compile script (``trainer/src/compiled/step.py``) remembers Inductor's probes of
 the CPU's vector instructions: a probe that passed is not run again by a later compile, whose
-verdicts stay those of the probes, and a probe that failed is not remembered."""
+verdicts stay those of the probes, and a probe that failed is not remembered; the processes it
+starts die with it."""
 
 from __future__ import annotations
 
 import json
 import os
+import select
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -47,3 +50,35 @@ def test_a_passed_probe_is_remembered_and_a_failed_one_is_not(tmp_path):
     assert failed == [False, 0]
     assert passed == [True, 1]
     assert remembered == [True, 1]
+
+
+#: Imports the compile script, starts a long command through its ``spawn``, prints the child's
+#: pid and is killed (SIGKILL), as a compile is when ddl-train is.
+SPAWN = """
+import os, signal, subprocess, sys
+sys.path.insert(0, sys.argv[1])
+import step
+child = step.spawn(["sleep", "600"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+print(child.pid, flush=True)
+os.kill(os.getpid(), signal.SIGKILL)
+"""
+
+
+def test_what_the_script_starts_dies_with_it() -> None:
+    """The check and the CUDA graph library's compiler that the compile script starts are
+    killed by the kernel when the script is (ddl-train has it killed when ddl-train ends)."""
+    run = subprocess.run([sys.executable, "-c", SPAWN, ROOT / "trainer/src/compiled"],
+                         capture_output=True, text=True, timeout=TIMEOUT)
+    assert run.returncode == -signal.SIGKILL, run.stderr
+    pid = int(run.stdout.split()[0])
+    try:
+        fd = os.pidfd_open(pid)
+    except ProcessLookupError:
+        return  # gone already
+    try:
+        ended, _, _ = select.select([fd], [], [], 30)
+        if not ended:
+            os.kill(pid, signal.SIGKILL)
+        assert ended, f"the script's child {pid} outlived it"
+    finally:
+        os.close(fd)

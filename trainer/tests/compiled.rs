@@ -29,6 +29,7 @@ fn settings(cache: &Path, fold_small_constants: bool) -> CompileSettings {
         fold_small_constants,
         inductor_options: vec![],
         cuda_graphs: false,
+        python: None,
     }
 }
 
@@ -171,6 +172,8 @@ fn a_parameter_folded_into_the_code_is_refused_by_name() {
     let kind = ModelKind::ConvnetNobn;
     let (vs, _) = seeded(kind, classes, size, Kind::Float);
     let cache = shared_cache();
+    // Refused by the compile's check, before anything is cached (and by the binding, for a
+    // package from elsewhere).
     let err = bound(kind, classes, (size, batch), &vs, &cache, true)
         .err()
         .expect("a package that folded fc.bias was bound");
@@ -304,6 +307,161 @@ fn the_cache_compiles_a_key_once_and_rebuilds_what_it_cannot_use() {
     assert_eq!(fs::read_to_string(entry.join("notes.txt")).unwrap(), "mine");
 }
 
+/// A stand-in for the compile's Python (`CompileSettings::python`) in `dir`: it writes into
+/// the compile's folder (its third argument) a "package" that is none and a description whose
+/// check against eager passed, and exits 0, as a compile script gone wrong without noticing.
+fn lying_python(dir: &Path) -> PathBuf {
+    use std::os::unix::fs::PermissionsExt;
+    let path = dir.join("lying-python");
+    let described = r#"{"torch_version": "x", "constants": [], "inputs": [], "compile_seconds": 0, "check": {"grad_rel": 0, "loss_rel": 0}}"#;
+    let script = format!(
+        "#!/bin/sh\nprintf 'not a package' > \"$3/step.pt2\"\nprintf '%s' '{described}' > \"$3/step.json\"\n"
+    );
+    fs::write(&path, script).unwrap();
+    fs::set_permissions(&path, fs::Permissions::from_mode(0o755)).unwrap();
+    path
+}
+
+/// Prepares the convnet's step in `cache` with `settings` changed by `edit`: the result and
+/// the progress lines.
+fn prepare_convnet(
+    cache: &Path,
+    edit: impl FnOnce(&mut CompileSettings),
+) -> (ddl_trainer::Result<compiled::Entry>, Vec<String>) {
+    let (vs, _) = seeded(ModelKind::ConvnetNobn, 3, 16, Kind::Float);
+    let layout = Layout::new(&vs, usize::MAX);
+    let mut s = settings(cache, false);
+    edit(&mut s);
+    let mut lines = Vec::new();
+    let result = compiled::prepare(&convnet_spec(&layout), &s, &mut |l| {
+        lines.push(l.to_string())
+    });
+    (result, lines)
+}
+
+/// Rewrites the checksum `entry.json` of `entry` records for `file` to the file's: as if it
+/// had been sealed that way.
+fn reseal(entry: &Path, field: &str, file: &str) {
+    let path = entry.join("entry.json");
+    let mut sealed: serde_json::Value = serde_json::from_slice(&fs::read(&path).unwrap()).unwrap();
+    let bytes = fs::read(entry.join(file)).unwrap();
+    sealed[field] = serde_json::json!({"bytes": bytes.len(), "crc32c": crc32c::crc32c(&bytes)});
+    fs::write(&path, serde_json::to_vec(&sealed).unwrap()).unwrap();
+}
+
+#[test]
+fn only_a_package_that_loads_is_cached_and_one_that_does_not_is_compiled_again() {
+    let tmp = ddl_testkit::scratch("compile-loads");
+    let liar = lying_python(tmp.path());
+    let lying = |s: &mut CompileSettings| s.python = Some(liar.clone());
+
+    // A compile that exits 0 after writing a package that does not load: refused, and nothing
+    // is sealed (the compile's folder is kept beside the entry's place, as a failure's).
+    let cache = tmp.path().join("fresh");
+    let (result, _) = prepare_convnet(&cache, lying);
+    let err = result
+        .expect_err("a package that does not load was cached")
+        .to_string();
+    assert!(
+        err.contains("does not load") && err.contains("nothing was cached"),
+        "{err}"
+    );
+    let entries: Vec<String> = fs::read_dir(&cache)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .filter(|n| !n.ends_with(".lock"))
+        .collect();
+    assert!(
+        entries.len() == 1 && entries[0].ends_with(".failed"),
+        "{entries:?}"
+    );
+
+    // A cached entry whose package does not load (sealed so, by an older ddl) is compiled
+    // again; and so is one whose step.json was edited.
+    for (file, why) in [
+        ("step.pt2", "does not load"),
+        ("step.json", "step.json is damaged"),
+    ] {
+        let cache = tmp.path().join(format!("sealed-{file}"));
+        let entry = copy_of_shared_convnet_entry(&cache);
+        if file == "step.pt2" {
+            fs::write(entry.join(file), b"not a package").unwrap();
+            reseal(&entry, "package", file);
+        } else {
+            let mut text = fs::read(entry.join(file)).unwrap();
+            text.push(b' '); // still JSON, and what it says unchanged
+            fs::write(entry.join(file), text).unwrap();
+        }
+        let (_, lines) = prepare_convnet(&cache, lying);
+        assert!(
+            lines
+                .iter()
+                .any(|l| l.contains(why) && l.contains("compiling it again")),
+            "{file}: {lines:?}"
+        );
+        assert!(
+            lines.iter().any(|l| l.contains("with Inductor into")),
+            "{lines:?}"
+        );
+    }
+}
+
+/// Makes a folder immutable (`chattr +i`: nothing can be created in it, by root either) until
+/// dropped; None where the file system does not support it.
+struct Immutable(PathBuf);
+
+impl Immutable {
+    fn make(dir: &Path) -> Option<Immutable> {
+        let ok = std::process::Command::new("chattr")
+            .arg("+i")
+            .arg(dir)
+            .status()
+            .is_ok_and(|s| s.success());
+        ok.then(|| Immutable(dir.to_path_buf()))
+    }
+}
+
+impl Drop for Immutable {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("chattr")
+            .arg("-i")
+            .arg(&self.0)
+            .status();
+    }
+}
+
+#[test]
+fn a_cache_that_cannot_be_written_serves_its_entries_or_names_the_flag() {
+    common::spell_as_ddl_train();
+    let tmp = ddl_testkit::scratch("compile-read-only");
+    let (full, empty) = (tmp.path().join("full"), tmp.path().join("empty"));
+    copy_of_shared_convnet_entry(&full);
+    fs::create_dir_all(&empty).unwrap();
+    let (Some(_full), Some(_empty)) = (Immutable::make(&full), Immutable::make(&empty)) else {
+        eprintln!(
+            "skipped: chattr +i is not supported under {}",
+            tmp.path().display()
+        );
+        return;
+    };
+    let (entry, lines) = prepare_convnet(&full, |_| {});
+    entry.expect("a valid entry of a cache that cannot be written");
+    assert!(
+        lines
+            .iter()
+            .any(|l| l.contains("from the cache") && l.contains("cannot write")),
+        "{lines:?}"
+    );
+    let (result, _) = prepare_convnet(&empty, |_| {});
+    let err = result
+        .expect_err("compiled into a cache that cannot be written")
+        .to_string();
+    assert!(
+        err.contains("--compile-cache") && err.contains("cannot be written"),
+        "{err}"
+    );
+}
+
 /// A CPU run of `model` on `data` for the compiled-step tests: fp32, one replica.
 fn run_config(data: &Path, model: &str, compile: bool) -> ddl_trainer::TrainConfig {
     let mut cfg = common::config(data, model, 8, "cpu:1");
@@ -333,26 +491,48 @@ fn dumped(path: &Path) -> Vec<f32> {
         .collect()
 }
 
+/// Where a run of the compiled-step tests trains: ranks (threads of this process) and each
+/// rank's devices.
+#[derive(Clone, Copy)]
+struct Job {
+    ranks: usize,
+    devices: &'static str,
+}
+
+/// One rank of one CPU replica.
+const ALONE: Job = Job {
+    ranks: 1,
+    devices: "cpu:1",
+};
+
 /// Trains `model` on `data` for `steps` steps eager and compiled from the same initial
-/// weights (dumped into `dir`, the compiled run checkpointed there every 5 steps), and returns
-/// how far the compiled update is from eager's.
-fn compiled_against_eager(dir: &Path, data: &Path, model: &str, steps: u64) -> f64 {
+/// weights (dumped into `dir`, the compiled run checkpointed there every 5 steps) as `job`
+/// says (several replicas: checked to stay equal, `check_replicas`), and returns how far the
+/// compiled update is from eager's.
+fn compiled_against_eager(dir: &Path, data: &Path, model: &str, steps: u64, job: Job) -> f64 {
     let dump = |name: &str| dir.join(format!("{model}-{name}.f32"));
-    let mut init = run_config(data, model, false);
-    init.max_steps = Some(0);
-    init.dump_weights = Some(dump("init"));
-    common::run_ranks(&init, 1);
-    let mut eager = run_config(data, model, false);
-    eager.max_steps = Some(steps);
-    eager.dump_weights = Some(dump("eager"));
-    common::run_ranks(&eager, 1);
-    let mut compiled = run_config(data, model, true);
-    compiled.max_steps = Some(steps);
-    compiled.dump_weights = Some(dump("compiled"));
+    let config = |compile: bool, steps: u64, name: &str| {
+        let mut cfg = run_config(data, model, compile);
+        cfg.devices = job.devices.parse().unwrap();
+        cfg.check_replicas = job.ranks > 1 || job.devices != ALONE.devices;
+        cfg.max_steps = Some(steps);
+        cfg.dump_weights = Some(dump(name));
+        cfg
+    };
+    common::run_all(&config(false, 0, "init"), job.ranks);
+    common::run_all(&config(false, steps, "eager"), job.ranks);
+    let mut compiled = config(true, steps, "compiled");
     compiled.checkpoint_dir = Some(dir.join(format!("ck-{model}")));
     compiled.checkpoint_every = 5;
     compiled.keep_checkpoints = 10;
-    assert_eq!(common::run_ranks(&compiled, 1).global_steps, steps);
+    let summaries = common::run_all(&compiled, job.ranks);
+    assert_eq!(summaries[0].global_steps, steps);
+    assert!(
+        summaries
+            .iter()
+            .all(|s| s.param_checksum == summaries[0].param_checksum),
+        "the ranks' weights differ"
+    );
     update_rel_diff(
         &dumped(&dump("init")),
         &dumped(&dump("eager")),
@@ -367,7 +547,7 @@ fn compiled_follows_eager(model: &str, steps: u64) -> (ddl_testkit::TempDir, Pat
     let tmp = ddl_testkit::scratch(&format!("compiled-train-{model}"));
     let data = tmp.path().join("data");
     common::make_dataset(&data, 4, 24, 0, 2, 0, 40);
-    let rel = compiled_against_eager(tmp.path(), &data, model, steps);
+    let rel = compiled_against_eager(tmp.path(), &data, model, steps, ALONE);
     assert!(
         rel < 0.03,
         "{model}: the compiled update is {rel:.3e} from eager's"
@@ -408,17 +588,35 @@ fn compiled_resnet18_follows_eager() {
 }
 
 #[test]
-fn two_ranks_of_replicas_keep_equal_weights_under_compile() {
+fn two_ranks_of_replicas_keep_equal_weights_that_follow_eager_under_compile() {
+    // 64 records over 2 ranks x 2 replicas of 8: 2 steps an epoch. Every replica of both ranks
+    // keeps the same weights, and they moved as eager's do from the same start (equal weights
+    // alone hold for a step that never updates them too).
     let tmp = ddl_testkit::scratch("compiled-ranks");
     let data = tmp.path().join("data");
     common::make_dataset(&data, 4, 16, 0, 2, 0, 40);
-    let mut cfg = run_config(&data, "resnet_small", true);
-    cfg.devices = "cpu:2".parse().unwrap();
-    cfg.epochs = 1;
-    cfg.check_replicas = true;
-    let summaries = common::run_all(&cfg, 2);
-    assert_eq!(summaries[0].param_checksum, summaries[1].param_checksum);
-    assert!(summaries[0].global_steps > 0);
+    let job = Job {
+        ranks: 2,
+        devices: "cpu:2",
+    };
+    let rel = compiled_against_eager(tmp.path(), &data, "resnet_small", 2, job);
+    // The parameters alone too: in 2 steps the BatchNorm statistics, which every forward pass
+    // moves, are most of the update.
+    let params = |name: &str| parameters(&tmp.path().join(format!("resnet_small-{name}.f32")));
+    let moved = update_rel_diff(&params("init"), &params("eager"), &params("compiled"));
+    assert!(
+        rel < 0.03 && moved > 0.0 && moved < 0.03,
+        "the compiled update is {rel:.3e} from eager's, {moved:.3e} in the parameters"
+    );
+}
+
+/// The parameters in the `dump_weights` file `path`, without the BatchNorm statistics.
+fn parameters(path: &Path) -> Vec<f32> {
+    ddl_testkit::read_dump(path)
+        .into_iter()
+        .filter(|(name, _)| !name.contains("running_") && !name.contains("num_batches"))
+        .flat_map(|(_, values)| values)
+        .collect()
 }
 
 #[test]

@@ -1,8 +1,8 @@
 //! One compile-cache entry: a folder holding `step.pt2` (the package), on a GPU `graph.so`
 //! (its CUDA graph capture, [`super::graph`]), `step.json` (what the compile script says the
-//! package reads and takes) and `entry.json` (the key it was compiled for and the size and
-//! crc32c of the package and the graph library), written last: a folder without it is not a
-//! finished entry.
+//! package reads and takes, and its check against eager) and `entry.json` (the key it was
+//! compiled for and the size and crc32c of the package, of `step.json` and of the graph
+//! library), written last: a folder without it is not a finished entry.
 
 use std::fs;
 use std::path::{Path, PathBuf};
@@ -97,6 +97,18 @@ pub struct Described {
     /// The CUDA graph library, for a GPU: compiled, or why not.
     #[serde(default)]
     pub graph_library: Option<GraphLibraryBuild>,
+    /// How far the package was from eager PyTorch in the compile's check.
+    #[serde(default)]
+    pub check: Option<Check>,
+}
+
+/// The figures of the check of a package against the eager step of the same weights.
+#[derive(Clone, Copy, Debug, Serialize, Deserialize)]
+pub struct Check {
+    /// The whole gradient's distance from eager's, relative.
+    pub grad_rel: f64,
+    /// The loss's distance from eager's, relative.
+    pub loss_rel: f64,
 }
 
 /// What became of the CUDA graph library's compile.
@@ -122,6 +134,8 @@ struct Sum {
 struct EntryFile {
     key: StepKey,
     package: Sum,
+    /// step.json.
+    described: Sum,
     /// graph.so, in an entry for a GPU whose compile made one.
     #[serde(default)]
     graph_library: Option<Sum>,
@@ -216,6 +230,7 @@ pub fn open(dir: &Path, key: &StepKey) -> std::result::Result<Entry, Unusable> {
         )));
     }
     verify(&dir.join(PACKAGE), entry.package)?;
+    verify(&dir.join(DESCRIBED), entry.described)?;
     if let Some(sealed) = entry.graph_library {
         verify(&dir.join(GRAPH_LIBRARY), sealed)?;
     }
@@ -226,16 +241,24 @@ pub fn open(dir: &Path, key: &StepKey) -> std::result::Result<Entry, Unusable> {
     })
 }
 
-/// Finishes the entry compiled into `dir` for `key`: checks the script's description and
-/// writes `entry.json` with the checksums of the package and the graph library.
+/// Finishes the entry compiled into `dir` for `key`: checks the script's description (the
+/// package passed its check against eager) and writes `entry.json` with the checksums of the
+/// package, the description and the graph library.
 pub fn seal(dir: &Path, key: &StepKey) -> Result<Entry> {
     let bad = |m: String| TrainError::Compile(format!("the compile wrote no usable entry: {m}"));
     let described: Described = read_json(&dir.join(DESCRIBED)).map_err(bad)?;
+    if described.check.is_none() {
+        return Err(bad(format!(
+            "{} records no check of the package against eager PyTorch",
+            dir.join(DESCRIBED).display()
+        )));
+    }
     let sum = |path: PathBuf| checksum(&path).map_err(|e| TrainError::io(&path, e));
     let graph = dir.join(GRAPH_LIBRARY);
     let entry = EntryFile {
         key: key.clone(),
         package: sum(dir.join(PACKAGE))?,
+        described: sum(dir.join(DESCRIBED))?,
         graph_library: graph.exists().then(|| sum(graph)).transpose()?,
     };
     let path = dir.join(ENTRY);
@@ -293,7 +316,8 @@ mod tests {
         fs::create_dir(&dir).unwrap();
         fs::write(dir.join(PACKAGE), b"a package").unwrap();
         let described = r#"{"torch_version": "2.11.0", "constants": [], "inputs": [],
-                            "compile_seconds": 1.0}"#;
+                            "compile_seconds": 1.0,
+                            "check": {"grad_rel": 1e-6, "loss_rel": 1e-7}}"#;
         fs::write(dir.join(DESCRIBED), described).unwrap();
         seal(&dir, &key("convnet_nobn")).unwrap();
         assert!(open(&dir, &key("convnet_nobn")).is_ok());
@@ -313,6 +337,18 @@ mod tests {
         fs::write(dir.join(GRAPH_LIBRARY), b"a librarY").unwrap();
         let damaged = refused(&dir, &key("convnet_nobn"));
         assert!(damaged.contains("graph.so is damaged"), "{damaged}");
+        // An edit of the description (a stride, a dtype) is damage too.
+        fs::write(dir.join(GRAPH_LIBRARY), b"a library").unwrap();
+        seal(&dir, &key("convnet_nobn")).unwrap();
+        fs::write(dir.join(DESCRIBED), described.replace("1.0", "2.0")).unwrap();
+        let edited = refused(&dir, &key("convnet_nobn"));
+        assert!(edited.contains("step.json is damaged"), "{edited}");
+        // A description without its check against eager is never sealed.
+        let unchecked = r#"{"torch_version": "2.11.0", "constants": [], "inputs": [],
+                           "compile_seconds": 1.0}"#;
+        fs::write(dir.join(DESCRIBED), unchecked).unwrap();
+        let err = seal(&dir, &key("convnet_nobn")).unwrap_err().to_string();
+        assert!(err.contains("no check of the package"), "{err}");
         fs::write(dir.join(ENTRY), "{}").unwrap();
         let unreadable = refused(&dir, &key("convnet_nobn"));
         assert!(unreadable.contains(ENTRY), "{unreadable}");

@@ -45,8 +45,7 @@ const GRAPH_SOURCES: [(&str, &str); 2] = [
     ("guarded.h", include_str!("../device/guarded.h")),
 ];
 
-/// Where the steps are compiled and for which sizes. The Python that compiles is `DDL_PYTHON`
-/// if set, else the one the loaded torch belongs to.
+/// Where the steps are compiled, for which sizes and by which Python.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct CompileSettings {
     /// The cache folder (`compile_cache`).
@@ -62,6 +61,8 @@ pub struct CompileSettings {
     pub inductor_options: Vec<String>,
     /// Replay each step from a CUDA graph (`cuda_graphs`).
     pub cuda_graphs: bool,
+    /// The Python that compiles (`DDL_PYTHON`); none: the one the loaded torch belongs to.
+    pub python: Option<PathBuf>,
 }
 
 /// The default cache folder: `$XDG_CACHE_HOME/ddl/compiled`, else `~/.cache/ddl/compiled`.
@@ -270,8 +271,7 @@ pub fn prepare(
     settings: &CompileSettings,
     progress: &mut dyn FnMut(&str),
 ) -> Result<Entry> {
-    let explicit = std::env::var_os("DDL_PYTHON").map(PathBuf::from);
-    let python = python::find(explicit.as_deref())?;
+    let python = python::find(settings.python.as_deref())?;
     let key = spec.key(&python.torch_version)?;
     cache::get_or_build(&settings.cache, &key, &python, spec, progress)
 }

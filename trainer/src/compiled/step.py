@@ -19,7 +19,9 @@ scaled by a loss scale given at run time), and compiles it into OUT/step.pt2, a 
 Before it is kept, the package runs one step on a random batch beside the eager PyTorch step
 of the same weights (on the device it is for) and must agree with it: the loss, and the whole
 gradient within what the arithmetic allows (AOTInductor checks no strides at run time, so a
-layout it mispredicted would otherwise go unnoticed). A package that disagrees is compiled again
+layout it mispredicted would otherwise go unnoticed). A check that cannot run (torch's loader
+crashing on the package) fails the compile: ddl-train keeps only a package that passed it,
+and that its own loader then loads. A package that disagrees is compiled again
 without Inductor's layout optimization (FALLBACKS; unless the run named options of its own),
 and the compile fails, naming the gradients furthest off, only when that one disagrees too.
 
@@ -36,14 +38,20 @@ compile took.
 
     python3 step.py SPEC.json OUT_DIR
 
+Every process the script starts (the check, the graph library's compiler) is killed by the
+kernel when the script ends, however it ends, as ddl-train has the kernel kill the script when
+ddl-train ends: a ddl-train killed mid-compile leaves no compile running.
+
 The spec's `inductor_options` (ddl-train's --inductor-option, KEY=VALUE with VALUE a Python
 literal: layout_optimization=False) set options of torch._inductor.config for this compile.
 """
 import argparse
+import ctypes
 import hashlib
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -53,6 +61,24 @@ import warnings
 def fail(message):
     print(f"ddl compile: {message}", file=sys.stderr)
     sys.exit(2)
+
+
+#: prctl(2) of this process's C library, looked up before any fork.
+_prctl = ctypes.CDLL(None, use_errno=True).prctl
+_PR_SET_PDEATHSIG = 1
+
+
+def spawn(command, **popen):
+    """``subprocess.Popen(command, **popen)`` of a process the kernel kills (SIGKILL) when this
+    one ends, however it ends; it exits at once if this one has already ended."""
+    parent = os.getpid()
+
+    def die_with_parent():  # in the child, between fork and exec: two system calls
+        _prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+        if os.getppid() != parent:
+            os._exit(1)
+
+    return subprocess.Popen(command, preexec_fn=die_with_parent, **popen)
 
 
 def main():
@@ -171,6 +197,10 @@ def remember_isa_probes():
 # the convolutions' layouts itself and is where its predictions of cuDNN's output strides have
 # gone wrong (pytorch/pytorch#171622, #184027).
 FALLBACKS = [{}, {"layout_optimization": False}]
+
+
+#: The exit status of a check that found constants folded into the package's code.
+FOLDED = 3
 
 
 class Disagrees(Exception):
@@ -328,8 +358,7 @@ def start_graph_library(torch, out):
                "-DUSE_CUDA", *(f"-I{p}" for p in includes + [here]),
                os.path.join(here, "graph.cpp"), "-o", os.path.join(out, "graph.so")]
     try:
-        return subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                text=True)
+        return spawn(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     except OSError as e:
         return f"{cxx} could not start ({e})"
 
@@ -347,17 +376,21 @@ def finish_graph_library(build, out):
 
 def checked(spec_path, out):
     """The check of the package in `out`, run in a process of its own (a crash of torch's Python
-    loader must not pass for a verdict): its figures, or why it could not run. Raises
-    Disagrees when the package disagrees with eager."""
-    run = subprocess.run([sys.executable, __file__, spec_path, out, "--check"],
-                         capture_output=True, text=True)
+    loader must not pass for a verdict): its figures. Raises Disagrees when the package
+    disagrees with eager, and fails the compile when the check could not run."""
+    run = spawn([sys.executable, __file__, spec_path, out, "--check"],
+                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    stdout, stderr = run.communicate()
     if run.returncode == 0:
-        return json.loads(run.stdout.strip().splitlines()[-1])
-    ours = [l for l in run.stderr.splitlines() if l.startswith("ddl compile: ")]
+        return json.loads(stdout.strip().splitlines()[-1])
+    ours = [l.removeprefix("ddl compile: ") for l in stderr.splitlines()
+            if l.startswith("ddl compile: ")]
     if run.returncode == 2 and ours:
-        raise Disagrees(ours[-1].removeprefix("ddl compile: "))
-    return {"skipped": f"the check exited with {run.returncode} before a verdict: "
-                       + " | ".join(run.stderr.strip().splitlines()[-3:])}
+        raise Disagrees(ours[-1])
+    if run.returncode == FOLDED and ours:
+        fail(ours[-1])
+    fail(f"the check of the package against eager PyTorch exited with {run.returncode} before a "
+         "verdict, so the package is not kept: " + " | ".join(stderr.strip().splitlines()[-3:]))
 
 
 # How far the compiled step may be from eager's, over the whole gradient (relative L2) and in
@@ -377,6 +410,13 @@ def check_package(torch, spec, device, out):
     constants["flat_grad"] = torch.zeros(spec["total"], device=device)
     index = (device.index or 0) if device.type == "cuda" else -1
     loader = load_package(torch, os.path.join(out, "step.pt2"), index)
+    listed = set(loader.get_constant_fqns())
+    folded = sorted(k.removeprefix("net.") for k in constants if k not in listed)
+    if folded:  # no other options would help: the compile fails outright
+        print(f"ddl compile: the compiled step does not read {', '.join(folded)} as a tensor "
+              "(folded into its code as a constant, so ddl's updates to it would be ignored); "
+              "it cannot train this model", file=sys.stderr)
+        sys.exit(FOLDED)
     loader.load_constants(constants, False, True, True)
     compiled_loss = float(loader.run(list(inputs))[0])
     flat = constants["flat_grad"]

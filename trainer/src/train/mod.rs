@@ -384,6 +384,7 @@ fn table_config(
             fold_small_constants: false,
             inductor_options: cfg.inductor_options.clone(),
             cuda_graphs: cfg.cuda_graphs,
+            python: std::env::var_os("DDL_PYTHON").map(PathBuf::from),
         }),
     }
 }
