@@ -68,6 +68,18 @@ pub enum ExchangeError {
         /// The nodes whose exchange failed.
         failed: Vec<usize>,
     },
+    /// The ranks started different epochs: each would wait for the others' records of its
+    /// own epoch.
+    #[error(
+        "record exchange: the ranks start different epochs ({}); every rank must start the \
+         same epoch at each epoch boundary",
+        asked.iter().map(|(e, ranks)| format!("epoch {e} on rank(s) {ranks:?}"))
+            .collect::<Vec<_>>().join(", ")
+    )]
+    EpochsDiffer {
+        /// Each epoch asked for, with the ranks that asked for it.
+        asked: Vec<(u64, Vec<usize>)>,
+    },
     /// The records a node may hold during the exchange would not fit in its memory.
     #[error(
         "exchanging {fraction} of every node's records, node {node} may hold up to {records} \

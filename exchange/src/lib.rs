@@ -225,12 +225,14 @@ impl Exchange {
     }
 
     /// The records this node serves in `epoch`, once every node's are in place; starts the
-    /// transfer into `epoch + 1`. Collective: every rank calls it at the start of each epoch.
+    /// transfer into `epoch + 1`. Collective: every rank calls it at the start of each epoch,
+    /// the same epoch (ranks starting different epochs all fail, naming them, at once).
     pub fn epoch(&mut self, epoch: u64) -> Result<Arc<Dataset>> {
         let shared = self.shared.clone();
         if shared.placement.fraction() == 0.0 || shared.placement.nodes() < 2 {
             return Ok(shared.home.clone());
         }
+        same_epoch(&*self.transport, shared.node, epoch)?;
         if let Some((h, view)) = &self.serving {
             if h.epoch() == epoch {
                 return Ok(view.clone());
@@ -366,6 +368,24 @@ fn leaders(t: &dyn Transport, node: usize, nodes: usize, leader: bool) -> Result
         }),
         None => Ok(leaders.into_iter().map(|l| l[0]).collect()),
     }
+}
+
+/// Fails on every rank, naming each rank's epoch, unless every rank starts `epoch`.
+fn same_epoch(t: &dyn Transport, node: usize, epoch: u64) -> Result<()> {
+    let all = collective::allgather_bytes(t, epoch.to_le_bytes().to_vec())
+        .map_err(|source| ExchangeError::Comm { node, source })?;
+    let mut asked: Vec<(u64, Vec<usize>)> = Vec::new();
+    for (rank, bytes) in all.iter().enumerate() {
+        let e = u64::from_le_bytes(bytes.as_slice().try_into().unwrap_or([0xff; 8]));
+        match asked.iter_mut().find(|(a, _)| *a == e) {
+            Some((_, ranks)) => ranks.push(rank),
+            None => asked.push((e, vec![rank])),
+        }
+    }
+    if asked.len() > 1 {
+        return Err(ExchangeError::EpochsDiffer { asked });
+    }
+    Ok(())
 }
 
 /// `result` on every rank once all agree it succeeded; else this rank's error, or on the

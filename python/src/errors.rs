@@ -63,6 +63,10 @@ pub fn exchange_error(e: ExchangeError) -> PyErr {
     let msg = format!("exchange: {e}");
     match e {
         ExchangeError::Memory { .. } => PyValueError::new_err(msg),
+        ExchangeError::EpochsDiffer { .. } => PyValueError::new_err(format!(
+            "{msg}: give every rank's loader the same set_epoch() (or none), and iterate every \
+             epoch on every rank"
+        )),
         ExchangeError::Comm { .. } | ExchangeError::Elsewhere { .. } => DistError::new_err(msg),
         ExchangeError::Loader { source, .. } => loader_error(source),
         _ => DdlError::new_err(msg),

@@ -106,6 +106,17 @@ def test_exchange_moves_records_between_nodes_and_serves_each_once(
     assert sum(s["exchange_bytes_in"] for s in leaders) > 0
 
 
+def test_an_exchanging_loader_refuses_a_locked_fork_and_ranks_at_other_epochs(
+        shards: Path) -> None:
+    """Two nodes exchanging records: a process forked while another of its threads waits in
+    the loader for the other node gets a loader that raises RuntimeError saying why (before:
+    its first use blocked forever); ranks starting different epochs raise ValueError naming
+    each rank's epoch (before: "timed out waiting for peer 1" after the timeout)."""
+    job = torchrun_nodes(2, 1, "loader_misuse.py", [shards], timeout=LIMIT)
+    assert job.returncode == 0, job.output
+    assert job.stdout.count("loader_misuse ok") == 2, job.output
+
+
 def test_exchange_arguments_are_checked(shards: Path) -> None:
     """Out of range or not a number: ValueError naming ``exchange``; a val loader refuses;
     several nodes without ddl.dist: RuntimeError saying to initialise it; one node: a
