@@ -133,6 +133,28 @@ def _checked(rank: int, size: int, local_rank: int, local_size: int, source: str
                      size // local_size, source)
 
 
+def check_torch_world(place: Placement) -> None:
+    """Raises ValueError naming both worlds when ``torch.distributed`` is initialised with
+    another rank or size than ``place`` (ddl.dist's): ``ddl.dist.init()`` called before
+    ``init_process_group`` in processes started without a launcher
+    (``torch.multiprocessing.spawn``) forms a world of one per process, and a loader dealing
+    over it would give every process the whole split."""
+    try:
+        import torch.distributed as tdist
+    except ImportError:
+        return
+    if not (tdist.is_available() and tdist.is_initialized()):
+        return
+    rank, size = tdist.get_rank(), tdist.get_world_size()
+    if (rank, size) != (place.rank, place.world_size):
+        raise ValueError(
+            f"ddl.dist's world has {place.world_size} rank(s) (this is rank {place.rank}) but "
+            f"torch.distributed's has {size} (this is rank {rank}): a loader dealing over "
+            "ddl.dist's world would serve other records than the training expects. Call "
+            "ddl.dist.init() after init_process_group (it then joins torch.distributed's "
+            "world), or start both with the same launcher")
+
+
 def current() -> Placement:
     """The placement from ``ddl.dist`` when initialised, else ``torch.distributed`` (with the
     launcher's local rank), else the MPI / Slurm / torchrun environment, else one process."""

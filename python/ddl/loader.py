@@ -421,6 +421,8 @@ class Loader:
             if size != place.world_size or me != place.rank:
                 # Explicit positions: each rank its own node unless the launcher says otherwise.
                 place = _placement.Placement(me, size, 0, 1, me, size, "arguments")
+        if place.source == "ddl.dist" and rank is None and world_size is None:
+            _placement.check_torch_world(place)
         moved = _check_exchange(exchange, split, place)
         self.placement = place
         trace_path = None if trace_records is None else _trace_path(trace_records)

@@ -270,6 +270,15 @@ def test_init_after_spawn_joins_torch_distributed_world() -> None:
     assert sorted(lines) == [f"dist_spawn ok rank={r} size=2 sum=3" for r in range(2)]
 
 
+def test_a_loader_refuses_a_ddl_dist_world_other_than_torch_distributed(shards: Path) -> None:
+    """torch.multiprocessing.spawn of 2 processes calling ddl.dist.init() before
+    init_process_group(rank=, world_size=2): ddl.dist is a world of one in each, and a
+    ddl.Loader raises ValueError naming both worlds (before: each process trained on the
+    whole split)."""
+    lines = ok_lines(alone("dist_spawn_early.py", [free_port(), shards]), "dist_spawn_early")
+    assert sorted(lines) == [f"dist_spawn_early ok rank={r}" for r in range(2)]
+
+
 def test_a_launch_disagreeing_with_torch_distributed_is_refused_naming_both() -> None:
     """torchrun's variables say 2 ranks, torch.distributed was initialised with 1: init()
     raises ValueError naming both at once (before: it waited for a second rank that never
