@@ -123,19 +123,34 @@ impl EpochProgress {
     }
 
     /// Checks that the progress read from a checkpoint is whole: as many words as the split
-    /// needs, no record beyond it.
+    /// needs, no record beyond it (each error says which).
     pub fn check(&self) -> Result<()> {
+        let needed = self.records.div_ceil(32);
+        if self.words.len() as u64 != needed {
+            return Err(LoaderError::InvalidConfig(format!(
+                "the progress of epoch {} has {} words for {} records, which take {needed}: it \
+                 was cut short or written for another split",
+                self.epoch,
+                self.words.len(),
+                self.records
+            )));
+        }
         let tail = self.records % 32;
         let spare = match self.words.last() {
             Some(&w) if tail != 0 => w >> tail,
             _ => 0,
         };
-        if self.words.len() as u64 != self.records.div_ceil(32) || spare != 0 {
+        if spare != 0 {
+            let past: Vec<u64> = (0..32 - tail)
+                .filter(|b| spare & (1 << b) != 0)
+                .map(|b| self.records + b)
+                .collect();
             return Err(LoaderError::InvalidConfig(format!(
-                "the progress of epoch {} has {} words for {} records",
+                "the progress of epoch {} marks record(s) {past:?} served, past the last of its \
+                 {} records (ids 0 to {}): it was altered",
                 self.epoch,
-                self.words.len(),
-                self.records
+                self.records,
+                self.records - 1
             )));
         }
         Ok(())
@@ -166,8 +181,20 @@ mod tests {
         assert!(bad.check().is_err());
         let words = EpochProgress::from_words(1, 70, a.words().to_vec()).unwrap();
         assert_eq!(words.unserved(), a.unserved());
-        assert!(EpochProgress::from_words(1, 70, vec![0; 2]).is_err());
-        assert!(EpochProgress::from_words(1, 70, vec![0, 0, 1 << 6]).is_err());
+        let short = EpochProgress::from_words(1, 70, vec![0; 2]).unwrap_err();
+        assert!(
+            short
+                .to_string()
+                .contains("has 2 words for 70 records, which take 3"),
+            "{short}"
+        );
+        // 70 records: bits 6.. of the third word are past the last one.
+        let past = EpochProgress::from_words(1, 70, vec![0, 0, 1 << 6 | 1 << 9]).unwrap_err();
+        assert!(
+            past.to_string()
+                .contains("marks record(s) [70, 73] served, past the last of its 70 records"),
+            "{past}"
+        );
     }
 
     #[test]
