@@ -1210,23 +1210,57 @@ fn a_pack_written_by_identity_v1_is_resumed_as_the_same_pack() {
 
 #[test]
 fn a_pack_into_a_directory_another_pack_is_writing_is_refused() {
+    use ddl_loader::pack::PackProgress;
     use fs4::fs_std::FileExt;
+    use std::path::PathBuf;
+    use std::sync::Mutex;
+
+    /// At the pack's first progress, while it writes: whether its output directory's lock was
+    /// free, and what a second pack into that directory said.
+    struct Intruder {
+        input: PathBuf,
+        out: PathBuf,
+        seen: Mutex<Option<(bool, String)>>,
+    }
+    impl PackProgress for Intruder {
+        fn advance(&self, _n: u64) {
+            let mut seen = self.seen.lock().unwrap();
+            if seen.is_none() {
+                let dir = std::fs::File::open(&self.out).unwrap();
+                let free = dir.try_lock_exclusive().unwrap();
+                let second = pack::pack(&opts(&self.input, &self.out), &NoProgress);
+                *seen = Some((
+                    free,
+                    second.map_or_else(|e| e.to_string(), |_| "packed".into()),
+                ));
+            }
+        }
+    }
+
     let (tmp, input) = scratch_tree("pack-busy");
     let out = tmp.path().join("out");
-    std::fs::create_dir_all(&out).unwrap();
-    // Another ddl-pack's lock, as it holds it while it writes.
-    let other = std::fs::File::open(&out).unwrap();
-    assert!(other.try_lock_exclusive().unwrap());
-    let e = pack::pack(&opts(&input, &out), &NoProgress).unwrap_err();
-    assert!(matches!(e, LoaderError::OutputBusy { .. }), "{e}");
-    assert!(e.to_string().contains("another ddl-pack is writing"), "{e}");
-    assert_eq!(
-        std::fs::read_dir(&out).unwrap().count(),
-        0,
-        "nothing written"
-    );
-    // Once it is done, the pack runs.
-    drop(other);
-    let rep = run(&opts(&input, &out));
+    let intruder = Intruder {
+        input: input.clone(),
+        out: out.clone(),
+        seen: Mutex::new(None),
+    };
+    let rep = pack::pack(&opts(&input, &out), &intruder).unwrap();
     assert_eq!(rep.splits["train"].records, 15);
+    let (free, second) = intruder
+        .seen
+        .into_inner()
+        .unwrap()
+        .expect("no progress reported");
+    assert!(!free, "the running pack did not hold its directory's lock");
+    assert!(second.contains("another ddl-pack is writing"), "{second}");
+    // Once it is done, the lock is free and the directory whole: the same pack keeps it all.
+    assert!(std::fs::File::open(&out)
+        .unwrap()
+        .try_lock_exclusive()
+        .unwrap());
+    let again = run(&opts(&input, &out));
+    assert_eq!(
+        again.splits["train"].shards_kept,
+        again.splits["train"].shards
+    );
 }

@@ -11,7 +11,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Dict, List, Tuple
+from typing import Any, Dict, List, Tuple
 
 import numpy as np
 import pytest
@@ -695,24 +695,38 @@ def test_output_dtype_and_memory_format(shards: Path, dtype: torch.dtype,
         assert x.dtype == dtype and x.shape == rx.shape
         assert x.is_contiguous(memory_format=memory_format)
         assert torch.equal(x.float(), rx.to(dtype).float()) and torch.equal(y, ry)
-    # By name, too; uint8 in channels-last NCHW is the decoded buffer itself (no copy).
+    # By name, too.
     named = ddl.Loader(shards, batch_size=8, image_size=32, workers=1, dtype="bfloat16")
     assert next(iter(named))[0].dtype == torch.bfloat16
-    raw = ddl.Loader(shards, batch_size=8, image_size=32, workers=1, dtype=torch.uint8,
-                     memory_format=torch.channels_last)
-    x, _ = next(iter(raw))
-    assert x.is_contiguous(memory_format=torch.channels_last) and x.shape == (8, 3, 32, 32)
+
+
+def test_uint8_output_is_the_pixels_the_float_output_normalises(shards: Path) -> None:
+    """dtype=torch.uint8 in channels-last NCHW is the decoded buffer itself (no copy): the
+    pixels whose ``(x / 255 - mean) / std`` is the float32 output, batch by batch."""
+    kw: Dict[str, Any] = dict(batch_size=8, image_size=32, workers=1)
+    reference = collect(ddl.Loader(shards, **kw))
+    raw = collect(ddl.Loader(shards, dtype=torch.uint8, memory_format=torch.channels_last, **kw))
+    mean = torch.tensor(ddl.loader.IMAGENET_MEAN).view(1, 3, 1, 1)
+    std = torch.tensor(ddl.loader.IMAGENET_STD).view(1, 3, 1, 1)
+    assert len(raw) == len(reference)
+    for (x, y), (rx, ry) in zip(raw, reference):
+        assert x.dtype == torch.uint8 and x.shape == rx.shape == (8, 3, 32, 32)
+        assert x.is_contiguous(memory_format=torch.channels_last)
+        assert torch.allclose((x.float() / 255 - mean) / std, rx, rtol=0, atol=1e-5)
+        assert torch.equal(y, ry)
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
-def test_output_dtype_and_memory_format_on_the_gpu(shards: Path) -> None:
-    """device="cuda": converted by the copy into pinned memory, the same values and layout."""
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.uint8])
+def test_output_dtype_and_memory_format_on_the_gpu(shards: Path, dtype: torch.dtype) -> None:
+    """device="cuda": converted by the copy into pinned memory, the same values and layout
+    (uint8: the same pixels)."""
     kw: Dict[str, object] = {"batch_size": 8, "image_size": 32, "workers": 1,
-                             "dtype": torch.bfloat16, "memory_format": torch.channels_last}
+                             "dtype": dtype, "memory_format": torch.channels_last}
     on_cpu = collect(ddl.Loader(shards, **kw))  # type: ignore[arg-type]
     on_gpu = collect(ddl.Loader(shards, device="cuda", **kw))  # type: ignore[arg-type]
     assert len(on_gpu) == len(on_cpu)
     for (x, y), (cx, cy) in zip(on_gpu, on_cpu):
-        assert x.is_cuda and x.dtype == torch.bfloat16
+        assert x.is_cuda and x.dtype == dtype and x.shape == cx.shape
         assert x.is_contiguous(memory_format=torch.channels_last)
         assert torch.equal(x.cpu(), cx) and torch.equal(y.cpu(), cy)

@@ -2,6 +2,7 @@
 
 use crate::common;
 
+use std::path::Path;
 use std::sync::Arc;
 
 use ddl_comm::{thread_group, Topology, Transport};
@@ -121,3 +122,44 @@ fn bad_flags_are_named() {
 
 /// Sets one out-of-range value in a valid configuration.
 type Break = dyn Fn(&mut TrainConfig);
+
+#[test]
+fn synthetic_data_refuses_every_setting_that_needs_data_naming_both() {
+    // Data, checkpoints, weights in and out and the record trace have nothing to work on in a
+    // run on one random batch: each is refused by name beside --synthetic-data.
+    let mut ok = common::config(Path::new(""), "convnet_nobn", 2, "cpu:1");
+    ok.synthetic_data = true;
+    ok.classes = Some(3);
+    let cases: Vec<(&str, Box<Break>)> = vec![
+        ("--data", Box::new(|c| c.data = "shards".into())),
+        (
+            "--checkpoint-dir",
+            Box::new(|c| c.checkpoint_dir = Some("ck".into())),
+        ),
+        (
+            "--init-from",
+            Box::new(|c| c.init_from = Some("w.safetensors".into())),
+        ),
+        (
+            "--export",
+            Box::new(|c| c.export = Some("w.safetensors".into())),
+        ),
+        (
+            "--dump-weights",
+            Box::new(|c| c.dump_weights = Some("w.f32".into())),
+        ),
+        (
+            "--trace-records",
+            Box::new(|c| c.trace_records = Some("t.jsonl".into())),
+        ),
+    ];
+    for (flag, change) in cases {
+        let mut c = ok.clone();
+        change(&mut c);
+        let e = err(&c);
+        assert!(
+            e.contains(flag) && e.contains("--synthetic-data") && e.contains("random data"),
+            "{flag}: {e}"
+        );
+    }
+}
