@@ -74,6 +74,7 @@ const CHECKS: &[(&str, &str)] = &[
     ("compile", "update"),
     ("compile_all", "variant"),
     ("compile_check", "compiled-fp32"),
+    ("compile_check", "graphs-fp32"),
     ("compile_check", "resume"),
     ("compiled_speed", "fed"),
     ("compiled_speed", "synthetic"),
@@ -139,6 +140,12 @@ fn bundle_runs_every_stage_on_the_cpu() {
     };
     assert_eq!(line("correctness", "resume")["bitwise"], true);
     assert_eq!(line("compile_check", "resume")["bitwise"], true);
+    // The CUDA graph check, whose capture only a GPU can make, is there, said to be skipped.
+    let graphs = &line("compile_check", "graphs-fp32")["skipped"];
+    assert!(
+        graphs.as_str().is_some_and(|s| s.contains("GPU")),
+        "{graphs}"
+    );
     let update = line("compile_check", "compiled-fp32")["update_rel_diff"].as_f64();
     assert!(update.is_some_and(|u| u < 0.05), "{update:?}");
     assert!(

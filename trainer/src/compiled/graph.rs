@@ -194,6 +194,23 @@ print(json.dumps(step.finish_graph_library(step.start_graph_library(torch, sys.a
         String::from_utf8_lossy(&out.stdout).into_owned()
     }
 
+    /// Captures `y = 2 x` on the GPU, then replays it with another `x`.
+    fn replays_what_it_captured(library: &Arc<GraphLibrary>) {
+        use tch::{Device, Kind, Tensor};
+        let mut x = Tensor::ones([1024], (Kind::Float, Device::Cuda(0)));
+        let mut y = Tensor::zeros([1024], (Kind::Float, Device::Cuda(0)));
+        let graph = library
+            .capture(0, &mut || {
+                y.f_copy_(&(&x * 2.0))?;
+                Ok(())
+            })
+            .unwrap();
+        let _ = x.fill_(3.0);
+        graph.replay().unwrap();
+        assert_eq!(y.min().double_value(&[]), 6.0);
+        assert_eq!(y.max().double_value(&[]), 6.0);
+    }
+
     /// Whether this process runs on a libtorch built with CUDA.
     fn cuda_build() -> bool {
         // SAFETY: a NUL-terminated name; RTLD_NOLOAD loads nothing.
@@ -206,9 +223,11 @@ print(json.dumps(step.finish_graph_library(step.start_graph_library(torch, sys.a
         !lib.is_null()
     }
 
-    /// The library opens here, every symbol bound to this process's libtorch_cuda, and without
-    /// a GPU a capture fails with CUDA's reason instead of running anything; on a libtorch built
-    /// without CUDA (LIBTORCH=...) there is no library, or one that names what it lacks.
+    /// The library opens here, every symbol bound to this process's libtorch_cuda; on a GPU a
+    /// capture records what it runs and a replay runs it again on what its tensors then hold,
+    /// and without a GPU a capture fails with CUDA's reason instead of running anything; on a
+    /// libtorch built without CUDA (LIBTORCH=...) there is no library, or one that names what
+    /// it lacks. (The GPU bundle's compile_check stage captures ddl-train's compiled step.)
     #[test]
     fn the_graph_library_compiles_and_opens_against_this_torch() {
         let tmp = tempfile::tempdir().unwrap();
@@ -224,6 +243,7 @@ print(json.dumps(step.finish_graph_library(step.start_graph_library(torch, sys.a
         assert!(said.contains(r#"{"file": "graph.so"}"#), "{said}");
         let library = opened.unwrap();
         if tch::Cuda::is_available() {
+            replays_what_it_captured(&library);
             return;
         }
         let mut ran = false;

@@ -65,12 +65,14 @@ enum Graph {
         library: Arc<GraphLibrary>,
         runs: usize,
     },
-    /// The graph, and the static slots it reads its batch from and writes its loss to.
+    /// The graph, the static slots it reads its batch from and writes its loss to, and the
+    /// run it was captured at.
     Captured {
         graph: CudaGraph,
         images: Tensor,
         labels: Tensor,
         loss: Tensor,
+        at: u64,
     },
 }
 
@@ -84,6 +86,8 @@ pub struct StepPackage {
     loss_scale: Tensor,
     scale: f64,
     graph: Graph,
+    /// Runs so far (plain or replayed).
+    runs: u64,
 }
 
 // SAFETY: the loader is owned by one replica at a time; AOTInductor's container may be used
@@ -114,6 +118,7 @@ impl StepPackage {
             loss_scale: Tensor::f_ones([], (Kind::Float, device))?,
             scale: 1.0,
             graph: Graph::Off,
+            runs: 0,
         })
     }
 
@@ -215,6 +220,7 @@ impl StepPackage {
     /// place and returns the unscaled loss (a 0-dim tensor on the device; from a CUDA graph,
     /// its static slot, which the next step overwrites).
     pub fn run(&mut self, images: &Tensor, labels: &Tensor, loss_scale: f64) -> Result<Tensor> {
+        self.runs += 1;
         let inputs = &self.described.inputs;
         inputs[0].check("images", images)?;
         inputs[1].check("labels", labels)?;
@@ -237,12 +243,22 @@ impl StepPackage {
                 images: image_slot,
                 labels: label_slot,
                 loss,
+                ..
             } => {
                 image_slot.f_copy_(images)?;
                 label_slot.f_copy_(labels)?;
                 graph.replay()?;
                 Ok(loss.shallow_clone())
             }
+        }
+    }
+
+    /// The run (1-based) whose step was captured into a CUDA graph, which every later run
+    /// replays; None while none was.
+    pub fn captured_at(&self) -> Option<u64> {
+        match self.graph {
+            Graph::Captured { at, .. } => Some(at),
+            _ => None,
         }
     }
 
@@ -274,6 +290,7 @@ impl StepPackage {
             images: image_slot,
             labels: label_slot,
             loss,
+            at: self.runs,
         };
         Ok(out)
     }

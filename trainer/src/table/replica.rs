@@ -10,6 +10,7 @@ use tch::{Kind, Reduction, Tensor};
 
 use crate::compiled::{Entry, GraphLibrary, StepPackage};
 use crate::config::{Overlap, Precision};
+use crate::console::eprint_line;
 use crate::device::{autocast, DeviceCtx, Event};
 use crate::error::{Result, TrainError};
 use crate::model;
@@ -331,7 +332,18 @@ impl Replica {
         let loss = {
             let _span =
                 ddl_trace::span_args("compiled_step", "train", &[("replica", replica as i64)]);
-            package.run(&batch.images, &batch.labels, cmd.loss_scale)?
+            let captured = package.captured_at();
+            let loss = package.run(&batch.images, &batch.labels, cmd.loss_scale)?;
+            let verbose = self.cfg.compile.as_ref().is_some_and(|c| c.verbose);
+            if let (None, Some(at), true, 0) =
+                (captured, package.captured_at(), verbose, self.cfg.rank)
+            {
+                eprint_line(&format!(
+                    "cuda graphs: replica {replica} replays its {size} px compiled step from a \
+                     CUDA graph, captured at its run {at}"
+                ));
+            }
+            loss
         };
         self.ctx.copy(&mut self.loss_host, &loss.f_reshape([1])?)?;
         let loss_read = self.ctx.record()?;
