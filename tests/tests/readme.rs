@@ -1,5 +1,5 @@
-//! Every ddl command the README shows runs as pasted: each one (in code blocks, and inline
-//! ones that are whole commands) is run in an empty scratch directory, where the ones that
+//! Every ddl command the README and the guides in docs/ show runs as pasted: each one (in code
+//! blocks, and inline ones that are whole commands) is run in an empty scratch directory, where the ones that
 //! read data stop at its absence and the others (`ddl-plan`, `ddl-bench sim`, `ddl-synth`)
 //! do their work. None may be refused by its command line (exit status 2: a missing required
 //! flag, an unknown one, a bad value). Fragments mark themselves: a placeholder in capitals
@@ -10,10 +10,31 @@ use std::path::Path;
 
 use ddl_tests::{command, printed, run, scratch};
 
-/// The README of the workspace.
+/// The guides a user pastes commands from: the workspace's README, then docs/'s guides. Not
+/// TROUBLESHOOTING.md, whose cases are commands refused on purpose, nor DESIGN.md.
+const GUIDES: [&str; 9] = [
+    "README.md",
+    "docs/PACK.md",
+    "docs/TRAIN.md",
+    "docs/MEASURE.md",
+    "docs/PYTORCH.md",
+    "docs/MODELS.md",
+    "docs/CLUSTERS.md",
+    "docs/GPU.md",
+    "docs/SECURITY.md",
+];
+
+/// The README and the guides, one after the other.
 fn readme() -> String {
-    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../README.md");
-    std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    GUIDES
+        .iter()
+        .map(|guide| {
+            let path = root.join(guide);
+            std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+        })
+        .collect::<Vec<_>>()
+        .join("\n")
 }
 
 /// The lines of the README's code blocks other than Python, comments cut and `\`
@@ -78,10 +99,20 @@ fn ddl_command(shown: &str) -> Option<Vec<&str>> {
 }
 
 #[test]
-fn every_command_the_readme_shows_runs_as_pasted() {
+fn every_command_the_readme_and_guides_show_runs_as_pasted() {
+    let docs = Path::new(env!("CARGO_MANIFEST_DIR")).join("../docs");
+    for entry in std::fs::read_dir(&docs).unwrap() {
+        let name = format!("docs/{}", entry.unwrap().file_name().to_string_lossy());
+        let checked = GUIDES.contains(&name.as_str());
+        let exempt = ["docs/DESIGN.md", "docs/TROUBLESHOOTING.md"].contains(&name.as_str());
+        assert!(
+            checked || exempt,
+            "{name} is not among the guides checked here"
+        );
+    }
     let shown = shown_commands(&readme());
     let commands: Vec<Vec<&str>> = shown.iter().filter_map(|s| ddl_command(s)).collect();
-    // The README's own examples, so that a change of the parser cannot pass by finding none.
+    // The guides' own examples, so that a change of the parser cannot pass by finding none.
     for expected in [
         "ddl-bench sim --model resnet101 --classes 21841",
         "ddl-pack imagenet/ -o shards/ --shards 1024 --nodes 64",

@@ -14,7 +14,7 @@
 //! never obtains a proof over a value of its choosing; fresh nonces make a recorded handshake
 //! useless for another connection. Every frame has a fixed size and each read is bounded by a
 //! deadline. The traffic after the handshake is neither encrypted nor authenticated: someone
-//! on the path between two ranks can still read or alter it (README, "Security").
+//! on the path between two ranks can still read or alter it (docs/SECURITY.md).
 
 use std::io::{Read, Write};
 use std::net::TcpStream;

@@ -1,6 +1,6 @@
 """FFCV's launch: ``torch.multiprocessing.spawn`` of 2 processes, each initialising
 torch.distributed with ``init_process_group(rank=..., world_size=2)`` (no launcher variables
-but MASTER_ADDR / MASTER_PORT), then ``ddl.dist.init()`` as the README says: ddl.dist must
+but MASTER_ADDR / MASTER_PORT), then ``ddl.dist.init()`` as docs/PYTORCH.md says: ddl.dist must
 join torch.distributed's world (its rank, size and store), not form a world of its own.
 
 Usage: python dist_spawn.py PORT (run alone, no launcher)
