@@ -1,267 +1,207 @@
-//! Allreduce algorithm names and parameters, and the parameters' defaults: the user's choice,
-//! parsed and printed. What runs it is in [`crate::allreduce`] (which reads the defaults from
-//! here; nothing here reads from there).
+//! The registry of allreduce algorithms: one line each, naming the [`Algorithm`] variant and
+//! the type its file declares ([`Declare`]: its name, what it parses from, its help line,
+//! whether `auto` may choose it, what runs it). Everything else about an algorithm lives in
+//! its file under [`crate::allreduce`]; every list of names (help texts, `ddl.dist`, the
+//! candidates of `auto`) is made from this one. Adding an algorithm is its file and a line
+//! here.
+//!
+//! `auto` is the registry's own: it chooses among the others per call, so the registry
+//! declares it, and [`crate::allreduce::Allreducer`] runs it over them.
 
 use std::fmt;
 use std::str::FromStr;
 
-use crate::error::CommError;
+use crate::allreduce::context::Allreduce;
+use crate::allreduce::declare::{no_args, Declare, Declared};
+use crate::allreduce::hierarchical::{self, Across, Hierarchical};
+use crate::allreduce::multicolor::{self, Multicolor};
+use crate::allreduce::multiring;
+use crate::allreduce::shm::{self, Shm};
+use crate::allreduce::{mpi, rhd, ring};
+use crate::error::{CommError, Result};
+use crate::topology::Topology;
 
-/// Default number of colors of `multicolor` ([`Algorithm::MULTICOLOR`]).
-pub(crate) const MULTICOLOR_COLORS: usize = 4;
+/// What `auto` declares: the registry's choice among the algorithms that let it choose them.
+const AUTO: Declared = Declared {
+    name: "auto",
+    syntax: "auto",
+    help: "the fastest of the others that let auto choose them, per buffer size: timed on \
+           the first calls of each size, or as a measured cost model has them",
+    auto: false,
+};
 
-/// Default pipeline chunk of `multicolor`, in bytes ([`Algorithm::MULTICOLOR`]). Every pipeline
-/// step is a lock-step exchange among tree neighbours, so on slow links each step costs
-/// milliseconds of synchronisation and larger chunks ran faster there (BENCHMARKS.md, "Figures
-/// behind the defaults").
-pub(crate) const MULTICOLOR_CHUNK_BYTES: usize = 1024 * 1024;
-
-/// Default chunk per rank of `shm`, in bytes ([`Algorithm::SHM`]).
-pub(crate) const SHM_CHUNK_BYTES: usize = 512 << 10;
-
-/// Default chunk per rank of the node stage of `hierarchical`, in bytes
-/// ([`Algorithm::hierarchical`]): each chunk's parts cross between the nodes in one blocking
-/// allreduce per rank, so chunks pay that latency; past 4 MiB larger chunks gained nothing
-/// (BENCHMARKS.md, "Figures behind the defaults").
-pub(crate) const HIERARCHICAL_CHUNK_BYTES: usize = 4 << 20;
-
-/// The allreduce between the nodes of [`Algorithm::Hierarchical`].
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Across {
-    /// [`Algorithm::Ring`].
-    Ring,
-    /// [`Algorithm::Rhd`].
-    Rhd,
-    /// [`Algorithm::Mpi`] (MPI transport only).
-    Mpi,
+/// An algorithm's parameters seen through its [`Declare`] implementation.
+trait Registered {
+    fn declared(&self) -> &'static Declared;
+    fn args(&self) -> Option<String>;
+    fn build(&self) -> Box<dyn Allreduce>;
 }
 
-impl Across {
-    /// The algorithm run between the nodes.
-    pub fn algorithm(self) -> Algorithm {
-        match self {
-            Across::Ring => Algorithm::Ring,
-            Across::Rhd => Algorithm::Rhd,
-            Across::Mpi => Algorithm::Mpi,
-        }
+impl<D: Declare> Registered for D {
+    fn declared(&self) -> &'static Declared {
+        &D::DECLARED
+    }
+    fn args(&self) -> Option<String> {
+        Declare::args(self)
+    }
+    fn build(&self) -> Box<dyn Allreduce> {
+        Declare::build(self)
     }
 }
 
-/// An allreduce algorithm.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum Algorithm {
-    /// Ring: reduce-scatter then allgather, `2(p-1)` steps of `n/p`.
-    Ring,
-    /// Rabenseifner recursive halving (reduce-scatter) and doubling (allgather); ranks beyond
-    /// the largest power of two are folded in first and out last.
-    Rhd,
-    /// `colors` trees with distinct roots and interior nodes, run concurrently, each
-    /// pipelined in chunks of `chunk_bytes`.
-    Multicolor {
-        /// Number of colors (buffer parts / trees).
-        colors: usize,
-        /// Pipeline chunk in bytes.
-        chunk_bytes: usize,
-    },
-    /// Multi-dimensional ring over `dims` (fastest tier first); empty = from the topology.
-    /// The buffer is cut into `segments` pipeline segments whose tiers overlap.
-    Multiring {
-        /// Ring dimensions; their product must equal the number of ranks.
-        dims: Vec<usize>,
-        /// Pipeline segments; 0 = automatic: as many as keep each rank's messages at 512 KiB
-        /// or more (at most 16) when two or more dimensions exceed 1, otherwise 1.
-        segments: usize,
-    },
-    /// Node shared memory: every rank copies chunks of `chunk_bytes` into a region all ranks
-    /// map, sums its share of each chunk there and copies the others' sums back (all ranks
-    /// on one node only).
-    Shm {
-        /// Chunk per rank, in bytes.
-        chunk_bytes: usize,
-    },
-    /// Two tiers: `shm` within every node sums each rank's part of a chunk over the node,
-    /// `across` sums that part between the nodes (over the ranks of the same local index, all
-    /// node links busy at once), and `shm` hands the sums back. Buffers of at most
-    /// [`LEADER_BYTES`](crate::allreduce::hierarchical::LEADER_BYTES) cross the network once,
-    /// from each node's first rank. Needs the ranks of every node to share its memory. On one
-    /// node it is `shm`, with one rank per node `across` alone.
-    Hierarchical {
-        /// The allreduce between the nodes.
-        across: Across,
-        /// Chunk per rank of the node stage, in bytes.
-        chunk_bytes: usize,
-    },
-    /// The transport's MPI_Allreduce, in place on the caller's buffer (MPI transport only).
-    Mpi,
-    /// Chosen per call by the cost model from the buffer size and topology.
-    Auto,
+/// Makes [`Algorithm`] and what is derived from the list: each line is `Variant: file::Type`
+/// (an algorithm without parameters, `Type` a unit struct) or `Variant(file::Type)` (the
+/// variant carries its parameters), in the order `auto` tries them.
+macro_rules! registry {
+    ($($variant:ident $(($pfile:ident::$pty:ident))? $(: $ufile:ident::$uty:ident)?,)*) => {
+        /// An allreduce algorithm with its parameters: one of the registry's
+        /// ([`Algorithm::DECLARED`] lists them with their help), or `auto`.
+        #[derive(Clone, Debug, PartialEq, Eq)]
+        pub enum Algorithm {
+            $(
+                #[doc = concat!("`", stringify!($($pfile)? $($ufile)?),
+                                "`: declared in `comm/src/allreduce/",
+                                stringify!($($pfile)? $($ufile)?), ".rs`.")]
+                $variant $(($pfile::$pty))?,
+            )*
+            /// Chosen per call among the others ([`auto_candidates`]).
+            Auto,
+        }
+
+        impl Algorithm {
+            /// Every algorithm as its file declares it, in the registry's order, `auto` last.
+            pub const DECLARED: &'static [Declared] =
+                &[$(<$($pfile::$pty)? $($ufile::$uty)? as Declare>::DECLARED,)* AUTO];
+
+            /// Its parameters, `None` for `auto`.
+            fn registered(&self) -> Option<&dyn Registered> {
+                match self {
+                    $(registry!(@pattern $variant p $($pty)?) =>
+                        Some(registry!(@value p $($pty)?; $($ufile::$uty)?)),)*
+                    Algorithm::Auto => None,
+                }
+            }
+
+            /// The algorithm `name` names, with the parameters in `args` (what followed `:`).
+            fn parse(name: &str, args: Option<&str>) -> Result<Option<Algorithm>> {
+                $(if name == <$($pfile::$pty)? $($ufile::$uty)? as Declare>::DECLARED.name {
+                    let params = <$($pfile::$pty)? $($ufile::$uty)? as Declare>::parse(args)?;
+                    return Ok(Some(registry!(@wrap $variant params $($pty)?)));
+                })*
+                Ok(None)
+            }
+        }
+
+        /// The algorithms `auto` chooses between over `topo`, with their default parameters:
+        /// those that declare that `auto` may choose them ([`Declared::auto`]), where each
+        /// says it may: `shm` where all ranks are on one node and `hierarchical` where several
+        /// nodes hold several ranks each, both only where `shared_memory` (each node's ranks
+        /// were found to share its memory, or have not been probed yet); `mpi` only where
+        /// `native_allreduce` (the transport is MPI's). When `auto` runs `mpi` it blocks in
+        /// MPI_Allreduce without ddl's operation timeout: a rank that dies still ends the job
+        /// through mpirun (Open MPI's default), but one that stalls alive stalls the others,
+        /// where the other algorithms fail after the timeout naming it.
+        pub fn auto_candidates(
+            topo: Topology,
+            shared_memory: bool,
+            native_allreduce: bool,
+        ) -> Vec<Algorithm> {
+            let mut candidates = Vec::new();
+            $(if <$($pfile::$pty)? $($ufile::$uty)? as Declare>::auto_here(
+                topo,
+                shared_memory,
+                native_allreduce,
+            ) {
+                let params = <$($pfile::$pty)? $($ufile::$uty)?>::default();
+                candidates.push(registry!(@wrap $variant params $($pty)?));
+            })*
+            candidates
+        }
+    };
+    (@pattern $variant:ident $p:ident) => { Algorithm::$variant };
+    (@pattern $variant:ident $p:ident $ty:ident) => { Algorithm::$variant($p) };
+    (@value $p:ident $ty:ident;) => { $p };
+    (@value $p:ident; $file:ident::$ty:ident) => { &$file::$ty };
+    (@wrap $variant:ident $params:ident) => {{ let _ = $params; Algorithm::$variant }};
+    (@wrap $variant:ident $params:ident $ty:ident) => { Algorithm::$variant($params) };
+}
+
+registry! {
+    Ring: ring::Ring,
+    Rhd: rhd::Rhd,
+    Multiring(multiring::Multiring),
+    Multicolor(multicolor::Multicolor),
+    Shm(shm::Shm),
+    Hierarchical(hierarchical::Hierarchical),
+    Mpi: mpi::Mpi,
 }
 
 impl Algorithm {
-    /// Names accepted by `FromStr`.
-    pub const NAMES: [&'static str; 8] = [
-        "ring",
-        "rhd",
-        "multicolor",
-        "multiring",
-        "shm",
-        "hierarchical",
-        "mpi",
-        "auto",
-    ];
-
     /// The multi-color algorithm with its default colors and chunk.
-    pub const MULTICOLOR: Algorithm = Algorithm::Multicolor {
-        colors: MULTICOLOR_COLORS,
-        chunk_bytes: MULTICOLOR_CHUNK_BYTES,
-    };
+    pub const MULTICOLOR: Algorithm = Algorithm::Multicolor(Multicolor::DEFAULT);
 
     /// The shared-memory algorithm with its default chunk.
-    pub const SHM: Algorithm = Algorithm::Shm {
-        chunk_bytes: SHM_CHUNK_BYTES,
-    };
+    pub const SHM: Algorithm = Algorithm::Shm(Shm::DEFAULT);
 
     /// The hierarchical algorithm with `across` between the nodes and its default chunk.
     pub const fn hierarchical(across: Across) -> Algorithm {
-        Algorithm::Hierarchical {
+        Algorithm::Hierarchical(Hierarchical {
             across,
-            chunk_bytes: HIERARCHICAL_CHUNK_BYTES,
-        }
+            chunk_bytes: Hierarchical::DEFAULT.chunk_bytes,
+        })
     }
 
-    /// The short name (`ring`, `rhd`, `multicolor`, `multiring`, `shm`, `hierarchical`,
-    /// `mpi`, `auto`).
+    /// The names of [`Algorithm::DECLARED`], in its order (`auto` last).
+    pub fn names() -> impl Iterator<Item = &'static str> {
+        Algorithm::DECLARED.iter().map(|d| d.name)
+    }
+
+    /// What its file declares (the registry declares `auto`).
+    pub fn declared(&self) -> &'static Declared {
+        self.registered().map_or(&AUTO, Registered::declared)
+    }
+
+    /// Its name (`ring`, `rhd`, ..., `auto`: [`Algorithm::DECLARED`]).
     pub fn name(&self) -> &'static str {
-        match self {
-            Algorithm::Ring => "ring",
-            Algorithm::Rhd => "rhd",
-            Algorithm::Multicolor { .. } => "multicolor",
-            Algorithm::Multiring { .. } => "multiring",
-            Algorithm::Shm { .. } => "shm",
-            Algorithm::Hierarchical { .. } => "hierarchical",
-            Algorithm::Mpi => "mpi",
-            Algorithm::Auto => "auto",
-        }
+        self.declared().name
+    }
+
+    /// What runs it, not yet prepared; `None` for `auto`, which runs the others
+    /// ([`crate::allreduce::Allreducer`] makes it).
+    pub(crate) fn implement(&self) -> Option<Box<dyn Allreduce>> {
+        self.registered().map(Registered::build)
     }
 }
 
 impl fmt::Display for Algorithm {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            Algorithm::Multicolor {
-                colors,
-                chunk_bytes,
-            } => write!(f, "multicolor:{colors}:{chunk_bytes}"),
-            Algorithm::Multiring { dims, segments } if !dims.is_empty() || *segments > 0 => {
-                let d: Vec<String> = dims.iter().map(|d| d.to_string()).collect();
-                write!(f, "multiring:{}", d.join("x"))?;
-                if *segments > 0 {
-                    write!(f, ":{segments}")?;
-                }
-                Ok(())
-            }
-            Algorithm::Shm { chunk_bytes } if *self != Algorithm::SHM => {
-                write!(f, "shm:{chunk_bytes}")
-            }
-            Algorithm::Hierarchical {
-                across,
-                chunk_bytes,
-            } => {
-                write!(f, "hierarchical:{}", across.algorithm().name())?;
-                if *chunk_bytes != HIERARCHICAL_CHUNK_BYTES {
-                    write!(f, ":{chunk_bytes}")?;
-                }
-                Ok(())
-            }
-            other => f.write_str(other.name()),
+        match self.registered().and_then(Registered::args) {
+            Some(args) => write!(f, "{}:{args}", self.name()),
+            None => f.write_str(self.name()),
         }
     }
-}
-
-fn parse_usize(s: &str, what: &str) -> Result<usize, CommError> {
-    s.parse::<usize>().ok().filter(|&v| v > 0).ok_or_else(|| {
-        CommError::InvalidArgument(format!("{what} {s:?} is not a positive integer"))
-    })
 }
 
 impl FromStr for Algorithm {
     type Err = CommError;
 
-    /// Parses `ring`, `rhd`, `mpi`, `auto`, `shm[:CHUNK_BYTES]`,
-    /// `hierarchical[:ring|rhd|mpi[:CHUNK_BYTES]]` (rhd between the nodes by default),
-    /// `multicolor[:COLORS[:CHUNK_BYTES]]` and
-    /// `multiring[:D1xD2x...[:SEGMENTS]]` (e.g. `multiring:4x8x8`, `multiring:4x2:8`, or
-    /// `multiring::8` for the topology's dimensions in 8 segments).
-    fn from_str(s: &str) -> Result<Self, Self::Err> {
-        let mut parts = s.trim().splitn(2, ':');
-        let name = parts.next().unwrap_or("").to_ascii_lowercase();
-        let rest = parts.next();
-        match (name.as_str(), rest) {
-            ("ring", None) => Ok(Algorithm::Ring),
-            ("rhd", None) => Ok(Algorithm::Rhd),
-            ("mpi", None) => Ok(Algorithm::Mpi),
-            ("auto", None) => Ok(Algorithm::Auto),
-            ("shm", None) => Ok(Algorithm::SHM),
-            ("shm", Some(c)) => Ok(Algorithm::Shm {
-                chunk_bytes: parse_usize(c, "chunk bytes")?,
-            }),
-            ("hierarchical", rest) => {
-                let mut it = rest.unwrap_or("rhd").splitn(2, ':');
-                let across = match it.next().unwrap_or("").to_ascii_lowercase().as_str() {
-                    "ring" => Across::Ring,
-                    "rhd" | "" => Across::Rhd,
-                    "mpi" => Across::Mpi,
-                    other => {
-                        return Err(CommError::InvalidArgument(format!(
-                            "hierarchical: {other:?} cannot run between the nodes (expected ring, rhd or mpi)"
-                        )))
-                    }
-                };
-                let chunk_bytes = match it.next() {
-                    None => HIERARCHICAL_CHUNK_BYTES,
-                    Some(c) => parse_usize(c, "chunk bytes")?,
-                };
-                Ok(Algorithm::Hierarchical {
-                    across,
-                    chunk_bytes,
-                })
-            }
-            ("multicolor", rest) => {
-                let mut colors = MULTICOLOR_COLORS;
-                let mut chunk_bytes = MULTICOLOR_CHUNK_BYTES;
-                if let Some(rest) = rest {
-                    let mut it = rest.split(':');
-                    if let Some(c) = it.next() {
-                        colors = parse_usize(c, "color count")?;
-                    }
-                    if let Some(c) = it.next() {
-                        chunk_bytes = parse_usize(c, "chunk bytes")?;
-                    }
-                }
-                Ok(Algorithm::Multicolor {
-                    colors,
-                    chunk_bytes,
-                })
-            }
-            ("multiring", rest) => {
-                let mut it = rest.unwrap_or("").splitn(2, ':');
-                let dims = match it.next() {
-                    None | Some("") => Vec::new(),
-                    Some(d) => d
-                        .split('x')
-                        .map(|v| parse_usize(v, "ring dimension"))
-                        .collect::<Result<Vec<_>, _>>()?,
-                };
-                let segments = match it.next() {
-                    None => 0,
-                    Some(v) => parse_usize(v, "segment count")?,
-                };
-                Ok(Algorithm::Multiring { dims, segments })
-            }
-            _ => Err(CommError::InvalidArgument(format!(
-                "unknown allreduce algorithm {s:?} (expected one of {})",
-                Algorithm::NAMES.join(", ")
-            ))),
+    /// Parses a name of [`Algorithm::DECLARED`], in any case, with the parameters its syntax
+    /// allows after a `:` (e.g. `multiring:4x8x8`, `hierarchical:mpi`, `shm:65536`).
+    fn from_str(s: &str) -> Result<Self> {
+        let (name, args) = match s.trim().split_once(':') {
+            Some((name, args)) => (name, Some(args)),
+            None => (s.trim(), None),
+        };
+        let name = name.to_ascii_lowercase();
+        if name == AUTO.name {
+            return no_args(&AUTO, args).map(|()| Algorithm::Auto);
         }
+        Algorithm::parse(&name, args)?.ok_or_else(|| {
+            let names: Vec<&str> = Algorithm::names().collect();
+            CommError::InvalidArgument(format!(
+                "unknown allreduce algorithm {s:?} (expected one of {})",
+                names.join(", ")
+            ))
+        })
     }
 }

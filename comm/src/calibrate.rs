@@ -5,10 +5,10 @@
 use std::sync::Arc;
 use std::time::Instant;
 
-use crate::algorithm::Algorithm;
+use crate::algorithm::{auto_candidates, Algorithm};
 use crate::allreduce::{Allreducer, Element};
 use crate::collective::max_on_root;
-use crate::cost::{auto_candidates, CostModel, MeasuredCurve, Tier};
+use crate::cost::{CostModel, MeasuredCurve, Tier};
 use crate::error::{CommError, Result};
 use crate::tags::PINGPONG;
 use crate::topology::Topology;

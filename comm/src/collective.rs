@@ -139,7 +139,7 @@ pub fn max_on_root(t: &dyn Transport, local: &[f64]) -> Result<Vec<f64>> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::thread_group;
+    use crate::thread::thread_group;
 
     /// Runs `f` on every rank of an in-process group of `n` and returns the results in rank
     /// order.

@@ -131,7 +131,7 @@ pub fn lower_thread_priority(by: i32) -> std::io::Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::thread_group;
+    use crate::thread::thread_group;
 
     /// Pins the calling thread to `cpu`.
     fn pin(cpu: usize) {

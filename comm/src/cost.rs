@@ -8,9 +8,7 @@ use std::path::Path;
 
 use serde::{Deserialize, Serialize};
 
-use crate::algorithm::{Across, Algorithm};
 use crate::error::{CommError, Result};
-use crate::sharded::{ShardAlgorithm, ShardedOp};
 use crate::topology::Topology;
 
 /// Costs of one tier of the network: a message of `b` bytes takes `alpha + b * beta`
@@ -353,18 +351,28 @@ impl CostModel {
         }
     }
 
-    /// The measured time of `algorithm` at `bytes` in `topo`'s layout, if `calibrate` timed it
-    /// there.
-    fn measured_time(&self, algorithm: &Algorithm, bytes: usize, topo: Topology) -> Option<f64> {
-        let name = algorithm.to_string();
+    /// Predicted seconds of one call of `bytes` (f32) over `topo` by the algorithm that prints
+    /// as `algorithm`: none where there is nothing to reduce, the measured time where
+    /// `calibrate` timed it in this layout ([`MeasuredCurve`]), otherwise its `formula`.
+    pub(crate) fn predicted(
+        &self,
+        algorithm: &str,
+        bytes: usize,
+        topo: Topology,
+        formula: impl FnOnce() -> f64,
+    ) -> f64 {
+        if topo.ranks() <= 1 || bytes == 0 {
+            return 0.0;
+        }
         self.measured
             .iter()
             .find(|c| {
-                c.algorithm == name
+                c.algorithm == algorithm
                     && c.nodes == topo.nodes
                     && c.ranks_per_node == topo.ranks_per_node
             })
             .and_then(|c| c.time(bytes))
+            .unwrap_or_else(formula)
     }
 
     /// Whether `calibrate` (or an online tuning, saved) timed some algorithm in `topo`'s
@@ -374,152 +382,4 @@ impl CostModel {
             .iter()
             .any(|c| c.nodes == topo.nodes && c.ranks_per_node == topo.ranks_per_node)
     }
-
-    /// Predicted seconds of one allreduce of `bytes` (f32) with `algorithm` over `topo`.
-    ///
-    /// Measured where `calibrate` timed the algorithm in this layout ([`MeasuredCurve`]).
-    /// Otherwise each algorithm is modelled as the sequence of lock-step rounds it runs (the
-    /// pipeline segments of multiring and the chunk schedule of multicolor included): a round
-    /// costs its latency, the larger of its node-local transfer time (busiest rank) and its
-    /// node link time (busiest link, the chunks of all ranks of the node that cross it in that
-    /// round), then the additions; `Mpi` as the rounds of the algorithm Open MPI 4.1 picks.
-    /// `Auto` is the best prediction among [`auto_candidates`] (`shm` and `mpi` included).
-    pub fn predict(&self, algorithm: &Algorithm, bytes: usize, topo: Topology) -> f64 {
-        if topo.ranks() <= 1 || bytes == 0 {
-            return 0.0;
-        }
-        if let Some(t) = self.measured_time(algorithm, bytes, topo) {
-            return t;
-        }
-        crate::allreduce::implement(algorithm).predict(self, bytes, topo)
-    }
-
-    /// Predicted seconds of one allgather or reduce-scatter (`op`) of a `bytes` buffer (f32, all
-    /// parts together, cut evenly) with `algorithm` over `topo`. The ring: `p - 1` lock-step
-    /// rounds of one part per rank (combined on arrival for the reduce-scatter); `shm` (one
-    /// node only): two synchronisations per chunk, each rank copying the whole buffer once
-    /// (its part in and the others' out, or every part in), the reduce-scatter's owner combining
-    /// its part over all ranks; `auto`: the best of [`CostModel::choose_sharded`]'s candidates.
-    pub fn predict_sharded(
-        &self,
-        op: ShardedOp,
-        algorithm: &ShardAlgorithm,
-        bytes: usize,
-        topo: Topology,
-    ) -> f64 {
-        let p = topo.ranks();
-        if p <= 1 || bytes == 0 {
-            return 0.0;
-        }
-        let n = bytes as f64;
-        let scatter = op == ShardedOp::ReduceScatter;
-        match algorithm {
-            ShardAlgorithm::Ring => {
-                let round = self.pairs_round(topo, n, n / p as f64, scatter, |r| (r + 1) % p);
-                (p - 1) as f64 * round.time()
-            }
-            ShardAlgorithm::Shm { .. } if topo.nodes > 1 => f64::INFINITY,
-            ShardAlgorithm::Shm { chunk_bytes } => {
-                let sync = if self.shm_sync > 0.0 {
-                    self.shm_sync
-                } else {
-                    DEFAULT_SHM_SYNC
-                };
-                let chunks = (n / (*chunk_bytes).max(1) as f64).ceil();
-                let combine = if scatter { n * self.intra.gamma } else { 0.0 };
-                2.0 * sync * chunks + n * self.copy_per_byte() + combine
-            }
-            ShardAlgorithm::Auto => {
-                let best = self.choose_sharded(op, bytes, topo, true);
-                self.predict_sharded(op, &best, bytes, topo)
-            }
-        }
-    }
-
-    /// What `auto` runs for an allgather or reduce-scatter of `bytes` over `topo`: the ring, or
-    /// `shm` where all ranks share one node's memory (`shared_memory`) and it is predicted
-    /// faster.
-    pub fn choose_sharded(
-        &self,
-        op: ShardedOp,
-        bytes: usize,
-        topo: Topology,
-        shared_memory: bool,
-    ) -> ShardAlgorithm {
-        let ring = ShardAlgorithm::Ring;
-        if !(shared_memory && topo.nodes == 1) {
-            return ring;
-        }
-        let shm = ShardAlgorithm::SHM;
-        if self.predict_sharded(op, &shm, bytes, topo)
-            < self.predict_sharded(op, &ring, bytes, topo)
-        {
-            shm
-        } else {
-            ring
-        }
-    }
-
-    /// The algorithm with the smallest predicted time for `bytes` over `topo` among all of
-    /// [`auto_candidates`] (`shm` on one node, `mpi`): what `auto` runs under MPI on a node
-    /// whose ranks share memory.
-    pub fn choose(&self, bytes: usize, topo: Topology) -> Algorithm {
-        self.choose_among(bytes, topo, &auto_candidates(topo, true, true))
-    }
-
-    /// The one of `candidates` with the smallest predicted time for `bytes` over `topo` (the
-    /// first of equals; the ring when there are none).
-    pub fn choose_among(
-        &self,
-        bytes: usize,
-        topo: Topology,
-        candidates: &[Algorithm],
-    ) -> Algorithm {
-        let mut best = Algorithm::Ring;
-        let mut best_t = f64::INFINITY;
-        for a in candidates {
-            let t = self.predict(a, bytes, topo);
-            if t < best_t {
-                best_t = t;
-                best = a.clone();
-            }
-        }
-        best
-    }
-}
-
-/// The algorithms `auto` chooses between over `topo`: ring, rhd, multiring over the topology
-/// and multicolor with default parameters; where `shared_memory` (each node's ranks were found
-/// to share its memory, or have not been probed yet), `shm` when all ranks are on one node
-/// and `hierarchical` (rhd between the nodes) when several nodes hold several ranks each;
-/// `mpi` when `native_allreduce` (the transport is MPI's). Not `hierarchical:mpi`: it never
-/// beat `hierarchical` in the benchmark, yet calibration's short passes timed it faster at
-/// sizes where it loses, so `auto` would take it there (BENCHMARKS.md, "Figures behind the defaults"). When `auto` runs
-/// `mpi` it blocks in MPI_Allreduce without ddl's operation timeout: a rank that dies still
-/// ends the job through mpirun (Open MPI's default), but one that stalls alive stalls the
-/// others, where the other algorithms fail after the timeout naming it.
-pub fn auto_candidates(
-    topo: Topology,
-    shared_memory: bool,
-    native_allreduce: bool,
-) -> Vec<Algorithm> {
-    let mut candidates = vec![
-        Algorithm::Ring,
-        Algorithm::Rhd,
-        Algorithm::Multiring {
-            dims: Vec::new(),
-            segments: 0,
-        },
-        Algorithm::MULTICOLOR,
-    ];
-    if shared_memory && topo.nodes == 1 {
-        candidates.push(Algorithm::SHM);
-    }
-    if shared_memory && topo.nodes > 1 && topo.ranks_per_node > 1 {
-        candidates.push(Algorithm::hierarchical(Across::Rhd));
-    }
-    if native_allreduce {
-        candidates.push(Algorithm::Mpi);
-    }
-    candidates
 }

@@ -121,12 +121,12 @@ pub enum CommError {
     InvalidArgument(String),
     /// The ranks of one allreduce call passed buffers of different element counts or types;
     /// found before any rank added anything into its buffer, and reported by every rank.
-    #[error("allreduce on rank {rank}: the ranks passed different buffers: {} (every rank must pass the same element count and type)", crate::allreduce::describe_calls(.calls))]
+    #[error("allreduce on rank {rank}: the ranks passed different buffers: {} (every rank must pass the same element count and type)", crate::allreduce::signature::describe_calls(.calls))]
     Mismatch {
         /// The rank reporting it.
         rank: usize,
         /// What each rank passed, by rank.
-        calls: Vec<crate::allreduce::Signature>,
+        calls: Vec<crate::allreduce::signature::Signature>,
     },
     /// A cost-model file could not be read, parsed or written.
     #[error("cost model file {path}: {message}")]

@@ -19,7 +19,7 @@ use std::time::{Duration, Instant};
 use mpi::ffi;
 
 use crate::error::{CommError, Result};
-use crate::mpi::{check, Env};
+use crate::mpi_call::{check, Serial};
 
 /// Longest a failed rank waits for the others to say that they stop before it ends the job
 /// (a rank blocked inside MPI's own collective, the `mpi` algorithm, never says it).
@@ -70,7 +70,7 @@ struct State {
 }
 
 // SAFETY: MPI handles are plain identifiers; every call on them is made under `state`'s lock
-// and the MPI lock of `Env` (or MPI_THREAD_MULTIPLE).
+// and the MPI lock ([`Serial`], unless MPI_THREAD_MULTIPLE).
 unsafe impl Send for Notices {}
 // SAFETY: as above.
 unsafe impl Sync for Notices {}
@@ -78,11 +78,16 @@ unsafe impl Sync for Notices {}
 impl Notices {
     /// Starts listening for notices on a duplicate of `world` (collective over it), as rank
     /// `rank` of `size`.
-    pub(crate) fn start(env: &Env, world: ffi::MPI_Comm, rank: usize, size: usize) -> Result<Self> {
+    pub(crate) fn start(
+        serial: &Serial,
+        world: ffi::MPI_Comm,
+        rank: usize,
+        size: usize,
+    ) -> Result<Self> {
         // SAFETY: extern statics of the MPI binding.
         let (mut comm, recv) = unsafe { (ffi::RSMPI_COMM_NULL, ffi::RSMPI_REQUEST_NULL) };
         {
-            let _g = env.lock();
+            let _g = serial.lock();
             // SAFETY: collective over a valid communicator; freed on drop.
             check("MPI_Comm_dup", unsafe {
                 ffi::MPI_Comm_dup(world, &mut comm)
@@ -102,7 +107,7 @@ impl Notices {
             seen: OnceLock::new(),
         };
         let mut state = notices.lock();
-        let _g = env.lock();
+        let _g = serial.lock();
         notices.post(&mut state)?;
         drop(state);
         Ok(notices)
@@ -129,9 +134,9 @@ impl Notices {
     }
 
     /// The failure this rank knows of, after taking in the notices that arrived.
-    pub(crate) fn poll(&self, env: &Env) -> Option<Failure> {
+    pub(crate) fn poll(&self, serial: &Serial) -> Option<Failure> {
         let mut state = self.lock();
-        let _g = env.lock();
+        let _g = serial.lock();
         loop {
             let mut done: c_int = 0;
             let mut status = std::mem::MaybeUninit::<ffi::MPI_Status>::uninit();
@@ -170,8 +175,8 @@ impl Notices {
     /// Tells every other rank that this rank failed with `reason`, unless it knows of a
     /// failure already (its own, or another rank's, which then caused this one). Its own
     /// waits fail from now on.
-    pub(crate) fn announce(&self, env: &Env, reason: &str) {
-        if self.poll(env).is_some() {
+    pub(crate) fn announce(&self, serial: &Serial, reason: &str) {
+        if self.poll(serial).is_some() {
             return;
         }
         let mut cut = reason.len().min(REASON_BYTES);
@@ -187,7 +192,7 @@ impl Notices {
         }
         let mut state = self.lock();
         state.reason = mine.reason.into_bytes().into_boxed_slice();
-        let _g = env.lock();
+        let _g = serial.lock();
         for q in (0..self.size).filter(|&q| q != self.rank) {
             let bytes = (state.reason.as_ptr(), state.reason.len() as c_int);
             self.send(&mut state, bytes, q, FAILED);
@@ -195,9 +200,9 @@ impl Notices {
     }
 
     /// Tells rank `failed` that this rank stops because of its failure.
-    pub(crate) fn answer(&self, env: &Env, failed: usize) {
+    pub(crate) fn answer(&self, serial: &Serial, failed: usize) {
         let mut state = self.lock();
-        let _g = env.lock();
+        let _g = serial.lock();
         self.send(&mut state, (std::ptr::null(), 0), failed, STOPS);
     }
 
@@ -227,10 +232,10 @@ impl Notices {
     /// Waits until this rank, the failed one, has sent its notices and every other rank has
     /// said that it stops, or `grace` has passed. Another rank waits the whole `grace`: the
     /// failed rank ends the job within it.
-    pub(crate) fn settle(&self, env: &Env, grace: Duration) {
+    pub(crate) fn settle(&self, serial: &Serial, grace: Duration) {
         let deadline = Instant::now() + grace;
         while Instant::now() < deadline {
-            let failed_here = self.poll(env).is_some_and(|f| f.rank == self.rank);
+            let failed_here = self.poll(serial).is_some_and(|f| f.rank == self.rank);
             let state = self.lock();
             let all_told = (0..self.size).all(|q| q == self.rank || state.told[q]);
             if failed_here && all_told && state.sends.is_empty() {
@@ -242,8 +247,8 @@ impl Notices {
     }
 
     /// The failure this rank knows of as the error of `op` on this rank.
-    pub(crate) fn error(&self, env: &Env, op: &'static str) -> Option<CommError> {
-        self.poll(env).map(|f| CommError::PeerFailed {
+    pub(crate) fn error(&self, serial: &Serial, op: &'static str) -> Option<CommError> {
+        self.poll(serial).map(|f| CommError::PeerFailed {
             op,
             rank: self.rank,
             peer: f.rank,

@@ -34,6 +34,7 @@ mod counted;
 pub mod error;
 mod failure;
 pub mod mpi;
+mod mpi_call;
 mod parts;
 pub mod priority;
 pub mod sharded;
@@ -46,10 +47,12 @@ pub mod topology;
 pub mod transport;
 pub mod world;
 
-pub use algorithm::{Across, Algorithm};
-pub use allreduce::{Allreducer, Choice, Element};
+pub use algorithm::{auto_candidates, Algorithm};
+pub use allreduce::{
+    Across, Allreducer, Choice, Declared, Element, Hierarchical, Multicolor, Multiring, Shm,
+};
 pub use binding::Binding;
-pub use cost::{auto_candidates, CostModel, MeasuredCurve, Tier};
+pub use cost::{CostModel, MeasuredCurve, Tier};
 pub use counted::Counted;
 pub use error::{CommError, Result};
 /// Half-precision types accepted by [`Allreducer::allreduce`] (re-exported from `half`).

@@ -31,6 +31,8 @@ use mpi::ffi;
 
 use crate::error::{CommError, Result};
 use crate::failure::Notices;
+use crate::mpi_call::check;
+use crate::mpi_call::Serial;
 use crate::transport::{check_peer, Op, Transport, MAX_TAG};
 
 /// Keeps MPI initialised while any communicator built on it is alive; finalises on drop when
@@ -43,7 +45,7 @@ pub(crate) struct Env {
     pub(crate) _universe: Option<Universe>,
     /// Held around every MPI call unless MPI granted MPI_THREAD_MULTIPLE (ddl asks for
     /// MPI_THREAD_SERIALIZED; a host that initialised MPI may have chosen MULTIPLE).
-    pub(crate) serial: Option<Mutex<()>>,
+    pub(crate) serial: Serial,
     /// The thread level MPI granted.
     pub(crate) threading: Threading,
 }
@@ -51,14 +53,12 @@ pub(crate) struct Env {
 impl Env {
     /// Serialises MPI calls unless MPI granted MPI_THREAD_MULTIPLE.
     pub(crate) fn lock(&self) -> Option<MutexGuard<'_, ()>> {
-        self.serial
-            .as_ref()
-            .map(|m| m.lock().unwrap_or_else(|e| e.into_inner()))
+        self.serial.lock()
     }
 
     /// The failure of a rank this rank knows of, as the error of `op`.
     pub(crate) fn failure(&self, op: &'static str) -> Option<CommError> {
-        self.notices.get().and_then(|n| n.error(self, op))
+        self.notices.get().and_then(|n| n.error(&self.serial, op))
     }
 }
 
@@ -105,26 +105,6 @@ impl Polling {
             _ => Polling::Spin,
         }
     }
-}
-
-/// `Ok` for MPI_SUCCESS, otherwise the error with MPI's own message.
-pub(crate) fn check(op: &'static str, code: c_int) -> Result<()> {
-    if code == 0 {
-        return Ok(());
-    }
-    let mut buf = vec![0 as c_char; 1024];
-    let mut len: c_int = 0;
-    // SAFETY: MPI_Error_string writes at most MPI_MAX_ERROR_STRING (<= 1024) chars.
-    unsafe { ffi::MPI_Error_string(code, buf.as_mut_ptr(), &mut len) };
-    let bytes: Vec<u8> = buf[..len.max(0) as usize]
-        .iter()
-        .map(|&c| c as u8)
-        .collect();
-    Err(CommError::Mpi {
-        op,
-        code,
-        message: String::from_utf8_lossy(&bytes).into_owned(),
-    })
 }
 
 /// The value of `MPI_IN_PLACE` in the MPI library this process runs with, which rsmpi does
@@ -549,7 +529,7 @@ impl Transport for MpiTransport {
 
     fn announce_failure(&self, reason: &str) {
         if let Some(n) = self.env.notices.get() {
-            n.announce(&self.env, reason);
+            n.announce(&self.env.serial, reason);
         }
     }
 

@@ -3,7 +3,10 @@
 //! runs concurrently on the same communicator.
 //!
 //! Each range starts where the one before it ends ([`TagRange::after`]); the unit test below
-//! checks that all of them are disjoint and fit below [`MAX_TAG`](crate::transport::MAX_TAG).
+//! checks that all of them are disjoint and fit below [`MAX_TAG`].
+
+/// Largest tag an application may use (MPI guarantees at least 32767).
+pub const MAX_TAG: u32 = 32767;
 
 /// Most dimensions a multi-dimensional ring may have (the size of [`RING`]).
 pub(crate) const MAX_DIMS: usize = 16;
@@ -97,7 +100,6 @@ pub const ALL: [TagRange; 9] = [
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::transport::MAX_TAG;
 
     #[test]
     fn ranges_are_disjoint_and_fit_below_max_tag() {

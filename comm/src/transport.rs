@@ -2,13 +2,11 @@
 
 use std::time::Duration;
 
-use crate::error::Result;
+use crate::error::{CommError, Result};
+pub use crate::tags::MAX_TAG;
 
 /// Default operation timeout: a blocked operation fails after this long.
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(60);
-
-/// Largest tag an application may use (MPI guarantees at least 32767).
-pub const MAX_TAG: u32 = 32767;
 
 /// One operation of a non-blocking batch ([`Transport::exchange`]).
 #[derive(Debug)]
@@ -113,7 +111,7 @@ pub trait Transport: Send + Sync {
     /// Sums `buf` over all ranks with the transport's own collective (MPI_Allreduce).
     fn native_allreduce_f32(&self, buf: &mut [f32]) -> Result<()> {
         let _ = buf;
-        Err(crate::CommError::Unsupported(
+        Err(CommError::Unsupported(
             "native allreduce (the `mpi` algorithm) needs the MPI transport".into(),
         ))
     }
@@ -124,7 +122,7 @@ pub trait Transport: Send + Sync {
     fn allgather_u64(&self, word: u64, all: &mut [u64]) -> Result<()> {
         let (p, me) = (self.size(), self.rank());
         if all.len() != p {
-            return Err(crate::CommError::InvalidArgument(format!(
+            return Err(CommError::InvalidArgument(format!(
                 "allgather_u64: {} slots for {p} ranks",
                 all.len()
             )));
@@ -162,7 +160,7 @@ pub trait Transport: Send + Sync {
     /// The failure of a rank of the job that this rank knows of (announced by another rank,
     /// or by this one), as the error of operation `op`; `None` where the transport carries
     /// no notices.
-    fn failure(&self, op: &'static str) -> Option<crate::CommError> {
+    fn failure(&self, op: &'static str) -> Option<CommError> {
         let _ = op;
         None
     }
@@ -217,7 +215,7 @@ impl<T: Transport + ?Sized> Transport for Box<T> {
     fn announce_failure(&self, reason: &str) {
         (**self).announce_failure(reason)
     }
-    fn failure(&self, op: &'static str) -> Option<crate::CommError> {
+    fn failure(&self, op: &'static str) -> Option<CommError> {
         (**self).failure(op)
     }
 }
@@ -225,7 +223,7 @@ impl<T: Transport + ?Sized> Transport for Box<T> {
 /// Validates a peer rank against the group size.
 pub(crate) fn check_peer(op: &'static str, rank: usize, peer: usize, size: usize) -> Result<()> {
     if peer >= size {
-        return Err(crate::CommError::InvalidPeer {
+        return Err(CommError::InvalidPeer {
             op,
             rank,
             peer,

@@ -3,7 +3,7 @@
 //! uniform `nodes x ranks_per_node` [`Topology`]).
 
 use std::ffi::{c_int, c_void};
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use mpi::environment::Threading;
@@ -14,7 +14,8 @@ use crate::collective;
 use crate::cores;
 use crate::error::{CommError, Result};
 use crate::failure::{Notices, GRACE};
-use crate::mpi::{check, Env, MpiTransport, Polling};
+use crate::mpi::{Env, MpiTransport, Polling};
+use crate::mpi_call::{check, Serial};
 use crate::topology::Topology;
 use crate::transport::DEFAULT_TIMEOUT;
 
@@ -143,7 +144,7 @@ impl World {
         let (env, joined) = start_env(requested)?;
         let world_comm = world_communicator(&env, joined)?;
         let world = MpiTransport::wrap(env.clone(), world_comm, joined, timeout)?;
-        let notices = Notices::start(&env, world_comm, world.rank, world.size)?;
+        let notices = Notices::start(&env.serial, world_comm, world.rank, world.size)?;
         let _ = env.notices.set(notices);
         let node_comm = node_communicator(&env, world_comm, world.rank)?;
         let node = MpiTransport::wrap(env.clone(), node_comm, true, timeout)?;
@@ -259,11 +260,11 @@ impl World {
     pub fn end_failed(&self, reason: &str, code: i32) -> ! {
         let env = &self.world.env;
         if let Some(notices) = env.notices.get() {
-            match notices.poll(env) {
-                Some(f) if f.rank != self.rank() => notices.answer(env, f.rank),
-                _ => notices.announce(env, reason),
+            match notices.poll(&env.serial) {
+                Some(f) if f.rank != self.rank() => notices.answer(&env.serial, f.rank),
+                _ => notices.announce(&env.serial, reason),
             }
-            notices.settle(env, GRACE);
+            notices.settle(&env.serial, GRACE);
         }
         self.abort(code)
     }
@@ -311,7 +312,7 @@ fn start_env(requested: Threading) -> Result<(Arc<Env>, bool)> {
             .ok_or_else(|| CommError::Unsupported("MPI is already initialised".into()))?;
         (Some(universe), threading)
     };
-    let serial = (threading != Threading::Multiple).then(|| Mutex::new(()));
+    let serial = Serial::new(threading);
     let joined = universe.is_none();
     let env = Arc::new(Env {
         notices: OnceLock::new(),

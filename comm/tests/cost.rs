@@ -1,6 +1,6 @@
 //! Cost model: formulas, choice, presets and JSON round trip.
 
-use ddl_comm::{Algorithm, CostModel, MeasuredCurve, Tier, Topology};
+use ddl_comm::{Algorithm, CostModel, MeasuredCurve, Multicolor, Multiring, Shm, Tier, Topology};
 
 fn tier(alpha: f64, beta: f64, gamma: f64) -> Tier {
     Tier::new("t", alpha, beta, gamma)
@@ -74,14 +74,14 @@ fn predictions_grow_with_size_and_auto_picks_the_minimum() {
     let algos = [
         Algorithm::Ring,
         Algorithm::Rhd,
-        Algorithm::Multicolor {
+        Algorithm::Multicolor(Multicolor {
             colors: 4,
             chunk_bytes: 1 << 18,
-        },
-        Algorithm::Multiring {
+        }),
+        Algorithm::Multiring(Multiring {
             dims: vec![],
             segments: 0,
-        },
+        }),
     ];
     for a in &algos {
         let mut last = 0.0;
@@ -135,14 +135,14 @@ fn pipelined_multiring_overlaps_the_tiers() {
     let m = two_tier();
     let topo = Topology::new(2, 4);
     let n = 64 << 20;
-    let one = Algorithm::Multiring {
+    let one = Algorithm::Multiring(Multiring {
         dims: vec![],
         segments: 1,
-    };
-    let eight = Algorithm::Multiring {
+    });
+    let eight = Algorithm::Multiring(Multiring {
         dims: vec![],
         segments: 8,
-    };
+    });
     let (t1, t8) = (m.predict(&one, n, topo), m.predict(&eight, n, topo));
     assert!(t8 < t1, "{t8} vs {t1}");
     // Every byte crosses each node link once each way at best: n / 2 per link and phase.
@@ -184,7 +184,7 @@ fn shm_runs_on_one_node_only_and_is_read_from_its_curve() {
     m.copy = 1e-10;
     m.shm_sync = 1e-6;
     let n = 4 << 20;
-    let Algorithm::Shm { chunk_bytes } = Algorithm::SHM else {
+    let Algorithm::Shm(Shm { chunk_bytes }) = Algorithm::SHM else {
         unreachable!("Algorithm::SHM is shm")
     };
     let chunks = (n / chunk_bytes) as f64;
@@ -201,7 +201,7 @@ fn shm_runs_on_one_node_only_and_is_read_from_its_curve() {
     assert!(!without_shm.contains(&Algorithm::SHM));
     assert_ne!(m.choose_among(4096, one, &without_shm), Algorithm::SHM);
     // Another chunk size is not what the curve measured: the formula again.
-    let other = Algorithm::Shm { chunk_bytes: 4096 };
+    let other = Algorithm::Shm(Shm { chunk_bytes: 4096 });
     assert_ne!(m.predict(&other, 4096, one), 1e-6);
 }
 
@@ -261,14 +261,14 @@ fn a_measured_curve_is_the_prediction_in_its_layout() {
         formula.predict(&Algorithm::Rhd, 16 << 20, topo)
     );
     // A curve serves its algorithm with exactly its parameters, named as the algorithm prints.
-    let default_colors = Algorithm::Multicolor {
+    let default_colors = Algorithm::Multicolor(Multicolor {
         colors: 4,
         chunk_bytes: 1 << 20,
-    };
-    let two_colors = Algorithm::Multicolor {
+    });
+    let two_colors = Algorithm::Multicolor(Multicolor {
         colors: 2,
         chunk_bytes: 1 << 20,
-    };
+    });
     m.measured.push(curve(
         &default_colors.to_string(),
         2,
@@ -369,10 +369,10 @@ fn shared_memory_chunks_pay_the_per_byte_cost_of_their_whole_buffer() {
     };
     let (curved, flat) = (model(curved), model(flat));
     let topo = Topology::flat(2);
-    let multicolor = Algorithm::Multicolor {
+    let multicolor = Algorithm::Multicolor(Multicolor {
         colors: 4,
         chunk_bytes: 1 << 20,
-    };
+    });
     let n = 16 << 20;
     let (a, b) = (
         curved.predict(&multicolor, n, topo),

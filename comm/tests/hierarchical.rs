@@ -3,7 +3,7 @@
 //! part per rank above), half types rounded once, one node and one rank per node, and what
 //! it refuses.
 
-use ddl_comm::{bf16, f16, Across, Algorithm, Allreducer, CommError, Topology};
+use ddl_comm::{bf16, f16, Across, Algorithm, Allreducer, CommError, Hierarchical, Topology};
 
 use crate::common;
 use crate::common::exact;
@@ -33,15 +33,15 @@ const LENGTHS: [usize; 7] = [1, 7, 4096, 262_144, 262_145, 300_001, 1_100_003];
 fn algorithms() -> [Algorithm; 3] {
     [
         Algorithm::hierarchical(Across::Ring),
-        Algorithm::Hierarchical {
+        Algorithm::Hierarchical(Hierarchical {
             across: Across::Rhd,
             chunk_bytes: 4096,
-        },
+        }),
         // One line per rank and chunk: a leader's buffer beyond one result slot goes in parts.
-        Algorithm::Hierarchical {
+        Algorithm::Hierarchical(Hierarchical {
             across: Across::Rhd,
             chunk_bytes: 128,
-        },
+        }),
     ]
 }
 
@@ -49,9 +49,9 @@ fn algorithms() -> [Algorithm; 3] {
 /// per 32 f32, so they stop at 262,145, the first length of one part per rank.
 fn max_len(algo: &Algorithm) -> usize {
     match algo {
-        Algorithm::Hierarchical {
+        Algorithm::Hierarchical(Hierarchical {
             chunk_bytes: 128, ..
-        } => 262_145,
+        }) => 262_145,
         _ => usize::MAX,
     }
 }
@@ -83,10 +83,10 @@ fn half_types_are_summed_in_f32_and_rounded_once() {
     let results = on_ranks(topo.ranks(), move |r, t| {
         let hier = Allreducer::new(
             t.clone(),
-            Algorithm::Hierarchical {
+            Algorithm::Hierarchical(Hierarchical {
                 across: Across::Ring,
                 chunk_bytes: 2048,
-            },
+            }),
             topo,
         )
         .expect("hierarchical");
@@ -151,10 +151,10 @@ fn what_it_cannot_run_is_refused_by_name() {
         .expect_err("no MPI here");
     assert!(matches!(err, CommError::Unsupported(_)), "{err}");
     assert!(err.to_string().contains("hierarchical:rhd"), "{err}");
-    let tiny = Algorithm::Hierarchical {
+    let tiny = Algorithm::Hierarchical(Hierarchical {
         across: Across::Rhd,
         chunk_bytes: 64,
-    };
+    });
     let err = Allreducer::new(t, tiny, topo).expect_err("chunk below a line");
     assert!(matches!(err, CommError::InvalidArgument(_)), "{err}");
     assert!(err.to_string().contains("chunks of 128 bytes"), "{err}");
@@ -178,10 +178,10 @@ fn names_parse_and_print() {
             "hierarchical:rhd:4096",
         ),
     ] {
-        let a = Algorithm::Hierarchical {
+        let a = Algorithm::Hierarchical(Hierarchical {
             across,
             chunk_bytes,
-        };
+        });
         assert_eq!(text.parse::<Algorithm>().expect(text), a);
         assert_eq!(a.to_string(), printed);
         assert_eq!(printed.parse::<Algorithm>().expect(printed), a);

@@ -6,7 +6,9 @@ use std::sync::mpsc;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use ddl_comm::{bf16, f16, thread_group_with_timeout, Algorithm, Allreducer, CommError, Topology};
+use ddl_comm::{
+    bf16, f16, thread_group_with_timeout, Algorithm, Allreducer, CommError, Shm, Topology,
+};
 
 use crate::common;
 use crate::common::exact;
@@ -24,7 +26,7 @@ const LENGTHS: [usize; 5] = [1, 4096, 4097, 25_003, 300_001];
 #[test]
 fn sums_are_exact_and_identical_on_every_rank() {
     for p in [2, 3, 5] {
-        for algo in [Algorithm::SHM, Algorithm::Shm { chunk_bytes: 4096 }] {
+        for algo in [Algorithm::SHM, Algorithm::Shm(Shm { chunk_bytes: 4096 })] {
             check_exact_sums(&algo, Topology::flat(p), &LENGTHS);
         }
     }
@@ -38,7 +40,7 @@ fn half_types_travel_as_themselves_and_round_once() {
     let results = on_ranks(p, move |r, t| {
         let shm = Allreducer::new(
             t.clone(),
-            Algorithm::Shm { chunk_bytes: 2048 },
+            Algorithm::Shm(Shm { chunk_bytes: 2048 }),
             Topology::flat(p),
         )
         .expect("shm");

@@ -12,8 +12,8 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use ddl_comm::{
-    tcp_group_with_timeout, Algorithm, Allreducer, CommError, CostModel, Listener, Parts, Reduce,
-    Secret, ShardAlgorithm, Sharded, TcpTransport, TcpWorld, Topology, Transport,
+    tcp_group_with_timeout, Algorithm, Allreducer, CommError, CostModel, Listener, Multicolor,
+    Parts, Reduce, Secret, ShardAlgorithm, Sharded, TcpTransport, TcpWorld, Topology, Transport,
 };
 use half::f16;
 
@@ -42,10 +42,10 @@ fn every_algorithm_sums_exactly_over_tcp() {
             // go out with their header in one write.
             let big = if matches!(
                 algo,
-                Algorithm::Multicolor {
+                Algorithm::Multicolor(Multicolor {
                     chunk_bytes: 16,
                     ..
-                }
+                })
             ) {
                 1301
             } else {

@@ -4,8 +4,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use ddl_comm::{
-    thread_group, thread_group_with_timeout, Algorithm, Allreducer, CommError, Op, Topology,
-    Transport,
+    thread_group, thread_group_with_timeout, Algorithm, Allreducer, CommError, Multicolor,
+    Multiring, Op, Shm, Topology, Transport,
 };
 use half::{bf16, f16};
 use proptest::prelude::*;
@@ -137,14 +137,14 @@ fn sixty_four_ranks_every_algorithm() {
         .map(|i| (0..p).map(|r| input(r, len, 7, true)[i]).sum())
         .collect();
     for algo in algorithms(p).into_iter().chain([
-        Algorithm::Multiring {
+        Algorithm::Multiring(Multiring {
             dims: vec![4, 4, 4],
             segments: 0,
-        },
-        Algorithm::Multiring {
+        }),
+        Algorithm::Multiring(Multiring {
             dims: vec![4, 4, 4],
             segments: 7,
-        },
+        }),
     ]) {
         let res = run_allreduce(p, len, algo.clone(), 7, true, false);
         check_identical(&res, &algo.to_string());
@@ -490,17 +490,17 @@ fn invalid_configurations_are_rejected() {
     assert!(matches!(err, CommError::Unsupported(_)));
     let err = Allreducer::new(
         t.clone(),
-        Algorithm::Multiring {
+        Algorithm::Multiring(Multiring {
             dims: vec![2, 2],
             segments: 0,
-        },
+        }),
         Topology::flat(1),
     )
     .expect_err("dims");
     assert!(matches!(err, CommError::InvalidArgument(_)));
     let err = Allreducer::new(
         t.clone(),
-        Algorithm::Shm { chunk_bytes: 64 },
+        Algorithm::Shm(Shm { chunk_bytes: 64 }),
         Topology::flat(1),
     )
     .expect_err("chunk");
@@ -511,41 +511,41 @@ fn invalid_configurations_are_rejected() {
 
 #[test]
 fn algorithm_names_parse_and_print() {
-    for name in Algorithm::NAMES {
+    for name in Algorithm::names() {
         let a: Algorithm = name.parse().expect("parses");
         assert_eq!(a.name(), name);
     }
     assert_eq!(
         "multiring:4x8x8".parse::<Algorithm>().expect("dims"),
-        Algorithm::Multiring {
+        Algorithm::Multiring(Multiring {
             dims: vec![4, 8, 8],
             segments: 0,
-        }
+        })
     );
     for (text, dims, segments) in [
         ("multiring:4x2:8", vec![4, 2], 8),
         ("multiring::8", vec![], 8),
     ] {
-        let a = Algorithm::Multiring { dims, segments };
+        let a = Algorithm::Multiring(Multiring { dims, segments });
         assert_eq!(text.parse::<Algorithm>().expect("segments"), a);
         assert_eq!(a.to_string(), text);
     }
     assert!("multiring:4x2:0".parse::<Algorithm>().is_err());
     assert_eq!(
         "multicolor:2:4096".parse::<Algorithm>().expect("colors"),
-        Algorithm::Multicolor {
+        Algorithm::Multicolor(Multicolor {
             colors: 2,
             chunk_bytes: 4096
-        }
+        })
     );
-    let a = Algorithm::Multicolor {
+    let a = Algorithm::Multicolor(Multicolor {
         colors: 2,
         chunk_bytes: 4096,
-    };
+    });
     assert_eq!(a.to_string().parse::<Algorithm>().expect("round trip"), a);
     assert_eq!("shm".parse::<Algorithm>().expect("shm"), Algorithm::SHM);
     assert_eq!(Algorithm::SHM.to_string(), "shm");
-    let a = Algorithm::Shm { chunk_bytes: 4096 };
+    let a = Algorithm::Shm(Shm { chunk_bytes: 4096 });
     assert_eq!(a.to_string(), "shm:4096");
     assert_eq!(a.to_string().parse::<Algorithm>().expect("round trip"), a);
     assert!("shm:0".parse::<Algorithm>().is_err());

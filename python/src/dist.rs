@@ -68,7 +68,7 @@ pub fn dist_require() -> PyResult<()> {
 
 /// The names of the allreduce algorithms (`ddl.dist.ALGORITHMS`), `auto` first.
 pub fn algorithm_names() -> Vec<&'static str> {
-    auto_first(&Algorithm::NAMES)
+    auto_first(&Algorithm::names().collect::<Vec<_>>())
 }
 
 /// The names of the allgather / reduce-scatter algorithms (`ddl.dist.SHARD_ALGORITHMS`),

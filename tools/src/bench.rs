@@ -9,8 +9,8 @@ use anyhow::{bail, Context, Result};
 use ddl_comm::calibrate::{calls_for, mean_call_time};
 use ddl_comm::World;
 use ddl_comm::{
-    bf16, f16, Across, Algorithm, Allreducer, CostModel, Element, ShardAlgorithm, Topology,
-    Transport,
+    bf16, f16, Across, Algorithm, Allreducer, CostModel, Element, Multiring, ShardAlgorithm,
+    Topology, Transport,
 };
 use ddl_sim::step::{crossover_batch, HeadExchange, Step};
 use serde::Serialize;
@@ -487,10 +487,10 @@ pub fn simulate(
         Algorithm::Ring,
         Algorithm::Rhd,
         Algorithm::MULTICOLOR,
-        Algorithm::Multiring {
+        Algorithm::Multiring(Multiring {
             dims: Vec::new(),
             segments: 0,
-        },
+        }),
         Algorithm::hierarchical(Across::Rhd),
         Algorithm::Auto,
     ];

@@ -9,14 +9,15 @@ use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::Mutex;
 use std::time::Instant;
 
+use super::call_check::check_calls;
+use super::context::{Allreduce, Context};
 use super::element::{with_elements, Buffer, Element};
-use super::hierarchical::Hierarchical;
-use super::shm::Shm;
-use super::signature::{check_calls, Signature};
+use super::hierarchical::{Across, Hierarchical, HierarchicalRun};
+use super::shm::{Shm, ShmRun};
+use super::signature::Signature;
 use super::tune::{self, Choice, Plan, Tuner};
-use super::{implement, Allreduce, Context};
-use crate::algorithm::{Across, Algorithm, HIERARCHICAL_CHUNK_BYTES, SHM_CHUNK_BYTES};
-use crate::cost::{auto_candidates, CostModel, MeasuredCurve};
+use crate::algorithm::{auto_candidates, Algorithm};
+use crate::cost::{CostModel, MeasuredCurve};
 use crate::error::{CommError, Result};
 use crate::topology::Topology;
 
@@ -32,10 +33,10 @@ const MAX_CHOICES: usize = 1024;
 /// `auto` and its candidates.
 pub(crate) struct Auto {
     /// `shm` (one node): also where the ranks meet for the call check.
-    shm: Shm,
+    shm: ShmRun,
     /// `hierarchical` with rhd between the nodes (several nodes of several ranks): the model's
     /// choice without shared memory runs instead where the nodes' ranks turn out not to share it.
-    hierarchical: Hierarchical,
+    hierarchical: HierarchicalRun,
     /// The other candidates, each with the algorithm it runs.
     others: Vec<(Algorithm, Box<dyn Allreduce>)>,
     /// [`SHM_UNKNOWN`], [`SHM_YES`] or [`SHM_NO`]: known after the first call that probed.
@@ -50,8 +51,8 @@ impl Auto {
     /// `auto` before [`Allreduce::prepare`] builds its candidates.
     pub(crate) fn new() -> Auto {
         Auto {
-            shm: Shm::new(SHM_CHUNK_BYTES),
-            hierarchical: Hierarchical::new(Across::Rhd, HIERARCHICAL_CHUNK_BYTES),
+            shm: ShmRun::new(Shm::DEFAULT),
+            hierarchical: HierarchicalRun::new(Hierarchical::DEFAULT),
             others: Vec::new(),
             shm_probe: AtomicU8::new(SHM_UNKNOWN),
             choices: Mutex::new(HashMap::new()),
@@ -284,8 +285,10 @@ impl Allreduce for Auto {
         let (shm, hierarchical) = (Algorithm::SHM, Algorithm::hierarchical(Across::Rhd));
         let native = cx.transport.has_native_allreduce();
         for a in auto_candidates(cx.topology, true, native) {
-            if a != shm && a != hierarchical {
-                let mut other = implement(&a);
+            if a == shm || a == hierarchical {
+                continue;
+            }
+            if let Some(mut other) = a.implement() {
                 other.prepare(cx)?;
                 self.others.push((a, other));
             }
@@ -305,11 +308,6 @@ impl Allreduce for Auto {
 
     /// The best prediction among [`auto_candidates`] (`shm` and `mpi` included).
     fn predict(&self, model: &CostModel, bytes: usize, topo: Topology) -> f64 {
-        let best = model.choose(bytes, topo);
-        model.predict(&best, bytes, topo)
-    }
-
-    fn auto(&self) -> Option<&Auto> {
-        Some(self)
+        model.predict(&Algorithm::Auto, bytes, topo)
     }
 }

@@ -70,8 +70,8 @@ pub(crate) use with_elements;
 /// An element type the allreduce accepts: f32, and f16 / bf16 which are widened to f32,
 /// reduced in f32 and rounded back once (so the result is the correctly rounded f32 sum).
 pub trait Element: sealed::Sealed + Copy + Send + Sync + 'static {
-    /// The type as the ranks of a call compare it ([`super::Signature`]).
-    const DTYPE: super::Dtype;
+    /// The type as the ranks of a call compare it ([`super::signature::Signature`]).
+    const DTYPE: super::signature::Dtype;
     /// Widens to f32.
     fn to_f32(self) -> f32;
     /// Rounds from f32 (round to nearest even).
@@ -87,7 +87,7 @@ pub trait Element: sealed::Sealed + Copy + Send + Sync + 'static {
 }
 
 impl Element for f32 {
-    const DTYPE: super::Dtype = super::Dtype::F32;
+    const DTYPE: super::signature::Dtype = super::signature::Dtype::F32;
     fn to_f32(self) -> f32 {
         self
     }
@@ -109,7 +109,7 @@ impl Element for f32 {
 }
 
 impl Element for f16 {
-    const DTYPE: super::Dtype = super::Dtype::F16;
+    const DTYPE: super::signature::Dtype = super::signature::Dtype::F16;
     fn to_f32(self) -> f32 {
         f16::to_f32(self)
     }
@@ -157,7 +157,7 @@ impl Element for f16 {
 /// bf16 is the top half of an f32: widening is a shift, rounding adds half an ulp (ties to
 /// even) and keeps NaNs quiet, as `half` does; plain loops that the compiler vectorises.
 impl Element for bf16 {
-    const DTYPE: super::Dtype = super::Dtype::Bf16;
+    const DTYPE: super::signature::Dtype = super::signature::Dtype::Bf16;
     fn to_f32(self) -> f32 {
         bf16::to_f32(self)
     }

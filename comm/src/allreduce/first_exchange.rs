@@ -16,7 +16,8 @@ use std::cell::UnsafeCell;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-use super::signature::{agree, Signature};
+use super::call_check::agree;
+use super::signature::Signature;
 use crate::error::{CommError, Result};
 use crate::transport::{Op, Transport};
 

@@ -17,34 +17,154 @@
 
 use std::sync::{Arc, Mutex};
 
-use super::element::{with_elements, Buffer};
+use super::call_check::check_calls;
+use super::context::{Allreduce, Context};
+use super::declare::{positive, Declare, Declared};
+use super::element::{with_elements, Buffer, Element};
+use super::mpi::Mpi;
+use super::rhd::Rhd;
+use super::ring::Ring;
 use super::shm::{check_chunk, ShmAllreduce};
-use super::signature::{check_calls, Signature};
+use super::signature::Signature;
 use super::util::Probed;
-use super::{Allreduce, Allreducer, Context, Element};
-use crate::algorithm::Across;
 use crate::collective;
 use crate::cost::CostModel;
 use crate::error::{CommError, Result};
 use crate::topology::Topology;
 use crate::transport::Transport;
 
-/// The hierarchical allreduce as an algorithm ([`crate::Algorithm::Hierarchical`]): `across`
-/// between the nodes, chunks of `chunk_bytes` within them, through the node groups its first
-/// call probes (collectively).
-pub(crate) struct Hierarchical {
-    across: Across,
-    chunk_bytes: usize,
-    groups: Mutex<Probed<NodeGroups>>,
+/// The allreduce between the nodes of [`crate::Algorithm::Hierarchical`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Across {
+    /// [`crate::Algorithm::Ring`].
+    Ring,
+    /// [`crate::Algorithm::Rhd`].
+    Rhd,
+    /// [`crate::Algorithm::Mpi`] (MPI transport only).
+    Mpi,
+}
+
+impl Across {
+    /// Every one, in the order the syntax names them.
+    const ALL: [Across; 3] = [Across::Ring, Across::Rhd, Across::Mpi];
+
+    /// Its name, the algorithm's.
+    fn name(self) -> &'static str {
+        match self {
+            Across::Ring => Ring::DECLARED.name,
+            Across::Rhd => Rhd::DECLARED.name,
+            Across::Mpi => Mpi::DECLARED.name,
+        }
+    }
+
+    /// What runs it, not yet prepared.
+    fn build(self) -> Box<dyn Allreduce> {
+        match self {
+            Across::Ring => Ring.build(),
+            Across::Rhd => Rhd.build(),
+            Across::Mpi => Mpi.build(),
+        }
+    }
+}
+
+/// Default chunk per rank of the node stage, in bytes: each chunk's parts cross between the
+/// nodes in one blocking allreduce per rank, so chunks pay that latency; past 4 MiB larger
+/// chunks gained nothing (BENCHMARKS.md, "Figures behind the defaults").
+const DEFAULT_CHUNK_BYTES: usize = 4 << 20;
+
+/// The hierarchical allreduce's parameters ([`crate::Algorithm::Hierarchical`]): `shm` within
+/// every node sums each rank's part of a chunk over the node, `across` sums that part between
+/// the nodes (over the ranks of the same local index, all node links busy at once), and `shm`
+/// hands the sums back. Buffers of at most [`LEADER_BYTES`] cross the network once, from each
+/// node's first rank. Needs the ranks of every node to share its memory. On one node it is
+/// `shm`, with one rank per node `across` alone.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Hierarchical {
+    /// The allreduce between the nodes.
+    pub across: Across,
+    /// Chunk per rank of the node stage, in bytes.
+    pub chunk_bytes: usize,
 }
 
 impl Hierarchical {
-    /// `across` between the nodes, chunks of `chunk_bytes` (checked by
-    /// [`Allreduce::prepare`]).
-    pub(crate) fn new(across: Across, chunk_bytes: usize) -> Hierarchical {
-        Hierarchical {
+    /// rhd between the nodes, chunks of 4 MiB.
+    pub const DEFAULT: Hierarchical = Hierarchical {
+        across: Across::Rhd,
+        chunk_bytes: DEFAULT_CHUNK_BYTES,
+    };
+}
+
+impl Default for Hierarchical {
+    fn default() -> Hierarchical {
+        Hierarchical::DEFAULT
+    }
+}
+
+impl Declare for Hierarchical {
+    const DECLARED: Declared = Declared {
+        name: "hierarchical",
+        syntax: "hierarchical[:ring|rhd|mpi[:CHUNK_BYTES]]",
+        help: "shm within each node, ring, rhd (the default) or MPI_Allreduce between the \
+               nodes, every rank of a node carrying its share of the link",
+        auto: true,
+    };
+
+    fn parse(args: Option<&str>) -> Result<Hierarchical> {
+        let mut it = args.unwrap_or("").splitn(2, ':');
+        let name = it.next().unwrap_or("").to_ascii_lowercase();
+        let across = match Across::ALL.into_iter().find(|a| a.name() == name) {
+            Some(across) => across,
+            None if name.is_empty() => Across::Rhd,
+            None => {
+                return Err(CommError::InvalidArgument(format!(
+                "hierarchical: {name:?} cannot run between the nodes (expected ring, rhd or mpi)"
+            )))
+            }
+        };
+        let chunk_bytes = match it.next() {
+            None => DEFAULT_CHUNK_BYTES,
+            Some(c) => positive(c, "chunk bytes")?,
+        };
+        Ok(Hierarchical {
             across,
             chunk_bytes,
+        })
+    }
+
+    /// `across` always (`hierarchical:rhd`), the chunk where it is not the default.
+    fn args(&self) -> Option<String> {
+        let mut args = self.across.name().to_string();
+        if self.chunk_bytes != DEFAULT_CHUNK_BYTES {
+            args += &format!(":{}", self.chunk_bytes);
+        }
+        Some(args)
+    }
+
+    fn build(&self) -> Box<dyn Allreduce> {
+        Box::new(HierarchicalRun::new(*self))
+    }
+
+    /// With rhd between the nodes only (`hierarchical:mpi` never beat it in the benchmark,
+    /// yet calibration's short passes timed it faster at sizes where it loses, so `auto` would
+    /// take it there: BENCHMARKS.md, "Figures behind the defaults"), where several nodes hold
+    /// several ranks each and these share their node's memory.
+    fn auto_here(topo: Topology, shared_memory: bool, _: bool) -> bool {
+        shared_memory && topo.nodes > 1 && topo.ranks_per_node > 1
+    }
+}
+
+/// The hierarchical allreduce as it runs: its parameters and the node groups its first call
+/// probes (collectively).
+pub(crate) struct HierarchicalRun {
+    params: Hierarchical,
+    groups: Mutex<Probed<NodeGroups>>,
+}
+
+impl HierarchicalRun {
+    /// As `params` says (checked by [`Allreduce::prepare`]).
+    pub(crate) fn new(params: Hierarchical) -> HierarchicalRun {
+        HierarchicalRun {
+            params,
             groups: Mutex::new(Probed::NotYet),
         }
     }
@@ -58,17 +178,20 @@ impl Hierarchical {
     ) -> Result<R> {
         let mut groups = self.groups.lock().unwrap_or_else(|e| e.into_inner());
         let nodes = Topology::flat(cx.topology.nodes);
-        let peers = |t| Allreducer::new(t, self.across.algorithm(), nodes);
-        f(groups.get_or_probe(|| {
-            NodeGroups::create(&*cx.transport, cx.topology, self.chunk_bytes, peers)
-        })?)
+        let Hierarchical {
+            across,
+            chunk_bytes,
+        } = self.params;
+        let peers = |t| Peers::new(t, across, nodes);
+        f(groups
+            .get_or_probe(|| NodeGroups::create(&*cx.transport, cx.topology, chunk_bytes, peers))?)
     }
 }
 
-impl Allreduce for Hierarchical {
+impl Allreduce for HierarchicalRun {
     fn prepare(&mut self, cx: &Context) -> Result<()> {
-        check_chunk(self.chunk_bytes)?;
-        if self.across == Across::Mpi && !cx.transport.has_native_allreduce() {
+        check_chunk(self.params.chunk_bytes)?;
+        if self.params.across == Across::Mpi && !cx.transport.has_native_allreduce() {
             return Err(CommError::Unsupported(
                 "hierarchical:mpi needs the MPI transport (hierarchical:ring or hierarchical:rhd run on any)".into(),
             ));
@@ -100,11 +223,15 @@ impl Allreduce for Hierarchical {
         let node = Topology::flat(topo.ranks_per_node);
         let nodes = Topology::new(topo.nodes, 1);
         let within = if topo.ranks_per_node > 1 {
-            model.shm_time(self.chunk_bytes, bytes as f64, node)
+            model.shm_time(self.params.chunk_bytes, bytes as f64, node)
         } else {
             0.0
         };
-        within + model.predict(&self.across.algorithm(), bytes, nodes)
+        let across = self.params.across;
+        within
+            + model.predicted(across.name(), bytes, nodes, || {
+                across.build().predict(model, bytes, nodes)
+            })
     }
 }
 
@@ -121,7 +248,7 @@ pub(crate) struct NodeGroups {
     /// The node's shared region.
     shm: ShmAllreduce,
     /// The allreduce between this rank and its peers (same local index) on the other nodes.
-    peers: Allreducer,
+    peers: Peers,
     /// Ranks in all (what a mean divides by).
     ranks: usize,
 }
@@ -130,7 +257,7 @@ impl std::fmt::Debug for NodeGroups {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("NodeGroups")
             .field("node_ranks", &self.node.size())
-            .field("peers", &self.peers)
+            .field("peers", &self.peers.cx.transport.size())
             .finish()
     }
 }
@@ -144,7 +271,7 @@ impl NodeGroups {
         t: &dyn Transport,
         topology: Topology,
         chunk_bytes: usize,
-        peers: impl FnOnce(Arc<dyn Transport>) -> Result<Allreducer>,
+        peers: impl FnOnce(Arc<dyn Transport>) -> Result<Peers>,
     ) -> Result<Option<NodeGroups>> {
         let me = t.rank();
         let (node_index, local) = (topology.node_of(me), me % topology.ranks_per_node);
@@ -182,7 +309,7 @@ impl NodeGroups {
             ranks,
             ..
         } = self;
-        if peers.transport().size() == 1 {
+        if peers.cx.transport.size() == 1 {
             return shm.allreduce(&**node, buf, average);
         }
         if node.size() == 1 {
@@ -195,5 +322,26 @@ impl NodeGroups {
         shm.allreduce_across(&**node, buf, scale, &mut |sums| {
             peers.reduce(sums, false, false)
         })
+    }
+}
+
+/// The allreduce between the nodes: `across` over a rank's peers on the other nodes.
+pub(crate) struct Peers {
+    cx: Context,
+    across: Box<dyn Allreduce>,
+}
+
+impl Peers {
+    /// `across` over `transport`, the peers laid out as `nodes`.
+    fn new(transport: Arc<dyn Transport>, across: Across, nodes: Topology) -> Result<Peers> {
+        let cx = Context::new(transport, nodes, CostModel::default())?;
+        let mut across = across.build();
+        across.prepare(&cx)?;
+        Ok(Peers { cx, across })
+    }
+
+    /// Sums `buf` over the peers, after the call check if `check`.
+    fn reduce<T: Element>(&self, buf: &mut [T], average: bool, check: bool) -> Result<()> {
+        self.cx.reduce(&*self.across, buf, average, check)
     }
 }

@@ -4,12 +4,12 @@
 //! [`super::first_exchange`]), f16 / bf16 widened to f32 block by block, the mean, and the
 //! buffers reused across calls ([`Work`]).
 
+use super::call_check::check_calls;
+use super::context::{Allreduce, Context, Scratch, Work};
 use super::element::{with_elements, Buffer, Element};
-use super::first_exchange::{FirstExchange, Staging};
-use super::ring::Step;
-use super::signature::{check_calls, Signature};
+use super::first_exchange::FirstExchange;
+use super::signature::Signature;
 use super::util::divide;
-use super::{Allreduce, Context};
 use crate::cost::CostModel;
 use crate::error::Result;
 use crate::topology::Topology;
@@ -19,27 +19,6 @@ use crate::transport::Transport;
 /// algorithms and `mpi` (1 MiB of f32: of 64 Ki, 256 Ki, 1 Mi and the whole buffer, the
 /// fastest at 4-64 MiB).
 const WIDEN_BLOCK: usize = 256 << 10;
-
-/// Buffers the algorithms of one [`super::Allreducer`] reuse: grown on first use, never
-/// shrunk, so steady-state calls allocate nothing.
-#[derive(Default)]
-pub(crate) struct Work {
-    /// The f32 copy of one block of an f16 / bf16 buffer.
-    pub(crate) widened: Vec<f32>,
-    /// The first messages of a two-rank call, with the call check in front.
-    staging: Staging,
-    /// What the algorithms use while they run.
-    scratch: Scratch,
-}
-
-/// The buffers of a message-based algorithm's run.
-#[derive(Default)]
-pub(crate) struct Scratch {
-    /// Received parts, before they are added.
-    pub(crate) recv: Vec<f32>,
-    /// The ring's steps.
-    pub(crate) steps: Vec<Step>,
-}
 
 /// A message-based allreduce of f32 buffers.
 pub(crate) trait Messages: Send + Sync {

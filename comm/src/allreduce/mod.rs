@@ -1,29 +1,35 @@
 //! Allreduce algorithms over any [`Transport`] and the [`Allreducer`] entry point.
 //!
-//! Each algorithm is one [`Allreduce`] in its own file, which owns its parameters' checks, its
-//! plan and scratch state and its cost formula: the message-based ones `ring.rs` (and the
-//! executor of every ring), `multiring.rs`, `rhd.rs` and `multicolor.rs` (what they share is in
-//! `messages.rs`), `mpi.rs`, `shm.rs`, `hierarchical.rs`, and `auto.rs`, which runs the others
-//! (its online tuning in [`tune`]). [`implement`] makes the one an [`Algorithm`] names: the only
-//! place that looks at which algorithm the user chose; [`Allreducer::with_model`] does it once,
-//! and [`CostModel::predict`] to ask the algorithm's own formula.
+//! Each algorithm is one file, which declares it for the registry ([`crate::algorithm`]: its
+//! name, what it parses from, its help line, whether `auto` may choose it, [`declare`]) and
+//! owns its parameters' checks, its plan and scratch state and its cost formula, behind one
+//! small trait ([`context`]): the message-based ones `ring.rs` (and the executor of every
+//! ring), `multiring.rs`, `rhd.rs` and `multicolor.rs` (what they share is in `messages.rs`),
+//! `mpi.rs`, `shm.rs`, `hierarchical.rs`; and `auto.rs`, which runs the others (its online
+//! tuning in [`tune`]). [`Allreducer::with_model`] makes the one an [`Algorithm`] names, once;
+//! [`CostModel::predict`] asks the algorithm's own formula.
 
 mod auto;
-mod element;
+pub(crate) mod call_check;
+mod choose;
+pub(crate) mod context;
+pub(crate) mod declare;
+pub(crate) mod element;
 mod first_exchange;
 pub mod hierarchical;
 mod messages;
-mod mpi;
+pub(crate) mod mpi;
 pub(crate) mod multicolor;
-mod multiring;
-mod rhd;
+pub(crate) mod multiring;
+pub(crate) mod rhd;
 pub(crate) mod ring;
+mod ring_steps;
 pub mod shm;
 pub mod signature;
 pub mod tune;
 pub(crate) mod util;
 
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 use half::{bf16, f16};
 
@@ -33,82 +39,39 @@ use crate::error::Result;
 use crate::topology::Topology;
 use crate::transport::Transport;
 use auto::Auto;
-pub(crate) use element::add_into;
-use element::Buffer;
+use context::{Allreduce, Context};
+pub use declare::Declared;
 pub use element::Element;
-use hierarchical::Hierarchical;
-use messages::Work;
-use mpi::Mpi;
-use multicolor::Multicolor;
-use multiring::Multiring;
-use rhd::Rhd;
-use ring::Ring;
-use shm::Shm;
+pub use hierarchical::{Across, Hierarchical};
+pub use multicolor::Multicolor;
+pub use multiring::Multiring;
+pub use shm::Shm;
 pub use signature::{describe_calls, Dtype, Signature};
 pub use tune::Choice;
 
-/// One allreduce algorithm, as [`Allreducer`] runs it.
-pub(crate) trait Allreduce: Send + Sync {
-    /// Checks that it can run in `cx` and makes what it needs there (once, before any call).
-    fn prepare(&mut self, cx: &Context) -> Result<()> {
-        let _ = cx;
-        Ok(())
-    }
-
-    /// Sums `buf` over the ranks of `cx` in place (divided by their count with `average`).
-    /// With `check` (this rank's call), the ranks compare their calls first ([`signature`]).
-    fn allreduce(
-        &self,
-        cx: &Context,
-        buf: Buffer<'_>,
-        average: bool,
-        check: Option<Signature>,
-    ) -> Result<()>;
-
-    /// Predicted seconds of one call of `bytes` (f32) over `topo` by its formula (where
-    /// `calibrate` did not time it: [`CostModel::predict`]).
-    fn predict(&self, model: &CostModel, bytes: usize, topo: Topology) -> f64;
-
-    /// `auto` itself, whose choices and online tuning [`Allreducer`] reports.
-    fn auto(&self) -> Option<&Auto> {
-        None
-    }
+/// What runs an [`Allreducer`]'s algorithm: one of the registry's, or `auto` over them, whose
+/// choices and online tuning the allreducer reports.
+enum Running {
+    /// An algorithm of the registry.
+    One(Box<dyn Allreduce>),
+    /// `auto`.
+    Auto(Box<Auto>),
 }
 
-/// The algorithm `algorithm` names, not yet prepared ([`Allreduce::prepare`]).
-pub(crate) fn implement(algorithm: &Algorithm) -> Box<dyn Allreduce> {
-    match algorithm {
-        Algorithm::Ring => Box::new(Ring),
-        Algorithm::Rhd => Box::new(Rhd),
-        Algorithm::Multicolor {
-            colors,
-            chunk_bytes,
-        } => Box::new(Multicolor::new(*colors, *chunk_bytes)),
-        Algorithm::Multiring { dims, segments } => {
-            Box::new(Multiring::new(dims.clone(), *segments))
+impl Running {
+    fn algorithm(&self) -> &dyn Allreduce {
+        match self {
+            Running::One(one) => &**one,
+            Running::Auto(auto) => &**auto,
         }
-        Algorithm::Shm { chunk_bytes } => Box::new(Shm::new(*chunk_bytes)),
-        Algorithm::Hierarchical {
-            across,
-            chunk_bytes,
-        } => Box::new(Hierarchical::new(*across, *chunk_bytes)),
-        Algorithm::Mpi => Box::new(Mpi),
-        Algorithm::Auto => Box::new(Auto::new()),
     }
-}
 
-/// Where an [`Allreducer`]'s algorithm runs, handed to each call.
-pub(crate) struct Context {
-    /// The ranks.
-    pub(crate) transport: Arc<dyn Transport>,
-    /// How they sit on nodes.
-    pub(crate) topology: Topology,
-    /// The topology's ring dimensions (multiring's when given none).
-    pub(crate) dims: Vec<usize>,
-    /// The cost model (`auto`'s).
-    pub(crate) model: CostModel,
-    /// Buffers the algorithms reuse across calls, locked by those that use them.
-    pub(crate) work: Mutex<Work>,
+    fn auto(&self) -> Option<&Auto> {
+        match self {
+            Running::One(_) => None,
+            Running::Auto(auto) => Some(&**auto),
+        }
+    }
 }
 
 /// Allreduce entry point: one per transport, shared by reference; calls are serialised.
@@ -121,7 +84,7 @@ pub struct Allreducer {
     algorithm: Algorithm,
     cx: Context,
     /// What runs `algorithm` here.
-    implementation: Box<dyn Allreduce>,
+    running: Running,
 }
 
 impl std::fmt::Debug for Allreducer {
@@ -184,20 +147,19 @@ impl Allreducer {
         topology: Topology,
         model: CostModel,
     ) -> Result<Allreducer> {
-        topology.check_ranks(transport.size())?;
-        let cx = Context {
-            transport,
-            topology,
-            dims: topology.dims(),
-            model,
-            work: Mutex::new(Work::default()),
+        let cx = Context::new(transport, topology, model)?;
+        let mut running = match algorithm.implement() {
+            Some(one) => Running::One(one),
+            None => Running::Auto(Box::new(Auto::new())),
         };
-        let mut implementation = implement(&algorithm);
-        implementation.prepare(&cx)?;
+        match &mut running {
+            Running::One(one) => one.prepare(&cx)?,
+            Running::Auto(auto) => auto.prepare(&cx)?,
+        }
         Ok(Allreducer {
             algorithm,
             cx,
-            implementation,
+            running,
         })
     }
 
@@ -221,7 +183,7 @@ impl Allreducer {
     /// candidates ([`auto_candidates`](crate::auto_candidates): `shm` only where the ranks
     /// share memory, which the first call finds out; `mpi` only over MPI).
     pub fn resolve(&self, bytes: usize) -> Algorithm {
-        match self.implementation.auto() {
+        match self.running.auto() {
             Some(auto) => auto.resolve(&self.cx, bytes),
             None => self.algorithm.clone(),
         }
@@ -230,7 +192,7 @@ impl Allreducer {
     /// Whether `auto` tunes itself online: it is `auto` and its cost model measured nothing
     /// in this layout (a calibrated or saved model wins when given).
     pub fn tunes(&self) -> bool {
-        self.implementation.auto().is_some_and(Auto::tunes)
+        self.running.auto().is_some_and(Auto::tunes)
     }
 
     /// Whether the next call of `bytes` is a trial of the online tuning (every rank gives
@@ -239,17 +201,12 @@ impl Allreducer {
         // A call of no bytes or on one rank reduces nothing and tries nothing.
         bytes > 0
             && self.cx.transport.size() > 1
-            && self
-                .implementation
-                .auto()
-                .is_some_and(|auto| auto.tuning(bytes))
+            && self.running.auto().is_some_and(|auto| auto.tuning(bytes))
     }
 
     /// The tuning's choices made since the last call: each is handed out once, for a log line.
     pub fn take_tuned(&self) -> Vec<Choice> {
-        self.implementation
-            .auto()
-            .map_or_else(Vec::new, Auto::take_tuned)
+        self.running.auto().map_or_else(Vec::new, Auto::take_tuned)
     }
 
     /// The cost model with every size the tuning settled as curves measured in this layout:
@@ -258,7 +215,7 @@ impl Allreducer {
     pub fn tuned_model(&self) -> CostModel {
         let mut model = self.cx.model.clone();
         let curves = self
-            .implementation
+            .running
             .auto()
             .and_then(|auto| auto.curves(self.cx.topology));
         if let Some(curves) = curves {
@@ -285,18 +242,7 @@ impl Allreducer {
     /// [`CommError::Mismatch`](crate::CommError::Mismatch) naming each rank's count and type
     /// when they differ.
     pub fn allreduce<T: Element>(&self, buf: &mut [T], average: bool) -> Result<()> {
-        self.reduce(buf, average, true)
-    }
-
-    /// Sums `buf`, after the call check if `check` (a caller that has already checked the
-    /// ranks' calls passes false: the stage between the nodes of `hierarchical`).
-    fn reduce<T: Element>(&self, buf: &mut [T], average: bool, check: bool) -> Result<()> {
-        if self.cx.transport.size() == 1 {
-            return Ok(());
-        }
-        let mine = check.then(|| Signature::new(T::DTYPE, buf.len()));
-        self.implementation
-            .allreduce(&self.cx, T::buffer(buf), average, mine)
+        self.cx.reduce(self.running.algorithm(), buf, average, true)
     }
 
     /// Sums an f16 buffer (reduced in f32); see [`Allreducer::allreduce`].

@@ -1,17 +1,42 @@
 //! `mpi` ([`crate::Algorithm::Mpi`]): the transport's MPI_Allreduce, in place on the caller's
 //! buffer (MPI transport only), and its cost where it was not measured.
 
+use super::call_check::check_calls;
+use super::context::{Allreduce, Context};
+use super::declare::{no_args, Declare, Declared};
 use super::element::{with_elements, Buffer};
 use super::messages::in_f32;
-use super::signature::{check_calls, Signature};
-use super::{Allreduce, Context};
+use super::signature::Signature;
 use crate::cost::{open_mpi_choice, CostModel, OpenMpiAllreduce};
 use crate::error::{CommError, Result};
 use crate::topology::Topology;
 
 /// MPI_Allreduce. MPI has no half-precision types: f16 / bf16 go through it widened to f32
 /// block by block.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub(crate) struct Mpi;
+
+impl Declare for Mpi {
+    const DECLARED: Declared = Declared {
+        name: "mpi",
+        syntax: "mpi",
+        help: "the transport's MPI_Allreduce, in place (MPI transport only)",
+        auto: true,
+    };
+
+    fn parse(args: Option<&str>) -> Result<Mpi> {
+        no_args(&Self::DECLARED, args).map(|()| Mpi)
+    }
+
+    fn build(&self) -> Box<dyn Allreduce> {
+        Box::new(Mpi)
+    }
+
+    /// Only over MPI.
+    fn auto_here(_: Topology, _: bool, native_allreduce: bool) -> bool {
+        native_allreduce
+    }
+}
 
 impl Allreduce for Mpi {
     fn prepare(&mut self, cx: &Context) -> Result<()> {

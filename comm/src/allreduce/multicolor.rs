@@ -8,10 +8,11 @@ use std::ops::Range;
 
 use std::sync::OnceLock;
 
+use super::context::{Allreduce, Context, Scratch};
+use super::declare::{positive, Declare, Declared};
 use super::element::add_into;
-use super::messages::{Messages, Scratch};
+use super::messages::Messages;
 use super::util::{ensure_len, part, RawBuf};
-use super::Context;
 use crate::cost::{CostModel, Round};
 use crate::error::{CommError, Result};
 use crate::tags::MAX_COLORS;
@@ -401,36 +402,99 @@ pub(crate) fn allreduce(
     Ok(())
 }
 
-/// The multi-color allreduce ([`crate::Algorithm::Multicolor`]): `colors` trees pipelined in
-/// chunks of `chunk_bytes`, with this rank's plan of them.
-pub(crate) struct Multicolor {
-    colors: usize,
-    chunk_bytes: usize,
-    plan: OnceLock<MulticolorPlan>,
+/// Default pipeline chunk of `multicolor`, in bytes. Every pipeline step is a lock-step
+/// exchange among tree neighbours, so on slow links each step costs milliseconds of
+/// synchronisation and larger chunks ran faster there (BENCHMARKS.md, "Figures behind the
+/// defaults").
+const DEFAULT_CHUNK_BYTES: usize = 1024 * 1024;
+
+/// The multi-color allreduce's parameters ([`crate::Algorithm::Multicolor`]): `colors` trees
+/// with distinct roots and interior nodes, run concurrently, each pipelined in chunks of
+/// `chunk_bytes`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Multicolor {
+    /// Number of colors (buffer parts / trees).
+    pub colors: usize,
+    /// Pipeline chunk in bytes.
+    pub chunk_bytes: usize,
 }
 
 impl Multicolor {
-    /// `colors` trees in chunks of `chunk_bytes` (checked by [`Messages::setup`]).
-    pub(crate) fn new(colors: usize, chunk_bytes: usize) -> Multicolor {
-        Multicolor {
-            colors,
-            chunk_bytes,
-            plan: OnceLock::new(),
+    /// Four colors in chunks of 1 MiB.
+    pub const DEFAULT: Multicolor = Multicolor {
+        colors: 4,
+        chunk_bytes: DEFAULT_CHUNK_BYTES,
+    };
+}
+
+impl Default for Multicolor {
+    fn default() -> Multicolor {
+        Multicolor::DEFAULT
+    }
+}
+
+impl Declare for Multicolor {
+    const DECLARED: Declared = Declared {
+        name: "multicolor",
+        syntax: "multicolor[:COLORS[:CHUNK_BYTES]]",
+        help: "COLORS trees (4) with distinct roots and interior nodes, run at once, each \
+               pipelined in chunks (1 MiB)",
+        auto: true,
+    };
+
+    fn parse(args: Option<&str>) -> Result<Multicolor> {
+        let mut params = Multicolor::DEFAULT;
+        if let Some(args) = args {
+            let mut it = args.split(':');
+            if let Some(c) = it.next() {
+                params.colors = positive(c, "color count")?;
+            }
+            if let Some(c) = it.next() {
+                params.chunk_bytes = positive(c, "chunk bytes")?;
+            }
         }
+        Ok(params)
     }
 
-    /// This rank's trees in `cx` (made on first use).
-    fn plan(&self, cx: &Context) -> &MulticolorPlan {
-        self.plan.get_or_init(|| {
-            let rank = cx.transport.rank();
-            MulticolorPlan::new(cx.topology, rank, self.colors, self.chunk_bytes)
+    /// Always printed in full (`multicolor:4:1048576`): a measured curve names its parameters.
+    fn args(&self) -> Option<String> {
+        Some(format!("{}:{}", self.colors, self.chunk_bytes))
+    }
+
+    fn build(&self) -> Box<dyn Allreduce> {
+        Box::new(MulticolorRun {
+            params: *self,
+            plan: OnceLock::new(),
         })
     }
 }
 
-impl Messages for Multicolor {
+/// The multi-color allreduce as it runs: its parameters and this rank's plan of its trees.
+struct MulticolorRun {
+    params: Multicolor,
+    plan: OnceLock<MulticolorPlan>,
+}
+
+impl MulticolorRun {
+    /// This rank's trees in `cx` (made on first use).
+    fn plan(&self, cx: &Context) -> &MulticolorPlan {
+        self.plan.get_or_init(|| {
+            let rank = cx.transport.rank();
+            let Multicolor {
+                colors,
+                chunk_bytes,
+            } = self.params;
+            MulticolorPlan::new(cx.topology, rank, colors, chunk_bytes)
+        })
+    }
+}
+
+impl Messages for MulticolorRun {
     fn setup(&mut self, cx: &Context) -> Result<()> {
-        let (colors, chunk_bytes) = (self.colors, self.chunk_bytes);
+        let Multicolor {
+            colors,
+            chunk_bytes,
+        } = self.params;
         if colors == 0 || colors > MAX_COLORS || chunk_bytes < 4 {
             return Err(CommError::InvalidArgument(format!(
                 "multicolor needs 1..={MAX_COLORS} colors and chunks of at least 4 bytes, got {colors} colors, {chunk_bytes} bytes"
@@ -452,11 +516,15 @@ impl Messages for Multicolor {
 
     /// One message each way at two ranks with two colors or more.
     fn rides(&self) -> bool {
-        self.colors >= 2
+        self.params.colors >= 2
     }
 
     fn cost(&self, model: &CostModel, bytes: usize, topo: Topology) -> f64 {
-        model.multicolor_time(self.colors, self.chunk_bytes, bytes as f64, topo)
+        let Multicolor {
+            colors,
+            chunk_bytes,
+        } = self.params;
+        model.multicolor_time(colors, chunk_bytes, bytes as f64, topo)
     }
 }
 

@@ -2,28 +2,72 @@
 //! ([`super::ring::multiring`]) over the dimensions of the topology or the user's, the buffer
 //! cut into pipeline segments whose tiers overlap.
 
-use super::messages::{Messages, Scratch};
+use super::context::{Allreduce, Context, Scratch};
+use super::declare::{positive, Declare, Declared};
+use super::messages::Messages;
 use super::ring::multiring;
-use super::Context;
 use crate::cost::CostModel;
 use crate::error::{CommError, Result};
 use crate::tags::{MAX_DIMS, MAX_SEGMENTS};
 use crate::topology::Topology;
 use crate::transport::Transport;
 
-/// The multi-dimensional ring over `dims` (empty: the topology's) in `segments` pipeline
-/// segments (0: as [`segments_for`] picks).
-pub(crate) struct Multiring {
-    dims: Vec<usize>,
-    segments: usize,
+/// The multi-dimensional ring's parameters ([`crate::Algorithm::Multiring`]): rings along each
+/// of `dims` (fastest tier first), the buffer cut into `segments` pipeline segments whose
+/// tiers overlap.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Multiring {
+    /// Ring dimensions; their product must equal the number of ranks. Empty: the topology's.
+    pub dims: Vec<usize>,
+    /// Pipeline segments; 0 = automatic: as many as keep each rank's messages at 512 KiB or
+    /// more (at most 16) when two or more dimensions exceed 1, otherwise 1 ([`segments_for`]).
+    pub segments: usize,
+}
+
+impl Declare for Multiring {
+    const DECLARED: Declared = Declared {
+        name: "multiring",
+        syntax: "multiring[:D1xD2x...[:SEGMENTS]]",
+        help: "a ring along each dimension of the topology (or D1xD2x..., fastest tier first), \
+               in pipeline segments whose tiers overlap (multiring::8: the topology's, 8 \
+               segments)",
+        auto: true,
+    };
+
+    fn parse(args: Option<&str>) -> Result<Multiring> {
+        let mut it = args.unwrap_or("").splitn(2, ':');
+        let dims = match it.next() {
+            None | Some("") => Vec::new(),
+            Some(d) => d
+                .split('x')
+                .map(|v| positive(v, "ring dimension"))
+                .collect::<Result<Vec<_>>>()?,
+        };
+        let segments = match it.next() {
+            None => 0,
+            Some(v) => positive(v, "segment count")?,
+        };
+        Ok(Multiring { dims, segments })
+    }
+
+    fn args(&self) -> Option<String> {
+        if self.dims.is_empty() && self.segments == 0 {
+            return None;
+        }
+        let dims: Vec<String> = self.dims.iter().map(|d| d.to_string()).collect();
+        let mut args = dims.join("x");
+        if self.segments > 0 {
+            args += &format!(":{}", self.segments);
+        }
+        Some(args)
+    }
+
+    fn build(&self) -> Box<dyn Allreduce> {
+        Box::new(self.clone())
+    }
 }
 
 impl Multiring {
-    /// Over `dims` (empty: the topology's) in `segments` segments (0: automatic).
-    pub(crate) fn new(dims: Vec<usize>, segments: usize) -> Multiring {
-        Multiring { dims, segments }
-    }
-
     /// Its dimensions in `topo`.
     fn dims_in<'a>(&'a self, topo_dims: &'a [usize]) -> &'a [usize] {
         if self.dims.is_empty() {

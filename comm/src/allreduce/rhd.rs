@@ -3,10 +3,11 @@
 
 use std::ops::Range;
 
+use super::context::{Allreduce, Context, Scratch};
+use super::declare::{no_args, Declare, Declared};
 use super::element::add_into;
-use super::messages::{Messages, Scratch};
+use super::messages::Messages;
 use super::util::{ensure_len, RawBuf};
-use super::Context;
 use crate::cost::CostModel;
 use crate::error::Result;
 use crate::tags::RHD;
@@ -138,7 +139,26 @@ pub(crate) fn allreduce(t: &dyn Transport, buf: &mut [f32], scratch: &mut Vec<f3
 }
 
 /// Rabenseifner's allreduce ([`crate::Algorithm::Rhd`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub(crate) struct Rhd;
+
+impl Declare for Rhd {
+    const DECLARED: Declared = Declared {
+        name: "rhd",
+        syntax: "rhd",
+        help: "Rabenseifner's recursive halving then doubling: 2 log2(p) steps, ranks beyond a \
+               power of two folded in",
+        auto: true,
+    };
+
+    fn parse(args: Option<&str>) -> Result<Rhd> {
+        no_args(&Self::DECLARED, args).map(|()| Rhd)
+    }
+
+    fn build(&self) -> Box<dyn Allreduce> {
+        Box::new(Rhd)
+    }
+}
 
 impl Messages for Rhd {
     fn run(

@@ -31,10 +31,12 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Mutex;
 
-use super::element::{with_elements, Buffer};
-use super::signature::{agree, Signature};
+use super::call_check::agree;
+use super::context::{Allreduce, Context};
+use super::declare::{positive, Declare, Declared};
+use super::element::{with_elements, Buffer, Element};
+use super::signature::Signature;
 use super::util::{part, Probed};
-use super::{Allreduce, Context, Element};
 use crate::cost::{CostModel, DEFAULT_SHM_SYNC};
 use crate::error::{CommError, Result};
 use crate::shared_region::{Pace, SharedRegion, COUNTER_BYTES, LINE};
@@ -459,18 +461,72 @@ pub(crate) fn check_chunk(chunk_bytes: usize) -> Result<()> {
     Ok(())
 }
 
-/// The shared-memory allreduce as an algorithm ([`crate::Algorithm::Shm`]): chunks of
-/// `chunk_bytes`, through the region its first call probes (collectively).
-pub(crate) struct Shm {
+/// The shared-memory allreduce's parameters ([`crate::Algorithm::Shm`]): every rank copies
+/// chunks of `chunk_bytes` into a region all ranks map, sums its share of each chunk there and
+/// copies the others' sums back (all ranks on one node only).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Shm {
+    /// Chunk per rank, in bytes.
+    pub chunk_bytes: usize,
+}
+
+impl Shm {
+    /// Chunks of 512 KiB per rank.
+    pub const DEFAULT: Shm = Shm {
+        chunk_bytes: 512 << 10,
+    };
+}
+
+impl Default for Shm {
+    fn default() -> Shm {
+        Shm::DEFAULT
+    }
+}
+
+impl Declare for Shm {
+    const DECLARED: Declared = Declared {
+        name: "shm",
+        syntax: "shm[:CHUNK_BYTES]",
+        help: "the ranks of one node meet in a small shared-memory region that nothing \
+               outlives (all ranks on one node)",
+        auto: true,
+    };
+
+    fn parse(args: Option<&str>) -> Result<Shm> {
+        Ok(match args {
+            None => Shm::DEFAULT,
+            Some(c) => Shm {
+                chunk_bytes: positive(c, "chunk bytes")?,
+            },
+        })
+    }
+
+    fn args(&self) -> Option<String> {
+        (*self != Shm::DEFAULT).then(|| self.chunk_bytes.to_string())
+    }
+
+    fn build(&self) -> Box<dyn Allreduce> {
+        Box::new(ShmRun::new(*self))
+    }
+
+    /// Where all ranks are on one node and share its memory.
+    fn auto_here(topo: Topology, shared_memory: bool, _: bool) -> bool {
+        shared_memory && topo.nodes == 1
+    }
+}
+
+/// The shared-memory allreduce as it runs: its chunks, through the region its first call
+/// probes (collectively).
+pub(crate) struct ShmRun {
     chunk_bytes: usize,
     region: Mutex<Probed<ShmAllreduce>>,
 }
 
-impl Shm {
-    /// Chunks of `chunk_bytes` per rank (checked by [`Allreduce::prepare`]).
-    pub(crate) fn new(chunk_bytes: usize) -> Shm {
-        Shm {
-            chunk_bytes,
+impl ShmRun {
+    /// As `params` says (checked by [`Allreduce::prepare`]).
+    pub(crate) fn new(params: Shm) -> ShmRun {
+        ShmRun {
+            chunk_bytes: params.chunk_bytes,
             region: Mutex::new(Probed::NotYet),
         }
     }
@@ -503,7 +559,7 @@ impl Shm {
     }
 }
 
-impl Allreduce for Shm {
+impl Allreduce for ShmRun {
     fn prepare(&mut self, cx: &Context) -> Result<()> {
         if cx.topology.nodes > 1 {
             return Err(CommError::Unsupported(format!(

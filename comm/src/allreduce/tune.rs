@@ -122,9 +122,7 @@ pub(crate) fn distinct(candidates: Vec<Algorithm>, topology: Topology) -> Vec<Al
     let tiers = topology.dims().iter().filter(|&&d| d > 1).count();
     candidates
         .into_iter()
-        .filter(|a| {
-            !(tiers <= 1 && matches!(a, Algorithm::Multiring { dims, .. } if dims.is_empty()))
-        })
+        .filter(|a| !(tiers <= 1 && matches!(a, Algorithm::Multiring(m) if m.dims.is_empty())))
         .collect()
 }
 
@@ -528,10 +526,7 @@ mod tests {
 
     #[test]
     fn multiring_over_one_tier_is_not_tried_twice() {
-        let multiring = Algorithm::Multiring {
-            dims: Vec::new(),
-            segments: 0,
-        };
+        let multiring = Algorithm::Multiring(Default::default());
         let all = vec![Algorithm::Ring, multiring.clone()];
         assert_eq!(
             distinct(all.clone(), Topology::flat(4)),

@@ -33,8 +33,8 @@ use std::time::{Duration, Instant};
 
 use ddl_comm::World;
 use ddl_comm::{
-    f16, Algorithm, Allreducer, CommError, CostModel, Op, Parts, Reduce, ShardAlgorithm, Sharded,
-    Topology, Transport,
+    f16, Algorithm, Allreducer, CommError, CostModel, Multiring, Op, Parts, Reduce, ShardAlgorithm,
+    Sharded, Topology, Transport,
 };
 
 /// Exit code of `ddl-mpi-check abort`: distinctive, so that a crash or a timeout cannot pass
@@ -76,10 +76,10 @@ fn allreduce_checks(world: &World) -> Result<(), String> {
     if p == 4 {
         for segments in [0, 3] {
             algos.push((
-                Algorithm::Multiring {
+                Algorithm::Multiring(Multiring {
                     dims: vec![2, 2],
                     segments,
-                },
+                }),
                 world.topology(),
             ));
         }

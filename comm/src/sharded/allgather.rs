@@ -1,9 +1,10 @@
 //! Allgather: every rank's part of a buffer ends on every rank. The ring passes each part
 //! around in `p - 1` steps; parts may have any lengths ([`Parts`]).
 
-use super::{ring_neighbours, Parts};
+use super::ops::ring_neighbours;
 use crate::allreduce::util::RawBuf;
 use crate::error::Result;
+use crate::parts::Parts;
 use crate::tags::ALLGATHER;
 use crate::transport::Transport;
 

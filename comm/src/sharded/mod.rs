@@ -10,7 +10,9 @@
 //! asks the [`CostModel`]) and keeps the scratch buffers and the shared region.
 
 mod allgather;
+mod cost;
 pub mod node_memory;
+mod ops;
 mod reduce_scatter;
 
 use std::fmt;
@@ -18,7 +20,6 @@ use std::str::FromStr;
 use std::sync::Arc;
 use std::sync::Mutex;
 
-use crate::allreduce::add_into;
 use crate::cost::CostModel;
 use crate::error::{CommError, Result};
 pub use crate::parts::Parts;
@@ -26,39 +27,8 @@ use crate::topology::Topology;
 use crate::transport::Transport;
 use allgather::{Allgather, RingAllgather};
 use node_memory::ShmSharded;
+pub use ops::{Reduce, ShardedOp};
 use reduce_scatter::{ReduceScatter, RingReduceScatter};
-
-/// How the parts of a reduce-scatter are combined.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Reduce {
-    /// Summed, in f32.
-    Sum,
-    /// The largest value (a NaN is ignored unless every value is NaN, as `f32::max` does).
-    Max,
-}
-
-impl Reduce {
-    /// `acc[i] = acc[i] op x[i]`.
-    pub(crate) fn combine(self, acc: &mut [f32], x: &[f32]) {
-        match self {
-            Reduce::Sum => add_into(acc, x),
-            Reduce::Max => {
-                for (a, b) in acc.iter_mut().zip(x) {
-                    *a = a.max(*b);
-                }
-            }
-        }
-    }
-}
-
-/// Which of the two collectives (for the cost model).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum ShardedOp {
-    /// [`Sharded::all_gather`].
-    AllGather,
-    /// [`Sharded::reduce_scatter`].
-    ReduceScatter,
-}
 
 /// An algorithm of the allgather and reduce-scatter.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -122,11 +92,6 @@ impl FromStr for ShardAlgorithm {
             ))),
         }
     }
-}
-
-/// The left and right neighbours of rank `me` on a ring of `p`.
-fn ring_neighbours(me: usize, p: usize) -> (usize, usize) {
-    ((me + p - 1) % p, (me + 1) % p)
 }
 
 /// Reusable state: the ring's scratch and the shared region once probed.

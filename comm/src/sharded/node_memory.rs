@@ -10,9 +10,10 @@
 //! is combined by its owner alone, in rank order, so the result does not depend on timing.
 
 use super::allgather::Allgather;
+use super::ops::Reduce;
 use super::reduce_scatter::ReduceScatter;
-use super::{Parts, Reduce};
 use crate::error::Result;
+use crate::parts::Parts;
 use crate::shared_region::{Pace, SharedRegion, COUNTER_BYTES, LINE};
 use crate::transport::Transport;
 

@@ -2,9 +2,10 @@
 //! The ring passes partial results around in `p - 1` steps; parts may have any lengths
 //! ([`Parts`]).
 
-use super::{ring_neighbours, Parts, Reduce};
+use super::ops::{ring_neighbours, Reduce};
 use crate::allreduce::util::{ensure_len, RawBuf};
 use crate::error::Result;
+use crate::parts::Parts;
 use crate::tags::REDUCE_SCATTER;
 use crate::transport::Transport;
 

@@ -371,29 +371,4 @@ mod tests {
         inbox.recycle(vec![0u8; 100]);
         assert_eq!(inbox.spare.lock().unwrap().len(), 0);
     }
-
-    #[test]
-    fn recycled_buffers_carry_each_message_exactly() {
-        let group = crate::tcp::tcp_group(2).expect("loopback group");
-        let sizes = [1 << 20, 100 << 10, 3 << 20, 64 << 10, 1 << 20];
-        std::thread::scope(|s| {
-            let (a, b) = (&group[0], &group[1]);
-            s.spawn(move || {
-                for (i, n) in sizes.iter().enumerate() {
-                    let msg: Vec<u8> = (0..*n).map(|j| (i * 7 + j % 251) as u8).collect();
-                    crate::Transport::send(a, 1, i as u32, &msg).expect("send");
-                }
-            });
-            for (i, n) in sizes.iter().enumerate() {
-                let mut got = vec![0u8; *n];
-                crate::Transport::recv(b, 0, i as u32, &mut got).expect("recv");
-                assert!(
-                    got.iter()
-                        .enumerate()
-                        .all(|(j, v)| *v == (i * 7 + j % 251) as u8),
-                    "message {i} of {n} bytes"
-                );
-            }
-        });
-    }
 }

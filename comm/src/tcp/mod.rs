@@ -378,4 +378,29 @@ mod tests {
             "{err}"
         );
     }
+
+    #[test]
+    fn recycled_buffers_carry_each_message_exactly() {
+        let group = tcp_group(2).expect("loopback group");
+        let sizes = [1 << 20, 100 << 10, 3 << 20, 64 << 10, 1 << 20];
+        std::thread::scope(|s| {
+            let (a, b) = (&group[0], &group[1]);
+            s.spawn(move || {
+                for (i, n) in sizes.iter().enumerate() {
+                    let msg: Vec<u8> = (0..*n).map(|j| (i * 7 + j % 251) as u8).collect();
+                    a.send(1, i as u32, &msg).expect("send");
+                }
+            });
+            for (i, n) in sizes.iter().enumerate() {
+                let mut got = vec![0u8; *n];
+                b.recv(0, i as u32, &mut got).expect("recv");
+                assert!(
+                    got.iter()
+                        .enumerate()
+                        .all(|(j, v)| *v == (i * 7 + j % 251) as u8),
+                    "message {i} of {n} bytes"
+                );
+            }
+        });
+    }
 }

@@ -4,7 +4,9 @@ pub mod exact;
 
 use std::sync::Arc;
 
-use ddl_comm::{tcp_group, thread_group, Across, Algorithm, Transport};
+use ddl_comm::{
+    tcp_group, thread_group, Across, Algorithm, Hierarchical, Multicolor, Multiring, Shm, Transport,
+};
 
 /// Runs `f(rank, transport)` on one thread per rank of a fresh in-process group of `n` and
 /// returns the results in rank order.
@@ -67,45 +69,45 @@ pub fn algorithms(p: usize) -> Vec<Algorithm> {
     let mut v = vec![
         Algorithm::Ring,
         Algorithm::Rhd,
-        Algorithm::Multicolor {
+        Algorithm::Multicolor(Multicolor {
             colors: 4,
             chunk_bytes: 16,
-        },
-        Algorithm::Multicolor {
+        }),
+        Algorithm::Multicolor(Multicolor {
             colors: 3,
             chunk_bytes: 1 << 20,
-        },
-        Algorithm::Multiring {
+        }),
+        Algorithm::Multiring(Multiring {
             dims: vec![],
             segments: 0,
-        },
-        Algorithm::Multiring {
+        }),
+        Algorithm::Multiring(Multiring {
             dims: vec![],
             segments: 3,
-        },
+        }),
         Algorithm::SHM,
         // Chunks of 32 f32: many chunks per call, each slot reused many times.
-        Algorithm::Shm { chunk_bytes: 128 },
+        Algorithm::Shm(Shm { chunk_bytes: 128 }),
         Algorithm::Auto,
     ];
     // Two tiers where the test topology has them (otherwise shm alone), the second in many
     // short chunks.
     v.push(Algorithm::hierarchical(Across::Ring));
-    v.push(Algorithm::Hierarchical {
+    v.push(Algorithm::Hierarchical(Hierarchical {
         across: Across::Rhd,
         chunk_bytes: 128,
-    });
+    }));
     // A genuinely multi-dimensional ring where p factors.
     for a in 2..p {
         if p % a == 0 {
-            v.push(Algorithm::Multiring {
+            v.push(Algorithm::Multiring(Multiring {
                 dims: vec![a, p / a],
                 segments: 0,
-            });
-            v.push(Algorithm::Multiring {
+            }));
+            v.push(Algorithm::Multiring(Multiring {
                 dims: vec![a, p / a],
                 segments: 5,
-            });
+            }));
             break;
         }
     }
