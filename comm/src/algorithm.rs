@@ -156,6 +156,16 @@ impl Algorithm {
         Algorithm::DECLARED.iter().map(|d| d.name)
     }
 
+    /// Every algorithm's syntax and help line, one line each in the registry's order (`auto`
+    /// last): the list of choices of a help text.
+    pub fn help() -> String {
+        let lines: Vec<String> = Algorithm::DECLARED
+            .iter()
+            .map(|d| format!("{}: {}", d.syntax, d.help))
+            .collect();
+        lines.join("\n")
+    }
+
     /// What its file declares (the registry declares `auto`).
     pub fn declared(&self) -> &'static Declared {
         self.registered().map_or(&AUTO, Registered::declared)

@@ -70,6 +70,11 @@ __all__ = [
 
 #: The algorithms of :func:`allreduce_` (``"auto"`` first), as ddl's Rust side names them.
 ALGORITHMS = tuple(_ddl.ALGORITHMS)
+#: Each of :data:`ALGORITHMS` as ``(name, syntax, help)``: what follows ``name:`` in
+#: ``syntax`` sets its parameters (``"multiring:4x2"``).
+ALGORITHM_HELP = tuple(tuple(entry) for entry in _ddl.ALGORITHM_HELP)
+#: The prefixes of the algorithms given with parameters (``"shm:"``...).
+_WITH_PARAMETERS = tuple(f"{name}:" for name, syntax, _ in ALGORITHM_HELP if syntax != name)
 #: The algorithms of :func:`all_gather_` and :func:`reduce_scatter_`.
 SHARD_ALGORITHMS = tuple(_ddl.SHARD_ALGORITHMS)
 _GradBucket = torch.distributed.GradBucket
@@ -377,8 +382,7 @@ def abort(code: int = 1) -> None:
 
 
 def _check_algorithm(algorithm: str) -> None:
-    if algorithm not in ALGORITHMS and not algorithm.startswith(
-            ("multicolor:", "multiring:", "shm:", "hierarchical:")):
+    if algorithm not in ALGORITHMS and not algorithm.startswith(_WITH_PARAMETERS):
         raise ValueError(f"algorithm: {algorithm!r} is not one of {ALGORITHMS}")
 
 
@@ -547,10 +551,7 @@ def allreduce_(tensor: torch.Tensor, average: bool = True,
     """Sums ``tensor`` over all ranks in place (``average``: then divides by the rank count)
     and returns it. float32, float16 or bfloat16 (half types are reduced in float32 and
     rounded once), CPU or CUDA; results are bitwise identical on every rank. ``algorithm``:
-    ``auto`` (the cost model picks), ``shm`` (the ranks of one node meet in shared memory),
-    ``hierarchical`` (``shm`` within each node, ``rhd`` between the nodes; also
-    ``hierarchical:mpi`` / ``hierarchical:ring``), ``multicolor``, ``multiring``, ``ring``,
-    ``rhd``, ``mpi`` (MPI_Allreduce in place).
+    one of :data:`ALGORITHMS`, listed below from :data:`ALGORITHM_HELP`.
     Every rank must make the same calls in the same order, with tensors of the same size and
     dtype: ranks that differ all raise :class:`ddl.DistError` naming each rank's element
     count and dtype, before any tensor changes (the job may go on). The ranks compare their
@@ -565,6 +566,11 @@ def allreduce_(tensor: torch.Tensor, average: bool = True,
         return tensor
 
     return comm.run(job)
+
+
+if allreduce_.__doc__:  # None under python -OO
+    allreduce_.__doc__ += "\n\n    Algorithms (:data:`ALGORITHM_HELP`):\n\n" + "\n".join(
+        f"    - ``{syntax}``: {text}" for _, syntax, text in ALGORITHM_HELP)
 
 
 def allreduce_async_(tensor: torch.Tensor, average: bool = True,

@@ -71,6 +71,17 @@ pub fn algorithm_names() -> Vec<&'static str> {
     auto_first(&Algorithm::names().collect::<Vec<_>>())
 }
 
+/// Each allreduce algorithm's name, syntax and help line (`ddl.dist.ALGORITHM_HELP`), in the
+/// order of [`algorithm_names`].
+pub fn algorithm_help() -> Vec<(&'static str, &'static str, &'static str)> {
+    let mut declared: Vec<_> = Algorithm::DECLARED
+        .iter()
+        .map(|d| (d.name, d.syntax, d.help))
+        .collect();
+    declared.sort_by_key(|(name, _, _)| *name != "auto");
+    declared
+}
+
 /// The names of the allgather / reduce-scatter algorithms (`ddl.dist.SHARD_ALGORITHMS`),
 /// `auto` first.
 pub fn shard_algorithm_names() -> Vec<&'static str> {

@@ -32,6 +32,7 @@ fn _ddl(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("ShardError", py.get_type::<errors::ShardError>())?;
     m.add("DistError", py.get_type::<errors::DistError>())?;
     m.add("ALGORITHMS", dist::algorithm_names())?;
+    m.add("ALGORITHM_HELP", dist::algorithm_help())?;
     m.add("SHARD_ALGORITHMS", dist::shard_algorithm_names())?;
     m.add_function(wrap_pyfunction!(dist::dist_init, m)?)?;
     m.add_function(wrap_pyfunction!(dist::dist_listen, m)?)?;

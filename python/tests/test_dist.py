@@ -470,6 +470,18 @@ def test_killed_rank_under_shm_is_named_at_once() -> None:
 
 # 5. bad arguments -------------------------------------------------------------------------
 
+def test_the_algorithms_and_their_help_come_from_the_registry() -> None:
+    """ALGORITHMS, ALGORITHM_HELP and allreduce_'s docstring list every algorithm of comm's
+    registry, shm and hierarchical included, each with its syntax and help line."""
+    assert dist.ALGORITHMS[0] == "auto"
+    assert [name for name, _, _ in dist.ALGORITHM_HELP] == list(dist.ALGORITHMS)
+    assert {"ring", "rhd", "multicolor", "multiring", "shm", "hierarchical", "mpi"} <= set(
+        dist.ALGORITHMS)
+    for name, syntax, text in dist.ALGORITHM_HELP:
+        assert syntax.startswith(name) and text, (name, syntax, text)
+        assert f"``{syntax}``: {text}" in dist.allreduce_.__doc__, name
+
+
 def test_bad_arguments_raise_clear_errors() -> None:
     """Not initialised -> RuntimeError saying to call init(); int64 and other dtypes ->
     TypeError naming the dtype; unknown algorithm -> ValueError naming it; broadcast root out

@@ -63,38 +63,30 @@ pub fn input(rank: usize, len: usize, seed: u64, integers: bool) -> Vec<f32> {
         .collect()
 }
 
-/// Every algorithm the transports must run exactly on `p` ranks (two tiers where
-/// [`Topology`](ddl_comm::Topology) has them, multi-dimensional rings where `p` factors).
+/// Every algorithm the transports must run exactly on `p` ranks: each of the registry's with
+/// its defaults (but `mpi`, of the MPI transport only: tests/mpi.rs), then other parameters
+/// (two tiers where [`Topology`](ddl_comm::Topology) has them, multi-dimensional rings where
+/// `p` factors).
 pub fn algorithms(p: usize) -> Vec<Algorithm> {
-    let mut v = vec![
-        Algorithm::Ring,
-        Algorithm::Rhd,
-        Algorithm::Multicolor(Multicolor {
-            colors: 4,
-            chunk_bytes: 16,
-        }),
+    let mut v: Vec<Algorithm> = Algorithm::names()
+        .filter(|&name| name != "mpi")
+        .map(|name| name.parse().expect("a registered name parses"))
+        .collect();
+    v.extend([
         Algorithm::Multicolor(Multicolor {
             colors: 3,
-            chunk_bytes: 1 << 20,
-        }),
-        Algorithm::Multiring(Multiring {
-            dims: vec![],
-            segments: 0,
+            chunk_bytes: 16,
         }),
         Algorithm::Multiring(Multiring {
             dims: vec![],
             segments: 3,
         }),
-        Algorithm::SHM,
         // Chunks of 32 f32: many chunks per call, each slot reused many times.
         Algorithm::Shm(Shm { chunk_bytes: 128 }),
-        Algorithm::Auto,
-    ];
-    // Two tiers where the test topology has them (otherwise shm alone), the second in many
-    // short chunks.
-    v.push(Algorithm::hierarchical(Across::Ring));
+    ]);
+    // Two tiers where the test topology has them (otherwise shm alone), in many short chunks.
     v.push(Algorithm::Hierarchical(Hierarchical {
-        across: Across::Rhd,
+        across: Across::Ring,
         chunk_bytes: 128,
     }));
     // A genuinely multi-dimensional ring where p factors.

@@ -4,6 +4,7 @@
 use std::io::Write;
 use std::path::PathBuf;
 use std::process::ExitCode;
+use std::sync::LazyLock;
 use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
@@ -28,9 +29,9 @@ struct Cli {
 enum Cmd {
     /// Allreduce table per algorithm and size, nccl-tests style (run under mpirun).
     Allreduce {
-        /// Comma-separated algorithms: ring, rhd, multicolor[:K[:CHUNK]], multiring[:AxB..],
-        /// shm[:CHUNK], mpi, auto.
-        #[arg(long, default_value = "ring,rhd,multicolor,multiring,shm,mpi")]
+        /// Comma-separated algorithms (`--help` lists them); by default those `auto` chooses
+        /// among.
+        #[arg(long, default_value = DEFAULT_ALGOS.as_str(), long_help = ALGOS_HELP.as_str())]
         algos: String,
         /// Element type of the buffers (f16 / bf16 are summed in f32 and rounded once).
         #[arg(long, value_enum, default_value_t = bench::Dtype::F32)]
@@ -212,6 +213,25 @@ fn load_model(preset: Option<String>, model_file: Option<PathBuf>) -> Result<Ste
         (None, None) => StepModel::separate(CostModel::minsky()),
     })
 }
+
+/// `allreduce --algos`'s default: every algorithm of the registry that `auto` may choose.
+static DEFAULT_ALGOS: LazyLock<String> = LazyLock::new(|| {
+    let names: Vec<&str> = Algorithm::DECLARED
+        .iter()
+        .filter(|d| d.auto)
+        .map(|d| d.name)
+        .collect();
+    names.join(",")
+});
+
+/// `allreduce --algos`'s long help: the registry's algorithms with their help lines.
+static ALGOS_HELP: LazyLock<String> = LazyLock::new(|| {
+    format!(
+        "Comma-separated algorithms, each as one of:\n{}\nBy default those `auto` chooses \
+         among.",
+        Algorithm::help()
+    )
+});
 
 /// `--algos`: a comma-separated list of algorithms.
 fn parse_algos(list: &str) -> Result<Vec<Algorithm>> {
