@@ -47,6 +47,7 @@ demo: build
 lint: setup
 	$(CARGO) fmt --all -- --check
 	@scripts/same-features.sh
+	@scripts/import-circles.py
 	$(CARGO) clippy --release --workspace --all-targets -- -D warnings
 
 # One feature resolution for every step: `--all-targets` includes the dev-dependencies, as

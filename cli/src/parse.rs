@@ -53,7 +53,7 @@ where
 /// a reader that closes the output pipe ends the tool quietly
 /// ([`crate::init_binary_signals`]).
 pub fn run(tool: &str, body: impl FnOnce() -> anyhow::Result<()>) -> ExitCode {
-    crate::init_binary_signals();
+    crate::signals::init_binary_signals();
     match body() {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {

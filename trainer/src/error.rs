@@ -50,7 +50,7 @@ pub enum TrainError {
     /// A weights file (`init_from`, `export`, `ddl-export`, `ddl-predict`) is unreadable
     /// or does not fit the model; names the file and the tensor.
     #[error(transparent)]
-    Weights(Box<crate::weights::WeightsError>),
+    Weights(Box<crate::weights::error::WeightsError>),
     /// Model replicas (inside this rank or across ranks) hold different weights.
     #[error("replica mismatch: {0}")]
     ReplicaMismatch(String),
@@ -198,8 +198,8 @@ pub enum TrainError {
     },
 }
 
-impl From<crate::weights::WeightsError> for TrainError {
-    fn from(e: crate::weights::WeightsError) -> Self {
+impl From<crate::weights::error::WeightsError> for TrainError {
+    fn from(e: crate::weights::error::WeightsError) -> Self {
         TrainError::Weights(Box::new(e))
     }
 }

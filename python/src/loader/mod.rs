@@ -6,7 +6,7 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, TryLockError};
 use std::time::{Duration, Instant};
 
-use ddl_exchange::{EpochExchange, Exchange};
+use ddl_exchange::EpochExchange;
 use ddl_loader::dataset::{Dataset, OpenOptions, Residency};
 use ddl_loader::elastic::{self, Layout};
 use ddl_loader::limits::{self, AugmentSettings, Buffers, Settings};
@@ -26,7 +26,7 @@ use args::{
     augment_error, check_world, limit_error, load_manifest, parse_dtype, parse_on_bad_record,
     value_error,
 };
-use open::{open_exchange, open_node};
+use open::{open_exchange, open_node, Exchanging, Opened};
 
 use crate::batch::{BatchArray, HeldBatch, Part};
 use crate::errors::{exchange_error, loader_error, DdlError};
@@ -94,19 +94,6 @@ struct Timing {
     first: Option<Instant>,
 }
 
-/// What `Loader` needs once its node's shards are open.
-struct Opened {
-    dataset: Arc<Dataset>,
-    sampler: Sampler,
-    pipeline: PipelineConfig,
-    /// Train: how the job takes the split (for an elastic resume); None for val.
-    layout: Option<Layout>,
-    /// Where the split is, to read a remainder from every shard.
-    path: PathBuf,
-    split: String,
-    opts: OpenOptions,
-}
-
 /// The rest of an epoch resumed on another layout (`load_state_dict`): this node's part of
 /// the records the epoch had not served, and this rank's sampler over them.
 struct Resumed {
@@ -115,13 +102,6 @@ struct Resumed {
     before: EpochProgress,
     /// None when no full step is left: the epoch ends where it is.
     part: Option<(Arc<Dataset>, Sampler)>,
-}
-
-/// The record exchange between the nodes and what it moved so far.
-struct Exchanging {
-    exchange: Exchange,
-    /// The epoch whose exchange is counted in the totals last.
-    counted: Option<u64>,
 }
 
 /// What the exchanges into the epochs served so far moved, for `stats()`.

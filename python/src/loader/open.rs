@@ -1,18 +1,39 @@
 //! Opening what a `ddl._ddl.Loader` serves: its node's shards and sampler, and its part in
 //! the exchange of records between the nodes.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use ddl_exchange::{Exchange, ExchangeConfig};
 use ddl_loader::dataset::{Dataset, OpenOptions, Residency};
+use ddl_loader::elastic::Layout;
+use ddl_loader::pipeline::PipelineConfig;
 use ddl_loader::sampler::{Sampler, SamplerConfig};
 use pyo3::exceptions::PyRuntimeError;
 use pyo3::prelude::*;
 
 use super::args::value_error;
-use super::{Exchanging, Opened};
 use crate::errors::{exchange_error, loader_error};
+
+/// What `Loader` needs once its node's shards are open.
+pub(super) struct Opened {
+    pub(super) dataset: Arc<Dataset>,
+    pub(super) sampler: Sampler,
+    pub(super) pipeline: PipelineConfig,
+    /// Train: how the job takes the split (for an elastic resume); None for val.
+    pub(super) layout: Option<Layout>,
+    /// Where the split is, to read a remainder from every shard.
+    pub(super) path: PathBuf,
+    pub(super) split: String,
+    pub(super) opts: OpenOptions,
+}
+
+/// The record exchange between the nodes and what it moved so far.
+pub(super) struct Exchanging {
+    pub(super) exchange: Exchange,
+    /// The epoch whose exchange is counted in the totals last.
+    pub(super) counted: Option<u64>,
+}
 
 /// Opens this node's shards of `split` (without the GIL) and its sampler over `min_node`
 /// records per node.

@@ -31,7 +31,7 @@ use tch::Device;
 use crate::device::Precision;
 use crate::error::Result;
 use crate::model::ModelKind;
-use crate::table::Layout;
+use crate::table::buckets::Layout;
 
 pub use entry::Entry;
 pub(crate) use graph::GraphLibrary;

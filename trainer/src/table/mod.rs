@@ -44,7 +44,7 @@
 //! softmax's sums instead of the head's gradient ([`head`]); the communication thread runs
 //! those exchanges across the ranks as it runs the buckets' allreduce.
 
-mod buckets;
+pub(crate) mod buckets;
 mod feed;
 mod flat;
 mod head;
