@@ -33,6 +33,7 @@ pub mod cost;
 mod counted;
 pub mod error;
 mod failure;
+mod messaging;
 pub mod mpi;
 mod mpi_call;
 mod parts;

@@ -4,16 +4,14 @@
 //! channels); receives wait at most the operation timeout (`recv_timeout`).
 
 use std::collections::VecDeque;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use crossbeam_channel::{unbounded, Receiver, RecvTimeoutError, Sender};
 
 use crate::error::{CommError, Result};
-use crate::transport::{
-    check_peer, dissemination_barrier, receive_all, Op, Transport, DEFAULT_TIMEOUT,
-};
+use crate::messaging::{self, OpTimeout};
+use crate::transport::{check_peer, dissemination_barrier, Op, Transport, DEFAULT_TIMEOUT};
 
 /// Message class: user data and the transport's own control traffic never match each other.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -44,7 +42,7 @@ pub struct ThreadTransport {
     from: Vec<Receiver<Msg>>,
     /// Messages received from rank s that did not match the receive in progress.
     stash: Vec<Stash>,
-    timeout_ns: AtomicU64,
+    timeout: OpTimeout,
 }
 
 impl std::fmt::Debug for ThreadTransport {
@@ -97,7 +95,6 @@ pub fn thread_group_with_timeout(n: usize, timeout: Duration) -> Vec<ThreadTrans
             inbox.push(rx);
         }
     }
-    let timeout_ns = duration_ns(timeout);
     senders
         .into_iter()
         .zip(receivers)
@@ -107,13 +104,9 @@ pub fn thread_group_with_timeout(n: usize, timeout: Duration) -> Vec<ThreadTrans
             stash: (0..n).map(|_| Stash::default()).collect(),
             to,
             from,
-            timeout_ns: AtomicU64::new(timeout_ns),
+            timeout: OpTimeout::new(timeout),
         })
         .collect()
-}
-
-fn duration_ns(d: Duration) -> u64 {
-    u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)
 }
 
 impl ThreadTransport {
@@ -222,12 +215,6 @@ impl ThreadTransport {
             ))),
         }
     }
-
-    fn deadline(&self) -> Instant {
-        let now = Instant::now();
-        now.checked_add(self.timeout())
-            .unwrap_or(now + Duration::from_secs(365 * 24 * 3600))
-    }
 }
 
 impl Transport for ThreadTransport {
@@ -244,55 +231,44 @@ impl Transport for ThreadTransport {
     }
 
     fn recv(&self, from: usize, tag: u32, buf: &mut [u8]) -> Result<()> {
-        let deadline = self.deadline();
+        let deadline = self.timeout.deadline();
         self.take_into("recv", from, Kind::User, tag, buf, deadline, false)
             .map(drop)
     }
 
     fn exchange(&self, ops: &mut [Op<'_>]) -> Result<()> {
-        for op in ops.iter() {
-            if let Op::Send { to, tag, data } = op {
-                self.post(
-                    "exchange send",
-                    *to,
-                    Kind::User,
-                    *tag,
-                    Payload::Bytes(data.to_vec()),
-                )?;
-            }
-        }
-        let deadline = self.deadline();
-        receive_all(ops, |from, tag, buf, up_to| {
-            self.take_into("exchange recv", from, Kind::User, tag, buf, deadline, up_to)
-        })
+        messaging::exchange(
+            ops,
+            &self.timeout,
+            |to, tag, data| {
+                let data = Payload::Bytes(data.to_vec());
+                self.post("exchange send", to, Kind::User, tag, data)
+            },
+            |from, tag, buf, deadline, up_to| {
+                self.take_into("exchange recv", from, Kind::User, tag, buf, deadline, up_to)
+            },
+        )
     }
 
     fn split(&self, color: usize, key: usize) -> Result<Box<dyn Transport>> {
-        let n = self.size();
-        let mut info = Vec::with_capacity(16);
-        info.extend_from_slice(&(color as u64).to_le_bytes());
-        info.extend_from_slice(&(key as u64).to_le_bytes());
-        for d in 0..n {
-            self.post("split", d, Kind::SplitInfo, 0, Payload::Bytes(info.clone()))?;
-        }
-        let deadline = self.deadline();
-        let mut members = Vec::new();
-        let mut buf = [0u8; 16];
-        for s in 0..n {
-            self.take_into("split", s, Kind::SplitInfo, 0, &mut buf, deadline, false)?;
-            let (c, k) = buf.split_at(8);
-            let c = u64::from_le_bytes(c.try_into().expect("8 bytes"));
-            let k = u64::from_le_bytes(k.try_into().expect("8 bytes"));
-            if c == color as u64 {
-                members.push((k, s));
-            }
-        }
-        members.sort_unstable();
-        let leader = members[0].1;
+        let (members, deadline) = messaging::split_round(
+            self.size(),
+            (color, key),
+            &self.timeout,
+            |to, info| {
+                let info = Payload::Bytes(info.to_vec());
+                self.post("split", to, Kind::SplitInfo, 0, info)
+            },
+            |from, buf, deadline| {
+                self.take_into("split", from, Kind::SplitInfo, 0, buf, deadline, false)
+                    .map(drop)
+            },
+        )?;
+        let leader = members[0];
         if leader == self.rank {
             let mut group = thread_group_with_timeout(members.len(), self.timeout()).into_iter();
             let mine = group.next().expect("group has at least this rank");
-            for (&(_, member), endpoint) in members[1..].iter().zip(group) {
+            for (&member, endpoint) in members[1..].iter().zip(group) {
                 self.post(
                     "split",
                     member,
@@ -314,7 +290,7 @@ impl Transport for ThreadTransport {
     }
 
     fn barrier(&self) -> Result<()> {
-        let deadline = self.deadline();
+        let deadline = self.timeout.deadline();
         dissemination_barrier(
             self.rank,
             self.size(),
@@ -343,12 +319,11 @@ impl Transport for ThreadTransport {
     }
 
     fn timeout(&self) -> Duration {
-        Duration::from_nanos(self.timeout_ns.load(Ordering::Relaxed))
+        self.timeout.get()
     }
 
     fn set_timeout(&self, timeout: Duration) {
-        self.timeout_ns
-            .store(duration_ns(timeout), Ordering::Relaxed);
+        self.timeout.set(timeout);
     }
 }
 

@@ -27,9 +27,8 @@ pub use handshake::Secret;
 use mesh::{Key, Kind, Mesh, Missing};
 
 use crate::error::{CommError, Result};
-use crate::transport::{
-    check_peer, dissemination_barrier, receive_all, Op, Transport, DEFAULT_TIMEOUT,
-};
+use crate::messaging::{self, OpTimeout};
+use crate::transport::{check_peer, dissemination_barrier, Op, Transport, DEFAULT_TIMEOUT};
 
 /// One rank's endpoint of a group of a TCP job.
 pub struct TcpTransport {
@@ -40,7 +39,7 @@ pub struct TcpTransport {
     members: Vec<usize>,
     /// This rank in the group.
     rank: usize,
-    timeout_ns: AtomicU64,
+    timeout: OpTimeout,
     /// Splits of this group so far (each split is collective, so all members count alike).
     splits: AtomicU64,
 }
@@ -90,7 +89,7 @@ impl TcpTransport {
             ctx,
             members,
             rank,
-            timeout_ns: AtomicU64::new(duration_ns(timeout)),
+            timeout: OpTimeout::new(timeout),
             splits: AtomicU64::new(0),
         }
     }
@@ -174,12 +173,6 @@ impl TcpTransport {
             other => other,
         }
     }
-
-    fn deadline(&self) -> Instant {
-        let now = Instant::now();
-        now.checked_add(self.timeout())
-            .unwrap_or(now + Duration::from_secs(365 * 24 * 3600))
-    }
 }
 
 /// `n` connected endpoints of one in-process job over loopback (rank i at index i, sharing a
@@ -237,10 +230,6 @@ pub fn tcp_group_with_timeout(n: usize, timeout: Duration) -> Result<Vec<TcpTran
         .collect()
 }
 
-fn duration_ns(d: Duration) -> u64 {
-    u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)
-}
-
 /// The context of the group of `color` made by split number `seq` of group `ctx`
 /// (SplitMix64 of the three: the same on every member, distinct with overwhelming odds).
 fn child_context(ctx: u64, seq: u64, color: usize) -> u64 {
@@ -267,56 +256,41 @@ impl Transport for TcpTransport {
 
     fn recv(&self, from: usize, tag: u32, buf: &mut [u8]) -> Result<()> {
         let key = (self.ctx, Kind::User, tag);
-        self.take_into("recv", from, key, buf, self.deadline(), false)
+        self.take_into("recv", from, key, buf, self.timeout.deadline(), false)
             .map(drop)
     }
 
     fn exchange(&self, ops: &mut [Op<'_>]) -> Result<()> {
-        for op in ops.iter() {
-            if let Op::Send { to, tag, data } = op {
-                self.post("exchange send", *to, Kind::User, *tag, data)?;
-            }
-        }
-        let deadline = self.deadline();
-        receive_all(ops, |from, tag, buf, up_to| {
-            let key = (self.ctx, Kind::User, tag);
-            self.take_into("exchange recv", from, key, buf, deadline, up_to)
-        })
+        messaging::exchange(
+            ops,
+            &self.timeout,
+            |to, tag, data| self.post("exchange send", to, Kind::User, tag, data),
+            |from, tag, buf, deadline, up_to| {
+                let key = (self.ctx, Kind::User, tag);
+                self.take_into("exchange recv", from, key, buf, deadline, up_to)
+            },
+        )
     }
 
     fn split(&self, color: usize, key: usize) -> Result<Box<dyn Transport>> {
         let seq = self.splits.fetch_add(1, Ordering::Relaxed);
         let tag = seq as u32;
-        let mut info = [0u8; 16];
-        info[..8].copy_from_slice(&(color as u64).to_le_bytes());
-        info[8..].copy_from_slice(&(key as u64).to_le_bytes());
-        for d in 0..self.size() {
-            self.post("split", d, Kind::Split, tag, &info)?;
-        }
-        let deadline = self.deadline();
-        let mut members = Vec::new();
-        let mut buf = [0u8; 16];
-        for s in 0..self.size() {
-            self.take_into(
-                "split",
-                s,
-                (self.ctx, Kind::Split, tag),
-                &mut buf,
-                deadline,
-                false,
-            )?;
-            let c = u64::from_le_bytes(buf[..8].try_into().expect("8 bytes"));
-            let k = u64::from_le_bytes(buf[8..].try_into().expect("8 bytes"));
-            if c == color as u64 {
-                members.push((k, s));
-            }
-        }
-        members.sort_unstable();
+        let (members, _) = messaging::split_round(
+            self.size(),
+            (color, key),
+            &self.timeout,
+            |to, info| self.post("split", to, Kind::Split, tag, info),
+            |from, buf, deadline| {
+                let key = (self.ctx, Kind::Split, tag);
+                self.take_into("split", from, key, buf, deadline, false)
+                    .map(drop)
+            },
+        )?;
         let rank = members
             .iter()
-            .position(|&(_, s)| s == self.rank)
+            .position(|&s| s == self.rank)
             .expect("this rank is a member of its color");
-        let job_ranks = members.iter().map(|&(_, s)| self.members[s]).collect();
+        let job_ranks = members.iter().map(|&s| self.members[s]).collect();
         let ctx = child_context(self.ctx, seq, color);
         let mesh = Arc::clone(&self.mesh);
         Ok(Box::new(TcpTransport::group(
@@ -329,7 +303,7 @@ impl Transport for TcpTransport {
     }
 
     fn barrier(&self) -> Result<()> {
-        let deadline = self.deadline();
+        let deadline = self.timeout.deadline();
         dissemination_barrier(
             self.rank,
             self.size(),
@@ -343,12 +317,11 @@ impl Transport for TcpTransport {
     }
 
     fn timeout(&self) -> Duration {
-        Duration::from_nanos(self.timeout_ns.load(Ordering::Relaxed))
+        self.timeout.get()
     }
 
     fn set_timeout(&self, timeout: Duration) {
-        self.timeout_ns
-            .store(duration_ns(timeout), Ordering::Relaxed);
+        self.timeout.set(timeout);
     }
 }
 
