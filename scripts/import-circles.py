@@ -15,8 +15,9 @@ circle fails, and the check fails too on a listed import that is gone, so that t
 shrinks. Cutting a listed tie (moving what both files need below both) and deleting its line
 is the work left.
 
-Comments, strings and paths built from macro variables (`$file::X`) are not read; a `mod`
-declaration is not an import. Every package of the workspace is read: its library, binaries,
+Comments, strings, unit tests (`#[cfg(test)] mod tests { ... }`: a test may exercise a file
+through the files above it) and paths built from macro variables (`$file::X`) are not read; a
+`mod` declaration is not an import. Every package of the workspace is read: its library, binaries,
 integration tests, examples and benches, each a crate of its own.
 
     scripts/import-circles.py [PACKAGE_DIR...]   (default: the workspace's members)
@@ -72,7 +73,26 @@ def blank(src):
 
 
 def tokens(path):
-    return [t for t in TOKEN.findall(blank(path.read_text())) if not t.isspace()]
+    """The tokens of a file, its `#[cfg(test)] mod ... { ... }` blocks left out."""
+    toks = [t for t in TOKEN.findall(blank(path.read_text())) if not t.isspace()]
+    out, i = [], 0
+    while i < len(toks):
+        if toks[i : i + 7] == ["#", "[", "cfg", "(", "test", ")", "]"]:
+            j = i + 7
+            while j < len(toks) and toks[j] not in ("{", ";"):
+                j += 1
+            if j < len(toks) and toks[j] == "{" and "mod" in toks[i + 7 : j]:
+                depth = 0
+                while j < len(toks):
+                    depth += {"{": 1, "}": -1}.get(toks[j], 0)
+                    j += 1
+                    if depth == 0:
+                        break
+                i = j
+                continue
+        out.append(toks[i])
+        i += 1
+    return out
 
 
 class Module:
