@@ -8,8 +8,8 @@ use anyhow::{bail, Result};
 use ddl_loader::pipeline::OnBadRecord;
 use ddl_loader::LoaderError;
 
+use super::config::ProfConfig;
 use super::report::{BadRecordSeen, BadRecords, BAD_RECORDS_SHOWN};
-use super::ProfConfig;
 
 /// The distinct bad records met so far: (shard file, record) keys, and each record in the
 /// order first met.

@@ -8,7 +8,7 @@ use plotters::prelude::*;
 
 use super::render::fmt_rate;
 use super::report::Report;
-use super::Stage;
+use super::stage::Stage;
 
 /// Turns plotters' backend-specific errors into anyhow errors.
 pub(crate) trait PlotResult<T> {

@@ -1,7 +1,7 @@
 //! The text tables `ddl-prof` prints.
 
 use super::report::Report;
-use super::Stage;
+use super::stage::Stage;
 
 /// `12,345` style integer rate.
 pub fn fmt_rate(x: f64) -> String {

@@ -5,7 +5,10 @@ use std::path::PathBuf;
 
 use serde::{Deserialize, Serialize};
 
-use super::Stage;
+use super::stage::Stage;
+
+/// Version of the JSON report layout.
+pub const SCHEMA_VERSION: u32 = 1;
 
 /// The dataset profiled.
 #[derive(Clone, Debug, Serialize, Deserialize)]
@@ -180,7 +183,7 @@ pub struct Verdict {
 /// Everything one profile run measured.
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct Report {
-    /// [`SCHEMA_VERSION`](super::SCHEMA_VERSION).
+    /// [`SCHEMA_VERSION`].
     pub schema_version: u32,
     /// Unit of each kind of field.
     pub units: BTreeMap<String, String>,

@@ -12,14 +12,16 @@ use ddl_loader::pipeline::OnBadRecord;
 use ddl_loader::transform::{Output, Slot, Transformer};
 
 use super::bad_records::BadLog;
+use super::config::ProfConfig;
 use super::os::{drop_page_cache, resident_bytes};
 use super::render::{fmt_bytes, fmt_rate};
+use super::report::SCHEMA_VERSION;
 use super::report::{
     units, ColdInfo, ConfigInfo, DatasetInfo, EndToEndRow, Report, StageRow, Verdict,
 };
+use super::stage::Stage;
 use super::stages::{end_to_end, open_dataset, permutation, Prof, ReadItem, SampleImage};
 use super::verdict::verdict;
-use super::{ProfConfig, Stage, SCHEMA_VERSION};
 
 /// Resized images kept for the normalize stage.
 const RESIZED_SAMPLE: usize = 8;

@@ -15,9 +15,10 @@ use ddl_loader::sampler::{Sampler, SamplerConfig, Tail, Xoshiro256};
 use ddl_loader::transform::{Normalizer, Output, Slot, Transformer, IMAGENET_MEAN, IMAGENET_STD};
 
 use super::bad_records::BadLog;
+use super::config::ProfConfig;
 use super::os::{storage_read_bytes, thread_cpu_ns};
 use super::report::{EndToEndRow, StageRow};
-use super::{ProfConfig, Stage};
+use super::stage::Stage;
 
 /// What one thread did in one stage measurement.
 #[derive(Clone, Copy, Debug, Default)]

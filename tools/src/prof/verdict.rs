@@ -6,7 +6,7 @@ use anyhow::{Context, Result};
 
 use super::render::fmt_rate;
 use super::report::{EndToEndRow, StageRow, Verdict};
-use super::Stage;
+use super::stage::Stage;
 
 /// Computes the verdict from the rows at the largest thread count.
 pub fn verdict(stages: &[StageRow], e2e: &[EndToEndRow], gpu_rate: f64) -> Result<Verdict> {
