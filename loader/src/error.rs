@@ -265,14 +265,14 @@ pub enum LoaderError {
     /// unrelated files); nothing was written or removed.
     #[error(
         "{path}: {}",
-        .conflict.describe(&crate::pack::PackSpec::in_words, "the force option"),
+        .conflict.describe(&crate::pack::spec::PackSpec::in_words, "the force option"),
         path = .path.display()
     )]
     OutputInUse {
         /// The output directory.
         path: PathBuf,
         /// What is there and what to do.
-        conflict: Box<crate::pack::OutputConflict>,
+        conflict: Box<crate::pack::conflict::OutputConflict>,
     },
 
     /// Another ddl-pack is writing into the output directory (it holds the directory's lock);
@@ -294,7 +294,7 @@ pub enum LoaderError {
         path: PathBuf,
         /// Which option and why.
         #[source]
-        source: crate::pack::OptionError,
+        source: crate::pack::option_error::OptionError,
     },
 
     /// The packer's input is unusable (unknown layout, missing labels, bad class list, ...).

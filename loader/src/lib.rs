@@ -3,6 +3,7 @@
 
 #![warn(missing_docs)]
 
+mod augment;
 pub mod dataset;
 pub mod decode;
 pub mod elastic;

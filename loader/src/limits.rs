@@ -4,7 +4,7 @@
 //! ddl-train, ddl-prof and the Python binding, checked before anything is allocated. Errors
 //! carry the typed [`Setting`]; each caller names it its own way (a flag, a keyword argument).
 
-use crate::transform::{Output, TrainAugment};
+use crate::augment::{Output, TrainAugment};
 use crate::units::gib;
 
 /// A setting of the pipeline that callers take from their users.

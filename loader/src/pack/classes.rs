@@ -14,7 +14,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
 
-use super::options::{OptionError, PackOption};
+use super::option_error::{OptionError, PackOption};
 use crate::error::{LoaderError, Result};
 
 /// The classes kept, in label order, and those the minimum per class dropped.

@@ -6,6 +6,7 @@
 
 use std::cell::RefCell;
 
+use super::source::{Inputs, Item};
 use crate::decode::{dct_denominator, scaled_dim};
 use crate::limits::MAX_PIXELS;
 
@@ -533,6 +534,31 @@ fn convert_with(c: &mut Codecs, bytes: &[u8], opts: &ConvertOptions) -> Result<C
         width,
         how,
     })
+}
+
+/// Converts one input.
+pub(crate) fn process(
+    inputs: &Inputs,
+    item: &Item,
+    copts: &ConvertOptions,
+) -> std::result::Result<Converted, Skip> {
+    convert_read(inputs.read(item), copts)
+}
+
+/// Converts an input's bytes as read (a read error: the input is skipped).
+pub(crate) fn convert_read(
+    bytes: std::io::Result<Vec<u8>>,
+    copts: &ConvertOptions,
+) -> std::result::Result<Converted, Skip> {
+    let bytes = bytes.map_err(|e| Skip {
+        reason: if e.kind() == std::io::ErrorKind::UnexpectedEof {
+            SkipReason::Truncated
+        } else {
+            SkipReason::Unreadable
+        },
+        detail: e.to_string(),
+    })?;
+    convert(&bytes, copts)
 }
 
 #[cfg(test)]

@@ -8,45 +8,13 @@
 //! words; a state carrying a v1 fingerprint is still recognised ([`super::identity_v1`]) and is
 //! rewritten as v2 when the run claims the directory.
 
-use std::path::{Path, PathBuf};
-
-use serde::{Deserialize, Serialize};
+use std::path::Path;
 
 use super::fnv::Fnv;
 use super::identity_v1;
-use super::options::{PackOptions, ShardCount, ShardOrder};
-use super::split::{ValRule, ValSplit};
-
-/// The option values of a pack that make its identity, as the state records them.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-pub struct PackSpec {
-    /// The input, canonicalised where it exists.
-    pub input: PathBuf,
-    /// Shard count or size.
-    pub shards: ShardCount,
-    /// Which inputs each shard holds (interleaved in states written before there was a
-    /// choice).
-    #[serde(default)]
-    pub order: ShardOrder,
-    /// Shorter side limit (0: original size).
-    pub max_short_side: u32,
-    /// JPEG quality of re-encoded images.
-    pub quality: u8,
-    /// Every image re-encoded.
-    pub reencode: bool,
-    /// Nodes the shards are assigned to.
-    pub nodes: usize,
-    /// Class list file.
-    pub classes: Option<PathBuf>,
-    /// ILSVRC synset list.
-    pub synsets: Option<PathBuf>,
-    /// Smallest class kept (0: all).
-    pub min_per_class: u64,
-    /// Classes without training inputs kept.
-    pub keep_empty_classes: bool,
-    /// Held-out validation split.
-    pub val_split: Option<ValSplit>,
-}
+use super::options::PackOptions;
+use super::spec::{PackSpec, ShardCount, ShardOrder};
+use super::val_split::{ValRule, ValSplit};
 
 impl PackSpec {
     /// The spec of a pack with `opts`.
@@ -68,56 +36,6 @@ impl PackSpec {
             keep_empty_classes: opts.keep_empty_classes,
             val_split: opts.val_split,
         }
-    }
-
-    /// The spec in this library's words (a command line writes its flags instead).
-    pub fn in_words(&self) -> String {
-        let mut s = format!("{} with ", self.input.display());
-        match self.shards {
-            ShardCount::Count(n) => s.push_str(&format!("{n} shards per split")),
-            ShardCount::Size(b) => s.push_str(&format!("shards of about {b} bytes")),
-        }
-        if self.order == ShardOrder::Class {
-            s.push_str(" in class order");
-        }
-        s.push_str(&format!(
-            ", shorter side at most {} (0: original), quality {}{}, {} node(s)",
-            self.max_short_side,
-            self.quality,
-            if self.reencode {
-                ", all re-encoded"
-            } else {
-                ""
-            },
-            self.nodes
-        ));
-        if let Some(c) = &self.classes {
-            s.push_str(&format!(", classes from {}", c.display()));
-        }
-        if let Some(c) = &self.synsets {
-            s.push_str(&format!(", synsets from {}", c.display()));
-        }
-        if self.min_per_class > 0 {
-            s.push_str(&format!(
-                ", at least {} inputs per class",
-                self.min_per_class
-            ));
-        }
-        if self.keep_empty_classes {
-            s.push_str(", empty classes kept");
-        }
-        if let Some(vs) = &self.val_split {
-            let rule = match vs.rule {
-                ValRule::Fraction(_) => "fraction",
-                ValRule::PerClass(_) => "per class",
-            };
-            s.push_str(&format!(
-                ", val held out by {rule} {} seed {}",
-                vs.value(),
-                vs.seed
-            ));
-        }
-        s
     }
 }
 

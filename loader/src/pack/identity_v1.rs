@@ -4,9 +4,8 @@
 //! here, not flags, and must never change: a change would orphan every v1 directory.
 
 use super::fnv::Fnv;
-use super::identity::PackSpec;
-use super::options::ShardCount;
-use super::split::ValRule;
+use super::spec::{PackSpec, ShardCount};
+use super::val_split::ValRule;
 
 /// The words v1 hashed for each value, byte for byte.
 const SHARDS: &str = "--shards";

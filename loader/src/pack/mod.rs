@@ -24,10 +24,13 @@
 //! manifest), `verify.rs`.
 
 mod classes;
+pub(crate) mod conflict;
 pub mod convert;
 mod fnv;
 mod identity;
 mod identity_v1;
+mod names;
+pub(crate) mod option_error;
 mod options;
 mod output;
 mod progress;
@@ -35,31 +38,27 @@ mod report;
 mod shard_plan;
 mod shards;
 pub mod source;
+pub(crate) mod spec;
 pub mod split;
+mod val_split;
 mod verify;
 
 use std::time::Instant;
 
 use crate::error::{LoaderError, Result};
-pub use identity::PackSpec;
+pub use conflict::{Occupant, OutputConflict, PackedBy};
+pub use names::{REPORT_FILE, SPLITS, STATE_FILE};
+pub use option_error::{OptionError, PackOption};
 pub use options::{
     check_max_short_side, check_max_skip_fraction, check_nodes, check_quality, check_shards,
-    OptionError, PackOption, PackOptions, ShardCount, ShardOrder, DEFAULT_MAX_SHORT_SIDE,
-    DEFAULT_MAX_SKIP_FRACTION, DEFAULT_QUALITY, DEFAULT_SHARD_BYTES,
+    PackOptions, DEFAULT_MAX_SHORT_SIDE, DEFAULT_MAX_SKIP_FRACTION, DEFAULT_QUALITY,
+    DEFAULT_SHARD_BYTES,
 };
-pub use output::{Occupant, OutputConflict, PackedBy};
 pub use progress::{NoProgress, PackProgress};
 pub use report::{ClassCount, IgnoredFile, PackReport, SkippedInput, SplitReport};
 pub use shard_plan::{shard_file_name, SIZE_SAMPLE};
+pub use spec::{PackSpec, ShardCount, ShardOrder};
 pub use verify::{verify, VerifyReport};
-
-/// File name of the pack report inside the output directory.
-pub const REPORT_FILE: &str = "pack-report.json";
-/// File name of the resume state inside the output directory.
-pub const STATE_FILE: &str = ".pack-state.json";
-
-/// The split names the packer writes.
-pub const SPLITS: [&str; 2] = ["train", "val"];
 
 /// Packs `opts.input` into `opts.output`. Writes the shards, `pack-report.json` and, when the
 /// skip fraction is within the limit, `manifest.json`; returns the report. Above the limit the

@@ -5,55 +5,10 @@
 
 use std::path::PathBuf;
 
-use serde::{Deserialize, Serialize};
-
 use super::convert::{ConvertOptions, MIN_SHORT_SIDE};
-use super::split::{ValRule, ValSplit};
-
-/// How many shards each split gets.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum ShardCount {
-    /// Exactly this many shards per split (capped at the split's input count).
-    Count(usize),
-    /// Shards of about this many bytes. The split's output size is estimated by converting an
-    /// evenly spaced sample of up to [`super::SIZE_SAMPLE`] inputs (deterministic, so a rerun
-    /// plans the same count); the count is rounded up to a multiple of the node count so every
-    /// node holds the same number of shards.
-    Size(u64),
-}
-
-/// Which inputs of a split's (label, name) order each of its `S` shards holds.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-#[cfg_attr(feature = "clap", derive(clap::ValueEnum))]
-pub enum ShardOrder {
-    /// Input `i` goes to shard `i % S`: every shard holds every class, as training wants.
-    #[default]
-    Interleaved,
-    /// Shard `s` holds inputs `s * n / S` to `(s + 1) * n / S - 1` of the `n`: consecutive
-    /// shards hold consecutive classes, so a node of `P` (the shards `s % P == n`) holds about
-    /// `1 / P` of the classes. Node-local order at its worst, for experiments that exchange
-    /// records between nodes.
-    Class,
-}
-
-impl ShardOrder {
-    /// The order in words, as the manifest records it.
-    pub fn describe(self) -> &'static str {
-        match self {
-            ShardOrder::Interleaved => {
-                "per split, inputs sorted by (label, name) (parquet rows: by file and row); \
-                 input i goes to shard i % shards"
-            }
-            ShardOrder::Class => {
-                "per split, inputs sorted by (label, name) (parquet rows: by file and row); \
-                 shard s holds inputs s * n / shards \
-                 to (s + 1) * n / shards - 1 of the n (class order)"
-            }
-        }
-    }
-}
+use super::option_error::{OptionError, PackOption};
+use super::spec::{ShardCount, ShardOrder};
+use super::val_split::ValSplit;
 
 /// Everything `ddl-pack` can be told.
 #[derive(Clone, Debug)]
@@ -148,86 +103,6 @@ impl PackOptions {
             vs.validate()?;
         }
         Ok(())
-    }
-}
-
-/// An option of [`PackOptions`], as an error names it; a command line maps each to its flag.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum PackOption {
-    /// [`PackOptions::shards`] as a count.
-    Shards,
-    /// [`ConvertOptions::max_short_side`].
-    MaxShortSide,
-    /// [`ConvertOptions::quality`].
-    Quality,
-    /// [`PackOptions::nodes`].
-    Nodes,
-    /// [`PackOptions::synsets`].
-    Synsets,
-    /// [`PackOptions::min_per_class`].
-    MinPerClass,
-    /// [`PackOptions::val_split`] by [`ValRule::Fraction`].
-    ValFraction,
-    /// [`PackOptions::val_split`] by [`ValRule::PerClass`].
-    ValPerClass,
-    /// [`PackOptions::max_skip_fraction`].
-    MaxSkipFraction,
-}
-
-impl PackOption {
-    /// The option's name in this library (the field of [`PackOptions`]).
-    pub fn name(self) -> &'static str {
-        match self {
-            PackOption::Shards => "shards",
-            PackOption::MaxShortSide => "max_short_side",
-            PackOption::Quality => "quality",
-            PackOption::Nodes => "nodes",
-            PackOption::Synsets => "synsets",
-            PackOption::MinPerClass => "min_per_class",
-            PackOption::ValFraction => "val_split fraction",
-            PackOption::ValPerClass => "val_split per_class",
-            PackOption::MaxSkipFraction => "max_skip_fraction",
-        }
-    }
-
-    /// The option that asks for `rule`.
-    pub fn of_val_rule(rule: &ValRule) -> PackOption {
-        match rule {
-            ValRule::Fraction(_) => PackOption::ValFraction,
-            ValRule::PerClass(_) => PackOption::ValPerClass,
-        }
-    }
-}
-
-/// An option whose value the packer cannot use, or that the input needs and was not given.
-#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
-#[error("{}", self.describe(PackOption::name))]
-pub struct OptionError {
-    /// The option at fault.
-    pub option: PackOption,
-    /// Its value as given, if it was given.
-    pub value: Option<String>,
-    /// What is wrong, phrased to follow the option and its value.
-    pub problem: String,
-}
-
-impl OptionError {
-    /// The error of `option` with `value`.
-    pub fn new(option: PackOption, value: impl ToString, problem: impl Into<String>) -> Self {
-        OptionError {
-            option,
-            value: Some(value.to_string()),
-            problem: problem.into(),
-        }
-    }
-
-    /// The error in words, calling the option what `name` calls it (the library's field name,
-    /// or a command line's flag).
-    pub fn describe(&self, name: impl Fn(PackOption) -> &'static str) -> String {
-        match &self.value {
-            Some(v) => format!("{} {v} {}", name(self.option), self.problem),
-            None => format!("{} {}", name(self.option), self.problem),
-        }
     }
 }
 

@@ -6,12 +6,12 @@ use std::time::Instant;
 
 use serde::{Deserialize, Serialize};
 
+use super::names::REPORT_FILE;
 use super::options::PackOptions;
 use super::shard_plan::SplitPlan;
 use super::shards::Tally;
 use super::source::{Inputs, LabelSource};
 use super::split::ValSplitReport;
-use super::REPORT_FILE;
 use crate::error::{LoaderError, Result};
 use crate::manifest::{write_atomic, ClassInfo, Manifest, SplitInfo};
 

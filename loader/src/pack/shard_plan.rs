@@ -5,11 +5,11 @@
 
 use rayon::prelude::*;
 
-use super::convert::ConvertOptions;
+use super::convert::{process, ConvertOptions};
 use super::fnv::Fnv;
-use super::options::{PackOptions, ShardCount, ShardOrder};
-use super::shards::process;
+use super::options::PackOptions;
 use super::source::{read_in_place_order, Inputs, Item};
+use super::spec::{ShardCount, ShardOrder};
 use crate::format::{INDEX_ROW_LEN, RECORD_ALIGN};
 
 /// Inputs converted per split to estimate its output size for [`ShardCount::Size`].

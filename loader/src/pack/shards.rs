@@ -7,7 +7,7 @@ use std::path::Path;
 
 use rayon::prelude::*;
 
-use super::convert::{convert, ConvertOptions, Converted, How, Skip, SkipReason};
+use super::convert::{convert_read, process, ConvertOptions, Converted, How, Skip};
 use super::output::{save_state, DoneShard, PackState};
 use super::progress::PackProgress;
 use super::shard_plan::{shard_file_name, SplitPlan};
@@ -137,31 +137,6 @@ fn kept_shard(
         kept: true,
     };
     Some((outcome, per_label))
-}
-
-/// Converts one input.
-pub(crate) fn process(
-    inputs: &Inputs,
-    item: &Item,
-    copts: &ConvertOptions,
-) -> std::result::Result<Converted, Skip> {
-    convert_read(inputs.read(item), copts)
-}
-
-/// Converts an input's bytes as read (a read error: the input is skipped).
-fn convert_read(
-    bytes: std::io::Result<Vec<u8>>,
-    copts: &ConvertOptions,
-) -> std::result::Result<Converted, Skip> {
-    let bytes = bytes.map_err(|e| Skip {
-        reason: if e.kind() == std::io::ErrorKind::UnexpectedEof {
-            SkipReason::Truncated
-        } else {
-            SkipReason::Unreadable
-        },
-        detail: e.to_string(),
-    })?;
-    convert(&bytes, copts)
 }
 
 /// What writing the missing shards needs besides the plans.

@@ -23,57 +23,14 @@ use std::collections::BTreeMap;
 use serde::{Deserialize, Serialize};
 
 use super::fnv::Fnv;
-use super::options::{OptionError, PackOption};
+use super::option_error::OptionError;
 use super::source::{Inputs, Item, LabelSource};
+pub use super::val_split::{ValRule, ValSplit};
 use crate::error::{LoaderError, Result};
 
 /// The key function, in words, as the manifest and the report record it.
 pub const HASH: &str = "splitmix64_finalize(fnv1a64(seed as u64 little-endian, wnid, file name; \
                         each field followed by its length as u64 little-endian))";
-
-/// Which inputs of a class go to the validation split.
-#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum ValRule {
-    /// Inputs whose key, as a fraction of 2^64, is below this (0 < F < 1).
-    Fraction(f64),
-    /// The N inputs of each class with the smallest keys (at most all but one).
-    PerClass(u64),
-}
-
-/// A validation split carved from the training inputs.
-#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
-pub struct ValSplit {
-    /// Which inputs.
-    pub rule: ValRule,
-    /// Seed of the key; another seed holds out other inputs.
-    pub seed: u64,
-}
-
-impl ValSplit {
-    /// The option that asked for this split.
-    pub fn option(&self) -> PackOption {
-        PackOption::of_val_rule(&self.rule)
-    }
-
-    /// The rule's value as given (the fraction or the count).
-    pub fn value(&self) -> String {
-        match self.rule {
-            ValRule::Fraction(f) => f.to_string(),
-            ValRule::PerClass(n) => n.to_string(),
-        }
-    }
-
-    /// Checks the value: a fraction strictly between 0 and 1, a per-class count of at least 1.
-    pub fn validate(&self) -> std::result::Result<(), OptionError> {
-        let problem = match self.rule {
-            ValRule::Fraction(f) if !(f > 0.0 && f < 1.0) => "must be strictly between 0 and 1",
-            ValRule::PerClass(0) => "must be at least 1",
-            _ => return Ok(()),
-        };
-        Err(OptionError::new(self.option(), self.value(), problem))
-    }
-}
 
 /// The held-out split as the manifest (`pack.val_split`) and the report record it.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -235,6 +192,7 @@ pub(crate) fn carve(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::pack::option_error::PackOption;
 
     #[test]
     fn key_uses_the_file_name_only_and_spreads_evenly() {

@@ -12,10 +12,11 @@ use crossbeam_channel::{select, Receiver, Sender};
 use rayon::iter::Either;
 use rayon::prelude::*;
 
-use super::{
-    BadRecord, Batch, Buffers, Done, Images, OnBadRecord, Shared, MAX_BAD_RECORDS_KEPT,
-    MAX_SUBSTITUTES, SLOT_DROPPED, SLOT_FAILED, SLOT_OK, SLOT_REPLACED,
+use super::batch::{
+    BadRecord, Batch, Buffers, Images, SLOT_DROPPED, SLOT_FAILED, SLOT_OK, SLOT_REPLACED,
 };
+use super::config::{OnBadRecord, MAX_BAD_RECORDS_KEPT, MAX_SUBSTITUTES};
+use super::shared::{Done, Shared};
 use crate::error::{LoaderError, Result};
 use crate::transform::{Slot, Transformer};
 

@@ -10,8 +10,9 @@ use std::collections::BTreeMap;
 use std::io::Read;
 use std::path::{Path, PathBuf};
 
+use super::inputs::SourceOptions;
 use super::listing::{input_err, list_dir};
-use super::{read_wnid_list, SourceOptions};
+use super::scan::read_wnid_list;
 use crate::error::{LoaderError, Result};
 
 /// The ground truth's file name.
@@ -182,8 +183,8 @@ fn read(files: DevkitFiles, opts: &SourceOptions) -> Result<GroundTruth> {
         (None, None) => {
             return Err(LoaderError::Option {
                 path: PathBuf::from(&gt_name),
-                source: super::super::options::OptionError {
-                    option: super::super::options::PackOption::Synsets,
+                source: super::super::option_error::OptionError {
+                    option: super::super::option_error::PackOption::Synsets,
                     value: None,
                     problem: "is needed: the devkit ground truth holds ILSVRC ids and no \
                               meta.mat is beside it; give ILSVRC2012_devkit_t12.tar.gz (its \

@@ -17,11 +17,13 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 use super::devkit::is_devkit_name;
+use super::inputs::{LabelSource, Loc, SourceOptions};
 use super::listing::{file_input, input_err, is_image_name, list_dir, Entry, Kind};
+use super::scan::{Found, Scan, SplitFound};
 use super::tars::{scan_outer, scan_synset, Claims, Tar, TarKind};
 use super::tree::scan_tree;
 use super::val::{find_labels, label};
-use super::{parquet, wds, Found, LabelSource, Loc, Scan, SourceOptions, SplitFound};
+use super::{parquet, wds};
 use crate::error::Result;
 
 /// The refusal of an input in which nothing was found.

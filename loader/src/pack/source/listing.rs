@@ -3,20 +3,9 @@
 
 use std::path::Path;
 
-use super::{Loc, Scan, IMAGE_EXTENSIONS};
+use super::inputs::{name_link, Loc, IMAGE_EXTENSIONS};
+use super::scan::Scan;
 use crate::error::{LoaderError, Result};
-
-/// `e` for a read of `path`, saying where the link pointed when `path` is a symbolic link
-/// (dangling, or a loop).
-pub(super) fn name_link(path: &Path, e: std::io::Error) -> std::io::Error {
-    match std::fs::read_link(path) {
-        Ok(target) => std::io::Error::new(
-            e.kind(),
-            format!("symbolic link to {}: {e}", target.display()),
-        ),
-        Err(_) => e,
-    }
-}
 
 /// Whether `name` ends in an image file extension ([`IMAGE_EXTENSIONS`]).
 pub(super) fn is_image_name(name: &str) -> bool {

@@ -10,8 +10,9 @@ use std::path::{Path, PathBuf};
 
 use rayon::prelude::*;
 
+use super::inputs::Loc;
 use super::listing::{input_err, is_image_name};
-use super::{Found, Loc, Scan};
+use super::scan::{Found, Scan};
 use crate::error::{LoaderError, Result};
 
 /// A window `[base, base + len)` of a file, readable and seekable (for the tar crate).

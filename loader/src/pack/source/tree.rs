@@ -5,7 +5,7 @@ use std::path::Path;
 use rayon::prelude::*;
 
 use super::listing::{class_folders, file_input, is_image_name, list_dir, Entry};
-use super::{Found, Scan};
+use super::scan::{Found, Scan};
 use crate::error::Result;
 
 /// Scans the folder tree `root/<wnid>/*`.

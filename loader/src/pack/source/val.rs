@@ -12,8 +12,9 @@ use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
 use super::devkit::{self, GroundTruth};
+use super::inputs::{LabelSource, Rejected, SourceOptions};
 use super::listing::input_err;
-use super::{Found, LabelSource, Rejected, Scan, SourceOptions};
+use super::scan::{Found, Scan};
 use crate::error::{LoaderError, Result};
 
 /// Kaggle's validation labels.

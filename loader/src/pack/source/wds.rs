@@ -18,9 +18,10 @@ use std::path::Path;
 
 use rayon::prelude::*;
 
+use super::inputs::{LabelSource, Loc, Rejected, SourceOptions};
 use super::listing::{input_err, is_image_name};
+use super::scan::{read_wnid_list, Found, Scan, SplitFound};
 use super::tars::{is_wnid, Member, Tar};
-use super::{read_wnid_list, Found, LabelSource, Loc, Rejected, Scan, SourceOptions, SplitFound};
 use crate::error::{LoaderError, Result};
 
 /// Largest `.cls` member read (a class number and a newline).
@@ -109,7 +110,7 @@ fn class_wnids(
     let listed = match &opts.classes {
         Some(path) => {
             let list = read_wnid_list(path)?;
-            super::classes::check_list(path, &list)?;
+            crate::pack::classes::check_list(path, &list)?;
             Some(list)
         }
         None => None,

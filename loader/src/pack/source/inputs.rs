@@ -1,0 +1,247 @@
+//! The inputs a pack found ([`Inputs`]): where each one's bytes live and how they are read.
+
+use std::collections::BTreeMap;
+use std::fs::File;
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+
+use super::parquet_file::ParquetFile;
+
+/// File name extensions (lower case) taken as images; other files are counted as ignored.
+pub const IMAGE_EXTENSIONS: &[&str] = &["jpeg", "jpg", "png", "bmp", "gif", "webp", "tif", "tiff"];
+
+/// Largest input file read, in bytes (guards memory against a damaged tar header).
+pub const MAX_INPUT_BYTES: u64 = 1 << 30;
+
+/// Where an input's bytes live.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Loc {
+    /// File `name` in directory `Inputs::dirs[dir]`.
+    Dir(u32),
+    /// A file in directory `Inputs::dirs[dir]` whose name is not valid UTF-8 (`Item::name`
+    /// holds it lossily decoded). Reading it fails, so it is skipped and reported like any
+    /// unreadable input.
+    NonUtf8Name(u32),
+    /// A member of `Inputs::archives[archive]` whose data starts at byte `offset`.
+    Archive {
+        /// Index into `Inputs::archives`.
+        archive: u32,
+        /// Absolute byte offset of the member's data in the archive file.
+        offset: u64,
+    },
+    /// Row `row` of row group `group` of the parquet file `Inputs::parquet[file]`.
+    Parquet {
+        /// Index into `Inputs::parquet`.
+        file: u32,
+        /// Row group.
+        group: u32,
+        /// Row within the row group.
+        row: u32,
+    },
+}
+
+/// One input image.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Item {
+    /// Class label.
+    pub label: u32,
+    /// File name (for a directory input) or path inside the archive (for a tar member, a
+    /// parquet row's image path); the sort key within a class.
+    pub name: String,
+    /// Size of the input in bytes (a parquet row's: 0, known when read).
+    pub size: u64,
+    /// Where the bytes are.
+    pub loc: Loc,
+}
+
+/// Options of input discovery.
+#[derive(Clone, Debug, Default)]
+pub struct SourceOptions {
+    /// Restrict and order the classes: one wnid per line (first whitespace-separated token;
+    /// blank lines and lines starting with `#` are skipped).
+    pub classes: Option<PathBuf>,
+    /// ILSVRC synset list for the devkit ground truth: line k (1-based) holds the wnid of
+    /// ILSVRC id k, optionally followed by text. Needed only without the devkit's `meta.mat`;
+    /// beside it, it must agree with it.
+    pub synsets: Option<PathBuf>,
+    /// Drop classes with fewer usable inputs than this (0 keeps all; see `classes.rs`).
+    pub min_per_class: u64,
+    /// Keep classes without usable training inputs as classes without records (see
+    /// `classes.rs`).
+    pub keep_empty_classes: bool,
+}
+
+/// Where a split's labels come from, as the report and the manifest record it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LabelSource {
+    /// The files the labels are read from.
+    pub files: Vec<String>,
+    /// How a label is found in them.
+    pub rule: String,
+}
+
+/// An input found but not packable before any decoding (a validation image without a label
+/// row, a parquet row without image bytes): reported as skipped, and counted toward the skip
+/// limit like an input that fails to decode.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Rejected {
+    /// Split ("train" or "val").
+    pub split: String,
+    /// The input, as the report names it.
+    pub path: String,
+    /// Short reason ("no label", "no image").
+    pub reason: String,
+    /// What is missing, naming the label file or row.
+    pub detail: String,
+}
+
+/// Everything found under an input directory.
+#[derive(Debug, Default)]
+pub struct Inputs {
+    /// Class wnids in label order.
+    pub classes: Vec<String>,
+    /// Items per split ("train", "val"), sorted by (label, name).
+    pub splits: BTreeMap<String, Vec<Item>>,
+    /// Directories referenced by [`Loc::Dir`].
+    pub dirs: Vec<PathBuf>,
+    /// Archive files referenced by [`Loc::Archive`].
+    pub archives: Vec<PathBuf>,
+    /// Parquet files referenced by [`Loc::Parquet`].
+    pub parquet: Vec<ParquetFile>,
+    /// How each split was found (for the report).
+    pub layouts: BTreeMap<String, String>,
+    /// Where each split's labels come from.
+    pub labels: BTreeMap<String, LabelSource>,
+    /// Inputs of classes left out by the class list, by wnid.
+    pub ignored_classes: BTreeMap<String, u64>,
+    /// Classes dropped by the minimum per class, with their usable input counts.
+    pub dropped_classes: BTreeMap<String, u64>,
+    /// Files that are not inputs (not images by their extension, splits without labels such
+    /// as ImageNet's test set, archives ddl-pack does not read), with the reason.
+    pub ignored_files: Vec<(String, String)>,
+    /// Inputs found but not packable (see [`Rejected`]).
+    pub rejected: Vec<Rejected>,
+}
+
+impl Inputs {
+    /// Human-readable location of `item` for reports ("DIR/NAME", "ARCHIVE:MEMBER" or
+    /// "FILE.parquet[row R]:NAME").
+    pub fn display(&self, item: &Item) -> String {
+        show(&self.dirs, &self.archives, &self.parquet, item)
+    }
+
+    /// Reads the bytes of `run`, items that [`read_together`] (or a single item): a parquet row
+    /// group's rows in one pass over its pages.
+    pub fn read_run(&self, run: &[&Item]) -> Vec<std::io::Result<Vec<u8>>> {
+        match run {
+            [first, ..] if run.len() > 1 => match first.loc {
+                Loc::Parquet { file, group, .. } => {
+                    let rows: Vec<u32> = run
+                        .iter()
+                        .map(|it| match it.loc {
+                            Loc::Parquet { row, .. } => row,
+                            _ => unreachable!("a run is one row group's rows"),
+                        })
+                        .collect();
+                    self.parquet[file as usize].read_rows(group, &rows)
+                }
+                _ => run.iter().map(|it| self.read(it)).collect(),
+            },
+            _ => run.iter().map(|it| self.read(it)).collect(),
+        }
+    }
+
+    /// Reads the bytes of `item`.
+    pub fn read(&self, item: &Item) -> std::io::Result<Vec<u8>> {
+        if item.size > MAX_INPUT_BYTES {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::InvalidData,
+                format!(
+                    "{} bytes is larger than the {MAX_INPUT_BYTES}-byte input limit",
+                    item.size
+                ),
+            ));
+        }
+        match item.loc {
+            Loc::Dir(d) => {
+                let path = self.dirs[d as usize].join(&item.name);
+                std::fs::read(&path).map_err(|e| name_link(&path, e))
+            }
+            Loc::NonUtf8Name(_) => Err(std::io::Error::new(
+                std::io::ErrorKind::InvalidData,
+                "file name is not valid UTF-8 (shown with U+FFFD); rename it to pack it",
+            )),
+            Loc::Archive { archive, offset } => {
+                let f = File::open(&self.archives[archive as usize])?;
+                let mut buf = vec![0u8; item.size as usize];
+                f.read_exact_at(&mut buf, offset)?;
+                Ok(buf)
+            }
+            Loc::Parquet { file, group, row } => self.parquet[file as usize].read(group, row),
+        }
+    }
+}
+
+/// Whether a split of `items` is found ordered, and read, by the inputs' place in their files
+/// rather than by (label, name): parquet rows, whose images are compressed together a page at a
+/// time, so that each page is read once for all of its rows (see `shards.rs`).
+pub fn read_in_place_order(items: &[Item]) -> bool {
+    items
+        .first()
+        .is_some_and(|it| matches!(it.loc, Loc::Parquet { .. }))
+}
+
+/// Sorts `items` by (label, name); the size and the location break ties, so that the order
+/// never depends on the scan's.
+pub fn sort_by_label(items: &mut [Item]) {
+    items.sort_unstable_by(|a, b| {
+        (a.label, &a.name, a.size, &a.loc).cmp(&(b.label, &b.name, b.size, &b.loc))
+    });
+}
+
+/// Whether `a` and `b` are read in one go ([`Inputs::read_run`]): rows of one parquet row group.
+pub fn read_together(a: &Item, b: &Item) -> bool {
+    match (&a.loc, &b.loc) {
+        (
+            Loc::Parquet { file, group, .. },
+            Loc::Parquet {
+                file: f, group: g, ..
+            },
+        ) => file == f && group == g,
+        _ => false,
+    }
+}
+
+/// Where `item` is, in words (see [`Inputs::display`]).
+pub(super) fn show(
+    dirs: &[PathBuf],
+    archives: &[PathBuf],
+    parquet: &[ParquetFile],
+    item: &Item,
+) -> String {
+    match item.loc {
+        Loc::Dir(d) | Loc::NonUtf8Name(d) => {
+            dirs[d as usize].join(&item.name).display().to_string()
+        }
+        Loc::Archive { archive, .. } => {
+            format!("{}:{}", archives[archive as usize].display(), item.name)
+        }
+        Loc::Parquet { file, group, row } => {
+            parquet[file as usize].describe(group, row, &item.name)
+        }
+    }
+}
+
+/// `e` for a read of `path`, saying where the link pointed when `path` is a symbolic link
+/// (dangling, or a loop).
+pub(super) fn name_link(path: &Path, e: std::io::Error) -> std::io::Error {
+    match std::fs::read_link(path) {
+        Ok(target) => std::io::Error::new(
+            e.kind(),
+            format!("symbolic link to {}: {e}", target.display()),
+        ),
+        Err(_) => e,
+    }
+}
