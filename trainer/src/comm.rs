@@ -112,14 +112,14 @@ impl Communicator {
     /// Tells the other ranks that this rank failed with `e`
     /// ([`Transport::announce_failure`]), unless `e` is a stop that every rank makes
     /// together (a stop signal).
-    pub fn announce_failure(&self, e: &crate::TrainError) {
+    pub fn announce_failure(&self, e: &crate::error::TrainError) {
         announce_failure(&*self.transport, e);
     }
 }
 
 /// [`Communicator::announce_failure`] over `transport`.
-pub(crate) fn announce_failure(transport: &dyn Transport, e: &crate::TrainError) {
-    if !matches!(e, crate::TrainError::Preempted { .. }) {
+pub(crate) fn announce_failure(transport: &dyn Transport, e: &crate::error::TrainError) {
+    if !matches!(e, crate::error::TrainError::Preempted { .. }) {
         transport.announce_failure(&e.to_string());
     }
 }

@@ -21,7 +21,7 @@ use tch::Device;
 use super::entry::{self, Entry, Unusable};
 use super::package::StepPackage;
 use super::python::Python;
-use super::{StepKey, StepSpec, GRAPH_SOURCES, SCRIPT};
+use super::step::{StepKey, StepSpec, GRAPH_SOURCES, SCRIPT};
 use crate::error::{Result, TrainError};
 use crate::setting::Setting;
 

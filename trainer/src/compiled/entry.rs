@@ -10,7 +10,7 @@ use std::path::{Path, PathBuf};
 use serde::{Deserialize, Serialize};
 use tch::Tensor;
 
-use super::StepKey;
+use super::step::StepKey;
 use crate::error::{Result, TrainError};
 
 /// The package file of an entry.

@@ -168,8 +168,8 @@ mod tests {
     /// script's own function against the torch of the loaded libtorch, with the CUDA headers of
     /// torch's packages (nvidia/cu13/include) as CUDA_HOME: what step.json would say.
     fn build_in(dir: &Path) -> String {
-        std::fs::write(dir.join("step.py"), super::super::SCRIPT).unwrap();
-        for (name, text) in super::super::GRAPH_SOURCES {
+        std::fs::write(dir.join("step.py"), super::super::step::SCRIPT).unwrap();
+        for (name, text) in super::super::step::GRAPH_SOURCES {
             std::fs::write(dir.join(name), text).unwrap();
         }
         let script = r#"

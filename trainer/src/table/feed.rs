@@ -11,8 +11,8 @@ use tch::{Device, Kind, Tensor};
 use crate::device::{DeviceCtx, Event};
 use crate::error::{Result, TrainError};
 
+use super::comm::BatchIter;
 use super::tensor_io::{host_view, BatchTensors, Normalizer};
-use super::BatchIter;
 
 /// Batches staged on the GPU ahead of the replica: one in use, one being copied.
 const UPLOAD_SLOTS: usize = 2;

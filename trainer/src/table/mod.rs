@@ -45,33 +45,36 @@
 //! those exchanges across the ranks as it runs the buckets' allreduce.
 
 pub(crate) mod buckets;
+mod comm;
+mod config;
 mod feed;
 mod flat;
 mod head;
 mod loss_scale;
 mod messages;
 mod replica;
+mod schedule;
 mod serve;
+mod shared;
+mod stats;
 mod tensor_io;
 
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use crossbeam_channel::{unbounded, Receiver, Sender};
 use ddl_comm::cores::{lower_thread_priority, COMPUTE_NICE};
-use ddl_comm::{CommOrder, Parts};
-use ddl_loader::pipeline::Batch;
 use tch::nn;
 use tch::{Device, Kind, Tensor};
 
-use crate::compiled::{self, CompileSettings, Entry, StepSpec};
-use crate::config::{Overlap, Precision};
+use crate::compiled::{self, Entry, StepSpec};
+use crate::config::Precision;
 use crate::console::eprint_line;
 use crate::device::DeviceCtx;
 use crate::error::{Result, TrainError};
-use crate::model::{self, ModelKind};
-use crate::optim::{Sgd, SgdConfig};
+use crate::model::{self};
+use crate::optim::Sgd;
 use crate::setting::Setting;
 
 use feed::Feed;
@@ -79,144 +82,17 @@ use flat::Flat;
 use head::exchange::Exchange;
 use head::HeadSlice;
 use loss_scale::LossScaler;
-use messages::{Cmd, HostBucket, Msg, Shared, StepCmd};
+use messages::{Cmd, HostBucket, Msg, StepCmd};
 use replica::Replica;
-use serve::Schedule;
+use schedule::Schedule;
+use shared::Shared;
 use tensor_io::{from_host, tensor_to_vec, Normalizer};
 
 pub use buckets::{Bucket, Layout, ParamInfo, ALIGN};
+pub use comm::{BatchIter, Comm, ValidCount};
+pub use config::TableConfig;
 pub use head::HeadSplit;
-
-/// The collectives a table needs across the ranks, run on the thread that calls
-/// [`Table::step`] and [`Table::evaluate`] (the communication thread). Every rank makes the
-/// same calls in the same order.
-pub trait Comm {
-    /// Sums `buf` over the ranks, in place.
-    fn allreduce_sum(&self, buf: &mut [f32]) -> Result<()>;
-    /// The element-wise maximum of `buf` over the ranks, in place.
-    fn allreduce_max(&self, buf: &mut [f32]) -> Result<()>;
-    /// Every rank's part of `buf` to every rank.
-    fn all_gather(&self, buf: &mut [f32], parts: &Parts) -> Result<()>;
-    /// This rank's part of `buf` summed over the ranks (the other parts left undefined).
-    fn reduce_scatter(&self, buf: &mut [f32], parts: &Parts) -> Result<()>;
-}
-
-/// A source of batches for one replica (the loader's per-replica queue).
-pub type BatchIter = Box<dyn Iterator<Item = ddl_loader::Result<Batch>> + Send>;
-
-/// How many leading images of an evaluation batch count (the rest is padding).
-pub type ValidCount = Box<dyn Fn(&Batch) -> usize + Send>;
-
-/// Configuration of the table of one rank.
-#[derive(Clone, Debug)]
-pub struct TableConfig {
-    /// One replica per entry.
-    pub devices: Vec<Device>,
-    /// Network.
-    pub model: ModelKind,
-    /// Number of output classes.
-    pub classes: i64,
-    /// Square input size in pixels.
-    pub image_size: u32,
-    /// Channel means of the normalisation of uint8 batches on the device (0-1 scale).
-    pub mean: [f32; 3],
-    /// Channel standard deviations of that normalisation.
-    pub std: [f32; 3],
-    /// Seed of the weight initialisation (identical on every rank).
-    pub seed: u64,
-    /// Optimizer.
-    pub sgd: SgdConfig,
-    /// Forward/backward precision.
-    pub precision: Precision,
-    /// Label smoothing of the cross-entropy loss.
-    pub label_smoothing: f64,
-    /// Target bucket size in bytes.
-    pub bucket_bytes: usize,
-    /// What the gradient reduction overlaps with.
-    pub overlap: Overlap,
-    /// The order of the buckets on the communication thread: `priority` only with
-    /// `Overlap::Backward`, several ranks and no fp16 (see `crate::config::comm_order`).
-    pub comm_order: CommOrder,
-    /// Channels-last images and convolution weights (activations follow).
-    pub channels_last: bool,
-    /// Total number of replicas over all ranks (the divisor of the gradient sum).
-    pub global_replicas: usize,
-    /// Ranks of the job: with one, gradients never leave the devices.
-    pub ranks: usize,
-    /// With `synthetic_data`: images per replica of the batch made on each device.
-    pub synthetic_batch: Option<usize>,
-    /// Images per replica of a training batch (and per rank of an evaluation batch).
-    pub batch: usize,
-    /// This rank's index among the `ranks`.
-    pub rank: usize,
-    /// Split the classifier head by class over every replica of the job.
-    pub head_parallel: bool,
-    /// CPU replicas on a node whose ranks outnumber its cores: the replica threads run below
-    /// the communication thread's CPU priority ([`COMPUTE_NICE`]), so that it gets a core as
-    /// soon as its data arrives instead of waiting for a replica's time slice (every step
-    /// waits for the slowest allreduce; BENCHMARKS.md, "Communication priorities").
-    pub yield_to_comm: bool,
-    /// Run the step compiled by Inductor (`compile`): where its packages are cached and the
-    /// image sizes it is compiled for; none: the eager step.
-    pub compile: Option<CompileSettings>,
-}
-
-/// Per-step measurements of one rank.
-#[derive(Clone, Debug, Default)]
-pub struct StepStats {
-    /// Mean training loss over the rank's replicas (unscaled).
-    pub loss: f64,
-    /// Images processed by the rank.
-    pub images: usize,
-    /// Mean time replicas were blocked on their loader queue.
-    pub data_wait: Duration,
-    /// Mean time the replicas' forward pass waited for the previous step's buckets to be
-    /// reduced (`priority` order; zero under `fifo`, whose step waits for all of them at its
-    /// end).
-    pub forward_wait: Duration,
-    /// Mean forward + backward time.
-    pub compute: Duration,
-    /// Time the communication thread spent in allreduce calls (under `priority`, the
-    /// previous step's rest and the negotiations included).
-    pub allreduce: Duration,
-    /// Wall time of the step.
-    pub wall: Duration,
-    /// Whether the update was skipped (fp16 overflow).
-    pub skipped: bool,
-    /// Records the loader skipped as unreadable in these batches.
-    pub bad_records: usize,
-}
-
-/// Sums of one evaluation pass of replica 0.
-#[derive(Clone, Copy, Debug, Default, PartialEq)]
-pub struct EvalSums {
-    /// Sum of the cross-entropy losses.
-    pub loss: f64,
-    /// Correct top-1 predictions.
-    pub top1: f64,
-    /// Correct top-5 predictions.
-    pub top5: f64,
-    /// Images evaluated.
-    pub count: f64,
-    /// Records left out as bad (never scored through a stand-in).
-    pub skipped: f64,
-}
-
-/// Host copy of everything a replica holds, for checkpoints.
-#[derive(Clone, Debug, Default, PartialEq)]
-pub struct ReplicaState {
-    /// Parameters in [`Layout::params`] order.
-    pub params: Vec<Vec<f32>>,
-    /// Momentum buffers, same order.
-    pub momentum: Vec<Vec<f32>>,
-    /// BatchNorm buffers in [`Layout::buffers`] order.
-    pub buffers: Vec<Vec<f32>>,
-    /// Under `head_parallel`: this replica's slice of every head parameter
-    /// ([`Layout::left_out`] order; every replica's, as the slices differ).
-    pub head: Vec<Vec<f32>>,
-    /// The momentum of the slice, same order.
-    pub head_momentum: Vec<Vec<f32>>,
-}
+pub use stats::{EvalSums, ReplicaState, StepStats};
 
 /// The replicas of one rank and the machinery that keeps them in step.
 pub struct Table {
@@ -499,7 +375,7 @@ impl Table {
     }
 
     /// Runs a head exchange across the ranks for the replicas (see [`head::exchange`]).
-    fn serve_head(&self, request: head::exchange::Request, comm: &dyn Comm) -> Result<()> {
+    fn serve_head(&self, request: head::request::Request, comm: &dyn Comm) -> Result<()> {
         let served = match &self.shared.head {
             Some(exchange) => exchange.serve(request, comm),
             None => Err(TrainError::Replica {

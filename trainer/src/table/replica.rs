@@ -19,12 +19,15 @@ use crate::setting::Setting;
 use ddl_comm::CommOrder;
 
 use super::buckets::Layout;
+use super::comm::{BatchIter, ValidCount};
+use super::config::TableConfig;
 use super::feed::{Feed, StepBatch};
 use super::flat::{range, Flat};
 use super::head::HeadSlice;
-use super::messages::{Cmd, Msg, ReplicaStep, Shared, StepCmd};
+use super::messages::{Cmd, Msg, ReplicaStep, StepCmd};
+use super::shared::Shared;
+use super::stats::{EvalSums, ReplicaState};
 use super::tensor_io::{from_host, tensor_to_vec, to_host, BatchTensors, Normalizer};
-use super::{BatchIter, EvalSums, ReplicaState, TableConfig, ValidCount};
 
 pub(crate) struct Replica {
     pub(crate) index: usize,

@@ -16,49 +16,19 @@
 use std::ops::Range;
 use std::time::{Duration, Instant};
 
-use ddl_comm::priority::{Decision, Local, Negotiator};
-use ddl_comm::CommOrder;
+use ddl_comm::priority::{Decision, Local};
 
 use crate::config::Precision;
 use crate::device::Event;
 use crate::error::{Result, TrainError};
 
-use super::buckets::Layout;
-use super::head::exchange::Request;
-use super::messages::{Cmd, Msg, ReplicaStep, Shared, StepCmd};
-use super::{Comm, StepStats, Table};
-
-/// The `priority` schedule of one rank, across steps.
-pub(super) struct Schedule {
-    negotiator: Negotiator,
-    /// Per bucket, the instance being reduced: the bucket sequence number before its step's
-    /// first bucket, the event after its copy to the host buffer, and when it was handed over.
-    in_flight: Vec<Option<(u64, Event, Instant)>>,
-    /// Buckets whose reduction or update is still pending after a step returned.
-    unflushed: bool,
-}
-
-impl Schedule {
-    /// The schedule of `layout`'s buckets in `order` (none under `fifo`): each bucket's
-    /// priority is its stage.
-    pub(super) fn of(order: CommOrder, layout: &Layout) -> Option<Self> {
-        let CommOrder::Priority { chunk_bytes } = order else {
-            return None;
-        };
-        let buckets = layout.buckets.iter().map(|b| (b.stage, b.len));
-        let negotiator = Negotiator::new(buckets, (chunk_bytes / 4).max(1));
-        Some(Schedule {
-            in_flight: (0..negotiator.buckets()).map(|_| None).collect(),
-            negotiator,
-            unflushed: false,
-        })
-    }
-
-    /// Whether updates are pending (a flush must come before the weights are read).
-    pub(super) fn unflushed(&self) -> bool {
-        self.unflushed
-    }
-}
+use super::comm::Comm;
+use super::head::request::Request;
+use super::messages::{Cmd, Msg, ReplicaStep, StepCmd};
+use super::schedule::Schedule;
+use super::shared::Shared;
+use super::stats::StepStats;
+use super::Table;
 
 /// What the replicas of this rank have reported in the step so far.
 #[derive(Default)]

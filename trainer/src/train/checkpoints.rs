@@ -11,8 +11,8 @@ use crate::setting::Setting;
 use crate::table::ReplicaState;
 
 use super::dir_lock::{self, DirLock};
-use super::weights_io::EvalAt;
-use super::Run;
+use super::eval_at::EvalAt;
+use super::run::Run;
 
 /// Encodes u64 values as bytes (for the control plane).
 pub(super) fn u64s_to_bytes(v: &[u64]) -> Vec<u8> {

@@ -9,7 +9,7 @@ use ddl_loader::dataset::{Dataset, OpenOptions};
 use ddl_loader::limits;
 use ddl_loader::sampler::{Sampler, SamplerConfig, Tail};
 
-use super::Plan;
+use super::run_plan::Plan;
 use crate::config::TrainConfig;
 use crate::error::{Result, TrainError};
 use crate::setting::Setting;

@@ -16,25 +16,10 @@ use ddl_loader::progress::EpochProgress;
 use ddl_loader::sampler::Sampler;
 
 use super::checkpoints::{bytes_to_u64s, u64s_to_bytes};
-use super::Run;
+use super::remainder::Remainder;
+use super::run::Run;
 use crate::config::TrainConfig;
 use crate::error::{Result, TrainError};
-
-/// The rest of an epoch resumed on another layout.
-pub(super) struct Remainder {
-    /// The epoch.
-    pub epoch: u64,
-    /// The run's step (within the epoch) at which the remainder's first batch is trained.
-    pub first_step: u64,
-    /// Remainder steps left out at its start: those beyond the new layout's steps per epoch.
-    pub skip: usize,
-    /// This node's part of the records not served yet.
-    pub train_set: Arc<Dataset>,
-    /// How this rank's replicas take them.
-    pub sampler: Sampler,
-    /// What the epoch served before the resume.
-    pub before: EpochProgress,
-}
 
 impl Remainder {
     /// The remainder of `before`'s epoch for node `residency.node` of this run, whose full

@@ -5,7 +5,7 @@
 use std::time::Duration;
 
 use super::checkpoints::{bytes_to_u64s, u64s_to_bytes};
-use super::{secs, Run};
+use super::run::Run;
 use crate::error::Result;
 use crate::metrics::{EpochRecord, ExchangeRecord};
 use crate::table::EvalSums;
@@ -133,4 +133,9 @@ impl EpochAcc {
         self.allreduce += secs(s.allreduce);
         self.bad_records += s.bad_records as u64;
     }
+}
+
+/// `d` in seconds.
+pub(super) fn secs(d: Duration) -> f64 {
+    d.as_secs_f64()
 }

@@ -11,7 +11,7 @@ use crate::error::{Result, TrainError};
 use crate::table::{HeadSplit, ReplicaState};
 
 use super::checkpoints::{bytes_to_f32s, f32s_to_bytes};
-use super::Run;
+use super::run::Run;
 
 /// The whole head's weights and momentum, each parameter in
 /// [`crate::table::Layout::left_out`] order.

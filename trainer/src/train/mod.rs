@@ -12,23 +12,20 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use ddl_comm::{CostModel, Topology, Transport};
-use ddl_loader::dataset::Dataset;
 use ddl_loader::pipeline::{Augment, BadRecord, OnBadRecord, Output, Pipeline, PipelineConfig};
 use ddl_loader::sampler::{Sampler, SamplerConfig, Tail};
 
 use crate::checkpoint::{self};
 use crate::comm::Communicator;
-use crate::compiled::{self, CompileSettings};
-use crate::config::{auto_overlap, comm_order, Overlap, TrainConfig};
+use crate::config::{comm_order, Overlap, TrainConfig};
 use crate::console::eprint_line;
 use crate::device;
 use crate::error::{Result, TrainError};
-use crate::metrics::{EpochRecord, MetricsWriter, StepRecord};
-use crate::optim::SgdConfig;
+use crate::metrics::{MetricsWriter, StepRecord};
 use crate::schedule::Schedule;
 use crate::setting::Setting;
 use crate::signal::StopSignal;
-use crate::table::{BatchIter, EvalSums, Table, TableConfig};
+use crate::table::{BatchIter, EvalSums, Table};
 use crate::trace_records::RecordTrace;
 
 mod checkpoints;
@@ -36,7 +33,11 @@ mod data;
 pub mod dir_lock;
 mod elastic;
 mod epoch_record;
+mod eval_at;
 mod head;
+mod rank_setup;
+mod remainder;
+mod run;
 mod run_plan;
 mod stop_budget;
 mod synthetic;
@@ -46,86 +47,14 @@ mod weights_io;
 use checkpoints::{bytes_to_u64s, u64s_to_bytes};
 use data::open_data;
 use epoch_record::{epoch_line, EpochAcc};
-use run_plan::{plan, Plan};
+use eval_at::EvalAt;
+use rank_setup::{check_replica_counts, table_config};
+pub use run::TrainSummary;
+use run::{BadRecordUse, Position, Run};
+use run_plan::plan;
 use stop_budget::StopBudget;
-use weights_io::EvalAt;
 
 pub use crate::job::RankInfo;
-
-/// What a finished run reports.
-#[derive(Clone, Debug, Default)]
-pub struct TrainSummary {
-    /// Global steps completed (including those before a resume).
-    pub global_steps: u64,
-    /// Steps run by this invocation.
-    pub steps_run: u64,
-    /// Epoch records of this invocation.
-    pub epochs: Vec<EpochRecord>,
-    /// Checkpoint this run resumed from.
-    pub resumed_from: Option<PathBuf>,
-    /// Warnings (damaged checkpoints skipped, ...).
-    pub warnings: Vec<String>,
-    /// Bad records met in training (all ranks; each time one was met).
-    pub bad_records_train: u64,
-    /// Val records left out as bad (all ranks, all evaluations).
-    pub bad_records_eval: u64,
-    /// The distinct bad records of all ranks (on rank 0; empty on the others).
-    pub bad_records: Vec<BadRecord>,
-    /// crc32c of replica 0's parameters at the end.
-    pub param_checksum: u32,
-}
-
-fn secs(d: Duration) -> f64 {
-    d.as_secs_f64()
-}
-
-struct Run<'a> {
-    cfg: &'a TrainConfig,
-    plan: Plan,
-    comm: Communicator,
-    table: Table,
-    schedule: Schedule,
-    train_set: Arc<Dataset>,
-    sampler: Sampler,
-    val_set: Option<Arc<Dataset>>,
-    /// The exchange of train records between the nodes, which gives each epoch's `train_set`.
-    exchange: Option<ddl_exchange::Exchange>,
-    /// The rest of an epoch resumed on another layout, until that epoch ends.
-    remainder: Option<elastic::Remainder>,
-    metrics: Option<MetricsWriter>,
-    /// The record trace of this rank (`trace_records`).
-    trace: Option<RecordTrace>,
-    summary: TrainSummary,
-    bar: Option<indicatif::ProgressBar>,
-    /// Bad records this rank has met (shard file, record).
-    bad_seen: HashSet<(PathBuf, usize)>,
-    /// Those of them rank 0 has not printed yet.
-    bad_unpublished: Vec<(BadRecordUse, BadRecord)>,
-    /// Global step of the last checkpoint written.
-    last_checkpoint: Option<u64>,
-    /// Whether a stop fits the scheduler's grace (with a checkpoint directory, under one).
-    budget: Option<StopBudget>,
-    /// The last evaluation's accuracies and the step of the weights it measured.
-    last_eval: Option<EvalAt>,
-    /// `num_batches_tracked` of each BatchNorm in the `init_from` file (empty from scratch):
-    /// an export adds the global step to it.
-    batches_tracked_base: std::collections::BTreeMap<String, i64>,
-}
-
-/// Where a run is: the epoch, the step within it and the global step.
-#[derive(Clone, Copy, Debug)]
-struct Position {
-    epoch: u64,
-    step: u64,
-    global: u64,
-}
-
-/// Where a bad record was met.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum BadRecordUse {
-    Train,
-    Eval,
-}
 
 /// Why a record is bad, without the shard and record its message starts with.
 fn bad_reason(bad: &BadRecord) -> &str {
@@ -331,86 +260,6 @@ fn progress_bar(steps: u64) -> indicatif::ProgressBar {
             .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
     );
     b
-}
-
-/// The table of rank `rank` of `ranks` (placed as `info` says) with replicas on `devices`,
-/// training a model of `classes` classes as `cfg` says (`overlap` auto resolved).
-fn table_config(
-    cfg: &TrainConfig,
-    devices: Vec<tch::Device>,
-    classes: i64,
-    info: &RankInfo,
-    (rank, ranks): (usize, usize),
-) -> TableConfig {
-    let nodes = info.nodes;
-    let global_replicas = devices.len() * ranks;
-    let gpus = devices.iter().any(|d| d.is_cuda());
-    let overlap = cfg
-        .overlap
-        .unwrap_or_else(|| auto_overlap(gpus, nodes, global_replicas, cfg.compile));
-    TableConfig {
-        devices,
-        model: cfg.model,
-        classes,
-        image_size: cfg.image_size,
-        mean: cfg.mean,
-        std: cfg.std,
-        seed: cfg.seed,
-        sgd: SgdConfig {
-            momentum: cfg.momentum,
-            nesterov: cfg.nesterov,
-            weight_decay: cfg.weight_decay,
-        },
-        precision: cfg.precision,
-        label_smoothing: cfg.label_smoothing,
-        bucket_bytes: (cfg.bucket_mb * 1024.0 * 1024.0) as usize,
-        overlap,
-        comm_order: comm_order(cfg.comm_order, overlap, ranks, cfg.precision).0,
-        channels_last: cfg.channels_last,
-        global_replicas,
-        ranks,
-        synthetic_batch: cfg.synthetic_data.then_some(cfg.batch),
-        batch: cfg.batch,
-        rank,
-        head_parallel: cfg.head_parallel,
-        yield_to_comm: info.oversubscribed && !gpus,
-        compile: cfg.compile.then(|| CompileSettings {
-            cache: cfg
-                .compile_cache
-                .clone()
-                .unwrap_or_else(compiled::default_cache_dir),
-            image_sizes: train_sizes(cfg),
-            verbose: cfg.verbose,
-            fold_small_constants: false,
-            inductor_options: cfg.inductor_options.clone(),
-            cuda_graphs: cfg.cuda_graphs,
-            python: std::env::var_os("DDL_PYTHON").map(PathBuf::from),
-        }),
-    }
-}
-
-/// Every train image size of the run, in the order its epochs meet them.
-fn train_sizes(cfg: &TrainConfig) -> Vec<u32> {
-    let mut sizes: Vec<u32> = Vec::new();
-    for size in (0..u64::from(cfg.epochs.max(1))).map(|e| cfg.train_size(e)) {
-        if !sizes.contains(&size) {
-            sizes.push(size);
-        }
-    }
-    sizes
-}
-
-/// Every rank must have the same number of replicas: the sampler and the average assume it.
-fn check_replica_counts(comm: &Communicator, replicas: usize) -> Result<()> {
-    let counts = comm.allgather_bytes(u64s_to_bytes(&[replicas as u64]))?;
-    if counts.iter().any(|c| bytes_to_u64s(c) != [replicas as u64]) {
-        let all: Vec<u64> = counts.iter().flat_map(|c| bytes_to_u64s(c)).collect();
-        return Err(TrainError::config(
-            Setting::Devices,
-            format!("ranks have different replica counts {all:?}"),
-        ));
-    }
-    Ok(())
 }
 
 impl Run<'_> {

@@ -13,7 +13,7 @@ use crate::setting::Setting;
 use crate::validate;
 use crate::weights;
 
-use super::RankInfo;
+use crate::job::RankInfo;
 
 /// Validated, derived settings.
 pub(super) struct Plan {

@@ -16,7 +16,9 @@ use crate::setting::Setting;
 use crate::table::Table;
 use crate::validate;
 
-use super::{check_replica_counts, table_config, RankInfo, TrainSummary};
+use super::rank_setup::{check_replica_counts, table_config};
+use super::run::TrainSummary;
+use crate::job::RankInfo;
 
 /// Classes of the synthetic model unless `classes` says otherwise (ImageNet-1k's).
 const DEFAULT_CLASSES: usize = 1000;

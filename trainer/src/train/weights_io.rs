@@ -12,18 +12,8 @@ use crate::setting::Setting;
 use crate::weights::meta::ModelMeta;
 use crate::weights::{self, file, Spec, StateDict, WeightsError};
 
-use super::Run;
-
-/// The validation accuracy of the weights after `step` global steps.
-#[derive(Clone, Copy, Debug, PartialEq)]
-pub(super) struct EvalAt {
-    /// Global step of the weights evaluated.
-    pub(super) step: u64,
-    /// Top-1 accuracy (`None` when no val image was scored).
-    pub(super) top1: Option<f64>,
-    /// Top-5 accuracy.
-    pub(super) top5: Option<f64>,
-}
+use super::eval_at::EvalAt;
+use super::run::Run;
 
 impl Run<'_> {
     /// `init_from`: every replica starts from the weights and BatchNorm statistics of `path`

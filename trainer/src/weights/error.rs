@@ -139,7 +139,7 @@ pub enum WeightsError {
 
 /// What to do about a classifier head of another shape: another class count.
 fn head_hint(key: &str) -> String {
-    if super::is_head(key) {
+    if super::head::is_head(key) {
         format!(
             " (the classifier head: pass {} to re-initialise it for this dataset's classes)",
             Setting::ResetHead

@@ -23,6 +23,7 @@
 
 pub mod error;
 pub mod file;
+mod head;
 pub mod meta;
 
 use std::collections::{BTreeMap, BTreeSet};
@@ -34,6 +35,7 @@ use crate::model::ModelKind;
 use crate::variables::{Variable, Variables};
 
 pub use error::WeightsError;
+pub use head::is_head;
 
 /// Whose BatchNorm running statistics ddl-train's `export` and ddl-export write, as the
 /// metadata says it. Every replica keeps its own statistics (each normalises its own batches),
@@ -45,12 +47,6 @@ pub const EXPORTED_STATISTICS: &str = "rank 0, replica 0 (the statistics ddl-tra
 
 /// Suffix of the counter torch's BatchNorm keeps beside its running statistics.
 pub const BATCHES_TRACKED: &str = "num_batches_tracked";
-
-/// Whether `key` belongs to the classifier head (`fc.weight`, `fc.bias`), the part
-/// `reset_head` re-initialises.
-pub fn is_head(key: &str) -> bool {
-    key.starts_with("fc.")
-}
 
 /// What a key holds.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -9,7 +9,7 @@ use crate::error::Result;
 
 use super::super::replica::{read_sums, Replica};
 use super::super::{BatchIter, EvalSums, ValidCount};
-use super::exchange::Op;
+use super::request::Op;
 
 impl Replica {
     /// Evaluates the images of `it` (replica 0's; the other replicas get none) with every

@@ -25,38 +25,9 @@ use tch::{Kind, Tensor};
 use crate::device::{DeviceCtx, Event};
 use crate::error::{Result, TrainError};
 
+use super::super::comm::Comm;
 use super::super::messages::{HostBucket, Msg};
-use super::super::Comm;
-
-/// What an exchange combines and runs across the ranks.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum Op {
-    /// Rows concatenated in replica order, then all-gathered in rank order; every rank has as
-    /// many rows (training).
-    Gather,
-    /// As `Gather`, with every rank's row count (and whether it still has batches) exchanged
-    /// first (evaluation).
-    GatherCounted,
-    /// The element-wise maximum.
-    Max,
-    /// The element-wise sum.
-    Sum,
-    /// Summed, then each rank keeps its rows (every rank has as many).
-    Scatter,
-}
-
-/// What replica 0 asks of the communication thread: exchange `seq`, whose rank-wide values
-/// (`len` elements, rows of `width`) are at the start of the host buffer once `copied` is
-/// complete; `rows`: the rank's rows of a gather, every rank's share of a reduce-scatter.
-pub(crate) struct Request {
-    seq: u64,
-    op: Op,
-    rows: usize,
-    width: usize,
-    len: usize,
-    more: bool,
-    copied: Event,
-}
+use super::request::{Op, Request};
 
 /// The result of an exchange, the same on every replica of every rank.
 pub(crate) struct Exchanged {

@@ -17,6 +17,7 @@
 
 mod eval;
 pub(crate) mod exchange;
+pub(crate) mod request;
 mod softmax;
 mod step;
 

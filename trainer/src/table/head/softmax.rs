@@ -9,7 +9,8 @@ use tch::{Kind, Tensor};
 use crate::error::Result;
 
 use super::super::replica::Replica;
-use super::exchange::{Exchanged, Op};
+use super::exchange::Exchanged;
+use super::request::Op;
 
 /// The softmax of `N` samples over the whole head, seen from one replica.
 pub(crate) struct Softmax {

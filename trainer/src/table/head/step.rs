@@ -9,7 +9,8 @@ use crate::setting::Setting;
 
 use super::super::messages::StepCmd;
 use super::super::replica::Replica;
-use super::exchange::{Exchanged, Op, Side};
+use super::exchange::{Exchanged, Side};
+use super::request::Op;
 
 impl Replica {
     /// The classes of this replica's slice of the head.
