@@ -2,30 +2,54 @@
 //! raise it are in `options.rs`.
 
 /// An option of [`PackOptions`], as an error names it; a command line maps each to its flag.
+///
+/// [`PackOptions`]: super::options::PackOptions
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum PackOption {
     /// [`PackOptions::shards`] as a count.
+    ///
+    /// [`PackOptions::shards`]: super::options::PackOptions::shards
     Shards,
     /// [`ConvertOptions::max_short_side`].
+    ///
+    /// [`ConvertOptions::max_short_side`]: super::convert::ConvertOptions::max_short_side
     MaxShortSide,
     /// [`ConvertOptions::quality`].
+    ///
+    /// [`ConvertOptions::quality`]: super::convert::ConvertOptions::quality
     Quality,
     /// [`PackOptions::nodes`].
+    ///
+    /// [`PackOptions::nodes`]: super::options::PackOptions::nodes
     Nodes,
     /// [`PackOptions::synsets`].
+    ///
+    /// [`PackOptions::synsets`]: super::options::PackOptions::synsets
     Synsets,
     /// [`PackOptions::min_per_class`].
+    ///
+    /// [`PackOptions::min_per_class`]: super::options::PackOptions::min_per_class
     MinPerClass,
     /// [`PackOptions::val_split`] by [`ValRule::Fraction`].
+    ///
+    /// [`PackOptions::val_split`]: super::options::PackOptions::val_split
+    /// [`ValRule::Fraction`]: super::val_split::ValRule::Fraction
     ValFraction,
     /// [`PackOptions::val_split`] by [`ValRule::PerClass`].
+    ///
+    /// [`PackOptions::val_split`]: super::options::PackOptions::val_split
+    /// [`ValRule::PerClass`]: super::val_split::ValRule::PerClass
     ValPerClass,
     /// [`PackOptions::max_skip_fraction`].
+    ///
+    /// [`PackOptions::max_skip_fraction`]: super::options::PackOptions::max_skip_fraction
     MaxSkipFraction,
 }
 
 impl PackOption {
     /// The option's name in this library (the field of [`PackOptions`]).
+    ///
+    /// [`PackOptions`]: super::options::PackOptions
     pub fn name(self) -> &'static str {
         match self {
             PackOption::Shards => "shards",

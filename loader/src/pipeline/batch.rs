@@ -85,6 +85,8 @@ pub struct Batch {
     /// Class label of each image.
     pub labels: Vec<i64>,
     /// Global id (position in the split, see [`Dataset::global_id`]) of each image's record.
+    ///
+    /// [`Dataset::global_id`]: crate::dataset::Dataset::global_id
     pub indices: Vec<u64>,
     /// Epoch of the batch.
     pub epoch: u64,
@@ -107,6 +109,8 @@ impl Batch {
     }
 
     /// True when the batch has no images (every record was bad under [`OnBadRecord::Skip`]).
+    ///
+    /// [`OnBadRecord::Skip`]: super::config::OnBadRecord::Skip
     pub fn is_empty(&self) -> bool {
         self.labels.is_empty()
     }
@@ -114,6 +118,8 @@ impl Batch {
     /// How many of the first `n` slots the sampler filled were left out as bad records
     /// ([`OnBadRecord::Skip`]); the batch holds the other slots of those `n` first, in slot
     /// order. For a batch whose tail is padding, `n` = the real slots.
+    ///
+    /// [`OnBadRecord::Skip`]: super::config::OnBadRecord::Skip
     pub fn dropped_among_first(&self, n: usize) -> usize {
         self.status
             .iter()

@@ -6,6 +6,8 @@ use crate::transform::{Augment, Output, TrainAugment, IMAGENET_MEAN, IMAGENET_ST
 pub const MAX_SUBSTITUTES: usize = 64;
 
 /// Most bad records kept in [`PipelineStats::bad_records`] (all are counted and logged).
+///
+/// [`PipelineStats::bad_records`]: super::shared::PipelineStats::bad_records
 pub const MAX_BAD_RECORDS_KEPT: usize = 1024;
 
 /// What to do with a record whose checksum fails or whose bytes cannot be decoded.
@@ -13,6 +15,9 @@ pub const MAX_BAD_RECORDS_KEPT: usize = 1024;
 /// Every bad record is logged (`tracing::warn!` with shard file, record and reason), kept in
 /// [`PipelineStats::bad_records`], and counted in [`Batch::skipped`]. Whether a record is bad
 /// depends only on its bytes, so all three rules are deterministic.
+///
+/// [`PipelineStats::bad_records`]: super::shared::PipelineStats::bad_records
+/// [`Batch::skipped`]: super::batch::Batch::skipped
 #[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
 #[serde(rename_all = "lowercase")]
 #[cfg_attr(feature = "clap", derive(clap::ValueEnum))]
@@ -27,6 +32,8 @@ pub enum OnBadRecord {
 }
 
 /// Settings of a [`Pipeline`].
+///
+/// [`Pipeline`]: super::Pipeline
 #[derive(Clone, Debug)]
 pub struct PipelineConfig {
     /// Output side in pixels (224).

@@ -21,6 +21,8 @@ pub struct PipelineStats {
     /// Bad records met (each is skipped or replaced or fails its batch).
     pub skipped: u64,
     /// The first [`MAX_BAD_RECORDS_KEPT`] bad records.
+    ///
+    /// [`MAX_BAD_RECORDS_KEPT`]: super::config::MAX_BAD_RECORDS_KEPT
     pub bad_records: Vec<BadRecord>,
     /// Seconds the workers spent on images, summed over workers.
     pub busy_seconds: f64,

@@ -9,6 +9,9 @@ use crate::error::Result;
 /// The collectives a table needs across the ranks, run on the thread that calls
 /// [`Table::step`] and [`Table::evaluate`] (the communication thread). Every rank makes the
 /// same calls in the same order.
+///
+/// [`Table::step`]: super::Table::step
+/// [`Table::evaluate`]: super::Table::evaluate
 pub trait Comm {
     /// Sums `buf` over the ranks, in place.
     fn allreduce_sum(&self, buf: &mut [f32]) -> Result<()>;

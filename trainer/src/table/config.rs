@@ -56,6 +56,8 @@ pub struct TableConfig {
     /// the communication thread's CPU priority ([`COMPUTE_NICE`]), so that it gets a core as
     /// soon as its data arrives instead of waiting for a replica's time slice (every step
     /// waits for the slowest allreduce; BENCHMARKS.md, "Communication priorities").
+    ///
+    /// [`COMPUTE_NICE`]: ddl_comm::cores::COMPUTE_NICE
     pub yield_to_comm: bool,
     /// Run the step compiled by Inductor (`compile`): where its packages are cached and the
     /// image sizes it is compiled for; none: the eager step.

@@ -43,6 +43,8 @@
 //! holds a slice of its classes, and a step exchanges the features of the global batch and the
 //! softmax's sums instead of the head's gradient ([`head`]); the communication thread runs
 //! those exchanges across the ranks as it runs the buckets' allreduce.
+//!
+//! [`Overlap`]: crate::config::Overlap
 
 pub(crate) mod buckets;
 mod comm;

@@ -47,13 +47,19 @@ pub struct EvalSums {
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct ReplicaState {
     /// Parameters in [`Layout::params`] order.
+    ///
+    /// [`Layout::params`]: super::buckets::Layout::params
     pub params: Vec<Vec<f32>>,
     /// Momentum buffers, same order.
     pub momentum: Vec<Vec<f32>>,
     /// BatchNorm buffers in [`Layout::buffers`] order.
+    ///
+    /// [`Layout::buffers`]: super::buckets::Layout::buffers
     pub buffers: Vec<Vec<f32>>,
     /// Under `head_parallel`: this replica's slice of every head parameter
     /// ([`Layout::left_out`] order; every replica's, as the slices differ).
+    ///
+    /// [`Layout::left_out`]: super::buckets::Layout::left_out
     pub head: Vec<Vec<f32>>,
     /// The momentum of the slice, same order.
     pub head_momentum: Vec<Vec<f32>>,
