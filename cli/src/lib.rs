@@ -11,17 +11,23 @@
 //! - [`parse`]: clap's usage errors in one piece, a tool's body and its exit status;
 //! - [`flags`]: how a user types each argument of a clap command line, for messages that name
 //!   a setting by its flag.
+//!
+//! The last two, clap's, come with the feature `clap`, which the binaries' crates turn on.
 
 pub mod errors;
+#[cfg(feature = "clap")]
 pub mod flags;
 pub mod launcher;
 pub mod output;
+#[cfg(feature = "clap")]
 pub mod parse;
 pub mod signals;
 
 pub use errors::{error_chain, error_line, escape_controls};
+#[cfg(feature = "clap")]
 pub use flags::flags;
 pub use launcher::{launcher_rank, under_launcher};
 pub use output::{stderr_line, write_stderr, write_stdout};
+#[cfg(feature = "clap")]
 pub use parse::{parse, parse_from, run};
 pub use signals::init_binary_signals;

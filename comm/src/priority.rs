@@ -40,6 +40,9 @@ pub enum CommOrder {
 }
 
 impl CommOrder {
+    /// Names accepted by `FromStr` (`priority` also as `priority:CHUNK_BYTES`).
+    pub const NAMES: [&'static str; 2] = ["fifo", "priority"];
+
     /// Default chunk of `priority`, in bytes: long enough that the round before each chunk
     /// costs little beside it, short enough that a first layer's bucket handed over behind a
     /// large one waits for little (BENCHMARKS.md, "Communication priorities", has the

@@ -1,10 +1,11 @@
 //! ddl-trainer-cli: the command lines of the trainer's binaries (`ddl-train`, `ddl-predict`,
-//! `ddl-export`, `ddl-plan`) and the binaries themselves (`src/bin/`). Each flag's spelling,
-//! help and default is in one clap struct, whose argument ids are the names of the
-//! [`Setting`](ddl_trainer::setting::Setting)s they set. A binary parses its own and installs
-//! it as the spelling of settings ([`ddl_trainer::setting::spell_as_flags_of`]); the library
-//! ddl-trainer names settings, never flags. A library rather than the binaries' own modules so
-//! that the trainer's integration tests spell settings as `ddl-train` does.
+//! `ddl-export`, `ddl-plan`) and the binaries themselves (`src/bin/`). `ddl-train`'s is
+//! lowered from the table of settings ([`ddl_trainer::flag`]); the others are clap structs
+//! whose argument ids are the names of the [`Setting`]s their library calls name, spelled as
+//! those settings are (a test of each checks it).
+
+use clap::builder::{PossibleValue, PossibleValuesParser, TypedValueParser};
+use ddl_trainer::flag::Named;
 
 pub mod export;
 pub mod plan;
@@ -14,13 +15,23 @@ pub mod train;
 #[cfg(test)]
 use ddl_trainer::setting::Setting;
 
-/// Asserts that every one of `settings` has a flag in the command line `A`.
+/// The clap value parser of a [`Named`] type: its names are the possible values, with their
+/// help.
+pub fn named<T: Named + Send + Sync>() -> impl TypedValueParser<Value = T> {
+    let values = T::ALL.iter().map(|v| match v.help() {
+        "" => PossibleValue::new(v.name()),
+        help => PossibleValue::new(v.name()).help(ddl_trainer::setting::spell(help)),
+    });
+    PossibleValuesParser::new(values).map(|name| T::from_name(&name).expect("a possible value"))
+}
+
+/// Asserts that every one of `settings` has a flag in the command line `A`, spelled as the
+/// library's messages spell the setting.
 #[cfg(test)]
 fn assert_flags<A: clap::CommandFactory>(settings: &[Setting]) {
     let flags = ddl_cli::flags(&A::command());
-    let missing: Vec<&Setting> = settings
-        .iter()
-        .filter(|s| !flags.contains_key(s.name()))
-        .collect();
-    assert!(missing.is_empty(), "settings without a flag: {missing:?}");
+    for setting in settings {
+        let flag = flags.get(setting.name());
+        assert_eq!(flag, Some(&setting.to_string()), "{setting:?}");
+    }
 }

@@ -16,7 +16,7 @@ use ddl_trainer::model::ModelKind;
 #[command(name = "ddl-plan", version, about)]
 pub struct Args {
     /// The network (as ddl-train's --model).
-    #[arg(long, value_enum, default_value_t = ModelKind::Resnet50)]
+    #[arg(long, value_parser = crate::named::<ModelKind>(), default_value_t = ModelKind::Resnet50)]
     pub model: ModelKind,
     /// Output classes (21841 for the whole of ImageNet-22k).
     #[arg(long, default_value_t = 1000, value_parser = clap::value_parser!(i64).range(2..))]

@@ -37,7 +37,7 @@ pub struct Args {
     #[arg(long, value_name = "FILE")]
     pub save_tensors: Option<PathBuf>,
     /// The architecture, for a file without ddl's metadata (checked against it otherwise).
-    #[arg(long, value_enum)]
+    #[arg(long, value_parser = crate::named::<ModelKind>())]
     pub arch: Option<ModelKind>,
     /// Input side in pixels (default: the file's metadata, else 224).
     #[arg(long)]

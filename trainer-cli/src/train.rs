@@ -1,419 +1,319 @@
-//! `ddl-train`'s command line: its flags, their help and defaults ([`TrainConfig::default`]'s),
-//! and the one conversion into a [`TrainConfig`] ([`Args::config`]). Each flag's argument id
-//! is its field of the configuration (`--no-eval` sets `eval`), so that messages name the flag
-//! of each setting ([`ddl_trainer::setting::spell_as_flags_of`]).
+//! `ddl-train`'s command line, lowered from the table of settings: each [`Setting`] of a
+//! [`TrainConfig`] field gives its [`Flag`] (name, help, default, choices, check, heading),
+//! which becomes one clap argument whose id is the setting's name, and whose values set that
+//! field ([`TrainConfig::set_flag`]). Nothing here names a setting's flag or default: the table
+//! in ddl-trainer's config.rs does.
 
 use std::path::PathBuf;
 
-use clap::{ArgAction, Parser};
-use ddl_comm::{Algorithm, CommOrder, ShardAlgorithm};
-use ddl_loader::pipeline::OnBadRecord;
+use clap::parser::ValueSource;
+use clap::{Arg, ArgAction, ArgMatches, Command};
 
-use ddl_trainer::config::{Precision, ResidencyMode};
-use ddl_trainer::device::DeviceSpec;
-use ddl_trainer::model::ModelKind;
-use ddl_trainer::schedule::DecayKind;
-use ddl_trainer::signal::StopRequest;
-use ddl_trainer::size_schedule::SizeSchedule;
+use ddl_trainer::flag::{Flag, Heading, Takes};
+use ddl_trainer::setting::{spell, Setting};
 use ddl_trainer::TrainConfig;
 
-/// Train an image classifier data-parallel on ddl shards.
-#[derive(Parser, Debug)]
-#[command(name = "ddl-train", version, about)]
+/// What `ddl-train` does, the first line of its help.
+const ABOUT: &str = "Train an image classifier data-parallel on shards written by ddl-pack";
+
+/// The rest of `--help`'s opening.
+const LONG_ABOUT: &str = "Train an image classifier data-parallel on shards written by \
+ddl-pack.
+
+Runs as one process per node (or per GPU) under mpirun or srun, or alone as one rank. Each \
+rank trains a replica on each of its devices; the gradients are summed across replicas and \
+ranks every step.";
+
+/// Examples, after the flags in `--help`.
+const EXAMPLES: &str = "Examples:
+  ddl-train --data shards --model resnet50 --epochs 90 --checkpoint-dir ckpt
+  mpirun -np 4 ddl-train --data shards --batch 64 --precision bf16 --compile
+  ddl-train --data shards --checkpoint-dir ckpt --resume";
+
+/// What `ddl-train`'s command line gives: the run's settings (with a default stop request,
+/// which the binary replaces with the one its signal handlers raise) and where to write the
+/// run's trace.
+#[derive(Debug)]
 pub struct Args {
-    /// Directory with manifest.json and the shards written by ddl-pack.
-    #[arg(long, required_unless_present = "synthetic_data")]
-    pub data: Option<PathBuf>,
-    /// Train on one random batch held on each device, without data, evaluation or checkpoints:
-    /// times the model, the table and the allreduce alone (as a PyTorch loop on data already
-    /// on the GPU does).
-    #[arg(long)]
-    pub synthetic_data: bool,
-    /// Classes of the model with --synthetic-data (with data: the manifest's).
-    #[arg(long, requires = "synthetic_data")]
-    pub classes: Option<usize>,
-    /// cuDNN's deterministic algorithms instead of timing them for the fastest (benchmark mode,
-    /// the default): a resumed GPU run is then bitwise the uninterrupted one.
-    #[arg(long)]
-    pub deterministic: bool,
-    /// The network.
-    #[arg(long, value_enum, default_value_t = defaults().model)]
-    pub model: ModelKind,
-    /// Epochs to train.
-    #[arg(long, default_value_t = defaults().epochs)]
-    pub epochs: u32,
-    /// Images per replica per step (global batch = this x replicas x ranks).
-    #[arg(long, default_value_t = defaults().batch)]
-    pub batch: usize,
-    /// auto (the node's GPUs shared out between its ranks, else one CPU replica) | cpu | cpu:N
-    /// | cuda | cuda:0,1,2,3.
-    #[arg(long, default_value_t = defaults().devices)]
-    pub devices: DeviceSpec,
-    /// Input side in pixels.
-    #[arg(long, default_value_t = defaults().image_size)]
-    pub image_size: u32,
-    /// Decode threads per rank.
-    #[arg(long, default_value_t = defaults().workers)]
-    pub workers: usize,
-    /// Ready batches queued per replica.
-    #[arg(long, default_value_t = defaults().prefetch)]
-    pub prefetch: usize,
-    /// Seed of weights, sampling and augmentation.
-    #[arg(long, default_value_t = defaults().seed)]
-    pub seed: u64,
-    /// Learning rate per 256 images (peak = base-lr x global batch / 256).
-    #[arg(long, default_value_t = defaults().base_lr)]
-    pub base_lr: f64,
-    /// Peak learning rate, overriding the linear scaling rule.
-    #[arg(long)]
-    pub lr: Option<f64>,
-    /// SGD momentum.
-    #[arg(long, default_value_t = defaults().momentum)]
-    pub momentum: f64,
-    /// Nesterov momentum.
-    #[arg(long)]
-    pub nesterov: bool,
-    /// Weight decay (not applied to BatchNorm and bias parameters).
-    #[arg(long, default_value_t = defaults().weight_decay)]
-    pub weight_decay: f64,
-    /// Linear warmup length in epochs (fractions allowed).
-    #[arg(long, default_value_t = defaults().warmup_epochs)]
-    pub warmup_epochs: f64,
-    /// Learning-rate decay after warmup.
-    #[arg(long, value_enum, default_value_t = defaults().schedule)]
-    pub schedule: DecayKind,
-    /// Step-decay epochs, comma separated.
-    #[arg(long, value_delimiter = ',', default_value = "30,60,80")]
-    pub milestones: Vec<u32>,
-    /// Step-decay factor.
-    #[arg(long, default_value_t = defaults().gamma)]
-    pub gamma: f64,
-    /// Label smoothing of the cross-entropy loss.
-    #[arg(long, default_value_t = defaults().label_smoothing)]
-    pub label_smoothing: f64,
-    /// Arithmetic of forward and backward (autocast on GPUs; gradients are reduced in f32).
-    #[arg(long, value_enum, default_value_t = defaults().precision)]
-    pub precision: Precision,
-    /// Write one JSON line per step and per epoch here (rank 0).
-    #[arg(long)]
-    pub metrics: Option<PathBuf>,
-    /// Write the global ids of the records of every batch trained here, one JSON line per
-    /// replica and step: {"epoch", "step", "rank", "replica", "ids"} (every rank; with
-    /// several ranks each writes PATH.<rank>; appended to on --resume).
-    #[arg(long, value_name = "PATH", conflicts_with = "synthetic_data")]
-    pub trace_records: Option<PathBuf>,
-    /// Directory of checkpoints (written by rank 0).
-    #[arg(long)]
-    pub checkpoint_dir: Option<PathBuf>,
-    /// Also checkpoint every N global steps (0: only at epoch ends).
-    #[arg(long, default_value_t = defaults().checkpoint_every)]
-    pub checkpoint_every: u64,
-    /// Checkpoints to keep.
-    #[arg(long, default_value_t = defaults().keep_checkpoints)]
-    pub keep_checkpoints: usize,
-    /// Continue the run whose checkpoints are in --checkpoint-dir, from its newest valid one
-    /// (refused when a flag that changes the trajectory differs from the checkpoint's).
-    #[arg(long, conflicts_with = "restart")]
-    pub resume: bool,
-    /// Start over in a --checkpoint-dir holding another run's checkpoints, moving them into a
-    /// dated subdirectory first (nothing is deleted).
-    #[arg(long)]
-    pub restart: bool,
-    /// With --resume: continue on a different number of ranks, replicas or nodes than the
-    /// checkpoint's (not bitwise identical to an uninterrupted run).
-    #[arg(long, requires = "resume")]
-    pub allow_new_layout: bool,
-    /// Stop after this many global steps (0: none, e.g. to dump the initial weights).
-    #[arg(long)]
-    pub max_steps: Option<u64>,
-    /// multicolor[:COLORS[:CHUNK_BYTES]] | ring | rhd | multiring[:AxB..] | mpi | auto (the
-    /// cost model's pick per buffer size).
-    #[arg(long, default_value_t = defaults().allreduce)]
-    pub allreduce: Algorithm,
-    /// Cost model for `--allreduce auto`: a file written by `mpirun ddl-bench calibrate` in
-    /// this job's layout, whose measured times decide per buffer size (default: formulas).
-    #[arg(long)]
-    pub cost_model: Option<PathBuf>,
-    /// Without --cost-model, `--allreduce auto` times the candidates on the first calls of
-    /// each buffer size and keeps the fastest: write what it found to this file (rank 0,
-    /// whenever it settles a size), to give to later jobs of this layout as --cost-model.
-    #[arg(long)]
-    pub save_cost_model: Option<PathBuf>,
-    /// Split the classifier head (fc) by class over every replica of the job, the backbone
-    /// staying data-parallel: each step all-gathers the features and exchanges the softmax's
-    /// per-sample sums instead of allreducing the head's gradient (fewer bytes below a global
-    /// batch of about the class count; `ddl-plan --head-parallel` prints both).
-    #[arg(long)]
-    pub head_parallel: bool,
-    /// ring | shm | auto: the allgather and reduce-scatter of --head-parallel.
-    #[arg(long, default_value_t = defaults().gather, requires = "head_parallel")]
-    pub gather: ShardAlgorithm,
-    /// Write the final replica-0 weights as raw f32 LE to FILE (+ FILE.json index).
-    #[arg(long)]
-    pub dump_weights: Option<PathBuf>,
-    /// Write the final model to FILE (.safetensors) with torchvision's keys, shapes and dtypes,
-    /// so that torchvision.models.NAME(num_classes=C).load_state_dict(load_file(FILE)) works,
-    /// and ddl's metadata: classes, eval transform, flags, final val top-1/top-5.
-    #[arg(long, value_name = "FILE")]
-    pub export: Option<PathBuf>,
-    /// Start from the weights in FILE (.safetensors with torchvision's names, e.g. a state
-    /// dict saved from torchvision or a ddl export); a checkpoint --resume finds comes first.
-    #[arg(long, value_name = "FILE")]
-    pub init_from: Option<PathBuf>,
-    /// With --init-from: re-initialise the classifier head (fc) instead of loading it, to
-    /// fine-tune on a dataset with other classes.
-    #[arg(long, requires = "init_from")]
-    pub reset_head: bool,
-    /// Compare replica parameter checksums (inside and across ranks) every epoch.
-    #[arg(long)]
-    pub check_replicas: bool,
-    /// How the ranks of a node share the dataset.
-    #[arg(long, value_enum, default_value_t = defaults().residency)]
-    pub residency: ResidencyMode,
-    /// Fraction Q of every node's train records moved to other nodes at each epoch boundary,
-    /// received during the epoch before (0: each node serves its own shards forever; 1: a
-    /// global shuffle every epoch). Needs more than one node.
-    #[arg(long, default_value_t = defaults().exchange)]
-    pub exchange: f64,
-    /// What the gradient allreduce overlaps: backward (staged backward, buckets reduced while
-    /// earlier stages are still in backward) | pipeline (after backward, bucket by bucket) |
-    /// off | auto (backward for GPU replicas or ranks on more than one node, else off; with
-    /// --compile pipeline instead of backward).
-    #[arg(long, default_value = "auto", value_parser = ["auto", "backward", "pipeline", "off"])]
-    pub overlap: String,
-    /// The order the communication thread reduces the buckets in: fifo (as backward hands them
-    /// over, each whole, the next step after all of them) | priority (the first layers' buckets
-    /// first, in chunks all ranks agree on, and the next step's forward starts each stage once
-    /// its buckets are reduced; priority:CHUNK_BYTES). priority applies with --overlap
-    /// backward, several ranks and fp32/bf16; otherwise fifo runs, and the run says why. fifo
-    /// is the default: priority gained nothing measurable on the emulated cluster
-    /// (BENCHMARKS.md, "Communication priorities").
-    #[arg(long, default_value = "fifo")]
-    pub comm_order: CommOrder,
-    /// Gradient bucket size in MiB.
-    #[arg(long, default_value_t = defaults().bucket_mb)]
-    pub bucket_mb: f64,
-    /// Channels-last (NHWC) images, activations and convolution weights.
-    #[arg(long)]
-    pub channels_last: bool,
-    /// Run the training step (forward, loss, backward) compiled ahead of time by PyTorch's
-    /// Inductor, which fuses each block's batch-norm, ReLU and residual add: compiled once per
-    /// model, classes, batch, image size, precision, layout, device and torch into
-    /// --compile-cache by the Python whose torch ddl-train runs on (DDL_PYTHON to choose
-    /// another), then loaded at once. With it --overlap auto is pipeline (the step is one
-    /// graph); --overlap backward and --head-parallel are refused.
-    #[arg(long)]
-    pub compile: bool,
-    /// Where --compile keeps its compiled steps (default: $XDG_CACHE_HOME/ddl/compiled, else
-    /// ~/.cache/ddl/compiled).
-    #[arg(long, value_name = "DIR", requires = "compile")]
-    pub compile_cache: Option<PathBuf>,
-    /// With --compile: an option of Inductor's compile of the step, KEY=VALUE with VALUE a
-    /// Python literal (layout_optimization=False; torch._inductor.config's names), repeatable;
-    /// part of the compile cache's key.
-    #[arg(
-        long = "inductor-option",
-        value_name = "KEY=VALUE",
-        requires = "compile"
-    )]
-    pub inductor_options: Vec<String>,
-    /// With --compile on GPUs: after two plain steps, capture the compiled step in a CUDA
-    /// graph and replay it at every later step (one launch for the step's kernels; the
-    /// batch is copied into the graph's input slots). Off by default until measured on a GPU
-    /// (BENCHMARKS.md, "The compiled step").
-    #[arg(long, requires = "compile")]
-    pub cuda_graphs: bool,
-    /// Skip the per-epoch evaluation.
-    #[arg(long = "no-eval", action = ArgAction::SetFalse)]
-    pub eval: bool,
-    /// Shorter side before the eval center crop (0: image size x --eval-resize-ratio).
-    #[arg(long, default_value_t = defaults().eval_resize)]
-    pub eval_resize: u32,
-    /// The eval resize as a multiple of the image size, when --eval-resize is 0 (at least 1;
-    /// 8/7: 256 for 224).
-    #[arg(long, default_value_t = defaults().eval_resize_ratio)]
-    pub eval_resize_ratio: f64,
-    /// Progressive resizing: the train image size per epoch, EPOCH:SIZE,... (0:160,10:192:
-    /// 160 px from epoch 0, 192 from epoch 10; --image-size before the first listed epoch).
-    /// Evaluation stays at --image-size.
-    #[arg(long, value_name = "EPOCH:SIZE,...")]
-    pub image_size_schedule: Option<SizeSchedule>,
-    /// RandomResizedCrop's range of the crop's area fraction, LO,HI (0 < LO <= HI <= 1).
-    #[arg(long, value_delimiter = ',', default_values_t = defaults().crop_scale, value_name = "LO,HI")]
-    pub crop_scale: Vec<f64>,
-    /// RandomResizedCrop's range of the crop's aspect ratio (width / height), LO,HI.
-    #[arg(long, value_delimiter = ',', default_values_t = defaults().crop_ratio, value_name = "LO,HI")]
-    pub crop_ratio: Vec<f64>,
-    /// Probability of a horizontal flip of a train image (0: never, 1: always).
-    #[arg(long, default_value_t = defaults().flip_prob)]
-    pub flip_prob: f64,
-    /// Channel means of the normalisation, R,G,B on the 0-1 scale.
-    #[arg(long, value_delimiter = ',', default_values_t = defaults().mean, value_name = "R,G,B")]
-    pub mean: Vec<f32>,
-    /// Channel standard deviations of the normalisation, R,G,B on the 0-1 scale (above 0).
-    #[arg(long, value_delimiter = ',', default_values_t = defaults().std, value_name = "R,G,B")]
-    pub std: Vec<f32>,
-    /// Pre-fault the node's shards at start.
-    #[arg(long)]
-    pub populate: bool,
-    /// mlock the node's shards.
-    #[arg(long = "mlock")]
-    pub lock: bool,
-    /// Copy the node's shards to this node-local directory first (e.g. /dev/shm/ddl).
-    #[arg(long)]
-    pub stage: Option<PathBuf>,
-    /// Seconds a communication operation may block before the job fails.
-    #[arg(long = "comm-timeout", value_name = "COMM_TIMEOUT",
-          default_value_t = defaults().comm_timeout_s)]
-    pub comm_timeout_s: u64,
-    /// A training record whose checksum or decoding fails: replace (with the next good record
-    /// of the epoch) | skip (shorter batch) | fail (stop the run). Each is reported once;
-    /// evaluation always leaves bad records out (or fails with `fail`).
-    #[arg(long, value_enum, default_value_t = defaults().on_bad_record)]
-    pub on_bad_record: OnBadRecord,
-    /// Only errors on stdout/stderr.
-    #[arg(long = "quiet", action = ArgAction::SetFalse)]
-    pub verbose: bool,
-    /// Write a Chrome trace (Perfetto, chrome://tracing) of the run to FILE on rank 0 and to
-    /// STEM.rankN.json beside it on rank N (trace.json -> trace.rank1.json).
-    #[arg(long, value_name = "FILE")]
+    /// The settings of the run.
+    pub config: TrainConfig,
+    /// `--trace FILE`: a Chrome trace of the run.
     pub trace: Option<PathBuf>,
 }
 
-/// The defaults of the flags: [`TrainConfig::default`]'s values, so that `ddl-train` and a
-/// library user start from the same settings.
-fn defaults() -> TrainConfig {
-    TrainConfig::default()
+/// The flags of the settings, in the order `--help` lists them: by heading, then as the table
+/// has them.
+pub fn flags() -> Vec<Flag> {
+    let mut flags: Vec<Flag> = Setting::TRAIN.iter().filter_map(|s| s.flag()).collect();
+    flags.sort_by_key(|f| f.heading);
+    flags
+}
+
+/// `ddl-train`'s command line: an argument per setting of [`TrainConfig`], and `--trace`.
+pub fn command() -> Command {
+    let command = Command::new("ddl-train")
+        .version(env!("CARGO_PKG_VERSION"))
+        .about(ABOUT)
+        .long_about(LONG_ABOUT)
+        .after_long_help(EXAMPLES)
+        .max_term_width(100);
+    let trace = Arg::new("trace")
+        .long("trace")
+        .value_name("FILE")
+        .value_parser(clap::value_parser!(PathBuf))
+        .help("Write a Chrome trace (Perfetto, chrome://tracing) of the run to FILE")
+        .long_help(
+            "Write a Chrome trace (Perfetto, chrome://tracing) of the run to FILE on rank 0 and \
+             to STEM.rankN.json beside it on rank N (trace.json -> trace.rank1.json).",
+        )
+        .help_heading(Heading::Diagnostics.title());
+    flags()
+        .iter()
+        .fold(command, |c, f| c.arg(argument(f)))
+        .arg(trace)
+}
+
+/// The clap argument of `flag`: `-h` gives its summary alone, on one line; `--help` its whole
+/// doc, its default and its choices with their help.
+fn argument(flag: &Flag) -> Arg {
+    let mut arg = Arg::new(flag.setting.name())
+        .long(flag.long_name())
+        .help(flag.summary())
+        .long_help(long_help(flag))
+        .help_heading(flag.heading.title())
+        .hide_default_value(true)
+        .hide_possible_values(true);
+    if let Some(short) = flag.short {
+        arg = arg.short(short);
+    }
+    if let Some(name) = flag.requires {
+        arg = arg.requires(name.name());
+    }
+    if let Some(name) = flag.conflicts {
+        arg = arg.conflicts_with(name.name());
+    }
+    if let Some(name) = flag.required_unless {
+        arg = arg.required_unless_present(name.name());
+    }
+    let action = match flag.takes {
+        Takes::Switch => {
+            let on = flag.default.as_deref() == Some("true");
+            return arg.action(if on {
+                ArgAction::SetFalse
+            } else {
+                ArgAction::SetTrue
+            });
+        }
+        Takes::One => ArgAction::Set,
+        Takes::List => {
+            arg = arg.value_delimiter(',');
+            ArgAction::Append
+        }
+        Takes::Repeated => ArgAction::Append,
+    };
+    let value_name = match flag.value_name {
+        Some(name) => name.to_string(),
+        None => flag.setting.name().to_uppercase(),
+    };
+    if let Some(default) = &flag.default {
+        arg = arg.default_value(default.clone());
+    }
+    // A closure is a value parser whose errors clap words as its own ("invalid value 'x'
+    // for '--flag <FLAG>': ...").
+    let check = flag.check;
+    let parse = move |s: &str| check(s).map(|()| s.to_string());
+    arg.value_name(value_name)
+        .action(action)
+        .value_parser(parse)
+}
+
+/// `flag`'s `--help` text: its doc, then its choices, one line each, and its default.
+fn long_help(flag: &Flag) -> String {
+    let mut help = flag.long_help();
+    if !flag.choices.is_empty() {
+        help.push_str("\n\nPossible values:");
+        for choice in &flag.choices {
+            let shown = if choice.syntax.is_empty() {
+                choice.name
+            } else {
+                choice.syntax
+            };
+            help.push_str(&format!("\n  - {shown}"));
+            if !choice.help.is_empty() {
+                help.push_str(&format!(": {}", spell(choice.help)));
+            }
+        }
+    }
+    if let (Some(default), false) = (&flag.default, flag.takes == Takes::Switch) {
+        help.push_str(&format!("\n\n[default: {default}]"));
+    }
+    help
 }
 
 impl Args {
-    /// The configuration these flags give, with `stop` as its stop request: the one
-    /// conversion of the flags into settings.
-    pub fn config(self, stop: StopRequest) -> anyhow::Result<TrainConfig> {
-        Ok(TrainConfig {
-            data: self.data.unwrap_or_default(),
-            synthetic_data: self.synthetic_data,
-            classes: self.classes,
-            deterministic: self.deterministic,
-            model: self.model,
-            epochs: self.epochs,
-            batch: self.batch,
-            devices: self.devices,
-            image_size: self.image_size,
-            workers: self.workers,
-            prefetch: self.prefetch,
-            seed: self.seed,
-            base_lr: self.base_lr,
-            lr: self.lr,
-            momentum: self.momentum,
-            nesterov: self.nesterov,
-            weight_decay: self.weight_decay,
-            warmup_epochs: self.warmup_epochs,
-            schedule: self.schedule,
-            milestones: self.milestones,
-            gamma: self.gamma,
-            label_smoothing: self.label_smoothing,
-            precision: self.precision,
-            metrics: self.metrics,
-            trace_records: self.trace_records,
-            checkpoint_dir: self.checkpoint_dir,
-            checkpoint_every: self.checkpoint_every,
-            keep_checkpoints: self.keep_checkpoints,
-            resume: self.resume,
-            restart: self.restart,
-            allow_new_layout: self.allow_new_layout,
-            max_steps: self.max_steps,
-            allreduce: self.allreduce,
-            cost_model: self.cost_model,
-            save_cost_model: self.save_cost_model,
-            head_parallel: self.head_parallel,
-            gather: self.gather,
-            dump_weights: self.dump_weights,
-            export: self.export,
-            init_from: self.init_from,
-            reset_head: self.reset_head,
-            check_replicas: self.check_replicas,
-            residency: self.residency,
-            exchange: self.exchange,
-            overlap: match self.overlap.as_str() {
-                "auto" => None,
-                other => Some(other.parse()?),
-            },
-            comm_order: self.comm_order,
-            bucket_mb: self.bucket_mb,
-            channels_last: self.channels_last,
-            compile: self.compile,
-            compile_cache: self.compile_cache,
-            inductor_options: self.inductor_options,
-            cuda_graphs: self.cuda_graphs,
-            eval: self.eval,
-            eval_resize: self.eval_resize,
-            eval_resize_ratio: self.eval_resize_ratio,
-            image_size_schedule: self.image_size_schedule.unwrap_or_default(),
-            crop_scale: values("--crop-scale", self.crop_scale)?,
-            crop_ratio: values("--crop-ratio", self.crop_ratio)?,
-            flip_prob: self.flip_prob,
-            mean: values("--mean", self.mean)?,
-            std: values("--std", self.std)?,
-            populate: self.populate,
-            lock: self.lock,
-            stage: self.stage,
-            comm_timeout_s: self.comm_timeout_s,
-            on_bad_record: self.on_bad_record,
-            verbose: self.verbose,
-            stop,
-            kill_timing: None,
-        })
+    /// The settings the command line `matches` (of [`command`]) gives: [`TrainConfig`]'s
+    /// defaults, and each flag typed set from its values.
+    pub fn from_matches(matches: &ArgMatches) -> anyhow::Result<Args> {
+        let mut config = TrainConfig::default();
+        for flag in flags() {
+            let id = flag.setting.name();
+            if matches.value_source(id) != Some(ValueSource::CommandLine) {
+                continue;
+            }
+            let values: Vec<String> = match flag.takes {
+                Takes::Switch => vec![matches.get_flag(id).to_string()],
+                _ => matches
+                    .get_many::<String>(id)
+                    .into_iter()
+                    .flatten()
+                    .cloned()
+                    .collect(),
+            };
+            let values: Vec<&str> = values.iter().map(String::as_str).collect();
+            config.set_flag(flag.setting, &values)?;
+        }
+        let trace = matches.get_one::<PathBuf>("trace").cloned();
+        Ok(Args { config, trace })
     }
-}
 
-/// The `N` comma-separated values of `flag`, or an error naming it.
-fn values<const N: usize, T>(flag: &str, v: Vec<T>) -> anyhow::Result<[T; N]> {
-    let n = v.len();
-    v.try_into()
-        .map_err(|_| anyhow::anyhow!("{flag}: takes {N} comma-separated values, got {n}"))
+    /// The settings of the command line `args` (the program's name first), or clap's usage
+    /// error, or an error of a value that the setting refuses as a whole.
+    pub fn try_parse_from<I, T>(args: I) -> anyhow::Result<Args>
+    where
+        I: IntoIterator<Item = T>,
+        T: Into<std::ffi::OsString> + Clone,
+    {
+        Args::from_matches(&command().try_get_matches_from(args)?)
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use ddl_trainer::setting::Setting;
+    use ddl_comm::Algorithm;
+
+    fn parse(args: &[&str]) -> TrainConfig {
+        let args = std::iter::once("ddl-train").chain(args.iter().copied());
+        Args::try_parse_from(args).expect("parse").config
+    }
+
+    fn json(c: &TrainConfig) -> serde_json::Value {
+        serde_json::to_value(c).expect("serialize")
+    }
 
     /// Every flag left out means [`TrainConfig::default`]'s value, milestones (written as the
     /// command line spells them) and the switches (`--no-eval`, `--quiet`) included.
     #[test]
     fn flags_left_out_are_the_library_defaults() {
-        let cli = Args::try_parse_from(["ddl-train", "--data", "shards"]).expect("parse");
-        let cfg = cli.config(StopRequest::default()).expect("config");
         let want = TrainConfig {
             data: "shards".into(),
             ..TrainConfig::default()
         };
-        let json = |c: &TrainConfig| serde_json::to_value(c).expect("serialize");
-        assert_eq!(json(&cfg), json(&want));
+        assert_eq!(json(&parse(&["--data", "shards"])), json(&want));
     }
 
-    /// The switches that turn a setting off set it to false.
+    /// Flags typed set their settings: a switch that turns one off, lists, a repeated flag,
+    /// `auto` as no value and a renamed flag.
     #[test]
-    fn switches_turn_their_settings_off() {
-        let cli = Args::try_parse_from(["ddl-train", "--data", "d", "--no-eval", "--quiet"]);
-        let cfg = cli.expect("parse").config(StopRequest::default());
-        let cfg = cfg.expect("config");
-        assert!(!cfg.eval && !cfg.verbose);
+    fn flags_typed_set_their_settings() {
+        let cfg = parse(&[
+            "--data=d",
+            "--no-eval",
+            "--quiet",
+            "--milestones",
+            "10,20",
+            "--crop-scale=0.2,0.9",
+            "--compile",
+            "--inductor-option",
+            "a=1",
+            "--inductor-option",
+            "b=2",
+            "--overlap",
+            "pipeline",
+            "--comm-timeout",
+            "5",
+            "--allreduce",
+            "multicolor:2",
+            "--mlock",
+        ]);
+        assert!(!cfg.eval && !cfg.verbose && cfg.compile && cfg.lock);
+        assert_eq!(cfg.milestones, [10, 20]);
+        assert_eq!(cfg.crop_scale, [0.2, 0.9]);
+        assert_eq!(cfg.inductor_options, ["a=1", "b=2"]);
+        assert_eq!(cfg.overlap, Some(ddl_trainer::config::Overlap::Pipeline));
+        assert_eq!(cfg.comm_timeout_s, 5);
+        assert_eq!(cfg.allreduce, "multicolor:2".parse().unwrap());
+        assert_eq!(parse(&["--data=d", "--overlap=auto"]).overlap, None);
     }
 
+    /// A list of the wrong length is refused naming the flag.
     #[test]
-    fn every_setting_has_a_flag() {
-        crate::assert_flags::<Args>(Setting::TRAIN);
-        let flags = ddl_cli::flags(&<Args as clap::CommandFactory>::command());
-        for (setting, flag) in [
-            (Setting::Eval, "--no-eval"),
-            (Setting::Verbose, "--quiet"),
-            (Setting::Lock, "--mlock"),
-            (Setting::CommTimeoutS, "--comm-timeout"),
-            (Setting::AllowNewLayout, "--allow-new-layout"),
-        ] {
-            assert_eq!(flags[setting.name()], flag);
+    fn a_list_of_the_wrong_length_names_its_flag() {
+        let err = Args::try_parse_from(["ddl-train", "--data=d", "--mean", "0.5,0.5"]);
+        let err = err.expect_err("two of three").to_string();
+        assert!(
+            err.contains("--mean: takes 3 comma-separated values, got 2"),
+            "{err}"
+        );
+    }
+
+    /// Every setting of a training run is an argument of the command line, spelled there as
+    /// the library's messages spell it.
+    #[test]
+    fn every_setting_is_a_flag_spelled_as_messages_spell_it() {
+        let flags = ddl_cli::flags(&command());
+        for setting in Setting::TRAIN {
+            assert_eq!(
+                flags.get(setting.name()),
+                Some(&setting.to_string()),
+                "{setting:?}"
+            );
+        }
+        assert_eq!(
+            flags.len(),
+            Setting::TRAIN.len() + 1,
+            "the settings and --trace"
+        );
+    }
+
+    /// `-h`: the six headings, in order, and one line per flag.
+    #[test]
+    fn short_help_has_the_headings_and_a_line_per_flag() {
+        let help = command().render_help().to_string();
+        let mut at = 0;
+        for heading in Heading::ALL {
+            let title = format!("\n{}:\n", heading.title());
+            let found = help[at..].find(&title);
+            at += found.unwrap_or_else(|| panic!("no {title:?} after byte {at}:\n{help}"));
+        }
+        assert!(help.starts_with(ABOUT), "{help}");
+        for flag in flags() {
+            assert!(!flag.summary().is_empty(), "{:?} has no help", flag.setting);
+        }
+        for line in help.lines() {
+            assert!(
+                line.chars().count() <= 100,
+                "a line past 100 columns: {line}"
+            );
+        }
+    }
+
+    /// The choices of `--allreduce` in the help are the algorithms its parser accepts, and
+    /// every choice listed parses.
+    #[test]
+    fn help_lists_the_choices_the_parsers_accept() {
+        let help = command().render_long_help().to_string();
+        let allreduce = &help[help.find("--allreduce <NAME>").expect("--allreduce")..];
+        let allreduce = &allreduce[..allreduce.find("\n      --").expect("a flag after it")];
+        for name in Algorithm::names() {
+            assert!(allreduce.contains(name), "{name} missing:\n{allreduce}");
+        }
+        for flag in flags() {
+            for choice in &flag.choices {
+                let mut cfg = TrainConfig::default();
+                let set = cfg.set_flag(flag.setting, &[choice.name]);
+                assert!(set.is_ok(), "{:?} {}: {set:?}", flag.setting, choice.name);
+            }
         }
     }
 }

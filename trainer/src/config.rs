@@ -1,11 +1,10 @@
 //! The configuration of a training run: [`TrainConfig`] (the `ddl-train` flags) and the types
 //! of its flags. Its one table of settings also makes [`Setting`] (re-exported by
-//! [`crate::setting`]) and each setting's class on resume.
+//! [`crate::setting`]), each setting's class on resume and its flag ([`crate::flag`]).
 
 use std::fmt::Display;
 use std::path::PathBuf;
 
-use clap::ValueEnum;
 use ddl_comm::{Algorithm, CommOrder, ShardAlgorithm};
 use ddl_loader::pipeline::{
     OnBadRecord, TrainAugment, EVAL_RESIZE_RATIO, IMAGENET_MEAN, IMAGENET_STD,
@@ -16,6 +15,7 @@ use crate::device::DeviceSpec;
 /// The arithmetic of forward and backward, a property of the devices (see [`crate::device`]).
 pub use crate::device::Precision;
 use crate::error::{Result, TrainError};
+use crate::flag::{Choice, Named, Takes};
 use crate::model::ModelKind;
 use crate::schedule::DecayKind;
 use crate::setting::settings;
@@ -28,7 +28,7 @@ fn as_flag<T: Display, S: Serializer>(value: &T, s: S) -> std::result::Result<S:
 }
 
 /// How the ranks of a node share the dataset (`residency`).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, ValueEnum)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "lowercase")]
 pub enum ResidencyMode {
     /// The ranks of a node share that node's shards (MPI shared-memory split).
@@ -37,240 +37,409 @@ pub enum ResidencyMode {
     Rank,
 }
 
+impl Named for ResidencyMode {
+    const ALL: &'static [Self] = &[ResidencyMode::Node, ResidencyMode::Rank];
+
+    fn name(self) -> &'static str {
+        match self {
+            ResidencyMode::Node => "node",
+            ResidencyMode::Rank => "rank",
+        }
+    }
+
+    fn help(self) -> &'static str {
+        match self {
+            ResidencyMode::Node => "the ranks of a node share that node's shards",
+            ResidencyMode::Rank => "every rank is its own node (to emulate several nodes)",
+        }
+    }
+}
+
 settings! {
     /// Everything a training run is configured with (the `ddl-train` flags). Each field is a
-    /// row of this table: its doc, type and default, and what a different value does to a
-    /// resumed run ([`crate::run_flags`]) with the reason; the table also makes the
-    /// [`Setting`] of each field.
+    /// row of this table: its doc (the flag's help: first paragraph short, the whole long),
+    /// how it is typed ([`crate::flag::Flag`]), its type and default, and what a different
+    /// value does to a resumed run ([`crate::run_flags`]) with the reason; the table also makes
+    /// the [`Setting`] of each field.
     #[derive(Clone, Debug, Serialize)]
     pub struct TrainConfig {
-        /// Directory with `manifest.json` and the shards (`data`; empty with `synthetic_data`).
+        /// Shards and manifest.json written by ddl-pack (a directory).
+        #[flag(Data, required_unless = Some(Setting::SyntheticData))]
         Data data: PathBuf = PathBuf::new()
             => Free("a path: the dataset is compared by content (its fingerprint in the \
                 checkpoint)"),
-        /// Train on one random batch held on each device instead of `data`: the model, the table
-        /// and the allreduce alone, for speed measurements (`synthetic_data`).
+        /// Train on one random batch per device, without data.
+        ///
+        /// One random batch held on each device; no evaluation or checkpoints either: times the model, the table and the allreduce
+        /// alone (as a PyTorch loop on data already on the GPU does).
+        #[flag(Data)]
         SyntheticData synthetic_data: bool = false
             => Free("a run on synthetic data writes no checkpoint"),
-        /// Classes of the synthetic data's model (`classes`; with data, the manifest's).
+        /// Classes of the model with `synthetic_data`.
+        ///
+        /// With data: the manifest's.
+        #[flag(Data, requires = Some(Setting::SyntheticData))]
         Classes classes: Option<usize> = None
             => Free("only with `synthetic_data`, which writes no checkpoint"),
-        /// cuDNN's deterministic algorithms instead of its benchmark mode (`deterministic`):
-        /// on a GPU, a resumed run is then bitwise the uninterrupted one.
+        /// cuDNN's deterministic algorithms instead of its benchmark mode.
+        ///
+        /// Benchmark mode (the default) times the algorithms for the fastest; with this flag a
+        /// resumed GPU run is bitwise the uninterrupted one.
+        #[flag(Gpu)]
         Deterministic deterministic: bool = false
             => Rounding("other convolution algorithms on GPUs"),
-        /// Network (`model`).
+        /// The network.
+        #[flag(Model)]
         Model model: ModelKind = ModelKind::Resnet50
             => Trajectory("a different network"),
-        /// Epochs to train (`epochs`).
+        /// Epochs to train.
+        #[flag(Model)]
         Epochs epochs: u32 = 90
             => Free("only where the run ends (with `schedule` cosine it also stretches the decay: \
                 warned)"),
-        /// Images per replica per step (`batch`).
+        /// Images per replica per step (global batch = this x replicas x ranks).
+        #[flag(Model)]
         Batch batch: usize = 32
             => Trajectory("other batches, global batch and (linearly scaled) learning rate"),
-        /// Local devices (`devices`).
+        /// The local devices that get a model replica.
+        ///
+        /// auto (the node's GPUs shared out between its ranks, else one CPU replica) | cpu |
+        /// cpu:N | cuda | cuda:0,1,2,3.
+        #[flag(Parallel)]
         #[serde(serialize_with = "as_flag")]
         Devices devices: DeviceSpec = DeviceSpec::Auto
             => Rounding("other devices round differently (the replica count is checked from the \
                 layout)"),
-        /// Input side in pixels (`image_size`).
+        /// Input side in pixels.
+        #[flag(Data, value_name = Some("PX"))]
         ImageSize image_size: u32 = 224
             => Trajectory("other input pixels"),
-        /// Decode threads per rank (`workers`).
+        /// Decode threads per rank.
+        #[flag(Data)]
         Workers workers: usize = 2
             => Free("batches depend only on seed, epoch, step and replica"),
-        /// Ready batches queued per replica (`prefetch`).
+        /// Ready batches queued per replica.
+        #[flag(Data)]
         Prefetch prefetch: usize = 4
             => Free("batches depend only on seed, epoch, step and replica"),
-        /// Seed of weights, sampling and augmentation (`seed`).
+        /// Seed of weights, sampling and augmentation.
+        #[flag(Model)]
         Seed seed: u64 = 0
             => Trajectory("another sampling order and augmentation"),
-        /// Base learning rate per 256 images (`base_lr`).
+        /// Learning rate per 256 images (peak = `base_lr` x global batch / 256).
+        #[flag(Model, value_name = Some("LR"))]
         BaseLr base_lr: f64 = 0.1
             => Trajectory("another learning rate"),
-        /// Peak learning rate, overriding the linear scaling rule (`lr`).
+        /// Peak learning rate, overriding the linear scaling rule.
+        #[flag(Model, value_name = Some("LR"))]
         Lr lr: Option<f64> = None
             => Trajectory("another learning rate"),
-        /// SGD momentum (`momentum`).
+        /// SGD momentum.
+        #[flag(Model)]
         Momentum momentum: f64 = 0.9
             => Trajectory("another optimizer"),
-        /// Nesterov momentum (`nesterov`).
+        /// Nesterov momentum.
+        #[flag(Model)]
         Nesterov nesterov: bool = false
             => Trajectory("another optimizer"),
-        /// Weight decay of conv/linear weights (`weight_decay`).
+        /// Weight decay (not applied to BatchNorm and bias parameters).
+        #[flag(Model, value_name = Some("DECAY"))]
         WeightDecay weight_decay: f64 = 1e-4
             => Trajectory("another optimizer"),
-        /// Warmup epochs, fractional allowed (`warmup_epochs`).
+        /// Linear warmup length in epochs (fractions allowed).
+        #[flag(Model, value_name = Some("EPOCHS"))]
         WarmupEpochs warmup_epochs: f64 = 5.0
             => Trajectory("another learning-rate schedule"),
-        /// Learning-rate decay after warmup (`schedule`).
+        /// Learning-rate decay after warmup.
+        #[flag(Model)]
         Schedule schedule: DecayKind = DecayKind::Step
             => Trajectory("another learning-rate schedule"),
-        /// Step-decay epochs (`milestones`).
+        /// Step-decay epochs, comma separated.
+        #[flag(Model, value_name = Some("EPOCHS"))]
         Milestones milestones: Vec<u32> = vec![30, 60, 80]
             => Trajectory("another learning-rate schedule"),
-        /// Step-decay factor (`gamma`).
+        /// Step-decay factor.
+        #[flag(Model)]
         Gamma gamma: f64 = 0.1
             => Trajectory("another learning-rate schedule"),
-        /// Label smoothing (`label_smoothing`).
+        /// Label smoothing of the cross-entropy loss.
+        #[flag(Model, value_name = Some("EPS"))]
         LabelSmoothing label_smoothing: f64 = 0.0
             => Trajectory("another loss"),
-        /// Arithmetic of forward and backward (`precision`).
+        /// Arithmetic of forward and backward.
+        ///
+        /// Autocast on GPUs; gradients are reduced in f32.
+        #[flag(Gpu)]
         Precision precision: Precision = Precision::Fp32
             => Trajectory("other arithmetic on GPUs"),
-        /// JSON-lines metrics file written by rank 0 (`metrics`).
+        /// Write one JSON line per step and per epoch here (rank 0).
+        #[flag(Diagnostics, value_name = Some("FILE"))]
         Metrics metrics: Option<PathBuf> = None
             => Free("output only"),
-        /// JSON-lines record trace, one file per rank: the global ids of the records of every
-        /// batch trained (`trace_records`; format: `ddl_loader::trace_records`).
+        /// Write the global ids of the records of every batch trained here.
+        ///
+        /// One JSON line per replica and step: {"epoch", "step", "rank", "replica", "ids"}
+        /// (every rank; with several ranks each writes PATH.<rank>; appended to on `resume`;
+        /// format: ddl_loader::trace_records).
+        #[flag(Diagnostics, value_name = Some("PATH"),
+               conflicts = Some(Setting::SyntheticData))]
         TraceRecords trace_records: Option<PathBuf> = None
             => Free("output only"),
-        /// Checkpoint directory (`checkpoint_dir`).
+        /// Directory of checkpoints (written by rank 0).
+        #[flag(Checkpoints, value_name = Some("DIR"))]
         CheckpointDir checkpoint_dir: Option<PathBuf> = None
             => Free("output only"),
-        /// Checkpoint every N global steps, 0 = only at epoch ends (`checkpoint_every`).
+        /// Also checkpoint every N global steps (0: only at epoch ends).
+        #[flag(Checkpoints, value_name = Some("N"))]
         CheckpointEvery checkpoint_every: u64 = 0
             => Free("output only"),
-        /// Checkpoints kept (`keep_checkpoints`).
+        /// Checkpoints to keep.
+        #[flag(Checkpoints, value_name = Some("N"))]
         KeepCheckpoints keep_checkpoints: usize = 3
             => Free("output only"),
-        /// Continue from the newest valid checkpoint (`resume`).
+        /// Continue from the newest valid checkpoint in `checkpoint_dir`.
+        ///
+        /// Refused when a flag that changes the trajectory differs from the checkpoint's.
+        #[flag(Checkpoints, conflicts = Some(Setting::Restart))]
         Resume resume: bool = false
             => Free("how this run starts"),
-        /// Move another run's checkpoints in the directory aside and start over (`restart`).
+        /// Start over in a `checkpoint_dir` holding another run's checkpoints.
+        ///
+        /// Moves them into a dated subdirectory first (nothing is deleted).
+        #[flag(Checkpoints)]
         Restart restart: bool = false
             => Free("how this run starts"),
-        /// Resume on a different layout (ranks, replicas, nodes) than the checkpoint's
-        /// (`allow_new_layout`).
+        /// With `resume`: continue on another layout (ranks, replicas, nodes).
+        ///
+        /// Not bitwise identical to an uninterrupted run.
+        #[flag(Checkpoints, requires = Some(Setting::Resume))]
         AllowNewLayout allow_new_layout: bool = false
             => Free("how this run starts"),
-        /// Stop after this many global steps (`max_steps`).
+        /// Stop after this many global steps.
+        ///
+        /// 0: none, e.g. to dump the initial weights.
+        #[flag(Model, value_name = Some("N"))]
         MaxSteps max_steps: Option<u64> = None
             => Free("only where the run stops"),
-        /// Allreduce algorithm (`allreduce`).
+        /// The allreduce algorithm of the gradients.
+        ///
+        /// NAME[:PARAMETERS], NAME one of those below; auto picks one per buffer size with the
+        /// cost model.
+        #[flag(Parallel, value_name = Some("NAME"))]
         #[serde(serialize_with = "as_flag")]
         Allreduce allreduce: Algorithm = Algorithm::Auto
             => Rounding("another summation order across ranks"),
-        /// Cost model `auto` chooses with, from `ddl-bench calibrate` (`cost_model`; none: the
-        /// default model's formulas).
+        /// Cost model for `allreduce` auto, from `mpirun ddl-bench calibrate`.
+        ///
+        /// A file written in this job's layout, whose measured times decide per buffer size
+        /// (default: formulas).
+        #[flag(Parallel, value_name = Some("FILE"))]
         CostModel cost_model: Option<PathBuf> = None
             => Rounding("auto may pick other algorithms, so another summation order"),
-        /// Where rank 0 writes the cost model `allreduce` auto tuned online, whenever it
-        /// settles another buffer size (`save_cost_model`), for `cost_model` of later jobs.
+        /// Write the cost model `allreduce` auto tuned online to this file.
+        ///
+        /// Without `cost_model`, auto times the candidates on the first calls of each buffer
+        /// size and keeps the fastest; rank 0 writes what it found whenever it settles a size,
+        /// to give to later jobs of this layout as `cost_model`.
+        #[flag(Parallel, value_name = Some("FILE"))]
         SaveCostModel save_cost_model: Option<PathBuf> = None
             => Free("output only"),
-        /// Split the classifier head by class over every replica of the job, the backbone staying
-        /// data-parallel (`head_parallel`; see [`crate::table`]).
+        /// Split the classifier head by class over every replica of the job.
+        ///
+        /// The backbone stays data-parallel: each step all-gathers the features and exchanges
+        /// the softmax's per-sample sums instead of allreducing the head's gradient (fewer
+        /// bytes below a global batch of about the class count; `ddl-plan --head-parallel`
+        /// prints both).
+        #[flag(Parallel)]
         HeadParallel head_parallel: bool = false
             => Rounding("the head's gradient from every sample on the replica owning each class, \
                 not summed over the replicas: another summation order"),
-        /// Allgather / reduce-scatter algorithm of `head_parallel`'s exchanges (`gather`).
+        /// The allgather and reduce-scatter algorithm of `head_parallel`.
+        #[flag(Parallel, value_name = Some("NAME"), requires = Some(Setting::HeadParallel))]
         #[serde(serialize_with = "as_flag")]
         Gather gather: ShardAlgorithm = ShardAlgorithm::Auto
             => Rounding("another allgather / reduce-scatter of `head_parallel`, so another \
                 summation order"),
-        /// Write final replica-0 weights here (`dump_weights`).
+        /// Write the final replica-0 weights as raw f32 to FILE.
+        ///
+        /// Little-endian, with an index in FILE.json.
+        #[flag(Checkpoints, value_name = Some("FILE"))]
         DumpWeights dump_weights: Option<PathBuf> = None
             => Free("output only"),
-        /// Write the final model here as a torchvision-compatible `.safetensors` file
-        /// (`export`; see [`crate::weights`]).
+        /// Write the final model to FILE (.safetensors) with torchvision's keys.
+        ///
+        /// Shapes and dtypes are torchvision's, so that
+        /// torchvision.models.NAME(num_classes=C).load_state_dict(load_file(FILE)) works; with
+        /// ddl's metadata: classes, eval transform, flags, final val top-1/top-5.
+        #[flag(Checkpoints, value_name = Some("FILE"))]
         Export export: Option<PathBuf> = None
             => Free("output only"),
-        /// Start from the weights of this `.safetensors` file, with torchvision's names
-        /// (`init_from`), unless `resume` finds a checkpoint.
+        /// Start from the weights in FILE (.safetensors, torchvision's names).
+        ///
+        /// E.g. a state dict saved from torchvision or a ddl export; a checkpoint `resume`
+        /// finds comes first.
+        #[flag(Model, value_name = Some("FILE"))]
         InitFrom init_from: Option<PathBuf> = None
             => Free("only the first step's weights, which a resumed run takes from its checkpoint"),
-        /// Re-initialise the classifier head instead of loading it from `init_from`
-        /// (`reset_head`: fine-tuning on another class count).
+        /// With `init_from`: re-initialise the classifier head, not load it.
+        ///
+        /// To fine-tune on a dataset with other classes.
+        #[flag(Model, requires = Some(Setting::InitFrom))]
         ResetHead reset_head: bool = false
             => Free("only the first step's weights, which a resumed run takes from its checkpoint"),
-        /// Compare replica checksums every epoch (`check_replicas`).
+        /// Compare the replicas' parameter checksums every epoch.
+        ///
+        /// Inside and across ranks.
+        #[flag(Diagnostics)]
         CheckReplicas check_replicas: bool = false
             => Free("a check, changes nothing"),
-        /// How the ranks of a node share the dataset (`residency`).
+        /// How the ranks of a node share the dataset.
+        #[flag(Parallel)]
         Residency residency: ResidencyMode = ResidencyMode::Node
             => Trajectory("other records on each node, so other batches"),
-        /// Fraction of every node's train records exchanged with the other nodes at each epoch
-        /// boundary, in `[0, 1]` (`exchange`; ddl-exchange).
+        /// Fraction of each node's records moved between nodes at each epoch.
+        ///
+        /// Q of every node's train records go to other nodes at each epoch boundary, received during the epoch before (0: each node serves its own shards forever; 1: a
+        /// global shuffle every epoch). Needs more than one node.
+        #[flag(Parallel, value_name = Some("Q"))]
         Exchange exchange: f64 = 0.0
             => Trajectory("other records on each node from the next epoch on"),
-        /// What the gradient allreduce overlaps with (`overlap` backward|pipeline|off|auto);
-        /// `None` = auto ([`auto_overlap`]).
+        /// What the gradient allreduce overlaps with.
+        #[flag(Parallel, value_name = Some("WHAT"))]
         Overlap overlap: Option<Overlap> = None
             => Rounding("other allreduce buffers, so another summation order"),
-        /// The order of the buckets on the communication thread (`comm_order`; see
-        /// [`comm_order`] for where `priority` applies).
+        /// The order the communication thread reduces the buckets in.
+        ///
+        /// fifo: as backward hands them over, each whole, the next step after all of them.
+        /// priority[:CHUNK_BYTES]: the first layers' buckets first, in chunks all ranks agree
+        /// on, and the next step's forward starts each stage once its buckets are reduced; it
+        /// applies with `overlap` backward, several ranks and fp32/bf16 (otherwise fifo runs,
+        /// and the run says why). fifo is the default: priority gained nothing measurable on
+        /// the emulated cluster (BENCHMARKS.md, "Communication priorities").
+        #[flag(Parallel, value_name = Some("ORDER"))]
         #[serde(serialize_with = "as_flag")]
         CommOrder comm_order: CommOrder = CommOrder::Fifo
             => Rounding("priority cuts buckets into chunks: ring and rhd at 3 or more ranks sum a \
                 chunk in another order than its bucket (shm, and any algorithm at 2 ranks, sum the \
                 same)"),
-        /// Gradient bucket size in MiB (`bucket_mb`).
+        /// Gradient bucket size in MiB.
+        #[flag(Parallel, value_name = Some("MIB"))]
         BucketMb bucket_mb: f64 = 25.0
             => Rounding("other allreduce buffers, so another summation order"),
-        /// Keep images, activations and convolution weights channels-last (NHWC strides,
-        /// `channels_last`), the layout tensor cores prefer.
+        /// Channels-last (NHWC) images, activations and conv weights.
+        #[flag(Gpu)]
         ChannelsLast channels_last: bool = false
             => Rounding("other convolution kernels"),
-        /// Run the step compiled ahead of time by Inductor (`compile`; see [`crate::compiled`]).
+        /// Run the step compiled ahead of time by PyTorch's Inductor.
+        ///
+        /// Inductor fuses each block's batch-norm, ReLU and residual add. The step (forward,
+        /// loss, backward) is compiled once per model, classes, batch, image size, precision,
+        /// layout, device and torch into `compile_cache` by the Python whose torch ddl-train
+        /// runs on (DDL_PYTHON to choose another), then loaded at once. With it `overlap` auto
+        /// is pipeline (the step is one graph); `overlap` backward and `head_parallel` are
+        /// refused.
+        #[flag(Gpu)]
         Compile compile: bool = false
             => Rounding("Inductor's fused kernels compute the same step, summing in another order"),
-        /// The compile cache (`compile_cache`; none: [`crate::compiled::default_cache_dir`]).
+        /// Where `compile` keeps its compiled steps.
+        ///
+        /// Default: $XDG_CACHE_HOME/ddl/compiled, else ~/.cache/ddl/compiled.
+        #[flag(Gpu, value_name = Some("DIR"), requires = Some(Setting::Compile))]
         CompileCache compile_cache: Option<PathBuf> = None
             => Free("where the compiled step is kept"),
-        /// Options of Inductor's compile of the step, `KEY=VALUE` with VALUE a Python literal
-        /// (`inductor_options`; part of the cache key).
+        /// With `compile`: an Inductor option of the step's compile.
+        ///
+        /// Repeatable. KEY=VALUE with VALUE a Python literal (layout_optimization=False;
+        /// torch._inductor.config's names); part of the compile cache's key.
+        #[flag(Gpu, long = Some("inductor-option"), value_name = Some("KEY=VALUE"),
+               takes = Takes::Repeated, requires = Some(Setting::Compile))]
         InductorOptions inductor_options: Vec<String> = Vec::new()
             => Rounding("other generated kernels compute the same step"),
-        /// Replay the compiled step from a CUDA graph after a few plain steps (`cuda_graphs`;
-        /// GPUs only, with `compile`).
+        /// With `compile` on GPUs: replay the step from a CUDA graph.
+        ///
+        /// After two plain steps the compiled step is captured in a CUDA graph and replayed at
+        /// every later step (one launch for the step's kernels; the batch is copied into the
+        /// graph's input slots). Off by default until measured on a GPU (BENCHMARKS.md, "The
+        /// compiled step").
+        #[flag(Gpu, requires = Some(Setting::Compile))]
         CudaGraphs cuda_graphs: bool = false
             => Free("a graph replays the compiled step's own kernels"),
-        /// Evaluate on the val split after every epoch.
+        /// Skip the per-epoch evaluation.
+        #[flag(Data, long = Some("no-eval"))]
         Eval eval: bool = true
             => Free("evaluation does not train"),
-        /// Shorter side before the center crop in evaluation; 0 = image size x 8/7 (`eval_resize`).
+        /// Eval resize before the center crop (0: `eval_resize_ratio`).
+        ///
+        /// The shorter side in pixels; 0: the image size x `eval_resize_ratio`.
+        #[flag(Data, value_name = Some("PX"))]
         EvalResize eval_resize: u32 = 0
             => Free("evaluation does not train"),
-        /// The eval resize as a multiple of the image size when `eval_resize` is 0.
+        /// The eval resize / the image size, when `eval_resize` is 0.
+        ///
+        /// At least 1; 8/7: 256 for 224.
+        #[flag(Data, value_name = Some("RATIO"))]
         EvalResizeRatio eval_resize_ratio: f64 = EVAL_RESIZE_RATIO
             => Free("evaluation does not train"),
-        /// The train image size of each epoch (empty: `image_size` throughout).
+        /// Progressive resizing: the train image size per epoch.
+        ///
+        /// EPOCH:SIZE,... (0:160,10:192: 160 px from epoch 0, 192 from epoch 10; `image_size`
+        /// before the first listed epoch). Evaluation stays at `image_size`.
+        #[flag(Data, value_name = Some("SCHEDULE"))]
         ImageSizeSchedule image_size_schedule: SizeSchedule = SizeSchedule::default()
             => Trajectory("other input pixels from its epochs on"),
         /// RandomResizedCrop's range of the crop's area fraction.
+        ///
+        /// 0 < LO <= HI <= 1.
+        #[flag(Data, value_name = Some("LO,HI"))]
         CropScale crop_scale: [f64; 2] = [0.08, 1.0]
             => Trajectory("other crops"),
-        /// RandomResizedCrop's range of the crop's aspect ratio.
+        /// RandomResizedCrop's range of aspect ratio (width / height).
+        #[flag(Data, value_name = Some("LO,HI"))]
         CropRatio crop_ratio: [f64; 2] = [0.75, 4.0 / 3.0]
             => Trajectory("other crops"),
         /// Probability of a horizontal flip of a train image.
+        ///
+        /// 0: never, 1: always.
+        #[flag(Data, value_name = Some("P"))]
         FlipProb flip_prob: f64 = 0.5
             => Trajectory("other flips"),
         /// Channel means of the normalisation, 0-1 scale.
+        #[flag(Data, value_name = Some("R,G,B"))]
         Mean mean: [f32; 3] = IMAGENET_MEAN
             => Trajectory("other input values"),
         /// Channel standard deviations of the normalisation, 0-1 scale.
+        ///
+        /// Each above 0.
+        #[flag(Data, value_name = Some("R,G,B"))]
         Std std: [f32; 3] = IMAGENET_STD
             => Trajectory("other input values"),
-        /// Pre-fault the node's shards (`populate`).
+        /// Pre-fault the node's shards at start.
+        #[flag(Data)]
         Populate populate: bool = false
             => Free("how the shards are loaded"),
-        /// mlock the node's shards (`lock`).
+        /// mlock the node's shards.
+        #[flag(Data, long = Some("mlock"))]
         Lock lock: bool = false
             => Free("how the shards are loaded"),
-        /// Copy the node's shards here first, e.g. /dev/shm/ddl (`stage`).
+        /// Copy the node's shards to this local directory first.
+        ///
+        /// E.g. /dev/shm/ddl: the shards are then read from memory the node holds.
+        #[flag(Data, value_name = Some("DIR"))]
         Stage stage: Option<PathBuf> = None
             => Free("how the shards are loaded"),
-        /// Timeout of one communication operation in seconds (`comm_timeout_s`).
+        /// Seconds a communication operation may block before the job fails.
+        #[flag(Parallel, long = Some("comm-timeout"), value_name = Some("SECONDS"))]
         CommTimeoutS comm_timeout_s: u64 = 600
             => Free("when a hung job fails"),
-        /// `replace`, `skip` or `fail`: what a training batch does with a record whose checksum
-        /// or decoding fails (`on_bad_record`; evaluation never scores a stand-in, it skips).
+        /// What to do with a record whose checksum or decoding fails.
+        ///
+        /// Each is reported once; evaluation always leaves bad records out (or fails with
+        /// fail).
+        #[flag(Data, value_name = Some("RULE"))]
         OnBadRecord on_bad_record: OnBadRecord = OnBadRecord::Replace
             => Trajectory("other stand-ins for bad records (or none), so other batches"),
-        /// Print per-epoch lines (rank 0).
+        /// Only errors on stdout/stderr.
+        #[flag(Diagnostics, long = Some("quiet"))]
         Verbose verbose: bool = true
             => Free("output only"),
     }
@@ -286,11 +455,11 @@ settings! {
     }
     others {
         /// The device of [`crate::predict`].
-        Device device,
+        Device device = "--device",
         /// The architecture of a state dict without ddl metadata ([`crate::predict`]).
-        Arch arch,
+        Arch arch = "--arch",
         /// The file [`crate::export`] writes.
-        Output output,
+        Output output = "-o",
     }
 }
 
@@ -338,23 +507,22 @@ pub enum Overlap {
     Backward,
 }
 
-impl std::str::FromStr for Overlap {
-    type Err = TrainError;
-
-    fn from_str(s: &str) -> Result<Self> {
-        match s {
-            "off" => Ok(Overlap::Off),
-            "pipeline" => Ok(Overlap::Pipeline),
-            "backward" => Ok(Overlap::Backward),
-            _ => Err(TrainError::config(
-                Setting::Overlap,
-                format!("{s:?} is not backward, pipeline, off or auto"),
-            )),
-        }
-    }
-}
-
 impl Overlap {
+    /// The values `overlap` takes, `auto` (no value: [`auto_overlap`]) first.
+    pub const CHOICES: [Choice; 4] = [
+        Choice::named(
+            "auto",
+            "backward for GPU replicas or ranks on more than one node, else off; with \
+             `compile` pipeline instead of backward",
+        ),
+        Choice::named(
+            "backward",
+            "staged backward: buckets reduced while earlier stages are still in backward",
+        ),
+        Choice::named("pipeline", "after backward, bucket by bucket"),
+        Choice::named("off", "one bucket, reduced after backward"),
+    ];
+
     /// Name as on the command line.
     pub fn name(self) -> &'static str {
         match self {
@@ -362,6 +530,24 @@ impl Overlap {
             Overlap::Pipeline => "pipeline",
             Overlap::Backward => "backward",
         }
+    }
+}
+
+impl std::str::FromStr for Overlap {
+    type Err = TrainError;
+
+    /// Parses one of [`Overlap::CHOICES`] but `auto`.
+    fn from_str(s: &str) -> Result<Self> {
+        [Overlap::Off, Overlap::Pipeline, Overlap::Backward]
+            .into_iter()
+            .find(|o| o.name() == s)
+            .ok_or_else(|| {
+                let names: Vec<&str> = Overlap::CHOICES.iter().map(|c| c.name).collect();
+                TrainError::config(
+                    Setting::Overlap,
+                    format!("{s:?} is not one of {}", names.join(", ")),
+                )
+            })
     }
 }
 

@@ -8,13 +8,13 @@
 
 use std::path::{Path, PathBuf};
 
-use clap::ValueEnum;
 use ddl_loader::manifest::Manifest;
 use ddl_loader::pipeline::{IMAGENET_MEAN, IMAGENET_STD};
 
 use crate::checkpoint::{self, Checkpoint};
 use crate::config::eval_resize_px;
 use crate::error::{Result, TrainError};
+use crate::flag::Named;
 use crate::model::ModelKind;
 use crate::setting::Setting;
 use crate::variables::Variables;
@@ -53,8 +53,8 @@ pub fn export_checkpoint(from: &Path, to: &Path, data: Option<&Path>) -> Result<
         message,
     };
     let m = &ck.meta;
-    let kind = ModelKind::from_str(&m.model, false)
-        .map_err(|_| bad(format!("unknown model {:?}", m.model)))?;
+    let kind = ModelKind::from_name(&m.model)
+        .ok_or_else(|| bad(format!("unknown model {:?}", m.model)))?;
     let flag = |name: &str| {
         m.flags[name]
             .as_u64()

@@ -62,6 +62,7 @@ pub mod console;
 pub mod device;
 pub mod error;
 pub mod export;
+pub mod flag;
 pub mod job;
 pub mod memory;
 pub mod metrics;

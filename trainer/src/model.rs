@@ -19,7 +19,7 @@ use tch::Tensor;
 use crate::error::Result;
 
 /// Which network to train.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum, serde::Serialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
 #[serde(rename_all = "snake_case")]
 pub enum ModelKind {
     /// torchvision `resnet18` (BasicBlock, [2, 2, 2, 2]).
@@ -33,12 +33,26 @@ pub enum ModelKind {
     /// torchvision `resnet152` (Bottleneck, [3, 8, 36, 3]).
     Resnet152,
     /// A small ResNet (widths 16/32/64, 3 stages of 2 BasicBlocks) for CPU tests and demos.
-    #[value(name = "resnet_small")]
     ResnetSmall,
     /// Two strided convolutions with bias, ReLU, global average pool and a linear layer:
     /// no BatchNorm, so the gradient of a batch is the mean of its parts.
-    #[value(name = "convnet_nobn")]
     ConvnetNobn,
+}
+
+impl crate::flag::Named for ModelKind {
+    const ALL: &'static [Self] = &[
+        ModelKind::Resnet18,
+        ModelKind::Resnet34,
+        ModelKind::Resnet50,
+        ModelKind::Resnet101,
+        ModelKind::Resnet152,
+        ModelKind::ResnetSmall,
+        ModelKind::ConvnetNobn,
+    ];
+
+    fn name(self) -> &'static str {
+        ModelKind::name(self)
+    }
 }
 
 impl ModelKind {

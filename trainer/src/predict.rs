@@ -8,13 +8,13 @@
 
 use std::path::Path;
 
-use clap::ValueEnum;
 use ddl_loader::eval_image::EvalTransform;
 use ddl_loader::pipeline::{EVAL_RESIZE_RATIO, IMAGENET_MEAN, IMAGENET_STD};
 use tch::{nn, Device, Kind, Tensor};
 
 use crate::config::eval_resize_px;
 use crate::error::{Result, TrainError};
+use crate::flag::Named;
 use crate::model::{self, Model, ModelKind};
 use crate::setting::Setting;
 use crate::variables::Variables;
@@ -108,7 +108,7 @@ impl Classifier {
         if let Some(resize) = overrides.eval_resize {
             meta.eval_resize = resize;
         }
-        let kind = ModelKind::from_str(&meta.model, false).map_err(|_| {
+        let kind = ModelKind::from_name(&meta.model).ok_or_else(|| {
             metadata_error(
                 "model",
                 format!("{:?} is not a model ddl knows", meta.model),

@@ -161,13 +161,13 @@ mod tests {
         new.allreduce = ddl_comm::Algorithm::Ring;
         let c = compare(&old_v, &new, same_layout());
         assert_eq!(c.refused.len(), 2, "{c:?}");
-        assert!(c.refused[0].starts_with("`seed` 0 (this run: 3)"), "{c:?}");
+        assert!(c.refused[0].starts_with("--seed 0 (this run: 3)"), "{c:?}");
         assert!(
-            c.refused[1].starts_with("`lr` unset (this run: 0.5)"),
+            c.refused[1].starts_with("--lr unset (this run: 0.5)"),
             "{c:?}"
         );
         assert_eq!(c.warnings.len(), 1, "{c:?}");
-        assert!(c.warnings[0].starts_with("`allreduce` auto (this run: ring)"));
+        assert!(c.warnings[0].starts_with("--allreduce auto (this run: ring)"));
 
         let moved = LayoutCheck {
             ranks: (2, 4),
@@ -176,6 +176,6 @@ mod tests {
         };
         let c = compare(&old_v, &old, moved);
         assert_eq!(c.layout, vec!["ranks 2 (this run: 4)".to_string()]);
-        assert!(c.refused[0].starts_with("`data`"), "{c:?}");
+        assert!(c.refused[0].starts_with("--data"), "{c:?}");
     }
 }

@@ -16,13 +16,31 @@ pub enum Decay {
 }
 
 /// Kind of decay as named on the command line (`schedule` step|cosine).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum, serde::Serialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
 #[serde(rename_all = "lowercase")]
 pub enum DecayKind {
     /// Step decay at `milestones`.
     Step,
     /// Cosine decay.
     Cosine,
+}
+
+impl crate::flag::Named for DecayKind {
+    const ALL: &'static [Self] = &[DecayKind::Step, DecayKind::Cosine];
+
+    fn name(self) -> &'static str {
+        match self {
+            DecayKind::Step => "step",
+            DecayKind::Cosine => "cosine",
+        }
+    }
+
+    fn help(self) -> &'static str {
+        match self {
+            DecayKind::Step => "times `gamma` at each of `milestones`",
+            DecayKind::Cosine => "cosine to 0 at the last epoch",
+        }
+    }
 }
 
 /// The learning rate as a pure function of the global step, so that a resumed run uses

@@ -1,13 +1,10 @@
 //! The settings a library error or message can name: one per [`crate::TrainConfig`] field,
 //! plus the few of `predict` and `export`, all from the one table in config.rs ([`settings!`]),
-//! which also gives each field its default and its [`ResumeClass`]. The library names a
-//! setting, never a command-line flag; a binary installs, once, its command line as how its
-//! users spell each one ([`spell_as_flags_of`]), so that its messages name the flag the user
-//! typed.
+//! which also gives each field its default, its [`ResumeClass`] and its flag
+//! ([`crate::flag::Flag`]). A message names a setting as its flag, as the user of the binaries
+//! typed it (`--no-eval`, `-o`).
 
-use std::collections::HashMap;
 use std::fmt;
-use std::sync::OnceLock;
 
 pub use crate::config::Setting;
 
@@ -45,6 +42,7 @@ macro_rules! settings {
         pub struct TrainConfig {
             $(
                 $(#[doc = $doc:literal])*
+                #[flag($heading:ident $(, $fkey:ident = $fval:expr)* $(,)?)]
                 $(#[serde($($serde:tt)*)])*
                 $variant:ident $field:ident: $ty:ty = $default:expr
                     => $class:ident($why:literal),
@@ -54,7 +52,7 @@ macro_rules! settings {
             $($(#[$nmeta:meta])* $nfield:ident: $nty:ty = $ndefault:expr,)*
         }
         others {
-            $($(#[doc = $odoc:literal])* $ovariant:ident $oname:ident,)*
+            $($(#[doc = $odoc:literal])* $ovariant:ident $oname:ident = $ospelled:literal,)*
         }
     ) => {
         $(#[$struct_meta])*
@@ -110,6 +108,56 @@ macro_rules! settings {
                     $(Setting::$ovariant => None,)*
                 }
             }
+
+            /// How a user of `ddl-train` types the setting of a [`TrainConfig`] field (the
+            /// doc of its row is the flag's help); `None` for the others.
+            pub fn flag(self) -> Option<$crate::flag::Flag> {
+                use $crate::flag::{Flag, Heading};
+                match self {
+                    $(Setting::$variant => Some(Flag {
+                        $($fkey: $fval,)*
+                        ..Flag::of::<$ty>(
+                            self,
+                            Heading::$heading,
+                            concat!($($doc, "\n",)*),
+                            &$default,
+                        )
+                    }),)*
+                    $(Setting::$ovariant => None,)*
+                }
+            }
+
+            /// How the setting is typed: its flag, or the flag of `predict` and `export`.
+            pub(crate) fn spelled(self) -> String {
+                match self {
+                    $(Setting::$ovariant => $ospelled.to_string(),)*
+                    _ => match self.flag() {
+                        Some(f) => match f.short {
+                            Some(short) => format!("-{short}"),
+                            None => format!("--{}", f.long_name()),
+                        },
+                        None => format!("`{}`", self.name()),
+                    },
+                }
+            }
+        }
+
+        impl TrainConfig {
+            /// Sets the field of `setting` from the strings a user typed for its flag (see
+            /// [`crate::flag::FlagValue::parse_flag`]); an error names the flag.
+            pub fn set_flag(&mut self, setting: Setting, values: &[&str]) -> $crate::Result<()> {
+                use $crate::flag::FlagValue;
+                let bad = |e: String| $crate::TrainError::config(setting, e);
+                match setting {
+                    $(Setting::$variant => {
+                        self.$field = <$ty as FlagValue>::parse_flag(values).map_err(bad)?;
+                    })*
+                    $(Setting::$ovariant => {
+                        return Err(bad("is not a setting of a training run".to_string()));
+                    })*
+                }
+                Ok(())
+            }
         }
     };
 }
@@ -122,27 +170,10 @@ impl Setting {
     }
 }
 
-static NAMES: OnceLock<HashMap<Setting, String>> = OnceLock::new();
-
-/// Installs the flags of `command`, a binary's command line whose argument ids are the
-/// settings' names (a derived `Parser`'s fields named as [`Setting::name`]), as this process's
-/// spelling of settings: a message then names the flag the user typed (`--no-eval`, `-o`). A
-/// setting without an argument there shows as its name in backquotes; the first call wins.
-pub fn spell_as_flags_of(command: &clap::Command) {
-    let flags = ddl_cli::flags(command);
-    let names = Setting::ALL
-        .iter()
-        .filter_map(|&s| Some((s, flags.get(s.name())?.clone())))
-        .collect();
-    let _ = NAMES.set(names);
-}
-
 impl fmt::Display for Setting {
+    /// The setting as its user types it: its flag.
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match NAMES.get().and_then(|names| names.get(self)) {
-            Some(flag) => f.write_str(flag),
-            None => write!(f, "`{}`", self.name()),
-        }
+        f.write_str(&self.spelled())
     }
 }
 
@@ -182,7 +213,24 @@ mod tests {
     #[test]
     fn spell_names_settings_only() {
         let text = "with `schedule` cosine, not `cosine`, and a lone ` quote";
-        assert_eq!(spell(text), text, "no spelling installed: unchanged");
+        let want = "with --schedule cosine, not `cosine`, and a lone ` quote";
+        assert_eq!(spell(text), want);
+    }
+
+    /// Settings are spelled as the flags users type, overrides and `predict`'s included.
+    #[test]
+    fn settings_are_spelled_as_flags() {
+        for (setting, flag) in [
+            (Setting::Eval, "--no-eval"),
+            (Setting::Verbose, "--quiet"),
+            (Setting::Lock, "--mlock"),
+            (Setting::CommTimeoutS, "--comm-timeout"),
+            (Setting::AllowNewLayout, "--allow-new-layout"),
+            (Setting::InductorOptions, "--inductor-option"),
+            (Setting::Output, "-o"),
+        ] {
+            assert_eq!(setting.to_string(), flag);
+        }
     }
 
     /// Every field of the configuration (as a checkpoint records it) is a setting a message

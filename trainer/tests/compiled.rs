@@ -432,7 +432,6 @@ impl Drop for Immutable {
 
 #[test]
 fn a_cache_that_cannot_be_written_serves_its_entries_or_names_the_flag() {
-    common::spell_as_ddl_train();
     let tmp = ddl_testkit::scratch("compile-read-only");
     let (full, empty) = (tmp.path().join("full"), tmp.path().join("empty"));
     copy_of_shared_convnet_entry(&full);

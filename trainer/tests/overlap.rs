@@ -112,7 +112,6 @@ fn priority_order_gives_the_weights_of_fifo() {
 
 #[test]
 fn priority_falls_back_to_fifo_where_it_cannot_run() {
-    common::spell_as_ddl_train();
     let p = CommOrder::PRIORITY;
     let fp32 = Precision::Fp32;
     assert_eq!(comm_order(p, Overlap::Backward, 2, fp32), (p, None));

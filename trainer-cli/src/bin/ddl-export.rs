@@ -3,14 +3,13 @@
 
 use std::process::ExitCode;
 
-use clap::{CommandFactory, Parser};
+use clap::Parser;
 use ddl_trainer::console::eprint_line;
 use ddl_trainer::export::export_checkpoint;
 use ddl_trainer_cli::export::Args;
 
 fn main() -> ExitCode {
     ddl_cli::init_binary_signals();
-    ddl_trainer::setting::spell_as_flags_of(&Args::command());
     let args = Args::parse();
     match run(&args) {
         Ok(()) => ExitCode::SUCCESS,

@@ -7,7 +7,7 @@
 
 use std::process::ExitCode;
 
-use clap::{CommandFactory, Parser};
+use clap::Parser;
 use ddl_loader::exchange_cost::{self, EpochTime, ExchangeSetup, SplitRecords};
 use ddl_trainer::config::Overlap;
 use ddl_trainer::console::eprint_line;
@@ -17,7 +17,6 @@ use ddl_trainer_cli::plan::Args;
 
 fn main() -> ExitCode {
     ddl_cli::init_binary_signals();
-    ddl_trainer::setting::spell_as_flags_of(&Args::command());
     match run(&Args::parse()) {
         Ok(text) => {
             ddl_cli::write_stdout(&text);

@@ -5,7 +5,7 @@
 use std::process::ExitCode;
 
 use anyhow::Context;
-use clap::{CommandFactory, Parser};
+use clap::Parser;
 use ddl_trainer::console::eprint_line;
 use ddl_trainer::predict::{image_files, parse_device, Classifier, Overrides};
 use ddl_trainer::weights::{file, Entry, StateDict};
@@ -13,7 +13,6 @@ use ddl_trainer_cli::predict::Args;
 
 fn main() -> ExitCode {
     ddl_cli::init_binary_signals();
-    ddl_trainer::setting::spell_as_flags_of(&Args::command());
     let args = Args::parse();
     match run(&args) {
         Ok(0) => ExitCode::SUCCESS,

@@ -3,31 +3,33 @@
 //! Runs as one process per node (or per GPU) under `mpirun`/`srun`, or alone (one rank,
 //! without MPI).
 //!
-//! Its flags and their conversion into a `TrainConfig` are `ddl_trainer_cli::train`.
+//! Its flags, lowered from the table of settings, and their conversion into a `TrainConfig` are
+//! `ddl_trainer_cli::train`.
 
 use std::io::IsTerminal;
 use std::sync::Arc;
 use std::time::Instant;
 
 use anyhow::Context;
-use clap::{CommandFactory, Parser};
 use ddl_comm::Transport;
 use ddl_trainer::console::eprint_line;
 use ddl_trainer::job::Job;
 use ddl_trainer::signal::StopRequest;
 use ddl_trainer::slurm::{self, MpirunKill};
 use ddl_trainer::{TrainError, TrainSummary};
-use ddl_trainer_cli::train::Args;
+use ddl_trainer_cli::train::{command, Args};
 
 fn main() -> anyhow::Result<()> {
     ddl_cli::init_binary_signals();
-    ddl_trainer::setting::spell_as_flags_of(&Args::command());
     tracing_subscriber::fmt()
         .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
         .with_writer(std::io::stderr)
         .with_ansi(std::io::stderr().is_terminal())
         .init();
-    let cli = Args::parse();
+    let Args {
+        config: mut cfg,
+        trace,
+    } = Args::from_matches(&command().get_matches())?;
     // Before any thread starts: SIGTERM/SIGINT ask for a stop after the current step; a SIGBUS
     // in a shard mapping names the shard.
     let stop = StopRequest::install().context("installing the SIGTERM/SIGINT handlers")?;
@@ -39,13 +41,12 @@ fn main() -> anyhow::Result<()> {
     let rank = transport.rank();
     let slurm = job.slurm().context("asking Slurm about the job")?;
     let asked = Instant::now();
-    let trace = cli.trace.clone();
     if trace.is_some() {
         ddl_trace::set_pid(rank as u32);
         ddl_trace::set_thread_name("main");
         ddl_trace::enable();
     }
-    let mut cfg = cli.config(stop)?;
+    cfg.stop = stop;
     cfg.kill_timing = slurm.as_ref().map(|s| s.timing(asked, mpirun.as_ref()));
     // Under mpirun the ranks' output goes through daemons that Slurm stops with them: the last
     // lines go to the batch job's output file itself.

@@ -4,9 +4,8 @@
 
 use std::path::Path;
 
-use clap::ValueEnum;
-
 use crate::error::{Result, TrainError};
+use crate::flag::Named;
 use crate::model::ModelKind;
 use crate::setting::Setting;
 use crate::weights::meta::ModelMeta;
@@ -28,8 +27,7 @@ impl Run<'_> {
         // A ddl file names its architecture: say so rather than list mismatching shapes. Other
         // tools' metadata (anything that is not one of ddl's model names) is not ours to read.
         let named = metadata.get("model").map(String::as_str);
-        if let Some(other) = named.filter(|m| ModelKind::from_str(m, false).is_ok() && *m != model)
-        {
+        if let Some(other) = named.filter(|m| ModelKind::from_name(m).is_some() && *m != model) {
             return Err(WeightsError::Metadata {
                 path: path.to_path_buf(),
                 key: "model".into(),

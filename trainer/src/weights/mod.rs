@@ -440,7 +440,7 @@ mod tests {
         let other = Spec::of_model(ModelKind::Resnet18, 4, 64);
         let e = good.check(&other, p, false).unwrap_err().to_string();
         assert!(e.contains("fc.weight has shape [10, 512]"), "{e}");
-        assert!(e.contains("`reset_head`"), "{e}");
+        assert!(e.contains("--reset-head"), "{e}");
         good.check(&other, p, true).unwrap();
         let mut headless = good.clone();
         headless.tensors.retain(|k, _| !is_head(k));

@@ -7,8 +7,8 @@ use std::sync::Arc;
 use ddl_comm::{thread_group, Topology, Transport};
 use ddl_trainer::{train, RankInfo, TrainError, TrainSummary};
 
-use clap::{CommandFactory, ValueEnum};
 use ddl_testkit::{write_manifest, write_shards, Record};
+use ddl_trainer::flag::Named;
 use ddl_trainer::model::ModelKind;
 use ddl_trainer::TrainConfig;
 
@@ -87,18 +87,11 @@ pub fn make_dataset(
     write_manifest(dir, classes, splits, 1);
 }
 
-/// Messages name settings as `ddl-train`'s flags, as its user reads them.
-pub fn spell_as_ddl_train() {
-    ddl_trainer::setting::spell_as_flags_of(&ddl_trainer_cli::train::Args::command());
-}
-
-/// A quiet CPU configuration on `data` for tests; messages name settings as the binaries'
-/// flags (as a user of `ddl-train` reads them).
+/// A quiet CPU configuration on `data` for tests.
 pub fn config(data: &Path, model: &str, batch: usize, devices: &str) -> TrainConfig {
-    spell_as_ddl_train();
     TrainConfig {
         data: data.to_path_buf(),
-        model: ModelKind::from_str(model, false).expect("a model name"),
+        model: ModelKind::from_name(model).expect("a model name"),
         epochs: 1,
         batch,
         devices: devices.parse().expect("a device list"),
