@@ -9,6 +9,7 @@ pub mod decode;
 pub mod elastic;
 pub mod error;
 pub mod eval_image;
+pub mod exchange_args;
 pub mod exchange_cost;
 pub mod fault;
 pub mod format;

@@ -348,8 +348,8 @@ fn finish_tuning<T: Element>(ar: &Allreducer, buf: &mut [T]) -> Result<usize> {
     Ok(calls)
 }
 
-/// The models `ddl-bench sim --model` knows, as listed in its errors.
-pub const SIM_MODELS: &str = "resnet18, resnet34, resnet50, resnet101, resnet152";
+/// The models `ddl-bench sim --model` knows ([`backbone`]), as listed in its help and errors.
+pub const SIM_MODELS: [&str; 5] = ["resnet18", "resnet34", "resnet50", "resnet101", "resnet152"];
 
 /// A model the simulator knows, as torchvision has it.
 pub struct Backbone {
@@ -630,6 +630,15 @@ pub const DEFAULT_BENCH_TIMEOUT: Duration = Duration::from_secs(120);
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Every model the help lists is one the simulator knows, stages included.
+    #[test]
+    fn every_sim_model_listed_is_known() {
+        for name in SIM_MODELS {
+            assert!(backbone(name).is_some(), "{name}");
+            assert!(ddl_sim::resnet::stages(name, 1000, 224).is_some(), "{name}");
+        }
+    }
 
     fn model_params(name: &str, classes: u64) -> Option<u64> {
         backbone(name).map(

@@ -8,7 +8,7 @@ use clap::Parser;
 /// Write the model of a ddl-train checkpoint as FILE.safetensors, with torchvision's keys,
 /// shapes and dtypes and ddl's metadata (classes, eval transform, flags, val top-1/top-5).
 #[derive(Parser, Debug)]
-#[command(name = "ddl-export", version, about)]
+#[command(name = "ddl-export", version, max_term_width = 100)]
 pub struct Args {
     /// A checkpoint file (ckpt-*.ddlck), or a checkpoint directory (its newest intact one).
     pub checkpoint: PathBuf,

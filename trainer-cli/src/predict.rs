@@ -10,7 +10,7 @@ use ddl_trainer::model::ModelKind;
 /// Classify images with a model written by `ddl-train --export` or `ddl-export` (or a
 /// torchvision state dict in .safetensors, with --arch).
 #[derive(Parser, Debug)]
-#[command(name = "ddl-predict", version, about)]
+#[command(name = "ddl-predict", version, max_term_width = 100)]
 pub struct Args {
     /// The model (.safetensors).
     #[arg(long, value_name = "FILE")]

@@ -76,15 +76,8 @@ pub fn ranges(cfg: &TrainConfig) -> Result<()> {
         ));
     }
     finite(Setting::Exchange, cfg.exchange)?;
-    if !(0.0..=1.0).contains(&cfg.exchange) {
-        return Err(TrainError::config(
-            Setting::Exchange,
-            format!(
-                "{} is outside [0, 1] (0: every node serves its own shards, 1: a global \
-                 shuffle every epoch)",
-                cfg.exchange
-            ),
-        ));
+    if let Some(why) = ddl_loader::exchange_args::fraction_error(cfg.exchange) {
+        return Err(TrainError::config(Setting::Exchange, why));
     }
     positive(Setting::BucketMb, cfg.bucket_mb)?;
     if cfg.bucket_mb > MAX_BUCKET_MB {

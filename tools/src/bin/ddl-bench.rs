@@ -12,14 +12,18 @@ use clap::{Parser, Subcommand};
 use ddl_cli as cli;
 use ddl_comm::World;
 use ddl_comm::{Algorithm, CostModel};
-use ddl_loader::exchange_cost::{self, EpochTime, ExchangePlan, ExchangeSetup, SplitRecords};
-use ddl_loader::units::parse_size;
+use ddl_loader::exchange_args::ExchangeFlags;
+use ddl_loader::exchange_cost::{self, EpochTime, ExchangePlan};
 use ddl_sim::bucket_schedule::{self, ScheduleSetup};
 use ddl_sim::{resnet, StepModel};
 use ddl_tools::bench;
 
+/// Benchmark ddl's allreduce algorithms, calibrate their cost model and simulate large jobs.
+///
+/// `allreduce` and `calibrate` run under mpirun (one process per rank); `predict` and `sim`
+/// compute from a cost model, measured by `calibrate` or a preset.
 #[derive(Parser)]
-#[command(name = "ddl-bench", about = "ddl allreduce benchmarks and cost model")]
+#[command(name = "ddl-bench", version, max_term_width = 100)]
 struct Cli {
     #[command(subcommand)]
     cmd: Cmd,
@@ -64,9 +68,11 @@ enum Cmd {
         #[arg(long, default_value_t = 120, value_parser = clap::value_parser!(u64).range(1..))]
         timeout_s: u64,
     },
-    /// Measure alpha/beta per tier (ping-pong), gamma (f32 add), a beta curve per tier (ring
+    /// Measure the cost model of this layout for `--allreduce auto` (run under mpirun).
+    ///
+    /// Measures alpha/beta per tier (ping-pong), gamma (f32 add), a beta curve per tier (ring
     /// allreduce times up to --max-bytes) and every algorithm `auto` chooses between (4 KiB x
-    /// 4^k up to --max-bytes, taking turns); write JSON. Run it under the same mpirun layout
+    /// 4^k up to --max-bytes, taking turns); writes JSON. Run it under the same mpirun layout
     /// as the jobs whose `auto` it should steer.
     Calibrate {
         /// Output file.
@@ -85,8 +91,9 @@ enum Cmd {
         #[arg(long, default_value_t = 1)]
         compute_threads: usize,
     },
-    /// Predict one allreduce's time from a cost model (JSON line: algo, resolved = what
-    /// `auto` would run, bytes, ranks, time_us).
+    /// Predict one allreduce's time from a cost model.
+    ///
+    /// Prints a JSON line: algo, resolved = what `auto` would run, bytes, ranks, time_us.
     Predict {
         /// Algorithm (as for `allreduce --algos`).
         #[arg(long)]
@@ -108,7 +115,9 @@ enum Cmd {
         #[arg(long)]
         model_file: Option<PathBuf>,
     },
-    /// Predict per-step allreduce time and scaling efficiency of each algorithm, and the step
+    /// Simulate a large job: per-step allreduce time and scaling of each algorithm.
+    ///
+    /// Predicts per-step allreduce time and scaling efficiency of each algorithm, and the step
     /// of `--overlap backward` under `--comm-order fifo` and `priority`.
     Sim(SimArgs),
 }
@@ -122,8 +131,8 @@ struct SimArgs {
     /// GPUs (ranks) per node.
     #[arg(long, default_value_t = 4)]
     gpus_per_node: usize,
-    /// resnet18, resnet34, resnet50, resnet101, resnet152.
-    #[arg(long, default_value = "resnet50")]
+    #[arg(long, default_value = "resnet50",
+          help = format!("The network: {}", bench::SIM_MODELS.join(", ")))]
     model: String,
     /// Classes of the model's head (parameters: backbone + features x classes + classes;
     /// 21841 for ImageNet-22k).
@@ -169,40 +178,8 @@ struct SimArgs {
     /// JSON lines instead of the table.
     #[arg(long)]
     json: bool,
-    #[command(flatten)]
-    exchange: ExchangeArgs,
-}
-
-/// `ddl-bench sim`'s flags of the record exchange.
-#[derive(clap::Args)]
-struct ExchangeArgs {
-    /// Fraction of every node's records exchanged at each epoch boundary (ddl-train's
-    /// --exchange, 0 to 1): adds what the exchange sends between the nodes at each boundary,
-    /// and whether it fits in the link time the allreduce leaves in an epoch.
-    #[arg(long, value_name = "Q")]
-    exchange: Option<f64>,
-    /// Packed dataset whose train split --exchange is counted on (its manifest.json: the
-    /// records of each shard and their average size).
-    #[arg(long, value_name = "DIR", requires = "exchange")]
-    data: Option<PathBuf>,
-    /// Records of the train split, without --data: the exchange is then the expected one.
-    #[arg(long, requires = "exchange", conflicts_with = "data",
-          value_parser = clap::value_parser!(u64).range(1..))]
-    records: Option<u64>,
-    /// Average bytes of a record, without --data (units as for `allreduce --min-bytes`).
-    #[arg(long, value_name = "SIZE", requires = "exchange", conflicts_with = "data",
-          value_parser = parse_size)]
-    record_bytes: Option<u64>,
-    /// Each node's link, Gbit/s each way (default: the cost model's link between nodes).
-    #[arg(long, requires = "exchange")]
-    link_gbps: Option<f64>,
-    /// Epochs of the run (ddl-train's --epochs): the boundaries into epochs 1 to N - 1.
-    #[arg(long, default_value_t = 90, requires = "exchange",
-          value_parser = clap::value_parser!(u64).range(1..))]
-    epochs: u64,
-    /// Seed of the placement (ddl-train's --seed).
-    #[arg(long, default_value_t = 0, requires = "exchange")]
-    seed: u64,
+    #[command(flatten, next_help_heading = "Record exchange")]
+    exchange: ExchangeFlags,
 }
 
 /// The model from a file, a preset, or the `minsky` preset by default.
@@ -354,8 +331,12 @@ fn sim(args: SimArgs, out: &mut dyn Write) -> Result<()> {
         params: backbone,
         features,
         ..
-    } = bench::backbone(&model)
-        .with_context(|| format!("--model {model:?} is not one of {}", bench::SIM_MODELS))?;
+    } = bench::backbone(&model).with_context(|| {
+        format!(
+            "--model {model:?} is not one of {}",
+            bench::SIM_MODELS.join(", ")
+        )
+    })?;
     let step_compute_ms = step_compute_ms
         .or_else(|| bench::default_step_compute_ms(&model, classes))
         .expect("a known model has a default step time");
@@ -399,22 +380,10 @@ fn sim(args: SimArgs, out: &mut dyn Write) -> Result<()> {
         algorithm: &algorithm,
     };
     let schedule = bucket_schedule::simulate_schedule(&cost, &schedule_setup);
-    let exchange = match exchange.exchange {
-        Some(q) => {
-            let fifo = &schedule[0];
-            let step = (fifo.step_ms / 1e3, fifo.allreduce_ms / 1e3);
-            let images_per_step = nodes * gpus_per_node * batch as usize;
-            Some(exchange_plan(
-                q,
-                &exchange,
-                &cost,
-                nodes,
-                images_per_step,
-                step,
-            )?)
-        }
-        None => None,
-    };
+    let fifo = &schedule[0];
+    let step = (fifo.step_ms / 1e3, fifo.allreduce_ms / 1e3);
+    let images_per_step = nodes * gpus_per_node * batch as usize;
+    let exchange = exchange_plan(&exchange, &cost, nodes, images_per_step, step)?;
     if json {
         for r in &rows {
             writeln!(out, "{}", serde_json::to_string(r)?)?;
@@ -444,56 +413,28 @@ fn sim(args: SimArgs, out: &mut dyn Write) -> Result<()> {
     Ok(())
 }
 
-/// `sim --exchange Q`: the exchange of the flags' records between `nodes` nodes, an epoch
-/// being the steps that `images_per_step` images per step take of the records, each
-/// `(seconds, seconds of allreduce)` long (`step`: the schedule's `fifo` row). Returns the plan
-/// and where its records came from.
+/// `sim --exchange Q`: the exchange of the flags' records between `nodes` nodes (over the cost
+/// model's link unless `--link-gbps`), an epoch being the steps that `images_per_step` images
+/// per step take of the records, each `(seconds, seconds of allreduce)` long (`step`: the
+/// schedule's `fifo` row). Returns the plan and where its records came from; `None` without
+/// `--exchange`.
 fn exchange_plan(
-    fraction: f64,
-    flags: &ExchangeArgs,
+    flags: &ExchangeFlags,
     cost: &CostModel,
     nodes: usize,
     images_per_step: usize,
     step: (f64, f64),
-) -> Result<(ExchangePlan, String)> {
-    if !(0.0..=1.0).contains(&fraction) {
-        bail!("--exchange {fraction} is outside 0..=1 (a fraction of each node's records)");
-    }
-    let link_bytes_per_s = match flags.link_gbps {
-        Some(g) if !(g.is_finite() && g > 0.0) => {
-            bail!("--link-gbps {g} must be a positive speed")
-        }
-        Some(g) => g * 1e9 / 8.0,
-        None => 1.0 / cost.inter.beta,
+) -> Result<Option<(ExchangePlan, String)>> {
+    let Some((mut setup, from)) = flags.setup(nodes, 1.0 / cost.inter.beta)? else {
+        return Ok(None);
     };
-    let (records, record_bytes, from) = match (&flags.data, flags.records, flags.record_bytes) {
-        (Some(dir), _, _) => {
-            let (records, bytes) = SplitRecords::of_manifest(dir, "train")?;
-            (records, bytes, format!("{}, train", dir.display()))
-        }
-        (None, Some(n), Some(b)) => (
-            SplitRecords::Total(n),
-            b as f64,
-            "--records, --record-bytes".into(),
-        ),
-        _ => bail!("--exchange needs --data DIR, or --records and --record-bytes"),
-    };
-    let steps = (records.total() / images_per_step as u64) as f64;
+    let steps = (setup.records.total() / images_per_step as u64) as f64;
     let (step_s, allreduce_s) = step;
-    let setup = ExchangeSetup {
-        fraction,
-        nodes,
-        records,
-        record_bytes,
-        seed: flags.seed,
-        link_bytes_per_s,
-        epochs: flags.epochs,
-        epoch_time: Some(EpochTime {
-            seconds: steps * step_s,
-            link_spare_s: steps * (step_s - allreduce_s).max(0.0),
-        }),
-    };
-    Ok((exchange_cost::plan(&setup)?, from))
+    setup.epoch_time = Some(EpochTime {
+        seconds: steps * step_s,
+        link_spare_s: steps * (step_s - allreduce_s).max(0.0),
+    });
+    Ok(Some((exchange_cost::plan(&setup)?, from)))
 }
 
 /// Reports `e` for this rank in one write (so that the lines of several ranks do not

@@ -15,118 +15,162 @@ use ddl_loader::LoaderError;
 
 use ddl_loader::units;
 
-/// Packs an ImageNet-style tree (or ImageNet-22k tars) into ddl shards, or verifies a packed
-/// directory.
+/// Pack ImageNet (as downloaded) or a class-folder tree into ddl shards, or verify a pack.
+///
+/// Writes the shards, manifest.json and pack-report.json to OUT; run again with the same
+/// input and flags, it resumes where it stopped. `ddl-train --data OUT` trains on the result.
 #[derive(Debug, Parser)]
-#[command(name = "ddl-pack", version)]
+#[command(name = "ddl-pack", version, max_term_width = 100)]
 #[command(group = clap::ArgGroup::new("val").args(["val_fraction", "val_per_class"]))]
 pub struct Args {
-    /// Input: ImageNet as downloaded, in a directory holding any mix of image-net.org's
-    /// ILSVRC2012_img_train.tar, ILSVRC2012_img_val.tar and ILSVRC2012_devkit_t12.tar.gz (or
-    /// their extracted train/WNID/, flat val/ and devkit folder); Kaggle's download (its
-    /// LOC_val_solution.csv labels val); Hugging Face's imagenet-1k (data/*.parquet and
-    /// classes.py); timm's WebDataset shards; ImageNet-22k's WNID.tar files or an outer tar of
-    /// them (or that tar itself); or any class-folder tree. Labels come only from what states
-    /// them (folder and tar names, the devkit, the CSV, parquet rows, .cls files): an input
-    /// without a label source is refused.
+    /// ImageNet as downloaded, another dataset's download, or a class-folder tree.
+    ///
+    /// A directory holding any mix of image-net.org's ILSVRC2012_img_train.tar,
+    /// ILSVRC2012_img_val.tar and ILSVRC2012_devkit_t12.tar.gz (or their extracted
+    /// train/WNID/, flat val/ and devkit folder); Kaggle's download (its LOC_val_solution.csv
+    /// labels val); Hugging Face's imagenet-1k (data/*.parquet and classes.py); timm's
+    /// WebDataset shards; ImageNet-22k's WNID.tar files or an outer tar of them (or that tar
+    /// itself); or any class-folder tree. Labels come only from what states them (folder and
+    /// tar names, the devkit, the CSV, parquet rows, .cls files): an input without a label
+    /// source is refused.
     #[arg(required_unless_present = "verify")]
     pub input: Option<PathBuf>,
 
-    /// Output directory for the shards, manifest.json and pack-report.json: new, empty, or
-    /// one this same pack (same input and flags) wrote before, which it resumes. ddl-pack
-    /// removes or replaces only files its resume state (.pack-state.json) lists as written by
-    /// this pack; a directory holding anything else is refused unless --force.
-    #[arg(short, long, required_unless_present = "verify")]
+    /// Output directory for the shards, manifest.json and pack-report.json.
+    ///
+    /// New, empty, or one this same pack (same input and flags) wrote before, which it
+    /// resumes. ddl-pack removes or replaces only files its resume state (.pack-state.json)
+    /// lists as written by this pack; a directory holding anything else is refused unless
+    /// --force.
+    #[arg(
+        short,
+        long,
+        value_name = "OUT",
+        required_unless_present = "verify",
+        help_heading = "Input and output"
+    )]
     pub output: Option<PathBuf>,
 
-    /// Use an output directory that holds another ddl pack (other input or flags): its
-    /// manifest.json, pack-report.json, resume state and the shards whose names this pack
-    /// writes are replaced; its other shards are left in place. Files ddl-pack cannot identify
-    /// as a ddl pack's own are never touched, with or without --force.
-    #[arg(long, conflicts_with = "verify")]
+    /// Write into an output directory that holds another ddl pack.
+    ///
+    /// Its manifest.json, pack-report.json, resume state and the shards whose names this pack
+    /// writes are replaced; its other shards are left in place. Files ddl-pack cannot
+    /// identify as a ddl pack's own are never touched, with or without --force.
+    #[arg(long, conflicts_with = "verify", help_heading = "Input and output")]
     pub force: bool,
 
     /// Re-read every shard in DIR against its manifest and report any damage.
-    #[arg(long, value_name = "DIR", conflicts_with_all = ["input", "output"])]
+    #[arg(long, value_name = "DIR", conflicts_with_all = ["input", "output"],
+          help_heading = "Input and output")]
     pub verify: Option<PathBuf>,
 
     /// Number of shards per split (capped at the split's input count).
-    #[arg(long, conflicts_with = "shard_size")]
+    #[arg(
+        long,
+        value_name = "N",
+        conflicts_with = "shard_size",
+        help_heading = "Shards"
+    )]
     pub shards: Option<usize>,
 
-    /// Target shard size (e.g. 1GiB, 512MiB; KiB/MiB/GiB/TiB and K/M/G/T are powers of 1024,
-    /// KB/MB/GB/TB powers of 1000), used when --shards is not given; the output
+    /// Target shard size, used when --shards is not given (e.g. 1GiB, 512MiB).
+    ///
+    /// KiB/MiB/GiB/TiB and K/M/G/T are powers of 1024, KB/MB/GB/TB powers of 1000. The output
     /// size is estimated by converting a sample of the inputs, and the shard count is rounded
     /// up to a multiple of --nodes.
-    #[arg(long, value_parser = units::parse_size, default_value = "1GiB")]
+    #[arg(long, value_name = "SIZE", value_parser = units::parse_size, default_value = "1GiB",
+          help_heading = "Shards")]
     pub shard_size: u64,
 
-    /// Which inputs each shard holds, of every split's inputs sorted by (label, name) (parquet
-    /// rows: by file and row): interleaved (input i in shard i % shards: every shard holds every class) or class
-    /// (consecutive runs: consecutive shards hold consecutive classes, so each of --nodes P
-    /// nodes holds about 1/P of the classes; for experiments on node-local order).
-    #[arg(long, value_enum, default_value_t = ShardOrder::Interleaved)]
+    /// Which inputs each shard holds, of every split's inputs sorted by (label, name).
+    ///
+    /// Parquet rows are sorted by file and row. interleaved: input i in shard i % shards, so
+    /// every shard holds every class; class: consecutive runs, so consecutive shards hold
+    /// consecutive classes and each of --nodes P nodes holds about 1/P of the classes (for
+    /// experiments on node-local order).
+    #[arg(long, value_enum, default_value_t = ShardOrder::Interleaved, help_heading = "Shards")]
     pub order: ShardOrder,
 
-    /// Resize so the shorter side is at most this many pixels: 0 keeps the original size,
-    /// otherwise at least 16 (ddl-train's smallest --image-size).
-    #[arg(long, default_value_t = pack::DEFAULT_MAX_SHORT_SIDE,
-          value_parser = checked(pack::check_max_short_side))]
+    /// Number of nodes recorded in the manifest (shard s belongs to node s % P).
+    #[arg(long, value_name = "P", default_value_t = 1, value_parser = checked(pack::check_nodes),
+          help_heading = "Shards")]
+    pub nodes: usize,
+
+    /// Resize so the shorter side is at most this many pixels (0: keep the size).
+    ///
+    /// Otherwise at least 16 (ddl-train's smallest --image-size).
+    #[arg(long, value_name = "PX", default_value_t = pack::DEFAULT_MAX_SHORT_SIDE,
+          value_parser = checked(pack::check_max_short_side), help_heading = "Images")]
     pub max_short_side: u32,
 
     /// JPEG quality for re-encoded images (4:2:0 subsampling), 1..=100.
-    #[arg(long, default_value_t = pack::DEFAULT_QUALITY, value_parser = checked(pack::check_quality))]
+    #[arg(long, value_name = "Q", default_value_t = pack::DEFAULT_QUALITY,
+          value_parser = checked(pack::check_quality), help_heading = "Images")]
     pub quality: u8,
 
     /// Re-encode every image, even baseline JPEGs that already fit.
-    #[arg(long)]
+    #[arg(long, help_heading = "Images")]
     pub reencode: bool,
 
     /// Class list (one wnid per line, first token): restricts and orders the classes.
-    #[arg(long, value_name = "FILE")]
+    #[arg(long, value_name = "FILE", help_heading = "Classes and the val split")]
     pub classes: Option<PathBuf>,
 
-    /// ILSVRC synset list (one wnid per line in ILSVRC id order) for a devkit ground truth
-    /// that has no data/meta.mat beside it; beside meta.mat it must agree with it.
-    #[arg(long, value_name = "FILE")]
+    /// ILSVRC synset list, for a devkit ground truth without data/meta.mat beside it.
+    ///
+    /// One wnid per line in ILSVRC id order; beside meta.mat it must agree with it.
+    #[arg(long, value_name = "FILE", help_heading = "Classes and the val split")]
     pub synsets: Option<PathBuf>,
 
-    /// Drop classes with fewer than N usable inputs (image-named files or tar members, counted
-    /// before decoding and before a --val-* split); the report lists them with their counts.
-    #[arg(long, value_name = "N", default_value_t = 0)]
+    /// Drop classes with fewer than N usable inputs.
+    ///
+    /// Image-named files or tar members, counted before decoding and before a --val-* split;
+    /// the report lists them with their counts.
+    #[arg(
+        long,
+        value_name = "N",
+        default_value_t = 0,
+        help_heading = "Classes and the val split"
+    )]
     pub min_per_class: u64,
 
-    /// Keep a class that has no usable training image (an empty class folder or tar, or a
-    /// class with images only in val) as a class with no training records. Without it such a
+    /// Keep a class that has no usable training image, with no training records.
+    ///
+    /// An empty class folder or tar, or a class with images only in val. Without it such a
     /// class is an error: leaving it out would give every later class another label.
-    #[arg(long)]
+    #[arg(long, help_heading = "Classes and the val split")]
     pub keep_empty_classes: bool,
 
-    /// Hold out this fraction (0 < F < 1) of an input without a val split as the val split:
-    /// an image goes to val by a hash of (--val-seed, wnid, file name), whatever the thread
+    /// Hold out this fraction (0 < F < 1) of an input without a val split as val.
+    ///
+    /// An image goes to val by a hash of (--val-seed, wnid, file name), whatever the thread
     /// count, tar order or --shards.
-    #[arg(long, value_name = "F")]
+    #[arg(long, value_name = "F", help_heading = "Classes and the val split")]
     pub val_fraction: Option<f64>,
 
-    /// Hold out the N images of each class with the smallest hash of (--val-seed, wnid, file
-    /// name) as the val split (at most all but one per class).
-    #[arg(long, value_name = "N")]
+    /// Hold out N images of each class as the val split.
+    ///
+    /// Those with the smallest hash of (--val-seed, wnid, file name); at most all but one per
+    /// class.
+    #[arg(long, value_name = "N", help_heading = "Classes and the val split")]
     pub val_per_class: Option<u64>,
 
     /// Seed of the --val-fraction / --val-per-class hash.
-    #[arg(long, value_name = "SEED", requires = "val")]
+    #[arg(
+        long,
+        value_name = "SEED",
+        requires = "val",
+        help_heading = "Classes and the val split"
+    )]
     pub val_seed: Option<u64>,
 
-    /// Number of nodes recorded in the manifest (shard s belongs to node s % P).
-    #[arg(long, default_value_t = 1, value_parser = checked(pack::check_nodes))]
-    pub nodes: usize,
-
     /// Worker threads (0 = one per core).
-    #[arg(long, default_value_t = 0)]
+    #[arg(long, value_name = "N", default_value_t = 0, help_heading = "Run")]
     pub threads: usize,
 
     /// Fail (after writing the report) when more than this fraction of inputs is skipped.
-    #[arg(long, default_value_t = pack::DEFAULT_MAX_SKIP_FRACTION)]
+    #[arg(long, value_name = "F", default_value_t = pack::DEFAULT_MAX_SKIP_FRACTION,
+          help_heading = "Run")]
     pub max_skip_fraction: f64,
 }
 

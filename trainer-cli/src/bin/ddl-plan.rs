@@ -8,12 +8,12 @@
 use std::process::ExitCode;
 
 use clap::Parser;
-use ddl_loader::exchange_cost::{self, EpochTime, ExchangeSetup, SplitRecords};
+use ddl_loader::exchange_cost::{self, EpochTime};
 use ddl_trainer::config::Overlap;
 use ddl_trainer::console::eprint_line;
 use ddl_trainer::memory::{compare, describe, Job, PlanFor};
 use ddl_trainer::table::Layout;
-use ddl_trainer_cli::plan::Args;
+use ddl_trainer_cli::plan::{default_link_bytes_per_s, Args};
 
 fn main() -> ExitCode {
     ddl_cli::init_binary_signals();
@@ -73,22 +73,18 @@ fn run(args: &Args) -> anyhow::Result<String> {
         replicas: args.replicas as usize,
         batch: args.batch as usize,
     };
-    let exchange = match args.exchange {
-        Some(q) => exchange_plan(args, q)?,
-        None => String::new(),
-    };
+    let exchange = exchange_plan(args)?.unwrap_or_default();
     Ok(plan + &compare(&dp, &hp, job) + &exchange)
 }
 
-/// `--exchange Q`: the exchange's table for the flags' records, nodes, link and epochs.
-fn exchange_plan(args: &Args, fraction: f64) -> anyhow::Result<String> {
-    if !(0.0..=1.0).contains(&fraction) {
-        anyhow::bail!("--exchange {fraction} is outside 0..=1 (a fraction of each node's records)");
-    }
-    if !(args.link_gbps.is_finite() && args.link_gbps > 0.0) {
-        anyhow::bail!("--link-gbps {} must be a positive speed", args.link_gbps);
-    }
-    let epoch_time = match args.epoch_s {
+/// `--exchange Q`: the exchange's table for the flags' records, nodes, link and epochs; `None`
+/// without it.
+fn exchange_plan(args: &Args) -> anyhow::Result<Option<String>> {
+    let link = default_link_bytes_per_s();
+    let Some((mut setup, from)) = args.exchange.setup(args.nodes as usize, link)? else {
+        return Ok(None);
+    };
+    setup.epoch_time = match args.epoch_s {
         Some(s) if !(s.is_finite() && s > 0.0) => {
             anyhow::bail!("--epoch-s {s} must be a positive number of seconds")
         }
@@ -98,27 +94,5 @@ fn exchange_plan(args: &Args, fraction: f64) -> anyhow::Result<String> {
         }),
         None => None,
     };
-    let (records, record_bytes, from) = match (&args.data, args.records, args.record_bytes) {
-        (Some(dir), _, _) => {
-            let (records, bytes) = SplitRecords::of_manifest(dir, "train")?;
-            (records, bytes, format!("{}, train", dir.display()))
-        }
-        (None, Some(n), Some(b)) => (
-            SplitRecords::Total(n),
-            b as f64,
-            "--records, --record-bytes".into(),
-        ),
-        _ => anyhow::bail!("--exchange needs --data DIR, or --records and --record-bytes"),
-    };
-    let setup = ExchangeSetup {
-        fraction,
-        nodes: args.nodes as usize,
-        records,
-        record_bytes,
-        seed: args.seed,
-        link_bytes_per_s: args.link_gbps * 1e9 / 8.0,
-        epochs: u64::from(args.epochs),
-        epoch_time,
-    };
-    Ok(exchange_cost::plan(&setup)?.render(&from))
+    Ok(Some(exchange_cost::plan(&setup)?.render(&from)))
 }
