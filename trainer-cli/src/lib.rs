@@ -20,7 +20,7 @@ use ddl_trainer::setting::Setting;
 pub fn named<T: Named + Send + Sync>() -> impl TypedValueParser<Value = T> {
     let values = T::ALL.iter().map(|v| match v.help() {
         "" => PossibleValue::new(v.name()),
-        help => PossibleValue::new(v.name()).help(ddl_trainer::setting::spell(help)),
+        help => PossibleValue::new(v.name()).help(ddl_trainer::flag::spell(help)),
     });
     PossibleValuesParser::new(values).map(|name| T::from_name(&name).expect("a possible value"))
 }

@@ -7,8 +7,8 @@ use ddl_comm::CostModel;
 use ddl_loader::exchange_args::ExchangeFlags;
 
 use ddl_trainer::config::Overlap;
+use ddl_trainer::flag::spell;
 use ddl_trainer::model::ModelKind;
-use ddl_trainer::setting::spell;
 
 /// Print a ddl-train run's parameters, gradient buckets, memory and bytes sent per step.
 ///

@@ -9,8 +9,9 @@ use std::path::PathBuf;
 use clap::parser::ValueSource;
 use clap::{Arg, ArgAction, ArgMatches, Command};
 
+use ddl_trainer::flag::spell;
 use ddl_trainer::flag::{Flag, Heading, Takes};
-use ddl_trainer::setting::{spell, Setting};
+use ddl_trainer::setting::Setting;
 use ddl_trainer::TrainConfig;
 
 /// What `ddl-train` does, the first line of its help.

@@ -15,7 +15,7 @@ use crate::device::DeviceSpec;
 /// The arithmetic of forward and backward, a property of the devices (see [`crate::device`]).
 pub use crate::device::Precision;
 use crate::error::{Result, TrainError};
-use crate::flag::{Choice, Named, Takes};
+use crate::flag_value::{Choice, Named, Takes};
 use crate::model::ModelKind;
 use crate::schedule::DecayKind;
 use crate::setting::settings;

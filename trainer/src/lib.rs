@@ -63,6 +63,7 @@ pub mod device;
 pub mod error;
 pub mod export;
 pub mod flag;
+pub mod flag_value;
 pub mod job;
 pub mod memory;
 pub mod metrics;

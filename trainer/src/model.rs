@@ -39,7 +39,7 @@ pub enum ModelKind {
     ConvnetNobn,
 }
 
-impl crate::flag::Named for ModelKind {
+impl crate::flag_value::Named for ModelKind {
     const ALL: &'static [Self] = &[
         ModelKind::Resnet18,
         ModelKind::Resnet34,

@@ -25,7 +25,7 @@ pub enum DecayKind {
     Cosine,
 }
 
-impl crate::flag::Named for DecayKind {
+impl crate::flag_value::Named for DecayKind {
     const ALL: &'static [Self] = &[DecayKind::Step, DecayKind::Cosine];
 
     fn name(self) -> &'static str {

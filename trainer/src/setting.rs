@@ -144,10 +144,10 @@ macro_rules! settings {
 
         impl TrainConfig {
             /// Sets the field of `setting` from the strings a user typed for its flag (see
-            /// [`crate::flag::FlagValue::parse_flag`]); an error names the flag.
-            pub fn set_flag(&mut self, setting: Setting, values: &[&str]) -> $crate::Result<()> {
-                use $crate::flag::FlagValue;
-                let bad = |e: String| $crate::TrainError::config(setting, e);
+            /// [`crate::flag_value::FlagValue::parse_flag`]); an error names the flag.
+            pub fn set_flag(&mut self, setting: Setting, values: &[&str]) -> $crate::error::Result<()> {
+                use $crate::flag_value::FlagValue;
+                let bad = |e: String| $crate::error::TrainError::config(setting, e);
                 match setting {
                     $(Setting::$variant => {
                         self.$field = <$ty as FlagValue>::parse_flag(values).map_err(bad)?;
@@ -177,26 +177,6 @@ impl fmt::Display for Setting {
     }
 }
 
-/// `text` with each setting named in backquotes (`` `batch` ``) spelled as this process
-/// spells settings: for texts that must be constants.
-pub fn spell(text: &str) -> String {
-    let mut out = String::new();
-    let mut rest = text;
-    while let Some((before, after)) = rest.split_once('`') {
-        let Some((quoted, next)) = after.split_once('`') else {
-            break;
-        };
-        out.push_str(before);
-        match Setting::from_name(quoted) {
-            Some(s) => out.push_str(&s.to_string()),
-            None => out.push_str(&format!("`{quoted}`")),
-        }
-        rest = next;
-    }
-    out.push_str(rest);
-    out
-}
-
 /// Several settings, as `a/b/c` (an error any of them can lift).
 pub fn joined(settings: &[Setting]) -> String {
     settings
@@ -209,13 +189,6 @@ pub fn joined(settings: &[Setting]) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn spell_names_settings_only() {
-        let text = "with `schedule` cosine, not `cosine`, and a lone ` quote";
-        let want = "with --schedule cosine, not `cosine`, and a lone ` quote";
-        assert_eq!(spell(text), want);
-    }
 
     /// Settings are spelled as the flags users type, overrides and `predict`'s included.
     #[test]

@@ -2,7 +2,7 @@
 
 use serde::Serialize;
 
-use crate::flag::Named;
+use crate::flag_value::Named;
 
 /// Arithmetic precision of forward and backward (`precision`). Gradients are always reduced
 /// in f32.

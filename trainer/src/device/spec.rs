@@ -5,8 +5,8 @@ use std::str::FromStr;
 
 use tch::{Cuda, Device};
 
+use crate::config::Setting;
 use crate::error::{Result, TrainError};
-use crate::setting::Setting;
 
 /// `devices`: which local devices get a model replica.
 #[derive(Clone, Debug, PartialEq, Eq)]
