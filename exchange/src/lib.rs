@@ -134,8 +134,9 @@ pub struct Exchange {
     leader: bool,
     epochs: u64,
     lock: bool,
-    /// The epoch served, its holdings and its view.
-    serving: Option<(Holdings, Arc<Dataset>)>,
+    /// The epoch served, the holdings its records follow (those of an earlier epoch when
+    /// nothing changed since: their epoch names the arena) and its view.
+    serving: Option<(u64, Holdings, Arc<Dataset>)>,
     /// The leader's transfer into the next epoch.
     next: Option<(u64, JoinHandle<Result<Prepared>>)>,
     last: Option<EpochExchange>,
@@ -196,7 +197,7 @@ impl Exchange {
         let leaders = leaders(&*transport, node, residency.nodes, cfg.leader)?;
         let path = ArenaDir::path(&cfg.base_dir, data, home.split(), node);
         let dir = if cfg.leader && cfg.fraction > 0.0 {
-            let most = memory::most_foreign_records(&placement, node, cfg.epochs);
+            let most = placement.most_foreign(node, cfg.epochs) as u64;
             memory::check(cfg.fraction, node, most, avg, &cfg.base_dir)
                 .and_then(|()| ArenaDir::claim(path))
         } else {
@@ -225,30 +226,34 @@ impl Exchange {
     }
 
     /// The records this node serves in `epoch`, once every node's are in place; starts the
-    /// transfer into `epoch + 1`. Collective: every rank calls it at the start of each epoch,
-    /// the same epoch (ranks starting different epochs all fail, naming them, at once).
+    /// transfer into the next epoch whose records differ. Collective: every rank calls it at
+    /// the start of each epoch, the same epoch (ranks starting different epochs all fail,
+    /// naming them, at once).
     pub fn epoch(&mut self, epoch: u64) -> Result<Arc<Dataset>> {
         let shared = self.shared.clone();
-        if shared.placement.fraction() == 0.0 || shared.placement.nodes() < 2 {
+        if !shared.placement.exchanges() {
             return Ok(shared.home.clone());
         }
         same_epoch(&*self.transport, shared.node, epoch)?;
-        if let Some((h, view)) = &self.serving {
-            if h.epoch() == epoch {
-                return Ok(view.clone());
+        if let Some((served, h, view)) = &self.serving {
+            // The same epoch again, or the next one holding the same records: no transfer.
+            let unchanged = *served + 1 == epoch && !shared.placement.changes_into(epoch);
+            if *served == epoch || unchanged {
+                let (h, view) = (h.clone(), view.clone());
+                if *served != epoch {
+                    self.last = Some(EpochExchange::default());
+                    self.prefetch(epoch, &h, &view)?;
+                }
+                self.serving = Some((epoch, h, view.clone()));
+                return Ok(view);
             }
         }
         // The arenas this node no longer serves once `epoch` is in place.
-        let mut done_with: Vec<u64> = self.serving.iter().map(|(h, _)| h.epoch()).collect();
-        let (from, to) = match self.serving.take() {
-            Some((h, _)) if h.epoch() + 1 == epoch => {
-                let next = h.advance(&shared.placement);
-                (h, next)
-            }
-            _ => (
-                shared.placement.home_holdings(),
-                shared.placement.holdings(epoch),
-            ),
+        let mut done_with: Vec<u64> = self.serving.iter().map(|(_, h, _)| h.epoch()).collect();
+        let to = shared.placement.holdings(epoch);
+        let from = match self.serving.take() {
+            Some((served, h, _)) if served + 1 == epoch => h,
+            _ => shared.placement.home_holdings(),
         };
         let waited = Instant::now();
         let prepared = if self.leader {
@@ -280,27 +285,39 @@ impl Exchange {
             for old in done_with.into_iter().filter(|&e| e != epoch) {
                 shared.dir.release(old)?;
             }
-            if epoch < self.epochs.saturating_sub(1) {
-                let (shared, view) = (shared.clone(), view.clone());
-                let (from, next) = (to.clone(), to.advance(&shared.placement));
-                let handle = std::thread::Builder::new()
-                    .name("ddl-exchange".into())
-                    .spawn(move || write_arena(&shared, epoch + 1, &from, &next, &view))
-                    .map_err(|source| ExchangeError::Io {
-                        op: "start the exchange thread for",
-                        path: PathBuf::from(format!("epoch {}", epoch + 1)),
-                        source,
-                    })?;
-                self.next = Some((epoch + 1, handle));
-            }
         }
+        self.prefetch(epoch, &to, &view)?;
         self.last = Some(EpochExchange {
             moved: prepared.moved,
             transfer_s: prepared.transfer_s,
             wait_s,
         });
-        self.serving = Some((to, view.clone()));
+        self.serving = Some((epoch, to, view.clone()));
         Ok(view)
+    }
+
+    /// On the leader, starts the transfer into `epoch + 1` from `held` (served as `view` in
+    /// `epoch`) when that epoch is in the run and holds other records.
+    fn prefetch(&mut self, epoch: u64, held: &Holdings, view: &Arc<Dataset>) -> Result<()> {
+        let shared = self.shared.clone();
+        let next_epoch = epoch + 1;
+        if !self.leader || next_epoch >= self.epochs || !shared.placement.changes_into(next_epoch) {
+            return Ok(());
+        }
+        let (from, view) = (held.clone(), view.clone());
+        let handle = std::thread::Builder::new()
+            .name("ddl-exchange".into())
+            .spawn(move || {
+                let next = shared.placement.holdings(next_epoch);
+                write_arena(&shared, next_epoch, &from, &next, &view)
+            })
+            .map_err(|source| ExchangeError::Io {
+                op: "start the exchange thread for",
+                path: PathBuf::from(format!("epoch {next_epoch}")),
+                source,
+            })?;
+        self.next = Some((next_epoch, handle));
+        Ok(())
     }
 
     /// What the transfer into the epoch being served moved (zeros on a node's other ranks).
@@ -481,7 +498,7 @@ fn write_arena(
         for id in &routing.kept {
             let i = ids.binary_search(id).map_err(|_| {
                 loader(ddl_loader::LoaderError::InvalidConfig(format!(
-                    "record {id} is to be kept but epoch {} does not hold it",
+                    "record {id} is to be kept but the records of epoch {} do not hold it",
                     from.epoch()
                 )))
             })?;
@@ -497,15 +514,21 @@ fn write_arena(
         receives: &routing.receives,
         per_piece: shared.per_piece,
     };
+    let mut arrived = 0u64;
     let mut sink = |_: u32, r: ddl_loader::shard::Record<'_>| -> Result<()> {
         match writer.as_mut() {
-            Some(w) => w.push(r.bytes, r.label, r.height, r.width).map_err(loader),
+            Some(w) => {
+                arrived += 1;
+                w.push(r.bytes, r.label, r.height, r.width).map_err(loader)
+            }
             None => Err(loader(ddl_loader::LoaderError::InvalidConfig(
                 "a record arrived for an empty arena".into(),
             ))),
         }
     };
-    let moved = wire::transfer(&*shared.transport, &routes, &shared.home, &mut sink)?;
+    let mut moved = wire::transfer(&*shared.transport, &routes, &shared.home, &mut sink)?;
+    // What the arena holds of other nodes' records, not what the routes expected.
+    moved.records_in = arrived;
     if let Some(w) = writer {
         w.finish().map_err(loader)?;
     }

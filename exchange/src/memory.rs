@@ -1,37 +1,12 @@
 //! Whether a node can hold what the exchange gives it: besides its own shards, at most two
 //! arenas of other nodes' records at once (the epoch's, and the next epoch's while it is
 //! received), each at most the most records of other nodes the node holds in an epoch of the
-//! run, at the split's average record size.
+//! run ([`ddl_loader::placement::Placement::most_foreign`]), at the split's average record
+//! size.
 
 use std::path::Path;
 
-use ddl_loader::placement::{Holdings, Placement};
-
 use crate::error::{ExchangeError, Result};
-
-/// Most records of other nodes that `node` holds in an epoch before `epochs`; for a run of
-/// unknown length (`epochs` [`u64::MAX`]), the most it can hold: as many as it holds in all.
-pub fn most_foreign_records(placement: &Placement, node: usize, epochs: u64) -> u64 {
-    let mut h: Holdings = placement.home_holdings();
-    if epochs == u64::MAX {
-        let others = placement.records() - h.node(node).len();
-        return if placement.fraction() == 0.0 {
-            0
-        } else {
-            h.node(node).len().min(others) as u64
-        };
-    }
-    let mut most = 0;
-    for _ in 1..epochs {
-        h = h.advance(placement);
-        let foreign = h
-            .node(node)
-            .iter()
-            .filter(|&&id| placement.home(id) != node);
-        most = most.max(foreign.count() as u64);
-    }
-    most
-}
 
 /// Fails, with the figures, when two arenas of `records` records of `avg` bytes do not fit
 /// in the memory available to the arena directory `dir`: the smaller of `MemAvailable` and
@@ -90,18 +65,5 @@ mod tests {
         );
         assert!(e.contains("bytes") && e.contains("available"), "{e}");
         check(0.5, 2, 10, 110_000.0, tmp.path()).unwrap();
-    }
-
-    #[test]
-    fn foreign_records_grow_with_the_fraction() {
-        let p = |q| Placement::new(&[500, 500], 2, q, 1).unwrap();
-        assert_eq!(most_foreign_records(&p(0.0), 0, 5), 0);
-        let (a, b) = (
-            most_foreign_records(&p(0.1), 0, 5),
-            most_foreign_records(&p(1.0), 0, 5),
-        );
-        assert!(a > 0 && a < b && b <= 500, "{a} {b}");
-        assert_eq!(most_foreign_records(&p(0.1), 0, u64::MAX), 500);
-        assert_eq!(most_foreign_records(&p(0.0), 0, u64::MAX), 0);
     }
 }

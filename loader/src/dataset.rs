@@ -119,6 +119,44 @@ impl Dataset {
         residency: Residency,
         opts: &OpenOptions,
     ) -> Result<Dataset> {
+        let own = |s: usize, _: std::ops::Range<u64>| s % residency.nodes == residency.node;
+        Dataset::open_shards(dir, split, residency, opts, own)
+    }
+
+    /// A view serving the records `ids` of `split` in `dir` (global ids, ascending) on node
+    /// `residency.node`: its own shards and those of other nodes that hold some of `ids`,
+    /// opened as [`Dataset::open`] opens a node's shards. How a node serves the records that
+    /// even the nodes out when the shards do not ([`crate::placement`]): read from the
+    /// directory every node sees, as the rest of an epoch resumed on another layout is.
+    ///
+    /// Fails as [`Dataset::open`] does, and when `ids` is not ascending or names a record
+    /// beyond the split.
+    pub fn open_holding(
+        dir: &Path,
+        split: &str,
+        residency: Residency,
+        ids: &[u32],
+        opts: &OpenOptions,
+    ) -> Result<Dataset> {
+        let wanted = |s: usize, range: std::ops::Range<u64>| {
+            let first = ids.partition_point(|&id| u64::from(id) < range.start);
+            s % residency.nodes == residency.node
+                || ids
+                    .get(first)
+                    .is_some_and(|&id| range.contains(&u64::from(id)))
+        };
+        Dataset::open_shards(dir, split, residency, opts, wanted)?.holding(ids, None)
+    }
+
+    /// The shards `s` of `split` in `dir` for which `wanted(s, their global ids)`, opened for
+    /// node `residency.node` ([`Dataset::open`]).
+    fn open_shards(
+        dir: &Path,
+        split: &str,
+        residency: Residency,
+        opts: &OpenOptions,
+        wanted: impl Fn(usize, std::ops::Range<u64>) -> bool,
+    ) -> Result<Dataset> {
         if residency.nodes == 0 || residency.node >= residency.nodes {
             return Err(LoaderError::InvalidConfig(format!(
                 "node {} of {} nodes",
@@ -142,7 +180,7 @@ impl Dataset {
         for (s, sh) in info.shards.iter().enumerate() {
             let base = global_base;
             global_base += sh.records;
-            if s % residency.nodes != residency.node {
+            if !wanted(s, base..global_base) {
                 continue;
             }
             let source = dir.join(&sh.file);
@@ -385,8 +423,8 @@ impl Dataset {
     }
 
     /// Records of `split` on each of `nodes` nodes (node `n` owns shards `s % nodes == n`);
-    /// all zeros when the split does not exist. The minimum is what every node's
-    /// [`crate::sampler::Sampler`] needs for equal step counts.
+    /// all zeros when the split does not exist: the records a node evaluates (a train split's
+    /// nodes hold [`crate::placement::Placement::counts`] instead, evened out).
     pub fn records_per_node(manifest: &Manifest, split: &str, nodes: usize) -> Vec<u64> {
         let mut out = vec![0u64; nodes];
         if nodes == 0 {

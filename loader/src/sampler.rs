@@ -9,15 +9,17 @@
 //! of stream `stream`'s batch at `step`, where `stream = rank_in_node * replicas + replica`.
 //!
 //! Every node must take the same number of steps (the allreduce is synchronous), so the step
-//! count comes from the *smallest* node record count, not this node's own:
-//! [`Tail::Drop`] uses `floor(min / (S * batch))` steps, [`Tail::Pad`] uses
-//! `ceil(min / (S * batch))` and wraps positions past the end of this node's permutation back
-//! to its start. [`Tail::Short`] also takes `ceil(min / (S * batch))` steps, but its last step
-//! gives every stream the same shorter batch of `ceil(R / S)` records, `R` the records left
-//! (laid out stream-major like a full step, wrapping only to even them out), as a
-//! `DataLoader(drop_last=False)` over a `DistributedSampler` does. A node with more records than the minimum leaves the tail of its permutation
-//! unused for that epoch; since the permutation changes every epoch, a different tail is left
-//! out each time.
+//! count comes from the job's node record counts ([`NodeRecords`]), not this node's own: the
+//! placement gives every node `floor` or `ceil` of the split over the nodes
+//! ([`crate::placement`]). [`Tail::Drop`] takes `floor(fewest / (S * batch))` steps, leaving
+//! the rest of each node's permutation (fewer than one global step's records over the job,
+//! other ones each epoch) out; [`Tail::Pad`] takes `ceil(most / (S * batch))` and wraps
+//! positions past the end of this node's permutation back to its start. [`Tail::Short`] also
+//! takes `ceil(most / (S * batch))` steps, but its last step gives every stream the same
+//! shorter batch of `ceil(R / S)` records, `R` the most records a node has left (laid out
+//! stream-major like a full step, wrapping only to even them out), as a
+//! `DataLoader(drop_last=False)` over a `DistributedSampler` does: every record is served, a
+//! few twice to even the streams out.
 //!
 //! Because [`Sampler::batch`] is a pure function of `(epoch, step, replica)`, resuming at any
 //! `(epoch, step)` reproduces exactly the batches an uninterrupted run would have produced.
@@ -57,6 +59,22 @@ pub enum Tail {
         /// Steps per epoch of every stream of the job.
         steps: usize,
     },
+}
+
+/// The record counts of the job's nodes that set the steps: `fewest` for [`Tail::Drop`],
+/// `most` for [`Tail::Pad`] and [`Tail::Short`]. From one count: every node holds as many.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct NodeRecords {
+    /// Records of the node with the fewest.
+    pub fewest: usize,
+    /// Records of the node with the most.
+    pub most: usize,
+}
+
+impl From<usize> for NodeRecords {
+    fn from(n: usize) -> NodeRecords {
+        NodeRecords { fewest: n, most: n }
+    }
 }
 
 /// Configuration of one process's [`Sampler`].
@@ -112,8 +130,8 @@ pub struct SamplerConfig {
 /// ```
 pub struct Sampler {
     node_records: usize,
-    /// The smallest node's record count, which sets the steps (and the short last batch).
-    min_node_records: usize,
+    /// The job's node record counts, which set the steps (and the short last batch).
+    job: NodeRecords,
     steps: usize,
     cfg: SamplerConfig,
     cache: Mutex<Option<(u64, Arc<[u32]>)>>,
@@ -123,7 +141,7 @@ impl Clone for Sampler {
     fn clone(&self) -> Self {
         Sampler {
             node_records: self.node_records,
-            min_node_records: self.min_node_records,
+            job: self.job,
             steps: self.steps,
             cfg: self.cfg.clone(),
             cache: Mutex::new(None),
@@ -144,28 +162,30 @@ impl std::fmt::Debug for Sampler {
 impl Sampler {
     /// Creates the sampler of one process.
     ///
-    /// `node_records` is the number of records on this node, `min_node_records` the smallest
-    /// record count over all nodes (see [`crate::dataset::Dataset::records_per_node`]).
+    /// `node_records` is the number of records on this node, `job` the fewest and most
+    /// records a node of the job holds ([`crate::placement::Placement::counts`]), or one count
+    /// when every node holds as many.
     ///
     /// # Panics
     ///
     /// On an invalid configuration (see [`Sampler::try_new`] for the conditions); use
     /// `try_new` to get an error instead.
-    pub fn new(node_records: usize, min_node_records: usize, cfg: SamplerConfig) -> Sampler {
-        match Sampler::try_new(node_records, min_node_records, cfg) {
+    pub fn new(node_records: usize, job: impl Into<NodeRecords>, cfg: SamplerConfig) -> Sampler {
+        match Sampler::try_new(node_records, job, cfg) {
             Ok(s) => s,
             Err(e) => panic!("{e}"),
         }
     }
 
     /// Creates the sampler of one process, or fails when `ranks_in_node`, `replicas` or
-    /// `batch_per_replica` is zero, `rank_in_node >= ranks_in_node`, `min_node_records`
-    /// exceeds `node_records`, the node has no records, or `node_records >= 2^32`.
+    /// `batch_per_replica` is zero, `rank_in_node >= ranks_in_node`, `node_records` is not
+    /// within the job's fewest and most, a node has no records, or `node_records >= 2^32`.
     pub fn try_new(
         node_records: usize,
-        min_node_records: usize,
+        job: impl Into<NodeRecords>,
         cfg: SamplerConfig,
     ) -> Result<Sampler> {
+        let job = job.into();
         let invalid = |why: String| Err(LoaderError::InvalidConfig(format!("sampler: {why}")));
         if cfg.ranks_in_node == 0 || cfg.replicas == 0 || cfg.batch_per_replica == 0 {
             return invalid(format!(
@@ -179,12 +199,13 @@ impl Sampler {
                 cfg.rank_in_node, cfg.ranks_in_node
             ));
         }
-        if node_records == 0 || min_node_records == 0 {
+        if node_records == 0 || job.fewest == 0 {
             return invalid("a node has no records".to_string());
         }
-        if min_node_records > node_records {
+        if !(job.fewest..=job.most).contains(&node_records) {
             return invalid(format!(
-                "min_node_records {min_node_records} exceeds this node's {node_records} records"
+                "this node's {node_records} records are not within the job's {} to {} per node",
+                job.fewest, job.most
             ));
         }
         if node_records > u32::MAX as usize {
@@ -194,8 +215,8 @@ impl Sampler {
         }
         let per_step = cfg.ranks_in_node * cfg.replicas * cfg.batch_per_replica;
         let steps = match cfg.tail {
-            Tail::Drop => min_node_records / per_step,
-            Tail::Pad | Tail::Short => min_node_records.div_ceil(per_step),
+            Tail::Drop => job.fewest / per_step,
+            Tail::Pad | Tail::Short => job.most.div_ceil(per_step),
             Tail::Even { steps } if steps < node_records.div_ceil(per_step) => {
                 return invalid(format!(
                     "{steps} steps cannot deal this node's {node_records} records in batches \
@@ -208,7 +229,7 @@ impl Sampler {
         };
         Ok(Sampler {
             node_records,
-            min_node_records,
+            job,
             steps,
             cfg,
             cache: Mutex::new(None),
@@ -274,14 +295,15 @@ impl Sampler {
     }
 
     /// Records of a stream's share of the epoch before batching, as `len()` of a
-    /// `DistributedSampler` counts them: `ceil(min / S)` for [`Tail::Drop`] (whose batches
+    /// `DistributedSampler` counts them: `ceil(most / S)` for [`Tail::Drop`] (whose batches
     /// leave the rest out, as `DataLoader(drop_last=True)`'s do) and [`Tail::Short`]; every
     /// record drawn, padding included, for [`Tail::Pad`]; the first replica's records for
     /// [`Tail::Even`].
     pub fn share_per_epoch(&self) -> usize {
         match self.cfg.tail {
             Tail::Drop | Tail::Short => self
-                .min_node_records
+                .job
+                .most
                 .div_ceil(self.cfg.ranks_in_node * self.cfg.replicas),
             Tail::Pad => self.steps * self.cfg.batch_per_replica,
             Tail::Even { .. } => self.samples_per_epoch(0),
@@ -318,7 +340,7 @@ impl Sampler {
                 )
             }
             Tail::Short if step + 1 == self.steps => {
-                let left = self.min_node_records - start;
+                let left = self.job.most - start;
                 let len = left.div_ceil(streams);
                 (start + stream * len, len)
             }
@@ -504,14 +526,30 @@ mod tests {
         assert!(counts.values().all(|&c| c == 1 || c == 2));
     }
 
+    /// Nodes of 701 and 700 records, 20 a step: Drop takes the fewest's 35 steps (fewer than
+    /// one global step's 40 records left out); Pad and Short the most's 36, every record of
+    /// both nodes drawn.
     #[test]
-    fn step_count_follows_smallest_node() {
-        let a = Sampler::new(1000, 700, cfg(1, 0, 2, 10, Tail::Drop));
-        let b = Sampler::new(700, 700, cfg(1, 0, 2, 10, Tail::Drop));
-        assert_eq!(a.steps_per_epoch(), 35);
-        assert_eq!(b.steps_per_epoch(), 35);
-        let p = Sampler::new(1000, 705, cfg(1, 0, 2, 10, Tail::Pad));
-        assert_eq!(p.steps_per_epoch(), 36);
+    fn drop_takes_the_fewest_nodes_steps_and_pad_the_mosts() {
+        let job = NodeRecords {
+            fewest: 700,
+            most: 701,
+        };
+        for (tail, steps) in [(Tail::Drop, 35), (Tail::Pad, 36), (Tail::Short, 36)] {
+            for n in [701, 700] {
+                let s = Sampler::new(n, job, cfg(1, 0, 2, 10, tail));
+                assert_eq!(s.steps_per_epoch(), steps, "{tail:?}");
+                let mut seen: Vec<usize> = (0..steps)
+                    .flat_map(|t| [s.batch(0, t, 0), s.batch(0, t, 1)])
+                    .flatten()
+                    .collect();
+                seen.sort_unstable();
+                seen.dedup();
+                let want = if tail == Tail::Drop { 700 } else { n };
+                assert_eq!(seen.len(), want, "{tail:?} on {n}");
+            }
+        }
+        assert!(Sampler::try_new(702, job, cfg(1, 0, 1, 1, Tail::Drop)).is_err());
     }
 
     #[test]

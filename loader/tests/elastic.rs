@@ -9,7 +9,7 @@ use crate::common;
 
 use common::{solid_record, write_dataset, TestRecord};
 use ddl_loader::dataset::{Dataset, OpenOptions, Residency};
-use ddl_loader::elastic::{remainder, served, served_after, Layout};
+use ddl_loader::elastic::{node_records, remainder, served, served_after, Layout};
 use ddl_loader::manifest::Manifest;
 use ddl_loader::pipeline::{Pipeline, PipelineConfig};
 use ddl_loader::placement::Placement;
@@ -46,7 +46,8 @@ fn delivered(dataset: Arc<Dataset>, sampler: Sampler, epoch: u64, steps: usize) 
 }
 
 /// What every rank of `l` delivers in `steps` steps of `epoch`, each node serving what the
-/// exchange's view would serve (its home shards, or the placement's records read from all).
+/// placement gives it (its shards evened out over the nodes, or the exchange's records),
+/// read from every shard.
 fn brute(dir: &Path, l: &Layout, epoch: u64, steps: usize) -> Vec<u64> {
     let m = Manifest::load(dir).unwrap();
     let shards: Vec<u64> = m.splits["train"].shards.iter().map(|s| s.records).collect();
@@ -55,22 +56,13 @@ fn brute(dir: &Path, l: &Layout, epoch: u64, steps: usize) -> Vec<u64> {
         .holdings(epoch);
     let all = Residency { node: 0, nodes: 1 };
     let opts = OpenOptions::default();
+    let every = Dataset::open(dir, "train", all, &opts).unwrap();
     let mut ids = Vec::new();
     for node in 0..l.nodes {
-        let dataset = if epoch == 0 || l.exchange == 0.0 {
-            let home = Residency {
-                node,
-                nodes: l.nodes,
-            };
-            Dataset::open(dir, "train", home, &opts).unwrap()
-        } else {
-            let every = Dataset::open(dir, "train", all, &opts).unwrap();
-            every.holding(holdings.node(node), None).unwrap()
-        };
-        let dataset = Arc::new(dataset);
+        let dataset = Arc::new(every.holding(holdings.node(node), None).unwrap());
         for r in 0..l.ranks_in_node {
-            let min = holdings.min_node_records();
-            let sampler = Sampler::new(dataset.len(), min, l.sampler_config(r));
+            let job = node_records(&holdings);
+            let sampler = Sampler::new(dataset.len(), job, l.sampler_config(r));
             ids.extend(delivered(dataset.clone(), sampler, epoch, steps));
         }
     }

@@ -53,6 +53,14 @@ def shards(tmp_path_factory: pytest.TempPathFactory) -> Path:
                 shards=4)
 
 
+@pytest.fixture(scope="session")
+def uneven(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The images of ``shards`` packed into 3 train shards of 32, which do not divide evenly
+    over 2 nodes: 64 and 32 records at home, 48 held by each."""
+    return pack(tmp_path_factory.mktemp("uneven"), classes=4, per_class=24, val_per_class=7,
+                shards=3)
+
+
 class Job:
     """The outcome of a launched job."""
 

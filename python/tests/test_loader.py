@@ -59,7 +59,7 @@ def test_pixels_equal_the_rust_pipeline(shards: Path, tmp_path: Path, split: str
 
 
 def test_pixels_equal_the_rust_pipeline_for_every_placement(
-        shards: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+        shards: Path, uneven: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     # rank 1 of 2 on one node (the launcher says so): both ranks share the node's shards.
     for k, v in {"OMPI_COMM_WORLD_RANK": "1", "OMPI_COMM_WORLD_SIZE": "2",
                  "OMPI_COMM_WORLD_LOCAL_RANK": "1", "OMPI_COMM_WORLD_LOCAL_SIZE": "2"}.items():
@@ -71,15 +71,18 @@ def test_pixels_equal_the_rust_pipeline_for_every_placement(
     got = collect(shared)
     assert [len(y) for _, y in got] == rows
     assert np.array_equal(np.concatenate([x.numpy().ravel() for x, _ in got]), images)
-    # rank 1 of 2 given explicitly, no launcher: a node of its own holding every second shard.
+    # rank 1 of 2 given explicitly, no launcher: a node of its own holding every second shard,
+    # and on shards that do not divide evenly, 16 records of node 0's shards besides.
     monkeypatch.undo()
-    own = ddl.Loader(shards, batch_size=4, image_size=32, workers=1, seed=1, rank=1, world_size=2)
-    assert (own.placement.node, own.placement.nodes) == (1, 2)
-    images, _, rows = rust_batches(shards, tmp_path / "b", "float32", batch=4, size=32, seed=1,
-                                   node=1, nodes=2)
-    got = collect(own)
-    assert [len(y) for _, y in got] == rows
-    assert np.array_equal(np.concatenate([x.numpy().ravel() for x, _ in got]), images)
+    for data in (shards, uneven):
+        own = ddl.Loader(data, batch_size=4, image_size=32, workers=1, seed=1, rank=1,
+                         world_size=2)
+        assert (own.placement.node, own.placement.nodes) == (1, 2)
+        images, _, rows = rust_batches(data, tmp_path / data.parent.name, "float32", batch=4,
+                                       size=32, seed=1, node=1, nodes=2)
+        got = collect(own)
+        assert [len(y) for _, y in got] == rows == [4] * 12
+        assert np.array_equal(np.concatenate([x.numpy().ravel() for x, _ in got]), images)
 
 
 def test_slurm_variables_count_only_inside_a_job_step(

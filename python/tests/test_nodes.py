@@ -5,7 +5,8 @@ nodes (one torchrun agent per node on this machine), and the exact elastic resum
 The records each rank served are the global ids the Rust core hands out with each batch
 (``RecordedIds`` of ``tests/scripts/_job.py``). The ``shards`` fixture holds 96 train records
 in 4 shards of 24: two nodes hold 48 each, and batches of 8 leave nothing out on one or two
-nodes of one rank.
+nodes of one rank. ``uneven`` holds the same records in 3 shards of 32, which do not divide
+evenly over 2 nodes (64 and 32 at home): the nodes hold 48 each all the same.
 """
 
 from __future__ import annotations
@@ -77,16 +78,19 @@ def loader(shards: Path, rank: int = 0, world_size: int = 1) -> ddl.Loader:
 
 # 1. exchange=Q --------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("q,per_node", [(0.25, 2), (1.0, 1)])
+@pytest.mark.parametrize("q,per_node,data", [(0.25, 2, "shards"), (1.0, 1, "uneven")])
 def test_exchange_moves_records_between_nodes_and_serves_each_once(
-        shards: Path, tmp_path: Path, q: float, per_node: int) -> None:
+        request: pytest.FixtureRequest, tmp_path: Path, q: float, per_node: int,
+        data: str) -> None:
     """On 2 nodes of ``per_node`` ranks, every epoch's batches over all ranks hold every record
-    of the split exactly once; each node serves its own shards in epoch 0 and other records
-    later (the sets change every epoch, by about Q / 2 of them); the leaders count what they
-    received and sent, and both sides agree."""
+    of the split exactly once; each node serves its own shards in epoch 0 (3 shards: evened
+    out, 16 records of node 0's shards served by node 1) and other records later (the sets
+    change every epoch, by about Q / 2 of them); the leaders count what they received and
+    sent, and both sides agree."""
     ranks = 2 * per_node
+    path = request.getfixturevalue(data)
     job = torchrun_nodes(2, per_node, "loader_epochs.py",
-                         [shards, tmp_path, "--exchange", q, "--last-epoch", 3], timeout=LIMIT)
+                         [path, tmp_path, "--exchange", q, "--last-epoch", 3], timeout=LIMIT)
     ran(job, ranks)
     outs = outputs(tmp_path, ranks)
     node_sets = []
@@ -94,7 +98,11 @@ def test_exchange_moves_records_between_nodes_and_serves_each_once(
         assert once(served(outs, epoch)) == set(range(RECORDS)), f"epoch {epoch}"
         node_sets.append([set().union(*(o["ids"][str(epoch)] for o in outs if o["node"] == n))
                           for n in range(2)])
-    assert node_sets[0][0] == set(range(24)) | set(range(48, 72))  # shards 0 and 2
+    if data == "shards":
+        assert node_sets[0][0] == set(range(24)) | set(range(48, 72))  # shards 0 and 2
+    else:
+        assert [len(s) for s in node_sets[0]] == [48, 48]
+        assert len(node_sets[0][1] - set(range(32, 64))) == 16  # not of its shard 1
     for epoch in range(1, 4):
         for n in range(2):
             moved = len(node_sets[epoch][n] - node_sets[epoch - 1][n])
@@ -138,13 +146,14 @@ def test_exchange_arguments_are_checked(shards: Path) -> None:
 
 # 2. elastic resume ----------------------------------------------------------------------------
 
-def test_two_nodes_stopped_mid_epoch_resume_on_one_rank(shards: Path, tmp_path: Path) -> None:
-    """2 nodes (exchanging a quarter of their records) stop after 2 steps of epoch 1; one rank
-    restored from either node's state serves exactly the 64 records they had not served (in
-    8 batches, ``len()`` of that epoch), then full epochs of its own. Stopped again in that
-    remainder, a one-rank loader restored from its state continues that remainder exactly."""
+def test_two_nodes_stopped_mid_epoch_resume_on_one_rank(uneven: Path, tmp_path: Path) -> None:
+    """2 nodes (exchanging a quarter of their records, on shards that do not divide evenly
+    over them) stop after 2 steps of epoch 1; one rank restored from either node's state
+    serves exactly the 64 records they had not served (in 8 batches, ``len()`` of that epoch),
+    then full epochs of its own. Stopped again in that remainder, a one-rank loader restored
+    from its state continues that remainder exactly."""
     job = torchrun_nodes(2, 1, "loader_epochs.py",
-                         [shards, tmp_path, "--exchange", 0.25, "--last-epoch", 1,
+                         [uneven, tmp_path, "--exchange", 0.25, "--last-epoch", 1,
                           "--stop", "1:2", "--break"], timeout=LIMIT)
     ran(job, 2)
     outs = outputs(tmp_path, 2)
@@ -154,7 +163,7 @@ def test_two_nodes_stopped_mid_epoch_resume_on_one_rank(shards: Path, tmp_path: 
     assert states[0]["world_size"] == 2 and states[0]["nodes"] == 2
     rests = []
     for state in states:
-        one = loader(shards)
+        one = loader(uneven)
         one.load_state_dict(state)
         assert len(one) == 8
         rests.append(rest_of_epoch(one, 1))
@@ -164,7 +173,7 @@ def test_two_nodes_stopped_mid_epoch_resume_on_one_rank(shards: Path, tmp_path: 
     assert once(rests[0]) | before == set(range(RECORDS))
     assert not before & set(rests[0])
     # The same layout again, mid-remainder: the remainder goes on where it stopped.
-    one = loader(shards)
+    one = loader(uneven)
     one.load_state_dict(states[0])
     rec = RecordedIds(one)
     it = iter(one)
@@ -172,7 +181,7 @@ def test_two_nodes_stopped_mid_epoch_resume_on_one_rank(shards: Path, tmp_path: 
         next(it)
     mid = one.state_dict()
     assert mid["progress"] is not None and (mid["epoch"], mid["step"]) == (1, 3)
-    again = loader(shards)
+    again = loader(uneven)
     again.load_state_dict(mid)
     assert len(again) == 8
     assert rest_of_epoch(again, 1) == rests[0][len(rec.ids):]
@@ -228,6 +237,28 @@ def test_one_rank_resumes_on_two_nodes_and_again_on_other_layouts(
     rest_set = once(rest)
     assert not rest_set & served_before
     assert len(set(range(RECORDS)) - served_before - rest_set) < 16
+
+
+@pytest.mark.parametrize("data,world", [("uneven", 2), ("shards", 3)])
+@pytest.mark.parametrize("drop_last", [True, False])
+def test_shards_that_do_not_divide_evenly_serve_every_record(
+        request: pytest.FixtureRequest, data: str, world: int, drop_last: bool) -> None:
+    """Shards that do not divide evenly over the nodes (3 over 2, 4 over 3; each rank its own
+    node, no exchange, no ddl.dist): every rank takes as many batches, and an epoch over all
+    ranks serves each record once, all of them but fewer than one global step's with
+    ``drop_last=True``, all of them without (padded by at most a record per rank, as
+    DistributedSampler pads)."""
+    path = request.getfixturevalue(data)
+    loaders = [ddl.Loader(path, batch_size=8, image_size=16, workers=1, seed=3, rank=r,
+                          world_size=world, drop_last=drop_last) for r in range(world)]
+    assert len({len(one) for one in loaders}) == 1
+    ids: List[int] = []
+    for one in loaders:
+        ids += rest_of_epoch(one, 1)
+    if drop_last:
+        assert RECORDS - len(once(ids)) < world * 8
+    else:
+        assert set(ids) == set(range(RECORDS)) and len(ids) - RECORDS < world
 
 
 def test_a_val_loader_refuses_another_layout(shards: Path) -> None:

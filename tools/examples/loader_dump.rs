@@ -15,10 +15,13 @@ use std::sync::Arc;
 use anyhow::{Context, Result};
 use clap::Parser;
 use ddl_loader::dataset::{Dataset, OpenOptions, Residency};
+use ddl_loader::elastic;
+use ddl_loader::manifest::Manifest;
 use ddl_loader::pipeline::{
     Augment, Images, OnBadRecord, Output, Pipeline, PipelineConfig, TrainAugment,
 };
-use ddl_loader::sampler::{Sampler, SamplerConfig, Tail};
+use ddl_loader::placement::Placement;
+use ddl_loader::sampler::{NodeRecords, Sampler, SamplerConfig, Tail};
 
 #[derive(Parser)]
 struct Args {
@@ -57,21 +60,25 @@ fn main() -> Result<()> {
         node: a.node,
         nodes: a.nodes,
     };
-    let ds = Arc::new(Dataset::open(
-        &a.shards,
-        &a.split,
-        residency,
-        &OpenOptions::default(),
-    )?);
-    let per_node = Dataset::records_per_node(ds.manifest(), &a.split, a.nodes);
-    let min_node = if train {
-        per_node.iter().copied().min().unwrap_or(0) as usize
+    let opts = OpenOptions::default();
+    // Train: the node's records evened out over the nodes, as ddl-train serves them.
+    let (ds, job) = if train {
+        let manifest = Manifest::load(&a.shards)?;
+        let info = manifest.split(&a.shards, &a.split)?;
+        let shards: Vec<u64> = info.shards.iter().map(|s| s.records).collect();
+        let placement = Placement::new(&shards, a.nodes, 0.0, a.seed)?;
+        let held = placement.holdings(0);
+        let ds = Dataset::open_holding(&a.shards, &a.split, residency, held.node(a.node), &opts)?;
+        (ds, elastic::node_records(&held))
     } else {
-        ds.len()
+        let ds = Dataset::open(&a.shards, &a.split, residency, &opts)?;
+        let n = ds.len();
+        (ds, NodeRecords::from(n))
     };
+    let ds = Arc::new(ds);
     let sampler = Sampler::try_new(
         ds.len(),
-        min_node,
+        job,
         SamplerConfig {
             seed: a.seed,
             ranks_in_node: a.ranks_in_node,

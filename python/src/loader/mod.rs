@@ -13,8 +13,9 @@ use ddl_loader::limits::{self, AugmentSettings, Buffers, Settings};
 use ddl_loader::pipeline::{
     eval_resize, Augment, OnBadRecord, Pipeline, PipelineConfig, ReplicaBatches, TrainAugment,
 };
+use ddl_loader::placement::Placement;
 use ddl_loader::progress::EpochProgress;
-use ddl_loader::sampler::{Sampler, SamplerConfig, Tail};
+use ddl_loader::sampler::{NodeRecords, Sampler, SamplerConfig, Tail};
 use pyo3::exceptions::PyRuntimeError;
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
@@ -268,7 +269,21 @@ impl Loader {
         let train = split != "val";
         let manifest = load_manifest(&path, &split, nodes, train)?;
         let classes = manifest.classes.iter().map(|c| c.wnid.clone()).collect();
-        let per_node = Dataset::records_per_node(&manifest, &split, nodes);
+        let info = &manifest.splits[&split];
+        // Train: every node holds as many records as the others, to one ([`Placement`]).
+        let placement = match train {
+            true => {
+                let shards: Vec<u64> = info.shards.iter().map(|s| s.records).collect();
+                let q = if nodes > 1 { exchange } else { 0.0 };
+                let p = Placement::new(&shards, nodes, q, seed);
+                Some(p.map_err(|e| value_error("exchange", e))?)
+            }
+            false => None,
+        };
+        let per_node: Vec<u64> = match &placement {
+            Some(p) => p.counts().iter().map(|&c| c as u64).collect(),
+            None => Dataset::records_per_node(&manifest, &split, nodes),
+        };
         let node_records = per_node[node] as usize;
         // Val: every rank of the job takes the steps of the node with the most records.
         let val_steps = if train {
@@ -280,9 +295,15 @@ impl Loader {
                 .max()
                 .unwrap_or(0)
         };
+        let job = match train {
+            true => NodeRecords {
+                fewest: per_node.iter().copied().min().unwrap_or(0) as usize,
+                most: per_node.iter().copied().max().unwrap_or(0) as usize,
+            },
+            false => NodeRecords::from(node_records),
+        };
         if train && drop_last {
-            let smallest = per_node.iter().copied().min().unwrap_or(0) as usize;
-            limits::check_full_step(batch_size, ranks_in_node, 1, smallest).map_err(|e| {
+            limits::check_full_step(batch_size, ranks_in_node, 1, job.fewest).map_err(|e| {
                 value_error(
                     "batch_size",
                     format!(
@@ -326,11 +347,6 @@ impl Loader {
         let opened = if node_records == 0 {
             None
         } else {
-            let min_node = if train {
-                per_node.iter().copied().min().unwrap_or(0) as usize
-            } else {
-                node_records
-            };
             let sampling = SamplerConfig {
                 seed,
                 ranks_in_node,
@@ -359,8 +375,22 @@ impl Loader {
                 exchange: if nodes > 1 { exchange } else { 0.0 },
             });
             let residency = Residency { node, nodes };
-            let (dataset, sampler) =
-                open_node(py, &path, &split, residency, &opts, min_node, sampling)?;
+            // Without an exchange, the records that even the nodes out are read from `path`;
+            // with one, they arrive into epoch 0.
+            let holding = placement
+                .as_ref()
+                .filter(|p| !p.exchanges() && p.evened() > 0)
+                .map(|p| p.holdings(0).node(node).to_vec());
+            let records = (node_records, job);
+            let (dataset, sampler) = open_node(
+                py,
+                (&path, &split),
+                residency,
+                &opts,
+                holding,
+                records,
+                sampling,
+            )?;
             Some(Opened {
                 dataset,
                 sampler,
@@ -828,7 +858,14 @@ impl Loader {
         }
         let mut exchange = self.exchange.lock().unwrap_or_else(|p| p.into_inner());
         let Some(x) = exchange.as_mut() else {
-            return Ok(Some((Arc::clone(&o.dataset), o.sampler.clone())));
+            // Out of the exchange (a forked child, or ended): the node's own shards, whose
+            // count may differ from what the exchange evened it out to.
+            let (n, cfg) = (o.dataset.len(), o.sampler.config().clone());
+            let sampler = match n == o.sampler.node_records() {
+                true => o.sampler.clone(),
+                false => Sampler::try_new(n, n, cfg).map_err(loader_error)?,
+            };
+            return Ok(Some((Arc::clone(&o.dataset), sampler)));
         };
         let dataset = py
             .detach(|| x.exchange.epoch(epoch))

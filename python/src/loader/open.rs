@@ -8,7 +8,7 @@ use ddl_exchange::{Exchange, ExchangeConfig};
 use ddl_loader::dataset::{Dataset, OpenOptions, Residency};
 use ddl_loader::elastic::Layout;
 use ddl_loader::pipeline::PipelineConfig;
-use ddl_loader::sampler::{Sampler, SamplerConfig};
+use ddl_loader::sampler::{NodeRecords, Sampler, SamplerConfig};
 use pyo3::exceptions::PyRuntimeError;
 use pyo3::prelude::*;
 
@@ -35,21 +35,25 @@ pub(super) struct Exchanging {
     pub(super) counted: Option<u64>,
 }
 
-/// Opens this node's shards of `split` (without the GIL) and its sampler over `min_node`
-/// records per node.
+/// Opens this node's shards of `split` in `path` (without the GIL), or the records `holding`
+/// read from every shard they are in, and its sampler over `records`: this node's (`.0`) and
+/// the job's fewest and most per node (`.1`).
 pub(super) fn open_node(
     py: Python<'_>,
-    path: &Path,
-    split: &str,
+    (path, split): (&Path, &str),
     residency: Residency,
     opts: &OpenOptions,
-    min_node: usize,
+    holding: Option<Vec<u32>>,
+    records: (usize, NodeRecords),
     sampling: SamplerConfig,
 ) -> PyResult<(Arc<Dataset>, Sampler)> {
     let dataset = py
-        .detach(|| Dataset::open(path, split, residency, opts))
+        .detach(|| match &holding {
+            Some(ids) => Dataset::open_holding(path, split, residency, ids, opts),
+            None => Dataset::open(path, split, residency, opts),
+        })
         .map_err(loader_error)?;
-    let sampler = Sampler::try_new(dataset.len(), min_node, sampling).map_err(loader_error)?;
+    let sampler = Sampler::try_new(records.0, records.1, sampling).map_err(loader_error)?;
     Ok((Arc::new(dataset), sampler))
 }
 

@@ -158,11 +158,11 @@ fn train_rank(
             cfg.exchange
         ));
     }
-    let (train_set, sampler, val_set, min_node, exchange) = (
+    let (train_set, sampler, val_set, placement, exchange) = (
         data.train,
         data.sampler,
         data.val,
-        data.min_node,
+        data.placement,
         data.exchange,
     );
     let steps_per_epoch = sampler.steps_per_epoch() as u64;
@@ -226,7 +226,8 @@ fn train_rank(
         batches_tracked_base: Default::default(),
     };
     if rank == 0 && cfg.verbose {
-        run.print_start(world, min_node, overlap);
+        let records = data::records_line(cfg, &placement, steps_per_epoch, global_batch);
+        run.print_start(world, &records, overlap);
     }
     run.go()
 }
@@ -271,16 +272,16 @@ impl Run<'_> {
         self.rank() == 0
     }
 
-    /// The run's opening line: the model, the layout, the data, the schedule and the
-    /// communication, and what the scheduler leaves a stop; `min_node`: train records of the node
-    /// with the fewest.
-    fn print_start(&self, world: usize, min_node: usize, overlap: Overlap) {
+    /// The run's opening line: the model, the layout, the data (`records`: the train records
+    /// and how the nodes hold them), the schedule and the communication, and what the scheduler
+    /// leaves a stop.
+    fn print_start(&self, world: usize, records: &str, overlap: Overlap) {
         let (cfg, plan) = (self.cfg, &self.plan);
         let replicas = plan.devices.len();
         let global_replicas = replicas * world;
         let devs: Vec<String> = plan.devices.iter().map(|d| format!("{d:?}")).collect();
         ddl_cli::outln!(
-            "ddl-train: {} on {} rank(s) x {} replica(s) [{}], {} classes{}, {} train images/node (min), \
+            "ddl-train: {} on {} rank(s) x {} replica(s) [{}], {} classes{}, {}, \
              global batch {}, peak lr {:.4}, {} steps/epoch, allreduce {}, overlap {}, comm order {}, {} bucket(s){}{}",
             cfg.model,
             world,
@@ -292,7 +293,7 @@ impl Run<'_> {
             } else {
                 String::new()
             },
-            min_node,
+            records,
             global_replicas * cfg.batch,
             self.schedule.peak,
             self.schedule.steps_per_epoch,

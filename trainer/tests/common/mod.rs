@@ -87,6 +87,32 @@ pub fn make_dataset(
     write_manifest(dir, classes, splits, 1);
 }
 
+/// Writes `dir` with a train split only, its shards of `sizes` records in turn (global id k
+/// of class `k % classes`): shards that need not divide evenly over the nodes.
+pub fn make_shards(dir: &Path, classes: usize, sizes: &[usize], size: u32) {
+    let _ = std::fs::remove_dir_all(dir);
+    std::fs::create_dir_all(dir).unwrap();
+    let mut k = 0;
+    let shards: Vec<Vec<Record>> = sizes
+        .iter()
+        .map(|&n| {
+            (0..n)
+                .map(|_| {
+                    k += 1;
+                    let c = (k - 1) % classes;
+                    Record::jpeg(jpeg(c, k, size), c as u32)
+                })
+                .collect()
+        })
+        .collect();
+    write_manifest(
+        dir,
+        classes,
+        vec![("train", write_shards(dir, "train", &shards, 1))],
+        1,
+    );
+}
+
 /// A quiet CPU configuration on `data` for tests.
 pub fn config(data: &Path, model: &str, batch: usize, devices: &str) -> TrainConfig {
     TrainConfig {

@@ -1,6 +1,6 @@
 //! What the record exchange of [`crate::placement`] sends between nodes at each epoch
-//! boundary: counted exactly from a [`Placement`] ([`exchange_cost`]) or expected from the
-//! record count alone ([`expected`]), and a run's plan of it ([`plan`]) as `ddl-plan` and
+//! boundary: counted exactly from a [`Placement`] ([`exchange_cost`]) or expected
+//! ([`expected`], [`Expectation`]), and a run's plan of it ([`plan`]) as `ddl-plan` and
 //! `ddl-bench sim` print it.
 //!
 //! Going from epoch `e - 1` to `e`, node `n` must hold `H_e(n)`. It serves the records of its
@@ -9,17 +9,18 @@
 //! receives the records of `H_e(n) \ H_{e-1}(n)` whose home is not `n`, and a run resumed at
 //! epoch `e`, without an arena yet, receives every record of `H_e(n)` whose home is not `n`.
 //!
-//! Expected counts, with `P` nodes of `h` records each: let `a_e` be the share of a node's
-//! records in epoch `e` that are its own (`a_0 = 1`). Of the `Q h` records dealt to a node at
-//! a boundary, `1 / P` come back from its own pooled ones, and of the others a share
-//! `(1 - a) / (P - 1)` are its home records that other nodes held; so it receives
-//! `Q h (P - 2 + a_{e-1}) / P` records over the network (`Q h (P - 1) / P` into epoch 1), and
-//! `a_e = (1 - Q) a_{e-1} + Q / P`, that is `a_e = 1 / P + (1 - 1 / P) (1 - Q)^e`: the
-//! boundaries become cheaper as the records mix (to `Q h ((P - 1) / P)^2`), and a resume at
-//! `e` receives `h (1 - a_e)`.
+//! Expected counts, with `P` nodes of `h` records each: the boundary into `e` deals a share
+//! `Q` of every node's records anew ([`crate::placement`]'s cohorts), a record landing on each
+//! node with probability `1 / P`. In the first `1 / Q` epochs every cohort dealt leaves its
+//! home places, so a node receives `Q h (P - 1) / P` records; later the places a cohort leaves
+//! are themselves random, and a node receives `Q h ((P - 1) / P)^2`. A run resumed at `e`
+//! receives `h r (P - 1) / P`, `r = min(1, e Q)` the share of the records dealt anew by then.
 
 use std::fmt::Write;
 use std::path::Path;
+
+mod expectation;
+pub use expectation::{Expectation, ExpectedExchange};
 
 use serde::Serialize;
 
@@ -62,15 +63,15 @@ pub struct ExchangeCost {
     pub record_bytes: f64,
 }
 
-/// The exchange into `epoch` under `placement` (nothing moves into epoch 0), with records of
-/// `record_bytes` bytes. Computes the holdings of `epoch - 1` and `epoch`: to go through
-/// many epochs, keep the [`Holdings`] and call [`ExchangeCost::between`].
+/// The exchange into `epoch` under `placement` (nothing moves between epochs into epoch 0),
+/// with records of `record_bytes` bytes: from the holdings of `epoch - 1` and `epoch`, linear
+/// in the records.
 pub fn exchange_cost(placement: &Placement, epoch: u64, record_bytes: f64) -> ExchangeCost {
     let before = placement.holdings(epoch.saturating_sub(1));
     if epoch == 0 {
         return ExchangeCost::between(placement, &before, &before, record_bytes);
     }
-    let after = before.advance(placement);
+    let after = placement.holdings(epoch);
     ExchangeCost::between(placement, &before, &after, record_bytes)
 }
 
@@ -165,14 +166,18 @@ pub struct Expected {
 pub fn expected(records: u64, nodes: usize, fraction: f64, epoch: u64) -> Expected {
     let p = nodes.max(1) as f64;
     let h = records as f64 / p;
-    let own = |e: u64| 1.0 / p + (1.0 - 1.0 / p) * (1.0 - fraction).powf(e as f64);
+    let away = (p - 1.0) / p;
+    let dealt = |e: u64| (e as f64 * fraction).min(1.0);
     let records_in = match epoch {
         0 => 0.0,
-        e => fraction * h * (p - 2.0 + own(e - 1)) / p,
+        e => {
+            let first = dealt(e) - dealt(e - 1);
+            h * (first * away + (fraction - first) * away * away)
+        }
     };
     Expected {
         records_in,
-        held_foreign: h * (1.0 - own(epoch)),
+        held_foreign: h * dealt(epoch) * away,
     }
 }
 
@@ -269,6 +274,8 @@ pub struct Boundary {
     /// Whether the exchange into `epoch` fits in the link's spare time of the epoch before,
     /// when the epoch's time is known.
     pub fits: Option<bool>,
+    /// Counted on the placement (else expected).
+    pub counted: bool,
 }
 
 /// A run's exchange, boundary by boundary.
@@ -278,12 +285,17 @@ pub struct ExchangePlan {
     pub setup: ExchangeSetup,
     /// Counted from the placement (the shards' records were known), or expected.
     pub exact: bool,
+    /// Records held away from their home node in every epoch to even the nodes out (they
+    /// move once, into epoch 0).
+    pub evened: usize,
     /// The boundaries into epochs 1 to `epochs - 1`, in order.
     pub boundaries: Vec<Boundary>,
 }
 
-/// Plans the exchange of `setup`: counted from its placement when the shards' records are
-/// known (linear in records times epochs), expected otherwise.
+/// Plans the exchange of `setup`. With the shards' records known, the boundaries the table
+/// shows (the first [`LISTED`] and the last) are counted on the placement and the others are
+/// its [`Expectation`]: linear in the records whatever the epochs. Otherwise every boundary is
+/// [`expected`].
 ///
 /// Fails when the fraction is outside `[0, 1]`, there are no nodes (or, with shards, more
 /// nodes than shards), or the record size or link speed is not positive.
@@ -303,53 +315,88 @@ pub fn plan(setup: &ExchangeSetup) -> Result<ExchangePlan> {
             return invalid(format!("{what} {v} is not positive"));
         }
     }
-    let row = |epoch: u64, records: f64, busiest: [f64; 3], total: f64| {
-        let [busiest_in_bytes, busiest_out_bytes, resume_bytes] = busiest;
-        let link_s = busiest_in_bytes.max(busiest_out_bytes) / setup.link_bytes_per_s;
-        Boundary {
-            epoch,
-            records,
-            busiest_in_bytes,
-            busiest_out_bytes,
-            total_bytes: total,
-            link_s,
-            resume_bytes,
-            fits: setup.epoch_time.map(|t| link_s <= t.link_spare_s),
-        }
-    };
-    let mut boundaries = Vec::new();
-    let exact = matches!(setup.records, SplitRecords::Shards(_));
-    match &setup.records {
+    let (boundaries, evened) = match &setup.records {
         SplitRecords::Shards(shards) => {
             let placement = Placement::new(shards, setup.nodes, setup.fraction, setup.seed)?;
-            let mut held = placement.home_holdings();
-            for epoch in 1..setup.epochs {
-                let next = held.advance(&placement);
-                let c = ExchangeCost::between(&placement, &held, &next, setup.record_bytes);
-                let busiest = [
-                    c.busiest_in_bytes(),
-                    c.busiest_out_bytes(),
-                    c.busiest_resume_bytes(),
-                ];
-                boundaries.push(row(epoch, c.records() as f64, busiest, c.total_bytes()));
-                held = next;
-            }
+            (planned(setup, &placement), placement.evened())
         }
         SplitRecords::Total(records) => {
-            for epoch in 1..setup.epochs {
+            let b = setup.record_bytes;
+            let rows = (1..setup.epochs).map(|epoch| {
                 let e = expected(*records, setup.nodes, setup.fraction, epoch);
-                let b = setup.record_bytes;
-                let busiest = [e.records_in * b, e.records_in * b, e.held_foreign * b];
                 let moved = e.records_in * setup.nodes as f64;
-                boundaries.push(row(epoch, moved, busiest, moved * b));
-            }
+                let busiest = [e.records_in * b, e.records_in * b, e.held_foreign * b];
+                boundary(setup, epoch, moved, busiest, false)
+            });
+            (rows.collect(), 0)
         }
-    }
+    };
     Ok(ExchangePlan {
         setup: setup.clone(),
-        exact,
+        exact: matches!(setup.records, SplitRecords::Shards(_)),
+        evened,
         boundaries,
     })
+}
+
+/// The boundaries of `setup` on `placement`: the shown ones counted, the others expected.
+fn planned(setup: &ExchangeSetup, placement: &Placement) -> Vec<Boundary> {
+    let b = setup.record_bytes;
+    let expectation = Expectation::new(placement);
+    let mut held: Option<Holdings> = None;
+    let mut rows = Vec::new();
+    for epoch in 1..setup.epochs {
+        if epoch as usize > LISTED && epoch + 1 < setup.epochs {
+            let e = expectation.into_epoch(placement, epoch);
+            let most = |v: &[f64]| v.iter().copied().fold(0.0, f64::max) * b;
+            let moved: f64 = e.records_in.iter().sum();
+            let busiest = [
+                most(&e.records_in),
+                most(&e.records_out),
+                most(&e.held_foreign),
+            ];
+            rows.push(boundary(setup, epoch, moved, busiest, false));
+            continue;
+        }
+        let before = match held.take() {
+            Some(h) if h.epoch() + 1 == epoch => h,
+            _ => placement.holdings(epoch - 1),
+        };
+        let after = placement.holdings(epoch);
+        let c = ExchangeCost::between(placement, &before, &after, b);
+        let busiest = [
+            c.busiest_in_bytes(),
+            c.busiest_out_bytes(),
+            c.busiest_resume_bytes(),
+        ];
+        rows.push(boundary(setup, epoch, c.records() as f64, busiest, true));
+        held = Some(after);
+    }
+    rows
+}
+
+/// The row of the boundary into `epoch`: `records` sent, the busiest node's bytes in, out and
+/// on a resume at `epoch`.
+fn boundary(
+    setup: &ExchangeSetup,
+    epoch: u64,
+    records: f64,
+    busiest: [f64; 3],
+    counted: bool,
+) -> Boundary {
+    let [busiest_in_bytes, busiest_out_bytes, resume_bytes] = busiest;
+    let link_s = busiest_in_bytes.max(busiest_out_bytes) / setup.link_bytes_per_s;
+    Boundary {
+        epoch,
+        records,
+        busiest_in_bytes,
+        busiest_out_bytes,
+        total_bytes: records * setup.record_bytes,
+        link_s,
+        resume_bytes,
+        fits: setup.epoch_time.map(|t| link_s <= t.link_spare_s),
+        counted,
+    }
 }
 
 /// Boundaries listed at the head of the table; the rest but the last are left out of it (the
@@ -362,10 +409,15 @@ impl ExchangePlan {
     pub fn render(&self, from: &str) -> String {
         let s = &self.setup;
         let mut out = String::new();
-        let how = if self.exact {
-            format!("counted from the placement of seed {}", s.seed)
-        } else {
-            "expected, as if every node held as many".to_string()
+        let expected = self.boundaries.iter().filter(|b| !b.counted).count();
+        let how = match (self.exact, expected) {
+            (true, 0) => format!("counted from the placement of seed {}", s.seed),
+            (true, n) => format!(
+                "counted from the placement of seed {} for the rows shown; the total adds the \
+                 expectation of the {n} others on that placement",
+                s.seed
+            ),
+            (false, _) => "expected, as if every node held as many".to_string(),
         };
         let _ = writeln!(
             out,
@@ -384,6 +436,14 @@ impl ExchangePlan {
              node's bytes in or out at the link speed; resume = bytes into the busiest node of \
              a run resumed at e"
         );
+        if self.evened > 0 {
+            let _ = writeln!(
+                out,
+                "# the shards do not divide evenly over the nodes: {} records are held away from \
+                 their home node in every epoch, received into epoch 0",
+                self.evened
+            );
+        }
         if let Some(t) = s.epoch_time {
             let _ = writeln!(
                 out,
@@ -494,9 +554,12 @@ mod tests {
                 }
             }
         }
+        // Into epoch 0 nothing moves between epochs; the nodes hold what evens them out.
         let p = Placement::new(&shards, 3, 1.0, 5).unwrap();
         let none = exchange_cost(&p, 0, 1.0);
-        assert_eq!((none.records(), none.held_foreign.clone()), (0, vec![0; 3]));
+        assert_eq!(none.records(), 0);
+        assert_eq!(none.held_foreign.iter().sum::<u64>() as usize, p.evened());
+        assert!(p.evened() > 0);
     }
 
     #[test]
@@ -505,9 +568,9 @@ mod tests {
         let shards = vec![2500u64; 8];
         for q in [0.1, 0.5, 1.0] {
             let p = Placement::new(&shards, nodes, q, 9).unwrap();
-            let mut held = p.home_holdings();
+            let mut held = p.holdings(0);
             for epoch in 1..8 {
-                let next = held.advance(&p);
+                let next = p.holdings(epoch);
                 let c = ExchangeCost::between(&p, &held, &next, 1.0);
                 let e = expected(20_000, nodes, q, epoch);
                 let per_node = c.records() as f64 / nodes as f64;
@@ -521,10 +584,11 @@ mod tests {
                 held = next;
             }
         }
-        // The first boundary moves Q (P - 1) / P of the records, a mixed one Q ((P - 1) / P)^2.
-        assert!((expected(4000, 4, 0.5, 1).records_in - 0.5 * 1000.0 * 0.75).abs() < 1e-9);
-        let steady = expected(4000, 4, 1.0, 5).records_in;
-        assert!((steady - 1000.0 * 0.75 * 0.75).abs() < 1e-9);
+        // The first 1 / Q boundaries move Q (P - 1) / P of the records, later ones
+        // Q ((P - 1) / P)^2.
+        assert!((expected(4000, 4, 0.5, 2).records_in - 0.5 * 1000.0 * 0.75).abs() < 1e-9);
+        let steady = expected(4000, 4, 0.5, 3).records_in;
+        assert!((steady - 0.5 * 1000.0 * 0.75 * 0.75).abs() < 1e-9);
         assert_eq!(expected(4000, 1, 1.0, 3).records_in, 0.0);
     }
 
@@ -580,6 +644,37 @@ mod tests {
         bad.fraction = 1.0;
         bad.link_bytes_per_s = 0.0;
         assert!(plan(&bad).unwrap_err().to_string().contains("link speed"));
+    }
+
+    /// A plan of many epochs on many records counts the rows it shows and expects the others
+    /// in time linear in the records (a hang guard: counting every boundary of this plan
+    /// would take hours).
+    #[test]
+    fn a_long_plan_takes_time_linear_in_the_records() {
+        let mut long = setup(SplitRecords::Shards(vec![16_384; 64]));
+        long.epochs = 100_000;
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let _ = tx.send(plan(&long));
+        });
+        let p = rx
+            .recv_timeout(std::time::Duration::from_secs(120))
+            .expect("a plan of 100,000 epochs over 1M records within two minutes")
+            .unwrap();
+        assert_eq!(p.boundaries.len(), 99_999);
+        let counted: Vec<u64> = p
+            .boundaries
+            .iter()
+            .filter(|b| b.counted)
+            .map(|b| b.epoch)
+            .collect();
+        assert_eq!(counted, [1, 2, 3, 4, 99_999]);
+        let steady = &p.boundaries[50_000];
+        let e = expected(1 << 20, 4, 0.5, 50_001);
+        assert!(
+            (steady.records - 4.0 * e.records_in).abs() < 0.01 * steady.records,
+            "{steady:?}"
+        );
     }
 
     #[test]
