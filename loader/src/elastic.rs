@@ -112,6 +112,27 @@ pub fn served(
     Ok(progress)
 }
 
+/// Steps of `epoch` on `layout` over a split whose shards hold `shard_records` records, or of
+/// the remainder `layout` deals from `before` (what the epoch had served when it began).
+pub fn epoch_steps(
+    shard_records: &[u64],
+    layout: &Layout,
+    epoch: u64,
+    before: Option<&EpochProgress>,
+) -> Result<usize> {
+    layout.check()?;
+    let held = match before {
+        Some(b) => Holdings::dealt(&b.unserved(), layout.nodes, layout.seed, b.epoch),
+        None => Placement::new(shard_records, layout.nodes, layout.exchange, layout.seed)?
+            .holdings(epoch),
+    };
+    let job = node_records(&held);
+    if job.fewest == 0 {
+        return Ok(0);
+    }
+    Ok(Sampler::try_new(held.node(0).len(), job, layout.sampler_config(0))?.steps_per_epoch())
+}
+
 /// `before` (what an epoch had served when its remainder began on `layout`) plus what the
 /// remainder served in its first `steps` steps: the progress of a remainder stopped in turn.
 /// At the remainder's end every record counts as served, as in [`served`].

@@ -111,6 +111,14 @@ pub struct CheckpointMeta {
     /// resumed on another layout serves the others in the rest of it (see `train::elastic`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub progress: Option<ddl_loader::progress::EpochProgress>,
+    /// In an epoch resumed on another layout: what it had served when its remainder began,
+    /// from which a resume recomputes `progress` to check it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub progress_before: Option<ddl_loader::progress::EpochProgress>,
+    /// The rule that placed the records ([`ddl_loader::placement::RULE`]; absent in older
+    /// checkpoints): `progress` is recomputed under it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub placement: Option<u32>,
     /// Tensors in data order.
     pub tensors: Vec<TensorEntry>,
 }
@@ -497,6 +505,8 @@ mod tests {
                 val_top5: None,
                 batches_tracked_base: BTreeMap::new(),
                 progress: None,
+                progress_before: None,
+                placement: None,
                 tensors: vec![
                     TensorEntry {
                         name: "param/a".into(),

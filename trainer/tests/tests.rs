@@ -14,6 +14,7 @@ mod model;
 mod overlap;
 mod residency;
 mod resume;
+mod served_record;
 mod trace;
 mod trace_records;
 mod weights;

@@ -30,6 +30,12 @@ use crate::error::{LoaderError, Result};
 use crate::sampler::{mix64, Xoshiro256};
 use cohorts::Cohorts;
 
+/// The version of the rule that places records (the nodes evened out, the exchange by
+/// cohorts): a checkpoint written mid-epoch records it, so that a resume knows whether it can
+/// recompute what the epoch served. Rule 1 (before it) left the bigger nodes' surplus out and
+/// exchanged by pooling.
+pub const RULE: u32 = 2;
+
 /// The record placement of one split over a number of nodes; see the module documentation.
 ///
 /// # Examples

@@ -124,6 +124,11 @@ impl Run<'_> {
             &[("epoch", epoch as i64), ("step", global as i64)],
         );
         let progress = self.progress(epoch, step)?;
+        let progress_before = progress
+            .as_ref()
+            .filter(|p| p.resumed)
+            .and(self.remainder.as_ref())
+            .map(|r| r.before.clone());
         let (states, whole) = self.whole()?;
         let gathered = self.comm.gather_bytes(encode_buffers(&states))?;
         let (Some(gathered), Some(full)) = (gathered, whole) else {
@@ -185,6 +190,8 @@ impl Run<'_> {
                 val_top5: evaluated.and_then(|e| e.top5),
                 batches_tracked_base: self.batches_tracked_base.clone(),
                 progress,
+                progress_before,
+                placement: Some(ddl_loader::placement::RULE),
                 tensors,
             },
             data,
@@ -215,10 +222,13 @@ impl Run<'_> {
         let path = from.clone().unwrap_or_else(|| dir.clone());
         let ck = Checkpoint::from_bytes(&bytes, &path)?;
         let new_layout = self.check_resumable(&ck, &path)?;
+        let served = self.served_at(&ck, &path, new_layout)?;
         self.load_checkpoint(&ck, &path)?;
         let mut step = ck.meta.step;
-        if let Some(progress) = ck.meta.progress.clone() {
-            if new_layout || progress.resumed {
+        if let Some(progress) = served {
+            // An older rule placed the epoch's records otherwise: its rest is dealt anew.
+            let older = ck.meta.placement != Some(ddl_loader::placement::RULE);
+            if new_layout || progress.resumed || older {
                 step = self.resume_elsewhere(progress, &path)?;
             }
         }

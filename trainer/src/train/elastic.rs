@@ -11,13 +11,15 @@ use std::path::Path;
 use std::sync::Arc;
 
 use ddl_loader::dataset::{Dataset, OpenOptions, Residency};
-use ddl_loader::elastic;
+use ddl_loader::elastic::{self, Layout};
+use ddl_loader::placement;
 use ddl_loader::progress::EpochProgress;
-use ddl_loader::sampler::Sampler;
+use ddl_loader::sampler::{Sampler, Tail};
 
 use super::checkpoints::{bytes_to_u64s, u64s_to_bytes};
 use super::remainder::Remainder;
 use super::run::Run;
+use crate::checkpoint::Checkpoint;
 use crate::config::TrainConfig;
 use crate::error::{Result, TrainError};
 
@@ -122,6 +124,149 @@ impl Run<'_> {
             progress.mark_all(bytes_to_u64s(ids))?;
         }
         Ok(Some(progress))
+    }
+
+    /// What the epoch of `ck` (read from `path`) had served at its step over the whole job:
+    /// its record of it (the bitmap) checked against what the layout that wrote it must have
+    /// served, or recomputed when it has none; `None` at an epoch's start and for an older
+    /// checkpoint without a record, which continues on its own layout only (`new_layout`:
+    /// this run's differs). A record that does not match is refused, naming the checkpoint.
+    pub(super) fn served_at(
+        &self,
+        ck: &Checkpoint,
+        path: &Path,
+        new_layout: bool,
+    ) -> Result<Option<EpochProgress>> {
+        let bad = |m: String| TrainError::Checkpoint {
+            path: path.to_path_buf(),
+            message: m,
+        };
+        let m = &ck.meta;
+        if m.step == 0 {
+            return Ok(None);
+        }
+        let shards = self.train_shards()?;
+        let layout = self.layout_of(ck);
+        let this_rule = m.placement == Some(placement::RULE);
+        let Some(recorded) = m.progress.clone() else {
+            return match layout.filter(|_| this_rule) {
+                Some(l) => Ok(Some(elastic::served(
+                    &shards,
+                    &l,
+                    m.epoch,
+                    m.step as usize,
+                )?)),
+                None if new_layout => Err(bad(format!(
+                    "written mid-epoch (epoch {}, step {}) without a record of the records its \
+                     epoch served (an older ddl): resume it on its own layout ({} rank(s) x {} \
+                     replica(s)), or from the checkpoint at the start of epoch {}",
+                    m.epoch, m.step, m.ranks, m.replicas, m.epoch
+                ))),
+                None => Ok(None),
+            };
+        };
+        recorded.check().map_err(|e| bad(e.to_string()))?;
+        let records: u64 = shards.iter().sum();
+        if (recorded.epoch, recorded.records) != (m.epoch, records) {
+            return Err(bad(format!(
+                "its record of the records served is of epoch {} over {} records, the \
+                 checkpoint is at epoch {} of a train split of {records}",
+                recorded.epoch, recorded.records, m.epoch
+            )));
+        }
+        let want = match layout {
+            Some(l) if this_rule => Some(self.recompute(ck, &shards, &l, &recorded, path)?),
+            _ => None,
+        };
+        if let Some(want) = want.filter(|w| w.words() != recorded.words()) {
+            let differ = (0..records).filter(|&i| want.is_served(i) != recorded.is_served(i));
+            return Err(bad(format!(
+                "its record of the records epoch {} served ({} records) is not what its layout \
+                 ({} rank(s) x {} replica(s) on {} node(s), batch {}) served in the first {} \
+                 steps ({} records; {} differ): the file was altered or written by a faulty run; \
+                 resume from an earlier checkpoint",
+                m.epoch,
+                recorded.served(),
+                m.ranks,
+                m.replicas,
+                m.nodes.unwrap_or(1),
+                self.cfg.batch,
+                m.step,
+                want.served(),
+                differ.count()
+            )));
+        }
+        if !this_rule && !recorded.resumed {
+            // An older ddl's rule: each of its steps served a global batch of new records.
+            let batch = (m.ranks * m.replicas * self.cfg.batch) as u64;
+            if recorded.served() != m.step * batch {
+                return Err(bad(format!(
+                    "its record of epoch {} has {} records served, its {} steps of {batch} \
+                     served {}: the file was altered; resume from an earlier checkpoint",
+                    m.epoch,
+                    recorded.served(),
+                    m.step,
+                    m.step * batch
+                )));
+            }
+        }
+        Ok(Some(recorded))
+    }
+
+    /// What the layout `l` that wrote `ck` served of its epoch by its step: from the epoch's
+    /// start, or in a remainder, from what the epoch had served when the remainder began.
+    fn recompute(
+        &self,
+        ck: &Checkpoint,
+        shards: &[u64],
+        l: &Layout,
+        recorded: &EpochProgress,
+        path: &Path,
+    ) -> Result<EpochProgress> {
+        let (epoch, step) = (ck.meta.epoch, ck.meta.step as usize);
+        if !recorded.resumed {
+            return Ok(elastic::served(shards, l, epoch, step)?);
+        }
+        let Some(before) = ck.meta.progress_before.as_ref() else {
+            return Err(TrainError::Checkpoint {
+                path: path.to_path_buf(),
+                message: format!(
+                    "epoch {epoch} was resumed on another layout, but the checkpoint does not \
+                     say what the epoch had served then: resume from an earlier checkpoint"
+                ),
+            });
+        };
+        // The remainder's last steps are the epoch's: its step at the epoch's step `step`.
+        let whole = elastic::epoch_steps(shards, l, epoch, None)?;
+        let rest = elastic::epoch_steps(shards, l, epoch, Some(before))?;
+        let at = (step + rest)
+            .checked_sub(whole)
+            .ok_or_else(|| TrainError::Checkpoint {
+                path: path.to_path_buf(),
+                message: format!("step {step} is before the remainder of epoch {epoch} began"),
+            })?;
+        Ok(elastic::served_after(before, l, at)?)
+    }
+
+    /// The layout that wrote `ck`, as its record's recomputation needs it; `None` for a
+    /// checkpoint that predates its node count.
+    fn layout_of(&self, ck: &Checkpoint) -> Option<Layout> {
+        let nodes = ck.meta.nodes.filter(|&n| n > 0 && ck.meta.ranks % n == 0)?;
+        Some(Layout {
+            nodes,
+            ranks_in_node: ck.meta.ranks / nodes,
+            replicas: ck.meta.replicas,
+            batch_per_replica: self.cfg.batch,
+            tail: Tail::Drop,
+            seed: self.cfg.seed,
+            exchange: if nodes > 1 { self.cfg.exchange } else { 0.0 },
+        })
+    }
+
+    /// The records of each train shard, in split order.
+    fn train_shards(&self) -> Result<Vec<u64>> {
+        let info = self.plan.manifest.split(&self.cfg.data, "train")?;
+        Ok(info.shards.iter().map(|s| s.records).collect())
     }
 
     /// Continues `progress`'s epoch (read from the checkpoint `path`) on this run's layout:
