@@ -103,6 +103,13 @@ impl Manifest {
         })
     }
 
+    /// crc32c of the classes and of split `name`'s shards (names, record counts, sizes,
+    /// checksums): what a checkpoint or a loader's state must match to continue on this data.
+    pub fn fingerprint(&self, name: &str) -> u32 {
+        let bytes = serde_json::to_vec(&(&self.classes, self.splits.get(name))).unwrap_or_default();
+        crc32c::crc32c(&bytes)
+    }
+
     /// Checks internal consistency; `path` names the manifest in errors.
     pub fn validate(&self, path: &Path) -> Result<()> {
         let bad = |reason: String| LoaderError::Manifest {

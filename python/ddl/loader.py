@@ -574,8 +574,10 @@ class Loader:
         :meth:`load_state_dict` recomputes what the whole job served. In an epoch resumed on
         another layout, ``progress`` is what the epoch had served when its remainder began
         (``{"records": N, "words": [...]}``, bit ``i % 32`` of word ``i // 32`` is record
-        ``i``), else None. Plain numbers and lists: ``torch.save`` and JSON keep it. Writes
-        the record trace's lines so far to its file (``trace_records``)."""
+        ``i``), else None. ``data`` is the dataset's identity (``path``, ``fingerprint``: the
+        crc32c of its manifest's classes and split, ``shards``, ``records``). Plain numbers,
+        strings and lists: ``torch.save`` and JSON keep it. Writes the record trace's lines so
+        far to its file (``trace_records``)."""
         if self._trace is not None:
             self._trace.flush()
         core = self._live()
@@ -589,6 +591,7 @@ class Loader:
         served = core.progress(epoch) if epoch <= _U64 else None
         mid_epoch = mid_epoch or served is not None  # a remainder keeps its epoch's size
         p = self.placement
+        fingerprint, shards, records = core.data
         return {
             "epoch": epoch,
             "step": step,
@@ -606,6 +609,8 @@ class Loader:
             "wrap": self.wrap,
             "progress": None if served is None else {"records": served[0],
                                                      "words": served[1]},
+            "data": {"path": self.path, "fingerprint": f"{fingerprint:08x}", "shards": shards,
+                     "records": records},
         }
 
     def load_state_dict(self, state: Dict[str, Any]) -> None:
@@ -629,12 +634,14 @@ class Loader:
         epoch had served when the remainder began), so a second change of layout in the same
         epoch continues the same way.
 
-        Raises ValueError when the seed, batch size or split differ, when a val loader's
-        layout differs (its records per rank depend on it), or when a value is out of its
-        range (``epoch`` 0 to 2**64 - 1, ``step`` within the saved epoch), before changing
-        anything."""
+        Raises ValueError when the state is of another dataset (its ``data`` fingerprint, say
+        the same images packed into other shards: the message names both), when the seed,
+        batch size or split differ, when a val loader's layout differs (its records per rank
+        depend on it), or when a value is out of its range (``epoch`` 0 to 2**64 - 1,
+        ``step`` within the saved epoch), before changing anything."""
         core = self._live()
         mine = self.state_dict()
+        _check_same_data(state.get("data"), mine["data"], self.split)
         for key in ("seed", "batch_size", "split"):
             if state.get(key) != mine[key]:
                 raise ValueError(
@@ -817,6 +824,23 @@ class Loader:
             f"memory_format={self.memory_format}, rank={p.rank}, world_size={p.world_size}, "
             f"nodes={p.nodes}, {batches})"
         )
+
+
+def _check_same_data(saved: Any, mine: Dict[str, Any], split: str) -> None:
+    """ValueError naming both datasets when a state's ``data`` is not this loader's (a state
+    of an older ddl.Loader has none: nothing to compare)."""
+    if saved is None:
+        return
+    def name(d: Dict[str, Any]) -> str:
+        return (f"{d.get('path')!r} ({d.get('shards')} shards, {d.get('records')} records, "
+                f"fingerprint {d.get('fingerprint')})")
+
+    if not isinstance(saved, dict) or saved.get("fingerprint") != mine["fingerprint"]:
+        described = name(saved) if isinstance(saved, dict) else repr(saved)
+        raise ValueError(
+            f"load_state_dict: the state is of another dataset: split {split!r} of "
+            f"{described}, this loader reads {name(mine)}; its epoch's records are not these "
+            "(resume on the data that saved it, or start the epoch over)")
 
 
 def _saved_progress(state: Dict[str, Any]) -> Optional[Tuple[int, List[int]]]:

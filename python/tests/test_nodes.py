@@ -261,6 +261,21 @@ def test_shards_that_do_not_divide_evenly_serve_every_record(
         assert set(ids) == set(range(RECORDS)) and len(ids) - RECORDS < world
 
 
+def test_a_state_of_the_same_images_in_other_shards_is_refused(
+        shards: Path, uneven: Path) -> None:
+    """A state carries its dataset's identity: the same images packed into 3 shards instead
+    of 4 are another dataset (other records at each position), refused naming both."""
+    saved = loader(shards)
+    next(iter(saved))
+    state = saved.state_dict()
+    assert state["data"]["shards"] == 4 and state["data"]["records"] == RECORDS
+    with pytest.raises(ValueError, match="another dataset") as e:
+        loader(uneven).load_state_dict(state)
+    for named in (str(shards), "4 shards", str(uneven), "3 shards"):
+        assert named in str(e.value), (named, str(e.value))
+    loader(shards).load_state_dict(state)  # its own data resumes
+
+
 def test_a_val_loader_refuses_another_layout(shards: Path) -> None:
     """A val loader's records per rank depend on the layout: another world size is refused,
     naming it; a train loader's state of an older ddl (no layout) too."""

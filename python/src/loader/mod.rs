@@ -182,6 +182,8 @@ pub struct Loader {
     /// None when this node holds no records of the split (a small val split over many nodes).
     opened: Option<Opened>,
     classes: Vec<String>,
+    /// The split's identity: its manifest's fingerprint, shards and records.
+    identity: (u32, usize, u64),
     /// Records of this node.
     node_records: usize,
     /// Val: the steps of every rank of the job (a node without records takes them empty).
@@ -270,6 +272,11 @@ impl Loader {
         let manifest = load_manifest(&path, &split, nodes, train)?;
         let classes = manifest.classes.iter().map(|c| c.wnid.clone()).collect();
         let info = &manifest.splits[&split];
+        let identity = (
+            manifest.fingerprint(&split),
+            info.shards.len(),
+            info.records,
+        );
         // Train: every node holds as many records as the others, to one ([`Placement`]).
         let placement = match train {
             true => {
@@ -411,6 +418,7 @@ impl Loader {
         Ok(Loader {
             opened,
             classes,
+            identity,
             node_records,
             val_steps,
             sizing: Sizing {
@@ -581,6 +589,13 @@ impl Loader {
     #[getter]
     fn node_records(&self) -> usize {
         self.node_records
+    }
+
+    /// The split's identity, `(fingerprint, shards, records)`: the crc32c of the manifest's
+    /// classes and of the split's shards, their number, the split's records.
+    #[getter]
+    fn data(&self) -> (u32, usize, u64) {
+        self.identity
     }
 
     /// Starts (or restarts) iteration at `(epoch, start_step)` with images of `image_size`,

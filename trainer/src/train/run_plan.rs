@@ -27,13 +27,6 @@ pub(super) struct Plan {
     pub(super) data_fingerprint: u32,
 }
 
-/// crc32c of the manifest's classes and train split (shard names, record counts, checksums).
-fn data_fingerprint(manifest: &Manifest) -> u32 {
-    let train = manifest.splits.get("train");
-    let bytes = serde_json::to_vec(&(&manifest.classes, train)).unwrap_or_default();
-    crc32c::crc32c(&bytes)
-}
-
 /// Checks the configuration before anything expensive happens; every error names its setting.
 pub(super) fn plan(cfg: &TrainConfig, rank: usize, world: usize, info: RankInfo) -> Result<Plan> {
     validate::ranges(cfg)?;
@@ -50,7 +43,7 @@ pub(super) fn plan(cfg: &TrainConfig, rank: usize, world: usize, info: RankInfo)
         Output::F32Nchw
     };
     validate::batch_memory(cfg, devices.len(), output, info.ranks_in_node)?;
-    let data_fingerprint = data_fingerprint(&manifest);
+    let data_fingerprint = manifest.fingerprint("train");
     Ok(Plan {
         decay,
         residency,
