@@ -133,3 +133,49 @@ fn every_command_the_readme_and_guides_show_runs_as_pasted() {
     }
     assert!(refused.is_empty(), "{}", refused.join("\n\n"));
 }
+
+/// The README's runnable `ddl-plan --exchange` example (with `--records`) prints what the
+/// README says it does: into each of the first `1 / Q` epochs `Q N (P - 1) / P` records over
+/// all nodes, `Q N ((P - 1) / P)^2` later, each boundary within the link's spare time of
+/// `--epoch-s`, and the run's total over its boundaries.
+#[test]
+fn the_readmes_exchange_plan_prints_the_exchange_it_describes() {
+    let shown = shown_commands(&readme());
+    let words = shown
+        .iter()
+        .filter_map(|s| ddl_command(s))
+        .find(|c| c[0] == "ddl-plan" && c.contains(&"--exchange") && c.contains(&"--records"))
+        .expect("the README shows `ddl-plan --exchange Q --records N ...`");
+    let flag = |name: &str| -> f64 {
+        let at = words.iter().position(|w| *w == name).expect(name);
+        words[at + 1].parse().expect(name)
+    };
+    let (q, p, n) = (flag("--exchange"), flag("--nodes"), flag("--records"));
+    let tmp = scratch("readme-plan");
+    let out = run(command("ddl-plan")
+        .args(&words[1..])
+        .current_dir(tmp.path()));
+    assert!(out.status.success(), "{}", printed(&out));
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        text.contains(&format!("# exchange: Q {q} over {p} nodes, {n} records")),
+        "{text}"
+    );
+    let table = &text[text.find("# exchange:").unwrap_or(0)..];
+    let rows: Vec<Vec<&str>> = table
+        .lines()
+        .filter(|l| !l.starts_with('#') && l.trim() != "..." && !l.trim().is_empty())
+        .map(|l| l.split_whitespace().collect())
+        .filter(|w: &Vec<&str>| w[0].parse::<u64>().is_ok())
+        .collect();
+    let away = (p - 1.0) / p;
+    let (first, last) = (&rows[0], &rows[rows.len() - 1]);
+    assert_eq!(first[..2], ["1", &format!("{:.0}", q * n * away)], "{text}");
+    assert_eq!(
+        last[..2],
+        ["89", &format!("{:.0}", q * n * away * away)],
+        "{text}"
+    );
+    assert!(rows.iter().all(|r| r.last() == Some(&"yes")), "{text}");
+    assert!(text.contains("# the run's 89 boundaries:"), "{text}");
+}
