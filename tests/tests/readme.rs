@@ -134,8 +134,8 @@ fn every_command_the_readme_and_guides_show_runs_as_pasted() {
     assert!(refused.is_empty(), "{}", refused.join("\n\n"));
 }
 
-/// The README's runnable `ddl-plan --exchange` example (with `--records`) prints what the
-/// README says it does: into each of the first `1 / Q` epochs `Q N (P - 1) / P` records over
+/// The guides' runnable `ddl-plan --exchange` example (with `--records`, docs/MEASURE.md)
+/// prints what the guide says it does: into each of the first `1 / Q` epochs `Q N (P - 1) / P` records over
 /// all nodes, `Q N ((P - 1) / P)^2` later, each boundary within the link's spare time of
 /// `--epoch-s`, and the run's total over its boundaries.
 #[test]
@@ -145,7 +145,7 @@ fn the_readmes_exchange_plan_prints_the_exchange_it_describes() {
         .iter()
         .filter_map(|s| ddl_command(s))
         .find(|c| c[0] == "ddl-plan" && c.contains(&"--exchange") && c.contains(&"--records"))
-        .expect("the README shows `ddl-plan --exchange Q --records N ...`");
+        .expect("a guide shows `ddl-plan --exchange Q --records N ...`");
     let flag = |name: &str| -> f64 {
         let at = words.iter().position(|w| *w == name).expect(name);
         words[at + 1].parse().expect(name)
