@@ -11,6 +11,9 @@ class DistError(DdlError): ...
 
 #: The allreduce algorithms' names, ``"auto"`` first (``ddl.dist.ALGORITHMS``).
 ALGORITHMS: List[str]
+#: Each allreduce algorithm's ``(name, syntax, help)``, in the order of ``ALGORITHMS``
+#: (``ddl.dist.ALGORITHM_HELP``).
+ALGORITHM_HELP: List[Tuple[str, str, str]]
 #: The allgather / reduce-scatter algorithms' names, ``"auto"`` first
 #: (``ddl.dist.SHARD_ALGORITHMS``).
 SHARD_ALGORITHMS: List[str]
