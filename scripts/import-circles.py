@@ -7,13 +7,8 @@ A file imports another when its code names a path into that file's module: a `us
 names: `use crate::table::Layout` imports table/mod.rs even where mod.rs re-exports Layout
 from table/buckets.rs, so inside a crate items are imported from the file that defines them.
 A circle is a set of files each reaching the others through such imports; the script prints
-every circle with the imports that tie it and exits 1.
-
-The imports listed in scripts/import-circles.known (`FILE -> FILE`, one a line) are the ties
-of the circles that remain from before this check: they are left out, so that every new
-circle fails, and the check fails too on a listed import that is gone, so that the list only
-shrinks. Cutting a listed tie (moving what both files need below both) and deleting its line
-is the work left.
+every circle with the imports that tie it and exits 1. A circle is cut by moving what both
+files need below both.
 
 Comments, strings, unit tests (`#[cfg(test)] mod tests { ... }`: a test may exercise a file
 through the files above it) and paths built from macro variables (`$file::X`) are not read; a
@@ -285,34 +280,12 @@ def rel(path):
     return os.path.relpath(path)
 
 
-def load_known(path):
-    """The listed ties: {(file, file)}, as absolute paths."""
-    if not path.exists():
-        return set()
-    known = set()
-    for number, line in enumerate(path.read_text().splitlines(), 1):
-        line = line.split("#", 1)[0].strip()
-        if not line:
-            continue
-        source, arrow, target = line.partition(" -> ")
-        if not arrow:
-            sys.exit(f"{rel(path)}:{number}: expected `FILE -> FILE`, got {line!r}")
-        known.add(((path.parent.parent / source).resolve(), (path.parent.parent / target).resolve()))
-    return known
-
-
-def check(packages, known=frozenset(), out=sys.stdout):
-    """Prints every circle of the crates in `packages` (leaving the `known` ties out) and every
-    known tie that is gone; returns how many there are."""
-    count, seen = 0, set()
+def check(packages, out=sys.stdout):
+    """Prints every circle of the crates in `packages`; returns how many there are."""
+    count = 0
     for package in packages:
         for root in crate_roots(package):
             edges = Crate(root).imports()
-            for source, targets in edges.items():
-                for target in list(targets):
-                    if (source.resolve(), target.resolve()) in known:
-                        seen.add((source.resolve(), target.resolve()))
-                        del targets[target]
             for members in circles(edges):
                 count += 1
                 print(f"{rel(root)}: an import circle of {len(members)} files:", file=out)
@@ -321,16 +294,7 @@ def check(packages, known=frozenset(), out=sys.stdout):
                     for target, path in sorted(edges[file].items()):
                         if target in inside:
                             print(f"  {rel(file)} -> {rel(target)} ({path})", file=out)
-    read = {Path(p).resolve() for p in packages}
-    for source, target in sorted(known - seen):
-        if any(parent in read for parent in source.parents):
-            count += 1
-            print(f"{rel(source)} -> {rel(target)}: listed in {KNOWN} but no longer an "
-                  "import: delete its line", file=out)
     return count
-
-
-KNOWN = "scripts/import-circles.known"
 
 
 def main():
@@ -340,15 +304,12 @@ def main():
     else:
         workspace = tomllib.loads((here / "Cargo.toml").read_text())["workspace"]
         packages = [here / m for m in workspace["members"]]
-    known = load_known(here / KNOWN)
-    count = check(packages, known)
+    count = check(packages)
     if count:
-        print(f"import-circles: {count} import circle(s) or stale line(s) of {KNOWN}: import "
-              "each item from the file that defines it, and move what two files share below "
-              "both", file=sys.stderr)
+        print(f"import-circles: {count} import circle(s): import each item from the file that "
+              "defines it, and move what two files share below both", file=sys.stderr)
         sys.exit(1)
-    print(f"import-circles: no new import circle; {len(known)} old tie(s) left in {KNOWN}",
-          file=sys.stderr)
+    print("import-circles: no import circle", file=sys.stderr)
 
 
 if __name__ == "__main__":

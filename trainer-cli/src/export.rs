@@ -27,7 +27,7 @@ pub struct Args {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use ddl_trainer::setting::Setting;
+    use ddl_trainer::Setting;
 
     /// The settings `ddl-export`'s library calls name in their messages have a flag.
     #[test]

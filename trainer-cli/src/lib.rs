@@ -13,14 +13,14 @@ pub mod predict;
 pub mod train;
 
 #[cfg(test)]
-use ddl_trainer::setting::Setting;
+use ddl_trainer::Setting;
 
 /// The clap value parser of a [`Named`] type: its names are the possible values, with their
 /// help.
 pub fn named<T: Named + Send + Sync>() -> impl TypedValueParser<Value = T> {
     let values = T::ALL.iter().map(|v| match v.help() {
         "" => PossibleValue::new(v.name()),
-        help => PossibleValue::new(v.name()).help(ddl_trainer::flag::spell(help)),
+        help => PossibleValue::new(v.name()).help(ddl_trainer::config::spell(help)),
     });
     PossibleValuesParser::new(values).map(|name| T::from_name(&name).expect("a possible value"))
 }

@@ -6,8 +6,8 @@ use clap::Parser;
 use ddl_comm::CostModel;
 use ddl_loader::exchange_args::ExchangeFlags;
 
+use ddl_trainer::config::spell;
 use ddl_trainer::config::Overlap;
-use ddl_trainer::flag::spell;
 use ddl_trainer::model::ModelKind;
 
 /// Print a ddl-train run's parameters, gradient buckets, memory and bytes sent per step.
@@ -83,7 +83,7 @@ pub fn default_link_bytes_per_s() -> f64 {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use ddl_trainer::setting::Setting;
+    use ddl_trainer::Setting;
 
     /// The settings `ddl-plan`'s library calls name in their messages have a flag.
     #[test]

@@ -51,7 +51,7 @@ pub struct Args {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use ddl_trainer::setting::Setting;
+    use ddl_trainer::Setting;
 
     /// The settings `ddl-predict`'s library calls name in their messages have a flag.
     #[test]

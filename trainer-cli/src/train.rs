@@ -9,10 +9,10 @@ use std::path::PathBuf;
 use clap::parser::ValueSource;
 use clap::{Arg, ArgAction, ArgMatches, Command};
 
-use ddl_trainer::flag::spell;
+use ddl_trainer::config::spell;
 use ddl_trainer::flag::{Flag, Heading, Takes};
-use ddl_trainer::setting::Setting;
-use ddl_trainer::TrainConfig;
+use ddl_trainer::Setting;
+use ddl_trainer::{TrainConfig, TrainError};
 
 /// What `ddl-train` does, the first line of its help.
 const ABOUT: &str = "Train an image classifier data-parallel on shards written by ddl-pack";
@@ -44,8 +44,8 @@ pub struct Args {
 
 /// The flags of the settings, in the order `--help` lists them: by heading, then as the table
 /// has them.
-pub fn flags() -> Vec<Flag> {
-    let mut flags: Vec<Flag> = Setting::TRAIN.iter().filter_map(|s| s.flag()).collect();
+pub fn flags() -> Vec<Flag<Setting>> {
+    let mut flags: Vec<Flag<Setting>> = Setting::TRAIN.iter().filter_map(|s| s.flag()).collect();
     flags.sort_by_key(|f| f.heading);
     flags
 }
@@ -76,10 +76,10 @@ pub fn command() -> Command {
 
 /// The clap argument of `flag`: `-h` gives its summary alone, on one line; `--help` its whole
 /// doc, its default and its choices with their help.
-fn argument(flag: &Flag) -> Arg {
+fn argument(flag: &Flag<Setting>) -> Arg {
     let mut arg = Arg::new(flag.setting.name())
         .long(flag.long_name())
-        .help(flag.summary())
+        .help(spell(&flag.summary()))
         .long_help(long_help(flag))
         .help_heading(flag.heading.title())
         .hide_default_value(true)
@@ -129,8 +129,8 @@ fn argument(flag: &Flag) -> Arg {
 }
 
 /// `flag`'s `--help` text: its doc, then its choices, one line each, and its default.
-fn long_help(flag: &Flag) -> String {
-    let mut help = flag.long_help();
+fn long_help(flag: &Flag<Setting>) -> String {
+    let mut help = spell(&flag.long_help());
     if !flag.choices.is_empty() {
         help.push_str("\n\nPossible values:");
         for choice in &flag.choices {
@@ -171,7 +171,10 @@ impl Args {
                     .collect(),
             };
             let values: Vec<&str> = values.iter().map(String::as_str).collect();
-            config.set_flag(flag.setting, &values)?;
+            let setting = flag.setting;
+            config
+                .set_flag(setting, &values)
+                .map_err(|m| TrainError::config(setting, m))?;
         }
         let trace = matches.get_one::<PathBuf>("trace").cloned();
         Ok(Args { config, trace })

@@ -1,8 +1,9 @@
 //! The configuration of a training run: [`TrainConfig`] (the `ddl-train` flags) and the types
-//! of its flags. Its one table of settings also makes [`Setting`] (re-exported by
-//! [`crate::setting`]), each setting's class on resume and its flag ([`crate::flag`]).
+//! of its flags. Its one table of settings also makes [`Setting`] (what errors and messages
+//! name, spelled as flags), each setting's class on resume and its flag ([`crate::flag`]).
+//! Everything the table names lies below it; errors, which name settings, lie above.
 
-use std::fmt::Display;
+use std::fmt::{self, Display};
 use std::path::PathBuf;
 
 use ddl_comm::{Algorithm, CommOrder, ShardAlgorithm};
@@ -11,19 +12,18 @@ use ddl_loader::pipeline::{
 };
 use serde::{Serialize, Serializer};
 
-use crate::device::DeviceSpec;
 /// The arithmetic of forward and backward, a property of the devices (see [`crate::device`]).
-pub use crate::device::Precision;
-use crate::error::{Result, TrainError};
-use crate::flag_value::{Choice, Named, Takes};
-use crate::model::ModelKind;
+pub use crate::device::precision::Precision;
+use crate::device::spec::DeviceSpec;
+use crate::flag_value::{flag_value_named, parse_one, Choice, FlagValue, Named, Takes};
+use crate::model::kind::ModelKind;
 use crate::schedule::DecayKind;
 use crate::setting::settings;
 use crate::signal::{KillTiming, StopRequest};
 use crate::size_schedule::SizeSchedule;
 
 /// Serializes a flag value as it is written on the command line.
-fn as_flag<T: Display, S: Serializer>(value: &T, s: S) -> std::result::Result<S::Ok, S::Error> {
+fn as_flag<T: Display, S: Serializer>(value: &T, s: S) -> Result<S::Ok, S::Error> {
     s.collect_str(value)
 }
 
@@ -54,6 +54,8 @@ impl Named for ResidencyMode {
         }
     }
 }
+
+flag_value_named!(ResidencyMode);
 
 settings! {
     /// Everything a training run is configured with (the `ddl-train` flags). Each field is a
@@ -463,6 +465,49 @@ settings! {
     }
 }
 
+impl Setting {
+    /// The setting named `name` ([`Setting::name`]).
+    pub fn from_name(name: &str) -> Option<Setting> {
+        Setting::ALL.iter().copied().find(|s| s.name() == name)
+    }
+}
+
+impl fmt::Display for Setting {
+    /// The setting as its user types it: its flag.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.spelled())
+    }
+}
+
+/// Several settings, as `a/b/c` (an error any of them can lift).
+pub fn joined(settings: &[Setting]) -> String {
+    settings
+        .iter()
+        .map(Setting::to_string)
+        .collect::<Vec<_>>()
+        .join("/")
+}
+
+/// `text` with each setting named in backquotes (`` `batch` ``) spelled as its flag: for the
+/// docs of the table and texts that must be constants.
+pub fn spell(text: &str) -> String {
+    let mut out = String::new();
+    let mut rest = text;
+    while let Some((before, after)) = rest.split_once('`') {
+        let Some((quoted, next)) = after.split_once('`') else {
+            break;
+        };
+        out.push_str(before);
+        match Setting::from_name(quoted) {
+            Some(s) => out.push_str(&s.to_string()),
+            None => out.push_str(&format!("`{quoted}`")),
+        }
+        rest = next;
+    }
+    out.push_str(rest);
+    out
+}
+
 impl TrainConfig {
     /// The shorter side of the eval resize: `eval_resize`, or the image size x
     /// `eval_resize_ratio` (8/7: 256 for 224) when it is 0.
@@ -534,20 +579,35 @@ impl Overlap {
 }
 
 impl std::str::FromStr for Overlap {
-    type Err = TrainError;
+    type Err = String;
 
     /// Parses one of [`Overlap::CHOICES`] but `auto`.
-    fn from_str(s: &str) -> Result<Self> {
+    fn from_str(s: &str) -> Result<Self, String> {
         [Overlap::Off, Overlap::Pipeline, Overlap::Backward]
             .into_iter()
             .find(|o| o.name() == s)
             .ok_or_else(|| {
                 let names: Vec<&str> = Overlap::CHOICES.iter().map(|c| c.name).collect();
-                TrainError::config(
-                    Setting::Overlap,
-                    format!("{s:?} is not one of {}", names.join(", ")),
-                )
+                format!("{s:?} is not one of {}", names.join(", "))
             })
+    }
+}
+
+/// `overlap`: `auto` is no value ([`auto_overlap`] decides).
+impl FlagValue for Option<Overlap> {
+    fn parse_flag(values: &[&str]) -> Result<Self, String> {
+        match values {
+            ["auto"] => Ok(None),
+            _ => parse_one::<Overlap>(values).map(Some),
+        }
+    }
+
+    fn shown(&self) -> Option<String> {
+        Some(self.map_or("auto", Overlap::name).to_string())
+    }
+
+    fn choices() -> Vec<Choice> {
+        Overlap::CHOICES.to_vec()
     }
 }
 
@@ -594,4 +654,66 @@ pub fn comm_order(
         return (requested, None);
     };
     (CommOrder::Fifo, Some(why))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Settings are spelled as the flags users type, overrides and `predict`'s included.
+    #[test]
+    fn settings_are_spelled_as_flags() {
+        for (setting, flag) in [
+            (Setting::Eval, "--no-eval"),
+            (Setting::Verbose, "--quiet"),
+            (Setting::Lock, "--mlock"),
+            (Setting::CommTimeoutS, "--comm-timeout"),
+            (Setting::AllowNewLayout, "--allow-new-layout"),
+            (Setting::InductorOptions, "--inductor-option"),
+            (Setting::Output, "-o"),
+        ] {
+            assert_eq!(setting.to_string(), flag);
+        }
+    }
+
+    /// Every field of the configuration (as a checkpoint records it) is a setting a message
+    /// can name, with its class on resume; the others have none.
+    #[test]
+    fn every_config_field_is_a_classified_setting() {
+        let v = serde_json::to_value(crate::TrainConfig::default()).unwrap();
+        let fields: Vec<&str> = v.as_object().unwrap().keys().map(String::as_str).collect();
+        for field in &fields {
+            let s = Setting::from_name(field);
+            assert_eq!(s.map(Setting::name), Some(*field), "{field}");
+            assert!(s.and_then(Setting::on_resume).is_some(), "{field}");
+        }
+        assert_eq!(Setting::TRAIN.len(), fields.len());
+        for s in Setting::ALL.iter().filter(|s| !Setting::TRAIN.contains(s)) {
+            assert_eq!(s.on_resume(), None, "{s:?}");
+        }
+    }
+
+    #[test]
+    fn spell_names_settings_only() {
+        let text = "with `schedule` cosine, not `cosine`, and a lone ` quote";
+        let want = "with --schedule cosine, not `cosine`, and a lone ` quote";
+        assert_eq!(spell(text), want);
+    }
+
+    #[test]
+    fn named_values_are_parsed_by_name_and_listed() {
+        assert_eq!(
+            ModelKind::parse_flag(&["resnet_small"]),
+            Ok(ModelKind::ResnetSmall)
+        );
+        let err = Precision::parse_flag(&["fp8"]).unwrap_err();
+        assert_eq!(err, "\"fp8\" is not one of fp32, bf16, fp16");
+        let auto = <Option<Overlap>>::parse_flag(&["auto"]);
+        assert_eq!(auto, Ok(None));
+        let names: Vec<&str> = <Option<Overlap>>::choices()
+            .iter()
+            .map(|c| c.name)
+            .collect();
+        assert_eq!(names, ["auto", "backward", "pipeline", "off"]);
+    }
 }

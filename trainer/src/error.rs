@@ -2,7 +2,8 @@
 
 use std::path::PathBuf;
 
-use crate::setting::{joined, Setting};
+use crate::config::{joined, Setting};
+use crate::device::spec::DeviceSpecError;
 
 /// Everything that can go wrong while configuring or running a training job.
 #[derive(Debug, thiserror::Error)]
@@ -196,6 +197,12 @@ pub enum TrainError {
         /// The checkpoint to resume from, if the run has a checkpoint directory.
         checkpoint: Option<PathBuf>,
     },
+}
+
+impl From<DeviceSpecError> for TrainError {
+    fn from(e: DeviceSpecError) -> Self {
+        TrainError::config(Setting::Devices, e.to_string())
+    }
 }
 
 impl From<crate::weights::error::WeightsError> for TrainError {

@@ -13,10 +13,10 @@ use ddl_loader::pipeline::{IMAGENET_MEAN, IMAGENET_STD};
 
 use crate::checkpoint::{self, Checkpoint};
 use crate::config::eval_resize_px;
+use crate::config::Setting;
 use crate::error::{Result, TrainError};
 use crate::flag::Named;
 use crate::model::ModelKind;
-use crate::setting::Setting;
 use crate::variables::Variables;
 use crate::weights::meta::ModelMeta;
 use crate::weights::{self, file, Spec, StateDict};

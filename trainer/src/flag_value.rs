@@ -1,10 +1,13 @@
 //! How a value of a setting's type is typed on a command line ([`FlagValue`]): parsed,
-//! checked, shown as a default and listed as choices; for the plain types here, for the
-//! library's own types beside [`crate::flag::Flag`]. A leaf: the types that implement
-//! [`Named`] import it without a circle.
+//! checked, shown as a default and listed as choices; here for the plain types and those of
+//! the other ddl crates, for the library's own types beside each type. A leaf: the types that
+//! implement it import it without a circle.
 
 use std::fmt::Display;
 use std::path::PathBuf;
+
+use ddl_comm::{Algorithm, CommOrder, ShardAlgorithm};
+use ddl_loader::pipeline::OnBadRecord;
 
 /// How a flag takes its values.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -82,15 +85,18 @@ where
 /// names of their choices where they have a list.
 macro_rules! flag_value_from_str {
     ($($ty:ty $(=> $choices:expr)?),* $(,)?) => {$(
-        impl FlagValue for $ty {
+        impl $crate::flag_value::FlagValue for $ty {
             fn parse_flag(values: &[&str]) -> Result<Self, String> {
-                parse_one(values)
+                $crate::flag_value::parse_one(values)
             }
             fn shown(&self) -> Option<String> {
                 Some(self.to_string())
             }
-            $(fn choices() -> Vec<Choice> {
-                $choices.iter().map(|&name| Choice::named(name, "")).collect()
+            $(fn choices() -> Vec<$crate::flag_value::Choice> {
+                $choices
+                    .iter()
+                    .map(|&name| $crate::flag_value::Choice::named(name, ""))
+                    .collect()
             })?
         }
     )*};
@@ -202,8 +208,9 @@ pub trait Named: Copy + 'static {
 /// [`FlagValue`] for [`Named`] types.
 macro_rules! flag_value_named {
     ($($ty:ty),* $(,)?) => {$(
-        impl FlagValue for $ty {
+        impl $crate::flag_value::FlagValue for $ty {
             fn parse_flag(values: &[&str]) -> Result<Self, String> {
+                use $crate::flag_value::Named;
                 let [one] = values else {
                     return Err(format!("takes one value, got {}", values.len()));
                 };
@@ -213,9 +220,10 @@ macro_rules! flag_value_named {
                 })
             }
             fn shown(&self) -> Option<String> {
-                Some(self.name().to_string())
+                Some($crate::flag_value::Named::name(*self).to_string())
             }
-            fn choices() -> Vec<Choice> {
+            fn choices() -> Vec<$crate::flag_value::Choice> {
+                use $crate::flag_value::{Choice, Named};
                 Self::ALL.iter().map(|v| Choice::named(v.name(), v.help())).collect()
             }
         }
@@ -223,3 +231,64 @@ macro_rules! flag_value_named {
 }
 
 pub(crate) use flag_value_named;
+
+flag_value_from_str!(
+    ShardAlgorithm => ShardAlgorithm::NAMES,
+    CommOrder => CommOrder::NAMES,
+);
+
+/// `allreduce`: the algorithms of comm's registry, with their parameters and help.
+impl FlagValue for Algorithm {
+    fn parse_flag(values: &[&str]) -> Result<Self, String> {
+        parse_one(values)
+    }
+
+    fn shown(&self) -> Option<String> {
+        Some(self.to_string())
+    }
+
+    fn choices() -> Vec<Choice> {
+        let choice = |d: &ddl_comm::allreduce::Declared| Choice {
+            name: d.name,
+            syntax: d.syntax,
+            help: d.help,
+        };
+        Algorithm::DECLARED.iter().map(choice).collect()
+    }
+}
+
+flag_value_named!(OnBadRecord);
+
+impl Named for OnBadRecord {
+    const ALL: &'static [Self] = &[OnBadRecord::Replace, OnBadRecord::Skip, OnBadRecord::Fail];
+
+    fn name(self) -> &'static str {
+        match self {
+            OnBadRecord::Replace => "replace",
+            OnBadRecord::Skip => "skip",
+            OnBadRecord::Fail => "fail",
+        }
+    }
+
+    fn help(self) -> &'static str {
+        match self {
+            OnBadRecord::Replace => "with the next good record of the epoch",
+            OnBadRecord::Skip => "leave it out: a shorter batch",
+            OnBadRecord::Fail => "stop the run",
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn lists_check_each_piece_and_count_the_whole() {
+        assert_eq!(<[f64; 2]>::parse_flag(&["0.1", "1"]), Ok([0.1, 1.0]));
+        let three = <[f64; 2]>::parse_flag(&["0.1", "0.2", "1"]).unwrap_err();
+        assert_eq!(three, "takes 2 comma-separated values, got 3");
+        assert!(<[f64; 2]>::check_one("x").is_err());
+        assert_eq!(vec![30u32, 60].shown().as_deref(), Some("30,60"));
+    }
+}

@@ -83,7 +83,7 @@ pub mod validate;
 pub mod variables;
 pub mod weights;
 
+pub use config::Setting;
 pub use config::TrainConfig;
 pub use error::{Result, TrainError};
-pub use setting::Setting;
 pub use train::{train, RankInfo, TrainSummary};

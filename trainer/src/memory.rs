@@ -16,7 +16,7 @@ use ddl_loader::units::{mb, mib};
 use ddl_sim::step::{crossover_batch, HeadExchange, Step};
 
 use crate::config::Overlap;
-use crate::setting::Setting;
+use crate::config::Setting;
 use crate::table::{Layout, ALIGN};
 use crate::weights;
 

@@ -13,10 +13,10 @@ use ddl_loader::pipeline::{EVAL_RESIZE_RATIO, IMAGENET_MEAN, IMAGENET_STD};
 use tch::{nn, Device, Kind, Tensor};
 
 use crate::config::eval_resize_px;
+use crate::config::Setting;
 use crate::error::{Result, TrainError};
 use crate::flag::Named;
 use crate::model::{self, Model, ModelKind};
-use crate::setting::Setting;
 use crate::variables::Variables;
 use crate::weights::meta::ModelMeta;
 use crate::weights::{file, Spec, StateDict, WeightsError};

@@ -19,8 +19,8 @@
 use serde_json::Value;
 
 use crate::config::TrainConfig;
-use crate::flag::spell;
-use crate::setting::{ResumeClass, Setting};
+use crate::config::{spell, Setting};
+use crate::setting::ResumeClass;
 
 /// The settings of `class`, in the configuration's order, with their reasons.
 pub fn of_class(class: ResumeClass) -> impl Iterator<Item = (Setting, &'static str)> {

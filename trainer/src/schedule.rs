@@ -1,6 +1,8 @@
 //! Learning-rate schedule: linear scaling of the base rate with the global batch, per-step
 //! linear warmup (Goyal et al. 2017), then step decay or cosine decay.
 
+use crate::flag_value::{flag_value_named, Named};
+
 /// What happens after warmup.
 #[derive(Clone, Debug, PartialEq)]
 pub enum Decay {
@@ -25,7 +27,7 @@ pub enum DecayKind {
     Cosine,
 }
 
-impl crate::flag_value::Named for DecayKind {
+impl Named for DecayKind {
     const ALL: &'static [Self] = &[DecayKind::Step, DecayKind::Cosine];
 
     fn name(self) -> &'static str {
@@ -42,6 +44,8 @@ impl crate::flag_value::Named for DecayKind {
         }
     }
 }
+
+flag_value_named!(DecayKind);
 
 /// The learning rate as a pure function of the global step, so that a resumed run uses
 /// exactly the rates of an uninterrupted one.

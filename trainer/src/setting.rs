@@ -1,12 +1,8 @@
-//! The settings a library error or message can name: one per [`crate::TrainConfig`] field,
-//! plus the few of `predict` and `export`, all from the one table in config.rs ([`settings!`]),
-//! which also gives each field its default, its [`ResumeClass`] and its flag
-//! ([`crate::flag::Flag`]). A message names a setting as its flag, as the user of the binaries
-//! typed it (`--no-eval`, `-o`).
-
-use std::fmt;
-
-pub use crate::config::Setting;
+//! The shape of the one table of settings ([`settings!`], invoked in config.rs): each row a
+//! field of [`crate::TrainConfig`] that becomes its default, its [`crate::config::Setting`]
+//! (what errors and messages name, spelled as the flag the user typed: `--no-eval`, `-o`), its
+//! [`ResumeClass`] and its flag ([`crate::flag::Flag`]). Below the table: nothing here names
+//! what it makes.
 
 /// What a different value of a setting does to a run resumed from a checkpoint written with
 /// another (see [`crate::run_flags`]).
@@ -27,15 +23,16 @@ pub enum ResumeClass {
 pub struct OnResume {
     /// What a different value does to a resumed run.
     pub class: ResumeClass,
-    /// Why, as the messages say it (settings in backquotes, see [`spell`]).
+    /// Why, as the messages say it (settings in backquotes, see [`crate::config::spell`]).
     pub why: &'static str,
 }
 
 /// The one table of the configuration's settings (invoked in config.rs): each row, a field of
 /// [`crate::TrainConfig`] with its doc, type, default and [`OnResume`] class, gives the field,
-/// its value in `Default`, its [`Setting`] and its class, so that none of them is a list kept
-/// in step with another by hand. `others` are settings of `predict` and `export` that are no
-/// field; `not_settings` are fields that are not settings (no flag, not serialized).
+/// its value in `Default`, its [`crate::config::Setting`] and its class, so that none of them
+/// is a list kept in step with another by hand. `others` are settings of `predict` and
+/// `export` that are no field; `not_settings` are fields that are not settings (no flag, not
+/// serialized).
 macro_rules! settings {
     (
         $(#[$struct_meta:meta])*
@@ -111,13 +108,14 @@ macro_rules! settings {
 
             /// How a user of `ddl-train` types the setting of a [`TrainConfig`] field (the
             /// doc of its row is the flag's help); `None` for the others.
-            pub fn flag(self) -> Option<$crate::flag::Flag> {
+            pub fn flag(self) -> Option<$crate::flag::Flag<Setting>> {
                 use $crate::flag::{Flag, Heading};
                 match self {
                     $(Setting::$variant => Some(Flag {
                         $($fkey: $fval,)*
                         ..Flag::of::<$ty>(
                             self,
+                            stringify!($field),
                             Heading::$heading,
                             concat!($($doc, "\n",)*),
                             &$default,
@@ -144,16 +142,20 @@ macro_rules! settings {
 
         impl TrainConfig {
             /// Sets the field of `setting` from the strings a user typed for its flag (see
-            /// [`crate::flag_value::FlagValue::parse_flag`]); an error names the flag.
-            pub fn set_flag(&mut self, setting: Setting, values: &[&str]) -> $crate::error::Result<()> {
+            /// [`crate::flag_value::FlagValue::parse_flag`]), or says what is wrong with them
+            /// (the caller names the flag: [`crate::TrainError::config`]).
+            pub fn set_flag(
+                &mut self,
+                setting: Setting,
+                values: &[&str],
+            ) -> std::result::Result<(), String> {
                 use $crate::flag_value::FlagValue;
-                let bad = |e: String| $crate::error::TrainError::config(setting, e);
                 match setting {
                     $(Setting::$variant => {
-                        self.$field = <$ty as FlagValue>::parse_flag(values).map_err(bad)?;
+                        self.$field = <$ty as FlagValue>::parse_flag(values)?;
                     })*
                     $(Setting::$ovariant => {
-                        return Err(bad("is not a setting of a training run".to_string()));
+                        return Err("is not a setting of a training run".to_string());
                     })*
                 }
                 Ok(())
@@ -162,64 +164,3 @@ macro_rules! settings {
     };
 }
 pub(crate) use settings;
-
-impl Setting {
-    /// The setting named `name` ([`Setting::name`]).
-    pub fn from_name(name: &str) -> Option<Setting> {
-        Setting::ALL.iter().copied().find(|s| s.name() == name)
-    }
-}
-
-impl fmt::Display for Setting {
-    /// The setting as its user types it: its flag.
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(&self.spelled())
-    }
-}
-
-/// Several settings, as `a/b/c` (an error any of them can lift).
-pub fn joined(settings: &[Setting]) -> String {
-    settings
-        .iter()
-        .map(Setting::to_string)
-        .collect::<Vec<_>>()
-        .join("/")
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    /// Settings are spelled as the flags users type, overrides and `predict`'s included.
-    #[test]
-    fn settings_are_spelled_as_flags() {
-        for (setting, flag) in [
-            (Setting::Eval, "--no-eval"),
-            (Setting::Verbose, "--quiet"),
-            (Setting::Lock, "--mlock"),
-            (Setting::CommTimeoutS, "--comm-timeout"),
-            (Setting::AllowNewLayout, "--allow-new-layout"),
-            (Setting::InductorOptions, "--inductor-option"),
-            (Setting::Output, "-o"),
-        ] {
-            assert_eq!(setting.to_string(), flag);
-        }
-    }
-
-    /// Every field of the configuration (as a checkpoint records it) is a setting a message
-    /// can name, with its class on resume; the others have none.
-    #[test]
-    fn every_config_field_is_a_classified_setting() {
-        let v = serde_json::to_value(crate::TrainConfig::default()).unwrap();
-        let fields: Vec<&str> = v.as_object().unwrap().keys().map(String::as_str).collect();
-        for field in &fields {
-            let s = Setting::from_name(field);
-            assert_eq!(s.map(Setting::name), Some(*field), "{field}");
-            assert!(s.and_then(Setting::on_resume).is_some(), "{field}");
-        }
-        assert_eq!(Setting::TRAIN.len(), fields.len());
-        for s in Setting::ALL.iter().filter(|s| !Setting::TRAIN.contains(s)) {
-            assert_eq!(s.on_resume(), None, "{s:?}");
-        }
-    }
-}

@@ -11,6 +11,8 @@ use std::str::FromStr;
 
 use serde::{Serialize, Serializer};
 
+use crate::flag_value::{parse_one, FlagValue};
+
 /// The train image size of each epoch; empty: the run's image size throughout.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct SizeSchedule {
@@ -86,6 +88,16 @@ impl fmt::Display for SizeSchedule {
 impl Serialize for SizeSchedule {
     fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
         s.collect_str(self)
+    }
+}
+
+impl FlagValue for SizeSchedule {
+    fn parse_flag(values: &[&str]) -> Result<Self, String> {
+        parse_one(values)
+    }
+
+    fn shown(&self) -> Option<String> {
+        (!self.is_empty()).then(|| self.to_string())
     }
 }
 

@@ -24,9 +24,9 @@ use ddl_loader::trace_records::{
 };
 use ddl_loader::LoaderError;
 
+use crate::config::Setting;
 use crate::console::eprint_line;
 use crate::error::{Result, TrainError};
-use crate::setting::Setting;
 use crate::table::BatchIter;
 
 /// Batches the replicas took but whose step is not yet done.

@@ -6,9 +6,9 @@ use ddl_loader::limits::{
 };
 use ddl_loader::pipeline::Output;
 
+use crate::config::Setting;
 use crate::config::TrainConfig;
 use crate::error::{Result, TrainError};
-use crate::setting::Setting;
 
 /// Largest `bucket_mb`: one bucket of 64 GiB is already more than any model's gradient.
 const MAX_BUCKET_MB: f64 = 65536.0;

@@ -30,7 +30,8 @@ fn main() -> ExitCode {
 }
 
 fn run(args: &Args) -> anyhow::Result<String> {
-    let overlap: Overlap = args.overlap.parse()?;
+    let overlap =
+        (args.overlap.parse::<Overlap>()).map_err(|m| anyhow::anyhow!("invalid --overlap: {m}"))?;
     if !(args.bucket_mb.is_finite() && args.bucket_mb > 0.0) {
         anyhow::bail!(
             "--bucket-mb {} must be a positive size in MiB",

@@ -22,8 +22,8 @@ use super::entry::{self, Entry, Unusable};
 use super::package::StepPackage;
 use super::python::Python;
 use super::step::{StepKey, StepSpec, GRAPH_SOURCES, SCRIPT};
+use crate::config::Setting;
 use crate::error::{Result, TrainError};
-use crate::setting::Setting;
 
 /// The entry of `key` in `cache`, compiled by `python` from `spec` if it is missing or
 /// cannot be used.

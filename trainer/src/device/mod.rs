@@ -14,15 +14,15 @@
 //! | cuDNN ([`configure_backend`]) | benchmark, or deterministic algorithms | no cuDNN |
 
 mod ffi;
-mod precision;
-mod spec;
+pub(crate) mod precision;
+pub(crate) mod spec;
 
 use tch::{Device, Kind, Tensor};
 
 use crate::error::Result;
 
 pub use precision::Precision;
-pub use spec::DeviceSpec;
+pub use spec::{DeviceSpec, DeviceSpecError};
 
 /// A point in the work queued on a stream, which other streams and threads can wait for. On
 /// the CPU work is complete when it is queued: the event is complete from the start.

@@ -2,7 +2,7 @@
 
 use serde::Serialize;
 
-use crate::flag_value::Named;
+use crate::flag_value::{flag_value_named, Named};
 
 /// Arithmetic precision of forward and backward (`precision`). Gradients are always reduced
 /// in f32.
@@ -36,3 +36,5 @@ impl Named for Precision {
         }
     }
 }
+
+flag_value_named!(Precision);

@@ -5,8 +5,13 @@ use std::str::FromStr;
 
 use tch::{Cuda, Device};
 
-use crate::config::Setting;
-use crate::error::{Result, TrainError};
+use crate::flag_value::flag_value_from_str;
+
+/// What is wrong with a `devices` value: its form, or a GPU it names that is not visible
+/// (an error of the run names the setting: `From` in [`crate::error`]).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub struct DeviceSpecError(String);
 
 /// `devices`: which local devices get a model replica.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -25,11 +30,11 @@ pub enum DeviceSpec {
 }
 
 impl FromStr for DeviceSpec {
-    type Err = TrainError;
+    type Err = DeviceSpecError;
 
     /// Checks the form only; whether the GPUs exist is checked by [`DeviceSpec::resolve`].
-    fn from_str(spec: &str) -> Result<DeviceSpec> {
-        let bad = |m: String| TrainError::config(Setting::Devices, m);
+    fn from_str(spec: &str) -> Result<DeviceSpec, DeviceSpecError> {
+        let bad = DeviceSpecError;
         let spec = spec.trim();
         match spec {
             "auto" => return Ok(DeviceSpec::Auto),
@@ -75,10 +80,16 @@ impl fmt::Display for DeviceSpec {
     }
 }
 
+flag_value_from_str!(DeviceSpec);
+
 impl DeviceSpec {
-    /// The devices of local rank `rank_in_node` of `ranks_in_node`; fails, naming
-    /// `devices`, when a GPU asked for is not visible.
-    pub fn resolve(&self, rank_in_node: usize, ranks_in_node: usize) -> Result<Vec<Device>> {
+    /// The devices of local rank `rank_in_node` of `ranks_in_node`; fails when a GPU asked for
+    /// is not visible.
+    pub fn resolve(
+        &self,
+        rank_in_node: usize,
+        ranks_in_node: usize,
+    ) -> Result<Vec<Device>, DeviceSpecError> {
         let gpus = Cuda::device_count().max(0) as usize;
         match self {
             DeviceSpec::Auto => {
@@ -91,9 +102,8 @@ impl DeviceSpec {
                 Ok(vec![Device::Cpu])
             }
             DeviceSpec::Cpu(n) => Ok(vec![Device::Cpu; *n]),
-            DeviceSpec::AllCuda if gpus == 0 => Err(TrainError::config(
-                Setting::Devices,
-                "cuda: no CUDA device is visible",
+            DeviceSpec::AllCuda if gpus == 0 => Err(DeviceSpecError(
+                "cuda: no CUDA device is visible".to_string(),
             )),
             DeviceSpec::AllCuda => Ok((0..gpus).map(Device::Cuda).collect()),
             DeviceSpec::Cuda(list) => list
@@ -102,10 +112,9 @@ impl DeviceSpec {
                     if i < gpus {
                         Ok(Device::Cuda(i))
                     } else {
-                        Err(TrainError::config(
-                            Setting::Devices,
-                            format!("{self}: cuda:{i} requested but {gpus} CUDA device(s) visible"),
-                        ))
+                        Err(DeviceSpecError(format!(
+                            "{self}: cuda:{i} requested but {gpus} CUDA device(s) visible"
+                        )))
                     }
                 })
                 .collect(),
@@ -117,7 +126,11 @@ impl DeviceSpec {
 mod tests {
     use super::*;
 
-    fn parse_devices(spec: &str, rank_in_node: usize, ranks_in_node: usize) -> Result<Vec<Device>> {
+    fn parse_devices(
+        spec: &str,
+        rank_in_node: usize,
+        ranks_in_node: usize,
+    ) -> Result<Vec<Device>, DeviceSpecError> {
         spec.parse::<DeviceSpec>()?
             .resolve(rank_in_node, ranks_in_node)
     }
@@ -129,10 +142,15 @@ mod tests {
         for bad in ["cpu:0", "cpu:x", "tpu", "cuda:a", ""] {
             let e = parse_devices(bad, 0, 1).unwrap_err();
             assert!(
-                matches!(&e, TrainError::Config { settings, .. } if settings == &[Setting::Devices]),
+                e.to_string().starts_with(&format!("{bad:?}: ")),
                 "{bad}: {e}"
             );
         }
+        let e = crate::TrainError::from("tpu".parse::<DeviceSpec>().unwrap_err());
+        assert!(
+            e.to_string().starts_with("invalid --devices: \"tpu\""),
+            "{e}"
+        );
     }
 
     #[test]

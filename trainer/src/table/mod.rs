@@ -72,12 +72,12 @@ use tch::{Device, Kind, Tensor};
 
 use crate::compiled::{self, Entry, StepSpec};
 use crate::config::Precision;
+use crate::config::Setting;
 use crate::console::eprint_line;
 use crate::device::DeviceCtx;
 use crate::error::{Result, TrainError};
 use crate::model::{self};
 use crate::optim::Sgd;
-use crate::setting::Setting;
 
 use feed::Feed;
 use flat::Flat;

@@ -9,13 +9,13 @@ use tch::nn;
 use tch::{Kind, Reduction, Tensor};
 
 use crate::compiled::{Entry, GraphLibrary, StepPackage};
+use crate::config::Setting;
 use crate::config::{Overlap, Precision};
 use crate::console::eprint_line;
 use crate::device::{autocast, DeviceCtx, Event};
 use crate::error::{Result, TrainError};
 use crate::model;
 use crate::optim::Sgd;
-use crate::setting::Setting;
 use ddl_comm::CommOrder;
 
 use super::buckets::Layout;

@@ -4,10 +4,10 @@
 use std::path::{Path, PathBuf};
 
 use crate::checkpoint::{self, Checkpoint, CheckpointMeta, TensorEntry};
+use crate::config::Setting;
 use crate::console::eprint_line;
 use crate::error::{Result, TrainError};
 use crate::run_flags::{self, LayoutCheck};
-use crate::setting::Setting;
 use crate::table::ReplicaState;
 
 use super::dir_lock::{self, DirLock};

@@ -12,9 +12,9 @@ use ddl_loader::placement::Placement;
 use ddl_loader::sampler::{NodeRecords, Sampler, SamplerConfig, Tail};
 
 use super::run_plan::Plan;
+use crate::config::Setting;
 use crate::config::TrainConfig;
 use crate::error::{Result, TrainError};
-use crate::setting::Setting;
 use crate::validate;
 
 /// What a rank trains and evaluates on.

@@ -17,13 +17,13 @@ use ddl_loader::sampler::{Sampler, SamplerConfig, Tail};
 
 use crate::checkpoint::{self};
 use crate::comm::Communicator;
+use crate::config::Setting;
 use crate::config::{comm_order, Overlap, TrainConfig};
 use crate::console::eprint_line;
 use crate::device;
 use crate::error::{Result, TrainError};
 use crate::metrics::{MetricsWriter, StepRecord};
 use crate::schedule::Schedule;
-use crate::setting::Setting;
 use crate::signal::StopSignal;
 use crate::table::{BatchIter, EvalSums, Table};
 use crate::trace_records::RecordTrace;

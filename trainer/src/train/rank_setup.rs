@@ -6,11 +6,11 @@ use std::path::PathBuf;
 use super::checkpoints::{bytes_to_u64s, u64s_to_bytes};
 use crate::comm::Communicator;
 use crate::compiled::{self, CompileSettings};
+use crate::config::Setting;
 use crate::config::{auto_overlap, comm_order, TrainConfig};
 use crate::error::{Result, TrainError};
 use crate::job::RankInfo;
 use crate::optim::SgdConfig;
-use crate::setting::Setting;
 use crate::table::TableConfig;
 
 /// The table of rank `rank` of `ranks` (placed as `info` says) with replicas on `devices`,

@@ -6,10 +6,10 @@ use ddl_loader::manifest::Manifest;
 use ddl_loader::pipeline::Output;
 use tch::Device;
 
+use crate::config::Setting;
 use crate::config::{ResidencyMode, TrainConfig};
 use crate::error::{Result, TrainError};
 use crate::schedule::{Decay, DecayKind};
-use crate::setting::Setting;
 use crate::validate;
 use crate::weights;
 

@@ -7,7 +7,7 @@
 
 use std::time::{Duration, Instant};
 
-use crate::setting::Setting;
+use crate::config::Setting;
 use crate::signal::KillTiming;
 
 /// The write speed assumed for a checkpoint until one has been timed (a shared file system's

@@ -7,12 +7,12 @@ use std::sync::Arc;
 use ddl_comm::{CostModel, Topology, Transport};
 
 use crate::comm::Communicator;
+use crate::config::Setting;
 use crate::config::TrainConfig;
 use crate::device;
 use crate::error::{Result, TrainError};
 use crate::metrics::{MetricsWriter, StepRecord};
 use crate::schedule::{Decay, Schedule};
-use crate::setting::Setting;
 use crate::table::Table;
 use crate::validate;
 

@@ -4,9 +4,9 @@
 use std::path::Path;
 
 use crate::comm::Communicator;
+use crate::config::Setting;
 use crate::error::{Result, TrainError};
 use crate::metrics::{MetricsWriter, TunedRecord};
-use crate::setting::Setting;
 
 /// Reports each buffer size whose algorithm `auto` settled on since the last call, after
 /// global step `global`: a line where `print`, a record in `metrics` (rank 0 holds them), and

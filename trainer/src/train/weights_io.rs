@@ -4,10 +4,10 @@
 
 use std::path::Path;
 
+use crate::config::Setting;
 use crate::error::{Result, TrainError};
 use crate::flag::Named;
 use crate::model::ModelKind;
-use crate::setting::Setting;
 use crate::weights::meta::ModelMeta;
 use crate::weights::{self, file, Spec, StateDict, WeightsError};
 

@@ -4,7 +4,7 @@
 use std::fmt;
 use std::path::PathBuf;
 
-use crate::setting::Setting;
+use crate::config::Setting;
 
 /// The problems a `.safetensors` weights file can have, each naming the file and the key.
 #[derive(Debug, thiserror::Error)]

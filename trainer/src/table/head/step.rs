@@ -3,9 +3,9 @@
 
 use tch::{Kind, Tensor};
 
+use crate::config::Setting;
 use crate::device::autocast;
 use crate::error::{Result, TrainError};
-use crate::setting::Setting;
 
 use super::super::messages::StepCmd;
 use super::super::replica::Replica;
