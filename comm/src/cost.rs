@@ -252,6 +252,32 @@ impl Default for CostModel {
     }
 }
 
+/// A cost model known by name, for a job where nothing was measured.
+#[derive(Clone, Copy, Debug)]
+pub struct Preset {
+    /// The name a user gives (`ddl-bench --preset`).
+    pub name: &'static str,
+    /// One line on the machines it models.
+    pub help: &'static str,
+    /// The model.
+    pub model: fn() -> CostModel,
+}
+
+/// The presets, by name (`ddl-bench --preset`); the first is used where neither a preset nor a
+/// measured model is given.
+pub const PRESETS: [Preset; 2] = [
+    Preset {
+        name: "minsky",
+        help: "PowerAI DDL's IBM Minsky nodes: 4 P100 over NVLink, InfiniBand EDR between nodes",
+        model: CostModel::minsky,
+    },
+    Preset {
+        name: "default",
+        help: "a conservative guess: shared memory in a node, 10 GbE between nodes",
+        model: CostModel::default,
+    },
+];
+
 impl CostModel {
     /// IBM "Minsky" S822LC nodes as used by PowerAI DDL: 4 P100 per node over NVLink
     /// (~40 GB/s per direction), nodes over InfiniBand EDR (~12 GB/s), GPU reduction at
@@ -268,14 +294,17 @@ impl CostModel {
         }
     }
 
-    /// A named preset (`minsky`, `default`).
+    /// The preset named `name`, one of [`PRESETS`].
     pub fn preset(name: &str) -> Result<CostModel> {
-        match name {
-            "minsky" => Ok(CostModel::minsky()),
-            "default" => Ok(CostModel::default()),
-            _ => Err(CommError::InvalidArgument(format!(
-                "unknown cost-model preset {name:?} (expected minsky or default)"
-            ))),
+        match PRESETS.iter().find(|p| p.name == name) {
+            Some(p) => Ok((p.model)()),
+            None => {
+                let names: Vec<&str> = PRESETS.iter().map(|p| p.name).collect();
+                Err(CommError::InvalidArgument(format!(
+                    "unknown cost-model preset {name:?} (expected one of {})",
+                    names.join(", ")
+                )))
+            }
         }
     }
 

@@ -39,33 +39,41 @@ mod flags {
     /// The flags of a planned record exchange: `--exchange Q` and what it is counted on.
     #[derive(clap::Args, Clone, Debug)]
     pub struct ExchangeFlags {
-        /// Fraction of every node's records exchanged at each epoch boundary (as ddl-train's
-        /// --exchange, 0 to 1): adds the records and bytes the exchange sends between the nodes.
+        /// Fraction of each node's records exchanged at each epoch boundary.
+        ///
+        /// As ddl-train's --exchange, 0 to 1: adds the records and bytes the exchange sends
+        /// between the nodes.
         #[arg(long, value_name = "Q")]
         pub exchange: Option<f64>,
-        /// Packed dataset whose train split --exchange is counted on (its manifest.json: the
-        /// records of each shard and their average size).
+        /// Packed dataset whose train split --exchange is counted on.
+        ///
+        /// Its manifest.json gives the records of each shard and their average size.
         #[arg(long, value_name = "DIR", requires = "exchange")]
         pub data: Option<PathBuf>,
-        /// Records of the train split, without --data: the exchange is then the expected one.
-        #[arg(long, requires = "exchange", conflicts_with = "data",
+        /// Records of the train split, without --data (the expected exchange).
+        #[arg(long, value_name = "N", requires = "exchange", conflicts_with = "data",
               value_parser = clap::value_parser!(u64).range(1..))]
         pub records: Option<u64>,
-        /// Average bytes of a record, without --data (e.g. 110KB; KiB/MiB and K/M are powers of
-        /// 1024, KB/MB powers of 1000).
+        /// Average bytes of a record, without --data (e.g. 110KB).
+        ///
+        /// KiB/MiB and K/M are powers of 1024, KB/MB powers of 1000.
         #[arg(long, value_name = "SIZE", requires = "exchange", conflicts_with = "data",
               value_parser = parse_size)]
         pub record_bytes: Option<u64>,
-        /// Each node's link, Gbit/s each way (default: the link between nodes of the cost
-        /// model; ddl-plan's is ddl-bench's minsky preset, InfiniBand EDR).
+        /// Each node's link, Gbit/s each way (default: the cost model's).
+        ///
+        /// By default the link between nodes of the cost model; ddl-plan's is ddl-bench's
+        /// minsky preset, InfiniBand EDR.
         #[arg(long, value_name = "GBPS", requires = "exchange")]
         pub link_gbps: Option<f64>,
-        /// Epochs of the run (as ddl-train's --epochs): the boundaries into epochs 1 to N - 1.
-        #[arg(long, default_value_t = 90, requires = "exchange",
+        /// Epochs of the run (ddl-train's --epochs).
+        ///
+        /// The exchange happens at the boundaries into epochs 1 to N - 1.
+        #[arg(long, value_name = "N", default_value_t = 90, requires = "exchange",
               value_parser = clap::value_parser!(u64).range(1..))]
         pub epochs: u64,
-        /// Seed of the placement (as ddl-train's --seed).
-        #[arg(long, default_value_t = 0, requires = "exchange")]
+        /// Seed of the placement (ddl-train's --seed).
+        #[arg(long, value_name = "SEED", default_value_t = 0, requires = "exchange")]
         pub seed: u64,
     }
 

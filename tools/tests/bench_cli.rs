@@ -1,6 +1,7 @@
 //! `ddl-bench` refuses sizes and counts that would print an empty table or be silently
 //! changed, by name, before any MPI work; under `mpirun` each rank's refusal is one whole line.
-//! `sim --exchange` counts the record exchange on a pack's shards as the loader does.
+//! `sim --exchange` counts the record exchange on a pack's shards as the loader does. Its help
+//! lists the presets and algorithms its parsers accept.
 
 use crate::common;
 
@@ -50,7 +51,7 @@ fn under_mpirun_each_rank_refuses_in_one_whole_line() {
     for (args, line_start) in [
         (
             vec!["--iters", "0"],
-            "error: invalid value '0' for '--iters <ITERS>'",
+            "error: invalid value '0' for '--iters <N>'",
         ),
         (
             vec!["--min-bytes", "1M", "--max-bytes", "4K"],
@@ -377,5 +378,46 @@ fn calibrate_times_every_candidate_and_auto_runs_the_fastest() {
     if c.comm_slowdown.min(c.compute_slowdown) >= 1.0 {
         let slower = c.comm_slowdown.max(c.compute_slowdown) > 1.0;
         assert_eq!(shared > separate, slower, "{separate} / {shared} ms, {c:?}");
+    }
+}
+
+/// The choices `--help` lists are the parsers': every preset of comm's registry with its help
+/// line, each accepted by `predict --preset`; every algorithm under `predict --algo`.
+#[test]
+fn help_lists_the_presets_and_algorithms_the_parsers_accept() {
+    let bench = |args: &[&str]| {
+        let mut cmd = Command::new(BENCH);
+        cmd.args(args);
+        let w = stderr_writes(cmd);
+        assert!(w.status.success(), "{args:?}: {}", w.all());
+        w.stdout
+    };
+    // As one line of words: clap wraps the help to the terminal's width.
+    let help = |sub: &str| {
+        let text = bench(&[sub, "--help"]);
+        text.split_whitespace().collect::<Vec<_>>().join(" ")
+    };
+    let (predict, sim) = (help("predict"), help("sim"));
+    for preset in ddl_comm::cost::PRESETS {
+        let line = format!("- {}: {}", preset.name, preset.help);
+        assert!(predict.contains(&line), "{line} missing:\n{predict}");
+        assert!(sim.contains(&line), "{line} missing:\n{sim}");
+        let predicted = bench(&[
+            "predict",
+            "--algo",
+            "ring",
+            "--bytes",
+            "4MiB",
+            "--preset",
+            preset.name,
+        ]);
+        assert!(
+            predicted.contains("\"time_us\""),
+            "{}: {predicted}",
+            preset.name
+        );
+    }
+    for name in ddl_comm::Algorithm::names() {
+        assert!(predict.contains(name), "{name} missing:\n{predict}");
     }
 }

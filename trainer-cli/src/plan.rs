@@ -21,49 +21,58 @@ use ddl_trainer::model::ModelKind;
 #[command(name = "ddl-plan", version, max_term_width = 100)]
 pub struct Args {
     /// The network (as ddl-train's --model).
-    #[arg(long, value_parser = crate::named::<ModelKind>(), default_value_t = ModelKind::Resnet50,
+    #[arg(long, value_name = "NAME", value_parser = crate::named::<ModelKind>(), default_value_t = ModelKind::Resnet50,
           help_heading = "Model")]
     pub model: ModelKind,
     /// Output classes (21841 for the whole of ImageNet-22k).
-    #[arg(long, default_value_t = 1000, value_parser = clap::value_parser!(i64).range(2..),
-          help_heading = "Model")]
+    #[arg(long, value_name = "N", default_value_t = 1000,
+          value_parser = clap::value_parser!(i64).range(2..), help_heading = "Model")]
     pub classes: i64,
     /// Input side in pixels (only resnet_small's stem depends on it).
-    #[arg(long, default_value_t = 224, help_heading = "Model")]
+    #[arg(long, value_name = "PX", default_value_t = 224, help_heading = "Model")]
     pub image_size: u32,
-    /// What the gradient allreduce overlaps with (as ddl-train's --overlap, whose auto picks
-    /// backward on GPUs and across nodes).
-    #[arg(long, default_value = "backward", value_parser = overlaps(), help_heading = "Model")]
+    /// What the gradient allreduce overlaps with (as ddl-train's --overlap).
+    ///
+    /// ddl-train's auto picks backward on GPUs and across nodes.
+    #[arg(long, value_name = "MODE", default_value = "backward", value_parser = overlaps(), help_heading = "Model")]
     pub overlap: String,
     /// Gradient bucket size in MiB (as ddl-train's --bucket-mb).
-    #[arg(long, default_value_t = 25.0, help_heading = "Model")]
+    #[arg(
+        long,
+        value_name = "MIB",
+        default_value_t = 25.0,
+        help_heading = "Model"
+    )]
     pub bucket_mb: f64,
     /// Replicas per rank (for the per-rank memory of CPU replicas).
-    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u64).range(1..),
+    #[arg(long, value_name = "N", default_value_t = 1, value_parser = clap::value_parser!(u64).range(1..),
           help_heading = "Job")]
     pub replicas: u64,
     /// Ranks of the job (for the bytes sent per step).
-    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u64).range(1..),
+    #[arg(long, value_name = "N", default_value_t = 1, value_parser = clap::value_parser!(u64).range(1..),
           help_heading = "Job")]
     pub ranks: u64,
-    /// Images per replica per step (as ddl-train's --batch; global batch = this x replicas x
-    /// ranks).
-    #[arg(long, default_value_t = 32, value_parser = clap::value_parser!(u64).range(1..),
+    /// Images per replica per step (as ddl-train's --batch).
+    ///
+    /// The global batch is this x replicas x ranks.
+    #[arg(long, value_name = "N", default_value_t = 32, value_parser = clap::value_parser!(u64).range(1..),
           help_heading = "Job")]
     pub batch: u64,
-    /// List the buckets of a run with the head split over the replicas (the comparison of the
-    /// two modes is printed either way).
+    /// List the buckets of a run with the head split over the replicas.
+    ///
+    /// The comparison of the two modes is printed either way.
     #[arg(long, help_heading = "Job")]
     pub head_parallel: bool,
     /// The record exchange, and what it is counted on.
     #[command(flatten, next_help_heading = "Record exchange")]
     pub exchange: ExchangeFlags,
     /// Nodes of the job, between which --exchange moves records.
-    #[arg(long, default_value_t = 1, requires = "exchange",
+    #[arg(long, value_name = "N", default_value_t = 1, requires = "exchange",
           value_parser = clap::value_parser!(u64).range(1..))]
     pub nodes: u64,
-    /// Seconds of one epoch, when known: says whether each boundary's exchange fits in the
-    /// epoch before it (the allreduce's use of the links not counted).
+    /// Seconds of one epoch: whether each boundary's exchange fits in the epoch before it.
+    ///
+    /// The allreduce's use of the links is not counted.
     #[arg(long, value_name = "SECONDS", requires = "exchange")]
     pub epoch_s: Option<f64>,
 }

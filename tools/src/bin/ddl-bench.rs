@@ -10,6 +10,7 @@ use std::time::Duration;
 use anyhow::{bail, Context, Result};
 use clap::{Parser, Subcommand};
 use ddl_cli as cli;
+use ddl_comm::cost::PRESETS;
 use ddl_comm::World;
 use ddl_comm::{Algorithm, CostModel};
 use ddl_loader::exchange_args::ExchangeFlags;
@@ -33,40 +34,57 @@ struct Cli {
 enum Cmd {
     /// Allreduce table per algorithm and size, nccl-tests style (run under mpirun).
     Allreduce {
-        /// Comma-separated algorithms (`--help` lists them); by default those `auto` chooses
-        /// among.
-        #[arg(long, default_value = DEFAULT_ALGOS.as_str(), long_help = ALGOS_HELP.as_str())]
+        /// Algorithms, comma-separated; by default those `auto` chooses among.
+        #[arg(long, value_name = "LIST", default_value = DEFAULT_ALGOS.as_str(),
+              long_help = ALGOS_HELP.as_str(), help_heading = "Benchmark")]
         algos: String,
-        /// Element type of the buffers (f16 / bf16 are summed in f32 and rounded once).
-        #[arg(long, value_enum, default_value_t = bench::Dtype::F32)]
+        /// Element type of the buffers.
+        ///
+        /// f16 and bf16 are summed in f32 and rounded once.
+        #[arg(long, value_enum, default_value_t = bench::Dtype::F32, help_heading = "Benchmark")]
         dtype: bench::Dtype,
-        /// Smallest message, at least 4 bytes (one f32): e.g. 4096, 4KiB; KiB/MiB/GiB and K/M/G
-        /// are powers of 1024, KB/MB/GB powers of 1000.
-        #[arg(long, default_value = "4KiB", value_parser = bench::parse_message_bytes)]
+        /// Smallest message, at least 4 bytes (one f32).
+        ///
+        /// Bytes (4096) or with a unit (4KiB): KiB/MiB/GiB and K/M/G are powers of 1024,
+        /// KB/MB/GB powers of 1000.
+        #[arg(long, value_name = "SIZE", default_value = "4KiB",
+              value_parser = bench::parse_message_bytes, help_heading = "Benchmark")]
         min_bytes: usize,
-        /// Largest message (at least --min-bytes; units as for --min-bytes).
-        #[arg(long, default_value = "256MiB", value_parser = bench::parse_message_bytes)]
+        /// Largest message, at least --min-bytes (units as for --min-bytes).
+        #[arg(long, value_name = "SIZE", default_value = "256MiB",
+              value_parser = bench::parse_message_bytes, help_heading = "Benchmark")]
         max_bytes: usize,
         /// Size multiplier between rows (at least 2).
-        #[arg(long, default_value_t = 4, value_parser = clap::value_parser!(u64).range(2..))]
+        #[arg(long, value_name = "K", default_value_t = 4,
+              value_parser = clap::value_parser!(u64).range(2..), help_heading = "Benchmark")]
         step_factor: u64,
         /// Untimed calls per size.
-        #[arg(long, default_value_t = 5)]
+        #[arg(
+            long,
+            value_name = "N",
+            default_value_t = 5,
+            help_heading = "Benchmark"
+        )]
         warmup: usize,
-        /// Timed calls per size from 64 MiB up, more below (iters x 64 MiB / size, at most
-        /// 10,000); the mean per call of the slowest rank is reported. At least 1.
-        #[arg(long, default_value_t = 20, value_parser = clap::value_parser!(u64).range(1..))]
+        /// Timed calls per size from 64 MiB up, more below (at least 1).
+        ///
+        /// Below 64 MiB, iters x 64 MiB / size calls, at most 10,000; the mean per call of the
+        /// slowest rank is reported.
+        #[arg(long, value_name = "N", default_value_t = 20,
+              value_parser = clap::value_parser!(u64).range(1..), help_heading = "Benchmark")]
         iters: u64,
-        /// One JSON object per row instead of the table.
-        #[arg(long)]
-        json: bool,
-        /// Cost model for `auto` (JSON from `calibrate`); also adds the predicted time and
-        /// measured / predicted to every row.
-        #[arg(long)]
-        model_file: Option<PathBuf>,
         /// Operation timeout in seconds (at least 1).
-        #[arg(long, default_value_t = 120, value_parser = clap::value_parser!(u64).range(1..))]
+        #[arg(long, value_name = "S", default_value_t = 120,
+              value_parser = clap::value_parser!(u64).range(1..), help_heading = "Benchmark")]
         timeout_s: u64,
+        /// Cost model for `auto`, from `calibrate`; adds the predicted times.
+        ///
+        /// Each row gets the predicted time and measured / predicted.
+        #[arg(long, value_name = "FILE", help_heading = "Cost model")]
+        model_file: Option<PathBuf>,
+        /// One JSON object per row instead of the table.
+        #[arg(long, help_heading = "Output")]
+        json: bool,
     },
     /// Measure the cost model of this layout for `--allreduce auto` (run under mpirun).
     ///
@@ -76,19 +94,27 @@ enum Cmd {
     /// as the jobs whose `auto` it should steer.
     Calibrate {
         /// Output file.
-        #[arg(short, long, default_value = "model.json")]
+        #[arg(short, long, value_name = "FILE", default_value = "model.json")]
         output: PathBuf,
-        /// Largest allreduce timed (at least 4 bytes; KiB/MiB/GiB are powers of 1024, KB/MB/GB
-        /// powers of 1000).
-        #[arg(long, default_value = "64MiB", value_parser = bench::parse_message_bytes)]
+        /// Largest allreduce timed, at least 4 bytes.
+        ///
+        /// Units as for `allreduce --min-bytes`: KiB/MiB/GiB are powers of 1024, KB/MB/GB
+        /// powers of 1000.
+        #[arg(long, value_name = "SIZE", default_value = "64MiB",
+              value_parser = bench::parse_message_bytes)]
         max_bytes: usize,
-        /// Sweeps over all sizes (ring curves, auto's candidates); per size the median.
-        #[arg(long, default_value_t = 5, value_parser = clap::value_parser!(u64).range(1..))]
+        /// Sweeps over all sizes; per size the median.
+        ///
+        /// Each sweep times the ring curves and every candidate of `auto`.
+        #[arg(long, value_name = "N", default_value_t = 5,
+              value_parser = clap::value_parser!(u64).range(1..))]
         passes: u64,
-        /// Compute threads per rank standing in for its CPU replicas (ddl-train's --devices
-        /// cpu:N) while the contention of compute and allreduce on the same cores is measured
-        /// (`sim --cpu-replicas`); 0 skips it.
-        #[arg(long, default_value_t = 1)]
+        /// Compute threads per rank for the contention measurement (0 skips it).
+        ///
+        /// Threads standing in for the rank's CPU replicas (ddl-train's --devices cpu:N) while
+        /// the contention of compute and allreduce on the same cores is measured, for `sim
+        /// --cpu-replicas`.
+        #[arg(long, value_name = "N", default_value_t = 1)]
         compute_threads: usize,
     },
     /// Predict one allreduce's time from a cost model.
@@ -96,24 +122,25 @@ enum Cmd {
     /// Prints a JSON line: algo, resolved = what `auto` would run, bytes, ranks, time_us.
     Predict {
         /// Algorithm (as for `allreduce --algos`).
-        #[arg(long)]
+        #[arg(long, value_name = "NAME", long_help = ALGO_HELP.as_str(), help_heading = "Allreduce")]
         algo: String,
-        /// Message size, at least 4 bytes (e.g. 4MiB; KiB/MiB/GiB are powers of 1024, KB/MB/GB
-        /// powers of 1000).
-        #[arg(long, value_parser = bench::parse_message_bytes)]
+        /// Message size, at least 4 bytes (e.g. 4MiB).
+        ///
+        /// Units as for `allreduce --min-bytes`: KiB/MiB/GiB are powers of 1024, KB/MB/GB
+        /// powers of 1000.
+        #[arg(long, value_name = "SIZE", value_parser = bench::parse_message_bytes,
+              help_heading = "Allreduce")]
         bytes: usize,
         /// Nodes.
-        #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u64).range(1..))]
+        #[arg(long, value_name = "N", default_value_t = 1,
+              value_parser = clap::value_parser!(u64).range(1..), help_heading = "Allreduce")]
         nodes: u64,
         /// Ranks per node.
-        #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u64).range(1..))]
+        #[arg(long, value_name = "N", default_value_t = 1,
+              value_parser = clap::value_parser!(u64).range(1..), help_heading = "Allreduce")]
         ranks_per_node: u64,
-        /// Cost-model preset (minsky, default).
-        #[arg(long, conflicts_with = "model_file")]
-        preset: Option<String>,
-        /// Cost model measured by `calibrate`.
-        #[arg(long)]
-        model_file: Option<PathBuf>,
+        #[command(flatten)]
+        cost: CostFlags,
     },
     /// Simulate a large job: per-step allreduce time and scaling of each algorithm.
     ///
@@ -122,72 +149,103 @@ enum Cmd {
     Sim(SimArgs),
 }
 
+/// Where `predict` and `sim` take their cost model from.
+#[derive(clap::Args)]
+#[command(next_help_heading = "Cost model")]
+struct CostFlags {
+    /// A preset cost model, by name (`--help` lists them).
+    #[arg(long, value_name = "NAME", long_help = PRESETS_HELP.as_str(),
+          conflicts_with = "model_file")]
+    preset: Option<String>,
+    /// Cost model measured by `calibrate`.
+    #[arg(long, value_name = "FILE")]
+    model_file: Option<PathBuf>,
+}
+
 /// `ddl-bench sim`'s flags.
 #[derive(clap::Args)]
 struct SimArgs {
     /// Nodes.
-    #[arg(long, default_value_t = 64)]
+    #[arg(long, value_name = "N", default_value_t = 64, help_heading = "Job")]
     nodes: usize,
     /// GPUs (ranks) per node.
-    #[arg(long, default_value_t = 4)]
+    #[arg(long, value_name = "N", default_value_t = 4, help_heading = "Job")]
     gpus_per_node: usize,
-    #[arg(long, default_value = "resnet50",
+    #[arg(long, value_name = "NAME", default_value = "resnet50", help_heading = "Job",
           help = format!("The network: {}", bench::SIM_MODELS.join(", ")))]
     model: String,
-    /// Classes of the model's head (parameters: backbone + features x classes + classes;
-    /// 21841 for ImageNet-22k).
-    #[arg(long, default_value_t = 1000, value_parser = clap::value_parser!(u64).range(2..))]
+    /// Classes of the model's head (21841 for ImageNet-22k).
+    ///
+    /// Its parameters: backbone + features x classes + classes.
+    #[arg(long, value_name = "N", default_value_t = 1000,
+          value_parser = clap::value_parser!(u64).range(2..), help_heading = "Job")]
     classes: u64,
-    /// Compute time of one training step per GPU, ms (default: DDL's 150 ms ResNet-50 step
-    /// on a P100, scaled by the model's forward cost with its head).
-    #[arg(long)]
-    step_compute_ms: Option<f64>,
-    /// Images per GPU per step (the hybrid rows exchange the features of the global
-    /// batch).
-    #[arg(long, default_value_t = 32, value_parser = clap::value_parser!(u64).range(1..))]
+    /// Images per GPU per step.
+    ///
+    /// The hybrid rows exchange the features of the global batch.
+    #[arg(long, value_name = "N", default_value_t = 32,
+          value_parser = clap::value_parser!(u64).range(1..), help_heading = "Job")]
     batch: u64,
-    /// Cost-model preset (minsky, default).
-    #[arg(long, conflicts_with = "model_file")]
-    preset: Option<String>,
-    /// Cost model measured by `calibrate`.
-    #[arg(long)]
-    model_file: Option<PathBuf>,
-    /// Fraction of the allreduce hidden behind backward compute (0..1).
-    #[arg(long, default_value_t = 0.0)]
-    overlap: f64,
-    /// Side of the square images, pixels (the schedule splits the compute over the stages
-    /// by their multiply-accumulates at this size).
-    #[arg(long, default_value_t = 224, value_parser = clap::value_parser!(u32).range(16..))]
+    /// Side of the square images, pixels.
+    ///
+    /// The schedule splits the compute over the stages by their multiply-accumulates at this
+    /// size.
+    #[arg(long, value_name = "PX", default_value_t = 224,
+          value_parser = clap::value_parser!(u32).range(16..), help_heading = "Job")]
     image_size: u32,
+    /// Compute time of one training step per GPU, ms.
+    ///
+    /// By default DDL's 150 ms ResNet-50 step on a P100, scaled by the model's forward cost
+    /// with its head.
+    #[arg(long, value_name = "MS", help_heading = "Job")]
+    step_compute_ms: Option<f64>,
+    /// Fraction of the allreduce hidden behind backward compute (0..1).
+    #[arg(
+        long,
+        value_name = "F",
+        default_value_t = 0.0,
+        help_heading = "Schedule"
+    )]
+    overlap: f64,
     /// Largest gradient bucket of the schedule, MiB (ddl-train's --bucket-mb).
-    #[arg(long, default_value_t = 25.0)]
+    #[arg(
+        long,
+        value_name = "MIB",
+        default_value_t = 25.0,
+        help_heading = "Schedule"
+    )]
     bucket_mb: f64,
-    /// The priority order's chunk (ddl-train's --comm-order priority:CHUNK_BYTES); units as
-    /// for `allreduce --min-bytes`.
-    #[arg(long, default_value = "4MiB", value_parser = bench::parse_message_bytes)]
+    /// The priority order's chunk (ddl-train's --comm-order priority:CHUNK_BYTES).
+    ///
+    /// Units as for `allreduce --min-bytes`.
+    #[arg(long, value_name = "SIZE", default_value = "4MiB",
+          value_parser = bench::parse_message_bytes, help_heading = "Schedule")]
     chunk_bytes: usize,
-    /// The schedule's allreduce (ddl-train's --allreduce; as for `allreduce --algos`): `auto`
-    /// is what the model picks at each size.
-    #[arg(long, default_value = "auto")]
+    /// The schedule's allreduce (ddl-train's --allreduce); `auto` picks one per size.
+    #[arg(long, value_name = "NAME", default_value = "auto",
+          long_help = ALGO_HELP.as_str(), help_heading = "Schedule")]
     allreduce: String,
-    /// The replicas compute on the cores that run the communication (CPU replicas): the
-    /// schedule slows each by the other as the model file's `contention` says (measured by
-    /// `calibrate`). Without it they are separate resources, as with GPUs.
-    #[arg(long)]
+    /// The replicas compute on the cores that communicate (CPU replicas).
+    ///
+    /// The schedule slows each by the other as the model file's `contention` says (measured
+    /// by `calibrate`). Without it they are separate resources, as with GPUs.
+    #[arg(long, help_heading = "Schedule")]
     cpu_replicas: bool,
+    #[command(flatten)]
+    cost: CostFlags,
     /// JSON lines instead of the table.
-    #[arg(long)]
+    #[arg(long, help_heading = "Output")]
     json: bool,
     #[command(flatten, next_help_heading = "Record exchange")]
     exchange: ExchangeFlags,
 }
 
-/// The model from a file, a preset, or the `minsky` preset by default.
-fn load_model(preset: Option<String>, model_file: Option<PathBuf>) -> Result<StepModel> {
-    Ok(match (preset, model_file) {
+/// The model from a file, a preset, or the first preset by default.
+fn load_model(cost: CostFlags) -> Result<StepModel> {
+    Ok(match (cost.preset, cost.model_file) {
         (_, Some(p)) => StepModel::load(&p)?,
         (Some(name), None) => StepModel::separate(CostModel::preset(&name)?),
-        (None, None) => StepModel::separate(CostModel::minsky()),
+        (None, None) => StepModel::separate((PRESETS[0].model)()),
     })
 }
 
@@ -207,6 +265,23 @@ static ALGOS_HELP: LazyLock<String> = LazyLock::new(|| {
         "Comma-separated algorithms, each as one of:\n{}\nBy default those `auto` chooses \
          among.",
         Algorithm::help()
+    )
+});
+
+/// `predict --algo` and `sim --allreduce`'s long help: the registry's algorithms.
+static ALGO_HELP: LazyLock<String> =
+    LazyLock::new(|| format!("The algorithm, as one of:\n{}", Algorithm::help()));
+
+/// `--preset`'s long help: comm's presets with what each models.
+static PRESETS_HELP: LazyLock<String> = LazyLock::new(|| {
+    let lines: Vec<String> = PRESETS
+        .iter()
+        .map(|p| format!("  - {}: {}", p.name, p.help))
+        .collect();
+    format!(
+        "A preset cost model, by name, one of:\n{}\n\nWithout it or --model-file: {}.",
+        lines.join("\n"),
+        PRESETS[0].name
     )
 });
 
@@ -283,10 +358,9 @@ fn run(cli: Cli) -> Result<()> {
             bytes,
             nodes,
             ranks_per_node,
-            preset,
-            model_file,
+            cost,
         } => {
-            let cost = load_model(preset, model_file)?.cost;
+            let cost = load_model(cost)?.cost;
             let algo: Algorithm = algo.parse()?;
             let topo = ddl_comm::Topology::new(nodes as usize, ranks_per_node as usize);
             let t = cost.predict(&algo, bytes, topo);
@@ -313,8 +387,7 @@ fn sim(args: SimArgs, out: &mut dyn Write) -> Result<()> {
         classes,
         step_compute_ms,
         batch,
-        preset,
-        model_file,
+        cost,
         overlap,
         image_size,
         bucket_mb,
@@ -355,7 +428,7 @@ fn sim(args: SimArgs, out: &mut dyn Write) -> Result<()> {
     if !(bucket_mb.is_finite() && bucket_mb > 0.0) {
         bail!("--bucket-mb {bucket_mb} is not a positive number of MiB");
     }
-    let StepModel { cost, contention } = load_model(preset, model_file)?;
+    let StepModel { cost, contention } = load_model(cost)?;
     if cpu_replicas && !contention.measured() {
         bail!(
             "--cpu-replicas needs the contention measured by `ddl-bench calibrate` (--model-file \

@@ -38,62 +38,75 @@ struct Args {
     /// Directory with manifest.json and the shards (ddl-pack's output).
     shards_dir: PathBuf,
     /// Split to profile.
-    #[arg(long, default_value = "train", help_heading = "Measurement")]
+    #[arg(
+        long,
+        value_name = "SPLIT",
+        default_value = "train",
+        help_heading = "Measurement"
+    )]
     split: String,
     /// Comma-separated thread counts (default: 1, 2, 4, ... up to the cores).
-    #[arg(long, value_delimiter = ',', value_parser = clap::value_parser!(u64).range(1..), help_heading = "Measurement")]
+    #[arg(long, value_name = "LIST", value_delimiter = ',', value_parser = clap::value_parser!(u64).range(1..), help_heading = "Measurement")]
     threads: Option<Vec<u64>>,
     /// Images per batch.
-    #[arg(long, default_value_t = 256, value_parser = clap::value_parser!(u64).range(1..), help_heading = "Measurement")]
+    #[arg(long, value_name = "N", default_value_t = 256, value_parser = clap::value_parser!(u64).range(1..), help_heading = "Measurement")]
     batch: u64,
     /// Output side in pixels (at least 16, like ddl-train's --image-size).
-    #[arg(long, default_value_t = 224,
+    #[arg(long, value_name = "PX", default_value_t = 224,
           value_parser = clap::value_parser!(u32).range(i64::from(ddl_loader::limits::MIN_IMAGE_SIZE)..), help_heading = "Measurement")]
     image_size: u32,
     /// Seconds of each end-to-end measurement.
-    #[arg(long, default_value_t = 10.0, value_parser = positive_seconds, help_heading = "Measurement")]
+    #[arg(long, value_name = "S", default_value_t = 10.0, value_parser = positive_seconds, help_heading = "Measurement")]
     seconds: f64,
     /// Seconds of each stage measurement (default: seconds / 5, at least 0.5).
-    #[arg(long, value_parser = positive_seconds, help_heading = "Measurement")]
+    #[arg(long, value_name = "S", value_parser = positive_seconds, help_heading = "Measurement")]
     stage_seconds: Option<f64>,
     /// Eval transform (resize + center crop) instead of random-resized crop + flip.
     #[arg(long, help_heading = "Measurement")]
     eval: bool,
-    /// Drop this node's shards from the page cache (posix_fadvise DONTNEED) before the read
-    /// measurements and end-to-end runs, so they read from storage.
+    /// Read from storage, not from the page cache.
+    ///
+    /// Drops this node's shards from the page cache (posix_fadvise DONTNEED) before the read
+    /// measurements and end-to-end runs.
     #[arg(long, help_heading = "Measurement")]
     cold: bool,
     /// Write every figure, with units, as JSON.
-    #[arg(long, help_heading = "Output")]
+    #[arg(long, value_name = "FILE", help_heading = "Output")]
     json: Option<PathBuf>,
     /// Draw images/s against threads per stage (.svg or .png).
-    #[arg(long, help_heading = "Output")]
+    #[arg(long, value_name = "FILE", help_heading = "Output")]
     plot: Option<PathBuf>,
     /// Write a Chrome trace (Perfetto, chrome://tracing) of the run.
-    #[arg(long, help_heading = "Output")]
+    #[arg(long, value_name = "FILE", help_heading = "Output")]
     trace: Option<PathBuf>,
     /// Images/s one GPU consumes.
-    #[arg(long, default_value_t = 1200.0, value_parser = positive_rate, help_heading = "Measurement")]
+    #[arg(long, value_name = "RATE", default_value_t = 1200.0, value_parser = positive_rate, help_heading = "Measurement")]
     gpu_rate: f64,
     /// This node's index (ignored under mpirun: the rank).
-    #[arg(long, default_value_t = 0, help_heading = "Nodes")]
+    #[arg(long, value_name = "I", default_value_t = 0, help_heading = "Nodes")]
     node: usize,
     /// Number of nodes the shards are spread over (ignored under mpirun: the size).
-    #[arg(long, default_value_t = 1, help_heading = "Nodes")]
+    #[arg(long, value_name = "P", default_value_t = 1, help_heading = "Nodes")]
     nodes: usize,
     /// Seed of the record order, crops and flips.
-    #[arg(long, default_value_t = 0, help_heading = "Measurement")]
+    #[arg(
+        long,
+        value_name = "SEED",
+        default_value_t = 0,
+        help_heading = "Measurement"
+    )]
     seed: u64,
     /// Queue depth of the pipeline (at least 1).
-    #[arg(long, default_value_t = 2, value_parser = clap::value_parser!(u64).range(1..), help_heading = "Measurement")]
+    #[arg(long, value_name = "N", default_value_t = 2, value_parser = clap::value_parser!(u64).range(1..), help_heading = "Measurement")]
     prefetch: u64,
     /// Records copied to RAM for the decode, resize and normalize stages.
-    #[arg(long, default_value_t = 2048, value_parser = clap::value_parser!(u64).range(1..), help_heading = "Measurement")]
+    #[arg(long, value_name = "N", default_value_t = 2048, value_parser = clap::value_parser!(u64).range(1..), help_heading = "Measurement")]
     sample_records: u64,
-    /// What to do with a record whose checksum fails or that cannot be decoded (as in
-    /// ddl-train). Every bad record met is reported (count, then the first few with shard
-    /// file and record).
-    #[arg(long, value_enum, default_value_t = OnBadRecord::Replace, help_heading = "Measurement")]
+    /// What to do with a record whose checksum or decoding fails (as in ddl-train).
+    ///
+    /// Every bad record met is reported (count, then the first few with shard file and
+    /// record).
+    #[arg(long, value_name = "RULE", value_enum, default_value_t = OnBadRecord::Replace, help_heading = "Measurement")]
     on_bad_record: OnBadRecord,
     /// Do not print per-measurement progress.
     #[arg(long, short, help_heading = "Output")]

@@ -112,11 +112,13 @@ pub struct Args {
     #[arg(long, help_heading = "Images")]
     pub reencode: bool,
 
-    /// Class list (one wnid per line, first token): restricts and orders the classes.
+    /// Class list (one wnid per line): restricts and orders the classes.
+    ///
+    /// The first token of each line is the wnid.
     #[arg(long, value_name = "FILE", help_heading = "Classes and the val split")]
     pub classes: Option<PathBuf>,
 
-    /// ILSVRC synset list, for a devkit ground truth without data/meta.mat beside it.
+    /// ILSVRC synset list, for a devkit ground truth without data/meta.mat.
     ///
     /// One wnid per line in ILSVRC id order; beside meta.mat it must agree with it.
     #[arg(long, value_name = "FILE", help_heading = "Classes and the val split")]
@@ -141,7 +143,7 @@ pub struct Args {
     #[arg(long, help_heading = "Classes and the val split")]
     pub keep_empty_classes: bool,
 
-    /// Hold out this fraction (0 < F < 1) of an input without a val split as val.
+    /// Hold out this fraction (0 < F < 1) of a split-less input as val.
     ///
     /// An image goes to val by a hash of (--val-seed, wnid, file name), whatever the thread
     /// count, tar order or --shards.
@@ -168,7 +170,9 @@ pub struct Args {
     #[arg(long, value_name = "N", default_value_t = 0, help_heading = "Run")]
     pub threads: usize,
 
-    /// Fail (after writing the report) when more than this fraction of inputs is skipped.
+    /// Fail when more than this fraction of the inputs is skipped.
+    ///
+    /// The report is written first.
     #[arg(long, value_name = "F", default_value_t = pack::DEFAULT_MAX_SKIP_FRACTION,
           help_heading = "Run")]
     pub max_skip_fraction: f64,
