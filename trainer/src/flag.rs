@@ -46,6 +46,7 @@ impl Heading {
         }
     }
 }
+
 /// How a user types one setting `S` of a table: what a binary lowers to an argument of its
 /// command line. `ddl-train`'s table (config.rs) makes one per row
 /// ([`crate::config::Setting::flag`]).
