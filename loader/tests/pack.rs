@@ -1033,21 +1033,30 @@ fn a_class_whose_every_input_fails_stops_the_pack_naming_it() {
 }
 
 #[test]
-fn a_file_among_the_class_folders_is_reported_as_ignored() {
+fn a_file_among_the_class_folders_or_a_folder_in_one_is_reported_as_ignored() {
     let (tmp, input) = scratch_tree("pack-file-as-class");
     let stray = input.join("train/n10000500");
     write(&stray, &jpeg(24, 20, 5));
+    // A folder inside a class folder: its image is not read, and the report says so.
+    let nested = input.join("train/n01000001/more");
+    write(&nested.join("n01000001_99.JPEG"), &jpeg(24, 20, 6));
     let rep = run(&opts(&input, &tmp.path().join("out")));
     assert_eq!(rep.classes, 3);
-    let ignored: Vec<&str> = rep
-        .ignored_files
-        .iter()
-        .filter(|f| f.path == stray.display().to_string())
-        .map(|f| f.reason.as_str())
-        .collect();
+    let reason = |path: &Path| -> Vec<&str> {
+        rep.ignored_files
+            .iter()
+            .filter(|f| f.path == path.display().to_string())
+            .map(|f| f.reason.as_str())
+            .collect()
+    };
     assert_eq!(
-        ignored,
+        reason(&stray),
         ["a file among the class folders, not a class"],
+        "{rep:?}"
+    );
+    assert_eq!(
+        reason(&nested),
+        ["a folder inside a class folder: its images are not read"],
         "{rep:?}"
     );
 }

@@ -491,6 +491,129 @@ fn tars_that_state_no_label_are_refused() {
     );
 }
 
+/// Kaggle's `LOC_val_solution.csv` for the first `rows` val images; the row of image `wrong`
+/// names another class.
+fn kaggle_csv(r: &Replica, rows: usize, wrong: Option<usize>) -> String {
+    let mut csv = String::from("ImageId,PredictionString\n");
+    for (k, im) in r.val.iter().enumerate().take(rows) {
+        let id = Replica::val_name(k).replace(".JPEG", "");
+        let wnid = if wrong == Some(k) {
+            another(im.wnid)
+        } else {
+            im.wnid
+        };
+        csv.push_str(&format!("{id},{wnid} 1 2 3 4\n"));
+    }
+    csv
+}
+
+/// A class other than `wnid`: the next one of [`WNIDS`].
+fn another(wnid: &str) -> &'static str {
+    let i = WNIDS.iter().position(|w| *w == wnid).unwrap();
+    WNIDS[(i + 1) % WNIDS.len()]
+}
+
+#[test]
+fn val_labels_are_checked_against_every_source_beside_them() {
+    let tmp = ddl_testkit::scratch("pack-val-sources");
+    let r = Replica::new();
+    let (gt_file, csv_file) = (
+        "ILSVRC2012_validation_ground_truth.txt",
+        "LOC_val_solution.csv",
+    );
+    let bad = 3;
+    let (right, wrong) = (r.val[bad].wnid, another(r.val[bad].wnid));
+    let names_both = |e: &str, by: &str, checker: &str| {
+        assert!(
+            e.contains(&Replica::val_name(bad))
+                && e.contains(&format!("{by} labels it {right}"))
+                && e.contains(checker)
+                && e.contains(&format!("labels it {wrong}")),
+            "{e}"
+        );
+    };
+
+    // A flat val/ beside the devkit and Kaggle's CSV: labelled by the devkit, each label
+    // checked against the CSV's row.
+    let flat = |name: &str, wrong: Option<usize>| {
+        let input = tmp.path().join(name);
+        r.write_train_tree(&input.join("train"));
+        r.write_val_folder(&input.join("val"));
+        write_devkit_folder(&input, &r.ground_truth());
+        let csv = kaggle_csv(&r, r.val.len(), wrong);
+        write(&input.join(csv_file), csv.as_bytes());
+        input
+    };
+    let input = flat("flat", None);
+    let out = tmp.path().join("out-flat");
+    let rep = pack_ok(&input, &out);
+    assert_labels(&out, "val", r.val.len(), &r);
+    let val = rep.splits["val"].labels.as_ref().unwrap();
+    let csv = input.join(csv_file).display().to_string();
+    assert!(
+        val.files[0].ends_with(gt_file) && val.checked == [csv.clone()],
+        "{val:?}"
+    );
+    assert_eq!(
+        Manifest::load(&out).unwrap().pack["labels"]["val"]["checked"][0],
+        csv.as_str()
+    );
+    // Read, so not listed as ignored.
+    assert!(
+        !rep.ignored_files.iter().any(|f| f.path == csv),
+        "{:?}",
+        rep.ignored_files
+    );
+    // One row that disagrees: refused, naming the image, both files and both wnids.
+    let input = flat("flat-wrong", Some(bad));
+    let e = refused(&opts(&input, &tmp.path().join("out-flat-wrong")));
+    names_both(&e, gt_file, csv_file);
+
+    // Val sorted into class folders beside the devkit: labelled by the folders, each checked
+    // against the ground truth.
+    let sorted = |name: &str, misfiled: Option<usize>| {
+        let input = tmp.path().join(name);
+        r.write_train_tree(&input.join("train"));
+        for (k, im) in r.val.iter().enumerate() {
+            let folder = if misfiled == Some(k) {
+                another(im.wnid)
+            } else {
+                im.wnid
+            };
+            write(
+                &input.join("val").join(folder).join(Replica::val_name(k)),
+                &im.jpeg,
+            );
+        }
+        write_devkit_folder(&input, &r.ground_truth());
+        input
+    };
+    let input = sorted("sorted", None);
+    let out = tmp.path().join("out-sorted");
+    let rep = pack_ok(&input, &out);
+    assert_labels(&out, "val", r.val.len(), &r);
+    let val = rep.splits["val"].labels.as_ref().unwrap();
+    assert!(
+        val.files == [input.join("val").display().to_string()]
+            && val.checked[0].ends_with(gt_file)
+            && val.checked[1].ends_with("meta.mat"),
+        "{val:?}"
+    );
+    // One image in another class's folder: refused. Its folder names the wrong class here;
+    // the message cannot tell which source is wrong, and says so.
+    let input = sorted("sorted-wrong", Some(bad));
+    let e = refused(&opts(&input, &tmp.path().join("out-sorted-wrong")));
+    let (right, wrong) = (wrong, right);
+    assert!(
+        e.contains(&Replica::val_name(bad))
+            && e.contains(&format!("its class folder labels it {right}"))
+            && e.contains(gt_file)
+            && e.contains(&format!("labels it {wrong}"))
+            && e.contains("either may be wrong"),
+        "{e}"
+    );
+}
+
 #[test]
 fn kaggle_images_without_a_csv_row_count_toward_the_skip_limit() {
     let tmp = ddl_testkit::scratch("pack-kaggle");
@@ -503,14 +626,7 @@ fn kaggle_images_without_a_csv_row_count_toward_the_skip_limit() {
         &cls_loc.join("test").join("ILSVRC2012_test_00000001.JPEG"),
         &jpeg(3),
     );
-    let rows = |keep: usize| -> String {
-        let mut csv = String::from("ImageId,PredictionString\n");
-        for (k, im) in r.val.iter().enumerate().take(keep) {
-            let id = Replica::val_name(k).replace(".JPEG", "");
-            csv.push_str(&format!("{id},{} 1 2 3 4\n", im.wnid));
-        }
-        csv
-    };
+    let rows = |keep: usize| kaggle_csv(&r, keep, None);
     write(
         &root.join("LOC_val_solution.csv"),
         rows(r.val.len()).as_bytes(),

@@ -74,9 +74,13 @@ fn print_summary(report: &PackReport, opts: &PackOptions) {
             s.resized
         );
         if let Some(l) = &s.labels {
+            let checked = match l.checked.as_slice() {
+                [] => String::new(),
+                files => format!(", checked against {}", files.join(" with ")),
+            };
             ddl_cli::outln!(
                 "{name} labels: {}",
-                escape_controls(&l.files.join(" with "))
+                escape_controls(&(l.files.join(" with ") + &checked))
             );
         }
     }

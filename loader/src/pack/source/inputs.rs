@@ -80,6 +80,29 @@ pub struct LabelSource {
     pub files: Vec<String>,
     /// How a label is found in them.
     pub rule: String,
+    /// Other sources found beside them that state labels of some of the same images, each of
+    /// which agreed with every label it states (validation images: the devkit, Kaggle's CSV).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub checked: Vec<String>,
+}
+
+impl LabelSource {
+    /// Labels read from `files` by `rule`, checked against nothing else.
+    pub(crate) fn new(files: Vec<String>, rule: impl Into<String>) -> LabelSource {
+        LabelSource {
+            files,
+            rule: rule.into(),
+            checked: Vec::new(),
+        }
+    }
+
+    /// Records that the labels agree with every one the `checked` files state.
+    pub(crate) fn add_checks(&mut self, checked: Vec<String>) {
+        if !checked.is_empty() {
+            self.rule += "; checked against every label the other files state";
+            self.checked.extend(checked);
+        }
+    }
 }
 
 /// An input found but not packable before any decoding (a validation image without a label

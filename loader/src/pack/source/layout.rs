@@ -4,7 +4,7 @@
 //! | split | read from, first found wins |
 //! |---|---|
 //! | train | `train/` (class folders, or per-synset tars, or an outer tar of them); tars in the input: outer tars (`ILSVRC2012_img_train.tar`, `fall11_whole.tar`) and `<wnid>.tar` per-synset tars; the input's own class folders |
-//! | val | `val/` (class folders, or flat images labelled as `val.rs` says); ImageNet's flat val tars (`ILSVRC2012_img_val.tar`) in the input, labelled the same way |
+//! | val | `val/` (class folders, or flat images labelled as `val.rs` says; either checked against the devkit and Kaggle's CSV found beside them); ImageNet's flat val tars (`ILSVRC2012_img_val.tar`) in the input, labelled the same way |
 //!
 //! A form that loses to another is listed as not read, never merged (the same images twice);
 //! ImageNet's test images (no labels exist) and the task-3 train subset beside the full train
@@ -22,7 +22,7 @@ use super::listing::{file_input, input_err, is_image_name, list_dir, Entry, Kind
 use super::scan::{Found, Scan, SplitFound};
 use super::tars::{scan_outer, scan_synset, Claims, Tar, TarKind};
 use super::tree::scan_tree;
-use super::val::{find_labels, label};
+use super::val::{check_folders, find_labels, label_flat};
 use super::{parquet, wds};
 use crate::error::Result;
 
@@ -253,14 +253,12 @@ fn train_tars(tars: Vec<Tar>, scan: &mut Scan) -> Result<SplitFound> {
     } else {
         "class: the wnid naming each per-synset tar (<wnid>.tar)"
     };
-    let labels = LabelSource {
-        files: if names.len() <= 4 {
-            names
-        } else {
-            vec![format!("{} tars", names.len())]
-        },
-        rule: format!("{rule}; {BY_NAME}"),
+    let files = if names.len() <= 4 {
+        names
+    } else {
+        vec![format!("{} tars", names.len())]
     };
+    let labels = LabelSource::new(files, format!("{rule}; {BY_NAME}"));
     Ok(SplitFound {
         items,
         layout,
@@ -273,10 +271,10 @@ fn tree_split(items: Vec<Found>, root: &Path) -> SplitFound {
     SplitFound {
         items,
         layout: format!("class folders in {}", root.display()),
-        labels: LabelSource {
-            files: vec![root.display().to_string()],
-            rule: format!("class: the name of the image's folder; {BY_NAME}"),
-        },
+        labels: LabelSource::new(
+            vec![root.display().to_string()],
+            format!("class: the name of the image's folder; {BY_NAME}"),
+        ),
     }
 }
 
@@ -328,7 +326,11 @@ fn scan_val_dir(
 ) -> Result<Option<SplitFound>> {
     let entries = list_dir(val)?;
     if entries.iter().any(Entry::is_dir) {
-        return Ok(Some(tree_split(scan_tree(val, scan)?, val)));
+        let items = scan_tree(val, scan)?;
+        let checked = check_folders(&items, &find_labels(root, val, opts)?, scan)?;
+        let mut split = tree_split(items, val);
+        split.labels.add_checks(checked);
+        return Ok(Some(split));
     }
     if entries.is_empty() {
         return Ok(None);
@@ -349,7 +351,7 @@ fn scan_val_dir(
             loc,
         });
     }
-    let (items, labels) = label(images, "val", labels, scan)?;
+    let (items, labels) = label_flat(images, (root, val), &labels, scan)?;
     Ok(Some(SplitFound {
         items,
         layout: format!("flat folder {}", val.display()),
@@ -364,7 +366,8 @@ fn scan_val_tars(
     opts: &SourceOptions,
     scan: &mut Scan,
 ) -> Result<SplitFound> {
-    let labels = find_labels(root, &tars[0].path, opts)?;
+    let val = tars[0].path.clone();
+    let labels = find_labels(root, &val, opts)?;
     let layout = tars
         .iter()
         .map(|t| format!("tar file {}", t.path.display()))
@@ -392,7 +395,7 @@ fn scan_val_tars(
             });
         }
     }
-    let (items, labels) = label(images, "val", labels, scan)?;
+    let (items, labels) = label_flat(images, (root, &val), &labels, scan)?;
     Ok(SplitFound {
         items,
         layout,

@@ -32,7 +32,7 @@ mod tree;
 mod val;
 mod wds;
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::path::Path;
 
 use super::classes;
@@ -87,6 +87,12 @@ pub fn discover(input: &Path, opts: &SourceOptions) -> Result<Inputs> {
         }
         None => scan.declared.clone(),
     };
+    // A file a split's labels were read or checked from is an input, not an ignored file.
+    let read: HashSet<&String> = found
+        .values()
+        .flat_map(|f| f.labels.files.iter().chain(&f.labels.checked))
+        .collect();
+    scan.ignored_files.retain(|(path, _)| !read.contains(path));
     let counts = usable_counts(&found, &scan);
     if listed.is_none() && opts.min_per_class == 0 && !opts.keep_empty_classes {
         classes::check_none_empty(input, &counts)?;

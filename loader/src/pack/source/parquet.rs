@@ -101,17 +101,17 @@ pub(super) fn scan_dir(
             let (path, reader) = readers.next().expect("one reader per file");
             items.extend(rows(&path, reader, split, &names, scan)?);
         }
-        let labels = LabelSource {
-            files: vec![format!(
+        let labels = LabelSource::new(
+            vec![format!(
                 "{} parquet files in {}",
                 paths.len(),
                 dir.display()
             )],
-            rule: format!(
+            format!(
                 "each row's label column; its class name from {}",
                 class_source(root)
             ),
-        };
+        );
         let layout = format!("{} parquet files in {}", paths.len(), dir.display());
         found.insert(
             split.to_string(),

@@ -21,6 +21,10 @@ pub(super) fn scan_tree(root: &Path, scan: &mut Scan) -> Result<Vec<Found>> {
         let class = scan.wnid_id(&wnid);
         for e in files? {
             if e.is_dir() {
+                scan.ignore(
+                    root.join(&wnid).join(&e.name).display(),
+                    "a folder inside a class folder: its images are not read",
+                );
                 continue;
             }
             if !is_image_name(&e.name) {

@@ -1,15 +1,24 @@
-//! Labelling flat validation images (a flat `val/` folder, ImageNet's `ILSVRC2012_img_val.tar`):
-//! by Kaggle's `LOC_val_solution.csv` (image id -> wnid), or by the devkit's ground truth, whose
-//! line N labels the image numbered N (`ILSVRC2012_val_{N:08}.JPEG`), matched by the number in
-//! the name, never by position.
+//! Labelling validation images by the sources that state their labels: Kaggle's
+//! `LOC_val_solution.csv` (image id -> wnid) and the devkit's ground truth, whose line N labels
+//! the image numbered N (`ILSVRC2012_val_{N:08}.JPEG`), matched by the number in the name,
+//! never by position.
 //!
-//! The ground truth and the images must match one to one: an image without a number or a line,
+//! Flat images (a flat `val/`, `ILSVRC2012_img_val.tar`) are labelled by the ground truth when
+//! there is one, else by the CSV; images sorted into class folders by their folder. Every other
+//! source found beside them is a check: each image it names must have the wnid it states, or
+//! the pack is refused, naming the image, both sources and both wnids, since either may be the
+//! wrong one (a CSV of another download, a folder sorted by a wrong script).
+//!
+//! The ground truth and flat images must match one to one: an image without a number or a line,
 //! two images with one number, or a line without its image is refused, naming the file and the
-//! line. An image without a CSV row is skipped and counted toward the skip limit (Kaggle's CSV
-//! covers every image; a few missing rows are a damaged download).
+//! line. A flat image without a CSV row, where the CSV labels them, is skipped and counted
+//! toward the skip limit (Kaggle's CSV covers every image; a few missing rows are a damaged
+//! download).
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
+
+use serde::Deserialize;
 
 use super::devkit::{self, GroundTruth};
 use super::inputs::{LabelSource, Rejected, SourceOptions};
@@ -19,25 +28,40 @@ use crate::error::{LoaderError, Result};
 
 /// Kaggle's validation labels.
 const KAGGLE_CSV: &str = "LOC_val_solution.csv";
+/// The name of validation image N, without its extension, is this and N in 8 digits.
+const VAL_NAME_PREFIX: &str = "ILSVRC2012_val_";
 
-/// How flat validation images are labelled.
-pub(super) enum FlatLabels {
-    /// `LOC_val_solution.csv`: image id (file stem) -> wnid.
-    Csv {
-        /// The CSV file.
-        file: PathBuf,
-        /// Its rows.
-        rows: HashMap<String, String>,
-    },
+/// The sources found beside validation images that state their labels.
+pub(super) struct ValLabels {
+    /// Kaggle's CSV.
+    csv: Option<Csv>,
     /// The devkit's ground truth.
-    GroundTruth(GroundTruth),
+    truth: Option<GroundTruth>,
 }
 
-/// Finds the labels of the flat validation images of `input` (the images in `val`, a folder
-/// or a tar, named in the refusal): Kaggle's CSV or a ground truth in `val`, in `input` or up
-/// to three levels above it, or a devkit in `input`. Refuses, naming what is missing, when
-/// there is none.
-pub(super) fn find_labels(input: &Path, val: &Path, opts: &SourceOptions) -> Result<FlatLabels> {
+/// `LOC_val_solution.csv`: image id (file stem) -> wnid.
+struct Csv {
+    /// The CSV file, as messages name it.
+    file: String,
+    /// Its rows.
+    rows: HashMap<String, String>,
+}
+
+/// The source that labels a split's images; the others found only check them.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Labeller {
+    /// The class folder an image is in.
+    Folder,
+    /// The devkit's ground truth.
+    Truth,
+    /// Kaggle's CSV.
+    Csv,
+}
+
+/// Finds the sources that state the labels of the validation images of `input` (the images in
+/// `val`, a folder or a tar): Kaggle's CSV in `val`, in `input` or up to three levels above
+/// it, and a devkit in `input` or a ground truth in those places. Either may be absent.
+pub(super) fn find_labels(input: &Path, val: &Path, opts: &SourceOptions) -> Result<ValLabels> {
     // The Kaggle layout keeps LOC_val_solution.csv next to ILSVRC/ while the images are in
     // ILSVRC/Data/CLS-LOC/{train,val}.
     let mut places: Vec<PathBuf> = vec![val.to_path_buf(), input.to_path_buf()];
@@ -49,18 +73,64 @@ pub(super) fn find_labels(input: &Path, val: &Path, opts: &SourceOptions) -> Res
             .map(Path::to_path_buf)
             .collect::<Vec<_>>()
     }));
-    if let Some(csv) = places
+    let csv = match places
         .iter()
         .map(|d| d.join(KAGGLE_CSV))
         .find(|p| p.is_file())
     {
-        let rows = read_csv(&csv)?;
-        return Ok(FlatLabels::Csv { file: csv, rows });
-    }
-    if let Some(gt) = devkit::find(input, &places, opts)? {
-        return Ok(FlatLabels::GroundTruth(gt));
-    }
-    Err(input_err(
+        Some(path) => Some(Csv {
+            rows: read_csv(&path)?,
+            file: path.display().to_string(),
+        }),
+        None => None,
+    };
+    let truth = devkit::find(input, &places, opts)?;
+    Ok(ValLabels { csv, truth })
+}
+
+/// Labels the flat validation `images` of `input` (their `label` unset; `val`, their folder or
+/// tar, is named in a refusal) by the ground truth, or else by the CSV, and checks them against
+/// the CSV beside a ground truth. Returns them labelled by scan index, with the label source.
+pub(super) fn label_flat(
+    images: Vec<Found>,
+    (input, val): (&Path, &Path),
+    labels: &ValLabels,
+    scan: &mut Scan,
+) -> Result<(Vec<Found>, LabelSource)> {
+    let (items, labeller, mut source) = match (&labels.truth, &labels.csv) {
+        (Some(gt), _) => {
+            let rule = "line N of the ground truth holds the ILSVRC2012_ID of the image whose \
+                        name ends in the number N (ILSVRC2012_val_{N:08}.JPEG); the id's WNID \
+                        from meta.mat's synsets (or the synset list's line of that id)";
+            let source = LabelSource::new(vec![gt.file.clone(), gt.mapping.clone()], rule);
+            (by_number(images, gt, scan)?, Labeller::Truth, source)
+        }
+        (None, Some(csv)) => {
+            let rule = "the first wnid of the PredictionString of the row whose ImageId is the \
+                        image's file name without its extension";
+            let source = LabelSource::new(vec![csv.file.clone()], rule);
+            (by_row(images, csv, scan), Labeller::Csv, source)
+        }
+        (None, None) => return Err(no_labels(input, val)),
+    };
+    let checked = check(&items, labeller, labels, scan)?;
+    source.add_checks(checked);
+    Ok((items, source))
+}
+
+/// Checks validation images labelled by their class folders against the CSV and the ground
+/// truth found beside them; returns the files that named any of them.
+pub(super) fn check_folders(
+    items: &[Found],
+    labels: &ValLabels,
+    scan: &Scan,
+) -> Result<Vec<String>> {
+    check(items, Labeller::Folder, labels, scan)
+}
+
+/// The refusal of flat validation images (in `val`) with no source of labels.
+fn no_labels(input: &Path, val: &Path) -> LoaderError {
+    input_err(
         val,
         format!(
             "holds validation images without labels: no ImageNet devkit \
@@ -70,58 +140,92 @@ pub(super) fn find_labels(input: &Path, val: &Path, opts: &SourceOptions) -> Res
             input.display(),
             devkit::GROUND_TRUTH,
         ),
-    ))
+    )
 }
 
-/// Labels `images` (their `label` unset) of split `split` by `labels`; returns them labelled
-/// by scan index, with the label source.
-pub(super) fn label(
-    images: Vec<Found>,
-    split: &str,
-    labels: FlatLabels,
-    scan: &mut Scan,
-) -> Result<(Vec<Found>, LabelSource)> {
-    match labels {
-        FlatLabels::Csv { file, rows } => {
-            let mut found = Vec::with_capacity(images.len());
-            for mut f in images {
-                match rows.get(stem(&f.name)) {
-                    Some(wnid) => {
-                        f.label = scan.wnid_id(wnid);
-                        found.push(f);
-                    }
-                    None => scan.rejected.push(Rejected {
-                        split: split.to_string(),
-                        path: scan.display(&f),
-                        reason: "no label".into(),
-                        detail: format!(
-                            "no row for ImageId {} in {}",
-                            stem(&f.name),
-                            file.display()
-                        ),
-                    }),
-                }
+/// Labels each image by its CSV row; an image without one is rejected ("no label").
+fn by_row(images: Vec<Found>, csv: &Csv, scan: &mut Scan) -> Vec<Found> {
+    let mut found = Vec::with_capacity(images.len());
+    for mut f in images {
+        match csv.rows.get(stem(&f.name)) {
+            Some(wnid) => {
+                f.label = scan.wnid_id(wnid);
+                found.push(f);
             }
-            let source = LabelSource {
-                files: vec![file.display().to_string()],
-                rule: "the first wnid of the PredictionString of the row whose ImageId is the \
-                       image's file name without its extension"
-                    .into(),
-            };
-            Ok((found, source))
-        }
-        FlatLabels::GroundTruth(gt) => {
-            let found = by_number(images, &gt, scan)?;
-            let source = LabelSource {
-                files: vec![gt.file, gt.mapping],
-                rule: "line N of the ground truth holds the ILSVRC2012_ID of the image whose \
-                       name ends in the number N (ILSVRC2012_val_{N:08}.JPEG); the id's WNID \
-                       from meta.mat's synsets (or the synset list's line of that id)"
-                    .into(),
-            };
-            Ok((found, source))
+            None => scan.rejected.push(Rejected {
+                split: "val".to_string(),
+                path: scan.display(&f),
+                reason: "no label".into(),
+                detail: format!("no row for ImageId {} in {}", stem(&f.name), csv.file),
+            }),
         }
     }
+    found
+}
+
+/// Checks each of `items` (labelled by `labeller`) against every other source of `labels`
+/// that names it; returns the files of the sources that named any.
+fn check(
+    items: &[Found],
+    labeller: Labeller,
+    labels: &ValLabels,
+    scan: &Scan,
+) -> Result<Vec<String>> {
+    let by = match (labeller, &labels.truth, &labels.csv) {
+        (Labeller::Truth, Some(gt), _) => gt.file.as_str(),
+        (Labeller::Csv, _, Some(csv)) => csv.file.as_str(),
+        _ => "its class folder",
+    };
+    let mut checked = Vec::new();
+    if let Some(csv) = labels.csv.as_ref().filter(|_| labeller != Labeller::Csv) {
+        let stated = |name: &str| csv.rows.get(stem(name)).map(String::as_str);
+        if agree(items, by, (&csv.file, stated), scan)? {
+            checked.push(csv.file.clone());
+        }
+    }
+    if let Some(gt) = labels
+        .truth
+        .as_ref()
+        .filter(|_| labeller != Labeller::Truth)
+    {
+        let stated = |name: &str| {
+            let line = usize::try_from(val_number(stem(name))?).ok()?;
+            gt.wnids.get(line.checked_sub(1)?).map(String::as_str)
+        };
+        if agree(items, by, (&gt.file, stated), scan)? {
+            checked.extend([gt.file.clone(), gt.mapping.clone()]);
+        }
+    }
+    Ok(checked)
+}
+
+/// Refuses the first of `items` (labelled by `by`) whose wnid is not the one `file` states
+/// for it (`stated`, by image name); returns whether `file` named any.
+fn agree<'a>(
+    items: &[Found],
+    by: &str,
+    (file, stated): (&str, impl Fn(&str) -> Option<&'a str>),
+    scan: &Scan,
+) -> Result<bool> {
+    let mut named = false;
+    for f in items {
+        let Some(wnid) = stated(&f.name) else {
+            continue;
+        };
+        named = true;
+        let given = &scan.wnids[f.label as usize];
+        if given != wnid {
+            return Err(input_err(
+                Path::new(&scan.display(f)),
+                format!(
+                    "{by} labels it {given}, but {file} labels it {wnid}: the sources of its \
+                     label disagree and either may be wrong; keep only the one that belongs \
+                     to these images"
+                ),
+            ));
+        }
+    }
+    Ok(named)
 }
 
 /// Labels each image by the ground truth's line of its number; refuses any mismatch.
@@ -174,54 +278,63 @@ fn stem(name: &str) -> &str {
     file.rsplit_once('.').map_or(file, |(s, _)| s)
 }
 
+/// The number N of validation image N's stem (`ILSVRC2012_val_{N:08}`); other stems have none.
+fn val_number(stem: &str) -> Option<u64> {
+    let digits = stem.strip_prefix(VAL_NAME_PREFIX)?;
+    if digits.len() != 8 || !digits.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    digits.parse().ok()
+}
+
 /// Trailing decimal number of a file stem ("ILSVRC2012_val_00000042" -> 42).
 fn trailing_number(stem: &str) -> Option<u64> {
     let digits = stem.len() - stem.trim_end_matches(|c: char| c.is_ascii_digit()).len();
     stem[stem.len() - digits..].parse().ok()
 }
 
+/// One row of Kaggle's CSV (any other column is not read).
+#[derive(Deserialize)]
+struct Row {
+    #[serde(rename = "ImageId")]
+    image_id: String,
+    #[serde(rename = "PredictionString")]
+    prediction: String,
+}
+
 /// Labels for flat validation files by image id (file stem), from `LOC_val_solution.csv`.
 fn read_csv(path: &Path) -> Result<HashMap<String, String>> {
-    let text = std::fs::read_to_string(path).map_err(|e| LoaderError::io("read", path, e))?;
-    let mut lines = text.lines().enumerate();
-    let header = lines.next().map(|(_, l)| l.trim()).unwrap_or("");
-    let cols: Vec<&str> = header.split(',').map(str::trim).collect();
-    let id_col = cols.iter().position(|c| *c == "ImageId");
-    let pred_col = cols.iter().position(|c| *c == "PredictionString");
-    let (Some(id_col), Some(pred_col)) = (id_col, pred_col) else {
+    let bad = |e: csv::Error| input_err(path, e.to_string());
+    let at = |line: u64, why: String| input_err(path, format!("line {line}: {why}"));
+    let mut reader = csv::ReaderBuilder::new()
+        .trim(csv::Trim::All)
+        .from_path(path)
+        .map_err(bad)?;
+    let headers = reader.headers().map_err(bad)?.clone();
+    if !["ImageId", "PredictionString"]
+        .iter()
+        .all(|c| headers.iter().any(|h| h == *c))
+    {
+        let found: Vec<&str> = headers.iter().collect();
         return Err(input_err(
             path,
-            format!("header must name columns ImageId and PredictionString, found {header:?}"),
+            format!("header must name columns ImageId and PredictionString, found {found:?}"),
         ));
-    };
+    }
     let mut out = HashMap::new();
-    for (n, line) in lines {
-        let line = line.trim();
-        if line.is_empty() {
-            continue;
-        }
-        let fields: Vec<&str> = line.split(',').collect();
-        let (Some(id), Some(pred)) = (fields.get(id_col), fields.get(pred_col)) else {
-            return Err(input_err(path, format!("line {}: too few columns", n + 1)));
+    let mut record = csv::StringRecord::new();
+    while reader.read_record(&mut record).map_err(bad)? {
+        let line = record.position().map_or(0, csv::Position::line);
+        let row: Row = record
+            .deserialize(Some(&headers))
+            .map_err(|e| at(line, e.to_string()))?;
+        let Some(wnid) = row.prediction.split_whitespace().next() else {
+            return Err(at(line, "empty PredictionString".into()));
         };
-        let Some(wnid) = pred.split_whitespace().next() else {
-            return Err(input_err(
-                path,
-                format!("line {}: empty PredictionString", n + 1),
-            ));
-        };
-        if out
-            .insert(id.trim().to_string(), wnid.to_string())
-            .is_some()
-        {
-            return Err(input_err(
-                path,
-                format!(
-                    "line {}: ImageId {} is given a second time",
-                    n + 1,
-                    id.trim()
-                ),
-            ));
+        let wnid = wnid.to_string();
+        if out.insert(row.image_id.clone(), wnid).is_some() {
+            let why = format!("ImageId {} is given a second time", row.image_id);
+            return Err(at(line, why));
         }
     }
     Ok(out)
@@ -232,9 +345,37 @@ mod tests {
     use super::*;
 
     #[test]
+    fn kaggle_csv_with_a_byte_order_mark_and_quoted_fields() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join(KAGGLE_CSV);
+        let text = "\u{feff}ImageId,PredictionString\n\
+                    ILSVRC2012_val_00000001,\"n01440764 1 2 3 4 n01443537 5 6 7 8\"\n\
+                    \n\
+                    ILSVRC2012_val_00000002,n01443537 1 2 3 4\n";
+        std::fs::write(&path, text).unwrap();
+        let rows = read_csv(&path).unwrap();
+        assert_eq!(rows.len(), 2);
+        assert_eq!(rows["ILSVRC2012_val_00000001"], "n01440764");
+        assert_eq!(rows["ILSVRC2012_val_00000002"], "n01443537");
+
+        std::fs::write(&path, format!("{text}ILSVRC2012_val_00000001,n01443537\n")).unwrap();
+        let e = read_csv(&path).unwrap_err().to_string();
+        assert!(
+            e.contains("line 5: ImageId ILSVRC2012_val_00000001 is given a second time"),
+            "{e}"
+        );
+        std::fs::write(&path, "ImageId,Labels\nILSVRC2012_val_00000001,n01440764\n").unwrap();
+        let e = read_csv(&path).unwrap_err().to_string();
+        assert!(e.contains("ImageId and PredictionString"), "{e}");
+    }
+
+    #[test]
     fn numbers_and_stems() {
         assert_eq!(trailing_number("ILSVRC2012_val_00000042"), Some(42));
         assert_eq!(trailing_number("abc"), None);
+        assert_eq!(val_number("ILSVRC2012_val_00000042"), Some(42));
+        assert_eq!(val_number("img_00000042"), None);
+        assert_eq!(val_number("ILSVRC2012_val_42"), None);
         assert_eq!(
             stem("val/ILSVRC2012_val_00000042.JPEG"),
             "ILSVRC2012_val_00000042"

@@ -248,10 +248,7 @@ pub(super) fn scan(
             .or_insert_with(|| SplitFound {
                 items: Vec::new(),
                 layout: String::new(),
-                labels: LabelSource {
-                    files: Vec::new(),
-                    rule: String::new(),
-                },
+                labels: LabelSource::new(Vec::new(), ""),
             });
         for s in samples {
             let at = format!("{}:{}", tar.path.display(), s.key);
@@ -298,10 +295,10 @@ pub(super) fn scan(
     for (split, f) in &mut found {
         let n = counts[split.as_str()];
         f.layout = format!("{n} WebDataset shards");
-        f.labels = LabelSource {
-            files: vec![format!("{n} WebDataset shards ({split})")],
-            rule: format!("the class number in each sample's KEY.cls; its wnid from {by}"),
-        };
+        f.labels = LabelSource::new(
+            vec![format!("{n} WebDataset shards ({split})")],
+            format!("the class number in each sample's KEY.cls; its wnid from {by}"),
+        );
     }
     Ok(found)
 }
