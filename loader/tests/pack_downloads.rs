@@ -102,19 +102,22 @@ impl Replica {
         }
     }
 
+    /// `<wnid>.tar`: one class's training images.
+    fn class_tar(&self, wnid: &str) -> Vec<u8> {
+        let members: Vec<(String, Vec<u8>)> = self
+            .train
+            .iter()
+            .filter(|(_, im)| im.wnid == wnid)
+            .map(|(f, im)| (f.clone(), im.jpeg.clone()))
+            .collect();
+        tar_of(&members)
+    }
+
     /// `ILSVRC2012_img_train.tar`: a tar of per-class tars.
     fn train_tar(&self) -> Vec<u8> {
         let inner: Vec<(String, Vec<u8>)> = WNIDS
             .iter()
-            .map(|w| {
-                let members: Vec<(String, Vec<u8>)> = self
-                    .train
-                    .iter()
-                    .filter(|(_, im)| im.wnid == *w)
-                    .map(|(f, im)| (f.clone(), im.jpeg.clone()))
-                    .collect();
-                (format!("{w}.tar"), tar_of(&members))
-            })
+            .map(|w| (format!("{w}.tar"), self.class_tar(w)))
             .collect();
         tar_of(&inner)
     }
@@ -612,6 +615,86 @@ fn val_labels_are_checked_against_every_source_beside_them() {
             && e.contains("either may be wrong"),
         "{e}"
     );
+}
+
+#[test]
+fn an_extraction_that_stopped_part_way_packs_every_class_or_is_refused() {
+    let tmp = ddl_testkit::scratch("pack-part-extracted");
+    let r = Replica::new();
+    let all = WNIDS.len() * TRAIN_PER_CLASS;
+    // train/ with the per-class tars of ILSVRC2012_img_train.tar, half of them extracted into
+    // their folders and removed; the class being extracted when it stopped has both, its
+    // folder partial: that class is read from its tar.
+    let input = tmp.path().join("imagenet");
+    let train = input.join("train");
+    r.write_train_tree(&train);
+    let (tarred, partial) = (&WNIDS[..5], WNIDS[4]);
+    for w in tarred {
+        write(&train.join(format!("{w}.tar")), &r.class_tar(w));
+        std::fs::remove_dir_all(train.join(w)).unwrap();
+    }
+    let (file, image) = r.train.iter().find(|(_, im)| im.wnid == partial).unwrap();
+    write(&train.join(partial).join(file), &image.jpeg);
+    r.write_val_folder(&input.join("val"));
+    write_devkit_folder(&input, &r.ground_truth());
+    let out = tmp.path().join("out");
+    let rep = pack_ok(&input, &out);
+    assert_labels(&out, "train", all, &r);
+    assert_labels(&out, "val", r.val.len(), &r);
+    let folder = train.join(partial).display().to_string();
+    let reason = format!(
+        "not read: {} holds the same class",
+        train.join(format!("{partial}.tar")).display()
+    );
+    assert!(
+        rep.ignored_files
+            .iter()
+            .any(|f| f.path == folder && f.reason == reason),
+        "{:?}",
+        rep.ignored_files
+    );
+
+    // ImageNet-22k's per-synset tars in the input itself, some extracted into wnid folders.
+    let synsets = tmp.path().join("fall11");
+    for (i, w) in WNIDS.iter().enumerate() {
+        match i % 2 {
+            0 => write(&synsets.join(format!("{w}.tar")), &r.class_tar(w)),
+            _ => r
+                .train
+                .iter()
+                .filter(|(_, im)| im.wnid == *w)
+                .for_each(|(f, im)| {
+                    write(&synsets.join(w).join(f), &im.jpeg);
+                }),
+        }
+    }
+    write(&synsets.join("notes").join("README"), b"not a class");
+    let out = tmp.path().join("out-22k");
+    let rep = pack_ok(&synsets, &out);
+    assert_labels(&out, "train", all, &r);
+    let not_class = synsets.join("notes").display().to_string();
+    assert!(
+        rep.ignored_files.iter().any(|f| f.path == not_class),
+        "{:?}",
+        rep.ignored_files
+    );
+
+    // val/ sorted into class folders part way: refused, since the images beside the
+    // folders would be left out.
+    let sorting = tmp.path().join("sorting");
+    r.write_train_tree(&sorting.join("train"));
+    for (k, im) in r.val.iter().enumerate() {
+        let name = Replica::val_name(k);
+        let at = match k < 5 {
+            true => sorting.join("val").join(im.wnid).join(name),
+            false => sorting.join("val").join(name),
+        };
+        write(&at, &im.jpeg);
+    }
+    write_devkit_folder(&sorting, &r.ground_truth());
+    let e = refused(&opts(&sorting, &tmp.path().join("out-sorting")));
+    let beside = format!("{} images beside them", r.val.len() - 5);
+    assert!(e.contains(&beside) && e.contains("stopped part way"), "{e}");
 }
 
 #[test]

@@ -3,8 +3,8 @@
 //!
 //! | split | read from, first found wins |
 //! |---|---|
-//! | train | `train/` (class folders, or per-synset tars, or an outer tar of them); tars in the input: outer tars (`ILSVRC2012_img_train.tar`, `fall11_whole.tar`) and `<wnid>.tar` per-synset tars; the input's own class folders |
-//! | val | `val/` (class folders, or flat images labelled as `val.rs` says; either checked against the devkit and Kaggle's CSV found beside them); ImageNet's flat val tars (`ILSVRC2012_img_val.tar`) in the input, labelled the same way |
+//! | train | `train/` (class folders, or per-synset tars, or an outer tar of them); tars in the input: outer tars (`ILSVRC2012_img_train.tar`, `fall11_whole.tar`) and `<wnid>.tar` per-synset tars; the input's own class folders. Class folders beside tars (an extraction that stopped part way) are read with them, a class a tar holds from the tar |
+//! | val | `val/` (class folders, or flat images labelled as `val.rs` says, never both; either checked against the devkit and Kaggle's CSV found beside them); ImageNet's flat val tars (`ILSVRC2012_img_val.tar`) in the input, labelled the same way |
 //!
 //! A form that loses to another is listed as not read, never merged (the same images twice);
 //! ImageNet's test images (no labels exist) and the task-3 train subset beside the full train
@@ -18,10 +18,10 @@ use std::path::{Path, PathBuf};
 
 use super::devkit::is_devkit_name;
 use super::inputs::{LabelSource, Loc, SourceOptions};
-use super::listing::{file_input, input_err, is_image_name, list_dir, Entry, Kind};
+use super::listing::{class_folders, file_input, input_err, is_image_name, list_dir, Entry, Kind};
 use super::scan::{Found, Scan, SplitFound};
-use super::tars::{scan_outer, scan_synset, Claims, Tar, TarKind};
-use super::tree::scan_tree;
+use super::tars::{is_wnid, scan_outer, scan_synset, Claims, Tar, TarKind};
+use super::tree::{scan_classes, scan_tree};
 use super::val::{check_folders, find_labels, label_flat};
 use super::{parquet, wds};
 use crate::error::Result;
@@ -64,7 +64,7 @@ pub(super) fn scan(
         TarKind::WebDataset => wds::scan(vec![tar], opts, scan),
         TarKind::Outer | TarKind::Synset => {
             let mut found = BTreeMap::new();
-            found.insert("train".into(), train_tars(vec![tar], scan)?);
+            found.insert("train".into(), train_tars(vec![tar], None, scan)?);
             scan.train_classes = scan.wnids.len();
             Ok(found)
         }
@@ -167,18 +167,30 @@ fn scan_dir(
     let (train, val, test) = (root.join("train"), root.join("val"), root.join("test"));
     // The input's own class folders are the training split only when nothing else is.
     let own_tree = !train.is_dir() && train_tars.is_empty() && !val.is_dir() && !folders.is_empty();
+    // Beside training tars in the input, its folders named by wnids are class folders.
+    let root_classes: Vec<String> = match train.is_dir() || train_tars.is_empty() {
+        true => Vec::new(),
+        false => folders
+            .iter()
+            .filter(|e| is_wnid(&e.name))
+            .map(|e| e.name.clone())
+            .collect(),
+    };
     let train_split = if train.is_dir() {
         not_read(scan, train_tars.iter().map(|t| &t.path), &train);
         scan_split_dir(&train, scan)?
     } else if !train_tars.is_empty() {
-        Some(self::train_tars(leave_out_subset(train_tars, scan), scan)?)
+        let tars = leave_out_subset(train_tars, scan);
+        let classes = Some((root, root_classes.clone()));
+        Some(self::train_tars(tars, classes, scan)?)
     } else if own_tree {
         Some(tree_split(scan_tree(root, scan)?, root))
     } else {
         None
     };
     if !own_tree {
-        for e in folders.iter().chain(&files) {
+        let not_read = folders.iter().filter(|e| !root_classes.contains(&e.name));
+        for e in not_read.chain(&files) {
             scan.ignore(root.join(&e.name).display(), "not an input ddl-pack reads");
         }
     }
@@ -230,9 +242,15 @@ fn leave_out_subset(tars: Vec<Tar>, scan: &mut Scan) -> Vec<Tar> {
     keep
 }
 
-/// The training split of outer and per-synset tars; no class may come from two of them.
-fn train_tars(tars: Vec<Tar>, scan: &mut Scan) -> Result<SplitFound> {
-    let names: Vec<String> = tars.iter().map(|t| t.path.display().to_string()).collect();
+/// The training split of outer and per-synset tars, no class from two of them, and of the class
+/// `folders` beside them (a folder of `dir` per class, named by its wnid), if any.
+fn train_tars(
+    tars: Vec<Tar>,
+    folders: Option<(&Path, Vec<String>)>,
+    scan: &mut Scan,
+) -> Result<SplitFound> {
+    let paths: Vec<PathBuf> = tars.iter().map(|t| t.path.clone()).collect();
+    let names: Vec<String> = paths.iter().map(|p| p.display().to_string()).collect();
     let mut claims = Claims::default();
     let mut items = Vec::new();
     let mut inner = false;
@@ -244,26 +262,67 @@ fn train_tars(tars: Vec<Tar>, scan: &mut Scan) -> Result<SplitFound> {
             items.extend(scan_synset(tar, scan, &mut claims)?);
         }
     }
-    let layout = match names.as_slice() {
-        [one] => format!("tar file {one}"),
-        _ => format!("{} tars", names.len()),
+    let layout = match (names.as_slice(), folder_of(&paths)) {
+        ([one], _) => format!("tar file {one}"),
+        (_, Some(dir)) => format!("{} tars in {}", names.len(), dir.display()),
+        (_, None) => format!("{} tars", names.len()),
     };
     let rule = if inner {
         "class: the wnid naming each per-synset tar (<wnid>.tar) inside the outer tar"
     } else {
         "class: the wnid naming each per-synset tar (<wnid>.tar)"
     };
-    let files = if names.len() <= 4 {
+    let mut files = if names.len() <= 4 {
         names
     } else {
         vec![format!("{} tars", names.len())]
     };
-    let labels = LabelSource::new(files, format!("{rule}; {BY_NAME}"));
-    Ok(SplitFound {
+    let mut split = SplitFound {
         items,
         layout,
-        labels,
-    })
+        labels: LabelSource::new(files.clone(), format!("{rule}; {BY_NAME}")),
+    };
+    if let Some((dir, classes)) = folders.filter(|(_, c)| !c.is_empty()) {
+        let read = add_folders(&mut split.items, (dir, classes), &claims, scan)?;
+        split.layout += &format!(" and {read} class folders in {}", dir.display());
+        files.push(dir.display().to_string());
+        let rule = format!("{rule}; in a class folder: the folder's name; {BY_NAME}");
+        split.labels = LabelSource::new(files, rule);
+    }
+    Ok(split)
+}
+
+/// The folder that holds all of `paths`, if one does.
+fn folder_of(paths: &[PathBuf]) -> Option<&Path> {
+    let first = paths.first()?.parent()?;
+    paths
+        .iter()
+        .all(|p| p.parent() == Some(first))
+        .then_some(first)
+}
+
+/// Adds to `items` the images of the class folders `classes` of `dir` beside tars: a class a
+/// tar holds (`claims`) is read from the tar and its folder listed as not read, since an
+/// extraction of the tars that stopped part way leaves both. Returns the folders read.
+fn add_folders(
+    items: &mut Vec<Found>,
+    (dir, classes): (&Path, Vec<String>),
+    claims: &Claims,
+    scan: &mut Scan,
+) -> Result<usize> {
+    let mut read = Vec::new();
+    for class in classes {
+        match claims.holder(&class) {
+            Some(tar) => scan.ignore(
+                dir.join(&class).display(),
+                format!("not read: {tar} holds the same class"),
+            ),
+            None => read.push(class),
+        }
+    }
+    let count = read.len();
+    items.extend(scan_classes(dir, read, scan)?);
+    Ok(count)
 }
 
 /// A split read from the class folders of `root`.
@@ -307,9 +366,13 @@ fn scan_split_dir(dir: &Path, scan: &mut Scan) -> Result<Option<SplitFound>> {
                 return Err(refusal(t, kind));
             }
         }
-        let mut s = train_tars(tars, scan)?;
-        s.layout = format!("{} tars in {}", paths.len(), dir.display());
-        return Ok(Some(s));
+        // Class folders beside the tars: an extraction of the tars that stopped part way.
+        let others: Vec<Entry> = entries
+            .into_iter()
+            .filter(|e| e.is_dir() || !e.name.ends_with(".tar"))
+            .collect();
+        let classes = class_folders(dir, &others, scan)?;
+        return Ok(Some(train_tars(tars, Some((dir, classes)), scan)?));
     }
     if entries.iter().any(Entry::is_dir) {
         return Ok(Some(tree_split(scan_tree(dir, scan)?, dir)));
@@ -326,6 +389,7 @@ fn scan_val_dir(
 ) -> Result<Option<SplitFound>> {
     let entries = list_dir(val)?;
     if entries.iter().any(Entry::is_dir) {
+        refuse_part_sorted(val, &entries)?;
         let items = scan_tree(val, scan)?;
         let checked = check_folders(&items, &find_labels(root, val, opts)?, scan)?;
         let mut split = tree_split(items, val);
@@ -357,6 +421,30 @@ fn scan_val_dir(
         layout: format!("flat folder {}", val.display()),
         labels,
     }))
+}
+
+/// Refuses a `val/` that holds class folders and images beside them: a sort into class folders
+/// that stopped part way, whose images beside the folders would be left out.
+fn refuse_part_sorted(val: &Path, entries: &[Entry]) -> Result<()> {
+    let flat: Vec<&Entry> = entries
+        .iter()
+        .filter(|e| !e.is_dir() && is_image_name(&e.name))
+        .collect();
+    let Some(first) = flat.first() else {
+        return Ok(());
+    };
+    let folders = entries.iter().filter(|e| e.is_dir()).count();
+    Err(input_err(
+        val,
+        format!(
+            "holds {folders} class folders and {} images beside them ({}, ...): a sort into \
+             class folders that stopped part way? Those images would be left out. Finish the \
+             sort, or move the sorted images back beside the others (a flat val/ is labelled \
+             by the devkit or Kaggle's CSV)",
+            flat.len(),
+            first.name
+        ),
+    ))
 }
 
 /// Scans ImageNet's flat val tars, labelled by the CSV or the devkit.

@@ -256,6 +256,11 @@ impl Claims {
         self.0.insert(wnid.to_string(), source.to_string());
         Ok(())
     }
+
+    /// The source that holds `wnid`, if one does.
+    pub fn holder(&self, wnid: &str) -> Option<&str> {
+        self.0.get(wnid).map(String::as_str)
+    }
 }
 
 /// The training inputs of a per-synset tar.

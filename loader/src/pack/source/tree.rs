@@ -11,6 +11,15 @@ use crate::error::Result;
 /// Scans the folder tree `root/<wnid>/*`.
 pub(super) fn scan_tree(root: &Path, scan: &mut Scan) -> Result<Vec<Found>> {
     let classes = class_folders(root, &list_dir(root)?, scan)?;
+    scan_classes(root, classes, scan)
+}
+
+/// Scans the class folders `classes` of `root`.
+pub(super) fn scan_classes(
+    root: &Path,
+    classes: Vec<String>,
+    scan: &mut Scan,
+) -> Result<Vec<Found>> {
     let listed: Vec<Result<Vec<Entry>>> = classes
         .par_iter()
         .map(|c| list_dir(&root.join(c)))
