@@ -945,6 +945,36 @@ fn hugging_face_parquet_keeps_each_rows_label() {
         assert_eq!(wnid, expected[&bytes].1);
         assert_eq!(label, WNIDS.len() as u32 - 1 - expected[&bytes].0);
     }
+    // classes.py beside metadata that names each class by its words there, as Hugging Face's
+    // does: packed. A classes.py in another order would rename every class: refused.
+    let classes_py = |order: &[&str]| -> String {
+        let entries: String = order
+            .iter()
+            .map(|w| format!("    \"{w}\": \"words of {w}\",\n"))
+            .collect();
+        format!("IMAGENET2012_CLASSES = OrderedDict(\n{{\n{entries}}}\n)\n")
+    };
+    let worded = tmp.path().join("worded");
+    let words: Vec<String> = names.iter().map(|w| format!("words of {w}")).collect();
+    let words: Vec<&str> = words.iter().map(String::as_str).collect();
+    let rows = relabel(&train[..half]);
+    hf_parquet(
+        &worded.join("train-00000-of-00001.parquet"),
+        &rows,
+        5,
+        Some(&words),
+    );
+    write(&worded.join("classes.py"), classes_py(&names).as_bytes());
+    pack_ok(&worded, &tmp.path().join("out-worded"));
+    let m = Manifest::load(&tmp.path().join("out-worded")).unwrap();
+    let classes: Vec<&str> = m.classes.iter().map(|c| c.wnid.as_str()).collect();
+    assert_eq!(classes, names);
+    write(&worded.join("classes.py"), classes_py(&sorted).as_bytes());
+    let e = refused(&opts(&worded, &tmp.path().join("out-reordered")));
+    assert!(
+        e.contains(&format!("names label 0 {}", sorted[0])) && e.contains(words[0]),
+        "{e}"
+    );
     // A train split alone, shuffled: a held-out val split takes N of each class wherever its
     // rows are, and class order sorts the rows by label.
     let only = tmp.path().join("train-only");

@@ -142,7 +142,9 @@ fn class_source(root: &Path) -> String {
 }
 
 /// The class names in label order: `classes.py`'s keys, or the ClassLabel names of the
-/// first file's `huggingface` metadata. Refused when neither exists or they disagree in count.
+/// first file's `huggingface` metadata. Refused when neither exists or when they disagree: in
+/// count, or on a label whose metadata name is neither the wnid nor the words `classes.py`
+/// gives it (a `classes.py` in another order would rename every class).
 fn class_names(
     root: &Path,
     files: &[(PathBuf, SerializedFileReader<File>)],
@@ -154,7 +156,7 @@ fn class_names(
     if py.is_file() {
         let text =
             std::fs::read_to_string(&py).map_err(|e| crate::LoaderError::io("read", &py, e))?;
-        let names = dict_keys(&text);
+        let (names, words): (Vec<String>, Vec<String>) = dict_entries(&text).into_iter().unzip();
         if names.is_empty() {
             return Err(input_err(
                 &py,
@@ -170,6 +172,20 @@ fn class_names(
                         names.len(),
                         p.display(),
                         meta.len()
+                    ),
+                ));
+            }
+            let differs = |k: &usize| meta[*k] != names[*k] && meta[*k] != words[*k];
+            if let Some(k) = (0..names.len()).find(differs) {
+                return Err(input_err(
+                    &py,
+                    format!(
+                        "names label {k} {} ({:?}), but {}'s metadata names it {:?}: the two \
+                         disagree on the class order; use the classes.py of this download",
+                        names[k],
+                        words[k],
+                        p.display(),
+                        meta[k]
                     ),
                 ));
             }
@@ -198,23 +214,27 @@ fn label_names(reader: &SerializedFileReader<File>) -> Option<Vec<String>> {
         .collect()
 }
 
-/// The keys of a Python dict literal written one entry per line (`"n01440764": "tench",`), in
-/// order: `classes.py`'s `IMAGENET2012_CLASSES`.
-fn dict_keys(text: &str) -> Vec<String> {
-    let mut keys = Vec::new();
+/// The entries (key, value) of a Python dict literal of strings written one entry per line
+/// (`"n01440764": "tench, Tinca tinca",`), in order: `classes.py`'s `IMAGENET2012_CLASSES`.
+/// A value that is not one quoted string is read as "".
+fn dict_entries(text: &str) -> Vec<(String, String)> {
+    let mut entries = Vec::new();
     for line in text.lines() {
-        let line = line.trim_start();
-        let Some(quote) = line.chars().next().filter(|c| *c == '"' || *c == '\'') else {
+        let Some((key, rest)) = quoted(line.trim_start()) else {
             continue;
         };
-        let Some((key, rest)) = line[1..].split_once(quote) else {
-            continue;
-        };
-        if rest.trim_start().starts_with(':') {
-            keys.push(key.to_string());
+        if let Some(value) = rest.trim_start().strip_prefix(':') {
+            let value = quoted(value.trim_start()).map_or("", |(v, _)| v);
+            entries.push((key.to_string(), value.to_string()));
         }
     }
-    keys
+    entries
+}
+
+/// The string `text` starts with, quoted by `"` or `'`, and what follows it.
+fn quoted(text: &str) -> Option<(&str, &str)> {
+    let quote = text.chars().next().filter(|c| *c == '"' || *c == '\'')?;
+    text[1..].split_once(quote)
 }
 
 /// The leaf column index of `path` (e.g. `image.bytes`).
@@ -388,9 +408,16 @@ mod tests {
     use super::*;
 
     #[test]
-    fn classes_py_keys_in_order_and_split_names() {
+    fn classes_py_entries_in_order_and_split_names() {
         let text = "from collections import OrderedDict\n\nIMAGENET2012_CLASSES = OrderedDict(\n    {\n        \"n01440764\": \"tench, Tinca tinca\",\n        'n01443537': \"goldfish, Carassius auratus\",\n    }\n)\n";
-        assert_eq!(dict_keys(text), ["n01440764", "n01443537"]);
+        let entries = dict_entries(text);
+        assert_eq!(
+            entries,
+            [
+                ("n01440764".into(), "tench, Tinca tinca".into()),
+                ("n01443537".into(), "goldfish, Carassius auratus".into())
+            ]
+        );
         assert_eq!(
             split_of("train-00000-of-00257.parquet"),
             Some(Some("train"))
