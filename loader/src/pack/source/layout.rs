@@ -282,8 +282,11 @@ fn train_tars(
         layout,
         labels: LabelSource::new(files.clone(), format!("{rule}; {BY_NAME}")),
     };
-    if let Some((dir, classes)) = folders.filter(|(_, c)| !c.is_empty()) {
+    if let Some((dir, classes)) = folders {
         let read = add_folders(&mut split.items, (dir, classes), &claims, scan)?;
+        if read == 0 {
+            return Ok(split);
+        }
         split.layout += &format!(" and {read} class folders in {}", dir.display());
         files.push(dir.display().to_string());
         let rule = format!("{rule}; in a class folder: the folder's name; {BY_NAME}");
