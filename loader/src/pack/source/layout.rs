@@ -262,37 +262,36 @@ fn train_tars(
             items.extend(scan_synset(tar, scan, &mut claims)?);
         }
     }
-    let layout = match (names.as_slice(), folder_of(&paths)) {
+    let dir = folders.as_ref().map(|(dir, _)| *dir);
+    let read = match folders {
+        Some(folders) => add_folders(&mut items, folders, &claims, scan)?,
+        None => 0,
+    };
+    let mut layout = match (names.as_slice(), folder_of(&paths)) {
         ([one], _) => format!("tar file {one}"),
         (_, Some(dir)) => format!("{} tars in {}", names.len(), dir.display()),
         (_, None) => format!("{} tars", names.len()),
     };
-    let rule = if inner {
-        "class: the wnid naming each per-synset tar (<wnid>.tar) inside the outer tar"
-    } else {
-        "class: the wnid naming each per-synset tar (<wnid>.tar)"
-    };
+    let mut rule = match inner {
+        true => "class: the wnid naming each per-synset tar (<wnid>.tar) inside the outer tar",
+        false => "class: the wnid naming each per-synset tar (<wnid>.tar)",
+    }
+    .to_string();
     let mut files = if names.len() <= 4 {
         names
     } else {
         vec![format!("{} tars", names.len())]
     };
-    let mut split = SplitFound {
+    if let Some(dir) = dir.filter(|_| read > 0) {
+        layout += &format!(" and {read} class folders in {}", dir.display());
+        files.push(dir.display().to_string());
+        rule += "; in a class folder: the folder's name";
+    }
+    Ok(SplitFound {
         items,
         layout,
-        labels: LabelSource::new(files.clone(), format!("{rule}; {BY_NAME}")),
-    };
-    if let Some((dir, classes)) = folders {
-        let read = add_folders(&mut split.items, (dir, classes), &claims, scan)?;
-        if read == 0 {
-            return Ok(split);
-        }
-        split.layout += &format!(" and {read} class folders in {}", dir.display());
-        files.push(dir.display().to_string());
-        let rule = format!("{rule}; in a class folder: the folder's name; {BY_NAME}");
-        split.labels = LabelSource::new(files, rule);
-    }
-    Ok(split)
+        labels: LabelSource::new(files, format!("{rule}; {BY_NAME}")),
+    })
 }
 
 /// The folder that holds all of `paths`, if one does.
