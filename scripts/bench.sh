@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # `make bench`: the long benchmarks behind BENCHMARKS.md, ddl and its peers side by side on the
 # same files and the same cores, several runs each; prints medians and leaves every raw JSON line
-# in bench-out/. Sections: pack, layouts, loader, allreduce, python, binding (BENCH_SECTIONS="pack
-# layouts loader allreduce python binding"; layouts: ddl-pack from each form ImageNet is downloaded
-# in, the same images; python: the Python package against the Rust it binds and the PyTorch
+# in bench-out/. Sections: pack, layouts, gzip, loader, allreduce, python, binding
+# (BENCH_SECTIONS="pack layouts gzip loader allreduce python binding"; layouts: ddl-pack from each
+# form ImageNet is downloaded in, the same images; gzip: from a gzip-compressed ImageNet-22k outer
+# tar against gunzip first; python: the Python package against the Rust it binds and the PyTorch
 # peers; binding: one rank under mpirun --bind-to core against --bind-to none; exchange: the
 # records nodes trade under --exchange, their accuracy and their cost, not run by default: it
 # needs root for the emulated cluster).
@@ -12,7 +13,7 @@ cd "$(dirname "$0")/.."
 bin=${BENCH_BIN:-target/release}
 out=${BENCH_OUT:-bench-out}
 runs=${BENCH_RUNS:-3}
-sections=${BENCH_SECTIONS:-pack layouts loader allreduce python binding}
+sections=${BENCH_SECTIONS:-pack layouts gzip loader allreduce python binding}
 classes=${BENCH_CLASSES:-100}
 per_class=${BENCH_PER_CLASS:-50}
 mkdir -p "$out"
@@ -85,32 +86,68 @@ if [[ " $sections " == *" pack "* ]]; then
   done
 fi
 
-if [[ " $sections " == *" layouts "* ]]; then
-  # The same images as image-net.org's archives, extracted, Hugging Face's parquet and
-  # WebDataset shards (written by tools/bench/imagenet_layouts.py as the real ones are); the
-  # forms take turns in each run.
-  forms=$out/layouts
+# The same images as image-net.org's archives, extracted, Hugging Face's parquet and tars, and
+# WebDataset shards (written by tools/bench/imagenet_layouts.py as the real ones are).
+forms=$out/layouts
+ensure_forms() {
   if [ ! -f "$forms/.done" ]; then
     rm -rf "$forms"
     .venv/bin/python tools/bench/imagenet_layouts.py "$tree" "$forms" --per-shard 1250
     touch "$forms/.done"
   fi
+}
+
+if [[ " $sections " == *" layouts "* ]]; then
+  # The forms take turns in each run.
+  ensure_forms
   nall=$(( ntrain + $(find "$tree/val" -name '*.JPEG' | wc -l) ))
   echo "== layouts: ddl-pack from each download form, $nall images (shorter side <= 256, q90, $runs runs)"
   : > "$out/layouts.jsonl"
   for r in $(seq "$runs"); do
-    for form in extracted downloads parquet wds; do
+    for form in extracted downloads parquet wds hf-tars; do
       rm -rf "$out/shards-$form"
       timed "$out/layouts.jsonl" "{\"peer\": \"$form\", \"images\": $nall}" \
         "$bin/ddl-pack" "$forms/$form" -o "$out/shards-$form" --shards 8 --max-short-side 256 --quality 90
     done
   done
   base=$(grep '"extracted"' "$out/layouts.jsonl" | field images_per_s | median)
-  for form in extracted downloads parquet wds; do
+  for form in extracted downloads parquet wds hf-tars; do
     m=$(grep "\"$form\"" "$out/layouts.jsonl" | field images_per_s | median)
     c=$(grep "\"$form\"" "$out/layouts.jsonl" | field images_per_cpu_s | median)
     printf '%-10s median %8.1f images/s (wall)  %8.1f images per CPU-second  %5.2fx extracted\n' \
       "$form" "$m" "$c" "$(echo "$m / $base" | bc -l)"
+  done
+fi
+
+if [[ " $sections " == *" gzip "* ]]; then
+  # ImageNet-22k as image-net.org ships it (winter21_whole.tar.gz: a gzip-compressed outer tar
+  # of per-synset tars), made of the layouts' train tar: ddl-pack reading the .tar.gz, against
+  # gunzip to disk then ddl-pack on the .tar (what a user does without it), and the .tar alone.
+  ensure_forms
+  gzdir=$out/gzip
+  if [ ! -f "$gzdir/.done" ]; then
+    rm -rf "$gzdir" && mkdir -p "$gzdir/plain" "$gzdir/gz"
+    ln "$forms/downloads/ILSVRC2012_img_train.tar" "$gzdir/plain/winter21_whole.tar"
+    gzip -6 -c "$gzdir/plain/winter21_whole.tar" > "$gzdir/gz/winter21_whole.tar.gz"
+    touch "$gzdir/.done"
+  fi
+  flags=(--shards 8 --max-short-side 256 --quality 90 --val-fraction 0.02)
+  echo "== gzip: ddl-pack from winter21_whole.tar.gz, gunzip + ddl-pack, the .tar ($ntrain images, $runs runs)"
+  : > "$out/gzip.jsonl"
+  for r in $(seq "$runs"); do
+    rm -rf "$out"/shards-gz*
+    timed "$out/gzip.jsonl" "{\"peer\": \"tar.gz\", \"images\": $ntrain}" \
+      "$bin/ddl-pack" "$gzdir/gz/winter21_whole.tar.gz" -o "$out/shards-gz1" "${flags[@]}"
+    timed "$out/gzip.jsonl" "{\"peer\": \"gunzip+tar\", \"images\": $ntrain}" bash -c \
+      'mkdir -p "$1" && gzip -dc "$2" > "$1/winter21_whole.tar" && "${@:3}" "$1/winter21_whole.tar"; s=$?; rm -rf "$1"; exit $s' \
+      _ "$out/gunzipped" "$gzdir/gz/winter21_whole.tar.gz" "$bin/ddl-pack" -o "$out/shards-gz2" "${flags[@]}"
+    timed "$out/gzip.jsonl" "{\"peer\": \"tar\", \"images\": $ntrain}" \
+      "$bin/ddl-pack" "$gzdir/plain/winter21_whole.tar" -o "$out/shards-gz3" "${flags[@]}"
+  done
+  for p in tar.gz gunzip+tar tar; do
+    m=$(grep "\"$p\"" "$out/gzip.jsonl" | field wall_s | median)
+    c=$(grep "\"$p\"" "$out/gzip.jsonl" | field cpu_s | median)
+    printf '%-11s median %7.2f s (wall)  %7.2f CPU-seconds\n' "$p" "$m" "$c"
   done
 fi
 

@@ -298,7 +298,8 @@ fn image_net_downloads_are_labelled_by_the_devkit() {
     write(&input.join("ILSVRC2012_img_train_t3.tar"), &dogs);
     let test = tar_of(&[("ILSVRC2012_test_00000001.JPEG".into(), jpeg(1))]);
     write(&input.join("ILSVRC2012_img_test_v10102019.tar"), &test);
-    write(&input.join("ILSVRC2012_bbox_val_v3.tgz"), b"boxes");
+    let boxes = tar_of(&[("val/ILSVRC2012_val_00000001.xml".into(), b"<a/>".to_vec())]);
+    write(&input.join("ILSVRC2012_bbox_val_v3.tgz"), &gz(&boxes));
     let rep = pack_ok(&input, &out);
     assert_labels(&out, "train", WNIDS.len() * TRAIN_PER_CLASS, &r);
     assert_labels(&out, "val", r.val.len(), &r);
@@ -1138,4 +1139,249 @@ fn an_empty_synset_tar_in_an_outer_tar_is_a_class_without_images() {
         panic!("{e}")
     };
     assert_eq!(classes, &["n01443537"]);
+}
+
+/// `bytes` gzip-compressed, as `tar czf` writes a tar.
+fn gz(bytes: &[u8]) -> Vec<u8> {
+    let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
+    gz.write_all(bytes).unwrap();
+    gz.finish().unwrap()
+}
+
+/// A name as Hugging Face's imagenet-1k tars give it: the file name, `_`, its wnid.
+fn hf_name(name: &str, wnid: &str) -> String {
+    let (stem, ext) = name.rsplit_once('.').unwrap();
+    format!("{stem}_{wnid}.{ext}")
+}
+
+/// Hugging Face's imagenet-1k before its parquet conversion: `data/train_images_{0,1}.tar.gz`
+/// (each class spread over both), `val_images.tar.gz`, `test_images.tar.gz`, `classes.py`;
+/// val image `wrong` (if any) named with another class's wnid.
+fn write_hf_tars(dir: &Path, r: &Replica, wrong: Option<usize>) {
+    let mut parts = [Vec::new(), Vec::new()];
+    for (i, (file, im)) in r.train.iter().enumerate() {
+        parts[i % 2].push((hf_name(file, im.wnid), im.jpeg.clone()));
+    }
+    for (i, part) in parts.iter().enumerate() {
+        write(
+            &dir.join(format!("data/train_images_{i}.tar.gz")),
+            &gz(&tar_of(part)),
+        );
+    }
+    let val: Vec<(String, Vec<u8>)> = r
+        .val
+        .iter()
+        .enumerate()
+        .map(|(k, im)| {
+            let wnid = match wrong == Some(k) {
+                true => another(im.wnid),
+                false => im.wnid,
+            };
+            (hf_name(&Replica::val_name(k), wnid), im.jpeg.clone())
+        })
+        .collect();
+    write(&dir.join("data/val_images.tar.gz"), &gz(&tar_of(&val)));
+    let test = tar_of(&[("ILSVRC2012_test_00000001.JPEG".into(), jpeg(1))]);
+    write(&dir.join("data/test_images.tar.gz"), &gz(&test));
+    write(&dir.join("classes.py"), b"IMAGENET2012_CLASSES = {}\n");
+}
+
+#[test]
+fn gzip_compressed_tars_are_read_as_downloaded() {
+    let tmp = ddl_testkit::scratch("pack-gzip");
+    let r = Replica::new();
+    let train = WNIDS.len() * TRAIN_PER_CLASS;
+    // ImageNet-22k as image-net.org ships it today: winter21_whole.tar.gz, a gzip-compressed
+    // outer tar of winter21_whole/<wnid>.tar; given as the input, and in a folder beside
+    // ImageNet's bounding boxes (a gzip-compressed tar without images).
+    let inner: Vec<(String, Vec<u8>)> = WNIDS
+        .iter()
+        .map(|w| (format!("winter21_whole/{w}.tar"), r.class_tar(w)))
+        .collect();
+    let whole = tmp.path().join("22k/winter21_whole.tar.gz");
+    write(&whole, &gz(&tar_of(&inner)));
+    let boxes = tar_of(&[("val/ILSVRC2012_val_00000001.xml".into(), b"<a/>".to_vec())]);
+    write(
+        &tmp.path().join("22k/ILSVRC2012_bbox_val_v3.tgz"),
+        &gz(&boxes),
+    );
+    for (input, out) in [(whole.clone(), "o1"), (tmp.path().join("22k"), "o2")] {
+        let out = tmp.path().join(out);
+        let rep = pack_ok(&input, &out);
+        assert_labels(&out, "train", train, &r);
+        let labels = rep.splits["train"].labels.as_ref().unwrap();
+        assert!(labels.rule.contains("inside the outer tar"), "{labels:?}");
+    }
+    // An extraction that stopped part way: half the classes in the stream, half in folders.
+    let mixed = tmp.path().join("22k-mixed");
+    write(
+        &mixed.join("winter21_whole.tar.gz"),
+        &gz(&tar_of(&inner[..5])),
+    );
+    for (file, im) in r
+        .train
+        .iter()
+        .filter(|(_, im)| !WNIDS[..5].contains(&im.wnid))
+    {
+        write(&mixed.join(im.wnid).join(file), &im.jpeg);
+    }
+    pack_ok(&mixed, &tmp.path().join("mixed"));
+    assert_labels(&tmp.path().join("mixed"), "train", train, &r);
+    // With a held-out val split, both splits come from one pass over the stream: each shard's
+    // bytes are the same for any thread count, and a rerun redoes only a shard that is gone.
+    let held = |threads: usize, out: &str| {
+        let mut o = opts(&whole, &tmp.path().join(out));
+        o.threads = threads;
+        o.val_split = Some(ValSplit {
+            rule: ValRule::PerClass(1),
+            seed: 5,
+        });
+        pack::pack(&o, &NoProgress).unwrap()
+    };
+    let rep = held(1, "held1");
+    assert_eq!(rep.splits["val"].records, WNIDS.len() as u64);
+    held(3, "held3");
+    let shards = |out: &str| -> Vec<(String, Vec<u8>)> {
+        let mut v: Vec<(String, Vec<u8>)> = std::fs::read_dir(tmp.path().join(out))
+            .unwrap()
+            .map(|e| e.unwrap().path())
+            .filter(|p| p.extension().is_some_and(|e| e == "ddl"))
+            .map(|p| {
+                (
+                    p.file_name().unwrap().to_string_lossy().into(),
+                    std::fs::read(&p).unwrap(),
+                )
+            })
+            .collect();
+        v.sort();
+        v
+    };
+    let first = shards("held1");
+    assert_eq!(first.len(), 6);
+    assert!(
+        first == shards("held3"),
+        "the shards depend on the thread count"
+    );
+    std::fs::remove_file(tmp.path().join("held1/train-00001.ddl")).unwrap();
+    let rep = held(2, "held1");
+    assert_eq!(rep.splits["train"].shards_kept, 2);
+    assert_eq!(rep.splits["val"].shards_kept, 3);
+    assert!(first == shards("held1"), "a rerun wrote other bytes");
+    // Hugging Face's imagenet-1k tars, as `huggingface-cli download` leaves them.
+    let hf = tmp.path().join("imagenet-1k");
+    write_hf_tars(&hf, &r, None);
+    let out = tmp.path().join("o3");
+    let rep = pack_ok(&hf, &out);
+    assert_labels(&out, "train", train, &r);
+    assert_labels(&out, "val", r.val.len(), &r);
+    assert!(rep
+        .ignored_files
+        .iter()
+        .any(|f| f.path.ends_with("test_images.tar.gz")));
+    let val = rep.splits["val"].labels.as_ref().unwrap();
+    assert!(val.rule.contains("ends each image's file name") && val.checked.is_empty());
+    // Beside the devkit, every val name's wnid is checked against its ground truth.
+    write(
+        &hf.join("data/ILSVRC2012_devkit_t12.tar.gz"),
+        &devkit_tar_gz(&hf, &r.ground_truth()),
+    );
+    let out = tmp.path().join("o4");
+    let rep = pack_ok(&hf, &out);
+    assert_labels(&out, "val", r.val.len(), &r);
+    let val = rep.splits["val"].labels.as_ref().unwrap();
+    assert!(
+        val.checked[0].ends_with("ILSVRC2012_validation_ground_truth.txt"),
+        "{val:?}"
+    );
+    write_hf_tars(&hf, &r, Some(5));
+    let e = refused(&opts(&hf, &tmp.path().join("o5")));
+    assert!(
+        e.contains("val_images.tar.gz:ILSVRC2012_val_00000006_")
+            && e.contains("its file name labels it")
+            && e.contains("ILSVRC2012_validation_ground_truth.txt labels it"),
+        "{e}"
+    );
+}
+
+#[test]
+fn gzip_compressed_tars_that_cannot_be_trusted_are_refused() {
+    let tmp = ddl_testkit::scratch("pack-gzip-refused");
+    let r = Replica::new();
+    let class = |w: &str| gz(&tar_of(&[(format!("{w}.tar"), r.class_tar(w))]));
+    // A download cut short: the gzip stream ends early.
+    let whole = class(WNIDS[0]);
+    let cut = tmp.path().join("cut/winter21_whole.tar.gz");
+    write(&cut, &whole[..whole.len() / 2]);
+    let e = refused(&opts(&cut, &tmp.path().join("o1")));
+    assert!(
+        e.contains("winter21_whole.tar.gz") && e.contains("cut short"),
+        "{e}"
+    );
+    // A training image whose name states two classes.
+    let two = tar_of(&[(hf_name("n01440764_1.JPEG", "n01443537"), jpeg(1))]);
+    let input = tmp.path().join("two/train_images_0.tar.gz");
+    write(&input, &gz(&two));
+    let e = refused(&opts(&input, &tmp.path().join("o2")));
+    assert!(
+        e.contains("n01440764_1_n01443537.JPEG") && e.contains("two classes"),
+        "{e}"
+    );
+    // The class order reads inputs out of a gzip stream's order.
+    let whole = tmp.path().join("order/winter21_whole.tar.gz");
+    write(&whole, &class(WNIDS[0]));
+    let mut o = opts(&whole, &tmp.path().join("o3"));
+    o.order = ShardOrder::Class;
+    let e = refused(&o);
+    assert!(e.contains("order class") && e.contains("gunzip"), "{e}");
+}
+
+#[test]
+fn hugging_face_tars_extracted_are_labelled_by_their_names() {
+    let tmp = ddl_testkit::scratch("pack-hf-extracted");
+    let r = Replica::new();
+    // `tar xzf train_images_*.tar.gz -C train`: flat folders of names ending in the wnid.
+    let input = tmp.path().join("imagenet-1k");
+    for (file, im) in &r.train {
+        write(&input.join("train").join(hf_name(file, im.wnid)), &im.jpeg);
+    }
+    for (k, im) in r.val.iter().enumerate() {
+        let name = hf_name(&Replica::val_name(k), im.wnid);
+        write(&input.join("val").join(name), &im.jpeg);
+    }
+    let out = tmp.path().join("o1");
+    let rep = pack_ok(&input, &out);
+    assert_labels(&out, "train", WNIDS.len() * TRAIN_PER_CLASS, &r);
+    assert_labels(&out, "val", r.val.len(), &r);
+    assert!(rep.splits["val"]
+        .labels
+        .as_ref()
+        .unwrap()
+        .checked
+        .is_empty());
+    // Beside the devkit's folder, each val name is checked against the ground truth.
+    write_devkit_folder(&input, &r.ground_truth());
+    let out = tmp.path().join("o2");
+    let rep = pack_ok(&input, &out);
+    assert_labels(&out, "val", r.val.len(), &r);
+    let val = rep.splits["val"].labels.as_ref().unwrap();
+    assert!(
+        val.checked[0].ends_with("ILSVRC2012_validation_ground_truth.txt"),
+        "{val:?}"
+    );
+    let first = input
+        .join("val")
+        .join(hf_name(&Replica::val_name(0), r.val[0].wnid));
+    let renamed = hf_name(&Replica::val_name(0), another(r.val[0].wnid));
+    std::fs::rename(&first, input.join("val").join(&renamed)).unwrap();
+    let e = refused(&opts(&input, &tmp.path().join("o3")));
+    assert!(
+        e.contains(&renamed) && e.contains("its file name labels it"),
+        "{e}"
+    );
+    std::fs::rename(input.join("val").join(&renamed), &first).unwrap();
+    // A training name that states two classes.
+    let two = hf_name("n01440764_77.JPEG", "n01443537");
+    write(&input.join("train").join(&two), &jpeg(77));
+    let e = refused(&opts(&input, &tmp.path().join("o4")));
+    assert!(e.contains(&two) && e.contains("two classes"), "{e}");
 }

@@ -247,6 +247,19 @@ pub fn relative_difference(
     (d / s, pd / ps)
 }
 
+/// An uncompressed tar of `(name, bytes)` regular files, in order.
+pub fn tar_of(entries: &[(String, Vec<u8>)]) -> Vec<u8> {
+    let mut b = tar::Builder::new(Vec::new());
+    for (name, data) in entries {
+        let mut h = tar::Header::new_gnu();
+        h.set_size(data.len() as u64);
+        h.set_mode(0o644);
+        h.set_cksum();
+        b.append_data(&mut h, name, data.as_slice()).unwrap();
+    }
+    b.into_inner().unwrap()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

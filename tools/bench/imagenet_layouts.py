@@ -10,7 +10,10 @@ parquet, tarfile for the tars):
   an ``image`` struct and a ``label``, row groups of 100 rows, the ``huggingface`` metadata, and
   classes.py);
 - ``wds/``: timm's WebDataset shards (imagenet1k-{train,validation}-NNNN.tar of KEY.jpg,
-  KEY.cls, KEY.json).
+  KEY.cls, KEY.json);
+- ``hf-tars/``: Hugging Face's imagenet-1k before its parquet conversion
+  (data/train_images_{0,1}.tar.gz and data/val_images.tar.gz, gzip level 6, of images named
+  NAME_<wnid>.JPEG, and classes.py).
 
 The source is a tree ``SRC/train/<wnid>/*.JPEG`` and a flat ``SRC/val/`` labelled by
 ``SRC/LOC_val_solution.csv`` (what ``ddl-synth`` writes). Files are hard-linked where a form
@@ -168,6 +171,24 @@ def write_wds(out, wnids, train, val, seed, per_shard):
                     add(t, f"{key}.json", json.dumps({"filename": p.name, "label": label[w]}).encode())
 
 
+def write_hf_tars(out, wnids, train, val, seed):
+    """Hugging Face's imagenet-1k tars: shuffled images named NAME_<wnid>.JPEG, the training
+    images in two gzip-compressed tars, the validation images in one."""
+    (out / "data").mkdir(parents=True, exist_ok=True)
+    named = [(w, p, f"{p.stem}_{w}.JPEG") for w, p in train]
+    random.Random(seed).shuffle(named)
+    parts = [(f"train_images_{i}.tar.gz", named[i::2]) for i in range(2)]
+    parts.append(("val_images.tar.gz",
+                  [(w, p, f"{val_name(k)[:-5]}_{w}.JPEG") for k, (w, p) in enumerate(val)]))
+    for file, items in parts:
+        with tarfile.open(out / "data" / file, "w:gz", compresslevel=6,
+                          format=tarfile.GNU_FORMAT) as t:
+            for _, p, name in items:
+                t.add(p, arcname=name)
+    entries = "".join(f'    "{w}": "words of {w}",\n' for w in wnids)
+    (out / "classes.py").write_text(f"IMAGENET2012_CLASSES = {{\n{entries}}}\n")
+
+
 def write_all(src, out, seed=0, per_shard=1000):
     """Writes every form under ``out``; returns (wnids, ilsvrc ids by wnid)."""
     out = Path(out)
@@ -177,6 +198,7 @@ def write_all(src, out, seed=0, per_shard=1000):
     write_extracted(out / "extracted", train, val, ids)
     write_parquet(out / "parquet", wnids, train, val, seed)
     write_wds(out / "wds", wnids, train, val, seed, per_shard)
+    write_hf_tars(out / "hf-tars", wnids, train, val, seed)
     return wnids, ids
 
 

@@ -33,7 +33,7 @@ mod names;
 pub(crate) mod option_error;
 mod options;
 mod output;
-mod progress;
+pub(crate) mod progress;
 mod report;
 mod shard_plan;
 mod shards;
@@ -116,8 +116,23 @@ pub fn pack(opts: &PackOptions, progress: &dyn PackProgress) -> Result<PackRepor
         min_per_class: opts.min_per_class,
         keep_empty_classes: opts.keep_empty_classes,
     };
-    let mut inputs = pool.install(|| source::discover(&opts.input, &sopts))?;
+    let mut inputs = pool.install(|| source::discover(&opts.input, &sopts, progress))?;
     if opts.order == ShardOrder::Class {
+        if inputs
+            .splits
+            .values()
+            .any(|items| source::sequential_only(items))
+        {
+            return Err(LoaderError::Option {
+                path: opts.input.clone(),
+                source: OptionError::new(
+                    PackOption::Order,
+                    "class",
+                    "needs to read the inputs in class order, and this input is a \
+                     gzip-compressed tar, read only in its own order: gunzip it first",
+                ),
+            });
+        }
         // Consecutive classes in consecutive shards, whatever order the inputs were found in.
         for items in inputs.splits.values_mut() {
             source::sort_by_label(items);

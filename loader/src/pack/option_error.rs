@@ -44,6 +44,10 @@ pub enum PackOption {
     ///
     /// [`PackOptions::max_skip_fraction`]: super::options::PackOptions::max_skip_fraction
     MaxSkipFraction,
+    /// [`PackOptions::order`].
+    ///
+    /// [`PackOptions::order`]: super::options::PackOptions::order
+    Order,
 }
 
 impl PackOption {
@@ -61,6 +65,7 @@ impl PackOption {
             PackOption::ValFraction => "val_split fraction",
             PackOption::ValPerClass => "val_split per_class",
             PackOption::MaxSkipFraction => "max_skip_fraction",
+            PackOption::Order => "order",
         }
     }
 }

@@ -8,6 +8,9 @@ pub trait PackProgress: Sync {
     fn advance(&self, _n: u64) {}
     /// Packing finished.
     fn finish(&self) {}
+    /// The gzip-compressed tar `tar` (`bytes` long) is being read to list its members: a pass
+    /// over all of it, before packing starts, since a gzip stream cannot be indexed in place.
+    fn listing(&self, _tar: &std::path::Path, _bytes: u64) {}
 }
 
 /// A [`PackProgress`] that ignores everything.

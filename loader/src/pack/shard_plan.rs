@@ -5,10 +5,10 @@
 
 use rayon::prelude::*;
 
-use super::convert::{process, ConvertOptions};
+use super::convert::{convert_read, process, ConvertOptions, Converted};
 use super::fnv::Fnv;
 use super::options::PackOptions;
-use super::source::{read_in_place_order, Inputs, Item};
+use super::source::{read_in_place_order, read_together, sequential_only, Inputs, Item};
 use super::spec::{ShardCount, ShardOrder};
 use crate::format::{INDEX_ROW_LEN, RECORD_ALIGN};
 
@@ -113,8 +113,9 @@ fn plan_fingerprint(
 }
 
 /// Estimated bytes of a split's shards: the mean stored size (record, index row and alignment
-/// padding) of an evenly spaced sample of converted inputs, times the input count. Falls back
-/// to the input bytes when no sampled input converts.
+/// padding) of an evenly spaced sample of converted inputs (the first inputs, where a gzip
+/// stream holds them), times the input count. Falls back to the input bytes when no sampled
+/// input converts.
 fn estimate_output_bytes(
     pool: &rayon::ThreadPool,
     inputs: &Inputs,
@@ -123,13 +124,22 @@ fn estimate_output_bytes(
 ) -> u64 {
     let n = items.len();
     let k = n.min(SIZE_SAMPLE);
+    let stored = |c: Converted| c.bytes.len() as u64 + INDEX_ROW_LEN as u64 + RECORD_ALIGN / 2;
     let sizes: Vec<u64> = pool.install(|| {
+        if sequential_only(items) {
+            // A gzip stream is read from its start: sample the first inputs, in one pass.
+            let read: Vec<_> = items[..k]
+                .chunk_by(read_together)
+                .flat_map(|run| inputs.read_run(&run.iter().collect::<Vec<_>>()))
+                .collect();
+            return read
+                .into_par_iter()
+                .filter_map(|bytes| convert_read(bytes, copts).ok().map(stored))
+                .collect();
+        }
         (0..k)
             .into_par_iter()
-            .filter_map(|j| {
-                let c = process(inputs, &items[j * n / k], copts).ok()?;
-                Some(c.bytes.len() as u64 + INDEX_ROW_LEN as u64 + RECORD_ALIGN / 2)
-            })
+            .filter_map(|j| process(inputs, &items[j * n / k], copts).ok().map(stored))
             .collect()
     });
     if sizes.is_empty() {

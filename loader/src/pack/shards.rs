@@ -11,7 +11,7 @@ use super::convert::{convert_read, process, ConvertOptions, Converted, How, Skip
 use super::output::{save_state, DoneShard, PackState};
 use super::progress::PackProgress;
 use super::shard_plan::{shard_file_name, SplitPlan};
-use super::source::{read_together, Inputs, Item};
+use super::source::{place, read_together, Inputs, Item};
 use crate::error::Result;
 use crate::manifest::ShardInfo;
 use crate::shard::{tmp_path, ShardReader, ShardWriter};
@@ -151,7 +151,9 @@ pub(crate) struct Writing<'a> {
 
 /// Writes every shard of `plans` that `tally` does not hold yet, recording each in `state`
 /// (saved after each shard, so that an interruption loses at most the shard being written, or
-/// the group of shards of a streamed split).
+/// the group of shards of the streamed splits). The streamed splits are written together, in
+/// one pass over their inputs per group of shards (a gzip stream read once, not once per
+/// split).
 pub(crate) fn write_missing(
     w: &Writing<'_>,
     plans: &[SplitPlan<'_>],
@@ -161,31 +163,44 @@ pub(crate) fn write_missing(
     // Inputs converted per parallel window: large enough that waiting for the slowest input of
     // a window costs little, small enough to keep memory bounded (a few MiB of JPEGs).
     let window = (w.pool.current_num_threads() * 256).max(512);
-    for p in plans {
-        let missing: Vec<usize> = (0..p.shards)
-            .filter(|s| !tally.outcomes.contains_key(&(p.name.clone(), *s)))
-            .collect();
-        if p.streamed {
-            for group in missing.chunks(MAX_STREAMED_SHARDS) {
-                for (s, o, per_label) in stream_shards(w, p, group, window)? {
-                    state.shards.insert(o.info.file.clone(), o.done.clone());
-                    save_state(w.out, state)?;
-                    tally.add(&p.name, s, o, &per_label);
-                }
-            }
-            continue;
-        }
-        for s in missing {
-            let (o, per_label) = pack_shard(w, p, s, window)?;
+    let missing: Vec<Vec<usize>> = plans
+        .iter()
+        .map(|p| {
+            (0..p.shards)
+                .filter(|s| !tally.outcomes.contains_key(&(p.name.clone(), *s)))
+                .collect()
+        })
+        .collect();
+    let (streamed, shard_by_shard): (Vec<usize>, Vec<usize>) =
+        (0..plans.len()).partition(|&k| plans[k].streamed);
+    let shards: Vec<(usize, usize)> = streamed
+        .iter()
+        .enumerate()
+        .flat_map(|(j, &k)| missing[k].iter().map(move |&s| (j, s)))
+        .collect();
+    let streamed: Vec<&SplitPlan<'_>> = streamed.iter().map(|&k| &plans[k]).collect();
+    for group in shards.chunks(MAX_STREAMED_SHARDS) {
+        for ((j, s), o, per_label) in stream_shards(w, &streamed, group, window)? {
             state.shards.insert(o.info.file.clone(), o.done.clone());
             save_state(w.out, state)?;
-            tally.add(&p.name, s, o, &per_label);
+            tally.add(&streamed[j].name, s, o, &per_label);
+        }
+    }
+    for k in shard_by_shard {
+        for &s in &missing[k] {
+            let (o, per_label) = pack_shard(w, &plans[k], s, window)?;
+            state.shards.insert(o.info.file.clone(), o.done.clone());
+            save_state(w.out, state)?;
+            tally.add(&plans[k].name, s, o, &per_label);
         }
     }
     Ok(())
 }
 
-/// Shards written at once from one pass over a streamed split's inputs: each holds an open
+/// A shard of a streamed split, written: (split, shard), its outcome and its records per label.
+type Streamed = ((usize, usize), ShardOutcome, LabelCounts);
+
+/// Shards written at once from one pass over the streamed splits' inputs: each holds an open
 /// file and a write buffer, so that a pack of more shards takes one pass per group.
 const MAX_STREAMED_SHARDS: usize = 256;
 
@@ -277,53 +292,88 @@ fn open_shard(w: &Writing<'_>, p: &SplitPlan<'_>, s: usize, records: usize) -> R
     })
 }
 
-/// Produces the shards `group` of a streamed split in one pass over its inputs in their order:
-/// runs of inputs read together (a parquet row group's rows) are read and converted as one
-/// task, in parallel, and each record goes to its shard in order, so that every shard's bytes
-/// are those [`pack_shard`] would write.
+/// Produces the shards `group` ((split, shard) pairs, a split by its index in `plans`) of
+/// streamed splits in one pass over their inputs in their place in the sources, a window at a
+/// time: runs of inputs read together (a parquet row group's rows, a gzip-compressed tar's
+/// members) are read as one task each ([`read_window`]), the next window while this one is
+/// converted in parallel, and each record goes to its shard in its split's order, so that every
+/// shard's bytes are those [`pack_shard`] would write.
 fn stream_shards(
     w: &Writing<'_>,
-    p: &SplitPlan<'_>,
-    group: &[usize],
+    plans: &[&SplitPlan<'_>],
+    group: &[(usize, usize)],
     window: usize,
-) -> Result<Vec<(usize, ShardOutcome, LabelCounts)>> {
-    let shard_of = p.shard_of_each();
-    let mut open: BTreeMap<usize, Open> = BTreeMap::new();
-    for &s in group {
-        open.insert(s, open_shard(w, p, s, p.inputs_of(s).len())?);
+) -> Result<Vec<Streamed>> {
+    let shard_of: Vec<Vec<u32>> = plans.iter().map(|p| p.shard_of_each()).collect();
+    let mut open: BTreeMap<(usize, usize), Open> = BTreeMap::new();
+    for &(k, s) in group {
+        let p = plans[k];
+        open.insert((k, s), open_shard(w, p, s, p.inputs_of(s).len())?);
     }
-    let wanted: Vec<usize> = (0..p.items.len())
-        .filter(|&i| open.contains_key(&(shard_of[i] as usize)))
-        .collect();
-    for chunk in wanted.chunks(window) {
-        let runs: Vec<&[usize]> = chunk
-            .chunk_by(|&a, &b| read_together(&p.items[a], &p.items[b]))
-            .collect();
-        let converted: Vec<Vec<std::result::Result<Converted, Skip>>> = w.pool.install(|| {
-            runs.par_iter()
-                .map(|run| {
-                    let items: Vec<&Item> = run.iter().map(|&i| &p.items[i]).collect();
-                    w.inputs
-                        .read_run(&items)
-                        .into_iter()
-                        .map(|bytes| convert_read(bytes, w.convert))
-                        .collect()
-                })
-                .collect()
-        });
-        for (run, results) in runs.iter().zip(converted) {
-            for (&i, r) in run.iter().zip(results) {
-                let s = shard_of[i] as usize;
-                open.get_mut(&s)
-                    .expect("an open shard")
-                    .add(i, &p.items[i], r)?;
-            }
+    // Every split's inputs are in place order: merged (stably) into one pass over the sources.
+    let mut wanted: Vec<(usize, usize)> = Vec::new();
+    for (k, p) in plans.iter().enumerate() {
+        let of = &shard_of[k];
+        wanted.extend(
+            (0..p.items.len())
+                .filter(|&i| open.contains_key(&(k, of[i] as usize)))
+                .map(|i| (k, i)),
+        );
+    }
+    let item = |&(k, i): &(usize, usize)| &plans[k].items[i];
+    wanted.sort_by(|a, b| place(item(a)).cmp(&place(item(b))));
+    let chunks: Vec<&[(usize, usize)]> = wanted.chunks(window).collect();
+    let mut next = w
+        .pool
+        .install(|| read_window(w, plans, chunks.first().copied()));
+    for (c, chunk) in chunks.iter().enumerate() {
+        // The next window is read (a gzip stream: on one thread) while this one converts.
+        let bytes = std::mem::take(&mut next);
+        let (converted, following): (Vec<std::result::Result<Converted, Skip>>, _) =
+            w.pool.install(|| {
+                rayon::join(
+                    || {
+                        bytes
+                            .into_par_iter()
+                            .map(|b| convert_read(b, w.convert))
+                            .collect()
+                    },
+                    || read_window(w, plans, chunks.get(c + 1).copied()),
+                )
+            });
+        next = following;
+        for (&(k, i), r) in chunk.iter().zip(converted) {
+            let s = shard_of[k][i] as usize;
+            open.get_mut(&(k, s))
+                .expect("an open shard")
+                .add(i, &plans[k].items[i], r)?;
         }
         w.progress.advance(chunk.len() as u64);
     }
     open.into_iter()
-        .map(|(s, o)| o.finish(w, s).map(|(o, per_label)| (s, o, per_label)))
+        .map(|((k, s), o)| o.finish(w, s).map(|(o, per_label)| ((k, s), o, per_label)))
         .collect()
+}
+
+/// The bytes of the inputs `chunk` ((split, input) pairs) of `plans` (none without a chunk), in
+/// order: each run of inputs read together is read by one task, the runs in parallel.
+fn read_window(
+    w: &Writing<'_>,
+    plans: &[&SplitPlan<'_>],
+    chunk: Option<&[(usize, usize)]>,
+) -> Vec<std::io::Result<Vec<u8>>> {
+    let Some(chunk) = chunk else {
+        return Vec::new();
+    };
+    let item = |&(k, i): &(usize, usize)| &plans[k].items[i];
+    let runs: Vec<&[(usize, usize)]> = chunk
+        .chunk_by(|a, b| read_together(item(a), item(b)))
+        .collect();
+    let read: Vec<Vec<std::io::Result<Vec<u8>>>> = runs
+        .par_iter()
+        .map(|run| w.inputs.read_run(&run.iter().map(item).collect::<Vec<_>>()))
+        .collect();
+    read.into_iter().flatten().collect()
 }
 
 /// Produces shard `s` of plan `p`; returns it with its records per label.

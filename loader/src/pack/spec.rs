@@ -14,7 +14,8 @@ pub enum ShardCount {
     /// Exactly this many shards per split (capped at the split's input count).
     Count(usize),
     /// Shards of about this many bytes. The split's output size is estimated by converting an
-    /// evenly spaced sample of up to [`super::SIZE_SAMPLE`] inputs (deterministic, so a rerun
+    /// evenly spaced sample of up to [`super::SIZE_SAMPLE`] inputs (the first ones where a
+    /// gzip-compressed tar holds them, read from its start; deterministic, so a rerun
     /// plans the same count); the count is rounded up to a multiple of the node count so every
     /// node holds the same number of shards.
     Size(u64),

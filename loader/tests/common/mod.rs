@@ -131,15 +131,4 @@ pub fn sampler(n: usize, replicas: usize, batch: usize, tail: Tail, seed: u64) -
     )
 }
 
-/// An uncompressed tar of `(name, bytes)` regular files, in order.
-pub fn tar_of(entries: &[(String, Vec<u8>)]) -> Vec<u8> {
-    let mut b = tar::Builder::new(Vec::new());
-    for (name, data) in entries {
-        let mut h = tar::Header::new_gnu();
-        h.set_size(data.len() as u64);
-        h.set_mode(0o644);
-        h.set_cksum();
-        b.append_data(&mut h, name, data.as_slice()).unwrap();
-    }
-    b.into_inner().unwrap()
-}
+pub use ddl_testkit::tar_of;

@@ -1,6 +1,7 @@
 //! `ddl-pack`'s progress: an indicatif bar on a terminal, or a plain line every 10 s.
 
 use std::io::IsTerminal;
+use std::path::Path;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
@@ -99,5 +100,14 @@ impl PackProgress for Progress {
             // The summary printed next repeats the totals and the rate.
             b.finish_and_clear();
         }
+    }
+
+    fn listing(&self, tar: &Path, bytes: u64) {
+        stderr_line(&format!(
+            "ddl-pack: listing {} ({:.1} GiB, gzip-compressed: read once to list its members, \
+             once more to pack them)",
+            tar.display(),
+            bytes as f64 / (1u64 << 30) as f64
+        ));
     }
 }

@@ -7,6 +7,7 @@ use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
+use super::gzip::Readers;
 use super::parquet_file::ParquetFile;
 
 /// File name extensions (lower case) taken as images; other files are counted as ignored.
@@ -29,6 +30,14 @@ pub enum Loc {
         /// Index into `Inputs::archives`.
         archive: u32,
         /// Absolute byte offset of the member's data in the archive file.
+        offset: u64,
+    },
+    /// A member of the gzip-compressed tar `Inputs::archives[archive]` whose data starts at
+    /// byte `offset` of the decompressed stream (read in order: see `gzip.rs`).
+    Gzip {
+        /// Index into `Inputs::archives`.
+        archive: u32,
+        /// Byte offset of the member's data in the decompressed stream.
         offset: u64,
     },
     /// Row `row` of row group `group` of the parquet file `Inputs::parquet[file]`.
@@ -129,8 +138,10 @@ pub struct Inputs {
     pub splits: BTreeMap<String, Vec<Item>>,
     /// Directories referenced by [`Loc::Dir`].
     pub dirs: Vec<PathBuf>,
-    /// Archive files referenced by [`Loc::Archive`].
+    /// Archive files referenced by [`Loc::Archive`] and [`Loc::Gzip`].
     pub archives: Vec<PathBuf>,
+    /// The readers of the gzip-compressed archives.
+    pub(crate) gzip: Readers,
     /// Parquet files referenced by [`Loc::Parquet`].
     pub parquet: Vec<ParquetFile>,
     /// How each split was found (for the report).
@@ -156,10 +167,34 @@ impl Inputs {
     }
 
     /// Reads the bytes of `run`, items that [`read_together`] (or a single item): a parquet row
-    /// group's rows in one pass over its pages.
+    /// group's rows in one pass over its pages, a gzip-compressed tar's members in one pass
+    /// over its stream.
     pub fn read_run(&self, run: &[&Item]) -> Vec<std::io::Result<Vec<u8>>> {
         match run {
             [first, ..] if run.len() > 1 => match first.loc {
+                Loc::Gzip { archive, .. } => {
+                    let at: Vec<(u64, u64)> = run
+                        .iter()
+                        .map(|it| match it.loc {
+                            Loc::Gzip { offset, .. } => (offset, it.size),
+                            _ => unreachable!("a run is one archive's members"),
+                        })
+                        .collect();
+                    // An input above the limit is not read: the stream skips over it.
+                    let path = &self.archives[archive as usize];
+                    let within: Vec<(u64, u64)> = at
+                        .iter()
+                        .copied()
+                        .filter(|&(_, size)| within_limit(size).is_ok())
+                        .collect();
+                    let mut read = self.gzip.read(archive, path, &within).into_iter();
+                    at.iter()
+                        .map(|&(_, size)| {
+                            within_limit(size)?;
+                            read.next().expect("a read of each input within the limit")
+                        })
+                        .collect()
+                }
                 Loc::Parquet { file, group, .. } => {
                     let rows: Vec<u32> = run
                         .iter()
@@ -178,15 +213,7 @@ impl Inputs {
 
     /// Reads the bytes of `item`.
     pub fn read(&self, item: &Item) -> std::io::Result<Vec<u8>> {
-        if item.size > MAX_INPUT_BYTES {
-            return Err(std::io::Error::new(
-                std::io::ErrorKind::InvalidData,
-                format!(
-                    "{} bytes is larger than the {MAX_INPUT_BYTES}-byte input limit",
-                    item.size
-                ),
-            ));
-        }
+        within_limit(item.size)?;
         match item.loc {
             Loc::Dir(d) => {
                 let path = self.dirs[d as usize].join(&item.name);
@@ -202,18 +229,47 @@ impl Inputs {
                 f.read_exact_at(&mut buf, offset)?;
                 Ok(buf)
             }
+            Loc::Gzip { archive, offset } => {
+                let path = &self.archives[archive as usize];
+                let mut read = self.gzip.read(archive, path, &[(offset, item.size)]);
+                read.pop().expect("one read")
+            }
             Loc::Parquet { file, group, row } => self.parquet[file as usize].read(group, row),
         }
     }
 }
 
+/// Refuses to read an input of `size` bytes above [`MAX_INPUT_BYTES`].
+fn within_limit(size: u64) -> std::io::Result<()> {
+    match size > MAX_INPUT_BYTES {
+        true => Err(std::io::Error::new(
+            std::io::ErrorKind::InvalidData,
+            format!("{size} bytes is larger than the {MAX_INPUT_BYTES}-byte input limit"),
+        )),
+        false => Ok(()),
+    }
+}
+
 /// Whether a split of `items` is found ordered, and read, by the inputs' place in their files
 /// rather than by (label, name): parquet rows, whose images are compressed together a page at a
-/// time, so that each page is read once for all of its rows (see `shards.rs`).
+/// time, so that each page is read once for all of its rows (see `shards.rs`), and the members
+/// of gzip-compressed tars, which can only be read in their order.
 pub fn read_in_place_order(items: &[Item]) -> bool {
     items
-        .first()
-        .is_some_and(|it| matches!(it.loc, Loc::Parquet { .. }))
+        .iter()
+        .any(|it| matches!(it.loc, Loc::Parquet { .. } | Loc::Gzip { .. }))
+}
+
+/// An input's place in its sources, the order of a split [`read_in_place_order`]: its location,
+/// the name breaking ties (the files of one directory).
+pub fn place(item: &Item) -> (&Loc, &str) {
+    (&item.loc, &item.name)
+}
+
+/// Whether any of `items` is in a gzip-compressed tar, whose members can only be read in their
+/// order.
+pub fn sequential_only(items: &[Item]) -> bool {
+    items.iter().any(|it| matches!(it.loc, Loc::Gzip { .. }))
 }
 
 /// Sorts `items` by (label, name); the size and the location break ties, so that the order
@@ -224,9 +280,11 @@ pub fn sort_by_label(items: &mut [Item]) {
     });
 }
 
-/// Whether `a` and `b` are read in one go ([`Inputs::read_run`]): rows of one parquet row group.
+/// Whether `a` and `b` are read in one go ([`Inputs::read_run`]): rows of one parquet row group,
+/// members of one gzip-compressed tar.
 pub fn read_together(a: &Item, b: &Item) -> bool {
     match (&a.loc, &b.loc) {
+        (Loc::Gzip { archive, .. }, Loc::Gzip { archive: other, .. }) => archive == other,
         (
             Loc::Parquet { file, group, .. },
             Loc::Parquet {
@@ -248,7 +306,7 @@ pub(super) fn show(
         Loc::Dir(d) | Loc::NonUtf8Name(d) => {
             dirs[d as usize].join(&item.name).display().to_string()
         }
-        Loc::Archive { archive, .. } => {
+        Loc::Archive { archive, .. } | Loc::Gzip { archive, .. } => {
             format!("{}:{}", archives[archive as usize].display(), item.name)
         }
         Loc::Parquet { file, group, row } => {

@@ -3,8 +3,11 @@
 //!
 //! | split | read from, first found wins |
 //! |---|---|
-//! | train | `train/` (class folders, or per-synset tars, or an outer tar of them); tars in the input: outer tars (`ILSVRC2012_img_train.tar`, `fall11_whole.tar`) and `<wnid>.tar` per-synset tars; the input's own class folders. Class folders beside tars (an extraction that stopped part way) are read with them, a class a tar holds from the tar |
-//! | val | `val/` (class folders, or flat images labelled as `val.rs` says, never both; either checked against the devkit and Kaggle's CSV found beside them); ImageNet's flat val tars (`ILSVRC2012_img_val.tar`) in the input, labelled the same way |
+//! | train | `train/` (class folders, or per-synset tars, or an outer tar of them, or images named by their wnid); tars in the input: outer tars (`ILSVRC2012_img_train.tar`, `winter21_whole.tar.gz`) and `<wnid>.tar` per-synset tars, or Hugging Face's tars of images named by their wnid (`named.rs`); the input's own class folders. Class folders beside tars (an extraction that stopped part way) are read with them, a class a tar holds from the tar |
+//! | val | `val/` (class folders, or flat images labelled as `val.rs` says or by the wnid ending their names, never both; each checked against the devkit and Kaggle's CSV found beside them); ImageNet's flat val tars (`ILSVRC2012_img_val.tar`) or Hugging Face's `val_images.tar.gz` in the input, labelled the same way |
+//!
+//! Any tar may be gzip-compressed (`.tar.gz`, `.tgz`: `gzip.rs`); Hugging Face's tars are found
+//! in the input's `data/` as its download leaves them.
 //!
 //! A form that loses to another is listed as not read, never merged (the same images twice);
 //! ImageNet's test images (no labels exist) and the task-3 train subset beside the full train
@@ -17,13 +20,15 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 use super::devkit::is_devkit_name;
-use super::inputs::{LabelSource, Loc, SourceOptions};
-use super::listing::{class_folders, file_input, input_err, is_image_name, list_dir, Entry, Kind};
+use super::inputs::{LabelSource, SourceOptions};
+use super::listing::{
+    class_folders, file_input, input_err, is_image_name, is_wnid, list_dir, Entry, Kind,
+};
 use super::scan::{Found, Scan, SplitFound};
-use super::tars::{is_wnid, scan_outer, scan_synset, Claims, Tar, TarKind};
+use super::tars::{is_tar_name, scan_outer, scan_synset, Claims, Tar, TarKind};
 use super::tree::{scan_classes, scan_tree};
 use super::val::{check_folders, find_labels, label_flat};
-use super::{parquet, wds};
+use super::{named, parquet, wds};
 use crate::error::Result;
 
 /// The refusal of an input in which nothing was found.
@@ -47,29 +52,45 @@ pub(super) fn scan(
         if let Some(found) = parquet::scan_dir(root, scan)? {
             return Ok(found);
         }
+        let data = input.join("data");
+        if holds_tars(&data)? && !holds_tars(root)? && !root.join("train").is_dir() {
+            // Hugging Face's imagenet-1k before its parquet conversion: data/*.tar.gz.
+            return scan_dir(&data, opts, scan);
+        }
         return scan_dir(root, opts, scan);
     }
     if !input.exists() {
         return Err(input_err(input, "does not exist"));
     }
-    if !input.to_string_lossy().ends_with(".tar") {
+    if !is_tar_name(&input.to_string_lossy()) {
         return Err(input_err(
             input,
-            "is neither a directory nor a .tar file (an outer tar such as fall11_whole.tar, \
-             one <wnid>.tar, or a WebDataset shard)",
+            "is neither a directory nor a tar (.tar, .tar.gz, .tgz: an outer tar such as \
+             winter21_whole.tar.gz, one <wnid>.tar, or a WebDataset shard)",
         ));
     }
-    let tar = Tar::open(input)?;
+    let tar = Tar::open(input, scan.progress)?;
+    let mut found = BTreeMap::new();
     match tar.kind() {
-        TarKind::WebDataset => wds::scan(vec![tar], opts, scan),
+        TarKind::WebDataset => return wds::scan(vec![tar], opts, scan),
         TarKind::Outer | TarKind::Synset => {
-            let mut found = BTreeMap::new();
             found.insert("train".into(), train_tars(vec![tar], None, scan)?);
-            scan.train_classes = scan.wnids.len();
-            Ok(found)
         }
-        kind => Err(refusal(&tar, kind)),
+        TarKind::NamedTrain => {
+            found.insert("train".into(), named::train(vec![tar], scan)?);
+        }
+        kind => return Err(refusal(&tar, kind)),
     }
+    scan.train_classes = scan.wnids.len();
+    Ok(found)
+}
+
+/// Whether `dir` is a directory that holds a tar.
+fn holds_tars(dir: &Path) -> Result<bool> {
+    Ok(dir.is_dir()
+        && list_dir(dir)?
+            .iter()
+            .any(|e| !e.is_dir() && is_tar_name(&e.name) && !is_devkit_name(&e.name)))
 }
 
 /// The refusal of a tar that cannot be packed on its own.
@@ -77,6 +98,9 @@ fn refusal(tar: &Tar, kind: TarKind) -> crate::error::LoaderError {
     let why = match kind {
         TarKind::Val => "holds ImageNet's validation images, whose labels are in the devkit: \
                          pack the folder that holds it and ILSVRC2012_devkit_t12.tar.gz"
+            .to_string(),
+        TarKind::NamedVal => "holds validation images: pack the folder that holds it and the \
+                              training tars"
             .to_string(),
         TarKind::Test => "holds ImageNet's test images, for which no labels exist".into(),
         TarKind::Empty => "holds no images".into(),
@@ -100,7 +124,7 @@ struct Roles {
 }
 
 /// Sorts the entries of `root` by role; a tar that cannot be examined is refused.
-fn roles(root: &Path) -> Result<Roles> {
+fn roles(root: &Path, scan: &Scan) -> Result<Roles> {
     let mut roles = Roles::default();
     let mut tar_paths = Vec::new();
     for e in list_dir(root)? {
@@ -110,17 +134,17 @@ fn roles(root: &Path) -> Result<Roles> {
         }
         match &e.kind {
             Kind::Dir => roles.folders.push(e),
-            Kind::Broken(err) if e.name.ends_with(".tar") => {
+            Kind::Broken(err) if is_tar_name(&e.name) => {
                 return Err(input_err(
                     &path,
                     format!("cannot be opened ({err}); fix or remove it"),
                 ))
             }
-            _ if e.name.ends_with(".tar") => tar_paths.push(path),
+            _ if is_tar_name(&e.name) => tar_paths.push(path),
             _ => roles.files.push(e),
         }
     }
-    roles.tars = Tar::open_all(&tar_paths)?;
+    roles.tars = Tar::open_all(&tar_paths, scan.progress)?;
     Ok(roles)
 }
 
@@ -134,11 +158,19 @@ fn scan_dir(
         tars,
         folders,
         files,
-    } = roles(root)?;
+    } = roles(root, scan)?;
     let mut by_kind: BTreeMap<TarKind, Vec<Tar>> = BTreeMap::new();
     for tar in tars {
         let kind = tar.kind();
         match kind {
+            // ImageNet's bounding boxes (ILSVRC2012_bbox_train_v2.tar.gz) hold no images.
+            TarKind::Empty if tar.gzip => {
+                scan.ignore(
+                    tar.path.display(),
+                    "holds no images: not an input ddl-pack reads",
+                );
+                continue;
+            }
             TarKind::Unlabelled | TarKind::Empty => return Err(refusal(&tar, kind)),
             TarKind::Test => {
                 scan.ignore(
@@ -152,10 +184,22 @@ fn scan_dir(
     }
     let mut take = |k: TarKind| by_kind.remove(&k).unwrap_or_default();
     let (wds_tars, val_tars) = (take(TarKind::WebDataset), take(TarKind::Val));
+    let (named_train, named_val) = (take(TarKind::NamedTrain), take(TarKind::NamedVal));
     let mut train_tars = take(TarKind::Outer);
     train_tars.extend(take(TarKind::Synset));
+    if let (Some(named), Some(other)) = (named_train.first(), train_tars.first()) {
+        return Err(input_err(
+            &named.path,
+            format!(
+                "holds training images named by their wnid, beside {}, which holds training \
+                 images too: two forms of the training split; keep one of them",
+                other.path.display()
+            ),
+        ));
+    }
     if !wds_tars.is_empty() {
-        if let Some(other) = train_tars.iter().chain(&val_tars).next() {
+        let named = named_train.iter().chain(&named_val);
+        if let Some(other) = train_tars.iter().chain(&val_tars).chain(named).next() {
             return Err(input_err(
                 &other.path,
                 "lies beside WebDataset shards: a folder holds one layout; move it out",
@@ -166,7 +210,11 @@ fn scan_dir(
     let mut found = BTreeMap::new();
     let (train, val, test) = (root.join("train"), root.join("val"), root.join("test"));
     // The input's own class folders are the training split only when nothing else is.
-    let own_tree = !train.is_dir() && train_tars.is_empty() && !val.is_dir() && !folders.is_empty();
+    let own_tree = !train.is_dir()
+        && train_tars.is_empty()
+        && named_train.is_empty()
+        && !val.is_dir()
+        && !folders.is_empty();
     // Beside training tars in the input, its folders named by wnids are class folders.
     let root_classes: Vec<String> = match train.is_dir() || train_tars.is_empty() {
         true => Vec::new(),
@@ -177,8 +225,11 @@ fn scan_dir(
             .collect(),
     };
     let train_split = if train.is_dir() {
-        not_read(scan, train_tars.iter().map(|t| &t.path), &train);
+        let tars = train_tars.iter().chain(&named_train);
+        not_read(scan, tars.map(|t| &t.path), &train);
         scan_split_dir(&train, scan)?
+    } else if !named_train.is_empty() {
+        Some(named::train(named_train, scan)?)
     } else if !train_tars.is_empty() {
         let tars = leave_out_subset(train_tars, scan);
         let classes = Some((root, root_classes.clone()));
@@ -199,10 +250,14 @@ fn scan_dir(
     }
     scan.train_classes = scan.wnids.len();
     let val_split = if val.is_dir() {
-        not_read(scan, val_tars.iter().map(|t| &t.path), &val);
+        let tars = val_tars.iter().chain(&named_val);
+        not_read(scan, tars.map(|t| &t.path), &val);
         scan_val_dir(root, &val, opts, scan)?
     } else if !val_tars.is_empty() {
+        not_read(scan, named_val.iter().map(|t| &t.path), &val_tars[0].path);
         Some(scan_val_tars(root, val_tars, opts, scan)?)
+    } else if !named_val.is_empty() {
+        Some(named::val(root, named_val, opts, scan)?)
     } else {
         None
     };
@@ -345,7 +400,7 @@ fn scan_split_dir(dir: &Path, scan: &mut Scan) -> Result<Option<SplitFound>> {
     let mut paths = Vec::new();
     for e in entries
         .iter()
-        .filter(|e| !e.is_dir() && e.name.ends_with(".tar"))
+        .filter(|e| !e.is_dir() && is_tar_name(&e.name))
     {
         // A per-synset tar is a whole class: one that cannot be opened stops the pack.
         let why = match &e.kind {
@@ -361,7 +416,19 @@ fn scan_split_dir(dir: &Path, scan: &mut Scan) -> Result<Option<SplitFound>> {
         paths.push(dir.join(&e.name));
     }
     if !paths.is_empty() {
-        let tars = Tar::open_all(&paths)?;
+        let tars = Tar::open_all(&paths, scan.progress)?;
+        if tars.iter().all(|t| t.kind() == TarKind::NamedTrain) {
+            for e in entries
+                .iter()
+                .filter(|e| e.is_dir() || !is_tar_name(&e.name))
+            {
+                scan.ignore(
+                    dir.join(&e.name).display(),
+                    "not read: the tars beside it hold the training split",
+                );
+            }
+            return Ok(Some(named::train(tars, scan)?));
+        }
         for t in &tars {
             let kind = t.kind();
             if !matches!(kind, TarKind::Outer | TarKind::Synset) {
@@ -371,7 +438,7 @@ fn scan_split_dir(dir: &Path, scan: &mut Scan) -> Result<Option<SplitFound>> {
         // Class folders beside the tars: an extraction of the tars that stopped part way.
         let others: Vec<Entry> = entries
             .into_iter()
-            .filter(|e| e.is_dir() || !e.name.ends_with(".tar"))
+            .filter(|e| e.is_dir() || !is_tar_name(&e.name))
             .collect();
         let classes = class_folders(dir, &others, scan)?;
         return Ok(Some(train_tars(tars, Some((dir, classes)), scan)?));
@@ -379,7 +446,10 @@ fn scan_split_dir(dir: &Path, scan: &mut Scan) -> Result<Option<SplitFound>> {
     if entries.iter().any(Entry::is_dir) {
         return Ok(Some(tree_split(scan_tree(dir, scan)?, dir)));
     }
-    Ok(None)
+    Ok(
+        named::label_folder(dir, &entries, true, scan)?
+            .map(|items| named::train_folder(dir, items)),
+    )
 }
 
 /// Scans `val/`: class folders, or flat images labelled by the CSV or the devkit.
@@ -402,6 +472,9 @@ fn scan_val_dir(
         return Ok(None);
     }
     let labels = find_labels(root, val, opts)?;
+    if let Some(items) = named::label_folder(val, &entries, false, scan)? {
+        return Ok(Some(named::val_folder(val, items, &labels, scan)?));
+    }
     let dir = scan.dir(val);
     let mut images = Vec::new();
     for e in entries {
@@ -464,9 +537,9 @@ fn scan_val_tars(
         .collect::<Vec<_>>()
         .join(", ");
     let mut images = Vec::new();
-    for tar in tars {
+    for mut tar in tars {
         let archive = scan.archive(&tar.path);
-        for m in tar.members {
+        for m in std::mem::take(&mut tar.members) {
             if !is_image_name(m.file_name()) {
                 scan.ignore(
                     format!("{}:{}", tar.path.display(), m.name),
@@ -478,10 +551,7 @@ fn scan_val_tars(
                 label: 0,
                 name: m.name,
                 size: m.size,
-                loc: Loc::Archive {
-                    archive,
-                    offset: m.offset,
-                },
+                loc: tar.loc(archive, m.offset),
             });
         }
     }

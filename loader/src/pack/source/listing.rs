@@ -16,6 +16,20 @@ pub(super) fn is_image_name(name: &str) -> bool {
         .unwrap_or(false)
 }
 
+/// Whether `s` is a WordNet id as ImageNet names its synsets: `n` and eight digits.
+pub(super) fn is_wnid(s: &str) -> bool {
+    s.len() == 9 && s.starts_with('n') && s[1..].bytes().all(|b| b.is_ascii_digit())
+}
+
+/// The wnid that ends an image's file name (`n01440764_10026_n01440764.JPEG` ->
+/// `n01440764`), as Hugging Face's imagenet-1k names its images, if one does.
+pub(super) fn name_wnid(name: &str) -> Option<&str> {
+    let file = name.rsplit('/').next().unwrap_or(name);
+    let stem = file.rsplit_once('.').map_or(file, |(s, _)| s);
+    let (_, wnid) = stem.rsplit_once('_')?;
+    is_wnid(wnid).then_some(wnid)
+}
+
 /// The error of an input at `path`.
 pub(super) fn input_err(path: &Path, reason: impl Into<String>) -> LoaderError {
     LoaderError::Input {
@@ -130,4 +144,24 @@ pub(super) fn file_input(e: &Entry, dir: u32) -> (u64, Loc) {
         Loc::NonUtf8Name(dir)
     };
     (size, loc)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_wnid_ending_a_name() {
+        assert!(is_wnid("n01440764") && !is_wnid("n0144076") && !is_wnid("x01440764"));
+        assert_eq!(
+            name_wnid("n01440764_10026_n01440764.JPEG"),
+            Some("n01440764")
+        );
+        assert_eq!(
+            name_wnid("d/ILSVRC2012_val_00000001_n01751748.JPEG"),
+            Some("n01751748")
+        );
+        assert_eq!(name_wnid("n01440764_10026.JPEG"), None);
+        assert_eq!(name_wnid("ILSVRC2012_test_00000001.JPEG"), None);
+    }
 }

@@ -5,25 +5,29 @@
 //!   tars; `ILSVRC2012_img_val.tar`, flat; `ILSVRC2012_devkit_t12.tar.gz`) or extracted
 //!   (`train/<wnid>/`, a flat `val/`, the devkit folder), in any mix;
 //! - Kaggle's CLS-LOC folders with `LOC_val_solution.csv`;
-//! - Hugging Face's `imagenet-1k` parquet files (`parquet.rs`);
+//! - Hugging Face's `imagenet-1k` parquet files (`parquet.rs`), or its older tars of images named
+//!   by their wnid, as they are or extracted (`named.rs`);
 //! - WebDataset shards, as timm publishes ImageNet (`wds.rs`);
-//! - ImageNet-22k's per-synset tars, on disk or in an outer `fall11_whole.tar` /
-//!   `winter21_whole.tar` (which may also be the input itself); any class-folder tree.
+//! - ImageNet-22k's per-synset tars, on disk or in an outer `winter21_whole.tar.gz` /
+//!   `fall11_whole.tar` (which may also be the input itself); any class-folder tree.
 //!
 //! Labels come only from a source that states them: a class folder's or per-synset tar's wnid,
 //! the devkit's ground truth through its `meta.mat` (`devkit.rs`), Kaggle's CSV, a parquet
-//! row's label, a WebDataset sample's `.cls`. An input whose label cannot be vouched for is
+//! row's label, a WebDataset sample's `.cls`, the wnid ending an image's name. An input whose label cannot be vouched for is
 //! refused, never guessed (`val.rs`); each split's label source is recorded in the report and
 //! the manifest.
 //!
 //! Tars are indexed with the tar crate (headers only, seeking over member data) and never
 //! extracted: members are later read with positioned reads at the recorded offsets, so nested
-//! tars are never unpacked and each member can be read independently.
+//! tars are never unpacked and each member can be read independently. A gzip-compressed tar is
+//! listed in one pass over its stream and read in its order (`gzip.rs`).
 
 mod devkit;
+mod gzip;
 mod inputs;
 mod layout;
 mod listing;
+mod named;
 mod parquet;
 mod parquet_file;
 mod scan;
@@ -36,10 +40,11 @@ use std::collections::{BTreeMap, HashMap, HashSet};
 use std::path::Path;
 
 use super::classes;
+use super::progress::PackProgress;
 use crate::error::Result;
 pub use inputs::{
-    read_in_place_order, read_together, sort_by_label, Inputs, Item, LabelSource, Loc, Rejected,
-    SourceOptions, IMAGE_EXTENSIONS, MAX_INPUT_BYTES,
+    place, read_in_place_order, read_together, sequential_only, sort_by_label, Inputs, Item,
+    LabelSource, Loc, Rejected, SourceOptions, IMAGE_EXTENSIONS, MAX_INPUT_BYTES,
 };
 use listing::input_err;
 use scan::{read_wnid_list, Scan, SplitFound};
@@ -72,9 +77,13 @@ fn usable_counts(found: &BTreeMap<String, SplitFound>, scan: &Scan) -> BTreeMap<
         .collect()
 }
 
-/// Finds the inputs under `input` (see the module documentation for the layouts).
-pub fn discover(input: &Path, opts: &SourceOptions) -> Result<Inputs> {
-    let mut scan = Scan::default();
+/// Finds the inputs under `input` (see the module documentation for the layouts), telling
+/// `progress` of the long reads (a gzip-compressed tar is listed by reading all of it).
+pub fn discover(input: &Path, opts: &SourceOptions, progress: &dyn PackProgress) -> Result<Inputs> {
+    let mut scan = Scan {
+        progress: Some(progress),
+        ..Scan::default()
+    };
     let found = layout::scan(input, opts, &mut scan)?;
     if found.values().all(|f| f.items.is_empty()) {
         return Err(input_err(input, layout::NOTHING_FOUND));
@@ -131,7 +140,7 @@ pub fn discover(input: &Path, opts: &SourceOptions) -> Result<Inputs> {
         });
         items.shrink_to_fit();
         if read_in_place_order(&items) {
-            items.sort_unstable_by(|a, b| a.loc.cmp(&b.loc));
+            items.sort_unstable_by(|a, b| place(a).cmp(&place(b)));
         } else {
             sort_by_label(&mut items);
         }
@@ -146,6 +155,7 @@ pub fn discover(input: &Path, opts: &SourceOptions) -> Result<Inputs> {
         splits,
         dirs: scan.dirs,
         archives: scan.archives,
+        gzip: Default::default(),
         parquet: scan.parquet,
         layouts,
         labels,

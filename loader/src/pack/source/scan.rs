@@ -6,6 +6,7 @@ use std::path::{Path, PathBuf};
 use super::inputs::{show, Item, LabelSource, Rejected};
 use super::parquet_file::ParquetFile;
 use crate::error::{LoaderError, Result};
+use crate::pack::progress::PackProgress;
 
 /// An input found while scanning, before labels are known: its `label` is the index of its
 /// wnid in [`Scan::wnids`] (one string per class rather than one per input, so that the index
@@ -14,7 +15,9 @@ pub(super) type Found = Item;
 
 /// What the scanners of one input fill in.
 #[derive(Default)]
-pub(super) struct Scan {
+pub(super) struct Scan<'a> {
+    /// Told of each gzip-compressed tar as it is listed.
+    pub(super) progress: Option<&'a dyn PackProgress>,
     pub(super) dirs: Vec<PathBuf>,
     pub(super) archives: Vec<PathBuf>,
     pub(super) parquet: Vec<ParquetFile>,
@@ -32,7 +35,7 @@ pub(super) struct Scan {
     pub(super) declared: Option<Vec<String>>,
 }
 
-impl Scan {
+impl Scan<'_> {
     /// The scan index of `wnid`, registering it when new.
     pub(super) fn wnid_id(&mut self, wnid: &str) -> u32 {
         if let Some(&id) = self.wnid_ids.get(wnid) {

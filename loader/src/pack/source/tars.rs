@@ -1,6 +1,9 @@
 //! Tars, indexed and never extracted: per-synset tars (`<wnid>.tar`, images inside), outer
-//! tars of them (`ILSVRC2012_img_train.tar`, `fall11_whole.tar`), flat image tars (ImageNet's
-//! `ILSVRC2012_img_val.tar` and test tar) and WebDataset shards, told apart by their members.
+//! tars of them (`ILSVRC2012_img_train.tar`, `winter21_whole.tar.gz`), flat image tars
+//! (ImageNet's `ILSVRC2012_img_val.tar` and test tar, Hugging Face's tars of images named by
+//! their wnid) and WebDataset shards, told apart by their members. An uncompressed tar is
+//! indexed by its headers alone; a gzip-compressed one in one pass over its stream, its inner
+//! tars with it (read later through `gzip.rs`).
 
 use std::collections::HashMap;
 use std::fs::File;
@@ -10,10 +13,12 @@ use std::path::{Path, PathBuf};
 
 use rayon::prelude::*;
 
+use super::gzip;
 use super::inputs::Loc;
-use super::listing::{input_err, is_image_name};
+use super::listing::{input_err, is_image_name, is_wnid, name_wnid};
 use super::scan::{Found, Scan};
 use crate::error::{LoaderError, Result};
+use crate::pack::progress::PackProgress;
 
 /// A window `[base, base + len)` of a file, readable and seekable (for the tar crate).
 struct Region<'a> {
@@ -59,6 +64,9 @@ pub(super) struct Member {
     pub offset: u64,
     /// Its size in bytes.
     pub size: u64,
+    /// A tar member's own members, listed with it when the tar is gzip-compressed (read once);
+    /// empty otherwise.
+    pub inner: Vec<Member>,
 }
 
 impl Member {
@@ -71,10 +79,11 @@ impl Member {
 /// Lists the regular-file members of the tar stored at `[base, base + len)` of `file`.
 fn tar_members(file: &File, base: u64, len: u64, what: &Path) -> Result<Vec<Member>> {
     let mut magic = [0u8; 2];
-    if len >= 2 && file.read_exact_at(&mut magic, base).is_ok() && magic == [0x1f, 0x8b] {
+    if len >= 2 && file.read_exact_at(&mut magic, base).is_ok() && gzip::is_gzip(&magic) {
         return Err(input_err(
             what,
-            "is gzip-compressed; ddl-pack reads uncompressed tars (gunzip it first)",
+            "is a gzip-compressed tar inside a tar; ddl-pack reads those only as files of \
+             their own (gunzip it first)",
         ));
     }
     let region = Region {
@@ -85,9 +94,14 @@ fn tar_members(file: &File, base: u64, len: u64, what: &Path) -> Result<Vec<Memb
     };
     let bad = |e: std::io::Error| input_err(what, format!("unreadable tar: {e}"));
     let mut archive = tar::Archive::new(region);
+    listed(archive.entries_with_seek().map_err(bad)?, base).map_err(bad)
+}
+
+/// The regular-file members `entries` lists, their data offsets plus `base`.
+fn listed<R: Read>(entries: tar::Entries<'_, R>, base: u64) -> std::io::Result<Vec<Member>> {
     let mut out = Vec::new();
-    for entry in archive.entries_with_seek().map_err(bad)? {
-        let entry = entry.map_err(bad)?;
+    for entry in entries {
+        let entry = entry?;
         if !entry.header().entry_type().is_file() {
             continue;
         }
@@ -95,14 +109,62 @@ fn tar_members(file: &File, base: u64, len: u64, what: &Path) -> Result<Vec<Memb
             name: String::from_utf8_lossy(&entry.path_bytes()).into_owned(),
             offset: base + entry.raw_file_position(),
             size: entry.size(),
+            inner: Vec::new(),
         });
     }
     Ok(out)
 }
 
-/// Whether `s` is a WordNet id as ImageNet names its synsets: `n` and eight digits.
-pub(super) fn is_wnid(s: &str) -> bool {
-    s.len() == 9 && s.starts_with('n') && s[1..].bytes().all(|b| b.is_ascii_digit())
+/// Lists the regular-file members of the gzip-compressed tar at `path`; a member that is itself
+/// a tar (a per-synset tar of an outer tar) has its own members listed in [`Member::inner`],
+/// since the stream is read only once. Offsets are in the decompressed stream.
+fn gzip_members(path: &Path) -> Result<Vec<Member>> {
+    let bad = |e: std::io::Error| {
+        input_err(
+            path,
+            format!("unreadable gzip-compressed tar: {e} (a download cut short or damaged?)"),
+        )
+    };
+    let stream = gzip::open(path).map_err(|e| LoaderError::io("open", path, e))?;
+    let mut archive = tar::Archive::new(stream);
+    let mut out = Vec::new();
+    for entry in archive.entries().map_err(bad)? {
+        let mut entry = entry.map_err(bad)?;
+        if !entry.header().entry_type().is_file() {
+            continue;
+        }
+        let name = String::from_utf8_lossy(&entry.path_bytes()).into_owned();
+        let offset = entry.raw_file_position();
+        let size = entry.size();
+        let inner = match name.ends_with(".tar") {
+            true => {
+                let mut tar = tar::Archive::new(&mut entry);
+                tar.entries()
+                    .and_then(|entries| listed(entries, offset))
+                    .map_err(|e| {
+                        input_err(
+                            Path::new(&format!("{}:{name}", path.display())),
+                            format!("unreadable tar: {e} (a gzip download cut short or damaged?)"),
+                        )
+                    })?
+            }
+            false => Vec::new(),
+        };
+        out.push(Member {
+            name,
+            offset,
+            size,
+            inner,
+        });
+    }
+    Ok(out)
+}
+
+/// Whether a file's name is that of a tar: `.tar`, or gzip-compressed `.tar.gz` / `.tgz`.
+pub(super) fn is_tar_name(name: &str) -> bool {
+    [".tar", ".tar.gz", ".tgz"]
+        .iter()
+        .any(|ext| name.ends_with(ext))
 }
 
 /// The wnid a per-synset tar's file name states (`dir/n01440764.tar` -> `n01440764`).
@@ -124,6 +186,10 @@ pub(super) enum TarKind {
     Test,
     /// Images whose tar name is a wnid: one synset.
     Synset,
+    /// Training images whose names end in their wnid (`named.rs`).
+    NamedTrain,
+    /// Validation images whose names end in their wnid (`named.rs`).
+    NamedVal,
     /// Images with no label source (neither named as a synset nor as ImageNet's val or test).
     Unlabelled,
     /// No image and no tar inside.
@@ -136,27 +202,47 @@ pub(super) struct Tar {
     pub path: PathBuf,
     /// Its regular-file members, in tar order.
     pub members: Vec<Member>,
+    /// Whether it is gzip-compressed: its members' offsets are in the decompressed stream.
+    pub gzip: bool,
 }
 
 impl Tar {
-    /// Indexes the tar at `path` (headers only).
-    pub fn open(path: &Path) -> Result<Tar> {
+    /// Indexes the tar at `path`: headers only, or, when it is gzip-compressed, all of it
+    /// (told to `progress` first).
+    pub fn open(path: &Path, progress: Option<&dyn PackProgress>) -> Result<Tar> {
         let file = File::open(path).map_err(|e| LoaderError::io("open", path, e))?;
         let len = file
             .metadata()
             .map_err(|e| LoaderError::io("stat", path, e))?
             .len();
-        let members = tar_members(&file, 0, len, path)?;
+        let mut magic = [0u8; 2];
+        let gzip = len >= 2 && file.read_exact_at(&mut magic, 0).is_ok() && gzip::is_gzip(&magic);
+        if let Some(p) = progress.filter(|_| gzip) {
+            p.listing(path, len);
+        }
+        let members = match gzip {
+            true => gzip_members(path)?,
+            false => tar_members(&file, 0, len, path)?,
+        };
         Ok(Tar {
             path: path.to_path_buf(),
             members,
+            gzip,
         })
+    }
+
+    /// Where member data at `offset` is, in `archive` (this tar's index in the scan).
+    pub fn loc(&self, archive: u32, offset: u64) -> Loc {
+        match self.gzip {
+            true => Loc::Gzip { archive, offset },
+            false => Loc::Archive { archive, offset },
+        }
     }
 
     /// Indexes every tar of `paths` in parallel (their headers are small reads spread over
     /// large files), in the order given.
-    pub fn open_all(paths: &[PathBuf]) -> Result<Vec<Tar>> {
-        paths.par_iter().map(|p| Tar::open(p)).collect()
+    pub fn open_all(paths: &[PathBuf], progress: Option<&dyn PackProgress>) -> Result<Vec<Tar>> {
+        paths.par_iter().map(|p| Tar::open(p, progress)).collect()
     }
 
     /// The tar's file name.
@@ -165,6 +251,17 @@ impl Tar {
             .file_name()
             .map(|n| n.to_string_lossy().into_owned())
             .unwrap_or_default()
+    }
+
+    /// Whether every image of it is named by its wnid, and there is one.
+    fn all_named(&self) -> bool {
+        let mut images = self
+            .members
+            .iter()
+            .map(Member::file_name)
+            .filter(|n| is_image_name(n))
+            .peekable();
+        images.peek().is_some() && images.all(|n| name_wnid(n).is_some())
     }
 
     /// What it holds.
@@ -184,6 +281,11 @@ impl Tar {
             TarKind::Synset
         } else if images.is_empty() {
             TarKind::Empty
+        } else if self.all_named() {
+            match images.iter().any(|n| n.contains("_val_")) {
+                true => TarKind::NamedVal,
+                false => TarKind::NamedTrain,
+            }
         } else if images.iter().any(|n| flat_number(n, "_val_").is_some()) {
             TarKind::Val
         } else if images.iter().any(|n| flat_number(n, "_test_").is_some())
@@ -207,13 +309,13 @@ pub(super) fn flat_number(file_name: &str, infix: &str) -> Option<u64> {
     digits.parse().ok()
 }
 
-/// Adds the image members of one synset (`archive` already registered in `scan`), listing
+/// Adds the image members of one synset (in `tar`, registered in `scan` as `archive`), listing
 /// the others as ignored.
 fn add_synset_members(
     found: &mut Vec<Found>,
     scan: &mut Scan,
     class: u32,
-    archive: u32,
+    (tar, archive): (&Tar, u32),
     prefix: &str,
     members: Vec<Member>,
 ) {
@@ -228,10 +330,7 @@ fn add_synset_members(
             label: class,
             name: full,
             size: m.size,
-            loc: Loc::Archive {
-                archive,
-                offset: m.offset,
-            },
+            loc: tar.loc(archive, m.offset),
         });
     }
 }
@@ -264,25 +363,30 @@ impl Claims {
 }
 
 /// The training inputs of a per-synset tar.
-pub(super) fn scan_synset(tar: Tar, scan: &mut Scan, claims: &mut Claims) -> Result<Vec<Found>> {
+pub(super) fn scan_synset(
+    mut tar: Tar,
+    scan: &mut Scan,
+    claims: &mut Claims,
+) -> Result<Vec<Found>> {
     let name = tar.file_name();
     let wnid = wnid_of_tar(&name).expect("a synset tar is named by its wnid");
     claims.claim(wnid, &tar.path.display().to_string())?;
     let class = scan.wnid_id(wnid);
     let archive = scan.archive(&tar.path);
     let mut found = Vec::new();
-    add_synset_members(&mut found, scan, class, archive, "", tar.members);
+    let members = std::mem::take(&mut tar.members);
+    add_synset_members(&mut found, scan, class, (&tar, archive), "", members);
     Ok(found)
 }
 
 /// The training inputs of an outer tar of per-synset tars; its inner tars are indexed in
 /// parallel. A member that is not a tar is listed as ignored; an inner tar whose name is not
 /// a wnid is refused (its images' class would be a guess).
-pub(super) fn scan_outer(tar: Tar, scan: &mut Scan, claims: &mut Claims) -> Result<Vec<Found>> {
+pub(super) fn scan_outer(mut tar: Tar, scan: &mut Scan, claims: &mut Claims) -> Result<Vec<Found>> {
     let file = File::open(&tar.path).map_err(|e| LoaderError::io("open", &tar.path, e))?;
     let archive = scan.archive(&tar.path);
     let mut inner = Vec::new();
-    for m in tar.members {
+    for m in std::mem::take(&mut tar.members) {
         if !m.name.ends_with(".tar") {
             scan.ignore(
                 format!("{}:{}", tar.path.display(), m.name),
@@ -301,15 +405,116 @@ pub(super) fn scan_outer(tar: Tar, scan: &mut Scan, claims: &mut Claims) -> Resu
         claims.claim(&wnid, &at)?;
         inner.push((m, wnid, at));
     }
+    // A gzip-compressed outer tar's inner tars were listed with it.
     let listed: Vec<Result<Vec<Member>>> = inner
-        .par_iter()
-        .map(|(m, _, at)| tar_members(&file, m.offset, m.size, Path::new(at)))
+        .par_iter_mut()
+        .map(|(m, _, at)| match tar.gzip {
+            true => Ok(std::mem::take(&mut m.inner)),
+            false => tar_members(&file, m.offset, m.size, Path::new(at)),
+        })
         .collect();
     let mut found = Vec::new();
     for ((m, wnid, _), members) in inner.into_iter().zip(listed) {
         let class = scan.wnid_id(&wnid);
         let prefix = format!("{}/", m.name);
-        add_synset_members(&mut found, scan, class, archive, &prefix, members?);
+        add_synset_members(&mut found, scan, class, (&tar, archive), &prefix, members?);
     }
     Ok(found)
+}
+
+#[cfg(test)]
+mod tests {
+    use std::io::Write;
+    use std::path::PathBuf;
+
+    use super::gzip::Readers;
+    use super::*;
+
+    /// `bytes` gzip-compressed in two gzip members, as pigz and bgzip write.
+    fn gz_in_two(bytes: &[u8]) -> Vec<u8> {
+        let mut out = Vec::new();
+        for half in [&bytes[..bytes.len() / 2], &bytes[bytes.len() / 2..]] {
+            let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
+            gz.write_all(half).unwrap();
+            out.extend(gz.finish().unwrap());
+        }
+        out
+    }
+
+    /// The members, in their order: a file, a per-synset tar of two images, another file.
+    fn written(dir: &Path) -> (PathBuf, Vec<Vec<u8>>) {
+        let data: Vec<Vec<u8>> = (0..4u8).map(|i| vec![i; 700 + 300 * i as usize]).collect();
+        let inner = ddl_testkit::tar_of(&[
+            ("n1_a.JPEG".into(), data[1].clone()),
+            ("n1_b.JPEG".into(), data[2].clone()),
+        ]);
+        let outer = ddl_testkit::tar_of(&[
+            ("notes.txt".into(), data[0].clone()),
+            ("w/n01440764.tar".into(), inner),
+            ("last.JPEG".into(), data[3].clone()),
+        ]);
+        let path = dir.join("whole.tar.gz");
+        std::fs::write(&path, gz_in_two(&outer)).unwrap();
+        (path, data)
+    }
+
+    /// Where each member's data is, in the order of `written`'s data.
+    fn places(members: &[Member]) -> Vec<(u64, u64)> {
+        let inner = &members[1].inner;
+        [&members[0], &inner[0], &inner[1], &members[2]]
+            .iter()
+            .map(|m| (m.offset, m.size))
+            .collect()
+    }
+
+    #[test]
+    fn members_are_listed_with_their_tars_members_and_read_in_any_order() {
+        let dir = ddl_testkit::scratch("gzip-list");
+        let (path, data) = written(dir.path());
+        let members = gzip_members(&path).unwrap();
+        let names: Vec<&str> = members.iter().map(|m| m.name.as_str()).collect();
+        assert_eq!(names, ["notes.txt", "w/n01440764.tar", "last.JPEG"]);
+        let inner: Vec<&str> = members[1].inner.iter().map(|m| m.name.as_str()).collect();
+        assert_eq!(inner, ["n1_a.JPEG", "n1_b.JPEG"]);
+        let at = places(&members);
+        let readers = Readers::default();
+        // In order, in one pass; then backwards and one twice, each a new pass.
+        let read: Vec<Vec<u8>> = readers
+            .read(0, &path, &at)
+            .into_iter()
+            .map(|r| r.unwrap())
+            .collect();
+        assert_eq!(read, data);
+        for i in [3, 1, 1, 0, 2] {
+            let got = readers.read(0, &path, &at[i..=i]).pop().unwrap().unwrap();
+            assert_eq!(got, data[i], "member {i}");
+        }
+    }
+
+    #[test]
+    fn a_stream_that_fails_fails_every_later_read_at_once() {
+        let dir = ddl_testkit::scratch("gzip-fails");
+        let (path, data) = written(dir.path());
+        let at = places(&gzip_members(&path).unwrap());
+        // The file is cut short after it was listed: the first member still reads.
+        let bytes = std::fs::read(&path).unwrap();
+        std::fs::write(&path, &bytes[..bytes.len() - 200]).unwrap();
+        let readers = Readers::default();
+        assert_eq!(
+            readers.read(0, &path, &at[..1]).pop().unwrap().unwrap(),
+            data[0]
+        );
+        let e = readers.read(0, &path, &at[3..]).pop().unwrap().unwrap_err();
+        assert_eq!(e.kind(), std::io::ErrorKind::UnexpectedEof, "{e}");
+        let e = readers.read(0, &path, &at[3..]).pop().unwrap().unwrap_err();
+        assert!(e.to_string().contains("failed at the member"), "{e}");
+        assert_eq!(
+            readers.read(0, &path, &at[..1]).pop().unwrap().unwrap(),
+            data[0]
+        );
+        assert!(gzip_members(&path)
+            .unwrap_err()
+            .to_string()
+            .contains("cut short"));
+    }
 }

@@ -22,7 +22,7 @@ use serde::Deserialize;
 
 use super::devkit::{self, GroundTruth};
 use super::inputs::{LabelSource, Rejected, SourceOptions};
-use super::listing::input_err;
+use super::listing::{input_err, is_wnid};
 use super::scan::{Found, Scan};
 use crate::error::{LoaderError, Result};
 
@@ -52,6 +52,8 @@ struct Csv {
 enum Labeller {
     /// The class folder an image is in.
     Folder,
+    /// The wnid that ends the image's name.
+    Name,
     /// The devkit's ground truth.
     Truth,
     /// Kaggle's CSV.
@@ -128,6 +130,12 @@ pub(super) fn check_folders(
     check(items, Labeller::Folder, labels, scan)
 }
 
+/// Checks `items`, labelled by the wnid ending their names (`named.rs`), against every source
+/// of `labels`; returns the files of the sources that named any.
+pub(super) fn check_named(items: &[Found], labels: &ValLabels, scan: &Scan) -> Result<Vec<String>> {
+    check(items, Labeller::Name, labels, scan)
+}
+
 /// The refusal of flat validation images (in `val`) with no source of labels.
 fn no_labels(input: &Path, val: &Path) -> LoaderError {
     input_err(
@@ -174,6 +182,7 @@ fn check(
     let by = match (labeller, &labels.truth, &labels.csv) {
         (Labeller::Truth, Some(gt), _) => gt.file.as_str(),
         (Labeller::Csv, _, Some(csv)) => csv.file.as_str(),
+        (Labeller::Name, _, _) => "its file name",
         _ => "its class folder",
     };
     let mut checked = Vec::new();
@@ -272,10 +281,16 @@ fn by_number(mut images: Vec<Found>, gt: &GroundTruth, scan: &mut Scan) -> Resul
     Ok(images)
 }
 
-/// A file name's stem: its last `/`-separated part without the extension.
+/// A file name's stem: its last `/`-separated part without the extension, and without the wnid
+/// that ends Hugging Face's names (`ILSVRC2012_val_00000001_n01751748.JPEG` ->
+/// `ILSVRC2012_val_00000001`).
 fn stem(name: &str) -> &str {
     let file = name.rsplit('/').next().unwrap_or(name);
-    file.rsplit_once('.').map_or(file, |(s, _)| s)
+    let stem = file.rsplit_once('.').map_or(file, |(s, _)| s);
+    match stem.rsplit_once('_') {
+        Some((base, wnid)) if is_wnid(wnid) => base,
+        _ => stem,
+    }
 }
 
 /// The number N of validation image N's stem (`ILSVRC2012_val_{N:08}`); other stems have none.
@@ -378,6 +393,10 @@ mod tests {
         assert_eq!(val_number("ILSVRC2012_val_42"), None);
         assert_eq!(
             stem("val/ILSVRC2012_val_00000042.JPEG"),
+            "ILSVRC2012_val_00000042"
+        );
+        assert_eq!(
+            stem("ILSVRC2012_val_00000042_n01751748.JPEG"),
             "ILSVRC2012_val_00000042"
         );
     }

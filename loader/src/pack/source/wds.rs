@@ -19,9 +19,9 @@ use std::path::Path;
 use rayon::prelude::*;
 
 use super::inputs::{LabelSource, Loc, Rejected, SourceOptions};
-use super::listing::{input_err, is_image_name};
+use super::listing::{input_err, is_image_name, is_wnid};
 use super::scan::{read_wnid_list, Found, Scan, SplitFound};
-use super::tars::{is_wnid, Member, Tar};
+use super::tars::{Member, Tar};
 use crate::error::{LoaderError, Result};
 
 /// Largest `.cls` member read (a class number and a newline).
@@ -64,6 +64,13 @@ fn key_and_ext(name: &str) -> (&str, &str) {
 
 /// The samples of one shard, in key order; `.cls` members are read (small positioned reads).
 fn samples(tar: &Tar) -> Result<Vec<Sample>> {
+    if tar.gzip {
+        return Err(input_err(
+            &tar.path,
+            "is a gzip-compressed WebDataset shard: ddl-pack reads WebDataset shards \
+             uncompressed (gunzip it first)",
+        ));
+    }
     let file = File::open(&tar.path).map_err(|e| LoaderError::io("open", &tar.path, e))?;
     let mut by_key: BTreeMap<&str, Sample> = BTreeMap::new();
     for m in &tar.members {
