@@ -41,15 +41,40 @@ impl ArenaDir {
         let lock_path = dir.join(LOCK);
         let lock = loop {
             std::fs::create_dir_all(&dir).map_err(io("create directory", &dir))?;
-            let lock = File::create(&lock_path).map_err(io("create", &lock_path))?;
-            if !lock.try_lock_exclusive().map_err(io("lock", &lock_path))? {
+            // The lock file appears at its path already locked (made under another name,
+            // locked, then linked there), so that a sweep of orphans beside it (another job's,
+            // or another node's leader on the same base) never holds a fresh claim's lock.
+            let fresh = tempfile::Builder::new()
+                .prefix(".lock-")
+                .tempfile_in(&dir)
+                .map_err(io("create", &lock_path))?;
+            if !fresh
+                .as_file()
+                .try_lock_exclusive()
+                .map_err(io("lock", &lock_path))?
+            {
+                return Err(ExchangeError::Busy { path: lock_path });
+            }
+            let old = match fresh.persist_noclobber(&lock_path) {
+                Ok(lock) => break lock,
+                Err(e) if e.error.kind() == std::io::ErrorKind::AlreadyExists => {
+                    match File::open(&lock_path) {
+                        Ok(old) => old,
+                        Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
+                        Err(e) => return Err(io("open", &lock_path)(e)),
+                    }
+                }
+                Err(e) => return Err(io("create", &lock_path)(e.error)),
+            };
+            // An earlier job's lock file: free when that job died.
+            if !old.try_lock_exclusive().map_err(io("lock", &lock_path))? {
                 return Err(ExchangeError::Busy { path: lock_path });
             }
             // A job that held the directory until now (or a sweep of orphans) removes the
             // lock file before letting go of it: then the lock taken is of a file no other
             // job finds, and is taken again.
-            if same_file(&lock, &lock_path) {
-                break lock;
+            if same_file(&old, &lock_path) {
+                break old;
             }
         };
         remove_arenas(&dir).map_err(io("remove the arenas in", &dir))?;
@@ -210,6 +235,35 @@ mod tests {
         assert_eq!(left, ["notes.txt"]);
         assert!(live.arena(4).exists(), "a live job's arena was removed");
         assert!(dir("elsewhere").join("epoch-1.ddl").exists());
+    }
+
+    /// Leaders of several nodes claiming beside each other at once (ranks of an emulated
+    /// cluster on one host): each one's sweep of orphans never takes another's fresh lock.
+    #[test]
+    fn claims_beside_each_other_at_once_all_succeed() {
+        let tmp = ddl_testkit::scratch("arena-at-once");
+        for round in 0..100 {
+            let nodes = 6;
+            let start = std::sync::Barrier::new(nodes);
+            std::thread::scope(|s| {
+                let claims: Vec<_> = (0..nodes)
+                    .map(|n| {
+                        let dir = tmp
+                            .path()
+                            .join(format!("{PREFIX}{round:08x}-train-node{n}"));
+                        let start = &start;
+                        s.spawn(move || {
+                            start.wait();
+                            ArenaDir::claim(dir)
+                        })
+                    })
+                    .collect();
+                for c in claims {
+                    let claim = c.join().unwrap();
+                    assert!(claim.is_ok(), "round {round}: {:?}", claim.err());
+                }
+            });
+        }
     }
 
     #[test]
