@@ -1385,3 +1385,115 @@ fn hugging_face_tars_extracted_are_labelled_by_their_names() {
     let e = refused(&opts(&input, &tmp.path().join("o4")));
     assert!(e.contains(&two) && e.contains("two classes"), "{e}");
 }
+
+/// Kaggle's `imagenet-object-localization-challenge.zip`: `ILSVRC/Data/CLS-LOC/{train,val,test}`
+/// (the training images deflated but for every third, stored), the annotations, the CSVs; and
+/// the folder of a class without images, `empty`, if given.
+fn kaggle_zip(r: &Replica, csv: Option<String>, empty: Option<&str>) -> Vec<u8> {
+    use zip::write::FileOptions;
+    use zip::CompressionMethod;
+    let mut z = zip::ZipWriter::new(std::io::Cursor::new(Vec::new()));
+    let deflated = FileOptions::default().compression_method(CompressionMethod::Deflated);
+    let stored = FileOptions::default().compression_method(CompressionMethod::Stored);
+    let root = "ILSVRC/Data/CLS-LOC";
+    let mut add = |name: String, bytes: &[u8], o: FileOptions| {
+        z.start_file(name, o).unwrap();
+        z.write_all(bytes).unwrap();
+    };
+    for (i, (file, im)) in r.train.iter().enumerate() {
+        let o = if i % 3 == 0 { stored } else { deflated };
+        add(format!("{root}/train/{}/{file}", im.wnid), &im.jpeg, o);
+        let xml = format!("ILSVRC/Annotations/CLS-LOC/train/{}/{file}.xml", im.wnid);
+        add(xml, b"<annotation/>", deflated);
+    }
+    for (k, im) in r.val.iter().enumerate() {
+        add(
+            format!("{root}/val/{}", Replica::val_name(k)),
+            &im.jpeg,
+            deflated,
+        );
+    }
+    add(
+        format!("{root}/test/ILSVRC2012_test_00000001.JPEG"),
+        &jpeg(3),
+        deflated,
+    );
+    add(
+        "LOC_synset_mapping.txt".into(),
+        b"n01440764 tench, Tinca tinca\n",
+        deflated,
+    );
+    if let Some(csv) = csv {
+        add("LOC_val_solution.csv".into(), csv.as_bytes(), deflated);
+    }
+    if let Some(wnid) = empty {
+        z.add_directory(format!("{root}/train/{wnid}/"), deflated)
+            .unwrap();
+    }
+    z.finish().unwrap().into_inner()
+}
+
+#[test]
+fn kaggles_zip_is_read_as_downloaded() {
+    let tmp = ddl_testkit::scratch("pack-kaggle-zip");
+    let r = Replica::new();
+    let zip = tmp
+        .path()
+        .join("imagenet-object-localization-challenge.zip");
+    let csv = || Some(kaggle_csv(&r, r.val.len(), None));
+    write(&zip, &kaggle_zip(&r, csv(), None));
+    let out = tmp.path().join("o1");
+    let rep = pack_ok(&zip, &out);
+    assert_labels(&out, "train", WNIDS.len() * TRAIN_PER_CLASS, &r);
+    assert_labels(&out, "val", r.val.len(), &r);
+    let val = rep.splits["val"].labels.as_ref().unwrap();
+    assert!(
+        val.files[0].ends_with(".zip:LOC_val_solution.csv"),
+        "{val:?}"
+    );
+    for ignored in [
+        "ILSVRC/Annotations/ (40 files)",
+        "CLS-LOC/test/ (1 files)",
+        "LOC_synset_mapping.txt",
+    ] {
+        assert!(
+            rep.ignored_files.iter().any(|f| f.path.ends_with(ignored)),
+            "{ignored} is not listed: {:?}",
+            rep.ignored_files
+        );
+    }
+    // A damaged member is skipped and reported, naming it; the others pack.
+    let mut bytes = std::fs::read(&zip).unwrap();
+    let member = &r.train[1].1.jpeg;
+    let at = bytes
+        .windows(member.len())
+        .position(|w| w == member.as_slice());
+    assert!(at.is_none(), "member 1 is deflated");
+    let stored = &r.train[3].1.jpeg;
+    let at = bytes
+        .windows(stored.len())
+        .position(|w| w == stored.as_slice())
+        .unwrap();
+    bytes[at + stored.len() / 2] ^= 0x55;
+    write(&zip, &bytes);
+    let mut o = opts(&zip, &tmp.path().join("o2"));
+    o.max_skip_fraction = 0.5;
+    let rep = pack::pack(&o, &NoProgress).unwrap();
+    assert_eq!(rep.skipped.len(), 1, "{:?}", rep.skipped);
+    assert!(
+        rep.skipped[0].path.ends_with(&r.train[3].0) && rep.skipped[0].detail.contains("CRC-32"),
+        "{:?}",
+        rep.skipped
+    );
+    // Without the CSV, the val images have no label source.
+    write(&zip, &kaggle_zip(&r, None, None));
+    let e = refused(&opts(&zip, &tmp.path().join("o3")));
+    assert!(
+        e.contains("CLS-LOC/val") && e.contains("without labels"),
+        "{e}"
+    );
+    // A class folder without images is a class, which the class check refuses.
+    write(&zip, &kaggle_zip(&r, csv(), Some("n09999999")));
+    let e = refused(&opts(&zip, &tmp.path().join("o4")));
+    assert!(e.contains("n09999999"), "{e}");
+}

@@ -245,7 +245,7 @@ fn a_split_is_refused_where_the_input_has_one_or_the_value_is_bad() {
     )
     .unwrap_err()
     .to_string();
-    assert!(e.contains("neither a directory nor a tar"), "{e}");
+    assert!(e.contains("neither a directory, a tar"), "{e}");
 }
 
 #[test]

@@ -13,7 +13,10 @@ parquet, tarfile for the tars):
   KEY.cls, KEY.json);
 - ``hf-tars/``: Hugging Face's imagenet-1k before its parquet conversion
   (data/train_images_{0,1}.tar.gz and data/val_images.tar.gz, gzip level 6, of images named
-  NAME_<wnid>.JPEG, and classes.py).
+  NAME_<wnid>.JPEG, and classes.py);
+- ``kaggle-zip/imagenet-object-localization-challenge.zip``: Kaggle's download, by zipfile
+  (deflated): ILSVRC/Data/CLS-LOC/train/<wnid>/, a flat val/, LOC_val_solution.csv and
+  LOC_synset_mapping.txt.
 
 The source is a tree ``SRC/train/<wnid>/*.JPEG`` and a flat ``SRC/val/`` labelled by
 ``SRC/LOC_val_solution.csv`` (what ``ddl-synth`` writes). Files are hard-linked where a form
@@ -189,6 +192,23 @@ def write_hf_tars(out, wnids, train, val, seed):
     (out / "classes.py").write_text(f"IMAGENET2012_CLASSES = {{\n{entries}}}\n")
 
 
+def write_kaggle_zip(out, wnids, train, val):
+    """Kaggle's imagenet-object-localization-challenge.zip, every member deflated."""
+    import zipfile
+    out.mkdir(parents=True, exist_ok=True)
+    root = "ILSVRC/Data/CLS-LOC"
+    rows = ["ImageId,PredictionString"]
+    with zipfile.ZipFile(out / "imagenet-object-localization-challenge.zip", "w",
+                         zipfile.ZIP_DEFLATED) as z:
+        for w, p in train:
+            z.write(p, f"{root}/train/{w}/{p.name}")
+        for k, (w, p) in enumerate(val):
+            z.write(p, f"{root}/val/{val_name(k)}")
+            rows.append(f"{val_name(k)[:-5]},{w} 0 0 10 10")
+        z.writestr("LOC_val_solution.csv", "\n".join(rows) + "\n")
+        z.writestr("LOC_synset_mapping.txt", "".join(f"{w} words of {w}\n" for w in wnids))
+
+
 def write_all(src, out, seed=0, per_shard=1000):
     """Writes every form under ``out``; returns (wnids, ilsvrc ids by wnid)."""
     out = Path(out)
@@ -199,6 +219,7 @@ def write_all(src, out, seed=0, per_shard=1000):
     write_parquet(out / "parquet", wnids, train, val, seed)
     write_wds(out / "wds", wnids, train, val, seed, per_shard)
     write_hf_tars(out / "hf-tars", wnids, train, val, seed)
+    write_kaggle_zip(out / "kaggle-zip", wnids, train, val)
     return wnids, ids
 
 

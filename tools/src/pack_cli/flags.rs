@@ -27,8 +27,8 @@ pub struct Args {
     ///
     /// A directory holding any mix of image-net.org's ILSVRC2012_img_train.tar,
     /// ILSVRC2012_img_val.tar and ILSVRC2012_devkit_t12.tar.gz (or their extracted
-    /// train/WNID/, flat val/ and devkit folder); Kaggle's download (its LOC_val_solution.csv
-    /// labels val); Hugging Face's imagenet-1k (data/*.parquet and classes.py, or its older
+    /// train/WNID/, flat val/ and devkit folder); Kaggle's download (its .zip, or unzipped; its
+    /// LOC_val_solution.csv labels val); Hugging Face's imagenet-1k (data/*.parquet and classes.py, or its older
     /// data/*.tar.gz); timm's WebDataset shards; ImageNet-22k's WNID.tar files or an outer tar
     /// of them such as winter21_whole.tar.gz (or that tar itself); or any class-folder tree.
     /// Gzip-compressed tars are read as they are. Labels come only from what states them

@@ -2,6 +2,7 @@
 
 use std::collections::BTreeMap;
 use std::fs::File;
+use std::io::{Read, Seek};
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 
@@ -39,6 +40,18 @@ pub enum Loc {
         archive: u32,
         /// Byte offset of the member's data in the decompressed stream.
         offset: u64,
+    },
+    /// A member of the zip `Inputs::archives[archive]` whose data starts at byte `offset`,
+    /// deflated or stored, with the CRC-32 of its bytes (`zipped.rs`).
+    Zip {
+        /// Index into `Inputs::archives`.
+        archive: u32,
+        /// The CRC-32 the zip records for the member's bytes.
+        crc32: u32,
+        /// Absolute byte offset of the member's data in the zip.
+        offset: u64,
+        /// Whether its data is deflated (else stored as it is).
+        deflated: bool,
     },
     /// Row `row` of row group `group` of the parquet file `Inputs::parquet[file]`.
     Parquet {
@@ -229,6 +242,24 @@ impl Inputs {
                 f.read_exact_at(&mut buf, offset)?;
                 Ok(buf)
             }
+            Loc::Zip {
+                archive,
+                crc32,
+                offset,
+                deflated,
+            } => read_zip_member(
+                &self.archives[archive as usize],
+                offset,
+                item.size,
+                deflated,
+            )
+            .and_then(|bytes| match crc32fast::hash(&bytes) == crc32 {
+                true => Ok(bytes),
+                false => Err(std::io::Error::new(
+                    std::io::ErrorKind::InvalidData,
+                    "its bytes do not match the zip's CRC-32: a damaged member",
+                )),
+            }),
             Loc::Gzip { archive, offset } => {
                 let path = &self.archives[archive as usize];
                 let mut read = self.gzip.read(archive, path, &[(offset, item.size)]);
@@ -237,6 +268,22 @@ impl Inputs {
             Loc::Parquet { file, group, row } => self.parquet[file as usize].read(group, row),
         }
     }
+}
+
+/// The `size` bytes of the zip member whose data starts at `offset` of `zip`, inflated when
+/// `deflated`.
+fn read_zip_member(zip: &Path, offset: u64, size: u64, deflated: bool) -> std::io::Result<Vec<u8>> {
+    let f = File::open(zip)?;
+    let mut buf = vec![0u8; size as usize];
+    match deflated {
+        false => f.read_exact_at(&mut buf, offset)?,
+        true => {
+            let mut f = std::io::BufReader::with_capacity(1 << 16, f);
+            f.seek(std::io::SeekFrom::Start(offset))?;
+            flate2::read::DeflateDecoder::new(f).read_exact(&mut buf)?;
+        }
+    }
+    Ok(buf)
 }
 
 /// Refuses to read an input of `size` bytes above [`MAX_INPUT_BYTES`].
@@ -306,7 +353,7 @@ pub(super) fn show(
         Loc::Dir(d) | Loc::NonUtf8Name(d) => {
             dirs[d as usize].join(&item.name).display().to_string()
         }
-        Loc::Archive { archive, .. } | Loc::Gzip { archive, .. } => {
+        Loc::Archive { archive, .. } | Loc::Gzip { archive, .. } | Loc::Zip { archive, .. } => {
             format!("{}:{}", archives[archive as usize].display(), item.name)
         }
         Loc::Parquet { file, group, row } => {

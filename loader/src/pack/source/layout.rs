@@ -7,7 +7,8 @@
 //! | val | `val/` (class folders, or flat images labelled as `val.rs` says or by the wnid ending their names, never both; each checked against the devkit and Kaggle's CSV found beside them); ImageNet's flat val tars (`ILSVRC2012_img_val.tar`) or Hugging Face's `val_images.tar.gz` in the input, labelled the same way |
 //!
 //! Any tar may be gzip-compressed (`.tar.gz`, `.tgz`: `gzip.rs`); Hugging Face's tars are found
-//! in the input's `data/` as its download leaves them.
+//! in the input's `data/` as its download leaves them. Kaggle's zip, given as the input, is a
+//! layout of its own (`zipped.rs`).
 //!
 //! A form that loses to another is listed as not read, never merged (the same images twice);
 //! ImageNet's test images (no labels exist) and the task-3 train subset beside the full train
@@ -28,14 +29,15 @@ use super::scan::{Found, Scan, SplitFound};
 use super::tars::{is_tar_name, scan_outer, scan_synset, Claims, Tar, TarKind};
 use super::tree::{scan_classes, scan_tree};
 use super::val::{check_folders, find_labels, label_flat};
-use super::{named, parquet, wds};
+use super::{named, parquet, wds, zipped};
 use crate::error::Result;
 
 /// The refusal of an input in which nothing was found.
 pub(super) const NOTHING_FOUND: &str = "no images found: expected train/<wnid>/*.JPEG (and \
     val/), ImageNet's ILSVRC2012_img_train.tar / ILSVRC2012_img_val.tar with the devkit, \
-    <wnid>.tar files or an outer tar of them, Hugging Face's data/*.parquet, or WebDataset \
-    shards";
+    <wnid>.tar files or an outer tar of them (winter21_whole.tar.gz), Hugging Face's \
+    data/*.parquet or data/*.tar.gz, or WebDataset shards (Kaggle's .zip is given as the input \
+    itself)";
 
 /// How a class of a folder tree or a tar is labelled, in words.
 const BY_NAME: &str = "label: the position of the class's wnid in manifest.json's classes";
@@ -62,11 +64,14 @@ pub(super) fn scan(
     if !input.exists() {
         return Err(input_err(input, "does not exist"));
     }
+    if input.to_string_lossy().ends_with(".zip") {
+        return zipped::scan(input, scan);
+    }
     if !is_tar_name(&input.to_string_lossy()) {
         return Err(input_err(
             input,
-            "is neither a directory nor a tar (.tar, .tar.gz, .tgz: an outer tar such as \
-             winter21_whole.tar.gz, one <wnid>.tar, or a WebDataset shard)",
+            "is neither a directory, a tar (.tar, .tar.gz, .tgz: an outer tar such as \
+             winter21_whole.tar.gz, one <wnid>.tar, or a WebDataset shard) nor Kaggle's .zip",
         ));
     }
     let tar = Tar::open(input, scan.progress)?;
@@ -242,7 +247,11 @@ fn scan_dir(
     if !own_tree {
         let not_read = folders.iter().filter(|e| !root_classes.contains(&e.name));
         for e in not_read.chain(&files) {
-            scan.ignore(root.join(&e.name).display(), "not an input ddl-pack reads");
+            let why = match e.name.ends_with(".zip") {
+                true => "a zip: ddl-pack reads Kaggle's ImageNet zip given as the input itself",
+                false => "not an input ddl-pack reads",
+            };
+            scan.ignore(root.join(&e.name).display(), why);
         }
     }
     if let Some(s) = train_split {

@@ -4,7 +4,8 @@
 //! - image-net.org's archives as downloaded (`ILSVRC2012_img_train.tar`, a tar of per-class
 //!   tars; `ILSVRC2012_img_val.tar`, flat; `ILSVRC2012_devkit_t12.tar.gz`) or extracted
 //!   (`train/<wnid>/`, a flat `val/`, the devkit folder), in any mix;
-//! - Kaggle's CLS-LOC folders with `LOC_val_solution.csv`;
+//! - Kaggle's CLS-LOC folders with `LOC_val_solution.csv`, or its zip as downloaded
+//!   (`zipped.rs`);
 //! - Hugging Face's `imagenet-1k` parquet files (`parquet.rs`), or its older tars of images named
 //!   by their wnid, as they are or extracted (`named.rs`);
 //! - WebDataset shards, as timm publishes ImageNet (`wds.rs`);
@@ -35,6 +36,7 @@ mod tars;
 mod tree;
 mod val;
 mod wds;
+mod zipped;
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::path::Path;

@@ -16,6 +16,7 @@
 //! download).
 
 use std::collections::HashMap;
+use std::fs::File;
 use std::path::{Path, PathBuf};
 
 use serde::Deserialize;
@@ -80,14 +81,29 @@ pub(super) fn find_labels(input: &Path, val: &Path, opts: &SourceOptions) -> Res
         .map(|d| d.join(KAGGLE_CSV))
         .find(|p| p.is_file())
     {
-        Some(path) => Some(Csv {
-            rows: read_csv(&path)?,
-            file: path.display().to_string(),
-        }),
+        Some(path) => {
+            let file = File::open(&path).map_err(|e| LoaderError::io("open", &path, e))?;
+            Some(Csv {
+                rows: read_csv(&path, file)?,
+                file: path.display().to_string(),
+            })
+        }
         None => None,
     };
     let truth = devkit::find(input, &places, opts)?;
     Ok(ValLabels { csv, truth })
+}
+
+/// The labels Kaggle's CSV states, read from `csv` (as messages name it, and its bytes), or none.
+pub(super) fn csv_labels(csv: Option<(&Path, &[u8])>) -> Result<ValLabels> {
+    let csv = match csv {
+        Some((file, bytes)) => Some(Csv {
+            rows: read_csv(file, bytes)?,
+            file: file.display().to_string(),
+        }),
+        None => None,
+    };
+    Ok(ValLabels { csv, truth: None })
 }
 
 /// Labels the flat validation `images` of `input` (their `label` unset; `val`, their folder or
@@ -318,13 +334,12 @@ struct Row {
 }
 
 /// Labels for flat validation files by image id (file stem), from `LOC_val_solution.csv`.
-fn read_csv(path: &Path) -> Result<HashMap<String, String>> {
+fn read_csv(path: &Path, source: impl std::io::Read) -> Result<HashMap<String, String>> {
     let bad = |e: csv::Error| input_err(path, e.to_string());
     let at = |line: u64, why: String| input_err(path, format!("line {line}: {why}"));
     let mut reader = csv::ReaderBuilder::new()
         .trim(csv::Trim::All)
-        .from_path(path)
-        .map_err(bad)?;
+        .from_reader(source);
     let headers = reader.headers().map_err(bad)?.clone();
     if !["ImageId", "PredictionString"]
         .iter()
@@ -361,26 +376,24 @@ mod tests {
 
     #[test]
     fn kaggle_csv_with_a_byte_order_mark_and_quoted_fields() {
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join(KAGGLE_CSV);
+        let path = Path::new(KAGGLE_CSV);
         let text = "\u{feff}ImageId,PredictionString\n\
                     ILSVRC2012_val_00000001,\"n01440764 1 2 3 4 n01443537 5 6 7 8\"\n\
                     \n\
                     ILSVRC2012_val_00000002,n01443537 1 2 3 4\n";
-        std::fs::write(&path, text).unwrap();
-        let rows = read_csv(&path).unwrap();
+        let rows = read_csv(path, text.as_bytes()).unwrap();
         assert_eq!(rows.len(), 2);
         assert_eq!(rows["ILSVRC2012_val_00000001"], "n01440764");
         assert_eq!(rows["ILSVRC2012_val_00000002"], "n01443537");
 
-        std::fs::write(&path, format!("{text}ILSVRC2012_val_00000001,n01443537\n")).unwrap();
-        let e = read_csv(&path).unwrap_err().to_string();
+        let twice = format!("{text}ILSVRC2012_val_00000001,n01443537\n");
+        let e = read_csv(path, twice.as_bytes()).unwrap_err().to_string();
         assert!(
             e.contains("line 5: ImageId ILSVRC2012_val_00000001 is given a second time"),
             "{e}"
         );
-        std::fs::write(&path, "ImageId,Labels\nILSVRC2012_val_00000001,n01440764\n").unwrap();
-        let e = read_csv(&path).unwrap_err().to_string();
+        let other = "ImageId,Labels\nILSVRC2012_val_00000001,n01440764\n";
+        let e = read_csv(path, other.as_bytes()).unwrap_err().to_string();
         assert!(e.contains("ImageId and PredictionString"), "{e}");
     }
 
