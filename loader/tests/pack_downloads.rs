@@ -1497,3 +1497,32 @@ fn kaggles_zip_is_read_as_downloaded() {
     let e = refused(&opts(&zip, &tmp.path().join("o4")));
     assert!(e.contains("n09999999"), "{e}");
 }
+
+#[test]
+fn classes_named_by_numbers_are_labelled_by_their_number() {
+    // ImageNetV2 as extracted: imagenetv2-matched-frequency-format-val/<0..999>/<hash>.jpeg,
+    // folder k holding class k (sorted as strings, "10" would come before "2").
+    let tmp = ddl_testkit::scratch("pack-numbered");
+    let input = tmp.path().join("imagenetv2-matched-frequency-format-val");
+    let mut class_of = HashMap::new();
+    for class in 0..12u32 {
+        for i in 0..2 {
+            let bytes = jpeg(100 * class as usize + i);
+            write(
+                &input.join(class.to_string()).join(format!("{i}abc.jpeg")),
+                &bytes,
+            );
+            class_of.insert(bytes, class);
+        }
+    }
+    let out = tmp.path().join("out");
+    pack_ok(&input, &out);
+    let recs = records(&out, "train");
+    assert_eq!(recs.len(), 24);
+    for (label, name, bytes) in recs {
+        assert_eq!(
+            (label, name),
+            (class_of[&bytes], class_of[&bytes].to_string())
+        );
+    }
+}

@@ -1,6 +1,7 @@
-//! Which classes a pack keeps, in which label order: every class found (sorted by wnid), or
-//! the class list's order ([`super::PackOptions::classes`]); then a minimum per class drops those with
-//! fewer than N usable inputs. A class found with no usable training input at all (an empty
+//! Which classes a pack keeps, in which label order: every class found (sorted by wnid, or by
+//! number when every class is named by a number, as ImageNetV2's folders `0` to `999` are), or
+//! the class list's order ([`super::PackOptions::classes`]); then a minimum per class drops
+//! those with fewer than N usable inputs. A class found with no usable training input at all (an empty
 //! folder, a class only in val) is an error unless the caller keeps it as a class without
 //! records or drops it by a minimum: left out silently, it would relabel every later class.
 //!
@@ -65,7 +66,7 @@ pub(crate) fn check_none_empty(input: &Path, counts: &BTreeMap<String, u64>) -> 
 }
 
 /// Chooses the classes: `listed` (the class list) in its order, or else every wnid of
-/// `counts` in sorted order; then drops those with fewer than `min` usable inputs (`counts`:
+/// `counts` in [`found_order`]; then drops those with fewer than `min` usable inputs (`counts`:
 /// usable inputs by wnid). Fails, naming `input` and the option, when no class is left.
 pub(crate) fn select(
     input: &Path,
@@ -73,7 +74,7 @@ pub(crate) fn select(
     counts: &BTreeMap<String, u64>,
     min: u64,
 ) -> Result<Selection> {
-    let candidates = listed.unwrap_or_else(|| counts.keys().cloned().collect());
+    let candidates = listed.unwrap_or_else(|| found_order(counts.keys().cloned().collect()));
     let mut sel = Selection::default();
     for w in candidates {
         let n = counts.get(&w).copied().unwrap_or(0);
@@ -99,9 +100,37 @@ pub(crate) fn select(
     Ok(sel)
 }
 
+/// The label order of the classes found, `sorted` by name: by number when every name is one
+/// (ImageNetV2's folders `0` to `999`, whose folder k holds class k: sorted as strings, `10`
+/// would come before `2`), else as sorted (torchvision's order of wnids).
+fn found_order(mut sorted: Vec<String>) -> Vec<String> {
+    let number = |name: &str| -> Option<u128> {
+        (!name.is_empty() && name.bytes().all(|b| b.is_ascii_digit())).then(|| name.parse().ok())?
+    };
+    if sorted.iter().all(|name| number(name).is_some()) {
+        sorted.sort_by_key(|name| number(name));
+    }
+    sorted
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn classes_named_by_numbers_are_in_their_order() {
+        let names = |v: &[&str]| -> Vec<String> { v.iter().map(|s| s.to_string()).collect() };
+        let counts = |v: &[&str]| -> BTreeMap<String, u64> {
+            v.iter().map(|s| (s.to_string(), 1)).collect()
+        };
+        let p = Path::new("in");
+        let numbers = counts(&["0", "1", "2", "10", "11", "100", "007"]);
+        let s = select(p, None, &numbers, 0).unwrap();
+        assert_eq!(s.classes, names(&["0", "1", "2", "007", "10", "11", "100"]));
+        let mixed = counts(&["10", "2", "n01440764"]);
+        let s = select(p, None, &mixed, 0).unwrap();
+        assert_eq!(s.classes, names(&["10", "2", "n01440764"]));
+    }
 
     #[test]
     fn min_per_class_drops_small_classes_and_keeps_the_order() {
