@@ -1526,3 +1526,25 @@ fn classes_named_by_numbers_are_labelled_by_their_number() {
         );
     }
 }
+
+#[test]
+fn splits_extracted_into_folders_named_after_their_tars_are_refused() {
+    // `tar xf ILSVRC2012_img_train.tar -C ILSVRC2012_img_train` and the same for val: read as
+    // the input's own class folders, the val folder was a class of its own, and with
+    // --min-per-class 1 (which the empty-class refusal offered) the pack went through.
+    let tmp = ddl_testkit::scratch("pack-named-splits");
+    let r = Replica::new();
+    let input = tmp.path().join("imagenet");
+    r.write_train_tree(&input.join("ILSVRC2012_img_train"));
+    r.write_val_folder(&input.join("ILSVRC2012_img_val"));
+    write_devkit_folder(&input, &r.ground_truth());
+    for min in [0, 1] {
+        let mut o = opts(&input, &tmp.path().join(format!("o{min}")));
+        o.min_per_class = min;
+        let e = refused(&o);
+        assert!(
+            e.contains("ILSVRC2012_img_train") && e.contains("no images") && e.contains("train/"),
+            "{e}"
+        );
+    }
+}

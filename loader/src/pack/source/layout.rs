@@ -240,7 +240,13 @@ fn scan_dir(
         let classes = Some((root, root_classes.clone()));
         Some(self::train_tars(tars, classes, scan)?)
     } else if own_tree {
-        Some(tree_split(scan_tree(root, scan)?, root))
+        // The devkit and test/ are never classes (roles() left them out of `folders`).
+        let entries: Vec<Entry> = list_dir(root)?
+            .into_iter()
+            .filter(|e| !e.is_dir() || folders.contains(e))
+            .collect();
+        let classes = class_folders(root, &entries, scan)?;
+        Some(tree_split(scan_classes(root, classes, scan)?, root))
     } else {
         None
     };
