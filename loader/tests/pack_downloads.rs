@@ -1548,3 +1548,73 @@ fn splits_extracted_into_folders_named_after_their_tars_are_refused() {
         );
     }
 }
+
+#[test]
+fn tars_of_class_folders_are_read_by_their_folders() {
+    let tmp = ddl_testkit::scratch("pack-tar-tree");
+    let r = Replica::new();
+    // image-net.org's ImageNet-21K-P: imagenet21k_resized.tar.gz.
+    let root = "imagenet21k_resized";
+    let mut members: Vec<(String, Vec<u8>)> = Vec::new();
+    for (file, im) in &r.train {
+        let name = format!("{root}/imagenet21k_train/{}/{file}", im.wnid);
+        members.push((name, im.jpeg.clone()));
+    }
+    for (k, im) in r.val.iter().enumerate() {
+        let name = format!("{root}/imagenet21k_val/{0}/{0}_{k}.JPEG", im.wnid);
+        members.push((name, im.jpeg.clone()));
+    }
+    members.push((
+        format!("{root}/imagenet21k_small_classes/n09999999/a.JPEG"),
+        jpeg(9),
+    ));
+    let p = tmp.path().join("imagenet21k_resized.tar.gz");
+    write(&p, &gz(&tar_of(&members)));
+    let out = tmp.path().join("o1");
+    let rep = pack_ok(&p, &out);
+    assert_labels(&out, "train", WNIDS.len() * TRAIN_PER_CLASS, &r);
+    assert_labels(&out, "val", r.val.len(), &r);
+    assert!(
+        rep.ignored_files
+            .iter()
+            .any(|f| f.path.ends_with("imagenet21k_small_classes/ (1 images)")),
+        "{:?}",
+        rep.ignored_files
+    );
+    // In a folder, it is to be given itself.
+    let e = refused(&opts(tmp.path(), &tmp.path().join("o2")));
+    assert!(
+        e.contains("imagenet21k_resized.tar.gz") && e.contains("as the input itself"),
+        "{e}"
+    );
+    // ImageNetV2: folder k holds class k, a validation split.
+    let mut members = Vec::new();
+    let mut class_of = HashMap::new();
+    for class in 0..12u32 {
+        let bytes = jpeg(300 + class as usize);
+        let name = format!("imagenetv2-matched-frequency-format-val/{class}/ab{class}.jpeg");
+        members.push((name, bytes.clone()));
+        class_of.insert(bytes, class);
+    }
+    let p = tmp.path().join("v2/imagenetv2-matched-frequency.tar.gz");
+    write(&p, &gz(&tar_of(&members)));
+    let out = tmp.path().join("o3");
+    pack_ok(&p, &out);
+    let recs = records(&out, "val");
+    assert_eq!(recs.len(), 12);
+    for (label, name, bytes) in recs {
+        assert_eq!(
+            (label, name),
+            (class_of[&bytes], class_of[&bytes].to_string())
+        );
+    }
+    // One folder of images states no class.
+    let one = tar_of(&[
+        ("images/a.jpg".into(), jpeg(1)),
+        ("images/b.jpg".into(), jpeg(2)),
+    ]);
+    let p = tmp.path().join("one/photos.tar");
+    write(&p, &one);
+    let e = refused(&opts(&p, &tmp.path().join("o4")));
+    assert!(e.contains("states no label"), "{e}");
+}

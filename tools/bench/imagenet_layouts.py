@@ -16,7 +16,9 @@ parquet, tarfile for the tars):
   NAME_<wnid>.JPEG, and classes.py);
 - ``kaggle-zip/imagenet-object-localization-challenge.zip``: Kaggle's download, by zipfile
   (deflated): ILSVRC/Data/CLS-LOC/train/<wnid>/, a flat val/, LOC_val_solution.csv and
-  LOC_synset_mapping.txt.
+  LOC_synset_mapping.txt;
+- ``tree-tar/imagenet21k_resized.tar.gz``: a tar of class folders as image-net.org's
+  ImageNet-21K-P is (imagenet21k_resized/imagenet21k_{train,val}/<wnid>/, gzip level 6).
 
 The source is a tree ``SRC/train/<wnid>/*.JPEG`` and a flat ``SRC/val/`` labelled by
 ``SRC/LOC_val_solution.csv`` (what ``ddl-synth`` writes). Files are hard-linked where a form
@@ -209,6 +211,19 @@ def write_kaggle_zip(out, wnids, train, val):
         z.writestr("LOC_synset_mapping.txt", "".join(f"{w} words of {w}\n" for w in wnids))
 
 
+def write_tree_tar(out, train, val):
+    """ImageNet-21K-P's imagenet21k_resized.tar.gz: class folders under a train and a val
+    folder."""
+    out.mkdir(parents=True, exist_ok=True)
+    root = "imagenet21k_resized"
+    with tarfile.open(out / "imagenet21k_resized.tar.gz", "w:gz", compresslevel=6,
+                      format=tarfile.GNU_FORMAT) as t:
+        for w, p in train:
+            t.add(p, arcname=f"{root}/imagenet21k_train/{w}/{p.name}")
+        for k, (w, p) in enumerate(val):
+            t.add(p, arcname=f"{root}/imagenet21k_val/{w}/{w}_{k}.JPEG")
+
+
 def write_all(src, out, seed=0, per_shard=1000):
     """Writes every form under ``out``; returns (wnids, ilsvrc ids by wnid)."""
     out = Path(out)
@@ -220,6 +235,7 @@ def write_all(src, out, seed=0, per_shard=1000):
     write_wds(out / "wds", wnids, train, val, seed, per_shard)
     write_hf_tars(out / "hf-tars", wnids, train, val, seed)
     write_kaggle_zip(out / "kaggle-zip", wnids, train, val)
+    write_tree_tar(out / "tree-tar", train, val)
     return wnids, ids
 
 

@@ -29,7 +29,7 @@ use super::scan::{Found, Scan, SplitFound};
 use super::tars::{is_tar_name, scan_outer, scan_synset, Claims, Tar, TarKind};
 use super::tree::{scan_classes, scan_tree};
 use super::val::{check_folders, find_labels, label_flat};
-use super::{named, parquet, wds, zipped};
+use super::{named, parquet, tar_tree, wds, zipped};
 use crate::error::Result;
 
 /// The refusal of an input in which nothing was found.
@@ -84,6 +84,10 @@ pub(super) fn scan(
         TarKind::NamedTrain => {
             found.insert("train".into(), named::train(vec![tar], scan)?);
         }
+        TarKind::Unlabelled => match tar_tree::depth(&tar) {
+            Some(depth) => return tar_tree::scan(tar, depth, scan),
+            None => return Err(refusal(&tar, TarKind::Unlabelled)),
+        },
         kind => return Err(refusal(&tar, kind)),
     }
     scan.train_classes = scan.wnids.len();
@@ -111,7 +115,9 @@ fn refusal(tar: &Tar, kind: TarKind) -> crate::error::LoaderError {
         TarKind::Empty => "holds no images".into(),
         _ => "holds images but states no label for them: it is not a per-synset tar (its name \
               is not a WordNet id like n01440764.tar), an outer tar of them, ImageNet's \
-              validation tar, nor a WebDataset shard (KEY.cls beside KEY.jpg)"
+              validation tar, a tar of class folders (two or more, every image at one depth, a \
+              train or val split folder above them if any), nor a WebDataset shard (KEY.cls \
+              beside KEY.jpg)"
             .into(),
     };
     input_err(&tar.path, why)
@@ -175,6 +181,12 @@ fn scan_dir(
                     "holds no images: not an input ddl-pack reads",
                 );
                 continue;
+            }
+            TarKind::Unlabelled if tar_tree::depth(&tar).is_some() => {
+                return Err(input_err(
+                    &tar.path,
+                    "holds class folders: give it as the input itself (ddl-pack THIS.tar ...)",
+                ))
             }
             TarKind::Unlabelled | TarKind::Empty => return Err(refusal(&tar, kind)),
             TarKind::Test => {

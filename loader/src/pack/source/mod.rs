@@ -10,7 +10,8 @@
 //!   by their wnid, as they are or extracted (`named.rs`);
 //! - WebDataset shards, as timm publishes ImageNet (`wds.rs`);
 //! - ImageNet-22k's per-synset tars, on disk or in an outer `winter21_whole.tar.gz` /
-//!   `fall11_whole.tar` (which may also be the input itself); any class-folder tree.
+//!   `fall11_whole.tar` (which may also be the input itself); a tar of class folders, such as
+//!   ImageNet-21K-P's (`tar_tree.rs`); any class-folder tree.
 //!
 //! Labels come only from a source that states them: a class folder's or per-synset tar's wnid,
 //! the devkit's ground truth through its `meta.mat` (`devkit.rs`), Kaggle's CSV, a parquet
@@ -32,6 +33,7 @@ mod named;
 mod parquet;
 mod parquet_file;
 mod scan;
+mod tar_tree;
 mod tars;
 mod tree;
 mod val;
