@@ -1618,3 +1618,21 @@ fn tars_of_class_folders_are_read_by_their_folders() {
     let e = refused(&opts(&p, &tmp.path().join("o4")));
     assert!(e.contains("states no label"), "{e}");
 }
+
+#[test]
+fn images_in_train_without_a_class_folder_are_refused() {
+    // train/ holding the images flat (no class folders, names without a wnid) beside a sorted
+    // val/: the train images were left out and val packed alone, with exit 0.
+    let tmp = ddl_testkit::scratch("pack-flat-train");
+    let r = Replica::new();
+    let input = tmp.path().join("imagenet");
+    for (file, im) in &r.train {
+        write(&input.join("train").join(file), &im.jpeg);
+    }
+    r.write_train_tree(&input.join("val"));
+    let e = refused(&opts(&input, &tmp.path().join("o")));
+    assert!(
+        e.contains("train") && e.contains("40 images") && e.contains("no class folders"),
+        "{e}"
+    );
+}

@@ -421,7 +421,8 @@ fn tree_split(items: Vec<Found>, root: &Path) -> SplitFound {
     }
 }
 
-/// Scans a training directory: class folders, or tars (per-synset or outer).
+/// Scans a training directory: class folders, or tars (per-synset or outer), or images named
+/// by their wnid; other images there are refused.
 fn scan_split_dir(dir: &Path, scan: &mut Scan) -> Result<Option<SplitFound>> {
     let entries = list_dir(dir)?;
     let mut paths = Vec::new();
@@ -473,10 +474,23 @@ fn scan_split_dir(dir: &Path, scan: &mut Scan) -> Result<Option<SplitFound>> {
     if entries.iter().any(Entry::is_dir) {
         return Ok(Some(tree_split(scan_tree(dir, scan)?, dir)));
     }
-    Ok(
-        named::label_folder(dir, &entries, true, scan)?
-            .map(|items| named::train_folder(dir, items)),
-    )
+    if let Some(items) = named::label_folder(dir, &entries, true, scan)? {
+        return Ok(Some(named::train_folder(dir, items)));
+    }
+    // Images without a class folder would be left out: their class is stated nowhere.
+    let images: Vec<&Entry> = entries.iter().filter(|e| is_image_name(&e.name)).collect();
+    if let Some(first) = images.first() {
+        return Err(input_err(
+            dir,
+            format!(
+                "holds {} images ({}, ...) but no class folders: their class is stated \
+                 nowhere; sort them into <wnid>/ folders",
+                images.len(),
+                first.name
+            ),
+        ));
+    }
+    Ok(None)
 }
 
 /// Scans `val/`: class folders, or flat images labelled by the CSV or the devkit.
