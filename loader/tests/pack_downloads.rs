@@ -21,7 +21,7 @@ use ddl_loader::LoaderError;
 use crate::common::tar_of;
 
 /// Ten real ImageNet-1k wnids, not in sorted order.
-const WNIDS: [&str; 10] = [
+pub(crate) const WNIDS: [&str; 10] = [
     "n01518878",
     "n01440764",
     "n01496331",
@@ -41,23 +41,23 @@ const TRAIN_PER_CLASS: usize = 4;
 const VAL_PER_CLASS: usize = 2;
 
 /// One source image and the class it belongs to.
-struct Image {
-    wnid: &'static str,
-    jpeg: Vec<u8>,
+pub(crate) struct Image {
+    pub(crate) wnid: &'static str,
+    pub(crate) jpeg: Vec<u8>,
 }
 
 /// The replica: training images per class and validation images by number (1-based).
-struct Replica {
-    train: Vec<(String, Image)>,
-    val: Vec<Image>,
+pub(crate) struct Replica {
+    pub(crate) train: Vec<(String, Image)>,
+    pub(crate) val: Vec<Image>,
 }
 
-fn jpeg(seed: usize) -> Vec<u8> {
+pub(crate) fn jpeg(seed: usize) -> Vec<u8> {
     ddl_testkit::jpeg(20 + seed % 7, 18 + seed % 5, seed)
 }
 
 impl Replica {
-    fn new() -> Replica {
+    pub(crate) fn new() -> Replica {
         let mut train = Vec::new();
         let mut val = Vec::new();
         for (c, &wnid) in WNIDS.iter().enumerate() {
@@ -83,7 +83,7 @@ impl Replica {
         Replica { train, val }
     }
 
-    fn val_name(k: usize) -> String {
+    pub(crate) fn val_name(k: usize) -> String {
         format!("ILSVRC2012_val_{:08}.JPEG", k + 1)
     }
 
@@ -158,7 +158,7 @@ fn id_of(wnid: &str) -> u32 {
     IDS[WNIDS.iter().position(|w| *w == wnid).unwrap()]
 }
 
-fn write(path: &Path, bytes: &[u8]) {
+pub(crate) fn write(path: &Path, bytes: &[u8]) {
     std::fs::create_dir_all(path.parent().unwrap()).unwrap();
     std::fs::write(path, bytes).unwrap();
 }
@@ -234,7 +234,7 @@ fn write_downloads(dir: &Path, r: &Replica) {
     );
 }
 
-fn opts(input: &Path, output: &Path) -> PackOptions {
+pub(crate) fn opts(input: &Path, output: &Path) -> PackOptions {
     crate::common::small_pack(input, output, 3)
 }
 
@@ -255,7 +255,7 @@ fn records(out: &Path, split: &str) -> Vec<(u32, String, Vec<u8>)> {
 
 /// Checks that `split` holds exactly `count` records, each its source image's bytes with the
 /// reference label and wnid.
-fn assert_labels(out: &Path, split: &str, count: usize, r: &Replica) {
+pub(crate) fn assert_labels(out: &Path, split: &str, count: usize, r: &Replica) {
     let expected = r.expected();
     let recs = records(out, split);
     assert_eq!(recs.len(), count, "{split}");
@@ -277,7 +277,7 @@ fn pack_ok(input: &Path, out: &Path) -> PackReport {
     pack::pack(&opts(input, out), &NoProgress).unwrap()
 }
 
-fn refused(o: &PackOptions) -> String {
+pub(crate) fn refused(o: &PackOptions) -> String {
     match pack::pack(o, &NoProgress) {
         Ok(_) => panic!("{} was packed", o.input.display()),
         Err(e) => e.to_string(),

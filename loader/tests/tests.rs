@@ -8,6 +8,7 @@ mod memory;
 mod pack;
 mod pack_downloads;
 mod pack_split;
+mod pack_tfrecord;
 mod pipeline;
 mod reader_robustness;
 mod shard_changed;

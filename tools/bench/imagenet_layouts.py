@@ -18,7 +18,17 @@ parquet, tarfile for the tars):
   (deflated): ILSVRC/Data/CLS-LOC/train/<wnid>/, a flat val/, LOC_val_solution.csv and
   LOC_synset_mapping.txt;
 - ``tree-tar/imagenet21k_resized.tar.gz``: a tar of class folders as image-net.org's
-  ImageNet-21K-P is (imagenet21k_resized/imagenet21k_{train,val}/<wnid>/, gzip level 6).
+  ImageNet-21K-P is (imagenet21k_resized/imagenet21k_{train,val}/<wnid>/, gzip level 6);
+- ``tfds/imagenet2012/5.1.0/``: TensorFlow Datasets' imagenet2012
+  (imagenet2012-{train,validation}.tfrecord-NNNNN-of-NNNNN of shuffled records with ``image``,
+  ``label`` and ``file_name``, label.labels.txt, dataset_info.json, features.json);
+- ``tpu-tfrecord/``: the TPU reference's imagenet_to_gcs.py output
+  ({train,validation}-NNNNN-of-NNNNN: ``image/encoded``, ``image/class/label`` counted from 1,
+  ``image/class/synset``, ``image/filename``, ``image/format``).
+
+TFRecord files are written as TensorFlow's record_writer.cc writes them (google-crc32c for the
+masked CRC-32Cs), each record a ``tf.train.Example`` encoded by the protobuf wire format
+(feature.proto), without TensorFlow.
 
 The source is a tree ``SRC/train/<wnid>/*.JPEG`` and a flat ``SRC/val/`` labelled by
 ``SRC/LOC_val_solution.csv`` (what ``ddl-synth`` writes). Files are hard-linked where a form
@@ -38,6 +48,7 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
+import google_crc32c
 import scipy.io
 
 DEVKIT = "ILSVRC2012_devkit_t12"
@@ -224,6 +235,86 @@ def write_tree_tar(out, train, val):
             t.add(p, arcname=f"{root}/imagenet21k_val/{w}/{w}_{k}.JPEG")
 
 
+def varint(v):
+    """A protobuf varint (a negative int64 as its two's complement, ten bytes)."""
+    v &= (1 << 64) - 1
+    out = bytearray()
+    while v >= 0x80:
+        out.append(v & 0x7F | 0x80)
+        v >>= 7
+    out.append(v)
+    return bytes(out)
+
+
+def proto_field(tag, data):
+    """A length-delimited protobuf field (wire type 2)."""
+    return varint(tag << 3 | 2) + varint(len(data)) + data
+
+
+def example(features):
+    """A ``tf.train.Example`` of ``{key: bytes or int}`` (feature.proto: Features.feature is a
+    map of Feature, a bytes_list (1) or int64_list (3) of one value, packed)."""
+    entries = b""
+    for key, value in features.items():
+        if isinstance(value, int):
+            feature = proto_field(3, proto_field(1, varint(value)))
+        else:
+            feature = proto_field(1, proto_field(1, value))
+        entries += proto_field(1, proto_field(1, key.encode()) + proto_field(2, feature))
+    return proto_field(1, entries)
+
+
+def masked_crc(data):
+    crc = google_crc32c.value(data)
+    return (((crc >> 15) | (crc << 17)) + 0xA282EAD8) & 0xFFFFFFFF
+
+
+def write_tfrecord(path, records):
+    """A TFRecord file: each record's length, its masked CRC-32C, the data, its masked CRC-32C."""
+    with open(path, "wb") as f:
+        for r in records:
+            n = len(r).to_bytes(8, "little")
+            f.write(n + masked_crc(n).to_bytes(4, "little") + r
+                    + masked_crc(r).to_bytes(4, "little"))
+
+
+def write_sharded(out, name, records, per_shard):
+    """``records`` in shards ``{name}-NNNNN-of-NNNNN``."""
+    shards = max(1, -(-len(records) // per_shard))
+    for s in range(shards):
+        write_tfrecord(out / f"{name}-{s:05d}-of-{shards:05d}", records[s::shards])
+
+
+def write_tfds(out, wnids, train, val, seed, per_shard):
+    """TensorFlow Datasets' imagenet2012: shuffled records numbered by the sorted wnids."""
+    label = {w: i for i, w in enumerate(wnids)}
+    out.mkdir(parents=True, exist_ok=True)
+    for split, items in (("train", train), ("validation", val)):
+        records = [example({"image": p.read_bytes(), "label": label[w],
+                            "file_name": (p.name if split == "train" else val_name(k)).encode()})
+                   for k, (w, p) in enumerate(items)]
+        random.Random(seed).shuffle(records)
+        write_sharded(out, f"imagenet2012-{split}.tfrecord", records, per_shard)
+    (out / "label.labels.txt").write_text("".join(f"{w}\n" for w in wnids))
+    (out / "dataset_info.json").write_text(json.dumps({"name": "imagenet2012"}))
+    (out / "features.json").write_text("{}")
+
+
+def write_tpu_tfrecord(out, wnids, train, val, seed, per_shard):
+    """The TPU reference's imagenet_to_gcs.py output: labels counted from 1 (0 is background),
+    the synset beside them."""
+    label = {w: i + 1 for i, w in enumerate(wnids)}
+    out.mkdir(parents=True, exist_ok=True)
+    for split, items in (("train", train), ("validation", val)):
+        records = [example({"image/class/label": label[w], "image/class/synset": w.encode(),
+                            "image/format": b"JPEG", "image/encoded": p.read_bytes(),
+                            "image/filename":
+                                (p.name if split == "train" else val_name(k)).encode()})
+                   for k, (w, p) in enumerate(items)]
+        random.Random(seed).shuffle(records)
+        write_sharded(out, split, records, per_shard)
+
+
 def write_all(src, out, seed=0, per_shard=1000):
     """Writes every form under ``out``; returns (wnids, ilsvrc ids by wnid)."""
     out = Path(out)
@@ -236,6 +327,8 @@ def write_all(src, out, seed=0, per_shard=1000):
     write_hf_tars(out / "hf-tars", wnids, train, val, seed)
     write_kaggle_zip(out / "kaggle-zip", wnids, train, val)
     write_tree_tar(out / "tree-tar", train, val)
+    write_tfds(out / "tfds" / "imagenet2012" / "5.1.0", wnids, train, val, seed, per_shard)
+    write_tpu_tfrecord(out / "tpu-tfrecord", wnids, train, val, seed, per_shard)
     return wnids, ids
 
 

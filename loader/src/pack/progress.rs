@@ -8,9 +8,10 @@ pub trait PackProgress: Sync {
     fn advance(&self, _n: u64) {}
     /// Packing finished.
     fn finish(&self) {}
-    /// The gzip-compressed tar `tar` (`bytes` long) is being read to list its members: a pass
-    /// over all of it, before packing starts, since a gzip stream cannot be indexed in place.
-    fn listing(&self, _tar: &std::path::Path, _bytes: u64) {}
+    /// `input` (`bytes` long, `what` it is in words) is being read to list its images: a pass
+    /// over all of it before packing starts, since it cannot be indexed in place (a gzip stream,
+    /// TFRecord files whose labels are inside the records).
+    fn listing(&self, _input: &std::path::Path, _bytes: u64, _what: &str) {}
 }
 
 /// A [`PackProgress`] that ignores everything.

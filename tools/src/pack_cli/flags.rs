@@ -29,12 +29,14 @@ pub struct Args {
     /// ILSVRC2012_img_val.tar and ILSVRC2012_devkit_t12.tar.gz (or their extracted
     /// train/WNID/, flat val/ and devkit folder); Kaggle's download (its .zip, or unzipped; its
     /// LOC_val_solution.csv labels val); Hugging Face's imagenet-1k (data/*.parquet and classes.py, or its older
-    /// data/*.tar.gz); timm's WebDataset shards; ImageNet-22k's WNID.tar files or an outer tar
-    /// of them such as winter21_whole.tar.gz (or that tar itself); a tar of class folders
-    /// (imagenet21k_resized.tar.gz, ImageNetV2's tar); or any class-folder tree.
-    /// Gzip-compressed tars are read as they are. Labels come only from what states them
-    /// (folder and tar names, the devkit, the CSV, parquet rows, .cls files, a wnid ending an
-    /// image's name): an input without a label source is refused.
+    /// data/*.tar.gz); timm's WebDataset shards; TFRecord files (TensorFlow Datasets'
+    /// imagenet2012/, the TPU reference's train-00000-of-01024 ...); ImageNet-22k's WNID.tar
+    /// files or an outer tar of them such as winter21_whole.tar.gz (or that tar itself); a tar
+    /// of class folders (imagenet21k_resized.tar.gz, ImageNetV2's tar); or any class-folder
+    /// tree. Gzip-compressed tars are read as they are. Labels come only from what states them
+    /// (folder and tar names, the devkit, the CSV, parquet rows, .cls files, a TFRecord's
+    /// synset or label, a wnid ending an image's name): an input without a label source is
+    /// refused.
     #[arg(required_unless_present = "verify")]
     pub input: Option<PathBuf>,
 

@@ -102,11 +102,11 @@ impl PackProgress for Progress {
         }
     }
 
-    fn listing(&self, tar: &Path, bytes: u64) {
+    fn listing(&self, input: &Path, bytes: u64, what: &str) {
         stderr_line(&format!(
-            "ddl-pack: listing {} ({:.1} GiB, gzip-compressed: read once to list its members, \
-             once more to pack them)",
-            tar.display(),
+            "ddl-pack: listing {} ({:.1} GiB, {what}: read once to list its images, once more \
+             to pack them)",
+            input.display(),
             bytes as f64 / (1u64 << 30) as f64
         ));
     }

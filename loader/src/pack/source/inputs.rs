@@ -53,6 +53,16 @@ pub enum Loc {
         /// Whether its data is deflated (else stored as it is).
         deflated: bool,
     },
+    /// The record of `len` data bytes whose length field starts at byte `offset` of the
+    /// TFRecord file `Inputs::archives[archive]` (`tfrecord_file.rs`).
+    TfRecord {
+        /// Index into `Inputs::archives`.
+        archive: u32,
+        /// Byte offset of the record in the file.
+        offset: u64,
+        /// Length of the record's data (a `tf.train.Example`).
+        len: u64,
+    },
     /// Row `row` of row group `group` of the parquet file `Inputs::parquet[file]`.
     Parquet {
         /// Index into `Inputs::parquet`.
@@ -96,7 +106,7 @@ pub struct SourceOptions {
 }
 
 /// Where a split's labels come from, as the report and the manifest record it.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct LabelSource {
     /// The files the labels are read from.
     pub files: Vec<String>,
@@ -151,7 +161,8 @@ pub struct Inputs {
     pub splits: BTreeMap<String, Vec<Item>>,
     /// Directories referenced by [`Loc::Dir`].
     pub dirs: Vec<PathBuf>,
-    /// Archive files referenced by [`Loc::Archive`] and [`Loc::Gzip`].
+    /// Archive files referenced by [`Loc::Archive`], [`Loc::Gzip`], [`Loc::Zip`] and
+    /// [`Loc::TfRecord`].
     pub archives: Vec<PathBuf>,
     /// The readers of the gzip-compressed archives.
     pub(crate) gzip: Readers,
@@ -265,6 +276,11 @@ impl Inputs {
                 let mut read = self.gzip.read(archive, path, &[(offset, item.size)]);
                 read.pop().expect("one read")
             }
+            Loc::TfRecord {
+                archive,
+                offset,
+                len,
+            } => super::tfrecord_file::read_image(&self.archives[archive as usize], offset, len),
             Loc::Parquet { file, group, row } => self.parquet[file as usize].read(group, row),
         }
     }
@@ -353,7 +369,10 @@ pub(super) fn show(
         Loc::Dir(d) | Loc::NonUtf8Name(d) => {
             dirs[d as usize].join(&item.name).display().to_string()
         }
-        Loc::Archive { archive, .. } | Loc::Gzip { archive, .. } | Loc::Zip { archive, .. } => {
+        Loc::Archive { archive, .. }
+        | Loc::Gzip { archive, .. }
+        | Loc::Zip { archive, .. }
+        | Loc::TfRecord { archive, .. } => {
             format!("{}:{}", archives[archive as usize].display(), item.name)
         }
         Loc::Parquet { file, group, row } => {

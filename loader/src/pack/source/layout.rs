@@ -12,10 +12,10 @@
 //!
 //! A form that loses to another is listed as not read, never merged (the same images twice);
 //! ImageNet's test images (no labels exist) and the task-3 train subset beside the full train
-//! tar are listed as not packed. Hugging Face's parquet layout (`parquet.rs`) and WebDataset
-//! shards (`wds.rs`) are layouts of their own. Kaggle's download is read from its
-//! `ILSVRC/Data/CLS-LOC/`. A tar that holds images but states no label for them is refused,
-//! never packed as a class named after the tar.
+//! tar are listed as not packed. Hugging Face's parquet layout (`parquet.rs`), WebDataset
+//! shards (`wds.rs`) and TFRecord files (`tfrecord.rs`) are layouts of their own. Kaggle's
+//! download is read from its `ILSVRC/Data/CLS-LOC/`. A tar that holds images but states no
+//! label for them is refused, never packed as a class named after the tar.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -29,15 +29,15 @@ use super::scan::{Found, Scan, SplitFound};
 use super::tars::{is_tar_name, scan_outer, scan_synset, Claims, Tar, TarKind};
 use super::tree::{scan_classes, scan_tree};
 use super::val::{check_folders, find_labels, label_flat};
-use super::{named, parquet, tar_tree, wds, zipped};
+use super::{named, parquet, tar_tree, tfrecord, wds, zipped};
 use crate::error::Result;
 
 /// The refusal of an input in which nothing was found.
 pub(super) const NOTHING_FOUND: &str = "no images found: expected train/<wnid>/*.JPEG (and \
     val/), ImageNet's ILSVRC2012_img_train.tar / ILSVRC2012_img_val.tar with the devkit, \
     <wnid>.tar files or an outer tar of them (winter21_whole.tar.gz), Hugging Face's \
-    data/*.parquet or data/*.tar.gz, or WebDataset shards (Kaggle's .zip is given as the input \
-    itself)";
+    data/*.parquet or data/*.tar.gz, WebDataset shards, or TFRecord files (Kaggle's .zip is \
+    given as the input itself)";
 
 /// How a class of a folder tree or a tar is labelled, in words.
 const BY_NAME: &str = "label: the position of the class's wnid in manifest.json's classes";
@@ -52,6 +52,9 @@ pub(super) fn scan(
         let kaggle = input.join("ILSVRC").join("Data").join("CLS-LOC");
         let root = if kaggle.is_dir() { &kaggle } else { input };
         if let Some(found) = parquet::scan_dir(root, scan)? {
+            return Ok(found);
+        }
+        if let Some(found) = tfrecord::scan_dir(root, opts, scan)? {
             return Ok(found);
         }
         let data = input.join("data");

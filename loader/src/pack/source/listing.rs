@@ -30,6 +30,32 @@ pub(super) fn name_wnid(name: &str) -> Option<&str> {
     is_wnid(wnid).then_some(wnid)
 }
 
+/// The wnid that starts a file name or key (`dir/n01440764_10026.JPEG` -> `n01440764`), as
+/// ImageNet names its training images, if one does.
+pub(super) fn prefix_wnid(name: &str) -> Option<&str> {
+    let file = name.rsplit('/').next()?;
+    file.split(['_', '.']).next().filter(|w| is_wnid(w))
+}
+
+/// The split a file of a sharded dataset belongs to, by the words of its name
+/// (`imagenet1k-train-0000.tar`, `imagenet2012-validation.tfrecord-00000-of-00064`,
+/// `validation-00127-of-00128`): `None` for the test split, `None` outside when it says none.
+pub(super) fn split_named(file_name: &str) -> Option<Option<&'static str>> {
+    let words: Vec<&str> = file_name.split(['-', '_', '.']).collect();
+    if words.contains(&"train") {
+        Some(Some("train"))
+    } else if words
+        .iter()
+        .any(|w| ["validation", "val", "valid"].contains(w))
+    {
+        Some(Some("val"))
+    } else if words.contains(&"test") {
+        Some(None)
+    } else {
+        None
+    }
+}
+
 /// The error of an input at `path`.
 pub(super) fn input_err(path: &Path, reason: impl Into<String>) -> LoaderError {
     LoaderError::Input {
@@ -163,5 +189,25 @@ mod tests {
         );
         assert_eq!(name_wnid("n01440764_10026.JPEG"), None);
         assert_eq!(name_wnid("ILSVRC2012_test_00000001.JPEG"), None);
+        assert_eq!(prefix_wnid("n01440764_10026"), Some("n01440764"));
+        assert_eq!(prefix_wnid("d/n01440764_10026.JPEG"), Some("n01440764"));
+        assert_eq!(prefix_wnid("ILSVRC2012_val_00000001"), None);
+    }
+
+    #[test]
+    fn the_split_a_name_says() {
+        assert_eq!(
+            split_named("imagenet1k-train-0000.tar"),
+            Some(Some("train"))
+        );
+        assert_eq!(
+            split_named("imagenet1k-validation-00.tar"),
+            Some(Some("val"))
+        );
+        assert_eq!(split_named("imagenet22k-test-0001.tar"), Some(None));
+        assert_eq!(split_named("shard-0001.tar"), None);
+        let tfds = "imagenet2012-validation.tfrecord-00000-of-00064";
+        assert_eq!(split_named(tfds), Some(Some("val")));
+        assert_eq!(split_named("train-00000-of-01024"), Some(Some("train")));
     }
 }

@@ -9,13 +9,15 @@
 //! - Hugging Face's `imagenet-1k` parquet files (`parquet.rs`), or its older tars of images named
 //!   by their wnid, as they are or extracted (`named.rs`);
 //! - WebDataset shards, as timm publishes ImageNet (`wds.rs`);
+//! - TFRecord files, as TensorFlow Datasets and the TPU reference prepare it (`tfrecord.rs`);
 //! - ImageNet-22k's per-synset tars, on disk or in an outer `winter21_whole.tar.gz` /
 //!   `fall11_whole.tar` (which may also be the input itself); a tar of class folders, such as
 //!   ImageNet-21K-P's (`tar_tree.rs`); any class-folder tree.
 //!
 //! Labels come only from a source that states them: a class folder's or per-synset tar's wnid,
 //! the devkit's ground truth through its `meta.mat` (`devkit.rs`), Kaggle's CSV, a parquet
-//! row's label, a WebDataset sample's `.cls`, the wnid ending an image's name. An input whose label cannot be vouched for is
+//! row's label, a WebDataset sample's `.cls` or a TFRecord's label number (`numbered.rs`), a
+//! TFRecord's synset, the wnid ending an image's name. An input whose label cannot be vouched for is
 //! refused, never guessed (`val.rs`); each split's label source is recorded in the report and
 //! the manifest.
 //!
@@ -30,11 +32,14 @@ mod inputs;
 mod layout;
 mod listing;
 mod named;
+mod numbered;
 mod parquet;
 mod parquet_file;
 mod scan;
 mod tar_tree;
 mod tars;
+mod tfrecord;
+mod tfrecord_file;
 mod tree;
 mod val;
 mod wds;

@@ -71,6 +71,7 @@ impl Scan<'_> {
 }
 
 /// One split as a scanner found it.
+#[derive(Default)]
 pub(super) struct SplitFound {
     /// Its inputs, labelled by scan index.
     pub(super) items: Vec<Found>,

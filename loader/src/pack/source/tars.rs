@@ -218,7 +218,7 @@ impl Tar {
         let mut magic = [0u8; 2];
         let gzip = len >= 2 && file.read_exact_at(&mut magic, 0).is_ok() && gzip::is_gzip(&magic);
         if let Some(p) = progress.filter(|_| gzip) {
-            p.listing(path, len);
+            p.listing(path, len, "a gzip-compressed tar");
         }
         let members = match gzip {
             true => gzip_members(path)?,

@@ -11,7 +11,7 @@
 //! are refused, naming the samples. A sample without an image or without a `.cls` is skipped
 //! and counted toward the skip limit.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 use std::fs::File;
 use std::os::unix::fs::FileExt;
 use std::path::Path;
@@ -19,7 +19,8 @@ use std::path::Path;
 use rayon::prelude::*;
 
 use super::inputs::{LabelSource, Loc, Rejected, SourceOptions};
-use super::listing::{input_err, is_image_name, is_wnid};
+use super::listing::{input_err, is_image_name, prefix_wnid, split_named};
+use super::numbered::{name_numbers, NumberList, Numbered};
 use super::scan::{read_wnid_list, Found, Scan, SplitFound};
 use super::tars::{Member, Tar};
 use crate::error::{LoaderError, Result};
@@ -32,24 +33,6 @@ struct Sample {
     key: String,
     image: Option<Member>,
     class: Option<u32>,
-}
-
-/// The split a shard belongs to, by its name: `None` for the test split.
-fn split_of(file_name: &str) -> Option<Option<&'static str>> {
-    let stem = file_name.strip_suffix(".tar").unwrap_or(file_name);
-    let words: Vec<&str> = stem.split(['-', '_', '.']).collect();
-    if words.contains(&"train") {
-        Some(Some("train"))
-    } else if words
-        .iter()
-        .any(|w| ["validation", "val", "valid"].contains(w))
-    {
-        Some(Some("val"))
-    } else if words.contains(&"test") {
-        Some(None)
-    } else {
-        None
-    }
 }
 
 /// A member's sample key and extension (`dir/n01_5.jpg` -> (`dir/n01_5`, `jpg`)): the
@@ -103,13 +86,7 @@ fn samples(tar: &Tar) -> Result<Vec<Sample>> {
     Ok(by_key.into_values().collect())
 }
 
-/// The wnid a key states (`n01440764_10026` -> `n01440764`).
-fn key_wnid(key: &str) -> Option<&str> {
-    let file = key.rsplit('/').next()?;
-    file.split('_').next().filter(|w| is_wnid(w))
-}
-
-/// Each class number's wnid: the class list's, or the training keys'; refuses disagreements.
+/// Each class number's wnid: the class list's, or the keys' (`numbered.rs`).
 fn class_wnids(
     shards: &[(Tar, &'static str, Vec<Sample>)],
     opts: &SourceOptions,
@@ -118,98 +95,29 @@ fn class_wnids(
         Some(path) => {
             let list = read_wnid_list(path)?;
             crate::pack::classes::check_list(path, &list)?;
-            Some(list)
+            Some((path, list))
         }
         None => None,
     };
-    let mut of_class: HashMap<u32, (String, String)> = HashMap::new();
-    let mut class_of: HashMap<String, (u32, String)> = HashMap::new();
-    for (tar, split, samples) in shards {
-        for s in samples {
-            let (Some(class), Some(wnid)) = (s.class, key_wnid(&s.key)) else {
-                continue;
-            };
-            let at = format!("{}:{}", tar.path.display(), s.key);
-            if let Some(list) = &listed {
-                match list.get(class as usize) {
-                    Some(w) if w == wnid => continue,
-                    Some(w) => {
-                        return Err(input_err(
-                            Path::new(&at),
-                            format!(
-                                "is a sample of {wnid} by its key, but its .cls {class} is {w} \
-                                 by line {} of {}",
-                                class + 1,
-                                opts.classes.as_ref().expect("listed").display()
-                            ),
-                        ))
-                    }
-                    None => continue,
-                }
-            }
-            if *split != "train" {
-                continue;
-            }
-            if let Some((w, first)) = of_class.get(&class) {
-                if w != wnid {
-                    return Err(input_err(
-                        Path::new(&at),
-                        format!(
-                            "is a sample of {wnid} by its key, with .cls {class}, but {first} \
-                             is a sample of {w} with .cls {class}"
-                        ),
-                    ));
-                }
-            } else {
-                of_class.insert(class, (wnid.to_string(), at.clone()));
-            }
-            if let Some((c, first)) = class_of.get(wnid) {
-                if *c != class {
-                    return Err(input_err(
-                        Path::new(&at),
-                        format!(
-                            "is a sample of {wnid} with .cls {class}, but {first} is a sample \
-                             of {wnid} with .cls {c}"
-                        ),
-                    ));
-                }
-            } else {
-                class_of.insert(wnid.to_string(), (class, at));
+    let list = listed
+        .as_ref()
+        .map(|(path, wnids)| NumberList { path, wnids });
+    let (mut inputs, mut place) = (Vec::new(), Vec::new());
+    for (t, (_, _, samples)) in shards.iter().enumerate() {
+        for (k, s) in samples.iter().enumerate() {
+            if let Some(class) = s.class {
+                inputs.push(Numbered {
+                    class,
+                    wnid: prefix_wnid(&s.key),
+                });
+                place.push((t, k));
             }
         }
     }
-    if let Some(list) = listed {
-        return Ok(list);
-    }
-    let count = shards
-        .iter()
-        .flat_map(|(_, _, s)| s.iter().filter_map(|s| s.class))
-        .max()
-        .map_or(0, |m| m as usize + 1);
-    (0..count as u32)
-        .map(|c| {
-            of_class.remove(&c).map(|(w, _)| w).ok_or_else(|| {
-                let example = shards.iter().find_map(|(t, _, ss)| {
-                    ss.iter()
-                        .find(|s| s.class == Some(c))
-                        .map(|s| format!("{}:{}", t.path.display(), s.key))
-                });
-                input_err(
-                    Path::new(&example.unwrap_or_else(|| "the shards".into())),
-                    format!(
-                        "class {c} has no wnid: no training key of it is named after its \
-                         synset (n01440764_10026){}; give the class list (line k: the wnid of \
-                         class k)",
-                        if c as usize + 1 == count {
-                            ""
-                        } else {
-                            ", or no sample has it"
-                        }
-                    ),
-                )
-            })
-        })
-        .collect()
+    name_numbers(&inputs, list.as_ref(), ".cls", |i| {
+        let (t, k) = place[i];
+        format!("{}:{}", shards[t].0.path.display(), shards[t].2[k].key)
+    })
 }
 
 /// Scans WebDataset shards into their splits.
@@ -220,7 +128,7 @@ pub(super) fn scan(
 ) -> Result<BTreeMap<String, SplitFound>> {
     let mut kept = Vec::new();
     for tar in tars {
-        match split_of(&tar.file_name()) {
+        match split_named(&tar.file_name()) {
             Some(Some(split)) => kept.push((tar, split)),
             Some(None) => scan.ignore(tar.path.display(), "the test split: no labels exist"),
             None => {
@@ -250,26 +158,12 @@ pub(super) fn scan(
     for (tar, split, samples) in shards {
         *counts.entry(split).or_default() += 1;
         let archive = scan.archive(&tar.path);
-        let entry = found
-            .entry(split.to_string())
-            .or_insert_with(|| SplitFound {
-                items: Vec::new(),
-                layout: String::new(),
-                labels: LabelSource::new(Vec::new(), ""),
-            });
+        let entry = found.entry(split.to_string()).or_default();
         for s in samples {
             let at = format!("{}:{}", tar.path.display(), s.key);
+            // name_numbers() checked every class number against the classes.
             let missing = match (&s.image, s.class) {
-                (Some(_), Some(c)) if (c as usize) < wnids.len() => None,
-                (Some(_), Some(c)) => {
-                    return Err(input_err(
-                        Path::new(&at),
-                        format!(
-                            "has .cls {c}, beyond the {} classes of the list",
-                            wnids.len()
-                        ),
-                    ))
-                }
+                (Some(_), Some(_)) => None,
                 (None, _) => Some(("no image", "the sample has no image member")),
                 (_, None) => Some(("no label", "the sample has no .cls member")),
             };
@@ -321,11 +215,5 @@ mod tests {
             key_and_ext("n01440764_10026.cls"),
             ("n01440764_10026", "cls")
         );
-        assert_eq!(split_of("imagenet1k-train-0000.tar"), Some(Some("train")));
-        assert_eq!(split_of("imagenet1k-validation-00.tar"), Some(Some("val")));
-        assert_eq!(split_of("imagenet22k-test-0001.tar"), Some(None));
-        assert_eq!(split_of("shard-0001.tar"), None);
-        assert_eq!(key_wnid("n01440764_10026"), Some("n01440764"));
-        assert_eq!(key_wnid("ILSVRC2012_val_00000001"), None);
     }
 }
