@@ -1141,6 +1141,67 @@ fn an_empty_synset_tar_in_an_outer_tar_is_a_class_without_images() {
     assert_eq!(classes, &["n01443537"]);
 }
 
+/// Where the last member's header of the tar `bytes` starts: the tar cut there ends at a
+/// member's end, as an interrupted copy can.
+fn last_member_start(bytes: &[u8]) -> usize {
+    let mut tar = tar::Archive::new(bytes);
+    let entries = tar
+        .entries()
+        .unwrap()
+        .map(|e| e.unwrap().raw_header_position());
+    entries.last().unwrap() as usize
+}
+
+#[test]
+fn tars_cut_at_a_member_boundary_are_refused() {
+    let tmp = ddl_testkit::scratch("pack-cut-tars");
+    let r = Replica::new();
+    // ImageNet-1k's train tar cut before its last class's tar: that class would be missing.
+    let input = tmp.path().join("imagenet");
+    write_downloads(&input, &r);
+    let train = r.train_tar();
+    let path = input.join("ILSVRC2012_img_train.tar");
+    write(&path, &train[..last_member_start(&train)]);
+    let e = refused(&opts(&input, &tmp.path().join("o1")));
+    assert!(
+        e.contains("ILSVRC2012_img_train.tar") && e.contains("cut short"),
+        "{e}"
+    );
+    // ImageNet-22k's per-synset tars, one cut before its last image (no val split to notice).
+    let input = tmp.path().join("imagenet22k");
+    for w in WNIDS {
+        write(&input.join(format!("{w}.tar")), &r.class_tar(w));
+    }
+    let class = r.class_tar(WNIDS[3]);
+    let cut = &class[..last_member_start(&class)];
+    write(&input.join(format!("{}.tar", WNIDS[3])), cut);
+    let mut o = opts(&input, &tmp.path().join("o2"));
+    o.val_split = Some(ValSplit {
+        rule: ValRule::Fraction(0.2),
+        seed: 0,
+    });
+    let e = refused(&o);
+    assert!(
+        e.contains(&format!("{}.tar", WNIDS[3])) && e.contains("cut short"),
+        "{e}"
+    );
+    // The same bytes inside an outer tar: its member's size bounds the inner tar.
+    let mut inner: Vec<(String, Vec<u8>)> = WNIDS
+        .iter()
+        .map(|w| (format!("{w}.tar"), r.class_tar(w)))
+        .collect();
+    inner[3].1 = cut.to_vec();
+    let whole = tmp.path().join("fall11_whole.tar");
+    write(&whole, &tar_of(&inner));
+    o.input = whole;
+    o.output = tmp.path().join("o3");
+    let e = refused(&o);
+    assert!(
+        e.contains(&format!("{}.tar", WNIDS[3])) && e.contains("cut short"),
+        "{e}"
+    );
+}
+
 /// `bytes` gzip-compressed, as `tar czf` writes a tar.
 fn gz(bytes: &[u8]) -> Vec<u8> {
     let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());

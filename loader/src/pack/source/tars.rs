@@ -94,14 +94,21 @@ fn tar_members(file: &File, base: u64, len: u64, what: &Path) -> Result<Vec<Memb
     };
     let bad = |e: std::io::Error| input_err(what, format!("unreadable tar: {e}"));
     let mut archive = tar::Archive::new(region);
-    listed(archive.entries_with_seek().map_err(bad)?, base).map_err(bad)
+    listed(archive.entries_with_seek().map_err(bad)?, base, len).map_err(bad)
 }
 
-/// The regular-file members `entries` lists, their data offsets plus `base`.
-fn listed<R: Read>(entries: tar::Entries<'_, R>, base: u64) -> std::io::Result<Vec<Member>> {
-    let mut out = Vec::new();
+/// The regular-file members `entries` lists, their data offsets plus `base`. A tar of `len`
+/// bytes must hold its end-of-archive block after its last entry: without it, a tar cut at an
+/// entry's end (an interrupted copy) would list as whole, its later members left out.
+fn listed<R: Read>(
+    entries: tar::Entries<'_, R>,
+    base: u64,
+    len: u64,
+) -> std::io::Result<Vec<Member>> {
+    let (mut out, mut end) = (Vec::new(), 0);
     for entry in entries {
         let entry = entry?;
+        end = entry.raw_file_position() + entry.size().div_ceil(512) * 512;
         if !entry.header().entry_type().is_file() {
             continue;
         }
@@ -111,6 +118,15 @@ fn listed<R: Read>(entries: tar::Entries<'_, R>, base: u64) -> std::io::Result<V
             size: entry.size(),
             inner: Vec::new(),
         });
+    }
+    if len < end + 512 {
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::UnexpectedEof,
+            format!(
+                "it ends at byte {len}, without the end-of-archive block after its last \
+                 member: a tar cut short (an interrupted download or copy)"
+            ),
+        ));
     }
     Ok(out)
 }
@@ -140,7 +156,7 @@ fn gzip_members(path: &Path) -> Result<Vec<Member>> {
             true => {
                 let mut tar = tar::Archive::new(&mut entry);
                 tar.entries()
-                    .and_then(|entries| listed(entries, offset))
+                    .and_then(|entries| listed(entries, offset, size))
                     .map_err(|e| {
                         input_err(
                             Path::new(&format!("{}:{name}", path.display())),
