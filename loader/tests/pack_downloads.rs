@@ -1016,6 +1016,48 @@ fn hugging_face_parquet_keeps_each_rows_label() {
     assert!(e.contains("classes.py") && e.contains("ClassLabel"), "{e}");
 }
 
+#[test]
+fn a_hugging_face_cache_folder_is_read_at_its_one_snapshot() {
+    let tmp = ddl_testkit::scratch("pack-hf-cache");
+    let r = Replica::new();
+    let mut sorted = WNIDS.to_vec();
+    sorted.sort_unstable();
+    let label = |w: &str| sorted.iter().position(|s| *s == w).unwrap() as i64;
+    let row = |name: String, im: &Image| (Some(im.jpeg.clone()), Some(name), Some(label(im.wnid)));
+    let train: Vec<Row> = r.train.iter().map(|(f, im)| row(f.clone(), im)).collect();
+    let val: Vec<Row> = (0..r.val.len())
+        .map(|k| row(Replica::val_name(k), &r.val[k]))
+        .collect();
+    // `huggingface-cli download ILSVRC/imagenet-1k --repo-type dataset`: the files in blobs/,
+    // named by their hash, linked from snapshots/REVISION/data/.
+    let cache = tmp.path().join("datasets--ILSVRC--imagenet-1k");
+    let snapshot = cache
+        .join("snapshots")
+        .join("4603483700ee984ea9debe3ddbfdeae86f6489eb");
+    for (name, rows) in [
+        ("train-00000-of-00001.parquet", &train),
+        ("validation-00000-of-00001.parquet", &val),
+    ] {
+        let blob = cache.join("blobs").join(format!("blob-of-{name}"));
+        hf_parquet(&blob, rows, 7, Some(&sorted));
+        let link = snapshot.join("data").join(name);
+        std::fs::create_dir_all(link.parent().unwrap()).unwrap();
+        std::os::unix::fs::symlink(&blob, &link).unwrap();
+    }
+    write(
+        &cache.join("refs").join("main"),
+        b"4603483700ee984ea9debe3ddbfdeae86f6489eb",
+    );
+    let out = tmp.path().join("out");
+    pack_ok(&cache, &out);
+    assert_labels(&out, "train", r.train.len(), &r);
+    assert_labels(&out, "val", r.val.len(), &r);
+    // Two revisions: which one is meant is the user's to say.
+    std::fs::create_dir_all(cache.join("snapshots").join("0123abcd")).unwrap();
+    let e = refused(&opts(&cache, &tmp.path().join("o1")));
+    assert!(e.contains("2 revisions") && e.contains("0123abcd"), "{e}");
+}
+
 /// Writes the next column of `rg`, an optional binary field of the optional `image` group.
 fn write_binary<'a>(
     rg: &mut parquet::file::writer::SerializedRowGroupWriter<'_, std::fs::File>,

@@ -49,6 +49,7 @@ pub(super) fn scan(
     scan: &mut Scan,
 ) -> Result<BTreeMap<String, SplitFound>> {
     if input.is_dir() {
+        let input = &hugging_face_snapshot(input)?;
         let kaggle = input.join("ILSVRC").join("Data").join("CLS-LOC");
         let root = if kaggle.is_dir() { &kaggle } else { input };
         if let Some(found) = parquet::scan_dir(root, scan)? {
@@ -95,6 +96,34 @@ pub(super) fn scan(
     }
     scan.train_classes = scan.wnids.len();
     Ok(found)
+}
+
+/// The folder to read for the directory `input`: itself, or, when it is a Hugging Face cache
+/// folder as `huggingface-cli download` leaves one without `--local-dir`
+/// (`datasets--ILSVRC--imagenet-1k/`: `blobs/`, `refs/`, `snapshots/REVISION/` of links into
+/// `blobs/`), its one snapshot.
+fn hugging_face_snapshot(input: &Path) -> Result<PathBuf> {
+    let snapshots = input.join("snapshots");
+    if !snapshots.is_dir() || !input.join("blobs").is_dir() {
+        return Ok(input.to_path_buf());
+    }
+    let revisions: Vec<String> = list_dir(&snapshots)?
+        .into_iter()
+        .filter(Entry::is_dir)
+        .map(|e| e.name)
+        .collect();
+    match revisions.as_slice() {
+        [one] => Ok(snapshots.join(one)),
+        _ => Err(input_err(
+            input,
+            format!(
+                "is a Hugging Face cache folder holding {} revisions in snapshots/ ({}): give \
+                 the folder of one, snapshots/REVISION/",
+                revisions.len(),
+                revisions.join(", ")
+            ),
+        )),
+    }
 }
 
 /// Whether `dir` is a directory that holds a tar.
