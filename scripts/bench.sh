@@ -108,7 +108,7 @@ if [[ " $sections " == *" layouts "* ]]; then
   echo "== layouts: ddl-pack from each download form, $nall images (shorter side <= 256, q90, $runs runs)"
   : > "$out/layouts.jsonl"
   for r in $(seq "$runs"); do
-    for form in extracted downloads parquet wds hf-tars kaggle-zip tree-tar tfds tpu-tfrecord; do
+    for form in extracted downloads parquet wds hf-tars kaggle-zip tree-tar blurred tfds tpu-tfrecord; do
       rm -rf "$out/shards-$form"
       input=$forms/$form
       [ "$form" = kaggle-zip ] && input=$forms/$form/imagenet-object-localization-challenge.zip
@@ -119,7 +119,7 @@ if [[ " $sections " == *" layouts "* ]]; then
     done
   done
   base=$(grep '"extracted"' "$out/layouts.jsonl" | field images_per_s | median)
-  for form in extracted downloads parquet wds hf-tars kaggle-zip tree-tar tfds tpu-tfrecord; do
+  for form in extracted downloads parquet wds hf-tars kaggle-zip tree-tar blurred tfds tpu-tfrecord; do
     m=$(grep "\"$form\"" "$out/layouts.jsonl" | field images_per_s | median)
     c=$(grep "\"$form\"" "$out/layouts.jsonl" | field images_per_cpu_s | median)
     printf '%-10s median %8.1f images/s (wall)  %8.1f images per CPU-second  %5.2fx extracted\n' \

@@ -1690,6 +1690,57 @@ fn tars_of_class_folders_are_read_by_their_folders() {
         e.contains("imagenet21k_resized.tar.gz") && e.contains("as the input itself"),
         "{e}"
     );
+    // image-net.org's face-blurred ImageNet: a tar of class folders per split, in one folder.
+    let blurred = tmp.path().join("blurred");
+    let train: Vec<(String, Vec<u8>)> = r
+        .train
+        .iter()
+        .map(|(f, im)| (format!("train_blurred/{}/{f}", im.wnid), im.jpeg.clone()))
+        .collect();
+    write(&blurred.join("train_blurred.tar.gz"), &gz(&tar_of(&train)));
+    let val: Vec<(String, Vec<u8>)> = (0..r.val.len())
+        .map(|k| {
+            let name = Replica::val_name(k);
+            (
+                format!("val_blurred/{}/{name}", r.val[k].wnid),
+                r.val[k].jpeg.clone(),
+            )
+        })
+        .collect();
+    write(&blurred.join("val_blurred.tar.gz"), &gz(&tar_of(&val)));
+    let out = tmp.path().join("o-blurred");
+    pack_ok(&blurred, &out);
+    assert_labels(&out, "train", r.train.len(), &r);
+    assert_labels(&out, "val", r.val.len(), &r);
+    // Beside the devkit, each val image's folder is checked against its ground truth.
+    let devkit = blurred.join("ILSVRC2012_devkit_t12.tar.gz");
+    write(&devkit, &devkit_tar_gz(&blurred, &r.ground_truth()));
+    let rep = pack_ok(&blurred, &tmp.path().join("o-checked"));
+    let labels = rep.splits["val"].labels.as_ref().unwrap();
+    assert!(
+        labels.checked.iter().any(|f| f.contains("devkit")),
+        "{labels:?}"
+    );
+    let mut missorted = val.clone();
+    missorted[0].0 = format!(
+        "val_blurred/{}/{}",
+        another(r.val[0].wnid),
+        Replica::val_name(0)
+    );
+    write(
+        &blurred.join("val_blurred.tar.gz"),
+        &gz(&tar_of(&missorted)),
+    );
+    let e = refused(&opts(&blurred, &tmp.path().join("o-missorted")));
+    assert!(
+        e.contains(&Replica::val_name(0)) && e.contains(another(r.val[0].wnid)),
+        "{e}"
+    );
+    write(&blurred.join("val_blurred.tar.gz"), &gz(&tar_of(&val)));
+    // A split from two tars would pack its images twice.
+    write(&blurred.join("train_more.tar"), &tar_of(&train));
+    let e = refused(&opts(&blurred, &tmp.path().join("o-twice")));
+    assert!(e.contains("two tars of one split"), "{e}");
     // ImageNetV2: folder k holds class k, a validation split.
     let mut members = Vec::new();
     let mut class_of = HashMap::new();

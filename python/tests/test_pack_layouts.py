@@ -1,9 +1,9 @@
 """ddl-pack on ImageNet as people download it, written the way the real downloads are: the
 devkit's meta.mat by scipy.io.savemat (ILSVRC ids shuffled, inner synsets after the leaves),
 Hugging Face's parquet by pyarrow, timm's WebDataset shards, image-net.org's tars, Hugging
-Face's gzip-compressed tars and ImageNet-21K-P's tar of class folders by tarfile, Kaggle's zip
-by zipfile, TensorFlow Datasets' and the TPU reference's TFRecord files by the wire format and
-google-crc32c (tools/bench/imagenet_layouts.py). Every packed record is matched to its source
+Face's gzip-compressed tars, ImageNet-21K-P's and the face-blurred ImageNet's tars of class
+folders by tarfile, Kaggle's zip by zipfile, TensorFlow Datasets' and the TPU reference's
+TFRecord files by the wire format and google-crc32c (tools/bench/imagenet_layouts.py). Every packed record is matched to its source
 photo by its bytes (small baseline JPEGs are stored as they are) and its label compared with
 torchvision's: ImageFolder's class index for a train image, and for a val image torchvision's
 own reading of the devkit (parse_meta_mat, parse_val_groundtruth_txt)."""
@@ -89,7 +89,8 @@ def torchvision_reference(layouts: Path) -> dict:
 
 @pytest.mark.parametrize("form", ["downloads", "extracted", "parquet", "wds", "hf-tars",
                                   "kaggle-zip/imagenet-object-localization-challenge.zip",
-                                  "tree-tar/imagenet21k_resized.tar.gz", "tfds/imagenet2012",
+                                  "tree-tar/imagenet21k_resized.tar.gz", "blurred",
+                                  "tfds/imagenet2012",
                                   "tpu-tfrecord"])
 def test_every_record_has_torchvisions_label(layouts: Path, form: str) -> None:
     out = layouts / f"out-{form.split('/')[0]}"

@@ -19,6 +19,8 @@ parquet, tarfile for the tars):
   LOC_synset_mapping.txt;
 - ``tree-tar/imagenet21k_resized.tar.gz``: a tar of class folders as image-net.org's
   ImageNet-21K-P is (imagenet21k_resized/imagenet21k_{train,val}/<wnid>/, gzip level 6);
+- ``blurred/``: image-net.org's face-blurred ImageNet (train_blurred.tar.gz and
+  val_blurred.tar.gz of {train,val}_blurred/<wnid>/, gzip level 6);
 - ``tfds/imagenet2012/5.1.0/``: TensorFlow Datasets' imagenet2012
   (imagenet2012-{train,validation}.tfrecord-NNNNN-of-NNNNN of shuffled records with ``image``,
   ``label`` and ``file_name``, label.labels.txt, dataset_info.json, features.json);
@@ -235,6 +237,17 @@ def write_tree_tar(out, train, val):
             t.add(p, arcname=f"{root}/imagenet21k_val/{w}/{w}_{k}.JPEG")
 
 
+def write_blurred(out, train, val):
+    """image-net.org's face-blurred ImageNet: a tar.gz of class folders per split."""
+    out.mkdir(parents=True, exist_ok=True)
+    for split, items in (("train", [(w, p, p.name) for w, p in train]),
+                         ("val", [(w, p, val_name(k)) for k, (w, p) in enumerate(val)])):
+        with tarfile.open(out / f"{split}_blurred.tar.gz", "w:gz", compresslevel=6,
+                          format=tarfile.GNU_FORMAT) as t:
+            for w, p, name in items:
+                t.add(p, arcname=f"{split}_blurred/{w}/{name}")
+
+
 def varint(v):
     """A protobuf varint (a negative int64 as its two's complement, ten bytes)."""
     v &= (1 << 64) - 1
@@ -327,6 +340,7 @@ def write_all(src, out, seed=0, per_shard=1000):
     write_hf_tars(out / "hf-tars", wnids, train, val, seed)
     write_kaggle_zip(out / "kaggle-zip", wnids, train, val)
     write_tree_tar(out / "tree-tar", train, val)
+    write_blurred(out / "blurred", train, val)
     write_tfds(out / "tfds" / "imagenet2012" / "5.1.0", wnids, train, val, seed, per_shard)
     write_tpu_tfrecord(out / "tpu-tfrecord", wnids, train, val, seed, per_shard)
     return wnids, ids

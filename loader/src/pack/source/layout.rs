@@ -203,6 +203,7 @@ fn scan_dir(
         files,
     } = roles(root, scan)?;
     let mut by_kind: BTreeMap<TarKind, Vec<Tar>> = BTreeMap::new();
+    let mut trees = Vec::new();
     for tar in tars {
         let kind = tar.kind();
         match kind {
@@ -214,11 +215,8 @@ fn scan_dir(
                 );
                 continue;
             }
-            TarKind::Unlabelled if tar_tree::depth(&tar).is_some() => {
-                return Err(input_err(
-                    &tar.path,
-                    "holds class folders: give it as the input itself (ddl-pack THIS.tar ...)",
-                ))
+            TarKind::Unlabelled | TarKind::Val if tar_tree::depth(&tar).is_some() => {
+                trees.push(tar)
             }
             TarKind::Unlabelled | TarKind::Empty => return Err(refusal(&tar, kind)),
             TarKind::Test => {
@@ -230,6 +228,29 @@ fn scan_dir(
             }
             _ => by_kind.entry(kind).or_default().push(tar),
         }
+    }
+    if let Some(tree) = trees.first() {
+        // Tars of class folders are read only on their own: one per split, as image-net.org's
+        // face-blurred ImageNet is (train_blurred.tar.gz, val_blurred.tar.gz), the val folders
+        // checked against a devkit or Kaggle's CSV beside them.
+        let (train, val) = (root.join("train"), root.join("val"));
+        if !by_kind.is_empty() || !folders.is_empty() || train.is_dir() || val.is_dir() {
+            return Err(input_err(
+                &tree.path,
+                "holds class folders: give it as the input itself (ddl-pack THIS.tar ...), or \
+                 put it in a folder holding only it and the tar of class folders of the other \
+                 split",
+            ));
+        }
+        for e in &files {
+            scan.ignore(root.join(&e.name).display(), "not an input ddl-pack reads");
+        }
+        let mut found = tar_tree::scan_all(trees, scan)?;
+        if let Some(val) = found.get_mut("val") {
+            let checked = check_folders(&val.items, &find_labels(root, root, opts)?, scan)?;
+            val.labels.add_checks(checked);
+        }
+        return Ok(found);
     }
     let mut take = |k: TarKind| by_kind.remove(&k).unwrap_or_default();
     let (wds_tars, val_tars) = (take(TarKind::WebDataset), take(TarKind::Val));

@@ -5,12 +5,14 @@
 //! depth; its folder names its class, and the folder above that its split when its name has a
 //! `train` or `val` word (`imagenet21k_train`, `...-format-val`); a tar of one level of class
 //! folders is a training split. Other folders at the split level (`imagenet21k_small_classes`,
-//! a `test` split) are listed as not packed.
+//! a `test` split) are listed as not packed. Such a tar is read as the input itself, or with the
+//! other split's beside it in a folder of their own (image-net.org's face-blurred ImageNet:
+//! `train_blurred.tar.gz`, `val_blurred.tar.gz` of `{train,val}_blurred/<wnid>/*.jpg`).
 
 use std::collections::BTreeMap;
 
 use super::inputs::LabelSource;
-use super::listing::is_image_name;
+use super::listing::{input_err, is_image_name};
 use super::scan::{Found, Scan, SplitFound};
 use super::tars::{Member, Tar};
 use crate::error::Result;
@@ -137,6 +139,31 @@ pub(super) fn scan(
         );
     }
     Ok(found)
+}
+
+/// The splits of tars of class folders in one folder, each split from one of them (a split in
+/// two is refused, naming both).
+pub(super) fn scan_all(tars: Vec<Tar>, scan: &mut Scan) -> Result<BTreeMap<String, SplitFound>> {
+    let mut found: BTreeMap<String, (SplitFound, std::path::PathBuf)> = BTreeMap::new();
+    for tar in tars {
+        let (path, depth) = (
+            tar.path.clone(),
+            depth(&tar).expect("a tar of class folders"),
+        );
+        for (split, f) in self::scan(tar, depth, scan)? {
+            if let Some((_, first)) = found.get(&split) {
+                return Err(input_err(
+                    &path,
+                    format!(
+                        "holds a {split} split, as {} does: two tars of one split; keep one",
+                        first.display()
+                    ),
+                ));
+            }
+            found.insert(split, (f, path.clone()));
+        }
+    }
+    Ok(found.into_iter().map(|(s, (f, _))| (s, f)).collect())
 }
 
 #[cfg(test)]
