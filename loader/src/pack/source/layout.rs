@@ -23,7 +23,7 @@ use std::path::{Path, PathBuf};
 use super::devkit::is_devkit_name;
 use super::inputs::{LabelSource, SourceOptions};
 use super::listing::{
-    class_folders, file_input, input_err, is_image_name, is_wnid, list_dir, Entry, Kind,
+    class_folders, flat_images, input_err, is_image_name, is_wnid, list_dir, Entry, Kind,
 };
 use super::scan::{Found, Scan, SplitFound};
 use super::tars::{is_tar_name, scan_outer, scan_synset, Claims, Tar, TarKind};
@@ -569,21 +569,8 @@ fn scan_val_dir(
     if let Some(items) = named::label_folder(val, &entries, false, scan)? {
         return Ok(Some(named::val_folder(val, items, &labels, scan)?));
     }
-    let dir = scan.dir(val);
-    let mut images = Vec::new();
-    for e in entries {
-        if !is_image_name(&e.name) {
-            scan.ignore(val.join(&e.name).display(), "not an image file name");
-            continue;
-        }
-        let (size, loc) = file_input(&e, dir);
-        images.push(Found {
-            label: 0,
-            name: e.name,
-            size,
-            loc,
-        });
-    }
+    // Labelled next, by the devkit or Kaggle's CSV.
+    let images = flat_images(val, &entries, scan, |_, _| Ok(0))?;
     let (items, labels) = label_flat(images, (root, val), &labels, scan)?;
     Ok(Some(SplitFound {
         items,

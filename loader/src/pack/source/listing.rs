@@ -4,7 +4,7 @@
 use std::path::Path;
 
 use super::inputs::{name_link, Loc, IMAGE_EXTENSIONS};
-use super::scan::Scan;
+use super::scan::{Found, Scan};
 use crate::error::{LoaderError, Result};
 
 /// Whether `name` ends in an image file extension ([`IMAGE_EXTENSIONS`]).
@@ -154,6 +154,32 @@ pub(super) fn class_folders(
         }
     }
     Ok(classes)
+}
+
+/// The images among `entries` of the flat folder `dir` (registered in `scan`), each labelled
+/// by `label`; its other files are listed among the ignored ones.
+pub(super) fn flat_images(
+    dir: &Path,
+    entries: &[Entry],
+    scan: &mut Scan,
+    mut label: impl FnMut(&Entry, &mut Scan) -> Result<u32>,
+) -> Result<Vec<Found>> {
+    let index = scan.dir(dir);
+    let mut found = Vec::new();
+    for e in entries {
+        if !is_image_name(&e.name) {
+            scan.ignore(dir.join(&e.name).display(), "not an image file name");
+            continue;
+        }
+        let (size, loc) = file_input(e, index);
+        found.push(Found {
+            label: label(e, scan)?,
+            name: e.name.clone(),
+            size,
+            loc,
+        });
+    }
+    Ok(found)
 }
 
 /// The input an image-named file entry of `dir` (index `dir` in `Scan::dirs`) becomes: an

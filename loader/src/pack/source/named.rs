@@ -9,7 +9,7 @@
 use std::path::{Path, PathBuf};
 
 use super::inputs::{LabelSource, SourceOptions};
-use super::listing::{file_input, input_err, is_image_name, is_wnid, name_wnid, Entry};
+use super::listing::{flat_images, input_err, is_image_name, is_wnid, name_wnid, Entry};
 use super::scan::{Found, Scan, SplitFound};
 use super::tars::Tar;
 use super::val::{check_named, find_labels, ValLabels};
@@ -72,22 +72,10 @@ pub(super) fn label_folder(
     if images.is_empty() || images.iter().any(|e| name_wnid(&e.name).is_none()) {
         return Ok(None);
     }
-    let index = scan.dir(dir);
-    let mut found = Vec::new();
-    for e in entries {
-        if !is_image_name(&e.name) {
-            scan.ignore(dir.join(&e.name).display(), "not an image file name");
-            continue;
-        }
+    let found = flat_images(dir, entries, scan, |e, scan| {
         let wnid = wnid_of(&e.name, train, || dir.join(&e.name))?;
-        let (size, loc) = file_input(e, index);
-        found.push(Found {
-            label: scan.wnid_id(wnid),
-            name: e.name.clone(),
-            size,
-            loc,
-        });
-    }
+        Ok(scan.wnid_id(wnid))
+    })?;
     Ok(Some(found))
 }
 
