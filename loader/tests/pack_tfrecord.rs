@@ -186,6 +186,14 @@ fn tensorflow_datasets_records_are_labelled_by_their_number() {
     assert!(ignored("imagenet2012-test.tfrecord-00000-of-00001") && ignored("features.json"));
     assert!(!ignored("label.labels.txt"), "read, not ignored");
 
+    // TensorFlow Datasets' data folder holds one folder per dataset: which is not guessed.
+    std::fs::create_dir_all(tmp.path().join("downloads").join("manual")).unwrap();
+    let e = refused(&opts(tmp.path(), &tmp.path().join("o-data")));
+    assert!(
+        e.contains("data folder") && e.contains("imagenet2012"),
+        "{e}"
+    );
+
     // Without label.labels.txt the training file names name the numbers.
     let (train, val) = tfds_records(&r, &sorted);
     write_tfds(&dir, &train, &val, None);

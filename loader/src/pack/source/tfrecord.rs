@@ -23,7 +23,7 @@ use std::path::{Path, PathBuf};
 use rayon::prelude::*;
 
 use super::inputs::{LabelSource, Loc, Rejected, SourceOptions};
-use super::listing::{input_err, is_image_name, list_dir, prefix_wnid, split_named};
+use super::listing::{input_err, is_image_name, list_dir, prefix_wnid, split_named, Entry};
 use super::numbered::{name_numbers, stated, NumberList, Numbered};
 use super::scan::{read_wnid_list, Found, Scan, SplitFound};
 use super::tars::is_tar_name;
@@ -53,7 +53,9 @@ fn is_version(name: &str) -> bool {
 }
 
 /// The folder of `root`'s TFRecord files: `root`, or the one TensorFlow Datasets version folder
-/// that holds them (`imagenet2012/5.1.0/`); `None` when there are none.
+/// that holds them (`imagenet2012/5.1.0/`); `None` when there are none. TensorFlow Datasets'
+/// data folder itself, or a dataset's with two versions, is refused: which one is the user's
+/// to say.
 fn find(root: &Path) -> Result<Option<PathBuf>> {
     let holds = |dir: &Path| -> Result<bool> {
         let entries = list_dir(dir)?;
@@ -64,14 +66,37 @@ fn find(root: &Path) -> Result<Option<PathBuf>> {
     if holds(root)? {
         return Ok(Some(root.to_path_buf()));
     }
-    let mut versions = Vec::new();
-    for e in list_dir(root)? {
-        if e.is_dir() && is_version(&e.name) && holds(&root.join(&e.name))? {
-            versions.push(e.name);
+    let versions_in = |dir: &Path| -> Result<Vec<String>> {
+        let mut versions = Vec::new();
+        for e in list_dir(dir)? {
+            if e.is_dir() && is_version(&e.name) && holds(&dir.join(&e.name))? {
+                versions.push(e.name);
+            }
         }
-    }
+        Ok(versions)
+    };
+    let versions = versions_in(root)?;
     match versions.as_slice() {
-        [] => Ok(None),
+        [] => {
+            // TensorFlow Datasets' data folder (~/tensorflow_datasets/): one folder per dataset.
+            let mut datasets = Vec::new();
+            for e in list_dir(root)?.into_iter().filter(Entry::is_dir) {
+                if !versions_in(&root.join(&e.name))?.is_empty() {
+                    datasets.push(root.join(&e.name).display().to_string());
+                }
+            }
+            match datasets.is_empty() {
+                true => Ok(None),
+                false => Err(input_err(
+                    root,
+                    format!(
+                        "is TensorFlow Datasets' data folder: give the folder of the dataset to \
+                         pack ({})",
+                        datasets.join(", ")
+                    ),
+                )),
+            }
+        }
         [one] => Ok(Some(root.join(one))),
         _ => Err(input_err(
             root,
