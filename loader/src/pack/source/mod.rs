@@ -56,7 +56,7 @@ pub use inputs::{
     LabelSource, Loc, Rejected, SourceOptions, IMAGE_EXTENSIONS, MAX_INPUT_BYTES,
 };
 use listing::input_err;
-use scan::{read_wnid_list, Scan, SplitFound};
+use scan::{read_class_list, Scan, SplitFound};
 
 /// Usable inputs per class in the split the classes come from: the training split, where
 /// every class folder or tar counts (0 for an empty one), and so does a class with images
@@ -98,11 +98,7 @@ pub fn discover(input: &Path, opts: &SourceOptions, progress: &dyn PackProgress)
         return Err(input_err(input, layout::NOTHING_FOUND));
     }
     let listed = match &opts.classes {
-        Some(path) => {
-            let list = read_wnid_list(path)?;
-            classes::check_list(path, &list)?;
-            Some(list)
-        }
+        Some(path) => Some(read_class_list(path)?),
         None => scan.declared.clone(),
     };
     // A file a split's labels were read or checked from is an input, not an ignored file.

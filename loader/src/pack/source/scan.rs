@@ -81,6 +81,14 @@ pub(super) struct SplitFound {
     pub(super) labels: LabelSource,
 }
 
+/// Reads a class list (`--classes`, `label.labels.txt`): a wnid list with no class twice and at
+/// least one.
+pub(super) fn read_class_list(path: &Path) -> Result<Vec<String>> {
+    let list = read_wnid_list(path)?;
+    crate::pack::classes::check_list(path, &list)?;
+    Ok(list)
+}
+
 /// Reads a wnid list: first token of every non-blank line not starting with `#`.
 pub(super) fn read_wnid_list(path: &Path) -> Result<Vec<String>> {
     let text = std::fs::read_to_string(path).map_err(|e| LoaderError::io("read", path, e))?;

@@ -25,7 +25,7 @@ use rayon::prelude::*;
 use super::inputs::{LabelSource, Loc, Rejected, SourceOptions};
 use super::listing::{input_err, is_image_name, list_dir, prefix_wnid, split_named, Entry};
 use super::numbered::{name_numbers, stated, NumberList, Numbered};
-use super::scan::{read_wnid_list, Found, Scan, SplitFound};
+use super::scan::{read_class_list, Found, Scan, SplitFound};
 use super::tars::is_tar_name;
 use super::tfrecord_file::{records, Fields, Record};
 use crate::error::Result;
@@ -308,19 +308,14 @@ fn label(
 /// The list that names the label numbers: the class list, or TensorFlow Datasets'
 /// `label.labels.txt` beside the files (both: they must be the same).
 fn number_list(dir: &Path, opts: &SourceOptions) -> Result<Option<(PathBuf, Vec<String>)>> {
-    let read = |path: &Path| -> Result<Vec<String>> {
-        let list = read_wnid_list(path)?;
-        crate::pack::classes::check_list(path, &list)?;
-        Ok(list)
-    };
     let txt = dir.join(LABELS_TXT);
     let beside = match txt.is_file() {
-        true => Some((txt, read(&dir.join(LABELS_TXT))?)),
+        true => Some((read_class_list(&txt)?, txt)),
         false => None,
     };
     match (&opts.classes, beside) {
-        (Some(path), Some((txt, wnids))) => {
-            if read(path)? != wnids {
+        (Some(path), Some((wnids, txt))) => {
+            if read_class_list(path)? != wnids {
                 return Err(input_err(
                     path,
                     format!(
@@ -332,7 +327,7 @@ fn number_list(dir: &Path, opts: &SourceOptions) -> Result<Option<(PathBuf, Vec<
             }
             Ok(Some((path.clone(), wnids)))
         }
-        (Some(path), None) => Ok(Some((path.clone(), read(path)?))),
-        (None, beside) => Ok(beside),
+        (Some(path), None) => Ok(Some((path.clone(), read_class_list(path)?))),
+        (None, beside) => Ok(beside.map(|(wnids, txt)| (txt, wnids))),
     }
 }

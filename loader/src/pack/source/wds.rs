@@ -21,7 +21,7 @@ use rayon::prelude::*;
 use super::inputs::{LabelSource, Loc, Rejected, SourceOptions};
 use super::listing::{input_err, is_image_name, prefix_wnid, split_named};
 use super::numbered::{name_numbers, NumberList, Numbered};
-use super::scan::{read_wnid_list, Found, Scan, SplitFound};
+use super::scan::{read_class_list, Found, Scan, SplitFound};
 use super::tars::{Member, Tar};
 use crate::error::{LoaderError, Result};
 
@@ -92,11 +92,7 @@ fn class_wnids(
     opts: &SourceOptions,
 ) -> Result<Vec<String>> {
     let listed = match &opts.classes {
-        Some(path) => {
-            let list = read_wnid_list(path)?;
-            crate::pack::classes::check_list(path, &list)?;
-            Some((path, list))
-        }
+        Some(path) => Some((path, read_class_list(path)?)),
         None => None,
     };
     let list = listed
